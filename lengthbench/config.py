@@ -1,0 +1,129 @@
+"""One typed run configuration, and the presets as named instances of its overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from lengthbench.tasks import get_task
+
+SELECTIONS = ("id", "8x")  # in-distribution validation (default) or the seeds' accuracy at 8x
+
+
+@dataclass
+class RunConfig:
+    """Everything that defines a run. ``run_id`` hashes all of it except where it runs."""
+
+    task: str
+    attn: str
+    pe: str
+    seed: int = 0
+    preset: str = "smoke"
+    train_length: int = 64
+    max_multiplier: int = 1024
+    eval_samples: int = 1000
+    task_params: dict[str, Any] = field(default_factory=dict)
+    attn_params: dict[str, Any] = field(default_factory=dict)
+    pe_params: dict[str, Any] = field(default_factory=dict)
+    # model
+    d_model: int = 256
+    n_layers: int = 2
+    n_heads: int = 8
+    ffn: int = 512
+    # training
+    train_samples: int = 10_000_000
+    batch_size: int = 128
+    lr: float = 1e-3
+    warmup_steps: int = 10_000
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    selection: str = "id"
+    eval_every: int = 1000  # steps between checkpoint-selection evaluations
+    val_samples: int = 256
+    checkpoint_every: int = 500  # steps between resumable checkpoints
+    compile: bool = True  # torch.compile on CUDA
+    # evaluation
+    eval_tokens_per_batch: int = 0  # 0: adapt to free memory
+    diagnostics: bool = True
+    diagnostic_rows: int = 64  # query rows sampled per evaluation length for the attention diagnostics
+
+    def __post_init__(self):
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"unknown selection {self.selection!r}; choose from: {', '.join(SELECTIONS)}")
+        for name in ("train_length", "eval_samples", "train_samples", "batch_size", "d_model", "n_layers",
+                     "n_heads", "ffn", "val_samples", "eval_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d-model {self.d_model} is not divisible by {self.n_heads} heads")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+
+    @property
+    def train_steps(self) -> int:
+        return max(1, -(-self.train_samples // self.batch_size))
+
+    def identity(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def run_id(self) -> str:
+        digest = hashlib.sha1(json.dumps(self.identity(), sort_keys=True, default=str).encode()).hexdigest()[:10]
+        return f"{self.task}-{self.attn}-{self.pe}-{self.preset}-s{self.seed}-{digest}"
+
+    def to_json(self) -> str:
+        return json.dumps(self.identity(), sort_keys=True, default=str)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# Presets: what they change relative to the task's seed model (``Task.model_defaults``).
+PRESETS: dict[str, dict[str, Any]] = {
+    # A CPU minute per cell: a tiny model, a few thousand samples, lengths up to 8x.
+    "smoke": dict(d_model=64, n_heads=4, ffn=128, max_layers=2, train_samples=24_000, batch_size=32,
+                  lr=3e-3, warmup_fraction=0.05, eval_samples=64, val_samples=128, max_multiplier=8,
+                  eval_every=250, checkpoint_every=250, compile=False, diagnostic_rows=16),
+    # Minutes on one GPU: the seeds' model shapes, 2M samples, 200 evaluation samples per length.
+    "quick": dict(train_samples=2_000_000, batch_size=256, lr=1e-3, warmup_fraction=0.05, eval_samples=200,
+                  val_samples=512, max_multiplier=1024, eval_every=1000, checkpoint_every=1000),
+    # The seeds' protocol: their model sizes and sample counts, batch 128, 10K warm-up steps,
+    # 1,000 evaluation samples per length.
+    "paper": dict(batch_size=128, lr=1e-3, warmup_steps=10_000, eval_samples=1000, val_samples=1000,
+                  max_multiplier=1024, eval_every=5000, checkpoint_every=5000),
+}
+
+
+def build_config(task: str, attn: str, pe: str, preset: str = "smoke", **overrides: Any) -> RunConfig:
+    """The configuration of a run: the task's seed model, then the preset, then explicit overrides
+    (``None`` values are ignored)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from: {', '.join(PRESETS)}")
+    task_obj = get_task(task, **(overrides.get("task_params") or {}))
+    defaults = task_obj.model_defaults
+    values: dict[str, Any] = dict(
+        d_model=defaults.d_model, n_layers=defaults.layers, n_heads=defaults.heads, ffn=defaults.ffn,
+        train_samples=defaults.train_samples, batch_size=defaults.batch_size,
+    )
+    preset_values = dict(PRESETS[preset])
+    max_layers = preset_values.pop("max_layers", None)
+    warmup_fraction = preset_values.pop("warmup_fraction", None)
+    values.update(preset_values)
+    if max_layers is not None:
+        values["n_layers"] = min(values["n_layers"], max_layers)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if warmup_fraction is not None and overrides.get("warmup_steps") is None:
+        steps = -(-values["train_samples"] // values["batch_size"])
+        values["warmup_steps"] = max(1, int(warmup_fraction * steps))
+    from lengthbench.tasks import TASKS  # canonical names, so aliases share run ids
+    from lengthbench.models.attention import ATTENTION
+    from lengthbench.models.positional import POSITIONAL_ENCODINGS
+
+    return RunConfig(task=TASKS.canonical(task), attn=ATTENTION.canonical(attn),
+                     pe=POSITIONAL_ENCODINGS.canonical(pe), preset=preset, **values)

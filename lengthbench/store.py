@@ -1,0 +1,84 @@
+"""The results store: one Parquet file per finished run under ``<results>/runs/``.
+
+One file per run makes every write atomic (write a temporary file, then ``os.replace``) and keeps the
+store readable while other runs append; a run killed at any moment leaves at most its own rows
+unwritten. ``load_results`` concatenates the files and reports (not raises on) unreadable ones.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+# The contract of ../shared/specs/INTERFACES.md, in order; more columns follow them.
+CONTRACT_COLUMNS = [
+    "run_id", "task", "attn", "pe", "seed", "preset", "train_length", "eval_length", "multiplier",
+    "exact_match", "token_accuracy", "n_samples", "realised_tokens", "selection", "train_steps",
+    "train_seconds", "eval_seconds", "device", "lengthbench_version", "git_sha", "created_at",
+    "sparsity", "sink_rate", "entropy",
+]
+# Beyond the contract: the task's reported metric and its value, and the run's full configuration.
+EXTRA_COLUMNS = ["metric", "score", "config_json"]
+
+
+class StoreError(RuntimeError):
+    """A results folder that cannot be used; the message says why."""
+
+
+def runs_dir(results: str | Path) -> Path:
+    return Path(results) / "runs"
+
+
+def run_path(results: str | Path, run_id: str) -> Path:
+    return runs_dir(results) / f"{run_id}.parquet"
+
+
+def atomic_write_parquet(frame: pd.DataFrame, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_run(results: str | Path, run_id: str, rows: list[dict]) -> Path:
+    """Write the rows of one finished run (replacing an earlier file of the same run)."""
+    frame = pd.DataFrame(rows)
+    missing = [c for c in CONTRACT_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"rows lack contract columns: {', '.join(missing)}")
+    ordered = CONTRACT_COLUMNS + [c for c in frame.columns if c not in CONTRACT_COLUMNS]
+    path = run_path(results, run_id)
+    atomic_write_parquet(frame[ordered], path)
+    return path
+
+
+def run_finished(results: str | Path, run_id: str) -> bool:
+    return run_path(results, run_id).exists()
+
+
+def load_results(results: str | Path, *, strict: bool = False) -> pd.DataFrame:
+    """All rows of the store. Unreadable files are skipped with a warning (or raise with ``strict``)."""
+    folder = runs_dir(results)
+    if not Path(results).exists():
+        raise StoreError(f"results folder {results} does not exist")
+    files = sorted(folder.glob("*.parquet")) if folder.exists() else []
+    frames = []
+    for path in files:
+        try:
+            frames.append(pd.read_parquet(path))
+        except Exception as error:  # a corrupt or truncated file must not hide the others
+            if strict:
+                raise StoreError(f"cannot read {path}: {error}") from error
+            warnings.warn(f"skipping unreadable results file {path}: {error}", stacklevel=2)
+    if not frames:
+        return pd.DataFrame(columns=CONTRACT_COLUMNS + EXTRA_COLUMNS)
+    return pd.concat(frames, ignore_index=True)

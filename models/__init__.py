@@ -1,0 +1,1 @@
+"""The decoder, the positional encodings and the attention mechanisms (``lengthbench.models``)."""

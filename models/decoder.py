@@ -1,0 +1,111 @@
+"""A small pre-norm decoder whose attention mechanism and positional encoding are chosen by name.
+
+    tokens (+ a feature embedding for tasks with per-position features)
+    -> n_layers x [ x + attn(LayerNorm(x)); x + MLP(LayerNorm(x)) ]
+    -> LayerNorm -> linear head over the task's vocabulary
+
+as in seed 003, eq. (1). No dropout, no weight tying, no absolute positions: position information
+comes only from the chosen encoding (or, for NoPE, from causality).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from lengthbench.models.attention import ATTENTION
+from lengthbench.models.positional import build_pe
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    d_model: int = 256
+    n_layers: int = 2
+    n_heads: int = 8
+    ffn: int = 512
+    attn: str = "softmax"
+    pe: str = "nape"
+    attn_params: dict = field(default_factory=dict)
+    pe_params: dict = field(default_factory=dict)
+    has_features: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int):
+        super().__init__()
+        head_dim = config.d_model // config.n_heads
+        pe = build_pe(config.pe, config.n_heads, head_dim, **config.pe_params)
+        self.attn_norm = nn.LayerNorm(config.d_model)
+        self.attn = ATTENTION.get(config.attn)(config.d_model, config.n_heads, pe, **config.attn_params)
+        self.attn.layer_index = layer_index
+        self.mlp_norm = nn.LayerNorm(config.d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(config.d_model, config.ffn), nn.GELU(), nn.Linear(config.ffn, config.d_model)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        # Max Retrieval's priorities: a small MLP encoder of the scalar feature, added to the token.
+        self.feature_embed = (
+            nn.Sequential(nn.Linear(1, config.d_model), nn.GELU(), nn.Linear(config.d_model, config.d_model))
+            if config.has_features
+            else None
+        )
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.norm = nn.LayerNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.apply(_init_weights)
+
+    @property
+    def attention_layers(self):
+        return [block.attn for block in self.blocks]
+
+    def set_query_chunk(self, chunk: int | None) -> None:
+        for layer in self.attention_layers:
+            layer.query_chunk = chunk
+
+    def embed_inputs(self, input_ids: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(input_ids)
+        if self.feature_embed is not None:
+            if features is None:
+                features = torch.zeros(input_ids.shape, device=input_ids.device)
+            x = x + self.feature_embed(features.to(x.dtype).unsqueeze(-1))
+        return x
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed_inputs(input_ids, features)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+    def hidden_states(self, input_ids, features=None) -> list[torch.Tensor]:
+        """The normalised input of every attention layer (what ``attention_map`` needs)."""
+        x = self.embed_inputs(input_ids, features)
+        states = []
+        for block in self.blocks:
+            states.append(block.attn_norm(x))
+            x = block(x)
+        return states
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=0.02)

@@ -1,0 +1,59 @@
+"""Task generators (``lengthbench.tasks``): one module per family, registered by name."""
+
+from __future__ import annotations
+
+from lengthbench.models.registry import Registry, UnknownNameError
+from lengthbench.tasks.base import IGNORE_INDEX, SPLITS, Batch, ModelDefaults, Task
+
+TASKS: Registry[type[Task]] = Registry("task")
+
+
+def register_task(name: str, **kwargs):
+    """Class decorator: ``@register_task("mytask")`` makes a :class:`Task` subclass runnable by name."""
+
+    def decorator(cls: type[Task]) -> type[Task]:
+        cls.name = name
+        return TASKS.register(name, **kwargs)(cls)
+
+    return decorator
+
+
+def get_task(name: str, **params) -> Task:
+    return TASKS.get(name)(**params)
+
+
+def task_names() -> list[str]:
+    return TASKS.names()
+
+
+def eval_multipliers(max_multiplier: int) -> list[int]:
+    """The multipliers every evaluation uses: 1, 2, 4, ..., ``max_multiplier`` (a power of two)."""
+    if max_multiplier < 1 or max_multiplier & (max_multiplier - 1):
+        raise ValueError(f"--max-multiplier must be a power of two >= 1, got {max_multiplier}")
+    return [1 << k for k in range(max_multiplier.bit_length())]
+
+
+def eval_lengths(train_length: int, max_multiplier: int) -> list[tuple[int, int]]:
+    """``(multiplier, nominal length)`` pairs, the one place evaluation lengths come from."""
+    return [(m, train_length * m) for m in eval_multipliers(max_multiplier)]
+
+
+# Importing the modules registers their tasks.
+from lengthbench.tasks import copy as _copy  # noqa: E402,F401
+from lengthbench.tasks import flipflop as _flipflop  # noqa: E402,F401
+from lengthbench.tasks import nback as _nback  # noqa: E402,F401
+
+__all__ = [
+    "IGNORE_INDEX",
+    "SPLITS",
+    "TASKS",
+    "Batch",
+    "ModelDefaults",
+    "Task",
+    "UnknownNameError",
+    "eval_lengths",
+    "eval_multipliers",
+    "get_task",
+    "register_task",
+    "task_names",
+]

@@ -1,0 +1,157 @@
+"""What every task is: a vocabulary, a vectorised batch generator, and the lengths it runs at."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from lengthbench.tasks.rng import SampleRandom, stream_key
+
+IGNORE_INDEX = -100
+SPLITS = ("train", "val", "test")
+PAD = "<pad>"
+
+
+@dataclass
+class Batch:
+    """A padded batch. ``labels[b, t]`` is the target of the output at position ``t`` (or -100)."""
+
+    input_ids: np.ndarray  # int64 [batch, tokens], padded at the end with the <pad> id 0
+    labels: np.ndarray  # int64 [batch, tokens], IGNORE_INDEX where nothing is scored
+    nominal_length: int  # the task's size parameter n
+    realised_tokens: np.ndarray  # int64 [batch]: tokens of each sample before padding
+    features: np.ndarray | None = None  # float32 [batch, tokens] for tasks with per-position features
+    groups: np.ndarray | None = None  # int64 [batch, tokens]: scored positions' answer group (per-needle accuracy)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def sample(self, b: int) -> dict[str, list]:
+        """Sample ``b`` unpadded, in the JSON Lines layout of ``lengthbench tasks sample``."""
+        end = int(self.realised_tokens[b])
+        out: dict[str, list] = {
+            "input_ids": self.input_ids[b, :end].tolist(),
+            "labels": self.labels[b, :end].tolist(),
+        }
+        if self.features is not None:
+            out["features"] = [float(x) for x in self.features[b, :end]]
+        return out
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """The seeds' model and training budget for a task (``../shared/specs/TASKS.md``)."""
+
+    layers: int
+    d_model: int
+    heads: int
+    ffn: int
+    train_samples: int
+    batch_size: int = 128
+
+
+class Task:
+    """A task family. Subclasses set the class attributes and implement ``vocab`` and ``generate``.
+
+    ``generate`` receives a :class:`SampleRandom` whose row ``b`` belongs to sample ``indices[b]``; it
+    must draw every random number through it, vectorised over the batch, so that a sample does not
+    depend on which batch it is in.
+    """
+
+    name: ClassVar[str]
+    metric: ClassVar[str] = "exact_match"  # the metric the seeds report: exact_match or token_accuracy
+    has_features: ClassVar[bool] = False
+    model_defaults: ClassVar[ModelDefaults]
+
+    @dataclass(frozen=True)
+    class Params:
+        """Task parameters (subclasses replace this with their own frozen dataclass)."""
+
+    def __init__(self, **params: Any):
+        fields = {f.name for f in dataclasses.fields(self.Params)}
+        unknown = sorted(set(params) - fields)
+        if unknown:
+            raise ValueError(
+                f"task {self.name!r} has no parameter {unknown[0]!r}; its parameters: {', '.join(sorted(fields)) or 'none'}"
+            )
+        self.params = self.Params(**params)
+        self._vocab = self.build_vocab()
+        self._ids = {symbol: i for i, symbol in enumerate(self._vocab)}
+        if self._vocab[0] != PAD:
+            raise AssertionError(f"task {self.name}: id 0 must be {PAD}")
+
+    # -- what subclasses provide ------------------------------------------------------------------
+    def build_vocab(self) -> list[str]:
+        raise NotImplementedError
+
+    def min_length(self) -> int:
+        return 1
+
+    def max_tokens(self, n: int) -> int:
+        """Upper bound on the realised token count of a sample of nominal length ``n``."""
+        raise NotImplementedError
+
+    def generate(self, rng: SampleRandom, n: int) -> Batch:
+        raise NotImplementedError
+
+    def train_length_range(self, train_length: int) -> tuple[int, int]:
+        """Inclusive range of nominal lengths seen in training (the seeds: n_train/2 .. n_train)."""
+        return max(self.min_length(), train_length // 2), train_length
+
+    # -- shared behaviour -------------------------------------------------------------------------
+    @property
+    def vocab(self) -> list[str]:
+        return self._vocab
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._vocab)
+
+    def token_id(self, symbol: str) -> int:
+        return self._ids[symbol]
+
+    def ids(self, *symbols: str) -> list[int]:
+        return [self._ids[s] for s in symbols]
+
+    def key(self, split: str, n: int, seed: int) -> int:
+        return stream_key(self.name, dataclasses.asdict(self.params), split, int(n), int(seed))
+
+    def check_length(self, n: int) -> None:
+        if n < self.min_length():
+            raise ValueError(f"task {self.name!r} needs a length of at least {self.min_length()}, got {n}")
+
+    def batch(self, indices, n: int, split: str = "train", seed: int = 0) -> Batch:
+        """Samples ``indices`` of the stream ``(task, params, split, n, seed)``."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; choose from: {', '.join(SPLITS)}")
+        self.check_length(n)
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(indices) == 0:
+            raise ValueError("a batch needs at least one sample")
+        if (indices < 0).any():
+            raise ValueError("sample indices must be non-negative")
+        batch = self.generate(SampleRandom(self.key(split, n, seed), indices), n)
+        batch.nominal_length = n
+        return batch
+
+
+@dataclass
+class TaskInfo:
+    """What ``lengthbench tasks list`` shows."""
+
+    name: str
+    metric: str
+    description: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def pad_rows(rows: list[np.ndarray], fill: int) -> np.ndarray:
+    """Right-pad 1-D int arrays into one ``[len(rows), max_len]`` array."""
+    width = max(len(r) for r in rows)
+    out = np.full((len(rows), width), fill, dtype=np.int64)
+    for b, row in enumerate(rows):
+        out[b, : len(row)] = row
+    return out
