@@ -65,6 +65,7 @@ class Task:
     metric: ClassVar[str] = "exact_match"  # the metric the seeds report: exact_match or token_accuracy
     has_features: ClassVar[bool] = False
     model_defaults: ClassVar[ModelDefaults]
+    default_train_length: ClassVar[int] = 64  # n_train unless --train-length says otherwise
 
     @dataclass(frozen=True)
     class Params:

@@ -1,0 +1,44 @@
+"""Fused Triton attention kernels (``lengthbench.kernels``), one op per module.
+
+The attention modules in ``lengthbench.models.attention`` ask :func:`get_kernel` for their op on CUDA
+and fall back to their dense reference when it returns None (no CUDA, no Triton, or no kernel for the
+mechanism). Every op has the signature::
+
+    op(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, **mechanism_params) -> out
+
+with ``q, k, v`` of shape ``[batch, heads, tokens, head_dim]`` (causal), ``slopes`` a ``[heads]`` tensor of
+ALiBi slopes (score ``- slope_h * (r - j)``) or None, ``row_scale`` an optional ``[batch, heads, tokens]``
+factor multiplying each query row's (biased) scores, ``sm_scale`` default ``1 / sqrt(head_dim)``, and
+``out`` of the shape of ``q``. This package imports neither ``lengthbench.models`` nor the harness.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+# mechanism name -> "module:function" inside this package; filled as kernels land.
+_KERNELS: dict[str, str] = {}
+
+
+def triton_available() -> bool:
+    try:
+        import torch
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def get_kernel(mechanism: str) -> Callable | None:
+    """The fused op of ``mechanism``, or None where it cannot run here."""
+    target = _KERNELS.get(mechanism)
+    if target is None or not triton_available():
+        return None
+    module_name, function_name = target.split(":")
+    module = importlib.import_module(f"lengthbench.kernels.{module_name}")
+    return getattr(module, function_name)
+
+
+def kernel_names() -> list[str]:
+    return sorted(_KERNELS)

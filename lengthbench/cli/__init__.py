@@ -1,0 +1,93 @@
+"""The ``lengthbench`` command: typer + rich.
+
+Each command group lives in its own module with a ``register(app)`` function; ``COMMAND_MODULES``
+lists them. Bad input (unknown names, impossible arguments, missing folders) ends in a one-line error
+and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+from rich.console import Console
+
+from lengthbench.errors import UsageError
+from lengthbench.models.registry import UnknownNameError
+
+console = Console(stderr=True)
+app = typer.Typer(
+    help="lengthbench: train small decoders at length 64, score exact match up to 1024x.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+COMMAND_MODULES = ["run", "registry", "tasks"]
+
+
+def load_plugins(modules: list[str]) -> None:
+    """Import user modules that register tasks, mechanisms or encodings: ``--plugin``, the
+    ``LENGTHBENCH_PLUGINS`` variable (comma-separated) and ``lengthbench.plugins`` entry points."""
+    from importlib.metadata import entry_points
+
+    names = list(modules) + [m for m in os.environ.get("LENGTHBENCH_PLUGINS", "").split(",") if m.strip()]
+    for name in names:
+        try:
+            importlib.import_module(name.strip())
+        except ImportError as error:
+            raise UsageError(f"cannot import plugin module {name.strip()!r}: {error}") from error
+    for entry in entry_points(group="lengthbench.plugins"):
+        entry.load()
+
+
+@app.callback()
+def root(
+    plugin: list[str] = typer.Option(
+        [], "--plugin", help="Python module to import first (registers your tasks, mechanisms, encodings)."
+    ),
+) -> None:
+    load_plugins(plugin)
+
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"lengthbench.cli.{_name}").register(app)
+
+
+def fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise SystemExit(2)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except (UsageError, UnknownNameError) as error:
+        fail(str(error).strip("'\""))
+    except ValueError as error:  # impossible arguments found by the configuration or a generator
+        fail(str(error))
+    except FileNotFoundError as error:
+        fail(str(error))
+    except typer.Exit as error:
+        raise SystemExit(error.exit_code) from None
+    except typer.Abort:
+        console.print("aborted")
+        raise SystemExit(130) from None
+    except KeyboardInterrupt:
+        console.print("interrupted: rerun the same command with --resume to continue")
+        raise SystemExit(130) from None
+    except Exception as error:  # click's usage errors
+        import click
+
+        if isinstance(error, click.exceptions.UsageError):
+            fail(error.format_message())
+        if isinstance(error, click.exceptions.ClickException):
+            fail(error.format_message())
+        raise
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
