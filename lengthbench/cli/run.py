@@ -1,0 +1,5 @@
+"""``lengthbench run`` (being written)."""
+
+
+def register(app):
+    pass
