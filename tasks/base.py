@@ -38,6 +38,8 @@ class Batch:
         }
         if self.features is not None:
             out["features"] = [float(x) for x in self.features[b, :end]]
+        if self.groups is not None:
+            out["groups"] = self.groups[b, :end].tolist()
         return out
 
 
@@ -79,6 +81,7 @@ class Task:
                 f"task {self.name!r} has no parameter {unknown[0]!r}; its parameters: {', '.join(sorted(fields)) or 'none'}"
             )
         self.params = self.Params(**params)
+        _check_param_types(self.name, self.params)
         self._vocab = self.build_vocab()
         self._ids = {symbol: i for i, symbol in enumerate(self._vocab)}
         if self._vocab[0] != PAD:
@@ -90,6 +93,10 @@ class Task:
 
     def min_length(self) -> int:
         return 1
+
+    def max_length(self) -> int | None:
+        """Largest nominal length the task can build (None: unbounded)."""
+        return None
 
     def max_tokens(self, n: int) -> int:
         """Upper bound on the realised token count of a sample of nominal length ``n``."""
@@ -123,6 +130,8 @@ class Task:
     def check_length(self, n: int) -> None:
         if n < self.min_length():
             raise ValueError(f"task {self.name!r} needs a length of at least {self.min_length()}, got {n}")
+        if self.max_length() is not None and n > self.max_length():
+            raise ValueError(f"task {self.name!r} supports lengths up to {self.max_length()}, got {n}")
 
     def batch(self, indices, n: int, split: str = "train", seed: int = 0) -> Batch:
         """Samples ``indices`` of the stream ``(task, params, split, n, seed)``."""
@@ -147,6 +156,42 @@ class TaskInfo:
     metric: str
     description: str
     params: dict[str, Any] = field(default_factory=dict)
+
+
+def _check_param_types(task: str, params) -> None:
+    """A parameter takes the type of its default (an int is accepted for a float): bad CLI input fails early."""
+    for f in dataclasses.fields(params):
+        value, default = getattr(params, f.name), f.default
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif isinstance(default, float):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        else:
+            ok = True
+        if not ok:
+            raise ValueError(
+                f"task {task!r}: parameter {f.name!r} takes a {type(default).__name__}, got {value!r}"
+            )
+
+
+def column(batch_size: int, token: int) -> np.ndarray:
+    """A ``[batch_size, 1]`` column of one token id, for ``np.concatenate`` layouts."""
+    return np.full((batch_size, 1), token, dtype=np.int64)
+
+
+def next_token_labels(input_ids: np.ndarray, first: int, last: int) -> np.ndarray:
+    """Labels scoring positions ``first .. last - 1`` with the next token (teacher forcing)."""
+    labels = np.full_like(input_ids, IGNORE_INDEX)
+    labels[:, first:last] = input_ids[:, first + 1 : last + 1]
+    return labels
+
+
+def full_batch(input_ids: np.ndarray, labels: np.ndarray, n: int, **extra) -> Batch:
+    """A batch whose samples all have the same length (no padding)."""
+    batch_size, width = input_ids.shape
+    return Batch(input_ids, labels, n, np.full(batch_size, width, dtype=np.int64), **extra)
 
 
 def pad_rows(rows: list[np.ndarray], fill: int) -> np.ndarray:

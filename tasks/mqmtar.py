@@ -1,0 +1,155 @@
+"""MQMTAR: multi-query multi-token associative recall (seed 003, Appendix G).
+
+Worked example (``n = 14``: one pair, 8 extra spaces; 2-token keys and values over "0".."255";
+``queries = 2`` here to keep it short, the default is 4)::
+
+    input_ids  <bos> <space> <space> 17 4 <kv> 200 9 <space> <space> <space> <space> <space> <space> <space>
+               <q> 17 4 <q> 17 4 <sep> <q> 200 9   <q> 200 9     <eos>
+    labels     (-100 up to <sep>)  ... <q> 200 9 <q> 200 9 <eos> -100
+                                       ^ the label of <sep> is the first <q>; of the last 9, <eos>
+
+The prefix (``n`` tokens) holds ``num_kv = max(1, floor(density * n / 6))`` pairs, each written
+``k1 k2 <kv> v1 v2 <space>``; keys are distinct within a sample, values are uniform (repeats allowed).
+The remaining ``n - 6 num_kv`` filler ``<space>`` tokens go to the ``num_kv + 1`` gaps (before the
+first pair, between pairs, after the last), each one independently to a uniform gap. Then
+``queries`` queries ``<q> k1 k2``, keys drawn with replacement from the pairs present; then
+``<sep>`` and the answer ``<q> v1 v2`` per query, then ``<eos>``. Scored as next-token targets: the
+``3 * queries`` answer tokens (the ``<q>`` separators included, as in the seed's target) and ``<eos>``.
+A sample has ``n + 6 * queries + 3`` tokens.
+
+Choices the seed leaves open (ours): the gap distribution of the filler (independent uniform gaps);
+distinct keys drawn as the first ``num_kv`` outputs of a per-sample pseudo-random permutation of the
+``alphabet ** key_tokens`` keys (an 8-round Feistel network with random round tables, cycle-walked;
+vectorised and O(num_kv)); ``n`` below one pair (``6``) is rejected; more pairs than distinct keys
+(``n`` above about 491,000 at the defaults) is rejected.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from lengthbench.tasks import register_task
+from lengthbench.tasks.base import Batch, ModelDefaults, Task, column, full_batch, next_token_labels
+from lengthbench.tasks.rng import SampleRandom
+
+SPECIALS = ["<pad>", "<bos>", "<sep>", "<eos>", "<space>", "<kv>", "<q>"]
+
+_FEISTEL_ROUNDS = 8
+
+
+def distinct_codes(rng: SampleRandom, draw: int, count: int, domain: int) -> np.ndarray:
+    """``count`` distinct integers in ``[0, domain)`` per sample, in random order, ``[batch, count]``.
+
+    They are ``P(0), .., P(count - 1)`` for a per-sample pseudo-random permutation ``P`` of
+    ``[0, domain)``: a balanced Feistel network on ``2 * half_bits`` bits whose round functions are
+    random tables drawn from ``rng``, restricted to ``[0, domain)`` by cycle walking.
+    """
+    if count > domain:
+        raise ValueError(f"cannot draw {count} distinct values from {domain}")
+    half_bits = max(1, math.ceil(math.ceil(math.log2(max(domain, 2))) / 2))
+    half = 1 << half_bits
+    tables = (rng.bits(draw, _FEISTEL_ROUNDS * half) & np.uint64(half - 1)).astype(np.int64)
+    tables = tables.reshape(rng.batch_size, _FEISTEL_ROUNDS, half)
+
+    def permute(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        left, right = x >> half_bits, x & (half - 1)
+        for r in range(_FEISTEL_ROUNDS):
+            left, right = right, left ^ tables[rows, r, right]
+        return (left << half_bits) | right
+
+    rows = np.broadcast_to(np.arange(rng.batch_size)[:, None], (rng.batch_size, count))
+    codes = permute(np.broadcast_to(np.arange(count, dtype=np.int64), rows.shape), rows)
+    outside = codes >= domain
+    while outside.any():  # cycle walking: a bijection of [0, 4^h) restricted to [0, domain)
+        codes[outside] = permute(codes[outside], rows[outside])
+        outside = codes >= domain
+    return codes
+
+
+@register_task("mqmtar")
+class MQMTAR(Task):
+    """Multi-query multi-token associative recall: 2-token keys, 2-token values, 4 queries."""
+
+    model_defaults = ModelDefaults(layers=4, d_model=512, heads=16, ffn=1024, train_samples=50_000_000)
+
+    @dataclass(frozen=True)
+    class Params:
+        alphabet: int = 256  # data symbols "0".."alphabet-1"
+        key_tokens: int = 2
+        value_tokens: int = 2
+        queries: int = 4
+        density: float = 0.8  # share of the prefix the pairs aim to cover
+
+    def build_vocab(self) -> list[str]:
+        p = self.params
+        if p.alphabet < 1 or p.key_tokens < 1 or p.value_tokens < 1 or p.queries < 1:
+            raise ValueError("alphabet, key_tokens, value_tokens and queries must be at least 1")
+        if not 0.0 < p.density <= 1.0:
+            raise ValueError(f"density must be in (0, 1], got {p.density}")
+        return SPECIALS + [str(i) for i in range(p.alphabet)]
+
+    @property
+    def pair_tokens(self) -> int:
+        return self.params.key_tokens + self.params.value_tokens + 2
+
+    def num_pairs(self, n: int) -> int:
+        return max(1, math.floor(self.params.density * n / self.pair_tokens + 1e-9))
+
+    def min_length(self) -> int:
+        return self.pair_tokens
+
+    def max_tokens(self, n: int) -> int:
+        p = self.params
+        return 1 + n + p.queries * (p.key_tokens + 1) + 1 + p.queries * (p.value_tokens + 1) + 1
+
+    def check_length(self, n: int) -> None:
+        if n < self.min_length():
+            raise ValueError(
+                f"task {self.name!r} needs a length of at least {self.min_length()} (one key-value pair), got {n}"
+            )
+        if self.num_pairs(n) > self.params.alphabet**self.params.key_tokens:
+            raise ValueError(f"task {self.name!r}: length {n} needs more distinct keys than the alphabet has")
+
+    def generate(self, rng: SampleRandom, n: int) -> Batch:
+        p = self.params
+        bos, sep, eos, space, kv, q = self.ids("<bos>", "<sep>", "<eos>", "<space>", "<kv>", "<q>")
+        first_symbol = len(SPECIALS)
+        batch_size, rows = rng.batch_size, np.arange(rng.batch_size)[:, None]
+        pairs, width = self.num_pairs(n), self.pair_tokens
+
+        # Keys: distinct codes, spelled in base `alphabet`, most significant token first.
+        codes = distinct_codes(rng, 0, pairs, p.alphabet**p.key_tokens)
+        powers = p.alphabet ** np.arange(p.key_tokens - 1, -1, -1, dtype=np.int64)
+        keys = (codes[:, :, None] // powers) % p.alphabet + first_symbol  # [B, pairs, key_tokens]
+        values = rng.integers(1, pairs * p.value_tokens, 0, p.alphabet).reshape(batch_size, pairs, -1)
+        values += first_symbol
+
+        # Filler: each extra <space> picks one of the pairs + 1 gaps.
+        extra = n - pairs * width
+        gaps = np.zeros((batch_size, pairs + 1), dtype=np.int64)
+        if extra:
+            slot = rng.integers(2, extra, 0, pairs + 1) + rows * (pairs + 1)
+            gaps = np.bincount(slot.ravel(), minlength=batch_size * (pairs + 1)).reshape(batch_size, -1)
+        starts = 1 + np.cumsum(gaps[:, :pairs], axis=1) + width * np.arange(pairs)  # in input_ids
+
+        records = np.concatenate(
+            [keys, np.full((batch_size, pairs, 1), kv), values, np.full((batch_size, pairs, 1), space)], axis=2
+        )
+        answer_len = p.queries * (p.value_tokens + 1) + 1
+        query_len = p.queries * (p.key_tokens + 1)
+        input_ids = np.full((batch_size, n + query_len + 1 + answer_len + 1), space, dtype=np.int64)
+        input_ids[:, 0] = bos
+        input_ids[rows[:, :, None], starts[:, :, None] + np.arange(width)] = records
+
+        asked = rng.integers(3, p.queries, 0, pairs)  # pair index of each query
+        query_block = np.concatenate([np.full((batch_size, p.queries, 1), q), keys[rows, asked]], axis=2)
+        answer_block = np.concatenate([np.full((batch_size, p.queries, 1), q), values[rows, asked]], axis=2)
+        input_ids[:, n + 1 :] = np.concatenate(
+            [query_block.reshape(batch_size, -1), column(batch_size, sep),
+             answer_block.reshape(batch_size, -1), column(batch_size, eos)], axis=1,
+        )
+        sep_at = n + 1 + query_len
+        return full_batch(input_ids, next_token_labels(input_ids, sep_at, sep_at + answer_len), n)
