@@ -1,5 +1,103 @@
-"""``lengthbench run`` (being written)."""
+"""``lengthbench run``: train one cell and print its extrapolation curve."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from lengthbench.cli.tasks import parse_params
+
+out = Console()
 
 
-def register(app):
-    pass
+def curve_table(frame, title: str) -> Table:
+    metric = frame["metric"].iloc[0] if "metric" in frame else "exact_match"
+    table = Table(title=title, title_justify="left")
+    for column in ("multiplier", "eval_length", "tokens", "exact match %", "token acc %", "samples", "eval s"):
+        table.add_column(column, justify="right")
+    for row in frame.sort_values("multiplier").itertuples():
+        em, ta = f"{100 * row.exact_match:.1f}", f"{100 * row.token_accuracy:.1f}"
+        if metric == "exact_match":
+            em = f"[bold]{em}[/]"
+        else:
+            ta = f"[bold]{ta}[/]"
+        table.add_row(f"{row.multiplier}x", str(row.eval_length), f"{row.realised_tokens:.0f}", em, ta,
+                      str(row.n_samples), f"{row.eval_seconds:.1f}")
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    def run(
+        task: str = typer.Option(..., "--task", help="Task name (lengthbench tasks list)."),
+        attn: str = typer.Option(..., "--attn", help="Attention mechanism (lengthbench attn list)."),
+        pe: str = typer.Option(..., "--pe", help="Positional encoding: rope, none, alibi, nape (lengthbench pe list)."),
+        preset: str = typer.Option("smoke", "--preset", help="smoke (CPU minute), quick (GPU minutes), paper."),
+        train_length: int = typer.Option(None, "--train-length", help="n_train (default: the task's, 64 for most)."),
+        max_multiplier: int = typer.Option(None, "--max-multiplier",
+                                           help="Largest multiplier, a power of 2 (default: the preset's; 1024 for quick/paper, 8 for smoke)."),
+        eval_samples: int = typer.Option(None, "--eval-samples", help="Samples per evaluation length."),
+        seed: int = typer.Option(0, "--seed"),
+        device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+        results: str = typer.Option("runs", "--results", help="Results store folder."),
+        resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its checkpoint."),
+        restart: bool = typer.Option(False, "--restart", help="Discard an earlier checkpoint or result of this run."),
+        train_samples: int = typer.Option(None, "--train-samples", help="Override the preset's training samples."),
+        batch_size: int = typer.Option(None, "--batch-size"),
+        lr: float = typer.Option(None, "--lr"),
+        warmup_steps: int = typer.Option(None, "--warmup-steps"),
+        d_model: int = typer.Option(None, "--d-model"),
+        layers: int = typer.Option(None, "--layers"),
+        heads: int = typer.Option(None, "--heads"),
+        ffn: int = typer.Option(None, "--ffn"),
+        selection: str = typer.Option(None, "--selection",
+                                      help="Checkpoint selection: id (in-distribution validation, default) or 8x (the seeds' protocol)."),
+        compile: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile on CUDA."),
+        diagnostics: bool = typer.Option(None, "--diagnostics/--no-diagnostics", help="Measure sparsity, sink rate, entropy."),
+        param: list[str] = typer.Option([], "--param", help="Task parameter key=value (repeatable)."),
+        attn_param: list[str] = typer.Option([], "--attn-param", help="Mechanism parameter key=value."),
+        pe_param: list[str] = typer.Option([], "--pe-param", help="Encoding parameter key=value."),
+        quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+    ) -> None:
+        """Train one model at n_train and evaluate it at every multiplier up to --max-multiplier."""
+        from lengthbench.config import build_config
+        from lengthbench.runner import resolve_device, run_cell
+        from lengthbench.tasks import get_task
+
+        task_params = parse_params(param)
+        if train_length is None:
+            train_length = type(get_task(task, **task_params)).default_train_length
+        config = build_config(
+            task, attn, pe, preset, train_length=train_length, max_multiplier=max_multiplier,
+            eval_samples=eval_samples, seed=seed, train_samples=train_samples, batch_size=batch_size, lr=lr,
+            warmup_steps=warmup_steps, d_model=d_model, n_layers=layers, n_heads=heads, ffn=ffn,
+            selection=selection, compile=compile, diagnostics=diagnostics, task_params=task_params,
+            attn_params=parse_params(attn_param), pe_params=parse_params(pe_param),
+        )
+        from lengthbench.tasks import eval_multipliers
+
+        eval_multipliers(config.max_multiplier)  # validates before any training
+        resolve_device(device)
+        # build the model once on the meta device so a bad mechanism/encoding parameter fails now
+        _check_model(config)
+        out.print(f"[bold]{config.run_id}[/]  {config.train_steps:,} steps x batch {config.batch_size}, "
+                  f"{config.n_layers} layers x d {config.d_model}, {config.n_heads} heads; results -> {results}")
+        frame = run_cell(config, results, device=device, resume=resume, restart=restart, progress=not quiet)
+        out.print(curve_table(frame, f"{config.task} / {config.attn} + {config.pe} (seed {config.seed}, "
+                                     f"{config.preset}; metric: {frame['metric'].iloc[0]})"))
+        best = json.loads(frame["config_json"].iloc[0])
+        out.print(f"trained {frame['train_steps'].iloc[0]:,} steps in {frame['train_seconds'].iloc[0]:.1f}s "
+                  f"on {frame['device'].iloc[0]}; selection: {best['selection']}")
+
+
+def _check_model(config) -> None:
+    import torch
+
+    from lengthbench.runner import build_model
+    from lengthbench.tasks import get_task
+
+    with torch.device("meta"):
+        build_model(config, get_task(config.task, **config.task_params))

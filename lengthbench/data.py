@@ -1,0 +1,106 @@
+"""Training batches: a deterministic function of ``(config, step)``, produced ahead in background workers.
+
+Batch ``step`` draws its nominal length from the seeds' training range with a counter-based hash of
+``(seed, step)`` and takes samples ``step * batch_size ...`` of the train stream at that length. Resuming
+at step ``s`` therefore sees exactly the batches an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from lengthbench.tasks import get_task
+from lengthbench.tasks.rng import SampleRandom, stream_key
+
+
+@dataclass(frozen=True)
+class TrainStream:
+    task: str
+    task_params: tuple  # sorted (key, value) pairs, hashable for the worker cache
+    seed: int
+    batch_size: int
+    train_length: int
+    pad_to: int | None  # pad every batch to this width (static shapes for compiled models)
+
+    def length_of_step(self, step: int, low: int, high: int) -> int:
+        rng = SampleRandom(stream_key("train-length", self.task, self.seed), np.array([step]))
+        return int(rng.integers(0, 1, low, high + 1)[0, 0])
+
+
+_TASK_CACHE: dict = {}
+
+
+def _task(stream: TrainStream):
+    key = (stream.task, stream.task_params)
+    if key not in _TASK_CACHE:
+        _TASK_CACHE[key] = get_task(stream.task, **dict(stream.task_params))
+    return _TASK_CACHE[key]
+
+
+def make_train_batch(stream: TrainStream, step: int):
+    """``(input_ids, labels, features or None)`` of training step ``step``, as numpy arrays."""
+    task = _task(stream)
+    low, high = task.train_length_range(stream.train_length)
+    n = stream.length_of_step(step, low, high)
+    first = step * stream.batch_size
+    batch = task.batch(np.arange(first, first + stream.batch_size), n, "train", stream.seed)
+    input_ids, labels, features = batch.input_ids, batch.labels, batch.features
+    if stream.pad_to is not None and input_ids.shape[1] < stream.pad_to:
+        extra = stream.pad_to - input_ids.shape[1]
+        input_ids = np.pad(input_ids, ((0, 0), (0, extra)))
+        labels = np.pad(labels, ((0, 0), (0, extra)), constant_values=-100)
+        if features is not None:
+            features = np.pad(features, ((0, 0), (0, extra)))
+    return input_ids, labels, features
+
+
+class BatchProducer:
+    """Iterates training batches from ``start_step`` on, ``prefetch`` batches ahead.
+
+    ``workers = 0`` produces in one background thread (enough on a CPU, where the model is the
+    bottleneck); ``workers > 0`` uses that many processes, for GPUs that consume batches faster than
+    one core makes them.
+    """
+
+    def __init__(self, stream: TrainStream, start_step: int, stop_step: int, workers: int = 0,
+                 prefetch: int | None = None):
+        self.stream = stream
+        self.next_step = start_step
+        self.stop_step = stop_step
+        self.executor: Executor = (
+            ProcessPoolExecutor(max_workers=workers) if workers > 0 else ThreadPoolExecutor(max_workers=1)
+        )
+        self.prefetch = prefetch or max(2, 2 * max(1, workers))
+        self.pending: deque = deque()
+        self._fill()
+
+    def _fill(self) -> None:
+        while len(self.pending) < self.prefetch and self.next_step < self.stop_step:
+            self.pending.append(self.executor.submit(make_train_batch, self.stream, self.next_step))
+            self.next_step += 1
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if not self.pending:
+            raise StopIteration
+        result = self.pending.popleft().result()
+        self._fill()
+        return result
+
+    def close(self) -> None:
+        for future in self.pending:
+            future.cancel()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def default_workers(device_type: str) -> int:
+    if device_type != "cuda":
+        return 0
+    return max(1, min(8, (os.cpu_count() or 2) - 2))

@@ -1,0 +1,494 @@
+"""Train one cell (task x attention x encoding x seed) at ``n_train`` and score it at every multiplier.
+
+The run is resumable at any point: training state is checkpointed every ``checkpoint_every`` steps and
+the rows of finished evaluation lengths are kept beside it; the store gets the run's rows in one atomic
+write at the end. Data are a pure function of ``(config, step)`` (see :mod:`lengthbench.data`), so a
+resumed run sees the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from lengthbench import __version__
+from lengthbench.config import RunConfig
+from lengthbench.data import BatchProducer, TrainStream, default_workers
+from lengthbench.errors import UsageError
+from lengthbench.models.decoder import Decoder, ModelConfig
+from lengthbench.store import load_results, run_finished, run_path, write_run
+from lengthbench.tasks import IGNORE_INDEX, eval_lengths, get_task
+
+# --------------------------------------------------------------------------------------------------
+# Devices and small helpers
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise UsageError(f"unknown device {device!r}; choose from: auto, cpu, cuda")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for, but no CUDA GPU is available here")
+    return torch.device(device)
+
+
+def device_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def git_sha() -> str:
+    try:
+        top = Path(__file__).resolve().parent.parent
+        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=top, capture_output=True, text=True,
+                              timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def learning_rate(config: RunConfig, step: int) -> float:
+    """Linear warm-up to ``lr``, then cosine decay to ``min_lr_ratio * lr`` at the last step."""
+    total = config.train_steps
+    warmup = min(config.warmup_steps, total)
+    if step < warmup:
+        return config.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine)
+
+
+def atomic_torch_save(obj, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def build_model(config: RunConfig, task) -> Decoder:
+    return Decoder(ModelConfig(
+        vocab_size=task.vocab_size, d_model=config.d_model, n_layers=config.n_layers, n_heads=config.n_heads,
+        ffn=config.ffn, attn=config.attn, pe=config.pe, attn_params=dict(config.attn_params),
+        pe_params=dict(config.pe_params), has_features=task.has_features,
+    ))
+
+
+def checkpoint_dir(results: str | Path, run_id: str) -> Path:
+    return Path(results) / "checkpoints" / run_id
+
+
+# --------------------------------------------------------------------------------------------------
+# Evaluation
+
+
+@dataclass
+class Scores:
+    exact_match: float
+    token_accuracy: float
+    n_samples: int
+    realised_tokens: float
+    per_group: dict = field(default_factory=dict)
+
+    def metric(self, name: str) -> float:
+        return getattr(self, name)
+
+
+def _to_device(array: np.ndarray | None, device: torch.device, dtype=None):
+    if array is None:
+        return None
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if dtype is not None:
+        tensor = tensor.to(dtype)
+    return tensor.to(device, non_blocking=True)
+
+
+class Evaluator:
+    """Scores a model on ``count`` samples of a split at nominal length ``n``.
+
+    One teacher-forced forward pass per batch. Batch size and the reference path's query chunk adapt
+    to the sequence length and to free memory; an out-of-memory batch is retried at half the size.
+    """
+
+    def __init__(self, model: Decoder, task, device: torch.device, seed: int, tokens_per_batch: int = 0):
+        self.model = model
+        self.task = task
+        self.device = device
+        self.seed = seed
+        self.tokens_per_batch = tokens_per_batch or self._default_tokens_per_batch()
+
+    def _default_tokens_per_batch(self) -> int:
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            config = self.model.config
+            # activations kept per token in a no-grad pass: a few d_model and ffn vectors + the logits
+            per_token = 4 * (8 * config.d_model + 2 * config.ffn + 2 * config.vocab_size)
+            return int(max(4096, min(4 * 2**20, 0.25 * free / per_token)))
+        return 2**15
+
+    def _query_chunk(self, batch_size: int, tokens: int) -> int:
+        """Rows per reference-path block so that scores take ~256 MB (CPU) or ~2 GB (GPU)."""
+        budget = (2 * 2**30) if self.device.type == "cuda" else 256 * 2**20
+        per_row = batch_size * self.model.config.n_heads * tokens * 4 * 3
+        return int(max(16, min(tokens, budget // max(1, per_row))))
+
+    @torch.no_grad()
+    def score(self, n: int, count: int, split: str = "test") -> Scores:
+        self.model.eval()
+        width = self.task.max_tokens(n)
+        batch_size = int(max(1, min(count, self.tokens_per_batch // width)))
+        correct_samples = correct_tokens = scored_tokens = 0
+        realised = 0
+        group_hits: dict[int, list[int]] = {}
+        start = 0
+        while start < count:
+            size = min(batch_size, count - start)
+            batch = self.task.batch(np.arange(start, start + size), n, split, self.seed)
+            try:
+                predictions = self._predict(batch)
+            except torch.OutOfMemoryError:
+                if batch_size == 1:
+                    raise
+                torch.cuda.empty_cache()
+                batch_size = max(1, batch_size // 2)
+                continue
+            labels = batch.labels
+            scored = labels != IGNORE_INDEX
+            hits = (predictions == labels) & scored
+            correct_tokens += int(hits.sum())
+            scored_tokens += int(scored.sum())
+            correct_samples += int((hits.sum(1) == scored.sum(1)).sum())
+            realised += int(batch.realised_tokens.sum())
+            if batch.groups is not None:
+                for group in np.unique(batch.groups[scored]):
+                    in_group = (batch.groups == group) & scored
+                    ok = (hits | ~in_group).all(axis=1)
+                    tally = group_hits.setdefault(int(group), [0, 0])
+                    tally[0] += int(ok.sum())
+                    tally[1] += size
+            start += size
+        self.model.set_query_chunk(None)
+        return Scores(
+            exact_match=correct_samples / count,
+            token_accuracy=correct_tokens / max(1, scored_tokens),
+            n_samples=count,
+            realised_tokens=realised / count,
+            per_group={g: hit / total for g, (hit, total) in sorted(group_hits.items())},
+        )
+
+    def _predict(self, batch) -> np.ndarray:
+        tokens = batch.input_ids.shape[1]
+        self.model.set_query_chunk(self._query_chunk(len(batch), tokens))
+        input_ids = _to_device(batch.input_ids, self.device)
+        features = _to_device(batch.features, self.device, torch.float32)
+        with autocast(self.device):
+            logits = self.model(input_ids, features)
+        return logits.argmax(-1).cpu().numpy()
+
+
+# --------------------------------------------------------------------------------------------------
+# Training
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    train_seconds: float = 0.0
+    best_score: float = -1.0
+    best_step: int = -1
+    history: list = field(default_factory=list)  # (step, loss, val_score)
+
+
+class Trainer:
+    def __init__(self, config: RunConfig, task, device: torch.device, results: Path, progress: bool = True):
+        self.config = config
+        self.task = task
+        self.device = device
+        self.progress = progress
+        self.dir = checkpoint_dir(results, config.run_id)
+        torch.manual_seed(config.seed)
+        self.model = build_model(config, task).to(device)
+        fused = device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                                           fused=fused)
+        self.state = TrainState()
+        self.best_model_state = None
+        self.step_fn = self._make_step_fn()
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.dir / "train.pt"
+
+    def save(self) -> None:
+        atomic_torch_save({
+            "config": self.config.identity(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "state": self.state.__dict__,
+            "best_model": self.best_model_state,
+        }, self.checkpoint_path)
+
+    def load(self) -> bool:
+        if not self.checkpoint_path.exists():
+            return False
+        saved = torch.load(self.checkpoint_path, map_location=self.device, weights_only=False)
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.state = TrainState(**saved["state"])
+        self.best_model_state = saved["best_model"]
+        return True
+
+    # -- the step ----------------------------------------------------------------------------------
+    def _make_step_fn(self):
+        model = self.model
+        if self.device.type == "cuda" and self.config.compile:
+            model = torch.compile(model, dynamic=False)
+
+        def step(input_ids, labels, features):
+            with autocast(self.device):
+                logits = model(input_ids, features)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip,
+                                           foreach=self.device.type == "cuda")
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            scored = labels != IGNORE_INDEX
+            correct = ((logits.argmax(-1) == labels) & scored).sum()
+            return loss.detach(), correct, scored.sum()
+
+        return step
+
+    def _select(self, evaluator: Evaluator) -> float:
+        n = self.config.train_length * (8 if self.config.selection == "8x" else 1)
+        scores = evaluator.score(n, self.config.val_samples, split="val")
+        value = scores.metric(self.task.metric)
+        if value >= self.state.best_score:
+            self.state.best_score = value
+            self.state.best_step = self.state.step
+            self.best_model_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        self.model.train()
+        return value
+
+    def train(self) -> None:
+        config = self.config
+        total = config.train_steps
+        if self.state.step >= total:
+            return
+        pad_to = self.task.max_tokens(config.train_length) if (self.device.type == "cuda" and config.compile) else None
+        stream = TrainStream(config.task, tuple(sorted(config.task_params.items())), config.seed, config.batch_size,
+                             config.train_length, pad_to)
+        producer = BatchProducer(stream, self.state.step, total, workers=default_workers(self.device.type))
+        evaluator = Evaluator(self.model, self.task, self.device, seed=config.seed)
+        self.model.train()
+        val_score = float("nan")
+        window_start, window_samples = time.perf_counter(), 0
+        loss_sum = torch.zeros((), device=self.device)
+        correct_sum = torch.zeros((), device=self.device, dtype=torch.long)
+        scored_sum = torch.zeros((), device=self.device, dtype=torch.long)
+        report_every = 25
+        with _progress(self.progress) as progress:
+            task_id = progress.add_task(f"train {config.run_id}", total=total, completed=self.state.step,
+                                        info="")
+            started = time.perf_counter() - self.state.train_seconds
+            try:
+                for input_ids, labels, features in producer:
+                    lr = learning_rate(config, self.state.step)
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = lr
+                    loss, correct, scored = self.step_fn(
+                        _to_device(input_ids, self.device), _to_device(labels, self.device),
+                        _to_device(features, self.device, torch.float32),
+                    )
+                    loss_sum += loss
+                    correct_sum += correct
+                    scored_sum += scored
+                    self.state.step += 1
+                    window_samples += config.batch_size
+                    step = self.state.step
+                    if step % config.eval_every == 0 or step == total:
+                        val_score = self._select(evaluator)
+                    if step % report_every == 0 or step == total:
+                        elapsed = time.perf_counter() - window_start
+                        steps_in_window = (step - 1) % report_every + 1
+                        mean_loss = loss_sum.item() / steps_in_window
+                        accuracy = correct_sum.item() / max(1, scored_sum.item())
+                        self.state.history.append((step, mean_loss, val_score))
+                        progress.update(task_id, completed=step, info=(
+                            f"loss {mean_loss:.4f}  acc {accuracy:.3f}  val {val_score:.3f}  "
+                            f"{window_samples / max(elapsed, 1e-9):,.0f} samples/s"))
+                        loss_sum.zero_()
+                        correct_sum.zero_()
+                        scored_sum.zero_()
+                        window_start, window_samples = time.perf_counter(), 0
+                    if step % config.checkpoint_every == 0 and step < total:
+                        self.state.train_seconds = time.perf_counter() - started
+                        self.save()
+            finally:
+                producer.close()
+            self.state.train_seconds = time.perf_counter() - started
+        self.save()
+
+    def use_best(self) -> None:
+        if self.best_model_state is not None:
+            self.model.load_state_dict(self.best_model_state)
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool) -> Iterator:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TimeRemainingColumn(), TextColumn("{task.fields[info]}"), disable=not enabled, transient=False,
+    )
+    with progress:
+        yield progress
+
+
+# --------------------------------------------------------------------------------------------------
+# A whole cell
+
+
+def _diagnostics(model, task, n: int, config: RunConfig, device: torch.device) -> dict:
+    if not config.diagnostics:
+        return {}
+    try:
+        from lengthbench.diagnostics import measure_attention
+    except ImportError:
+        return {}
+    batch = task.batch([0], n, "test", config.seed)
+    with autocast(device):
+        return measure_attention(model, _to_device(batch.input_ids, device),
+                                 _to_device(batch.features, device, torch.float32),
+                                 rows=config.diagnostic_rows, seed=config.seed)
+
+
+def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", resume: bool = True,
+             progress: bool = True, restart: bool = False) -> pd.DataFrame:
+    """Train and evaluate one cell; write its rows to the store and return them.
+
+    A cell already in the store is returned as stored. With ``resume`` a cell interrupted earlier
+    continues from its checkpoint; without it (and without ``restart``) an existing checkpoint is an
+    error, so that no training is thrown away by accident.
+    """
+    results = Path(results)
+    run_id = config.run_id
+    if run_finished(results, run_id) and not restart:
+        return pd.read_parquet(run_path(results, run_id))
+    torch_device = resolve_device(device)
+    task = get_task(config.task, **config.task_params)
+    task.check_length(config.train_length)
+    lengths = eval_lengths(config.train_length, config.max_multiplier)
+    ckpt_dir = checkpoint_dir(results, run_id)
+    if restart and ckpt_dir.exists():
+        for path in ckpt_dir.glob("*"):
+            path.unlink()
+    trainer = Trainer(config, task, torch_device, results, progress=progress)
+    if trainer.checkpoint_path.exists() and not resume and not restart:
+        raise UsageError(f"run {run_id} has a checkpoint in {ckpt_dir}; pass --resume to continue it "
+                         "or --restart to start over")
+    if resume:
+        trainer.load()
+    (ckpt_dir).mkdir(parents=True, exist_ok=True)
+    (ckpt_dir / "config.json").write_text(json.dumps(config.identity(), indent=2, sort_keys=True))
+
+    trainer.train()
+    trainer.use_best()
+    model = trainer.model
+    model.eval()
+    atomic_torch_save({"config": config.identity(), "model": model.state_dict()}, ckpt_dir / "model.pt")
+
+    partial_path = ckpt_dir / "eval_rows.json"
+    done: dict[int, dict] = {}
+    if partial_path.exists():
+        done = {row["multiplier"]: row for row in json.loads(partial_path.read_text())}
+    evaluator = Evaluator(model, task, torch_device, seed=config.seed, tokens_per_batch=config.eval_tokens_per_batch)
+    common = dict(
+        run_id=run_id, task=config.task, attn=config.attn, pe=config.pe, seed=config.seed, preset=config.preset,
+        train_length=config.train_length, selection=config.selection, train_steps=trainer.state.step,
+        train_seconds=round(trainer.state.train_seconds, 3), device=device_description(torch_device),
+        lengthbench_version=__version__, git_sha=git_sha(), metric=task.metric, config_json=config.to_json(),
+        best_step=trainer.state.best_step,
+    )
+    with _progress(progress) as bar:
+        task_id = bar.add_task(f"eval {run_id}", total=len(lengths), completed=len(done), info="")
+        for multiplier, n in lengths:
+            if multiplier in done:
+                continue
+            started = time.perf_counter()
+            scores = evaluator.score(n, config.eval_samples)
+            diagnostics = _diagnostics(model, task, n, config, torch_device)
+            seconds = time.perf_counter() - started
+            done[multiplier] = dict(
+                eval_length=n, multiplier=multiplier, exact_match=scores.exact_match,
+                token_accuracy=scores.token_accuracy, score=scores.metric(task.metric), n_samples=scores.n_samples,
+                realised_tokens=scores.realised_tokens, eval_seconds=round(seconds, 3),
+                per_group_json=json.dumps(scores.per_group) if scores.per_group else "",
+                sparsity=diagnostics.get("sparsity", float("nan")),
+                sink_rate=diagnostics.get("sink_rate", float("nan")),
+                entropy=diagnostics.get("entropy", float("nan")),
+                support=diagnostics.get("support", float("nan")),
+                diagnostic_rows=diagnostics.get("diagnostic_rows", 0),
+                diagnostics_json=json.dumps(diagnostics.get("per_head", {})) if diagnostics else "",
+            )
+            _atomic_write_text(partial_path, json.dumps(list(done.values())))
+            bar.update(task_id, advance=1, info=f"{multiplier}x: {scores.metric(task.metric):.3f} in {seconds:.1f}s")
+    created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    rows = [dict(common, **done[m], created_at=created_at) for m, _ in lengths]
+    write_run(results, run_id, rows)
+    partial_path.unlink(missing_ok=True)
+    trainer.checkpoint_path.unlink(missing_ok=True)  # the run is in the store; model.pt stays for inspect
+    return pd.read_parquet(run_path(results, run_id))
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def load_model(results: str | Path, run_id: str, device: str = "cpu"):
+    """``(model, task, config)`` of a trained run (its selected checkpoint), for inspection."""
+    path = checkpoint_dir(results, run_id) / "model.pt"
+    if not path.exists():
+        known = sorted(p.name for p in (Path(results) / "checkpoints").glob("*")) if Path(results).exists() else []
+        raise UsageError(f"no trained model for run {run_id!r} in {results}"
+                         + (f"; runs with a model: {', '.join(known)}" if known else ""))
+    saved = torch.load(path, map_location=device, weights_only=False)
+    config = RunConfig.from_dict(saved["config"])
+    task = get_task(config.task, **config.task_params)
+    model = build_model(config, task)
+    model.load_state_dict(saved["model"])
+    return model.to(device).eval(), task, config
+
+
+__all__ = ["Evaluator", "Trainer", "load_model", "load_results", "run_cell"]
