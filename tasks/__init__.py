@@ -41,8 +41,12 @@ def eval_lengths(train_length: int, max_multiplier: int) -> list[tuple[int, int]
 # Importing the modules registers their tasks.
 from lengthbench.tasks import copy as _copy  # noqa: E402,F401
 from lengthbench.tasks import flipflop as _flipflop  # noqa: E402,F401
+from lengthbench.tasks import localcount as _localcount  # noqa: E402,F401
+from lengthbench.tasks import maxretrieval as _maxretrieval  # noqa: E402,F401
 from lengthbench.tasks import mqmtar as _mqmtar  # noqa: E402,F401
+from lengthbench.tasks import mqrar as _mqrar  # noqa: E402,F401
 from lengthbench.tasks import nback as _nback  # noqa: E402,F401
+from lengthbench.tasks import passkey as _passkey  # noqa: E402,F401
 
 __all__ = [
     "IGNORE_INDEX",

@@ -1,14 +1,27 @@
 """Flip-Flop language modelling: recall the bit of the last write.
 
-Worked example (``n = 8``: 4 instructions, the first ``w``, the last ``r``)::
+Seed 003 variants (``flipflop-sparse``, ``flipflop-dense``), worked example (``n = 8``: 4
+instructions, the first ``w``, the last ``r``)::
 
     input_ids  <bos> w 1 i 0 w 0 r <sep> 0     <eos>
     labels     -     - - - - - - - 0     <eos> -
 
 ``n // 2`` instructions; every instruction but the final ``r`` is followed by a random bit; the
 middle ones are ``w`` with probability ``p_write``, else ``i``. The answer ``b`` is the bit written by
-the last ``w``. Scored: ``b`` and ``<eos>`` (exact match over both). Variants: ``flipflop-sparse``
-(``p_write`` 0.1) and ``flipflop-dense`` (0.8).
+the last ``w``. Scored: ``b`` and ``<eos>`` (exact match over both); ``2 (n // 2) + 3`` tokens.
+Variants: ``flipflop-sparse`` (``p_write`` 0.1) and ``flipflop-dense`` (0.8).
+
+Liu et al. (2023) variant, ``flipflop-liu`` (a different parameter, ``p_ignore``, and reads inside
+the sequence; its own task name so that its results cannot be mistaken for the seed's), ``n = 8``::
+
+    input_ids  <bos> w 1 r 1 i 0 r 1 <eos>
+    labels     -     - - 1 - - - 1 - -
+
+``n // 2`` instructions, each followed by its bit: the first is ``w``, the last ``r``; the others are
+``i`` with probability ``p_ignore`` (0.8, Liu et al.'s FFL(0.8)), else ``w`` or ``r`` with equal
+probability. The bit after ``w`` and ``i`` is random; the bit after ``r`` is the bit of the most recent
+``w``, and it is what is scored (next-token target at each ``r``); exact match needs every read
+right. ``2 (n // 2) + 2`` tokens.
 """
 
 from __future__ import annotations
@@ -18,27 +31,28 @@ from dataclasses import dataclass
 import numpy as np
 
 from lengthbench.tasks import register_task
-from lengthbench.tasks.base import IGNORE_INDEX, Batch, ModelDefaults, Task
+from lengthbench.tasks.base import IGNORE_INDEX, Batch, ModelDefaults, Task, column, full_batch
+from lengthbench.tasks.rng import SampleRandom
 
 _DEFAULTS = ModelDefaults(layers=4, d_model=256, heads=8, ffn=512, train_samples=10_000_000)
+VOCAB = ["<pad>", "<bos>", "<sep>", "<eos>", "0", "1", "w", "i", "r"]
+
+
+def _check_probability(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
 
 
 class _FlipFlop(Task):
     model_defaults = _DEFAULTS
-    default_p_write = 0.1
-
-    def __init__(self, **params):
-        params.setdefault("p_write", self.default_p_write)
-        super().__init__(**params)
-        if not 0.0 <= self.params.p_write <= 1.0:
-            raise ValueError(f"p_write must be in [0, 1], got {self.params.p_write}")
 
     @dataclass(frozen=True)
     class Params:
-        p_write: float = 0.1
+        p_write: float = 0.1  # probability that a middle instruction is a write
 
     def build_vocab(self) -> list[str]:
-        return ["<pad>", "<bos>", "<sep>", "<eos>", "0", "1", "w", "i", "r"]
+        _check_probability("p_write", self.params.p_write)
+        return list(VOCAB)
 
     def min_length(self) -> int:
         return 4
@@ -46,7 +60,7 @@ class _FlipFlop(Task):
     def max_tokens(self, n: int) -> int:
         return 2 * (n // 2) + 3
 
-    def generate(self, rng, n: int) -> Batch:
+    def generate(self, rng: SampleRandom, n: int) -> Batch:
         bos, sep, eos, zero, write, ignore, read = self.ids("<bos>", "<sep>", "<eos>", "0", "w", "i", "r")
         batch_size = rng.batch_size
         steps = n // 2  # instructions; the last one is the read
@@ -59,21 +73,67 @@ class _FlipFlop(Task):
         body = np.empty((batch_size, 2 * (steps - 1)), dtype=np.int64)
         body[:, 0::2] = np.where(is_write, write, ignore)
         body[:, 1::2] = bits + zero
-        column = np.ones((batch_size, 1), dtype=np.int64)
         input_ids = np.concatenate(
-            [column * bos, body, column * read, column * sep, answer[:, None], column * eos], axis=1
+            [column(batch_size, bos), body, column(batch_size, read), column(batch_size, sep),
+             answer[:, None], column(batch_size, eos)], axis=1,
         )
         labels = np.full_like(input_ids, IGNORE_INDEX)
         labels[:, -3] = answer
         labels[:, -2] = eos
-        return Batch(input_ids, labels, n, np.full(batch_size, input_ids.shape[1], dtype=np.int64))
+        return full_batch(input_ids, labels, n)
 
 
 @register_task("flipflop-sparse", aliases=("flipflop",))
 class FlipFlopSparse(_FlipFlop):
-    default_p_write = 0.1
+    """Flip-Flop (seed 003), sparse: writes with probability 0.1; recall the last written bit."""
 
 
 @register_task("flipflop-dense")
 class FlipFlopDense(_FlipFlop):
-    default_p_write = 0.8
+    """Flip-Flop (seed 003), dense: writes with probability 0.8; recall the last written bit."""
+
+    @dataclass(frozen=True)
+    class Params:
+        p_write: float = 0.8
+
+
+@register_task("flipflop-liu")
+class FlipFlopLiu(Task):
+    """Flip-Flop after Liu et al. 2023: ignores with probability p_ignore, every in-sequence read scored."""
+
+    model_defaults = _DEFAULTS
+
+    @dataclass(frozen=True)
+    class Params:
+        p_ignore: float = 0.8  # probability that a middle instruction is an ignore (FFL(p_ignore))
+
+    def build_vocab(self) -> list[str]:
+        _check_probability("p_ignore", self.params.p_ignore)
+        return list(VOCAB)
+
+    def min_length(self) -> int:
+        return 4
+
+    def max_tokens(self, n: int) -> int:
+        return 2 * (n // 2) + 2
+
+    def generate(self, rng: SampleRandom, n: int) -> Batch:
+        bos, eos, zero, write, ignore, read = self.ids("<bos>", "<eos>", "0", "w", "i", "r")
+        batch_size, steps = rng.batch_size, n // 2
+        u = rng.uniform(0, steps)
+        p_ignore = self.params.p_ignore
+        op = np.where(u < p_ignore, ignore, np.where(u < p_ignore + (1.0 - p_ignore) / 2, write, read))
+        op[:, 0], op[:, -1] = write, read
+        bits = rng.integers(1, steps, 0, 2)
+        is_write = op == write
+        last_write = np.maximum.accumulate(np.where(is_write, np.arange(steps), 0), axis=1)
+        is_read = op == read
+        bits = np.where(is_read, np.take_along_axis(bits, last_write, axis=1), bits)
+
+        input_ids = np.empty((batch_size, 2 * steps + 2), dtype=np.int64)
+        input_ids[:, 0], input_ids[:, -1] = bos, eos
+        input_ids[:, 1:-1:2] = op
+        input_ids[:, 2:-1:2] = bits + zero
+        labels = np.full_like(input_ids, IGNORE_INDEX)
+        labels[:, 1:-1:2] = np.where(is_read, bits + zero, IGNORE_INDEX)
+        return full_batch(input_ids, labels, n)

@@ -1,0 +1,98 @@
+"""MQRAR: multi-query repeated associative recall (seed 004, after Tan et al. 2025).
+
+Worked example (``n = 8``: 4 assignments; 3 active keys; ``queries = 2`` here, the default is 4)::
+
+    input_ids  <bos> k7 v3 k2 v9 k7 v5 k40 v1 <q> k7 <q> k2 <sep> <q> v5 <q> v9 <eos>
+    labels     -     -  -  -  -  -  -  -   -  -   -  -   -  -     v5  -  v9  <eos> -
+
+``k7`` is assigned twice; the answer is its most recent value ``v5``. The prefix of ``n`` tokens
+holds ``n // 2`` assignments ``k v``: keys drawn with replacement from ``num_keys`` distinct active
+keys of the sample (out of ``keys``), values uniform over ``values``. Then ``queries`` queries
+``<q> k``, keys drawn with replacement, uniform over the keys present in the prefix; then ``<sep>``
+and ``<q> a`` per query, then ``<eos>``. Scored as next-token targets: the answers ``a`` and
+``<eos>`` (not the ``<q>`` separators, which are given). A sample has ``n + 4 * queries + 3``
+tokens (``n`` even) or one more filler token (``n`` odd).
+
+Choices the seeds leave open (ours): for odd ``n`` the prefix starts with one ``<space>`` so that it
+is ``n`` tokens; "keys present" is uniform over distinct present keys (not weighted by how often a
+key is assigned); the feed-forward width of the model (1024) is not given by seed 004.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lengthbench.tasks import register_task
+from lengthbench.tasks.base import IGNORE_INDEX, Batch, ModelDefaults, Task, column, full_batch
+from lengthbench.tasks.rng import SampleRandom
+
+SPECIALS = ["<pad>", "<bos>", "<sep>", "<eos>", "<space>", "<q>"]
+
+
+@register_task("mqrar")
+class MQRAR(Task):
+    """Multi-query repeated associative recall: answer the most recent value of each queried key."""
+
+    model_defaults = ModelDefaults(layers=2, d_model=256, heads=16, ffn=1024, train_samples=20_000_000)
+
+    @dataclass(frozen=True)
+    class Params:
+        keys: int = 128  # key symbols "k0".."k{keys-1}"
+        values: int = 128  # value symbols "v0".."v{values-1}"
+        num_keys: int = 16  # distinct active keys per sample
+        queries: int = 4
+
+    def build_vocab(self) -> list[str]:
+        p = self.params
+        if min(p.keys, p.values, p.num_keys, p.queries) < 1:
+            raise ValueError("keys, values, num_keys and queries must be at least 1")
+        if p.num_keys > p.keys:
+            raise ValueError(f"num_keys ({p.num_keys}) cannot exceed keys ({p.keys})")
+        return SPECIALS + [f"k{i}" for i in range(p.keys)] + [f"v{i}" for i in range(p.values)]
+
+    def min_length(self) -> int:
+        return 2
+
+    def max_tokens(self, n: int) -> int:
+        return 1 + n + 2 * self.params.queries + 1 + 2 * self.params.queries + 1
+
+    def generate(self, rng: SampleRandom, n: int) -> Batch:
+        p = self.params
+        bos, sep, eos, space, q = self.ids("<bos>", "<sep>", "<eos>", "<space>", "<q>")
+        first_key, first_value = len(SPECIALS), len(SPECIALS) + p.keys
+        batch_size, rows = rng.batch_size, np.arange(rng.batch_size)[:, None]
+        assignments = n // 2
+
+        active = rng.permutation_order(0, p.keys)[:, : p.num_keys]  # [B, num_keys] key numbers
+        slot = rng.integers(1, assignments, 0, p.num_keys)  # which active key each assignment sets
+        values = rng.integers(2, assignments, 0, p.values)
+
+        # Queries: uniform over the active keys that occur in the prefix.
+        present = np.bincount((slot + rows * p.num_keys).ravel(), minlength=batch_size * p.num_keys)
+        present = present.reshape(batch_size, p.num_keys) > 0
+        scores = rng.uniform(3, p.queries * p.num_keys).reshape(batch_size, p.queries, p.num_keys)
+        asked = np.where(present[:, None, :], scores, -1.0).argmax(axis=2)  # [B, queries] slots
+        position = np.arange(assignments)
+        answers = np.empty((batch_size, p.queries), dtype=np.int64)
+        for j in range(p.queries):
+            last = np.where(slot == asked[:, j : j + 1], position, -1).max(axis=1)
+            answers[:, j] = values[np.arange(batch_size), last]
+
+        prefix = np.empty((batch_size, 2 * assignments), dtype=np.int64)
+        prefix[:, 0::2] = active[rows, slot] + first_key
+        prefix[:, 1::2] = values + first_value
+        queried = np.stack([np.full((batch_size, p.queries), q), active[rows, asked] + first_key], axis=2)
+        answered = np.stack([np.full((batch_size, p.queries), q), answers + first_value], axis=2)
+        parts = [column(batch_size, bos)] + ([column(batch_size, space)] if n % 2 else [])
+        parts += [prefix, queried.reshape(batch_size, -1), column(batch_size, sep),
+                  answered.reshape(batch_size, -1), column(batch_size, eos)]
+        input_ids = np.concatenate(parts, axis=1)
+
+        labels = np.full_like(input_ids, IGNORE_INDEX)
+        sep_at = 1 + n + 2 * p.queries
+        answer_at = sep_at + 2 + 2 * np.arange(p.queries)  # positions of a1 .. a4 in input_ids
+        labels[:, answer_at - 1] = input_ids[:, answer_at]
+        labels[:, -2] = eos
+        return full_batch(input_ids, labels, n)
