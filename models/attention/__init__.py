@@ -1,15 +1,38 @@
-"""Attention mechanisms (``--attn``): each a short module beside its dense reference."""
+"""Attention mechanisms (``--attn``): each a short module beside its dense reference.
 
-from lengthbench.models.attention.base import WEIGHT_FUNCTIONS, AttentionLayer, causal_mask, visible_counts
+| module | mechanisms |
+|---|---|
+| ``softmax`` | softmax, gated |
+| ``scaled`` | ssmax, assmax, adatemp |
+| ``entmax`` | entmax, sparsemax, sentmax, asentmax |
+| ``stickbreaking`` | stickbreaking, sieve |
+| ``softpick`` | softpick, scalable-softpick, rectified |
+| ``threshold`` | rela, tra, tda |
+| ``differential`` | diffsoftmax |
+"""
+
+import importlib
+
+from lengthbench.models.attention.base import (
+    WEIGHT_FUNCTIONS,
+    AttentionLayer,
+    HeadRMSNorm,
+    TwoViewAttention,
+    causal_mask,
+    visible_counts,
+)
 from lengthbench.models.attention.registry import ATTENTION, attention_weights, register_attention
 
-# Importing the modules registers their mechanisms.
-from lengthbench.models.attention import softmax as _softmax  # noqa: E402,F401,I001
+# Importing the modules registers their mechanisms (in this order: `lengthbench attn list` shows it).
+for _module in ("softmax", "scaled", "entmax", "stickbreaking", "softpick", "threshold", "differential"):
+    importlib.import_module(f"lengthbench.models.attention.{_module}")
 
 __all__ = [
     "ATTENTION",
     "WEIGHT_FUNCTIONS",
     "AttentionLayer",
+    "HeadRMSNorm",
+    "TwoViewAttention",
     "attention_weights",
     "causal_mask",
     "register_attention",

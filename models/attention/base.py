@@ -4,6 +4,13 @@ A mechanism is an :class:`AttentionLayer` subclass registered by name. The simpl
 weight function (``weights``); the layer computes raw scores ``z = q.k / sqrt(d) - slope_h (r - j)``,
 hands each block of query rows to it, and multiplies by the values. Query blocks keep memory at
 O(query_chunk x L), so a CPU can evaluate 65,536-token sequences; the result equals the unchunked path.
+
+Weight functions (``WEIGHT_FUNCTIONS``) have the signature ``fn(scores, mask, **params)``: ``scores``
+``[..., Lq, Lk]``, ``mask`` the causal visibility ``[Lq, Lk]`` (bool, row r sees keys ``j <= r``).
+Mechanisms whose weights depend on the query's position take an optional ``query_positions`` ``[Lq]``;
+without it the position of row i is read off the mask (its last visible key), which for a square map is
+``i`` and for the last ``Lq`` rows of a longer one is ``i + Lk - Lq``. They compute in float32, or in
+float64 when given float64 (so that ``gradcheck`` works), return exact zeros where masked, and never NaN.
 """
 
 from __future__ import annotations
@@ -13,10 +20,9 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import torch
-from torch import nn
-
 from lengthbench.models.positional import PositionalEncoding
 from lengthbench.models.registry import Registry
+from torch import nn
 
 WeightFunction = Callable[..., torch.Tensor]
 WEIGHT_FUNCTIONS: Registry[WeightFunction] = Registry("attention weight function")
@@ -31,6 +37,84 @@ def causal_mask(query_positions: torch.Tensor, n_keys: int) -> torch.Tensor:
 def visible_counts(query_positions: torch.Tensor) -> torch.Tensor:
     """``n_r = r + 1``, the keys visible to each query, as float ``[Lq, 1]``."""
     return (query_positions + 1).to(torch.float32)[:, None]
+
+
+# -- helpers shared by the weight functions --------------------------------------------------------------
+def compute_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """float64 stays float64 (gradcheck); everything else is computed in float32."""
+    return torch.float64 if tensor.dtype == torch.float64 else torch.float32
+
+
+def as_compute(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to(compute_dtype(tensor))
+
+
+def row_positions(mask: torch.Tensor, query_positions: torch.Tensor | None = None) -> torch.Tensor:
+    """The position ``r`` of each query row ``[Lq]``: given, or the last key the causal mask shows it."""
+    if query_positions is not None:
+        return query_positions.to(mask.device)
+    return mask.sum(-1) - 1
+
+
+def row_counts(mask: torch.Tensor, query_positions: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """``n_r = r + 1`` as ``[Lq, 1]`` in the dtype of ``like``."""
+    return (row_positions(mask, query_positions) + 1).to(like.dtype)[:, None]
+
+
+def diagonal_and_earlier(mask: torch.Tensor, query_positions: torch.Tensor | None):
+    """``(diagonal, earlier)`` bool ``[Lq, Lk]``: key ``j == r`` and keys ``j < r`` visible to row ``r``."""
+    positions = row_positions(mask, query_positions)
+    keys = torch.arange(mask.shape[-1], device=mask.device)
+    diagonal = keys[None, :] == positions[:, None]
+    return diagonal, mask & (keys[None, :] < positions[:, None])
+
+
+def per_head(value, like: torch.Tensor):
+    """A per-head parameter (float, 0-d or ``[H]`` tensor) shaped to broadcast over ``[..., H, Lq, Lk]``."""
+    if not torch.is_tensor(value):
+        return value
+    value = value.to(like.dtype)
+    return value[:, None, None] if value.dim() == 1 else value
+
+
+def per_row(value, like: torch.Tensor):
+    """A per-query-row parameter (float, or ``[..., Lq]`` tensor) shaped to broadcast over ``[..., Lq, Lk]``."""
+    if not torch.is_tensor(value):
+        return value
+    value = value.to(like.dtype)
+    return value.unsqueeze(-1) if value.dim() >= 1 else value
+
+
+def zeros_where_not(weights: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    return torch.where(keep, weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
+
+
+def safe_softmax(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Softmax over the ``visible`` entries; exact zeros elsewhere; a row with nothing visible (or only
+    ``-inf`` scores) is all zero rather than NaN."""
+    z = z.masked_fill(~visible, float("-inf"))
+    has_any = torch.isfinite(z).any(-1, keepdim=True)
+    z = torch.where(has_any, z, torch.zeros((), dtype=z.dtype, device=z.device))
+    return zeros_where_not(torch.softmax(z, dim=-1), visible & has_any)
+
+
+def masked_fill_zero(weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Exact zeros outside the mask (and no NaN leaking from masked entries)."""
+    return zeros_where_not(weights, mask)
+
+
+class HeadRMSNorm(nn.Module):
+    """RMSNorm of each head's output over its ``head_dim`` channels, with a learnable gain per head."""
+
+    def __init__(self, n_heads: int, head_dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(n_heads, 1, head_dim))
+
+    def forward(self, heads: torch.Tensor) -> torch.Tensor:  # [B, H, T, head_dim]
+        h = as_compute(heads)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * self.weight.to(h.dtype)).to(heads.dtype)
 
 
 class AttentionLayer(nn.Module):
@@ -58,6 +142,8 @@ class AttentionLayer(nn.Module):
         self.out = nn.Linear(d_model, d_model, bias=False)
         self.query_chunk: int | None = None
         self.use_kernels = True
+        # Multiplies q.k in the raw scores; cosine-score mechanisms (tra, tda) set 1.
+        self.score_scale = 1.0 / math.sqrt(self.head_dim)
 
     # -- the pieces a mechanism may override -------------------------------------------------------
     def project(self, x: torch.Tensor):
@@ -68,15 +154,20 @@ class AttentionLayer(nn.Module):
         q, k = self.pe.rotate(q, k, positions)
         return q, k, v
 
-    def scores(self, q_rows: torch.Tensor, k: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
-        """Raw scores ``[B, H, Lq, Lk]`` (float32) of the query rows at ``query_positions`` against keys
-        ``0 .. Lk-1``; the causal mask is not applied here."""
-        z = torch.matmul(q_rows.float(), k.float().transpose(-1, -2)) / math.sqrt(self.head_dim)
+    def score_matrix(self, q_rows: torch.Tensor, k: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
+        """``score_scale * q.k - slope_h (r - j)`` as ``[B, H, Lq, Lk]`` (float32, or float64)."""
+        dtype = compute_dtype(q_rows)
+        z = torch.matmul(q_rows.to(dtype), k.to(dtype).transpose(-1, -2)) * self.score_scale
         slopes = self.pe.slopes()
         if slopes is not None:
             distance = query_positions[:, None] - torch.arange(k.shape[-2], device=k.device)[None, :]
-            z = z - slopes.to(z.device)[:, None, None] * distance.to(z.dtype)
+            z = z - slopes.to(device=z.device, dtype=dtype)[:, None, None] * distance.to(dtype)
         return z
+
+    def scores(self, q_rows: torch.Tensor, k: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
+        """Raw scores ``[B, H, Lq, Lk]`` (float32) of the query rows at ``query_positions`` against keys
+        ``0 .. Lk-1``; the causal mask is not applied here."""
+        return self.score_matrix(q_rows, k, query_positions)
 
     def weights(self, scores: torch.Tensor, query_positions: torch.Tensor, x_rows: torch.Tensor) -> torch.Tensor:
         """The weight map ``[B, H, Lq, Lk]`` of the mechanism for these raw scores; zero where masked."""
@@ -91,6 +182,14 @@ class AttentionLayer(nn.Module):
         return heads
 
     # -- shared machinery --------------------------------------------------------------------------
+    def kernel(self, name: str | None = None):
+        """The fused op for ``name`` (default: this mechanism) from ``lengthbench.kernels``, or None."""
+        if not self.use_kernels:
+            return None
+        from lengthbench.kernels import get_kernel
+
+        return get_kernel(name or self.name)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, tokens, _ = x.shape
         q, k, v = self.project(x)
@@ -106,7 +205,7 @@ class AttentionLayer(nn.Module):
             positions = torch.arange(start, stop, device=q.device)
             w = self.weights(self.scores(q[:, :, start:stop], k[:, :, :stop], positions), positions,
                              x[:, start:stop])
-            outputs.append(torch.matmul(w, v[:, :, :stop].float()))
+            outputs.append(torch.matmul(w, v[:, :, :stop].to(w.dtype)))
         return torch.cat(outputs, dim=2).to(v.dtype)
 
     @torch.no_grad()
@@ -123,6 +222,36 @@ class AttentionLayer(nn.Module):
         return self.weights(self.scores(q[:, :, rows], k, rows), rows, x[:, rows])
 
 
-def masked_fill_zero(weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Exact zeros outside the mask (and no NaN leaking from masked entries)."""
-    return torch.where(mask, weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
+class TwoViewAttention(AttentionLayer):
+    """Two sets of query/key projections sharing the values (differential mechanisms: tda,
+    diffsoftmax). ``project`` returns each of q and k as the two views concatenated on the last axis;
+    ``scores`` returns them stacked ``[2, B, H, Lq, Lk]``; ``weights`` combines them into one map."""
+
+    def __init__(self, d_model: int, n_heads: int, pe: PositionalEncoding, **params):
+        super().__init__(d_model, n_heads, pe, **params)
+        self.qk2 = nn.Linear(d_model, 2 * d_model, bias=False)
+
+    def normalize_views(self, q, k):
+        """Hook applied to each view's rotated q and k (cosine mechanisms normalise them)."""
+        return q, k
+
+    def views(self, x: torch.Tensor):
+        """``((q1, k1), (q2, k2)), v``, each ``[B, H, T, head_dim]``."""
+        batch, tokens, _ = x.shape
+        q1, k1, v = self.qkv(x).view(batch, tokens, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q2, k2 = self.qk2(x).view(batch, tokens, 2, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        positions = torch.arange(tokens, device=x.device)
+        view1 = self.normalize_views(*self.pe.rotate(q1, k1, positions))
+        view2 = self.normalize_views(*self.pe.rotate(q2, k2, positions))
+        return (view1, view2), v
+
+    def project(self, x):
+        ((q1, k1), (q2, k2)), v = self.views(x)
+        return torch.cat([q1, q2], dim=-1), torch.cat([k1, k2], dim=-1), v
+
+    def split(self, t: torch.Tensor):
+        return t[..., : self.head_dim], t[..., self.head_dim :]
+
+    def scores(self, q_rows, k, query_positions):
+        (q1, q2), (k1, k2) = self.split(q_rows), self.split(k)
+        return torch.stack([self.score_matrix(q1, k1, query_positions), self.score_matrix(q2, k2, query_positions)])

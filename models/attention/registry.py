@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from lengthbench.models.attention.base import WEIGHT_FUNCTIONS, AttentionLayer, causal_mask
 from lengthbench.models.registry import Registry
 

@@ -1,0 +1,96 @@
+"""Stick-breaking attention (Tan et al. 2025) and Sieve attention (seed 004).
+
+Both allocate over the earlier keys ``j < r``, most recent first, and put what is left of the stick on the
+query's own value (the diagonal), so every row sums to one (Tan et al.'s reference; some copies drop the
+remainder, we keep it, as ATTENTION.md says):
+
+    a_j = sigmoid(z_j) * prod_{j < k < r} (1 - sigmoid(z_k))   for j < r,     a_r = prod_{j < r} (1 - sigmoid(z_j))
+
+computed in log space: ``log a_j = z_j - sum_{j <= k < r} softplus(z_k)``, the sum a reversed cumulative
+sum (accumulated from the most recent key backwards, so the weights that matter lose no precision).
+Sieve first filters with the support of alpha-entmax over ``z_{j<r}`` (its definition, Section 3.1; not
+Algorithm 1's ``z >= rowmax - eps``) and breaks the stick over that support only; no gradient flows
+through the support.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from lengthbench.models.attention.base import (
+    WEIGHT_FUNCTIONS,
+    AttentionLayer,
+    as_compute,
+    causal_mask,
+    diagonal_and_earlier,
+)
+from lengthbench.models.attention.entmax import entmax_map
+from lengthbench.models.attention.registry import register_attention
+
+
+def stick_break(z: torch.Tensor, active: torch.Tensor, diagonal: torch.Tensor) -> torch.Tensor:
+    """Stick-breaking over the ``active`` keys of each row (later keys break first), the remainder on the
+    ``diagonal``; zero elsewhere. ``-inf`` scores take nothing; no NaN in value or gradient."""
+    zero = torch.zeros((), dtype=z.dtype, device=z.device)
+    z_active = torch.where(active, z, zero)
+    log_keep = torch.where(active, F.softplus(z_active), zero)  # -log(1 - sigmoid(z)) per active key
+    suffix = log_keep.flip(-1).cumsum(-1).flip(-1)  # sum over active k >= j
+    log_weights = torch.where(active, z_active - suffix, zero)
+    weights = torch.where(active, torch.exp(log_weights), zero)
+    remainder = torch.exp(-log_keep.sum(-1, keepdim=True))
+    return weights + torch.where(diagonal, remainder, zero)
+
+
+@WEIGHT_FUNCTIONS.register("stickbreaking")
+def stickbreaking_weights(scores, mask, query_positions=None):
+    """Stick-breaking over ``j < r`` with the remainder on ``j = r``; rows sum to one."""
+    z = as_compute(scores)
+    diagonal, earlier = diagonal_and_earlier(mask, query_positions)
+    return stick_break(z, earlier, diagonal)
+
+
+def sieve_support(z: torch.Tensor, earlier: torch.Tensor, alpha: float = 1.5) -> torch.Tensor:
+    """The support (bool) of alpha-entmax over the earlier keys, without gradient."""
+    with torch.no_grad():
+        return entmax_map(z.detach(), earlier, alpha) > 0
+
+
+@WEIGHT_FUNCTIONS.register("sieve")
+def sieve_weights(scores, mask, alpha=1.5, query_positions=None):
+    """Sieve: stick-breaking over the support of alpha-entmax(z_{j<r}) (default alpha 1.5), remainder on
+    ``j = r``, exact zeros outside the support; rows sum to one."""
+    z = as_compute(scores)
+    diagonal, earlier = diagonal_and_earlier(mask, query_positions)
+    return stick_break(z, earlier & sieve_support(z, earlier, alpha), diagonal)
+
+
+@register_attention("stickbreaking")
+class StickBreakingAttention(AttentionLayer):
+    """Stick-breaking attention (Tan et al. 2025): recency-biased, remainder on the query's own value."""
+
+    def weights(self, scores, query_positions, x_rows):
+        return stickbreaking_weights(scores, causal_mask(query_positions, scores.shape[-1]), query_positions)
+
+    def attend(self, q, k, v, x):
+        op = self.kernel() if q.is_cuda else None
+        if op is not None:
+            return op(q, k, v, slopes=self.pe.slopes())
+        return self.reference_attend(q, k, v, x)
+
+
+@register_attention("sieve")
+class SieveAttention(AttentionLayer):
+    """Sieve attention (seed 004): entmax-support filter, then stick-breaking over the survivors."""
+
+    def __init__(self, d_model, n_heads, pe, alpha: float = 1.5, **params):
+        super().__init__(d_model, n_heads, pe, **params)
+        self.alpha = float(alpha)
+
+    def weights(self, scores, query_positions, x_rows):
+        return sieve_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.alpha, query_positions)
+
+    def attend(self, q, k, v, x):
+        op = self.kernel() if q.is_cuda else None
+        if op is not None:
+            return op(q, k, v, slopes=self.pe.slopes(), alpha=self.alpha)
+        return self.reference_attend(q, k, v, x)

@@ -1,0 +1,168 @@
+"""Rectified attention without normalisation: ReLA (Zhang et al. 2021), TRA and TDA (seed 000).
+
+All three leave the weights unnormalised and put an RMSNorm on each head's output instead. TRA and TDA
+follow the paper, not the authors' released kernel (which has neither kappa nor the norm and uses raw
+scores): cosine scores ``s = <q/|q|, k/|k|>`` (minus the ALiBi distance bias where the encoding has one),
+the length-dependent threshold
+
+    tau_r = beta * sqrt(2 * max(0, log((n_r + 1) / kappa)) / d),   a_rj = (s_rj - tau_r)_+ ^ p   (j <= r)
+
+with ``beta`` learnable (a scalar per layer, start 1), ``kappa = 1``, ``p = 2``, and RMSNorm on the head
+output. TDA subtracts ``lambda`` times a second view's TRA weights (its own q/k projections, shared
+values); ``lambda = sigmoid(lambda_logit)`` stays in (0, 1). The paper writes TDA's views without the power;
+its experiments set ``p = 2`` for TRA and TDA alike, and so do we.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from lengthbench.models.attention.base import (
+    WEIGHT_FUNCTIONS,
+    AttentionLayer,
+    HeadRMSNorm,
+    TwoViewAttention,
+    as_compute,
+    causal_mask,
+    per_head,
+    row_counts,
+    zeros_where_not,
+)
+from lengthbench.models.attention.registry import register_attention
+from torch import nn
+
+
+@WEIGHT_FUNCTIONS.register("rela")
+def rela_weights(scores, mask, query_positions=None):
+    """``ReLU(z)`` over ``j <= r``, unnormalised."""
+    return zeros_where_not(torch.relu(as_compute(scores)), mask)
+
+
+def tra_threshold(counts: torch.Tensor, head_dim: int, beta=1.0, kappa: float = 1.0) -> torch.Tensor:
+    """``tau_r = beta * sqrt(2 * max(0, log((n_r + 1) / kappa)) / d)``; ``counts`` ``[Lq, 1]``."""
+    return per_head(beta, counts) * torch.sqrt(2 * torch.clamp(torch.log((counts + 1) / kappa), min=0) / head_dim)
+
+
+@WEIGHT_FUNCTIONS.register("tra")
+def tra_weights(scores, mask, head_dim=None, beta=1.0, kappa=1.0, power=2.0, query_positions=None):
+    """``(s - tau_r)_+ ^ p`` for cosine scores ``s`` over ``j <= r``; ``head_dim`` is required (it sets the
+    threshold), ``beta`` (default 1) a float or tensor, ``kappa`` 1, ``power`` 2."""
+    if head_dim is None:
+        raise TypeError("tra weights need head_dim (the threshold scales with 1/sqrt(head_dim))")
+    s = as_compute(scores)
+    tau = tra_threshold(row_counts(mask, query_positions, s), head_dim, beta, kappa)
+    return zeros_where_not(torch.relu(s - tau) ** power, mask)
+
+
+@WEIGHT_FUNCTIONS.register("tda")
+def tda_weights(scores, mask, scores2=None, head_dim=None, lam=0.5, beta=1.0, kappa=1.0, power=2.0,
+                query_positions=None):
+    """``tra(scores) - lam * tra(scores2)``: the effective map of two cosine-score views (``scores2``
+    required, same shape); ``lam`` in (0, 1), default 0.5."""
+    if scores2 is None:
+        raise TypeError("tda weights need scores2, the cosine scores of the inhibitory view")
+    first = tra_weights(scores, mask, head_dim, beta, kappa, power, query_positions)
+    second = tra_weights(scores2, mask, head_dim, beta, kappa, power, query_positions)
+    return first - per_head(lam, first) * second
+
+
+@register_attention("rela")
+class ReLAAttention(AttentionLayer):
+    """ReLA (Zhang et al. 2021): ReLU(z) weights, unnormalised, RMSNorm on each head's output."""
+
+    def __init__(self, d_model, n_heads, pe, **params):
+        super().__init__(d_model, n_heads, pe, **params)
+        self.head_norm = HeadRMSNorm(n_heads, self.head_dim)
+
+    def weights(self, scores, query_positions, x_rows):
+        return rela_weights(scores, causal_mask(query_positions, scores.shape[-1]))
+
+    def attend(self, q, k, v, x):
+        op = self.kernel() if q.is_cuda else None
+        if op is not None:
+            return op(q, k, v, slopes=self.pe.slopes())
+        return self.reference_attend(q, k, v, x)
+
+    def finish_heads(self, heads, x):
+        return self.head_norm(heads)
+
+
+class _Thresholded:
+    """Shared by TRA and TDA: cosine scores (unit q and k, ``score_scale`` 1), beta, kappa, power."""
+
+    def _init_threshold(self, beta: float, kappa: float, power: float):
+        self.score_scale = 1.0
+        self.beta = nn.Parameter(torch.tensor(float(beta)))
+        self.kappa = float(kappa)
+        self.power = float(power)
+        self.head_norm = HeadRMSNorm(self.n_heads, self.head_dim)
+
+    def threshold_params(self) -> dict:
+        return dict(beta=self.beta, kappa=self.kappa, power=self.power)
+
+    def finish_heads(self, heads, x):
+        return self.head_norm(heads)
+
+
+def unit(t: torch.Tensor) -> torch.Tensor:
+    return F.normalize(t, dim=-1, eps=1e-6)
+
+
+@register_attention("tra")
+class TRAAttention(_Thresholded, AttentionLayer):
+    """Threshold rectified attention (seed 000): cosine scores above a length-dependent threshold."""
+
+    def __init__(self, d_model, n_heads, pe, beta: float = 1.0, kappa: float = 1.0, power: float = 2.0, **params):
+        AttentionLayer.__init__(self, d_model, n_heads, pe, **params)
+        self._init_threshold(beta, kappa, power)
+
+    def project(self, x):
+        q, k, v = AttentionLayer.project(self, x)
+        return unit(q), unit(k), v
+
+    def weights(self, scores, query_positions, x_rows):
+        return tra_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.head_dim,
+                           query_positions=query_positions, **self.threshold_params())
+
+    def attend(self, q, k, v, x):
+        # The kernel gets unit q and k with sm_scale 1: its scores are the cosine scores.
+        op = self.kernel() if q.is_cuda else None
+        if op is not None:
+            return op(q, k, v, slopes=self.pe.slopes(), sm_scale=1.0, **self.threshold_params())
+        return self.reference_attend(q, k, v, x)
+
+
+@register_attention("tda")
+class TDAAttention(_Thresholded, TwoViewAttention):
+    """Threshold differential attention (seed 000): TRA of view 1 minus lambda times TRA of view 2."""
+
+    def __init__(self, d_model, n_heads, pe, beta: float = 1.0, kappa: float = 1.0, power: float = 2.0,
+                 lambda_init: float = 0.5, **params):
+        TwoViewAttention.__init__(self, d_model, n_heads, pe, **params)
+        self._init_threshold(beta, kappa, power)
+        if not 0 < lambda_init < 1:
+            raise ValueError(f"tda lambda_init must lie in (0, 1), got {lambda_init}")
+        self.lambda_logit = nn.Parameter(torch.tensor(math.log(lambda_init / (1 - lambda_init))))
+
+    @property
+    def lam(self) -> torch.Tensor:
+        return torch.sigmoid(self.lambda_logit)
+
+    def normalize_views(self, q, k):
+        return unit(q), unit(k)
+
+    def weights(self, scores, query_positions, x_rows):
+        return tda_weights(scores[0], causal_mask(query_positions, scores.shape[-1]), scores[1], self.head_dim,
+                           self.lam, query_positions=query_positions, **self.threshold_params())
+
+    def attend(self, q, k, v, x):
+        op = self.kernel("tra") if q.is_cuda else None
+        if op is not None:  # linear in the weights: two TRA passes
+            (q1, q2), (k1, k2) = self.split(q), self.split(k)
+            params = self.threshold_params()
+            first = op(q1.contiguous(), k1.contiguous(), v, slopes=self.pe.slopes(), sm_scale=1.0, **params)
+            second = op(q2.contiguous(), k2.contiguous(), v, slopes=self.pe.slopes(), sm_scale=1.0, **params)
+            return first - self.lam.to(first.dtype) * second
+        return self.reference_attend(q, k, v, x)
