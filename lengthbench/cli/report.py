@@ -1,0 +1,260 @@
+"""``lengthbench sweep | leaderboard | plot | check``: from runs to the tables, figures and CI check."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lengthbench.errors import UsageError
+
+out = Console()
+err = Console(stderr=True)
+
+DEFAULT_RESULTS = "runs"  # the default of `lengthbench run --results`
+
+
+def _cell_name(config) -> str:
+    return f"{config.task} / {config.attn} + {config.pe} / s{config.seed}"
+
+
+def _progress(quiet: bool) -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[info]}"), console=err, disable=quiet, transient=False)
+
+
+def _summary_numbers(curve: dict[int, float]) -> tuple[str, str]:
+    import pandas as pd
+
+    from lengthbench.leaderboard import auc, reach
+
+    if not curve:
+        return "", ""
+    series = pd.Series(curve).sort_index()
+    value = reach(series)
+    return (f"{value}x" if value else "-"), f"{auc(series):.3f}"
+
+
+def _print_notes(notes: list[str]) -> None:
+    for note in notes:
+        err.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("sweep")
+    def sweep(
+        tasks: str = typer.Option(None, "--tasks", help="Comma-separated tasks, e.g. copy,2back."),
+        attns: str = typer.Option(None, "--attns", help="Comma-separated attention mechanisms."),
+        pes: str = typer.Option(None, "--pes", help="Comma-separated positional encodings."),
+        seeds: str = typer.Option(None, "--seeds", help="Seeds: 0,1,2 or 0-2 (default 0)."),
+        preset: str = typer.Option(None, "--preset", help="smoke, quick or paper (default smoke)."),
+        config_file: Path = typer.Option(None, "--config", help="Sweep file (TOML or JSON); flags override it."),
+        results: str = typer.Option(None, "--results", help=f"Results store folder (default {DEFAULT_RESULTS})."),
+        device: str = typer.Option(None, "--device", help="auto (default), cpu or cuda."),
+        train_samples: int = typer.Option(None, "--train-samples", help="Override the preset's training samples."),
+        max_multiplier: int = typer.Option(None, "--max-multiplier", help="Largest multiplier (a power of 2)."),
+        eval_samples: int = typer.Option(None, "--eval-samples", help="Samples per evaluation length."),
+        train_length: int = typer.Option(None, "--train-length", help="n_train (default 64)."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="List the cells and what is done; run nothing."),
+        quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    ) -> None:
+        """Run every cell of tasks x attns x pes x seeds that is not in the store yet."""
+        from lengthbench.sweep import (
+            gpu_slots,
+            parse_seeds,
+            plan_sweep,
+            read_sweep_file,
+            run_sweep,
+            split_list,
+        )
+
+        settings = read_sweep_file(config_file) if config_file else {}
+        overrides = dict(settings.get("overrides", {}))
+        for key, value in (("train_samples", train_samples), ("max_multiplier", max_multiplier),
+                           ("eval_samples", eval_samples), ("train_length", train_length)):
+            if value is not None:
+                overrides[key] = value
+        task_list = split_list(tasks if tasks is not None else settings.get("tasks"))
+        attn_list = split_list(attns if attns is not None else settings.get("attns"))
+        pe_list = split_list(pes if pes is not None else settings.get("pes"))
+        seed_list = parse_seeds(seeds if seeds is not None else settings.get("seeds", "0"))
+        preset = preset or settings.get("preset", "smoke")
+        results = results or settings.get("results", DEFAULT_RESULTS)
+        device = device or settings.get("device", "auto")
+        if device not in ("auto", "cpu", "cuda"):
+            raise UsageError(f"unknown device {device!r}; choose from: auto, cpu, cuda")
+        configs = plan_sweep(task_list, attn_list, pe_list, seed_list, preset, overrides)
+        from lengthbench.store import run_finished
+
+        done_before = sum(run_finished(results, c.run_id) for c in configs)
+        slots = [] if dry_run else gpu_slots(device)
+        where = f"{len(slots)} GPUs, one cell each" if len(slots) > 1 else ("this process" if not dry_run else "")
+        err.print(f"[bold]sweep[/]: {len(configs)} cells ({len(task_list)} tasks x {len(attn_list)} attns x "
+                  f"{len(pe_list)} pes x {len(seed_list)} seeds), preset {preset}; {done_before} already in "
+                  f"{results}" + (f"; running in {where}" if where else ""), highlight=False)
+        if dry_run:
+            table = Table("cell", "run id", "status", title="sweep plan", title_justify="left")
+            for config in configs:
+                table.add_row(_cell_name(config), config.run_id,
+                              "in the store" if run_finished(results, config.run_id) else "to run")
+            out.print(table)
+            return
+        with _progress(quiet) as progress:
+            bar = progress.add_task("cells", total=len(configs), info="")
+            running: dict[str, str] = {}
+
+            def on_event(kind, config, outcome, slot) -> None:
+                if kind == "start":
+                    running[config.run_id] = _cell_name(config) + (f" (gpu {slot})" if slot else "")
+                else:
+                    running.pop(config.run_id, None)
+                    progress.advance(bar)
+                    if kind == "failed":
+                        err.print(f"[red]failed[/] {_cell_name(config)}: {outcome.error}", highlight=False,
+                                  soft_wrap=True)
+                progress.update(bar, info=("running: " + "; ".join(running.values())) if running else "")
+
+            outcomes = run_sweep(configs, results, device=device, on_event=on_event, slots=slots)
+        table = Table("task", "attn", "pe", "seed", "status", "seconds", "reach", "AUC", "note",
+                      title=f"sweep summary ({results})", title_justify="left")
+        colours = {"done": "green", "skipped": "dim", "failed": "red"}
+        for outcome in outcomes:
+            c = outcome.config
+            reach_text, auc_text = _summary_numbers(outcome.curve)
+            status = "ran" if outcome.status == "done" else ("in store" if outcome.status == "skipped" else "failed")
+            table.add_row(c.task, c.attn, c.pe, str(c.seed), f"[{colours[outcome.status]}]{status}[/]",
+                          f"{outcome.seconds:.1f}" if outcome.status != "skipped" else "", reach_text, auc_text,
+                          outcome.error)
+        out.print(table)
+        counts = {k: sum(o.status == k for o in outcomes) for k in ("done", "skipped", "failed")}
+        out.print(f"{len(outcomes)} cells: {counts['done']} ran, {counts['skipped']} already in the store, "
+                  f"{counts['failed']} failed. Next: lengthbench leaderboard --results {results}", highlight=False)
+        if counts["failed"]:
+            raise typer.Exit(1)
+
+    @app.command("leaderboard")
+    def leaderboard(
+        results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
+        fmt: str = typer.Option("markdown", "--format", help="markdown, parquet or csv."),
+        out_file: Path = typer.Option(None, "--out", help="Write here (default: stdout; parquet needs it)."),
+        task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
+        publish: Path = typer.Option(None, "--publish",
+                                     help="Write DIR/leaderboard.md and DIR/leaderboard.parquet (the committed pair)."),
+        skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
+                                             help="Leave out unreadable result files (with a warning) instead of stopping."),
+    ) -> None:
+        """Per task, the seeds' table: a row per attention x encoding, a column per multiplier (%)."""
+        from lengthbench.leaderboard import FORMATS, build_leaderboard, load_store, write_leaderboard
+        from lengthbench.sweep import split_list
+
+        if fmt not in FORMATS:
+            raise UsageError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
+        frame, notes = load_store(results, tasks=split_list(task), skip_unreadable=skip_unreadable)
+        _print_notes(notes)
+        board = build_leaderboard(frame)
+        runs = frame["run_id"].nunique()
+        if publish is not None:
+            source = (f"Generated from {runs} runs in `{results}` by "
+                      f"`lengthbench leaderboard --results {results} --publish {publish}`.")
+            write_leaderboard(board, "markdown", Path(publish) / "leaderboard.md", source=source)
+            write_leaderboard(board, "parquet", Path(publish) / "leaderboard.parquet")
+            err.print(f"wrote {Path(publish) / 'leaderboard.md'} and {Path(publish) / 'leaderboard.parquet'} "
+                      f"({len(board)} rows from {runs} runs)", highlight=False)
+            return
+        text = write_leaderboard(board, fmt, out_file, source=f"Generated from {runs} runs in `{results}`.")
+        if text is not None:
+            sys.stdout.write(text)
+        else:
+            err.print(f"wrote {out_file} ({len(board)} rows from {runs} runs)", highlight=False)
+
+    @app.command("plot")
+    def plot(
+        results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
+        out_dir: Path = typer.Option(Path("plots"), "--out", help="Folder for the figures."),
+        task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
+        skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
+                                             help="Leave out unreadable result files (with a warning)."),
+    ) -> None:
+        """Accuracy against length per task (log2 axis) and a heat map of reach, as PNG and SVG."""
+        from lengthbench.leaderboard import build_leaderboard, load_store
+        from lengthbench.plots import plot_all
+        from lengthbench.sweep import split_list
+
+        frame, notes = load_store(results, tasks=split_list(task), skip_unreadable=skip_unreadable)
+        _print_notes(notes)
+        paths = plot_all(build_leaderboard(frame), out_dir)
+        for path in paths:
+            out.print(str(path), highlight=False)
+
+    @app.command("check")
+    def check(
+        baseline: Path = typer.Option(..., "--baseline", help="Baseline JSON file (see docs/reporting.md)."),
+        tolerance: float = typer.Option(0.05, "--tolerance", help="Allowed fall per point, a fraction (0.05 = 5 points)."),
+        update: bool = typer.Option(False, "--update", help="Rewrite the baseline from the new runs."),
+        results: str = typer.Option(None, "--results", help="Scratch store (default: a temporary folder, removed after)."),
+        device: str = typer.Option("cpu", "--device", help="cpu (default, deterministic), auto or cuda."),
+        quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    ) -> None:
+        """Re-run the baseline's cells, compare every point, exit 1 if one fell by more than the tolerance."""
+        from lengthbench.check import load_baseline, run_check, write_baseline
+
+        if not 0.0 <= tolerance <= 1.0 or math.isnan(tolerance):
+            raise UsageError(f"--tolerance is a fraction in [0, 1], got {tolerance}")
+        if device not in ("auto", "cpu", "cuda"):
+            raise UsageError(f"unknown device {device!r}; choose from: auto, cpu, cuda")
+        base = load_baseline(baseline, need_curves=not update)
+        if results is not None and Path(results).exists() and not Path(results).is_dir():
+            raise UsageError(f"--results {results} is not a folder")
+        err.print(f"[bold]check[/]: {len(base.cells)} cells of {baseline}, tolerance {tolerance:g}, device {device}"
+                  + (f", store {results}" if results else ""), highlight=False)
+        with _progress(quiet) as progress:
+            bar = progress.add_task("cells", total=len(base.cells), info=_cell_name(base.cells[0].config))
+
+            def on_cell(index, cell, seconds, error) -> None:
+                progress.advance(bar)
+                following = base.cells[index + 1].config if index + 1 < len(base.cells) else None
+                progress.update(bar, info=_cell_name(following) if following else "")
+                if error:
+                    err.print(f"[red]crashed[/] {cell.label}: {error}", highlight=False, soft_wrap=True)
+
+            result = run_check(base, tolerance=tolerance, results=results, device=device, on_cell=on_cell)
+        moved = result.moved
+        points = sum(c.status != "error" for c in result.changes)
+        if moved:
+            table = Table("cell", "multiplier", "baseline %", "new %", "change (points)", "status",
+                          title=f"what moved (tolerance {100 * tolerance:g} points)", title_justify="left")
+            colours = {"fell": "bold red", "missing": "bold red", "error": "bold red", "improved": "green",
+                       "within": "yellow", "new": "cyan"}
+            for change in moved:
+                old = "" if change.baseline is None else f"{100 * change.baseline:.1f}"
+                new = "" if change.new is None else f"{100 * change.new:.1f}"
+                delta = ("" if change.baseline is None or change.new is None
+                         else f"{100 * (change.new - change.baseline):+.1f}")
+                status = change.status if change.status != "within" else "within tolerance"
+                if change.detail:
+                    status += f": {change.detail}"
+                table.add_row(change.label, f"{change.multiplier}x" if change.multiplier else "", old, new, delta,
+                              f"[{colours.get(change.status, 'white')}]{status}[/]")
+            out.print(table)
+        failed = result.failed
+        improved = sum(c.status == "improved" for c in result.changes)
+        out.print(f"{len(base.cells)} cells, {points} points in {result.seconds:.0f}s: {len(failed)} regressions, "
+                  f"{improved} improvements, {len(moved) - len(failed) - improved} other changes, "
+                  f"{points - len(moved)} unchanged.", highlight=False)
+        if update:
+            if any(c.status == "error" for c in result.changes):
+                out.print(f"[red]baseline {baseline} not updated: a cell crashed[/]", highlight=False)
+                raise typer.Exit(1)
+            write_baseline(base, result.cells)
+            out.print(f"updated baseline {baseline} ({len(result.cells)} cells)", highlight=False)
+            return
+        if failed:
+            out.print(f"[bold red]FAILED[/]: {len(failed)} points fell by more than {100 * tolerance:g} points "
+                      f"(or are missing); accept with --update if intended", highlight=False)
+            raise typer.Exit(1)
+        out.print("[bold green]OK[/]: no point fell by more than the tolerance", highlight=False)

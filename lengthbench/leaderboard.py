@@ -1,0 +1,309 @@
+"""The leaderboard: the seeds' tables, built from the results store.
+
+Per task (and preset, and training length, so that runs of different protocols never share a table):
+a row per attention x encoding, a column per multiplier, values in % of the task's metric (the
+``score`` column: exact match, or token accuracy for the classification tasks).
+
+Conventions (also printed under every table):
+
+* **best of seeds** follows the seeds ("the single best-performing model selected from experiments
+  conducted with multiple random seeds"): one whole run is chosen, the one whose curve has the largest
+  area under the curve (AUC, below; ties go to the lower seed). Its full curve is shown, not a per-column
+  maximum over seeds, so that every row is a model that exists. Where one seed has several runs (say, a
+  learning-rate sweep) its best run by the same rule stands for it.
+* **mean +- std** is over seeds (each seed's best run), sample standard deviation (ddof=1).
+* **reach** is the largest multiplier whose score is at least 90% (0 where none is; it cannot exceed the
+  largest multiplier evaluated).
+* **AUC** is the area under the score curve against log2(multiplier), trapezoidal over the multipliers
+  the run evaluated, divided by their log2 span, so it lies in [0, 1] (a one-point curve: its score).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from lengthbench.errors import UsageError
+from lengthbench.store import StoreError, load_results, runs_dir
+
+REACH_THRESHOLD = 0.9
+TABLE_KEYS = ["task", "preset", "train_length"]  # runs in one table share these
+ROW_KEYS = ["pe", "attn"]  # the seeds' order: encoding, then mechanism
+METRIC_NAMES = {"exact_match": "exact match", "token_accuracy": "token accuracy"}
+
+
+# -- reading the store ----------------------------------------------------------------------------
+
+def load_store(results: str | Path, *, tasks: Iterable[str] | None = None,
+               skip_unreadable: bool = False) -> tuple[pd.DataFrame, list[str]]:
+    """The rows of a results store with a ``score`` column, and the warnings met on the way.
+
+    Bad input becomes a one-line :class:`UsageError`: a missing folder, a store with no runs, an
+    unreadable file (unless ``skip_unreadable``), a task not in the store. Nothing is written.
+    """
+    path = Path(results)
+    if not path.exists():
+        raise UsageError(f"results folder {path} does not exist (create it with `lengthbench sweep --results {path} ...`)")
+    if not path.is_dir():
+        raise UsageError(f"results path {path} is not a folder")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            frame = load_results(path, strict=not skip_unreadable)
+        except StoreError as error:
+            first_line = str(error).strip().splitlines()[0]
+            raise UsageError(f"{first_line} (the file is left as it is; pass --skip-unreadable to leave it out)") from error
+    notes = [str(w.message).strip().splitlines()[0] for w in caught]
+    if frame.empty:
+        raise UsageError(f"no runs in {runs_dir(path)}: the store is empty "
+                         f"(fill it with `lengthbench sweep --results {path} ...` or `lengthbench run`)")
+    missing = [c for c in ("task", "attn", "pe", "seed", "multiplier") if c not in frame.columns]
+    if missing:
+        raise UsageError(f"results in {path} lack the columns {', '.join(missing)}; is this a lengthbench store?")
+    frame = with_score(frame)
+    if tasks:
+        wanted = list(dict.fromkeys(tasks))
+        present = sorted(frame["task"].unique())
+        unknown = [t for t in wanted if t not in present]
+        if unknown:
+            raise UsageError(f"no runs of task {unknown[0]!r} in {path}; tasks there: {', '.join(present)}")
+        frame = frame[frame["task"].isin(wanted)]
+    return frame.reset_index(drop=True), notes
+
+
+def with_score(frame: pd.DataFrame) -> pd.DataFrame:
+    """Fill ``metric``/``score`` where a row lacks them, from the task's registered metric."""
+    frame = frame.copy()
+    if "metric" not in frame.columns:
+        frame["metric"] = None
+    if "score" not in frame.columns:
+        frame["score"] = np.nan
+    lacking = frame["metric"].isna()
+    if lacking.any():
+        frame.loc[lacking, "metric"] = frame.loc[lacking, "task"].map(_task_metric)
+    lacking = frame["score"].isna()
+    if lacking.any():
+        for metric in ("exact_match", "token_accuracy"):
+            rows = lacking & (frame["metric"] == metric)
+            if metric in frame.columns and rows.any():
+                frame.loc[rows, "score"] = frame.loc[rows, metric]
+    frame["score"] = frame["score"].astype(float)
+    for column, default in (("preset", "?"), ("train_length", 64), ("run_id", None)):
+        if column not in frame.columns:
+            frame[column] = default
+    if frame["run_id"].isna().any():
+        synthetic = frame[["task", "attn", "pe", "preset", "seed"]].astype(str).agg("-".join, axis=1)
+        frame["run_id"] = frame["run_id"].fillna(synthetic)
+    return frame
+
+
+def _task_metric(task: str) -> str:
+    try:
+        from lengthbench.tasks import TASKS
+
+        return TASKS.get(task).metric
+    except Exception:  # a task of a plugin not loaded now: the common metric
+        return "exact_match"
+
+
+# -- curves and their summaries -------------------------------------------------------------------
+
+def reach(curve: pd.Series, threshold: float = REACH_THRESHOLD) -> int:
+    """The largest multiplier (the index) with a score of at least ``threshold``; 0 if none."""
+    good = curve.dropna()
+    good = good[good >= threshold - 1e-12]
+    return int(max(good.index)) if len(good) else 0
+
+
+def auc(curve: pd.Series) -> float:
+    """Area under the score curve against log2(multiplier), over its own span, in [0, 1]."""
+    points = curve.dropna().sort_index()
+    if points.empty:
+        return float("nan")
+    if len(points) == 1:
+        return float(points.iloc[0])
+    x = np.log2(points.index.to_numpy(dtype=float))
+    y = points.to_numpy(dtype=float)
+    return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2) / (x[-1] - x[0]))
+
+
+def run_curves(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: its keys, its curve (a column per multiplier, fractions), reach and AUC."""
+    frame = frame.sort_values("created_at") if "created_at" in frame.columns else frame
+    frame = frame.drop_duplicates(subset=["run_id", "multiplier"], keep="last")
+    keys = TABLE_KEYS + ["metric"] + ROW_KEYS + ["seed", "run_id"]
+    curves = frame.pivot_table(index=keys, columns="multiplier", values="score", aggfunc="last", dropna=False)
+    curves = curves.dropna(how="all")
+    curves.columns = [int(m) for m in curves.columns]
+    curves = curves[sorted(curves.columns)]
+    summary = pd.DataFrame(index=curves.index)
+    summary["reach"] = [reach(row) for _, row in curves.iterrows()]
+    summary["auc"] = [auc(row) for _, row in curves.iterrows()]
+    return pd.concat([curves, summary], axis=1).reset_index()
+
+
+def _multipliers(frame: pd.DataFrame) -> list[int]:
+    return sorted(c for c in frame.columns if isinstance(c, int))
+
+
+def _pick_best(runs: pd.DataFrame) -> pd.Series:
+    """The best run: largest AUC, then the lower seed, then the run id (deterministic)."""
+    ranked = runs.assign(_auc=runs["auc"].fillna(-1.0)).sort_values(
+        ["_auc", "seed", "run_id"], ascending=[False, True, True])
+    return ranked.iloc[0].drop("_auc")
+
+
+def build_leaderboard(frame: pd.DataFrame) -> pd.DataFrame:
+    """The leaderboard as one wide frame: a row per (task, preset, train_length, pe, attn).
+
+    Columns: the keys, ``metric``, ``seeds`` (how many), ``best_seed``, ``best_run_id``; per multiplier
+    ``m``: ``"{m}x"`` (the best run's score, %), ``"{m}x_mean"`` and ``"{m}x_std"`` (over seeds, %);
+    ``reach`` and ``auc`` of the best run; ``reach_mean``, ``auc_mean``, ``auc_std`` over seeds.
+    """
+    curves = run_curves(with_score(frame))
+    multipliers = _multipliers(curves)
+    rows = []
+    for keys, group in curves.groupby(TABLE_KEYS + ["metric"] + ROW_KEYS, sort=True, dropna=False):
+        per_seed = pd.DataFrame([_pick_best(runs) for _, runs in group.groupby("seed", sort=True)])
+        best = _pick_best(per_seed)
+        row = dict(zip(TABLE_KEYS + ["metric"] + ROW_KEYS, keys, strict=True))
+        row.update(seeds=len(per_seed), best_seed=int(best["seed"]), best_run_id=str(best["run_id"]))
+        for m in multipliers:
+            row[f"{m}x"] = 100 * best[m]
+        row.update(reach=int(best["reach"]), auc=float(best["auc"]))
+        row.update(reach_mean=float(per_seed["reach"].mean()), auc_mean=float(per_seed["auc"].mean()),
+                   auc_std=float(per_seed["auc"].std(ddof=1)) if len(per_seed) > 1 else float("nan"))
+        for m in multipliers:
+            values = per_seed[m].astype(float)
+            row[f"{m}x_mean"] = 100 * values.mean()
+            row[f"{m}x_std"] = 100 * values.std(ddof=1) if values.notna().sum() > 1 else float("nan")
+        rows.append(row)
+    board = pd.DataFrame(rows)
+    board["train_length"] = board["train_length"].astype(int)
+    return board
+
+
+def board_multipliers(board: pd.DataFrame) -> list[int]:
+    """The multipliers that have a value somewhere in ``board`` (a slice of the leaderboard)."""
+    found = []
+    for column in board.columns:
+        if column.endswith("x") and column[:-1].isdigit() and board[column].notna().any():
+            found.append(int(column[:-1]))
+    return sorted(found)
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+def _pct(value: float) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.1f}"
+
+
+def _reach_text(value: float) -> str:
+    return "–" if not value or math.isnan(value) else f"{int(value)}×"
+
+
+def _reach_mean_text(value: float) -> str:
+    return "–" if value is None or math.isnan(value) else f"{value:.3g}×"
+
+
+def _md_table(header: list[str], rows: list[list[str]], align: list[str]) -> str:
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---:" if a == "r" else ":---" for a in align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def to_markdown(board: pd.DataFrame, *, source: str | None = None) -> str:
+    """The leaderboard as Markdown: per table (task, preset, n) the best-of-seeds table, with the
+    best value of each column in bold, then the mean +- std table."""
+    parts = ["# lengthbench leaderboard", ""]
+    if source:
+        parts += [source, ""]
+    parts += [
+        "Values are the task's metric in %. **Best of seeds**: the whole curve of the run with the largest AUC "
+        "(ties: lower seed), the seeds' convention of reporting the single best model; bold marks the best "
+        "value of a column. **Reach**: the largest multiplier scoring at least 90% (– if none). **AUC**: area "
+        "under the score curve against log2(multiplier), normalised to [0, 1]. **Mean ± std**: over seeds "
+        "(sample std; one seed: the mean alone).",
+        "",
+    ]
+    for (task, preset, train_length), table in board.groupby(TABLE_KEYS, sort=True):
+        table = table.sort_values(ROW_KEYS)
+        multipliers = board_multipliers(table)
+        metric = METRIC_NAMES.get(table["metric"].iloc[0], str(table["metric"].iloc[0]))
+        parts += [f"## {task}", "",
+                  f"{metric} (%), preset `{preset}`, trained at n = {train_length}; 1× is in distribution.", ""]
+        header = ["pe", "attn"] + [f"{m}×" for m in multipliers]
+        best_of_column = {m: table[f"{m}x"].max() for m in multipliers}
+        best_auc = table["auc"].max()
+        rows = []
+        for _, row in table.iterrows():
+            cells = [str(row["pe"]), str(row["attn"])]
+            for m in multipliers:
+                text = _pct(row[f"{m}x"])
+                if (text != "–" and len(table) > 1 and best_of_column[m] > 0
+                        and row[f"{m}x"] >= best_of_column[m] - 1e-9):
+                    text = f"**{text}**"
+                cells.append(text)
+            auc_text = f"{row['auc']:.3f}"
+            if len(table) > 1 and best_auc > 0 and row["auc"] >= best_auc - 1e-12:
+                auc_text = f"**{auc_text}**"
+            cells += [_reach_text(row["reach"]), auc_text, f"{row['seeds']} (best: {row['best_seed']})"]
+            rows.append(cells)
+        parts += ["Best of seeds:", "",
+                  _md_table(header + ["reach", "AUC", "seeds"], rows, ["l", "l"] + ["r"] * (len(multipliers) + 3)),
+                  ""]
+        rows = []
+        for _, row in table.iterrows():
+            cells = [str(row["pe"]), str(row["attn"])]
+            for m in multipliers:
+                mean, std = row[f"{m}x_mean"], row[f"{m}x_std"]
+                cells.append(_pct(mean) if math.isnan(std) else f"{mean:.1f} ± {std:.1f}")
+            auc_text = (f"{row['auc_mean']:.3f}" if math.isnan(row["auc_std"])
+                        else f"{row['auc_mean']:.3f} ± {row['auc_std']:.3f}")
+            cells += [_reach_mean_text(row["reach_mean"]), auc_text]
+            rows.append(cells)
+        parts += ["Mean ± std over seeds:", "",
+                  _md_table(header + ["reach (mean)", "AUC"], rows, ["l", "l"] + ["r"] * (len(multipliers) + 2)),
+                  ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def write_leaderboard(board: pd.DataFrame, fmt: str, out: Path | None, *, source: str | None = None) -> str | None:
+    """Write ``board`` as ``markdown``, ``csv`` or ``parquet`` to ``out`` (atomically), or return the
+    text (markdown, csv) when ``out`` is None."""
+    from lengthbench.store import atomic_write_parquet
+
+    if fmt == "parquet":
+        if out is None:
+            raise UsageError("--format parquet needs --out FILE")
+        atomic_write_parquet(board, Path(out))
+        return None
+    text = to_markdown(board, source=source) if fmt == "markdown" else board.to_csv(index=False, float_format="%.4f")
+    if out is None:
+        return text
+    _atomic_write_text(Path(out), text)
+    return None
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+FORMATS = ("markdown", "parquet", "csv")

@@ -1,0 +1,160 @@
+"""Figures from the leaderboard: extrapolation curves per task and a heat map of reach.
+
+``plot_curves`` draws, per task (and preset, training length), the score against length on a log2
+axis labelled by multiplier and token count, a line per attention x encoding: the best-of-seeds run
+(the leaderboard's row) as the line, the mean +- std over seeds as a faint band where there are
+several seeds. Colour encodes the mechanism and marker + line style the encoding, so a line can be
+read without the legend's colours alone. ``plot_reach`` draws reach (the largest multiplier scoring at
+least 90%) over tasks x (attention, encoding). Both write PNG and SVG; matplotlib runs headless (Agg).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
+
+from lengthbench.leaderboard import METRIC_NAMES, REACH_THRESHOLD, ROW_KEYS, TABLE_KEYS, board_multipliers  # noqa: E402
+
+FORMATS = ("png", "svg")
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">"]
+LINESTYLES = ["-", "--", ":", "-."]
+
+
+def _style_maps(board: pd.DataFrame) -> tuple[dict[str, object], dict[str, tuple[str, str]]]:
+    """Stable styles across figures: a colour per mechanism, a (marker, line style) per encoding."""
+    attns = sorted(board["attn"].unique())
+    pes = sorted(board["pe"].unique())
+    palette = plt.get_cmap("tab10" if len(attns) <= 10 else "tab20")
+    colours = {a: palette(i % palette.N) for i, a in enumerate(attns)}
+    styles = {p: (MARKERS[i % len(MARKERS)], LINESTYLES[i % len(LINESTYLES)]) for i, p in enumerate(pes)}
+    return colours, styles
+
+
+def _table_label(task: str, preset: str, train_length: int, several: bool) -> str:
+    return f"{task} ({preset}, n={train_length})" if several else task
+
+
+def _save(fig, out: Path, stem: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in FORMATS:
+        path = out / f"{stem}.{fmt}"
+        fig.savefig(path, dpi=150, bbox_inches="tight", metadata={"Date": None} if fmt == "svg" else None)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def plot_curves(board: pd.DataFrame, out: str | Path) -> list[Path]:
+    """One figure per table of the leaderboard: ``curves_<task>[_<preset>_n<n>].{png,svg}``."""
+    out = Path(out)
+    colours, styles = _style_maps(board)
+    tables = list(board.groupby(TABLE_KEYS, sort=True))
+    tasks_with_several = board.groupby("task")[["preset", "train_length"]].nunique().max(axis=1)
+    paths: list[Path] = []
+    for (task, preset, train_length), table in tables:
+        several = bool(tasks_with_several[task] > 1)
+        multipliers = board_multipliers(table)
+        x = np.log2(multipliers)
+        fig, ax = plt.subplots(figsize=(8.5, 4.8))
+        for _, row in table.sort_values(ROW_KEYS).iterrows():
+            marker, linestyle = styles[row["pe"]]
+            best = np.array([row[f"{m}x"] for m in multipliers], dtype=float)
+            label = f"{row['attn']} + {row['pe']}"
+            if row["seeds"] > 1:
+                label += f" (best of {row['seeds']})"
+                mean = np.array([row[f"{m}x_mean"] for m in multipliers], dtype=float)
+                std = np.nan_to_num(np.array([row[f"{m}x_std"] for m in multipliers], dtype=float))
+                ax.fill_between(x, np.clip(mean - std, 0, 100), np.clip(mean + std, 0, 100),
+                                color=colours[row["attn"]], alpha=0.12, linewidth=0)
+            ax.plot(x, best, color=colours[row["attn"]], marker=marker, linestyle=linestyle, linewidth=1.8,
+                    markersize=6, label=label, clip_on=False, zorder=3)
+        ax.axhline(100 * REACH_THRESHOLD, color="0.6", linewidth=0.8, linestyle=(0, (2, 2)), zorder=1)
+        ax.text(x[-1], 100 * REACH_THRESHOLD + 1, "90% (reach)", color="0.45", fontsize=8, ha="right",
+                va="bottom")
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{m}×\n{m * int(train_length)}" for m in multipliers], fontsize=9)
+        ax.set_xlim(x[0] - 0.2, x[-1] + 0.2)
+        ax.set_ylim(-2, 102)
+        ax.set_xlabel(f"evaluation length: multiplier of n={train_length} (top), tokens (bottom), log2 scale")
+        metric = METRIC_NAMES.get(table["metric"].iloc[0], str(table["metric"].iloc[0]))
+        ax.set_ylabel(f"{metric} (%)")
+        ax.set_title(f"{_table_label(task, preset, train_length, several)}: {metric} against length "
+                     f"(preset {preset}; lines: best seed, bands: mean ± std)", fontsize=11)
+        ax.grid(True, which="major", color="0.9", linewidth=0.8)
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9,
+                  title="attention + encoding", title_fontsize=9)
+        stem = f"curves_{task}" if not several else f"curves_{task}_{preset}_n{train_length}"
+        paths += _save(fig, out, _safe(stem))
+    return paths
+
+
+def plot_reach(board: pd.DataFrame, out: str | Path) -> list[Path]:
+    """A heat map of reach, tasks x (attention, encoding): ``reach_heatmap.{png,svg}``."""
+    out = Path(out)
+    tasks_with_several = board.groupby("task")[["preset", "train_length"]].nunique().max(axis=1)
+    row_keys = sorted(board.groupby(TABLE_KEYS).groups)
+    row_labels = [_table_label(t, p, n, bool(tasks_with_several[t] > 1)) for t, p, n in row_keys]
+    columns = sorted(board.groupby(ROW_KEYS).groups)  # (pe, attn)
+    column_labels = [f"{attn}\n{pe}" for pe, attn in columns]
+    grid = np.full((len(row_keys), len(columns)), np.nan)
+    largest = {key: max(board_multipliers(table)) for key, table in board.groupby(TABLE_KEYS)}
+    whole_range = np.zeros_like(grid, dtype=bool)
+    for _, row in board.iterrows():
+        i = row_keys.index((row["task"], row["preset"], row["train_length"]))
+        j = columns.index((row["pe"], row["attn"]))
+        grid[i, j] = row["reach"]
+        whole_range[i, j] = row["reach"] >= largest[row_keys[i]]
+    top = int(max(1, np.nanmax(grid) if np.isfinite(grid).any() else 1))
+    levels = int(math.log2(top)) + 2  # "none" plus 1x .. top
+    # Colour index: 0 = no multiplier reaches 90%, k = reach 2^(k-1).
+    index = np.where(np.isnan(grid), np.nan, np.where(grid > 0, np.log2(np.maximum(grid, 1)) + 1, 0))
+    colours = ["#d9d9d9"] + [plt.get_cmap("viridis")(v) for v in np.linspace(0.15, 0.95, levels - 1)]
+    cmap = ListedColormap(colours)
+    cmap.set_bad("white")
+    norm = BoundaryNorm(np.arange(-0.5, levels + 0.5), cmap.N)
+    width = max(5.0, 1.0 + 0.9 * len(columns))
+    height = max(2.5, 1.4 + 0.55 * len(row_keys))
+    fig, ax = plt.subplots(figsize=(width, height))
+    image = ax.imshow(np.ma.masked_invalid(index), cmap=cmap, norm=norm, aspect="auto")
+    for i in range(len(row_keys)):
+        for j in range(len(columns)):
+            if np.isnan(grid[i, j]):
+                ax.text(j, i, "not run", ha="center", va="center", fontsize=7, color="0.5")
+                continue
+            value = int(grid[i, j])
+            text = (f"{value}×" + ("+" if whole_range[i, j] else "")) if value else "–"
+            shade = cmap(norm(index[i, j]))
+            luminance = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2]
+            ax.text(j, i, text, ha="center", va="center", fontsize=9,
+                    color="black" if luminance > 0.5 else "white")
+    ax.set_xticks(range(len(columns)))
+    ax.set_xticklabels(column_labels, fontsize=9)
+    ax.set_yticks(range(len(row_keys)))
+    ax.set_yticklabels(row_labels, fontsize=9)
+    ax.set_xlabel("attention mechanism / positional encoding")
+    ax.set_title(f"Reach: largest multiplier with score ≥ {100 * REACH_THRESHOLD:.0f}% (best of seeds)\n"
+                 "+: the whole evaluated range; –: not even 1×", fontsize=10)
+    ticks = list(range(levels))
+    bar = fig.colorbar(image, ax=ax, ticks=ticks, fraction=0.046, pad=0.03)
+    bar.ax.set_yticklabels(["none"] + [f"{2 ** (k - 1)}×" for k in ticks[1:]], fontsize=8)
+    bar.set_label("reach", fontsize=9)
+    return _save(fig, out, "reach_heatmap")
+
+
+def _safe(stem: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)
+
+
+def plot_all(board: pd.DataFrame, out: str | Path) -> list[Path]:
+    return plot_curves(board, out) + plot_reach(board, out)

@@ -1,0 +1,299 @@
+"""Sweeps: every cell of tasks x attns x pes x seeds, resumable, one cell per GPU at a time.
+
+A cell already in the store is skipped (its run id is the hash of its whole configuration, so a changed
+setting is a new cell); an interrupted cell continues from its checkpoint. On a machine with several
+GPUs each cell runs in a worker process that sees one GPU (``CUDA_VISIBLE_DEVICES``), and its output
+goes to ``<results>/logs/<run_id>.log``; on one GPU or CPU the cells run one after another in this
+process.
+
+A sweep file (TOML; JSON also works) holds the same settings as the flags, which override it::
+
+    tasks = ["copy", "2back"]
+    attns = ["softmax"]
+    pes = ["rope", "nape"]
+    seeds = [0, 1, 2]
+    preset = "smoke"
+    results = "runs"
+
+    [overrides]          # RunConfig fields, applied to every cell
+    train_samples = 4000
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lengthbench.config import RunConfig, build_config
+from lengthbench.errors import UsageError
+
+SWEEP_KEYS = ("tasks", "attns", "pes", "seeds", "preset", "results", "device", "overrides")
+
+
+def split_list(text: str | Iterable | None) -> list[str]:
+    """``"a,b, c"`` -> ``["a", "b", "c"]``; a list passes through (as strings)."""
+    if text is None:
+        return []
+    items = text.split(",") if isinstance(text, str) else [str(x) for x in text]
+    return [item.strip() for item in items if str(item).strip()]
+
+
+def parse_seeds(text: str | Iterable | None) -> list[int]:
+    """``"0,1,2"`` or ``"0-4"`` (inclusive) or a list of ints."""
+    seeds: list[int] = []
+    for item in split_list(text):
+        span = re.fullmatch(r"(\d+)-(\d+)", item)
+        if span:
+            seeds += list(range(int(span[1]), int(span[2]) + 1))
+        elif re.fullmatch(r"\d+", item):
+            seeds.append(int(item))
+        else:
+            raise UsageError(f"--seeds takes non-negative integers like 0,1,2 or 0-4, got {item!r}")
+    return list(dict.fromkeys(seeds))
+
+
+def read_sweep_file(path: str | Path) -> dict[str, Any]:
+    """The settings of a sweep file (TOML, or JSON by its extension); unknown keys are an error."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"sweep file {path} does not exist")
+    try:
+        if path.suffix == ".json":
+            data = json.loads(path.read_text(encoding="utf-8"))
+        else:
+            import tomllib
+
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except ImportError as error:
+        raise UsageError("TOML sweep files need Python 3.11 or newer; write the file as JSON instead") from error
+    except (ValueError, OSError, UnicodeDecodeError) as error:  # tomllib and json errors are ValueErrors
+        raise UsageError(f"cannot read sweep file {path}: {str(error).splitlines()[0]}") from error
+    if not isinstance(data, dict):
+        raise UsageError(f"sweep file {path} must hold a table of settings")
+    unknown = sorted(set(data) - set(SWEEP_KEYS))
+    if unknown:
+        raise UsageError(f"sweep file {path}: unknown key {unknown[0]!r}; keys: {', '.join(SWEEP_KEYS)}")
+    if not isinstance(data.get("overrides", {}), dict):
+        raise UsageError(f"sweep file {path}: [overrides] must be a table of RunConfig fields")
+    return data
+
+
+def plan_sweep(tasks: list[str], attns: list[str], pes: list[str], seeds: list[int], preset: str = "smoke",
+               overrides: dict[str, Any] | None = None) -> list[RunConfig]:
+    """The configurations of every cell, in task, attn, pe, seed order. Every name and setting is
+    checked before anything runs; the first problem is a one-line :class:`UsageError`."""
+    from lengthbench.models.attention import ATTENTION
+    from lengthbench.models.positional import POSITIONAL_ENCODINGS
+    from lengthbench.models.registry import UnknownNameError
+    from lengthbench.tasks import TASKS, eval_multipliers
+
+    for flag, values in (("--tasks", tasks), ("--attns", attns), ("--pes", pes), ("--seeds", seeds)):
+        if not values:
+            raise UsageError(f"{flag} is empty: give at least one (comma-separated)")
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(RunConfig.__dataclass_fields__))
+    if unknown:
+        raise UsageError(f"unknown configuration field {unknown[0]!r} in overrides")
+    try:
+        for registry, names in ((TASKS, tasks), (ATTENTION, attns), (POSITIONAL_ENCODINGS, pes)):
+            for name in names:
+                registry.canonical(name)
+        configs = []
+        for task in tasks:
+            for attn in attns:
+                for pe in pes:
+                    for seed in seeds:
+                        config = build_config(task, attn, pe, preset, **{**overrides, "seed": seed})
+                        eval_multipliers(config.max_multiplier)
+                        configs.append(config)
+    except UnknownNameError as error:
+        raise UsageError(str(error).strip("'\"")) from error
+    except (ValueError, TypeError) as error:
+        raise UsageError(str(error)) from error
+    unique = {c.run_id: c for c in configs}  # aliases (nope/none) name the same cell
+    return list(unique.values())
+
+
+def gpu_slots(device: str) -> list[str]:
+    """The GPUs to spread cells over (as ``CUDA_VISIBLE_DEVICES`` values); empty: run in-process."""
+    if device == "cpu":
+        return []
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",") if v.strip()] if visible else [
+        str(i) for i in range(torch.cuda.device_count())]
+    return ids if len(ids) > 1 else []
+
+
+@dataclass
+class CellOutcome:
+    config: RunConfig
+    status: str  # done, skipped, failed
+    seconds: float = 0.0
+    curve: dict[int, float] = field(default_factory=dict)
+    error: str = ""
+    slot: str = ""
+
+
+Event = Callable[[str, RunConfig, "CellOutcome | None", str], None]  # (kind, config, outcome, slot)
+
+
+def _outcome_curve(frame) -> dict[int, float]:
+    return {int(m): float(s) for m, s in zip(frame["multiplier"], frame["score"], strict=True)}
+
+
+def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "auto",
+              on_event: Event | None = None, slots: list[str] | None = None,
+              worker_command: Callable[[RunConfig, Path], list[str]] | None = None) -> list[CellOutcome]:
+    """Run every unfinished cell; return one outcome per cell in ``configs`` order.
+
+    ``slots`` (default: :func:`gpu_slots`) with more than one entry runs a worker process per slot;
+    ``worker_command`` replaces the worker's command line (tests).
+    """
+    import pandas as pd
+
+    from lengthbench.store import run_finished, run_path
+
+    results = Path(results)
+    results.mkdir(parents=True, exist_ok=True)
+    emit = on_event or (lambda *args: None)
+    outcomes: dict[str, CellOutcome] = {}
+    pending = []
+    for config in configs:
+        if run_finished(results, config.run_id):
+            try:
+                curve = _outcome_curve(pd.read_parquet(run_path(results, config.run_id)))
+            except Exception:  # an unreadable file stays as it is; the leaderboard will say so
+                curve = {}
+            outcomes[config.run_id] = CellOutcome(config, "skipped", curve=curve)
+            emit("skipped", config, outcomes[config.run_id], "")
+        else:
+            pending.append(config)
+    slots = gpu_slots(device) if slots is None else slots
+    if len(slots) > 1:
+        _run_parallel(pending, results, slots, outcomes, emit, worker_command or _worker_command)
+    else:
+        _run_sequential(pending, results, device, outcomes, emit)
+    return [outcomes[c.run_id] for c in configs]
+
+
+def _run_sequential(pending, results: Path, device: str, outcomes, emit) -> None:
+    from lengthbench.runner import resolve_device, run_cell
+
+    if pending:
+        resolve_device(device)
+    for config in pending:
+        emit("start", config, None, "")
+        started = time.perf_counter()
+        try:
+            frame = run_cell(config, results, device=device, resume=True, progress=False)
+            outcome = CellOutcome(config, "done", time.perf_counter() - started, curve=_outcome_curve(frame))
+        except (KeyboardInterrupt, UsageError):
+            raise
+        except Exception as error:  # one broken cell must not stop the others
+            message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            outcome = CellOutcome(config, "failed", time.perf_counter() - started,
+                                  error=f"{type(error).__name__}: {message}")
+        outcomes[config.run_id] = outcome
+        emit(outcome.status, config, outcome, "")
+
+
+def plugin_modules() -> list[str]:
+    """Modules outside lengthbench that registered a task, mechanism or encoding (workers import them)."""
+    from lengthbench.models.attention import ATTENTION
+    from lengthbench.models.positional import POSITIONAL_ENCODINGS
+    from lengthbench.tasks import TASKS
+
+    modules = set()
+    for registry in (TASKS, ATTENTION, POSITIONAL_ENCODINGS):
+        for name in registry.names():
+            module = getattr(registry.get(name), "__module__", "") or ""
+            if module and not module.startswith("lengthbench") and module != "__main__":
+                modules.add(module)
+    return sorted(modules)
+
+
+def _worker_command(config: RunConfig, results: Path) -> list[str]:
+    return [sys.executable, "-m", "lengthbench.sweep", "--worker", str(results), config.to_json(),
+            ",".join(plugin_modules())]
+
+
+def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, command) -> None:
+    log_dir = results / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    queue = list(pending)
+    running: dict[str, tuple[subprocess.Popen, RunConfig, float, Any]] = {}
+    try:
+        while queue or running:
+            for slot in slots:
+                if slot not in running and queue:
+                    config = queue.pop(0)
+                    log = open(log_dir / f"{config.run_id}.log", "ab")  # noqa: SIM115 (closed when it ends)
+                    env = dict(os.environ, CUDA_VISIBLE_DEVICES=slot)
+                    process = subprocess.Popen(command(config, results), stdout=log, stderr=subprocess.STDOUT,
+                                               env=env)
+                    running[slot] = (process, config, time.perf_counter(), log)
+                    emit("start", config, None, slot)
+            for slot, (process, config, started, log) in list(running.items()):
+                if process.poll() is None:
+                    continue
+                log.close()
+                del running[slot]
+                seconds = time.perf_counter() - started
+                outcome = _finished_outcome(config, results, process.returncode, seconds, log_dir)
+                outcome.slot = slot
+                outcomes[config.run_id] = outcome
+                emit(outcome.status, config, outcome, slot)
+            time.sleep(0.2)
+    except BaseException:
+        for process, _config, _started, _log in running.values():
+            process.terminate()
+        for process, _config, _started, log in running.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            log.close()
+        raise
+
+
+def _finished_outcome(config: RunConfig, results: Path, returncode: int, seconds: float, log_dir: Path) -> CellOutcome:
+    import pandas as pd
+
+    from lengthbench.store import run_finished, run_path
+
+    if returncode == 0 and run_finished(results, config.run_id):
+        return CellOutcome(config, "done", seconds, curve=_outcome_curve(pd.read_parquet(run_path(results, config.run_id))))
+    log_path = log_dir / f"{config.run_id}.log"
+    lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()] if log_path.exists() else []
+    last = lines[-1].strip() if lines else ""
+    return CellOutcome(config, "failed", seconds, error=f"exit {returncode}: {last} (log: {log_path})")
+
+
+def _worker_main(argv: list[str]) -> int:
+    """``python -m lengthbench.sweep --worker RESULTS CONFIG_JSON [PLUGINS]``: run one cell."""
+    results, config_json = argv[0], argv[1]
+    for module in split_list(argv[2] if len(argv) > 2 else ""):
+        __import__(module)
+    from lengthbench.runner import run_cell
+
+    config = RunConfig.from_dict(json.loads(config_json))
+    run_cell(config, results, device="auto", resume=True, progress=False)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        sys.exit(_worker_main(sys.argv[2:]))
+    sys.exit("usage: python -m lengthbench.sweep --worker RESULTS CONFIG_JSON [PLUGINS] (use `lengthbench sweep`)")
