@@ -31,7 +31,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from lengthbench.tasks import register_task
-from lengthbench.tasks.base import IGNORE_INDEX, Batch, ModelDefaults, Task, column, full_batch
+from lengthbench.tasks.base import (
+    IGNORE_INDEX,
+    Batch,
+    ModelDefaults,
+    Task,
+    bernoulli,
+    full_batch,
+    random_lanes,
+    uniform_integers,
+)
 from lengthbench.tasks.rng import SampleRandom
 
 _DEFAULTS = ModelDefaults(layers=4, d_model=256, heads=8, ffn=512, train_samples=10_000_000)
@@ -64,19 +73,17 @@ class _FlipFlop(Task):
         bos, sep, eos, zero, write, ignore, read = self.ids("<bos>", "<sep>", "<eos>", "0", "w", "i", "r")
         batch_size = rng.batch_size
         steps = n // 2  # instructions; the last one is the read
-        is_write = rng.uniform(0, steps - 1) < self.params.p_write
+        is_write = bernoulli(rng, 0, steps - 1, self.params.p_write)
         is_write[:, 0] = True
-        bits = rng.integers(1, steps - 1, 0, 2)
-        last_write = np.where(is_write, np.arange(steps - 1), -1).max(axis=1)
+        bits = uniform_integers(rng, 1, steps - 1, 0, 2)
+        last_write = steps - 2 - np.argmax(is_write[:, ::-1], axis=1)
         answer = bits[np.arange(batch_size), last_write] + zero
 
-        body = np.empty((batch_size, 2 * (steps - 1)), dtype=np.int64)
-        body[:, 0::2] = np.where(is_write, write, ignore)
-        body[:, 1::2] = bits + zero
-        input_ids = np.concatenate(
-            [column(batch_size, bos), body, column(batch_size, read), column(batch_size, sep),
-             answer[:, None], column(batch_size, eos)], axis=1,
-        )
+        input_ids = np.empty((batch_size, 2 * steps + 3), dtype=np.int64)
+        input_ids[:, 1 : 2 * steps - 1 : 2] = np.where(is_write, write, ignore)
+        input_ids[:, 2 : 2 * steps - 1 : 2] = bits + zero
+        input_ids[:, 0], input_ids[:, -4], input_ids[:, -3] = bos, read, sep
+        input_ids[:, -2], input_ids[:, -1] = answer, eos
         labels = np.full_like(input_ids, IGNORE_INDEX)
         labels[:, -3] = answer
         labels[:, -2] = eos
@@ -120,11 +127,13 @@ class FlipFlopLiu(Task):
     def generate(self, rng: SampleRandom, n: int) -> Batch:
         bos, eos, zero, write, ignore, read = self.ids("<bos>", "<eos>", "0", "w", "i", "r")
         batch_size, steps = rng.batch_size, n // 2
-        u = rng.uniform(0, steps)
+        lane = random_lanes(rng, 0, steps, 32)
         p_ignore = self.params.p_ignore
-        op = np.where(u < p_ignore, ignore, np.where(u < p_ignore + (1.0 - p_ignore) / 2, write, read))
+        ignore_below = np.uint64(round(p_ignore * 2.0**32))
+        write_below = np.uint64(round((p_ignore + (1.0 - p_ignore) / 2) * 2.0**32))
+        op = np.where(lane < ignore_below, ignore, np.where(lane < write_below, write, read))
         op[:, 0], op[:, -1] = write, read
-        bits = rng.integers(1, steps, 0, 2)
+        bits = uniform_integers(rng, 1, steps, 0, 2)
         is_write = op == write
         last_write = np.maximum.accumulate(np.where(is_write, np.arange(steps), 0), axis=1)
         is_read = op == read

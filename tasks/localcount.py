@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lengthbench.tasks import register_task
-from lengthbench.tasks.base import IGNORE_INDEX, Batch, ModelDefaults, Task, full_batch
+from lengthbench.tasks.base import IGNORE_INDEX, Batch, ModelDefaults, Task, full_batch, uniform_integers
 from lengthbench.tasks.rng import SampleRandom
 
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
@@ -60,26 +60,36 @@ class LocalCount(Task):
         p = self.params
         bos, eos = self.ids("<bos>", "<eos>")
         first_symbol, first_count = len(SPECIALS), len(SPECIALS) + p.symbols
-        batch_size = rng.batch_size
-        runs = -(-n // p.min_run)  # enough runs to cover n even if every run is as short as possible
+        batch_size, rows = rng.batch_size, np.arange(rng.batch_size)[:, None]
 
-        lengths = rng.integers(0, runs, p.min_run, p.max_run + 1)
-        starts = np.cumsum(lengths, axis=1) - lengths  # [B, runs]
-        steps = rng.integers(1, runs, 1, p.symbols)  # run r's symbol = run r-1's + step (mod symbols)
-        steps[:, 0] = rng.integers(2, 1, 0, p.symbols)[:, 0]
-        run_symbol = np.cumsum(steps, axis=1) % p.symbols
-
-        # Run id of each position: count the run starts at or before it.
-        starts_here = np.zeros((batch_size, n + 1), dtype=np.int64)
-        rows = np.broadcast_to(np.arange(batch_size)[:, None], starts.shape)
+        # Run lengths in blocks of about 1.25x the expected need, drawn until every sample's runs
+        # cover n; block k always uses the same draw ids, so a sample does not depend on its batch.
+        block = int(1.25 * n / ((p.min_run + p.max_run) / 2)) + 8
+        lengths, steps = [], []
+        while not lengths or (np.sum(lengths, axis=(0, 2)) < n).any():
+            k = len(lengths)
+            lengths.append(uniform_integers(rng, 10 + 2 * k, block, p.min_run, p.max_run + 1))
+            steps.append(uniform_integers(rng, 11 + 2 * k, block, 1, p.symbols))  # symbol change per run
+        lengths, steps = np.concatenate(lengths, axis=1), np.concatenate(steps, axis=1)
+        steps[:, 0] = rng.integers(2, 1, 0, p.symbols)[:, 0]  # the first run's symbol
+        starts = np.cumsum(lengths, axis=1) - lengths
         inside = starts < n
-        starts_here[rows[inside], starts[inside]] = 1  # starts are distinct within a row
-        run_id = np.cumsum(starts_here[:, :n], axis=1) - 1
-        index_in_run = np.arange(n) - np.take_along_axis(starts, run_id, axis=1)
-        source = np.take_along_axis(run_symbol, run_id, axis=1) + first_symbol
+        run_rows = np.broadcast_to(rows, starts.shape)[inside]
 
         input_ids = np.empty((batch_size, n + 2), dtype=np.int64)
-        input_ids[:, 0], input_ids[:, 1:-1], input_ids[:, -1] = bos, source, eos
         labels = np.full_like(input_ids, IGNORE_INDEX)
-        labels[:, 1:-1] = index_in_run + first_count
+        input_ids[:, 0], input_ids[:, -1] = bos, eos
+        source, counts = input_ids[:, 1:-1], labels[:, 1:-1]
+        # Symbols: a running sum of the per-run changes, placed at the run starts.
+        source[:] = 0
+        source[run_rows, starts[inside]] = steps[inside]
+        np.cumsum(source, axis=1, out=source)
+        source %= p.symbols
+        source += first_symbol
+        # Index within the run: position minus the start of the current run.
+        counts[:] = 0
+        counts[run_rows, starts[inside]] = starts[inside]
+        np.maximum.accumulate(counts, axis=1, out=counts)
+        np.subtract(np.arange(n), counts, out=counts)
+        counts += first_count
         return full_batch(input_ids, labels, n)

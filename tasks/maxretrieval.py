@@ -27,7 +27,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from lengthbench.tasks import register_task
-from lengthbench.tasks.base import IGNORE_INDEX, Batch, ModelDefaults, Task, full_batch
+from lengthbench.tasks.base import (
+    IGNORE_INDEX,
+    Batch,
+    ModelDefaults,
+    Task,
+    full_batch,
+    random_lanes,
+    uniform_integers,
+)
 from lengthbench.tasks.rng import SampleRandom
 
 SPECIALS = ["<pad>", "<bos>", "<q>"]
@@ -60,8 +68,8 @@ class MaxRetrieval(Task):
     def generate(self, rng: SampleRandom, n: int) -> Batch:
         bos, query = self.ids("<bos>", "<q>")
         batch_size, rows = rng.batch_size, np.arange(rng.batch_size)
-        classes = rng.integers(0, n, 0, self.params.classes) + len(SPECIALS)
-        odd = ((rng.bits(1, n) >> np.uint64(41)).astype(np.int64) << 1) | 1  # 2k + 1 < 2^24
+        classes = uniform_integers(rng, 0, n, 0, self.params.classes) + len(SPECIALS)
+        odd = ((random_lanes(rng, 1, n, 32) >> np.uint32(9)).astype(np.int32) << 1) | 1  # 2k + 1 < 2^24
         priority = (odd.astype(np.float32) * np.float32(2.0**-24)).astype(np.float32)
 
         top = priority.max(axis=1, keepdims=True)

@@ -32,7 +32,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from lengthbench.tasks import register_task
-from lengthbench.tasks.base import Batch, ModelDefaults, Task, column, full_batch, next_token_labels
+from lengthbench.tasks.base import (
+    Batch,
+    ModelDefaults,
+    Task,
+    column,
+    full_batch,
+    next_token_labels,
+    uniform_integers,
+)
 from lengthbench.tasks.rng import SampleRandom
 
 SPECIALS = ["<pad>", "<bos>", "<sep>", "<eos>", "<space>", "<kv>", "<q>"]
@@ -51,13 +59,13 @@ def distinct_codes(rng: SampleRandom, draw: int, count: int, domain: int) -> np.
         raise ValueError(f"cannot draw {count} distinct values from {domain}")
     half_bits = max(1, math.ceil(math.ceil(math.log2(max(domain, 2))) / 2))
     half = 1 << half_bits
-    tables = (rng.bits(draw, _FEISTEL_ROUNDS * half) & np.uint64(half - 1)).astype(np.int64)
-    tables = tables.reshape(rng.batch_size, _FEISTEL_ROUNDS, half)
+    tables = (rng.bits(draw, _FEISTEL_ROUNDS * half) & np.uint64(half - 1)).astype(np.int64).ravel()
 
     def permute(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
         left, right = x >> half_bits, x & (half - 1)
+        table_at = rows * (_FEISTEL_ROUNDS * half)  # row r's round tables start here in `tables`
         for r in range(_FEISTEL_ROUNDS):
-            left, right = right, left ^ tables[rows, r, right]
+            left, right = right, left ^ tables[table_at + (r * half) + right]
         return (left << half_bits) | right
 
     rows = np.broadcast_to(np.arange(rng.batch_size)[:, None], (rng.batch_size, count))
@@ -124,14 +132,14 @@ class MQMTAR(Task):
         codes = distinct_codes(rng, 0, pairs, p.alphabet**p.key_tokens)
         powers = p.alphabet ** np.arange(p.key_tokens - 1, -1, -1, dtype=np.int64)
         keys = (codes[:, :, None] // powers) % p.alphabet + first_symbol  # [B, pairs, key_tokens]
-        values = rng.integers(1, pairs * p.value_tokens, 0, p.alphabet).reshape(batch_size, pairs, -1)
+        values = uniform_integers(rng, 1, pairs * p.value_tokens, 0, p.alphabet).reshape(batch_size, pairs, -1)
         values += first_symbol
 
         # Filler: each extra <space> picks one of the pairs + 1 gaps.
         extra = n - pairs * width
         gaps = np.zeros((batch_size, pairs + 1), dtype=np.int64)
         if extra:
-            slot = rng.integers(2, extra, 0, pairs + 1) + rows * (pairs + 1)
+            slot = uniform_integers(rng, 2, extra, 0, pairs + 1) + rows * (pairs + 1)
             gaps = np.bincount(slot.ravel(), minlength=batch_size * (pairs + 1)).reshape(batch_size, -1)
         starts = 1 + np.cumsum(gaps[:, :pairs], axis=1) + width * np.arange(pairs)  # in input_ids
 

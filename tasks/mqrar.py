@@ -25,7 +25,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from lengthbench.tasks import register_task
-from lengthbench.tasks.base import IGNORE_INDEX, Batch, ModelDefaults, Task, column, full_batch
+from lengthbench.tasks.base import (
+    IGNORE_INDEX,
+    Batch,
+    ModelDefaults,
+    Task,
+    column,
+    full_batch,
+    uniform_integers,
+)
 from lengthbench.tasks.rng import SampleRandom
 
 SPECIALS = ["<pad>", "<bos>", "<sep>", "<eos>", "<space>", "<q>"]
@@ -66,18 +74,25 @@ class MQRAR(Task):
         assignments = n // 2
 
         active = rng.permutation_order(0, p.keys)[:, : p.num_keys]  # [B, num_keys] key numbers
-        slot = rng.integers(1, assignments, 0, p.num_keys)  # which active key each assignment sets
-        values = rng.integers(2, assignments, 0, p.values)
+        slot = uniform_integers(rng, 1, assignments, 0, p.num_keys)  # which active key each assignment sets
+        values = uniform_integers(rng, 2, assignments, 0, p.values)
 
         # Queries: uniform over the active keys that occur in the prefix.
         present = np.bincount((slot + rows * p.num_keys).ravel(), minlength=batch_size * p.num_keys)
         present = present.reshape(batch_size, p.num_keys) > 0
         scores = rng.uniform(3, p.queries * p.num_keys).reshape(batch_size, p.queries, p.num_keys)
         asked = np.where(present[:, None, :], scores, -1.0).argmax(axis=2)  # [B, queries] slots
-        position = np.arange(assignments)
+        # Most recent assignment of each asked key: search a tail window first (an active key is
+        # almost always set again near the end), then the whole prefix for the rows it missed.
         answers = np.empty((batch_size, p.queries), dtype=np.int64)
+        window = min(assignments, 64 * p.num_keys)
         for j in range(p.queries):
-            last = np.where(slot == asked[:, j : j + 1], position, -1).max(axis=1)
+            hit = slot[:, -window:] == asked[:, j : j + 1]
+            last = assignments - 1 - hit[:, ::-1].argmax(axis=1)
+            missed = ~hit.any(axis=1)
+            if missed.any():
+                hit = slot[missed] == asked[missed, j : j + 1]
+                last[missed] = assignments - 1 - hit[:, ::-1].argmax(axis=1)
             answers[:, j] = values[np.arange(batch_size), last]
 
         prefix = np.empty((batch_size, 2 * assignments), dtype=np.int64)

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from lengthbench.tasks import register_task
-from lengthbench.tasks.base import IGNORE_INDEX, Batch, ModelDefaults, Task
+from lengthbench.tasks.base import IGNORE_INDEX, Batch, ModelDefaults, Task, full_batch, uniform_integers
 
 
 @register_task("2back", aliases=("nback",))
 class TwoBack(Task):
+    """2Back: label every source token with the token two positions earlier (per-token accuracy)."""
+
     metric = "token_accuracy"
     model_defaults = ModelDefaults(layers=2, d_model=256, heads=8, ffn=512, train_samples=10_000_000)
 
@@ -42,14 +44,11 @@ class TwoBack(Task):
     def generate(self, rng, n: int) -> Batch:
         bos, eos, zero = self.ids("<bos>", "<eos>", "0")
         back = self.params.back
-        batch_size = rng.batch_size
-        source = np.concatenate(
-            [np.full((batch_size, 1), zero), zero + rng.integers(0, n, 1, self.params.symbols + 1)], axis=1
-        )
-        column = np.ones((batch_size, 1), dtype=np.int64)
-        input_ids = np.concatenate([column * bos, source, column * eos], axis=1)
+        input_ids = np.empty((rng.batch_size, n + 3), dtype=np.int64)
+        input_ids[:, 0], input_ids[:, 1], input_ids[:, -1] = bos, zero, eos
+        input_ids[:, 2:-1] = zero + uniform_integers(rng, 0, n, 1, self.params.symbols + 1)
+        source = input_ids[:, 1:-1]  # the filler "0" and x1 .. xn
         labels = np.full_like(input_ids, IGNORE_INDEX)
-        source_labels = np.full_like(source, zero)
-        source_labels[:, back:] = source[:, :-back]
-        labels[:, 1 : n + 2] = source_labels
-        return Batch(input_ids, labels, n, np.full(batch_size, n + 3, dtype=np.int64))
+        labels[:, 1 : 1 + min(back, n + 1)] = zero
+        labels[:, 1 + back : n + 2] = source[:, : n + 1 - back]
+        return full_batch(input_ids, labels, n)

@@ -154,27 +154,26 @@ class _Passkey(Task):
         depth = low + np.floor(rng.uniform(1, k) * (high - low + 1)).astype(np.int64)
         starts = depth + needle_len * np.arange(k)  # [B, k] in haystack coordinates
 
-        position = np.arange(filler_len + k * needle_len)
-        started = np.zeros((batch_size, len(position)), dtype=np.int64)
+        # Haystack position p shows filler token (offset + p - needle tokens before p) of the endless
+        # filler, read from a tiled buffer; the needles are written over their spans afterwards.
+        haystack_len = filler_len + k * needle_len
+        position = np.arange(haystack_len)
+        margin = len(filler) * -(-(k * needle_len) // len(filler))  # keeps buffer indices >= 0
+        offset = rng.integers(2, 1, 0, len(filler)) + margin
+        index = offset + position  # [B, haystack_len]
         for j in range(k):
-            started += position >= starts[:, j : j + 1]
-        current = np.maximum(started - 1, 0)
-        within = position - np.take_along_axis(starts, current, axis=1)
-        in_needle = (started > 0) & (within < needle_len)
-        offset = rng.integers(2, 1, 0, len(filler))
-        filler_tokens = filler[(offset + position - started * needle_len) % len(filler)]
-        flat_needles = needles.reshape(batch_size, -1)
-        from_needles = np.take_along_axis(
-            flat_needles, current * needle_len + np.where(in_needle, within, 0), axis=1
-        )
-        haystack = np.where(in_needle, from_needles, filler_tokens)
+            index -= needle_len * (position >= starts[:, j : j + 1])
+        buffer = np.tile(filler, -(-(haystack_len + margin) // len(filler)) + 1)
 
         answer = key_digits.reshape(batch_size, -1)
-        input_ids = np.concatenate(
-            [np.full((batch_size, 1), bos), haystack, np.broadcast_to(query, (batch_size, len(query))),
-             np.full((batch_size, 1), sep), answer, np.full((batch_size, 1), eos)], axis=1,
-        )
         scored = answer.shape[1] + 1
+        input_ids = np.empty((batch_size, n + scored + 1), dtype=np.int64)
+        input_ids[:, 0] = bos
+        input_ids[:, 1 : 1 + haystack_len] = buffer[index]
+        spans = 1 + starts[:, :, None] + np.arange(needle_len)  # [B, k, needle_len] in input_ids
+        input_ids[np.arange(batch_size)[:, None, None], spans] = needles
+        input_ids[:, 1 + haystack_len : n] = query
+        input_ids[:, n], input_ids[:, n + 1 : -1], input_ids[:, -1] = sep, answer, eos
         labels = next_token_labels(input_ids, n, n + scored)
         groups = np.full_like(input_ids, -1)
         groups[:, n : n + scored] = np.minimum(np.arange(scored) // p.digits, k - 1)

@@ -37,7 +37,12 @@ def register(app: typer.Typer) -> None:
         """List the registered tasks with their metric and default sizes."""
         from lengthbench.tasks import TASKS
 
-        table = Table("task", "metric", "n_train", "seed model (layers x d, heads)", "description")
+        table = Table()
+        table.add_column("task", no_wrap=True, style="bold")
+        table.add_column("metric", no_wrap=True)
+        table.add_column("n_train", justify="right")
+        table.add_column("seed model (layers x d, heads)")
+        table.add_column("description")
         for name in TASKS.names():
             cls = TASKS.get(name)
             d = cls.model_defaults
