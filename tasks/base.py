@@ -80,6 +80,10 @@ class Task:
             raise ValueError(
                 f"task {self.name!r} has no parameter {unknown[0]!r}; its parameters: {', '.join(sorted(fields)) or 'none'}"
             )
+        defaults = {f.name: f.default for f in dataclasses.fields(self.Params)}
+        for key, value in params.items():  # 1 and 1.0 must name the same stream
+            if isinstance(defaults[key], float) and isinstance(value, int) and not isinstance(value, bool):
+                params[key] = float(value)
         self.params = self.Params(**params)
         _check_param_types(self.name, self.params)
         self._vocab = self.build_vocab()

@@ -14,8 +14,8 @@ Variants: ``flipflop-sparse`` (``p_write`` 0.1) and ``flipflop-dense`` (0.8).
 Liu et al. (2023) variant, ``flipflop-liu`` (a different parameter, ``p_ignore``, and reads inside
 the sequence; its own task name so that its results cannot be mistaken for the seed's), ``n = 8``::
 
-    input_ids  <bos> w 1 r 1 i 0 r 1 <eos>
-    labels     -     - - 1 - - - 1 - -
+    input_ids  <bos> w 0 i 0 r 0 r 0 <eos>
+    labels     -     - - - - 0 - 0 - -
 
 ``n // 2`` instructions, each followed by its bit: the first is ``w``, the last ``r``; the others are
 ``i`` with probability ``p_ignore`` (0.8, Liu et al.'s FFL(0.8)), else ``w`` or ``r`` with equal

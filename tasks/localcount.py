@@ -1,9 +1,10 @@
 """Local Count: label every token with its 0-based index within its run (seed 003, Appendix G, H.2).
 
-Worked example (``n = 8``, data symbols "0".."15", count labels "#0".."#47")::
+Worked example (``n = 10``, data symbols "0".."15", count labels "#0".."#47"; ``max_run = 4`` to
+keep it short, the default is 48)::
 
-    input_ids  <bos> 3  3  3  3  11 11 11 3  <eos>
-    labels     -     #0 #1 #2 #3 #0 #1 #2 #0 -
+    input_ids  <bos> 0  0  0  11 11 14 14 14 14 1  <eos>
+    labels     -     #0 #1 #2 #0 #1 #0 #1 #2 #3 #0 -
 
 The source is runs of one symbol; each run's symbol differs from its neighbour's (uniform over the
 other ``symbols - 1``; the first uniform over all), so a symbol can come back in a later run; run

@@ -2,9 +2,9 @@
 
 Worked example (``n = 4`` items; classes "c0".."c9"; priorities in ``Batch.features``)::
 
-    input_ids  <bos> c3    c7    c3    c1    <q>
-    features   0.0   0.412 0.907 0.120 0.655 0.0
-    labels     -     -     -     -     -     c7
+    input_ids  <bos> c7    c6    c1    c7    <q>
+    features   0.0   0.547 0.510 0.794 0.577 0.0
+    labels     -     -     -     -     -     c1
 
 Each of the ``n`` items is a class token, uniform over ``classes``, with a priority uniform in (0, 1)
 carried as one float feature at its position (0.0 at ``<bos>`` and ``<q>``). The single scored

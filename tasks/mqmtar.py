@@ -1,12 +1,12 @@
 """MQMTAR: multi-query multi-token associative recall (seed 003, Appendix G).
 
-Worked example (``n = 14``: one pair, 8 extra spaces; 2-token keys and values over "0".."255";
-``queries = 2`` here to keep it short, the default is 4)::
+Worked example (sample 0 of the test stream, seed 0, ``n = 14``: one pair and 8 filler spaces; keys and
+values of 2 tokens over "0".."255"; ``queries = 2`` to keep it short, the default is 4)::
 
-    input_ids  <bos> <space> <space> 17 4 <kv> 200 9 <space> <space> <space> <space> <space> <space> <space>
-               <q> 17 4 <q> 17 4 <sep> <q> 200 9   <q> 200 9     <eos>
-    labels     (-100 up to <sep>)  ... <q> 200 9 <q> 200 9 <eos> -100
-                                       ^ the label of <sep> is the first <q>; of the last 9, <eos>
+    input_ids  <bos> <space> <space> <space> 245 170 <kv> 33 171 <space> <space> <space> <space> <space> <space>
+               <q> 245 170 <q> 245 170 <sep> <q> 33  171 <q> 33  171   <eos>
+    labels     -100 at <bos> and the 14 prefix positions, then
+               -   -   -   -   -   -   <q>   33  171 <q> 33  171 <eos> -
 
 The prefix (``n`` tokens) holds ``num_kv = max(1, floor(density * n / 6))`` pairs, each written
 ``k1 k2 <kv> v1 v2 <space>``; keys are distinct within a sample, values are uniform (repeats allowed).
@@ -21,7 +21,7 @@ Choices the seed leaves open (ours): the gap distribution of the filler (indepen
 distinct keys drawn as the first ``num_kv`` outputs of a per-sample pseudo-random permutation of the
 ``alphabet ** key_tokens`` keys (an 8-round Feistel network with random round tables, cycle-walked;
 vectorised and O(num_kv)); ``n`` below one pair (``6``) is rejected; more pairs than distinct keys
-(``n`` above about 491,000 at the defaults) is rejected.
+(``n`` of 491,528 and more at the defaults) is rejected.
 """
 
 from __future__ import annotations
@@ -150,7 +150,8 @@ class MQMTAR(Task):
         query_len = p.queries * (p.key_tokens + 1)
         input_ids = np.full((batch_size, n + query_len + 1 + answer_len + 1), space, dtype=np.int64)
         input_ids[:, 0] = bos
-        input_ids[rows[:, :, None], starts[:, :, None] + np.arange(width)] = records
+        flat = (starts + rows * input_ids.shape[1])[:, :, None] + np.arange(width)
+        input_ids.reshape(-1)[flat.reshape(-1)] = records.reshape(-1)
 
         asked = rng.integers(3, p.queries, 0, pairs)  # pair index of each query
         query_block = np.concatenate([np.full((batch_size, p.queries, 1), q), keys[rows, asked]], axis=2)

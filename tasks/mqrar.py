@@ -1,11 +1,12 @@
 """MQRAR: multi-query repeated associative recall (seed 004, after Tan et al. 2025).
 
-Worked example (``n = 8``: 4 assignments; 3 active keys; ``queries = 2`` here, the default is 4)::
+Worked example (sample 1 of the test stream, seed 0, ``n = 8``: 4 assignments; ``num_keys = 3`` and
+``queries = 2`` to keep it short, the defaults are 16 and 4)::
 
-    input_ids  <bos> k7 v3 k2 v9 k7 v5 k40 v1 <q> k7 <q> k2 <sep> <q> v5 <q> v9 <eos>
-    labels     -     -  -  -  -  -  -  -   -  -   -  -   -  -     v5  -  v9  <eos> -
+    input_ids  <bos> k48 v48 k48 v78 k118 v95 k118 v106 <q> k118 <q> k48 <sep> <q>  v106 <q> v78   <eos>
+    labels     -     -   -   -   -   -    -   -    -    -   -    -   -   -     v106 -    v78 <eos> -
 
-``k7`` is assigned twice; the answer is its most recent value ``v5``. The prefix of ``n`` tokens
+``k48`` and ``k118`` are assigned twice; the answers are their most recent values. The prefix of ``n`` tokens
 holds ``n // 2`` assignments ``k v``: keys drawn with replacement from ``num_keys`` distinct active
 keys of the sample (out of ``keys``), values uniform over ``values``. Then ``queries`` queries
 ``<q> k``, keys drawn with replacement, uniform over the keys present in the prefix; then ``<sep>``

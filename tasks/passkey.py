@@ -1,10 +1,11 @@
 """Passkey retrieval (needle in a haystack), word-level (seeds 000 Appendix D and 002).
 
-Worked example (``passkey``, ``n = 40``: 6 filler tokens entered at offset 17, the needle at depth 4)::
+Worked example (sample 0 of the test stream, seed 0, ``passkey``, ``n = 40``: 6 filler tokens, the
+filler entered at "sun", the needle at depth 4)::
 
-    input_ids  <bos> back again . there the pass key is 0 4 2 1 7 . remember it . 0 4 2 1 7 is the pass key .
-               and back what is the pass key ? the pass key is <sep> 0 4 2 1 7 <eos>
-    labels     -100 everywhere up to the last "is"; at <sep> and the digits: 0 4 2 1 7 <eos>
+    input_ids  <bos> sun is yellow . the pass key is 2 4 0 1 8 . remember it . 2 4 0 1 8 is the pass key .
+               here we what is the pass key ? the pass key is <sep> 2 4 0 1 8 <eos>
+    labels     -100 up to the last "is"; then at <sep> and each digit the next token: 2 4 0 1 8 <eos>
 
 Vocabulary: ``<pad> <bos> <sep> <eos>``, the lower-cased words and the punctuation ``.`` and ``?`` of
 the filler, needles and queries below, and the digits "0".."9" (one vocabulary for both tasks).

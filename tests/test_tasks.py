@@ -89,6 +89,10 @@ def test_parameters_change_the_stream():
     a = get_task("flipflop-sparse").batch(range(4), 64).input_ids
     b = get_task("flipflop-sparse", p_write=0.2).batch(range(4), 64).input_ids
     assert not np.array_equal(a, b)
+    # An int for a float parameter names the same stream as the float.
+    one = get_task("flipflop-sparse", p_write=1).batch(range(4), 64).input_ids
+    np.testing.assert_array_equal(one, get_task("flipflop-sparse", p_write=1.0).batch(range(4), 64).input_ids)
+    assert get_task("flipflop-dense").params.p_write == 0.8
 
 
 def golden(name: str, n: int) -> list[str]:
