@@ -74,6 +74,7 @@ def main() -> None:
     from lengthbench.tasks import get_task, task_names
 
     names = [t for t in args.tasks.split(",") if t] or task_names()
+    load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
     rows = []
     for name in names:
         task = get_task(name)
@@ -88,6 +89,7 @@ def main() -> None:
             print(f"{name:16s} n={n:6d} {samples:5d} samples in {seconds:7.3f} s  "
                   f"{samples / seconds:10.1f} samples/s  {tokens / seconds / 1e6:7.2f} M tokens/s", flush=True)
 
+    load_after = " ".join(f"{x:.1f}" for x in os.getloadavg())
     frame = pd.DataFrame(rows)
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     try:
@@ -95,6 +97,7 @@ def main() -> None:
     except OSError:
         sha = "unknown"
     frame["machine"], frame["date"], frame["git_sha"] = machine(), now, sha
+    frame["load_average"] = f"{load_before} / {load_after}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out / "throughput.parquet", index=False)
@@ -105,7 +108,8 @@ def main() -> None:
     lines = [
         "# Task generation throughput",
         "",
-        f"- Machine: {machine()}; {pinned} (one core).",
+        f"- Machine: {machine()}; {pinned} (one core); load average before / after: {load_before} / {load_after}"
+        " (other jobs share this machine: timings on an idle core are lower).",
         f"- Date: {now}; git {sha}.",
         f"- Command: `{command}`",
         f"- Best of {args.repeats}; tokens are realised tokens (no padding); n = 64 in one batch of 512,",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -214,6 +215,42 @@ def uniform_integers(rng: SampleRandom, draw: int, size: int, low: int, high: in
 def bernoulli(rng: SampleRandom, draw: int, size: int, p: float) -> np.ndarray:
     """bool ``[batch, size]``, True with probability ``p`` (to 2^-32)."""
     return random_lanes(rng, draw, size, 32) < np.uint64(min(round(p * 2.0**32), 2**32))
+
+
+_FEISTEL_ROUNDS = 8
+
+
+def distinct_integers(rng: SampleRandom, draw: int, count: int, domain: int) -> np.ndarray:
+    """``count`` distinct integers in ``[0, domain)`` per sample, in random order, ``[batch, count]``.
+
+    They are ``P(0), .., P(count - 1)`` for a per-sample pseudo-random permutation ``P`` of
+    ``[0, domain)``: a balanced Feistel network on ``2 * half_bits`` bits whose round functions are
+    random tables drawn from ``rng``, restricted to ``[0, domain)`` by cycle walking.
+    """
+    if count > domain:
+        raise ValueError(f"cannot draw {count} distinct values from {domain}")
+    half_bits = max(1, math.ceil(math.ceil(math.log2(max(domain, 2))) / 2))
+    half = 1 << half_bits
+    if half_bits <= 16:  # four table entries per 64-bit draw
+        tables = random_lanes(rng, draw, _FEISTEL_ROUNDS * half, 16).astype(np.int64) & (half - 1)
+    else:
+        tables = (rng.bits(draw, _FEISTEL_ROUNDS * half) & np.uint64(half - 1)).astype(np.int64)
+    tables = tables.ravel()
+
+    def permute(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        left, right = x >> half_bits, x & (half - 1)
+        table_at = rows * (_FEISTEL_ROUNDS * half)  # row r's round tables start here in `tables`
+        for r in range(_FEISTEL_ROUNDS):
+            left, right = right, left ^ tables[table_at + (r * half) + right]
+        return (left << half_bits) | right
+
+    rows = np.broadcast_to(np.arange(rng.batch_size)[:, None], (rng.batch_size, count))
+    codes = permute(np.broadcast_to(np.arange(count, dtype=np.int64), rows.shape), rows)
+    outside = codes >= domain
+    while outside.any():  # cycle walking: a bijection of [0, 4^h) restricted to [0, domain)
+        codes[outside] = permute(codes[outside], rows[outside])
+        outside = codes >= domain
+    return codes
 
 
 def column(batch_size: int, token: int) -> np.ndarray:

@@ -3,8 +3,8 @@
 Worked example (sample 0 of the test stream, seed 0, ``n = 14``: one pair and 8 filler spaces; keys and
 values of 2 tokens over "0".."255"; ``queries = 2`` to keep it short, the default is 4)::
 
-    input_ids  <bos> <space> <space> <space> 245 170 <kv> 33 171 <space> <space> <space> <space> <space> <space>
-               <q> 245 170 <q> 245 170 <sep> <q> 33  171 <q> 33  171   <eos>
+    input_ids  <bos> <space> <space> <space> 194 148 <kv> 33 171 <space> <space> <space> <space> <space> <space>
+               <q> 194 148 <q> 194 148 <sep> <q> 33  171 <q> 33  171   <eos>
     labels     -100 at <bos> and the 14 prefix positions, then
                -   -   -   -   -   -   <q>   33  171 <q> 33  171 <eos> -
 
@@ -37,6 +37,7 @@ from lengthbench.tasks.base import (
     ModelDefaults,
     Task,
     column,
+    distinct_integers,
     full_batch,
     next_token_labels,
     uniform_integers,
@@ -44,38 +45,6 @@ from lengthbench.tasks.base import (
 from lengthbench.tasks.rng import SampleRandom
 
 SPECIALS = ["<pad>", "<bos>", "<sep>", "<eos>", "<space>", "<kv>", "<q>"]
-
-_FEISTEL_ROUNDS = 8
-
-
-def distinct_codes(rng: SampleRandom, draw: int, count: int, domain: int) -> np.ndarray:
-    """``count`` distinct integers in ``[0, domain)`` per sample, in random order, ``[batch, count]``.
-
-    They are ``P(0), .., P(count - 1)`` for a per-sample pseudo-random permutation ``P`` of
-    ``[0, domain)``: a balanced Feistel network on ``2 * half_bits`` bits whose round functions are
-    random tables drawn from ``rng``, restricted to ``[0, domain)`` by cycle walking.
-    """
-    if count > domain:
-        raise ValueError(f"cannot draw {count} distinct values from {domain}")
-    half_bits = max(1, math.ceil(math.ceil(math.log2(max(domain, 2))) / 2))
-    half = 1 << half_bits
-    tables = (rng.bits(draw, _FEISTEL_ROUNDS * half) & np.uint64(half - 1)).astype(np.int64).ravel()
-
-    def permute(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        left, right = x >> half_bits, x & (half - 1)
-        table_at = rows * (_FEISTEL_ROUNDS * half)  # row r's round tables start here in `tables`
-        for r in range(_FEISTEL_ROUNDS):
-            left, right = right, left ^ tables[table_at + (r * half) + right]
-        return (left << half_bits) | right
-
-    rows = np.broadcast_to(np.arange(rng.batch_size)[:, None], (rng.batch_size, count))
-    codes = permute(np.broadcast_to(np.arange(count, dtype=np.int64), rows.shape), rows)
-    outside = codes >= domain
-    while outside.any():  # cycle walking: a bijection of [0, 4^h) restricted to [0, domain)
-        codes[outside] = permute(codes[outside], rows[outside])
-        outside = codes >= domain
-    return codes
-
 
 @register_task("mqmtar")
 class MQMTAR(Task):
@@ -129,7 +98,7 @@ class MQMTAR(Task):
         pairs, width = self.num_pairs(n), self.pair_tokens
 
         # Keys: distinct codes, spelled in base `alphabet`, most significant token first.
-        codes = distinct_codes(rng, 0, pairs, p.alphabet**p.key_tokens)
+        codes = distinct_integers(rng, 0, pairs, p.alphabet**p.key_tokens)
         powers = p.alphabet ** np.arange(p.key_tokens - 1, -1, -1, dtype=np.int64)
         keys = (codes[:, :, None] // powers) % p.alphabet + first_symbol  # [B, pairs, key_tokens]
         values = uniform_integers(rng, 1, pairs * p.value_tokens, 0, p.alphabet).reshape(batch_size, pairs, -1)

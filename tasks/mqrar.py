@@ -3,10 +3,10 @@
 Worked example (sample 1 of the test stream, seed 0, ``n = 8``: 4 assignments; ``num_keys = 3`` and
 ``queries = 2`` to keep it short, the defaults are 16 and 4)::
 
-    input_ids  <bos> k48 v48 k48 v78 k118 v95 k118 v106 <q> k118 <q> k48 <sep> <q>  v106 <q> v78   <eos>
-    labels     -     -   -   -   -   -    -   -    -    -   -    -   -   -     v106 -    v78 <eos> -
+    input_ids  <bos> k19 v48 k19 v78 k9 v95 k9 v106 <q> k9 <q> k19 <sep> <q>  v106 <q> v78   <eos>
+    labels     -     -   -   -   -   -  -   -  -    -   -  -   -   -     v106 -    v78 <eos> -
 
-``k48`` and ``k118`` are assigned twice; the answers are their most recent values. The prefix of ``n`` tokens
+``k19`` and ``k9`` are assigned twice; the answers are their most recent values. The prefix of ``n`` tokens
 holds ``n // 2`` assignments ``k v``: keys drawn with replacement from ``num_keys`` distinct active
 keys of the sample (out of ``keys``), values uniform over ``values``. Then ``queries`` queries
 ``<q> k``, keys drawn with replacement, uniform over the keys present in the prefix; then ``<sep>``
@@ -32,6 +32,7 @@ from lengthbench.tasks.base import (
     ModelDefaults,
     Task,
     column,
+    distinct_integers,
     full_batch,
     uniform_integers,
 )
@@ -74,7 +75,7 @@ class MQRAR(Task):
         batch_size, rows = rng.batch_size, np.arange(rng.batch_size)[:, None]
         assignments = n // 2
 
-        active = rng.permutation_order(0, p.keys)[:, : p.num_keys]  # [B, num_keys] key numbers
+        active = distinct_integers(rng, 0, p.num_keys, p.keys)  # [B, num_keys] key numbers
         slot = uniform_integers(rng, 1, assignments, 0, p.num_keys)  # which active key each assignment sets
         values = uniform_integers(rng, 2, assignments, 0, p.values)
 

@@ -378,3 +378,17 @@ def test_passkey_multi_properties(needles, jitter, extra, index):
 def test_passkey_properties(key_max, extra, index):
     task = get_task("passkey", key_max=key_max)
     check(task, task.min_length() + extra, [index])
+
+
+@pytest.mark.parametrize("domain, count", [(1, 1), (2, 2), (20, 7), (128, 16), (1000, 1000), (65_536, 300)])
+def test_distinct_integers_are_distinct_and_uniform(domain, count):
+    from lengthbench.tasks.base import distinct_integers
+    from lengthbench.tasks.rng import SampleRandom
+
+    samples = 4000 if domain <= 128 else 200
+    values = distinct_integers(SampleRandom(99, np.arange(samples)), 0, count, domain)
+    assert ((values >= 0) & (values < domain)).all()
+    assert all(len(set(row)) == count for row in values.tolist())
+    if domain <= 128:  # each value is equally likely in each slot
+        frequency = np.bincount(values[:, 0], minlength=domain) / samples
+        assert np.abs(frequency - 1 / domain).max() < 5 * np.sqrt(1 / domain / samples)
