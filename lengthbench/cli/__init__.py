@@ -25,7 +25,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMAND_MODULES = ["run", "registry", "tasks", "report"]
+COMMAND_MODULES = ["run", "registry", "tasks", "inspect", "report"]
 
 
 def load_plugins(modules: list[str]) -> None:
