@@ -209,6 +209,8 @@ def uniform_integers(rng: SampleRandom, draw: int, size: int, low: int, high: in
     else:
         return rng.integers(draw, size, low, high)
     lanes = random_lanes(rng, draw, size, bits).astype(np.int64)
+    if span & (span - 1) == 0:  # the same numbers, without the multiply
+        return (lanes >> (bits - span.bit_length() + 1)) + low
     return low + ((lanes * span) >> bits)
 
 

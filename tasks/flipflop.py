@@ -21,7 +21,8 @@ the sequence; its own task name so that its results cannot be mistaken for the s
 ``i`` with probability ``p_ignore`` (0.8, Liu et al.'s FFL(0.8)), else ``w`` or ``r`` with equal
 probability. The bit after ``w`` and ``i`` is random; the bit after ``r`` is the bit of the most recent
 ``w``, and it is what is scored (next-token target at each ``r``); exact match needs every read
-right. ``2 (n // 2) + 2`` tokens.
+right. ``2 (n // 2) + 2`` tokens. Model defaults: the seed's Flip-Flop model (Liu et al. train
+other sizes; ours).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class _FlipFlop(Task):
         answer = bits[np.arange(batch_size), last_write] + zero
 
         input_ids = np.empty((batch_size, 2 * steps + 3), dtype=np.int64)
-        input_ids[:, 1 : 2 * steps - 1 : 2] = np.where(is_write, write, ignore)
+        input_ids[:, 1 : 2 * steps - 1 : 2] = np.array([ignore, write])[is_write.view(np.int8)]
         input_ids[:, 2 : 2 * steps - 1 : 2] = bits + zero
         input_ids[:, 0], input_ids[:, -4], input_ids[:, -3] = bos, read, sep
         input_ids[:, -2], input_ids[:, -1] = answer, eos
@@ -131,18 +132,18 @@ class FlipFlopLiu(Task):
         p_ignore = self.params.p_ignore
         ignore_below = np.uint64(round(p_ignore * 2.0**32))
         write_below = np.uint64(round((p_ignore + (1.0 - p_ignore) / 2) * 2.0**32))
-        op = np.where(lane < ignore_below, ignore, np.where(lane < write_below, write, read))
-        op[:, 0], op[:, -1] = write, read
-        bits = uniform_integers(rng, 1, steps, 0, 2)
-        is_write = op == write
-        last_write = np.maximum.accumulate(np.where(is_write, np.arange(steps), 0), axis=1)
-        is_read = op == read
-        bits = np.where(is_read, np.take_along_axis(bits, last_write, axis=1), bits)
+        # 0: ignore, 1: write, 2: read (table lookups: np.where with scalars is slow on long rows)
+        kind = (lane >= ignore_below).view(np.int8) + (lane >= write_below).view(np.int8)
+        kind[:, 0], kind[:, -1] = 1, 2
+        is_write, is_read = kind == 1, kind == 2
+        bits = uniform_integers(rng, 1, steps, 0, 2) + zero
+        last_write = np.maximum.accumulate(np.arange(steps) * is_write, axis=1)
+        np.copyto(bits, np.take_along_axis(bits, last_write, axis=1), where=is_read)
 
         input_ids = np.empty((batch_size, 2 * steps + 2), dtype=np.int64)
         input_ids[:, 0], input_ids[:, -1] = bos, eos
-        input_ids[:, 1:-1:2] = op
-        input_ids[:, 2:-1:2] = bits + zero
+        input_ids[:, 1:-1:2] = np.array([ignore, write, read])[kind]
+        input_ids[:, 2:-1:2] = bits
         labels = np.full_like(input_ids, IGNORE_INDEX)
-        labels[:, 1:-1:2] = np.where(is_read, bits + zero, IGNORE_INDEX)
+        np.copyto(labels[:, 1:-1:2], bits, where=is_read)
         return full_batch(input_ids, labels, n)

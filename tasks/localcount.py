@@ -73,6 +73,8 @@ class LocalCount(Task):
             steps.append(uniform_integers(rng, 11 + 2 * k, block, 1, p.symbols))  # symbol change per run
         lengths, steps = np.concatenate(lengths, axis=1), np.concatenate(steps, axis=1)
         steps[:, 0] = rng.integers(2, 1, 0, p.symbols)[:, 0]  # the first run's symbol
+        run_symbol = np.cumsum(steps, axis=1) % p.symbols
+        change = np.diff(run_symbol, axis=1, prepend=0)  # symbol difference to the previous run
         starts = np.cumsum(lengths, axis=1) - lengths
         inside = starts < n
         run_rows = np.broadcast_to(rows, starts.shape)[inside]
@@ -81,12 +83,11 @@ class LocalCount(Task):
         labels = np.full_like(input_ids, IGNORE_INDEX)
         input_ids[:, 0], input_ids[:, -1] = bos, eos
         source, counts = input_ids[:, 1:-1], labels[:, 1:-1]
-        # Symbols: a running sum of the per-run changes, placed at the run starts.
+        # Symbols: a running sum of the per-run differences, placed at the run starts.
         source[:] = 0
-        source[run_rows, starts[inside]] = steps[inside]
+        source[run_rows, starts[inside]] = change[inside]
+        source[:, 0] += first_symbol
         np.cumsum(source, axis=1, out=source)
-        source %= p.symbols
-        source += first_symbol
         # Index within the run: position minus the start of the current run.
         counts[:] = 0
         counts[run_rows, starts[inside]] = starts[inside]

@@ -17,7 +17,8 @@ so ties happen at long lengths), every tied item but the first is moved down by 
 answer is always unique. Training lengths: ``n`` in ``min_train_items .. n_train`` = 5..16
 (``default_train_length`` 16, the seed's in-distribution length); the seed evaluates up to 4096
 (256x), our multipliers go further. Model: the seed (after Velickovic et al.) uses one attention layer
-with one head, d 128, MLP encoders and a classification head; the training budget is ours.
+with one head, d 128, MLP encoders and a classification head; the FFN width (128) and the training
+budget (10M samples) are ours.
 """
 
 from __future__ import annotations

@@ -99,8 +99,10 @@ class MQMTAR(Task):
 
         # Keys: distinct codes, spelled in base `alphabet`, most significant token first.
         codes = distinct_integers(rng, 0, pairs, p.alphabet**p.key_tokens)
-        powers = p.alphabet ** np.arange(p.key_tokens - 1, -1, -1, dtype=np.int64)
-        keys = (codes[:, :, None] // powers) % p.alphabet + first_symbol  # [B, pairs, key_tokens]
+        keys = np.empty((batch_size, pairs, p.key_tokens), dtype=np.int64)
+        for t in range(p.key_tokens - 1, -1, -1):
+            codes, keys[:, :, t] = np.divmod(codes, p.alphabet)
+        keys += first_symbol
         values = uniform_integers(rng, 1, pairs * p.value_tokens, 0, p.alphabet).reshape(batch_size, pairs, -1)
         values += first_symbol
 

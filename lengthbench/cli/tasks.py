@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         start: int = typer.Option(0, "--start", help="Index of the first sample in the stream."),
         param: list[str] = typer.Option([], "--param", help="Task parameter key=value (repeatable)."),
     ) -> None:
-        """Print samples as JSON Lines: {"input_ids": [...], "labels": [...]} (+ "features")."""
+        """Print samples as JSON Lines: {"input_ids": [...], "labels": [...]} (+ "features", "groups")."""
         from lengthbench.tasks import get_task
 
         if count < 1:
