@@ -44,6 +44,7 @@ from lengthbench.errors import UsageError
 
 BASELINE_FORMAT = "lengthbench-baseline/1"
 DEFAULT_TOLERANCE = 0.05
+SAME = 5e-6  # baselines store scores to 6 decimals
 
 
 @dataclass
@@ -213,7 +214,7 @@ def write_baseline(baseline: Baseline, cells: list[Cell]) -> None:
 # -- comparing ------------------------------------------------------------------------------------
 
 def compare_curves(label: str, baseline: dict[int, float], new: dict[int, float], tolerance: float) -> list[PointChange]:
-    """Every point of both curves with its status (``same`` means identical to 1e-9)."""
+    """Every point of both curves with its status (``same``: equal to the 6 decimals a baseline keeps)."""
     changes = []
     for multiplier in sorted(set(baseline) | set(new)):
         old, now = baseline.get(multiplier), new.get(multiplier)
@@ -221,11 +222,11 @@ def compare_curves(label: str, baseline: dict[int, float], new: dict[int, float]
             status = "new"
         elif now is None or (isinstance(now, float) and math.isnan(now)):
             status = "missing"
-        elif now < old - tolerance - 1e-12:
+        elif now < old - tolerance - SAME:
             status = "fell"
-        elif now > old + tolerance + 1e-12:
+        elif now > old + tolerance + SAME:
             status = "improved"
-        elif abs(now - old) > 1e-9:
+        elif abs(now - old) > SAME:
             status = "within"
         else:
             status = "same"

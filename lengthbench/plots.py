@@ -120,8 +120,7 @@ def plot_reach(board: pd.DataFrame, out: str | Path) -> list[Path]:
     # Colour index: 0 = no multiplier reaches 90%, k = reach 2^(k-1).
     index = np.where(np.isnan(grid), np.nan, np.where(grid > 0, np.log2(np.maximum(grid, 1)) + 1, 0))
     colours = ["#d9d9d9"] + [plt.get_cmap("viridis")(v) for v in np.linspace(0.15, 0.95, levels - 1)]
-    cmap = ListedColormap(colours)
-    cmap.set_bad("white")
+    cmap = ListedColormap(colours).with_extremes(bad="white")
     norm = BoundaryNorm(np.arange(-0.5, levels + 0.5), cmap.N)
     width = max(5.0, 1.0 + 0.9 * len(columns))
     height = max(2.5, 1.4 + 0.55 * len(row_keys))

@@ -135,7 +135,7 @@ def register(app: typer.Typer) -> None:
         out.print(f"{len(outcomes)} cells: {counts['done']} ran, {counts['skipped']} already in the store, "
                   f"{counts['failed']} failed. Next: lengthbench leaderboard --results {results}", highlight=False)
         if counts["failed"]:
-            raise typer.Exit(1)
+            raise SystemExit(1)  # typer.Exit(1) would be lost: main() runs click in non-standalone mode
 
     @app.command("leaderboard")
     def leaderboard(
@@ -226,7 +226,7 @@ def register(app: typer.Typer) -> None:
         moved = result.moved
         points = sum(c.status != "error" for c in result.changes)
         if moved:
-            table = Table("cell", "multiplier", "baseline %", "new %", "change (points)", "status",
+            table = Table("cell", "x", "baseline %", "new %", "change", "status",
                           title=f"what moved (tolerance {100 * tolerance:g} points)", title_justify="left")
             colours = {"fell": "bold red", "missing": "bold red", "error": "bold red", "improved": "green",
                        "within": "yellow", "new": "cyan"}
@@ -249,12 +249,12 @@ def register(app: typer.Typer) -> None:
         if update:
             if any(c.status == "error" for c in result.changes):
                 out.print(f"[red]baseline {baseline} not updated: a cell crashed[/]", highlight=False)
-                raise typer.Exit(1)
+                raise SystemExit(1)
             write_baseline(base, result.cells)
             out.print(f"updated baseline {baseline} ({len(result.cells)} cells)", highlight=False)
             return
         if failed:
             out.print(f"[bold red]FAILED[/]: {len(failed)} points fell by more than {100 * tolerance:g} points "
                       f"(or are missing); accept with --update if intended", highlight=False)
-            raise typer.Exit(1)
+            raise SystemExit(1)
         out.print("[bold green]OK[/]: no point fell by more than the tolerance", highlight=False)

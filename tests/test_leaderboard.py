@@ -1,0 +1,162 @@
+"""The leaderboard: summaries, best-of-seeds, formats, and bad stores (never modified)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lengthbench.leaderboard import auc, build_leaderboard, load_store, reach, to_markdown
+from lengthbench.store import CONTRACT_COLUMNS, write_run
+
+
+def synthetic_run(results, task, attn, pe, seed, curve, *, preset="smoke", metric="exact_match"):
+    """Write one run's rows, as the runner would, with the scores of ``curve`` ({multiplier: fraction})."""
+    run_id = f"{task}-{attn}-{pe}-{preset}-s{seed}-synthetic"
+    rows = []
+    for multiplier, score in curve.items():
+        row = dict.fromkeys(CONTRACT_COLUMNS)
+        row.update(run_id=run_id, task=task, attn=attn, pe=pe, seed=seed, preset=preset, train_length=64,
+                   eval_length=64 * multiplier, multiplier=multiplier, exact_match=score, token_accuracy=score,
+                   n_samples=16, realised_tokens=64 * multiplier, selection="id", train_steps=1,
+                   train_seconds=0.0, eval_seconds=0.0, device="cpu", lengthbench_version="0", git_sha="x",
+                   created_at="2026-01-01T00:00:00+00:00", sparsity=float("nan"), sink_rate=float("nan"),
+                   entropy=float("nan"), metric=metric, score=score, config_json=json.dumps({"task": task}))
+        rows.append(row)
+    return write_run(results, run_id, rows)
+
+
+def cli(monkeypatch, *args: str) -> int:
+    """Run ``lengthbench ARGS`` in this process; its exit code."""
+    from lengthbench.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["lengthbench", *map(str, args)])
+    try:
+        main()
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    return 0
+
+
+@pytest.fixture
+def store(tmp_path):
+    results = tmp_path / "store"
+    decay = {0: [1.0, 0.95, 0.5, 0.1], 1: [1.0, 1.0, 0.92, 0.3], 2: [0.9, 0.2, 0.0, 0.0]}
+    for seed, values in decay.items():
+        synthetic_run(results, "copy", "softmax", "nape", seed, dict(zip([1, 2, 4, 8], values, strict=True)))
+    synthetic_run(results, "copy", "softmax", "rope", 0, {1: 1.0, 2: 0.03, 4: 0.0, 8: 0.0})
+    synthetic_run(results, "2back", "softmax", "nape", 0, {1: 0.99, 2: 0.98}, metric="token_accuracy")
+    return results
+
+
+def digest(folder) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_reach_and_auc():
+    curve = pd.Series({1: 1.0, 2: 0.95, 4: 0.5, 8: 0.95})
+    assert reach(curve) == 8  # the largest multiplier at >= 90%, as documented (not the first drop)
+    assert reach(pd.Series({1: 0.89, 2: 0.1})) == 0
+    assert auc(pd.Series({1: 1.0, 2: 1.0, 4: 1.0})) == pytest.approx(1.0)
+    assert auc(pd.Series({1: 1.0, 2: 0.0})) == pytest.approx(0.5)
+    assert auc(pd.Series({1: 0.7})) == pytest.approx(0.7)
+    # Trapezoids over log2: (1+0)/2 over [0,1], 0 over [1,2] -> 0.5 / 2.
+    assert auc(pd.Series({1: 1.0, 2: 0.0, 4: 0.0})) == pytest.approx(0.25)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=11))
+def test_auc_is_a_normalised_area(scores):
+    curve = pd.Series({2**k: s for k, s in enumerate(scores)})
+    assert min(scores) - 1e-12 <= auc(curve) <= max(scores) + 1e-12
+
+
+def test_best_of_seeds_is_one_whole_run_and_mean_std_are_over_seeds(store):
+    frame, notes = load_store(store)
+    assert notes == []
+    board = build_leaderboard(frame)
+    row = board[(board.task == "copy") & (board.pe == "nape")].iloc[0]
+    assert row["seeds"] == 3 and row["best_seed"] == 1  # seed 1 has the largest AUC
+    assert [row[f"{m}x"] for m in (1, 2, 4, 8)] == pytest.approx([100, 100, 92, 30])
+    assert row["reach"] == 4
+    assert row["1x_mean"] == pytest.approx(100 * (1.0 + 1.0 + 0.9) / 3)
+    assert row["2x_std"] == pytest.approx(100 * pd.Series([0.95, 1.0, 0.2]).std(ddof=1))
+    one_seed = board[(board.task == "copy") & (board.pe == "rope")].iloc[0]
+    assert one_seed["seeds"] == 1 and pd.isna(one_seed["1x_std"]) and one_seed["reach"] == 1
+
+
+def test_markdown_has_the_seeds_layout(store):
+    board = build_leaderboard(load_store(store)[0])
+    text = to_markdown(board)
+    assert "## copy" in text and "## 2back" in text
+    assert "| pe | attn | 1× | 2× | 4× | 8× | reach | AUC | seeds |" in text
+    assert "| nape | softmax | **100.0** | **100.0** | **92.0** | **30.0** | 4× |" in text
+    assert "token accuracy (%)" in text  # 2back reports its own metric
+    assert "| nape | softmax | 99.0 | 98.0 | 2× |" in text  # 2back only has 1x and 2x columns
+
+
+def test_presets_never_share_a_table(tmp_path):
+    results = tmp_path / "store"
+    synthetic_run(results, "copy", "softmax", "nape", 0, {1: 1.0, 2: 0.5}, preset="smoke")
+    synthetic_run(results, "copy", "softmax", "nape", 0, {1: 1.0, 2: 1.0}, preset="quick")
+    board = build_leaderboard(load_store(results)[0])
+    assert sorted(board["preset"]) == ["quick", "smoke"]
+    assert to_markdown(board).count("## copy") == 2
+
+
+def test_cli_formats_and_publish(store, tmp_path, monkeypatch, capsys):
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--task", "copy") == 0
+    printed = capsys.readouterr().out
+    assert "## copy" in printed and "## 2back" not in printed
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--format", "csv", "--out", tmp_path / "b.csv") == 0
+    assert len(pd.read_csv(tmp_path / "b.csv")) == 3
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--format", "parquet", "--out", tmp_path / "b.pq") == 0
+    assert set(pd.read_parquet(tmp_path / "b.pq")["task"]) == {"copy", "2back"}
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--publish", tmp_path / "pub") == 0
+    assert (tmp_path / "pub" / "leaderboard.md").read_text().startswith("# lengthbench leaderboard")
+    assert len(pd.read_parquet(tmp_path / "pub" / "leaderboard.parquet")) == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--results", "{missing}"], "does not exist"),
+    (["--results", "{empty}"], "the store is empty"),
+    (["--results", "{store}", "--task", "nosuchtask"], "no runs of task 'nosuchtask'"),
+    (["--results", "{store}", "--format", "html"], "unknown format 'html'"),
+    (["--results", "{store}", "--format", "parquet"], "needs --out"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(args, message, store, tmp_path, monkeypatch, capsys):
+    (tmp_path / "empty").mkdir()
+    paths = {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "store": store}
+    before = digest(store)
+    code = cli(monkeypatch, "leaderboard", *[a.format(**paths) for a in args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert digest(store) == before
+
+
+def test_empty_store_publishes_nothing(tmp_path, monkeypatch, capsys):
+    (tmp_path / "empty").mkdir()
+    assert cli(monkeypatch, "leaderboard", "--results", tmp_path / "empty", "--publish", tmp_path / "pub") == 2
+    assert "empty" in capsys.readouterr().err
+    assert not (tmp_path / "pub").exists()
+
+
+def test_corrupt_file_is_reported_and_left_byte_identical(store, tmp_path, monkeypatch, capsys):
+    corrupt = store / "runs" / "broken.parquet"
+    corrupt.write_bytes(b"PAR1 this is not parquet")
+    before = digest(store)
+    assert cli(monkeypatch, "leaderboard", "--results", store) == 2
+    err = capsys.readouterr().err
+    assert "broken.parquet" in err and "Traceback" not in err
+    assert digest(store) == before
+    # Asked to, it leaves the file out with a warning and goes on, still touching nothing.
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--skip-unreadable") == 0
+    captured = capsys.readouterr()
+    assert "## copy" in captured.out and "broken.parquet" in captured.err
+    assert digest(store) == before

@@ -1,0 +1,77 @@
+"""Figures: one curve figure per task and a reach heat map, each as PNG and SVG."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+import pytest
+
+from lengthbench.leaderboard import build_leaderboard, load_store
+from lengthbench.plots import plot_all
+from lengthbench.store import CONTRACT_COLUMNS, write_run
+
+
+def synthetic_run(results, task, attn, pe, seed, curve, metric="exact_match"):
+    run_id = f"{task}-{attn}-{pe}-smoke-s{seed}-synthetic"
+    rows = []
+    for multiplier, score in curve.items():
+        row = dict.fromkeys(CONTRACT_COLUMNS)
+        row.update(run_id=run_id, task=task, attn=attn, pe=pe, seed=seed, preset="smoke", train_length=64,
+                   eval_length=64 * multiplier, multiplier=multiplier, exact_match=score, token_accuracy=score,
+                   created_at="2026-01-01T00:00:00+00:00", metric=metric, score=score,
+                   config_json=json.dumps({"task": task}))
+        rows.append(row)
+    write_run(results, run_id, rows)
+
+
+@pytest.fixture
+def store(tmp_path):
+    results = tmp_path / "store"
+    for attn in ("softmax", "entmax"):
+        for pe in ("rope", "nape"):
+            for seed in (0, 1):
+                good = 0.99 if pe == "nape" else 0.3
+                synthetic_run(results, "copy", attn, pe, seed, {1: 1.0, 2: good, 4: good / 2 + 0.01 * seed})
+    synthetic_run(results, "2back", "softmax", "nape", 0, {1: 0.97, 2: 0.95}, metric="token_accuracy")
+    return results
+
+
+def test_plot_all_writes_png_and_svg_per_task_and_a_heat_map(store, tmp_path):
+    paths = plot_all(build_leaderboard(load_store(store)[0]), tmp_path / "figures")
+    names = sorted(p.name for p in paths)
+    assert names == sorted(f"{stem}.{ext}" for stem in ("curves_copy", "curves_2back", "reach_heatmap")
+                           for ext in ("png", "svg"))
+    for path in paths:
+        data = path.read_bytes()
+        assert len(data) > 1000
+        assert data.startswith(b"\x89PNG") if path.suffix == ".png" else b"<svg" in data[:2000]
+    svg = (tmp_path / "figures" / "curves_copy.svg").read_text()
+    assert "exact match" in svg or "exact" in svg  # the axis names the metric
+
+
+def test_plot_cli_and_its_bad_input(store, tmp_path, monkeypatch, capsys):
+    from lengthbench.cli import main
+
+    def cli(*args) -> int:
+        monkeypatch.setattr(sys, "argv", ["lengthbench", *map(str, args)])
+        try:
+            main()
+        except SystemExit as exit_:
+            return int(exit_.code or 0)
+        return 0
+
+    assert cli("plot", "--results", store, "--out", tmp_path / "out", "--task", "copy") == 0
+    assert (tmp_path / "out" / "curves_copy.png").exists() and not (tmp_path / "out" / "curves_2back.png").exists()
+    capsys.readouterr()
+    (tmp_path / "empty").mkdir()
+    assert cli("plot", "--results", tmp_path / "empty", "--out", tmp_path / "out2") == 2
+    assert cli("plot", "--results", tmp_path / "nowhere", "--out", tmp_path / "out2") == 2
+    (store / "runs" / "bad.parquet").write_bytes(b"not parquet")
+    before = hashlib.sha256((store / "runs" / "bad.parquet").read_bytes()).hexdigest()
+    assert cli("plot", "--results", store, "--out", tmp_path / "out2") == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "bad.parquet" in err
+    assert hashlib.sha256((store / "runs" / "bad.parquet").read_bytes()).hexdigest() == before
+    assert not (tmp_path / "out2").exists()

@@ -1,0 +1,154 @@
+"""Sweeps: validation before anything runs, resumability, the GPU worker pool, and one real tiny sweep."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+from lengthbench.errors import UsageError
+from lengthbench.store import CONTRACT_COLUMNS, run_finished, write_run
+from lengthbench.sweep import parse_seeds, plan_sweep, run_sweep, split_list
+
+TINY = {"train_samples": 64, "batch_size": 32, "eval_samples": 8, "val_samples": 8, "max_multiplier": 1,
+        "d_model": 16, "n_heads": 2, "ffn": 32, "n_layers": 1, "diagnostics": False}
+
+
+def cli(monkeypatch, *args) -> int:
+    from lengthbench.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["lengthbench", *map(str, args)])
+    try:
+        main()
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    return 0
+
+
+def fake_rows(config, device="cpu"):
+    rows = []
+    for multiplier in (1, 2):
+        row = dict.fromkeys(CONTRACT_COLUMNS)
+        row.update(run_id=config.run_id, task=config.task, attn=config.attn, pe=config.pe, seed=config.seed,
+                   preset=config.preset, train_length=64, eval_length=64 * multiplier, multiplier=multiplier,
+                   device=device, metric="exact_match", score=1.0 / multiplier, config_json=config.to_json())
+        rows.append(row)
+    return rows
+
+
+def test_lists_and_seeds():
+    assert split_list("copy, 2back,,") == ["copy", "2back"]
+    assert parse_seeds("0,2-4,2") == [0, 2, 3, 4]
+    with pytest.raises(UsageError, match="non-negative integers"):
+        parse_seeds("1,x")
+
+
+def test_every_name_is_checked_before_anything_runs(tmp_path, monkeypatch, capsys):
+    with pytest.raises(UsageError, match="unknown attention mechanism 'nosuch'; choose from: softmax"):
+        plan_sweep(["copy"], ["softmax", "nosuch"], ["rope"], [0])
+    store = tmp_path / "store"
+    code = cli(monkeypatch, "sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope,nosuchpe",
+               "--results", store)
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown positional encoding 'nosuchpe'" in err and "Traceback" not in err
+    assert not store.exists()
+    assert cli(monkeypatch, "sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope",
+               "--max-multiplier", "3", "--results", store) == 2
+    assert "power of two" in capsys.readouterr().err
+    assert cli(monkeypatch, "sweep", "--config", tmp_path / "missing.toml") == 2
+
+
+def test_sweep_file_with_flags_overriding_it(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "sweep.toml"
+    path.write_text(textwrap.dedent(f"""
+        tasks = ["copy", "2back"]
+        attns = ["softmax"]
+        pes = ["rope", "nape"]
+        seeds = [0, 1]
+        results = "{tmp_path / 'store'}"
+        [overrides]
+        train_samples = 500
+    """))
+    assert cli(monkeypatch, "sweep", "--config", path, "--dry-run") == 0
+    out = capsys.readouterr()
+    assert "8 cells" in out.err and out.out.count("to run") == 8
+    assert cli(monkeypatch, "sweep", "--config", path, "--tasks", "copy", "--seeds", "3", "--dry-run") == 0
+    out = capsys.readouterr()
+    assert "2 cells" in out.err and "/ s3" in out.out
+    path.write_text('tasks = ["copy"]\nbogus = 1\n')
+    assert cli(monkeypatch, "sweep", "--config", path) == 2
+    assert "unknown key 'bogus'" in capsys.readouterr().err
+
+
+def test_finished_cells_are_skipped_and_failures_do_not_stop_the_rest(tmp_path, monkeypatch):
+    import lengthbench.runner
+
+    calls = []
+
+    def fake_run_cell(config, results, **kwargs):
+        calls.append(config.run_id)
+        if config.seed == 1:
+            raise RuntimeError("diverged")
+        write_run(results, config.run_id, fake_rows(config))
+        import pandas as pd
+
+        return pd.DataFrame(fake_rows(config))
+
+    monkeypatch.setattr(lengthbench.runner, "run_cell", fake_run_cell)
+    configs = plan_sweep(["copy"], ["softmax"], ["rope"], [0, 1, 2])
+    first = run_sweep(configs, tmp_path / "store", device="cpu")
+    assert [o.status for o in first] == ["done", "failed", "done"] and "diverged" in first[1].error
+    assert first[0].curve == {1: 1.0, 2: 0.5}
+    calls.clear()
+    second = run_sweep(configs, tmp_path / "store", device="cpu")
+    assert [o.status for o in second] == ["skipped", "failed", "skipped"]
+    assert calls == [configs[1].run_id]  # only the unfinished cell runs again
+
+
+WORKER = """
+import json, os, sys
+from lengthbench.store import CONTRACT_COLUMNS, write_run
+config = json.loads(sys.argv[2])
+if config["seed"] == 1:
+    print("worker failed on purpose"); sys.exit(3)
+rows = [dict(dict.fromkeys(CONTRACT_COLUMNS), run_id=sys.argv[3], task=config["task"], attn=config["attn"],
+             pe=config["pe"], seed=config["seed"], multiplier=m, metric="exact_match", score=1.0 / m,
+             device="gpu " + os.environ["CUDA_VISIBLE_DEVICES"]) for m in (1, 2)]
+write_run(sys.argv[1], sys.argv[3], rows)
+"""
+
+
+def test_worker_pool_gives_each_worker_one_gpu(tmp_path):
+    import pandas as pd
+
+    from lengthbench.store import load_results
+
+    configs = plan_sweep(["copy"], ["softmax"], ["rope", "nape"], [0, 1])
+    events = []
+    outcomes = run_sweep(configs, tmp_path / "store", slots=["0", "1"],
+                         on_event=lambda kind, config, outcome, slot: events.append((kind, slot)),
+                         worker_command=lambda config, results: [sys.executable, "-c", WORKER, str(results),
+                                                                 config.to_json(), config.run_id])
+    assert [o.status for o in outcomes] == ["done", "failed", "done", "failed"]
+    assert "exit 3: worker failed on purpose" in outcomes[1].error
+    devices = set(load_results(tmp_path / "store")["device"])
+    assert devices <= {"gpu 0", "gpu 1"} and {slot for kind, slot in events if kind == "start"} == {"0", "1"}
+    assert all((tmp_path / "store" / "logs" / f"{c.run_id}.log").exists() for c in configs)
+    assert isinstance(outcomes[0].curve, dict) and pd.notna(outcomes[0].curve[1])
+
+
+def test_a_real_tiny_sweep_then_leaderboard(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "sweep.json"
+    store = tmp_path / "store"
+    path.write_text(json.dumps({"tasks": ["2back"], "attns": ["softmax"], "pes": ["nape"], "seeds": [0],
+                                "results": str(store), "device": "cpu", "overrides": TINY}))
+    assert cli(monkeypatch, "sweep", "--config", path, "--quiet") == 0
+    assert "1 ran, 0 already in the store" in capsys.readouterr().out
+    config = plan_sweep(["2back"], ["softmax"], ["nape"], [0], overrides=TINY)[0]
+    assert run_finished(store, config.run_id)
+    assert cli(monkeypatch, "sweep", "--config", path, "--quiet") == 0
+    assert "0 ran, 1 already in the store" in capsys.readouterr().out
+    assert cli(monkeypatch, "leaderboard", "--results", store) == 0
+    assert "| nape | softmax |" in capsys.readouterr().out
