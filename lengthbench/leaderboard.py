@@ -67,7 +67,7 @@ def load_store(results: str | Path, *, tasks: Iterable[str] | None = None,
         raise UsageError(f"results in {path} lack the columns {', '.join(missing)}; is this a lengthbench store?")
     frame = with_score(frame)
     if tasks:
-        wanted = list(dict.fromkeys(tasks))
+        wanted = list(dict.fromkeys(_canonical_task(t) for t in tasks))
         present = sorted(frame["task"].unique())
         unknown = [t for t in wanted if t not in present]
         if unknown:
@@ -100,6 +100,12 @@ def with_score(frame: pd.DataFrame) -> pd.DataFrame:
         synthetic = frame[["task", "attn", "pe", "preset", "seed"]].astype(str).agg("-".join, axis=1)
         frame["run_id"] = frame["run_id"].fillna(synthetic)
     return frame
+
+
+def _canonical_task(task: str) -> str:
+    from lengthbench.tasks import TASKS
+
+    return TASKS.canonical(task) if task in TASKS else task
 
 
 def _task_metric(task: str) -> str:

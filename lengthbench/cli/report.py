@@ -119,7 +119,13 @@ def register(app: typer.Typer) -> None:
                                   soft_wrap=True)
                 progress.update(bar, info=("running: " + "; ".join(running.values())) if running else "")
 
-            outcomes = run_sweep(configs, results, device=device, on_event=on_event, slots=slots)
+            try:
+                outcomes = run_sweep(configs, results, device=device, on_event=on_event, slots=slots)
+            except KeyboardInterrupt:
+                progress.stop()
+                err.print("interrupted: run the same command again to finish the sweep (finished cells are kept, "
+                          "the interrupted one resumes from its checkpoint)")
+                raise SystemExit(130) from None
         table = Table("task", "attn", "pe", "seed", "status", "seconds", "reach", "AUC", "note",
                       title=f"sweep summary ({results})", title_justify="left")
         colours = {"done": "green", "skipped": "dim", "failed": "red"}
@@ -147,6 +153,7 @@ def register(app: typer.Typer) -> None:
                                      help="Write DIR/leaderboard.md and DIR/leaderboard.parquet (the committed pair)."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning) instead of stopping."),
+        note: str = typer.Option(None, "--note", help="A paragraph to print under the title (Markdown)."),
     ) -> None:
         """Per task, the seeds' table: a row per attention x encoding, a column per multiplier (%)."""
         from lengthbench.leaderboard import FORMATS, build_leaderboard, load_store, write_leaderboard
@@ -161,12 +168,14 @@ def register(app: typer.Typer) -> None:
         if publish is not None:
             source = (f"Generated from {runs} runs in `{results}` by "
                       f"`lengthbench leaderboard --results {results} --publish {publish}`.")
+            source = f"{note}\n\n{source}" if note else source
             write_leaderboard(board, "markdown", Path(publish) / "leaderboard.md", source=source)
             write_leaderboard(board, "parquet", Path(publish) / "leaderboard.parquet")
             err.print(f"wrote {Path(publish) / 'leaderboard.md'} and {Path(publish) / 'leaderboard.parquet'} "
                       f"({len(board)} rows from {runs} runs)", highlight=False)
             return
-        text = write_leaderboard(board, fmt, out_file, source=f"Generated from {runs} runs in `{results}`.")
+        source = f"Generated from {runs} runs in `{results}`."
+        text = write_leaderboard(board, fmt, out_file, source=f"{note}\n\n{source}" if note else source)
         if text is not None:
             sys.stdout.write(text)
         else:
