@@ -57,6 +57,10 @@ class LocalCount(Task):
     def max_tokens(self, n: int) -> int:
         return n + 2
 
+    def runs_per_block(self, n: int) -> int:
+        """Runs drawn per round: about 1.25x the expected need, so one round almost always suffices."""
+        return int(1.25 * n / ((self.params.min_run + self.params.max_run) / 2)) + 8
+
     def generate(self, rng: SampleRandom, n: int) -> Batch:
         p = self.params
         bos, eos = self.ids("<bos>", "<eos>")
@@ -65,7 +69,7 @@ class LocalCount(Task):
 
         # Run lengths in blocks of about 1.25x the expected need, drawn until every sample's runs
         # cover n; block k always uses the same draw ids, so a sample does not depend on its batch.
-        block = int(1.25 * n / ((p.min_run + p.max_run) / 2)) + 8
+        block = self.runs_per_block(n)
         lengths, steps = [], []
         while not lengths or (np.sum(lengths, axis=(0, 2)) < n).any():
             k = len(lengths)

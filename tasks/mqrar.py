@@ -62,6 +62,8 @@ class MQRAR(Task):
             raise ValueError(f"num_keys ({p.num_keys}) cannot exceed keys ({p.keys})")
         return SPECIALS + [f"k{i}" for i in range(p.keys)] + [f"v{i}" for i in range(p.values)]
 
+    tail_window = 64  # assignments per active key searched before the whole prefix (speed only)
+
     def min_length(self) -> int:
         return 2
 
@@ -87,7 +89,7 @@ class MQRAR(Task):
         # Most recent assignment of each asked key: search a tail window first (an active key is
         # almost always set again near the end), then the whole prefix for the rows it missed.
         answers = np.empty((batch_size, p.queries), dtype=np.int64)
-        window = min(assignments, 64 * p.num_keys)
+        window = max(1, min(assignments, self.tail_window * p.num_keys))
         for j in range(p.queries):
             hit = slot[:, -window:] == asked[:, j : j + 1]
             last = assignments - 1 - hit[:, ::-1].argmax(axis=1)

@@ -392,3 +392,18 @@ def test_distinct_integers_are_distinct_and_uniform(domain, count):
     if domain <= 128:  # each value is equally likely in each slot
         frequency = np.bincount(values[:, 0], minlength=domain) / samples
         assert np.abs(frequency - 1 / domain).max() < 5 * np.sqrt(1 / domain / samples)
+
+
+def test_rarely_taken_paths_keep_meaning_and_determinism(monkeypatch):
+    """Local Count's extra rounds of runs and MQRAR's full-prefix search, forced on."""
+    from lengthbench.tasks.localcount import LocalCount
+    from lengthbench.tasks.mqrar import MQRAR
+
+    monkeypatch.setattr(LocalCount, "runs_per_block", lambda self, n: 3)
+    monkeypatch.setattr(MQRAR, "tail_window", 0)
+    for name, n in [("localcount", 500), ("mqrar", 300)]:
+        task = get_task(name)
+        whole = task.batch(range(16), n, "test")
+        for b in range(16):
+            CHECKERS[name](task, whole, b, n)
+            assert task.batch([b], n, "test").sample(0) == whole.sample(b)
