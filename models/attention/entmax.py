@@ -82,11 +82,18 @@ def sentmax_weights(scores, mask, beta=ASENTMAX_BETA_INIT, gamma=0.0, delta=1.0,
     return asentmax_weights(scores, mask, rows(beta), rows(gamma), delta, alpha, query_positions)
 
 
+# The fused entmax and sieve kernels implement alpha = 1.5 only; other alphas use the reference path.
+KERNEL_ALPHA = 1.5
+
+
 class _EntmaxKernel:
     base_kernel = "entmax"
 
     def kernel_params(self):
         return {"alpha": self.alpha}
+
+    def kernel_supported(self):
+        return self.alpha == KERNEL_ALPHA
 
 
 @register_attention("entmax")
@@ -101,7 +108,7 @@ class EntmaxAttention(AttentionLayer):
         return entmax_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.alpha)
 
     def attend(self, q, k, v, x):
-        op = self.kernel() if q.is_cuda else None
+        op = self.kernel() if q.is_cuda and self.alpha == KERNEL_ALPHA else None
         if op is not None:
             return op(q, k, v, slopes=self.pe.slopes(), alpha=self.alpha)
         return self.reference_attend(q, k, v, x)

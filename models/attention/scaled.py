@@ -97,6 +97,9 @@ class RowScaledAttention(AttentionLayer):
     def kernel_params(self) -> dict:
         return {}
 
+    def kernel_supported(self) -> bool:
+        return True
+
     def weights(self, scores, query_positions, x_rows):
         return self.weight_function(scores, causal_mask(query_positions, scores.shape[-1]), query_positions, x_rows)
 
@@ -107,7 +110,7 @@ class RowScaledAttention(AttentionLayer):
         positions = torch.arange(tokens, device=q.device)
         scale = self.row_scale(positions, x)
         scale = scale.expand(batch, heads, tokens, 1).squeeze(-1).contiguous()
-        op = self.kernel(self.base_kernel)
+        op = self.kernel(self.base_kernel) if self.kernel_supported() else None
         if op is not None:
             return op(q, k, v, slopes=self.pe.slopes(), row_scale=scale, **self.kernel_params())
         if self.base_kernel == "softmax" and self.pe.slopes() is None:

@@ -24,7 +24,7 @@ from lengthbench.models.attention.base import (
     causal_mask,
     diagonal_and_earlier,
 )
-from lengthbench.models.attention.entmax import entmax_map
+from lengthbench.models.attention.entmax import KERNEL_ALPHA, entmax_map
 from lengthbench.models.attention.registry import register_attention
 
 
@@ -90,7 +90,7 @@ class SieveAttention(AttentionLayer):
         return sieve_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.alpha, query_positions)
 
     def attend(self, q, k, v, x):
-        op = self.kernel() if q.is_cuda else None
+        op = self.kernel() if q.is_cuda and self.alpha == KERNEL_ALPHA else None
         if op is not None:
             return op(q, k, v, slopes=self.pe.slopes(), alpha=self.alpha)
         return self.reference_attend(q, k, v, x)

@@ -1,0 +1,42 @@
+"""The example plugin of docs/plugins.md registers a mechanism that the decoder and the reference use."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import torch
+from lengthbench.models.attention import ATTENTION
+from lengthbench.models.decoder import Decoder, ModelConfig
+
+from lengthbench import attention_weights
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load_example():
+    """Import ``examples/my_attention.py`` as a user's ``--plugin my_attention`` would (once per process:
+    registering a name twice is an error)."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    return importlib.import_module("my_attention")
+
+
+def test_example_plugin_registers_and_trains():
+    load_example()
+    assert "sigmoid" in ATTENTION
+    scores = torch.randn(5, 5)
+    w = attention_weights("sigmoid", scores)
+    expected = torch.sigmoid(scores - torch.log(torch.arange(1, 6.0))[:, None]).tril()
+    torch.testing.assert_close(w, expected)
+
+    torch.manual_seed(0)
+    model = Decoder(ModelConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, ffn=32, attn="sigmoid", pe="nape"))
+    ids = torch.randint(0, 8, (4, 9))
+    logits = model(ids)
+    assert logits.shape == (4, 9, 8)
+    logits.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad and p is not model.embed.weight)
+    model.set_query_chunk(4)
+    torch.testing.assert_close(model(ids), logits)
