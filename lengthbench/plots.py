@@ -79,12 +79,12 @@ def plot_curves(board: pd.DataFrame, out: str | Path) -> list[Path]:
             ax.plot(x, best, color=colours[row["attn"]], marker=marker, linestyle=linestyle, linewidth=1.8,
                     markersize=6, label=label, clip_on=False, zorder=3)
         ax.axhline(100 * REACH_THRESHOLD, color="0.6", linewidth=0.8, linestyle=(0, (2, 2)), zorder=1)
-        ax.text(x[-1], 100 * REACH_THRESHOLD + 1, "90% (reach)", color="0.45", fontsize=8, ha="right",
-                va="bottom")
         ax.set_xticks(x)
         ax.set_xticklabels([f"{m}×\n{m * int(train_length)}" for m in multipliers], fontsize=9)
         ax.set_xlim(x[0] - 0.2, x[-1] + 0.2)
         ax.set_ylim(-2, 102)
+        ax.set_yticks([0, 20, 40, 60, 80, 100 * REACH_THRESHOLD, 100])
+        ax.set_yticklabels(["0", "20", "40", "60", "80", f"{100 * REACH_THRESHOLD:.0f} (reach)", "100"])
         ax.set_xlabel(f"evaluation length: multiplier of n={train_length} (top), tokens (bottom), log2 scale")
         metric = METRIC_NAMES.get(table["metric"].iloc[0], str(table["metric"].iloc[0]))
         ax.set_ylabel(f"{metric} (%)")
