@@ -202,7 +202,7 @@ def measure_attention(model, input_ids, features=None, rows: int = 64, seed: int
     if realised_tokens is None:
         lengths = real_lengths(input_ids).tolist()
     else:
-        lengths = [int(n) for n in np.asarray(realised_tokens).reshape(-1)]
+        lengths = [min(max(1, int(n)), input_ids.shape[1]) for n in np.asarray(realised_tokens).reshape(-1)]
     if max_sequences is not None:
         input_ids, lengths = input_ids[:max_sequences], lengths[:max_sequences]
         features = None if features is None else features[:max_sequences]

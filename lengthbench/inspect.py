@@ -20,6 +20,7 @@ import torch  # noqa: E402
 from matplotlib.colors import Normalize, PowerNorm, TwoSlopeNorm  # noqa: E402
 
 from lengthbench.errors import UsageError  # noqa: E402
+from lengthbench.plots import _style_maps  # noqa: E402
 
 LABELLED_TOKENS = 48  # up to this many tokens, the axes carry the vocabulary symbols
 DIAGNOSTIC_COLUMNS = {  # stored column -> panel title
@@ -113,7 +114,7 @@ def plot_attention_maps(maps: list[np.ndarray], rows: np.ndarray, edges: np.ndar
                 vmax = max(high, 1e-12)
                 norm = Normalize(0.0, vmax) if gamma == 1.0 else PowerNorm(gamma, vmin=0.0, vmax=vmax)
                 cmap = "viridis"
-            cmap = plt.get_cmap(cmap).with_extremes(bad="#dddddd")
+            cmap = plt.get_cmap(cmap).with_extremes(bad="#bdbdbd")
             image = ax.imshow(np.ma.masked_invalid(w), cmap=cmap, norm=norm, aspect="auto",
                               interpolation="nearest",
                               extent=None if full else (0, n_tokens, rows[-1] + 0.5, rows[0] - 0.5))
@@ -205,17 +206,18 @@ def plot_diagnostics(frame: pd.DataFrame, out_dir: Path, task: str) -> Path:
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(4.6 * n_cols, 3.7 * n_rows), squeeze=False)
     cells = [ax for row in axes for ax in row]
     groups = list(frame.groupby(["attn", "pe"], sort=True))
-    colours = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
+    colours, styles = _style_maps(frame)  # the leaderboard figures' styles: colour = attn, marker = pe
     ticks = sorted(frame[x_column].dropna().unique())
     for ax, column in zip(cells, columns, strict=False):
-        for index, ((attn, pe), rows) in enumerate(groups):
+        for (attn, pe), rows in groups:
             stats = rows.groupby(x_column)[column].agg(["mean", "min", "max"]).dropna().sort_index()
             if stats.empty:
                 continue
             n_runs = rows["run_id"].nunique() if "run_id" in rows else 1
             label = f"{attn} + {pe}" + (f" ({n_runs} runs)" if n_runs > 1 else "")
-            colour = colours(index % colours.N)
-            ax.plot(stats.index, stats["mean"], marker="o", markersize=3.5, color=colour, label=label)
+            colour, (marker, linestyle) = colours[attn], styles[pe]
+            ax.plot(stats.index, stats["mean"], marker=marker, linestyle=linestyle, markersize=3.5, color=colour,
+                    label=label)
             if n_runs > 1:
                 ax.fill_between(stats.index, stats["min"], stats["max"], color=colour, alpha=0.15, linewidth=0)
         ax.set_xscale("log", base=2)

@@ -210,3 +210,12 @@ def test_every_registered_mechanism(attn):
         pytest.skip(f"{attn}: cannot build a default tiny model ({error})")
     result = measure_attention(model, torch.randint(1, 12, (1, 48)), rows=12)
     check_result(result)
+
+
+def test_realised_tokens_bound_the_sampled_rows():
+    model = tiny_decoder()
+    ids = torch.randint(1, 12, (2, 60))
+    short = measure_attention(model, ids, rows=64, realised_tokens=[20, 25])
+    assert short["diagnostic_rows"] == 25
+    assert short == measure_attention(model, ids[:, :25].clone().index_put_(
+        (torch.tensor([0] * 5), torch.arange(20, 25)), torch.zeros(5, dtype=torch.long)), rows=64)
