@@ -12,6 +12,7 @@ however many keys it sees. Run it with::
 from __future__ import annotations
 
 import torch
+
 from lengthbench.models.attention import WEIGHT_FUNCTIONS, AttentionLayer, causal_mask, register_attention
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from lengthbench.models.attention import ATTENTION
 from lengthbench.models.positional import POSITIONAL_ENCODINGS, build_pe
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.func import functional_call
+
 from lengthbench.models.attention import ATTENTION
 from lengthbench.models.decoder import Decoder, ModelConfig
 from lengthbench.models.positional import POSITIONAL_ENCODINGS, build_pe
-from torch.func import functional_call
 
 
 @pytest.fixture(autouse=True)

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import torch
-from lengthbench.models.attention import ATTENTION
-from lengthbench.models.decoder import Decoder, ModelConfig
 
 from lengthbench import attention_weights
+from lengthbench.models.attention import ATTENTION
+from lengthbench.models.decoder import Decoder, ModelConfig
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

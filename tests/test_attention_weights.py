@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 from entmax import entmax15
-from lengthbench.models.attention import WEIGHT_FUNCTIONS, causal_mask
 
 from lengthbench import attention_weights
+from lengthbench.models.attention import WEIGHT_FUNCTIONS, causal_mask
 
 
 @pytest.fixture(autouse=True)

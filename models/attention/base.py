@@ -20,9 +20,10 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import torch
+from torch import nn
+
 from lengthbench.models.positional import PositionalEncoding
 from lengthbench.models.registry import Registry
-from torch import nn
 
 WeightFunction = Callable[..., torch.Tensor]
 WEIGHT_FUNCTIONS: Registry[WeightFunction] = Registry("attention weight function")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
+
 from lengthbench.models.attention.base import (
     WEIGHT_FUNCTIONS,
     HeadRMSNorm,
@@ -21,7 +23,6 @@ from lengthbench.models.attention.base import (
 )
 from lengthbench.models.attention.registry import register_attention
 from lengthbench.models.attention.softmax import sdpa_attend, softmax_weights
-from torch import nn
 
 
 def lambda_init(layer_index: int) -> float:

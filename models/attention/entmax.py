@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 from entmax import entmax15, entmax_bisect, sparsemax
+from torch import nn
+
 from lengthbench.models.attention.base import (
     WEIGHT_FUNCTIONS,
     AttentionLayer,
@@ -26,7 +28,6 @@ from lengthbench.models.attention.scaled import (
     adaptive_scale,
     scale_scores,
 )
-from torch import nn
 
 
 def entmax_map(z: torch.Tensor, visible: torch.Tensor, alpha: float = 1.5) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from lengthbench.models.attention.base import WEIGHT_FUNCTIONS, AttentionLayer, causal_mask
 from lengthbench.models.registry import Registry
 
@@ -24,6 +25,12 @@ def attention_weights(name: str, scores: torch.Tensor, **params) -> torch.Tensor
 
     Row ``r`` is the query at position ``r``; entries ``j > r`` are exactly zero. Parameters take the
     defaults of ``../shared/specs/ATTENTION.md``. This is the reference every kernel is tested against.
+
+    Parameters without a default: ``head_dim`` for ``tra`` and ``tda`` (whose ``scores`` are cosine
+    scores), ``scores2`` (the second view's scores, same shape) for ``tda`` and ``diffsoftmax``. Learned
+    parameters may be tensors: per head ``[H]`` (``s`` of ssmax and scalable-softpick, ``beta``/``gamma`` of
+    sentmax) or per query row ``[..., L]`` (``beta``/``gamma`` of assmax and asentmax). Computed in float32,
+    or float64 for float64 scores.
     """
     fn = WEIGHT_FUNCTIONS.get(name)
     length = scores.shape[-1]

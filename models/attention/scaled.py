@@ -17,6 +17,8 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from lengthbench.models.attention.base import (
     WEIGHT_FUNCTIONS,
     AttentionLayer,
@@ -29,7 +31,6 @@ from lengthbench.models.attention.base import (
 )
 from lengthbench.models.attention.registry import register_attention
 from lengthbench.models.attention.softmax import sdpa_attend
-from torch import nn
 
 SSMAX_S_INIT = 0.43  # Nakanishi (2025)'s initial s
 ASENTMAX_BETA_INIT = math.log(2.0)  # softplus(0): beta of a zero-initialised w_beta

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from lengthbench.models.attention.base import (
     WEIGHT_FUNCTIONS,
     AttentionLayer,
@@ -12,7 +14,6 @@ from lengthbench.models.attention.base import (
     safe_softmax,
 )
 from lengthbench.models.attention.registry import register_attention
-from torch import nn
 
 # Query rows per SDPA call when a distance bias forces an explicit mask: O(chunk x L) memory.
 SDPA_BIAS_CHUNK = 2048

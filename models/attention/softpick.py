@@ -10,6 +10,7 @@ we follow the definition of ATTENTION.md. A kernel reproduces it by adding ``eps
 from __future__ import annotations
 
 import torch
+
 from lengthbench.models.attention.base import (
     WEIGHT_FUNCTIONS,
     AttentionLayer,

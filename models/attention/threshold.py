@@ -19,6 +19,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from lengthbench.models.attention.base import (
     WEIGHT_FUNCTIONS,
     AttentionLayer,
@@ -31,7 +33,6 @@ from lengthbench.models.attention.base import (
     zeros_where_not,
 )
 from lengthbench.models.attention.registry import register_attention
-from torch import nn
 
 
 @WEIGHT_FUNCTIONS.register("rela")
