@@ -7,8 +7,6 @@ import math
 
 import pytest
 import torch
-from lengthbench.models.attention import ATTENTION, attention_weights
-from lengthbench.models.decoder import Decoder, ModelConfig
 
 from lengthbench.diagnostics import (
     map_diagnostics,
@@ -17,6 +15,8 @@ from lengthbench.diagnostics import (
     row_statistics,
     sample_rows,
 )
+from lengthbench.models.attention import ATTENTION, attention_weights
+from lengthbench.models.decoder import Decoder, ModelConfig
 
 
 def uniform_map(length: int) -> torch.Tensor:

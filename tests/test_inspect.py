@@ -7,10 +7,10 @@ import sys
 import numpy as np
 import pytest
 import torch
-from lengthbench.models.decoder import Decoder, ModelConfig
 
 from lengthbench.cli import main
 from lengthbench.inspect import attention_maps
+from lengthbench.models.decoder import Decoder, ModelConfig
 from lengthbench.store import CONTRACT_COLUMNS, write_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -30,10 +30,9 @@ def invoke(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
 @pytest.fixture
 def saved_run(tmp_path):
     """A tiny untrained copy model saved where ``lengthbench.runner.load_model`` finds a trained one."""
-    from lengthbench.tasks import get_task
-
     from lengthbench.config import build_config
     from lengthbench.runner import atomic_torch_save, build_model, checkpoint_dir
+    from lengthbench.tasks import get_task
 
     config = build_config("copy", "softmax", "nape", preset="smoke", d_model=16, n_heads=2, ffn=32, n_layers=2)
     torch.manual_seed(0)
