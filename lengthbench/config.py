@@ -46,6 +46,7 @@ class RunConfig:
     val_samples: int = 256
     checkpoint_every: int = 500  # steps between resumable checkpoints
     compile: bool = True  # torch.compile on CUDA
+    compile_mode: str = "default"  # torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune
     # evaluation
     eval_tokens_per_batch: int = 0  # 0: adapt to free memory
     diagnostics: bool = True

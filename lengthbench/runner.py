@@ -55,6 +55,8 @@ def device_description(device: torch.device) -> str:
 
 
 def git_sha() -> str:
+    if os.environ.get("LENGTHBENCH_GIT_SHA"):
+        return os.environ["LENGTHBENCH_GIT_SHA"]
     try:
         top = Path(__file__).resolve().parent.parent
         return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=top, capture_output=True, text=True,
@@ -121,11 +123,15 @@ class Scores:
 
 
 def _to_device(array: np.ndarray | None, device: torch.device, dtype=None):
+    """Host array -> device tensor. On CUDA through pinned memory, so the copy is asynchronous and the
+    host can queue the next step while the GPU works (a pageable copy waits for the GPU to drain)."""
     if array is None:
         return None
     tensor = torch.from_numpy(np.ascontiguousarray(array))
     if dtype is not None:
         tensor = tensor.to(dtype)
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
     return tensor.to(device, non_blocking=True)
 
 
@@ -268,21 +274,28 @@ class Trainer:
     # -- the step ----------------------------------------------------------------------------------
     def _make_step_fn(self):
         model = self.model
-        if self.device.type == "cuda" and self.config.compile:
-            model = torch.compile(model, dynamic=False)
+        device = self.device
 
-        def step(input_ids, labels, features):
-            with autocast(self.device):
+        def forward_loss(input_ids, labels, features):
+            with autocast(device):
                 logits = model(input_ids, features)
             loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip,
-                                           foreach=self.device.type == "cuda")
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
             scored = labels != IGNORE_INDEX
             correct = ((logits.argmax(-1) == labels) & scored).sum()
-            return loss.detach(), correct, scored.sum()
+            return loss, correct, scored.sum()
+
+        if device.type == "cuda" and self.config.compile:
+            # "reduce-overhead" adds CUDA graphs (static shapes: batches are padded to one width)
+            forward_loss = torch.compile(forward_loss, dynamic=False, mode=self.config.compile_mode)
+
+        def step(input_ids, labels, features):
+            loss, correct, scored = forward_loss(input_ids, labels, features)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.grad_clip, foreach=device.type == "cuda")
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            # clone: CUDA-graph outputs are overwritten by the next replay
+            return loss.detach().clone(), correct.clone(), scored.clone()
 
         return step
 

@@ -165,8 +165,7 @@ def run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
         (["tasks", "sample", "copy", "--param", "colour=3"], "no parameter"),
         (["tasks", "sample", "flipflop-liu", "--param", "p_ignore=2"], "p_ignore"),
         (["tasks", "sample", "passkey-multi", "--param", "needles=12", "--length", "999"], "needles"),
-        pytest.param(["tasks", "sample", "copy", "--length", "x"], "length", marks=pytest.mark.xfail(
-            reason="lengthbench.cli.main imports `click`, which typer no longer installs", strict=False)),
+        (["tasks", "sample", "copy", "--length", "x"], "length"),
     ],
 )
 def test_cli_bad_input(monkeypatch, capsys, args, message):

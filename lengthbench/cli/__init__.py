@@ -78,15 +78,15 @@ def main() -> None:
     except KeyboardInterrupt:
         console.print("interrupted: rerun the same command with --resume to continue")
         raise SystemExit(130) from None
-    except Exception as error:  # click's usage errors
-        import click
-
-        if isinstance(error, click.exceptions.UsageError):
-            fail(error.format_message())
-        if isinstance(error, click.exceptions.ClickException):
-            fail(error.format_message())
+    except Exception as error:
+        # Usage errors of the command-line parser (click's, or the copy bundled with newer typer)
+        # carry an exit code and a message; anything else is a bug and keeps its traceback.
+        if hasattr(error, "format_message") and hasattr(error, "exit_code"):
+            if error.exit_code == 0:
+                raise SystemExit(0) from None
+            console.print(f"[bold red]error:[/] {error.format_message()}", highlight=False, soft_wrap=True)
+            raise SystemExit(error.exit_code) from None
         raise
-
 
 if __name__ == "__main__":
     main()

@@ -61,8 +61,12 @@ def register(app: typer.Typer) -> None:
         attn_param: list[str] = typer.Option([], "--attn-param", help="Mechanism parameter key=value."),
         pe_param: list[str] = typer.Option([], "--pe-param", help="Encoding parameter key=value."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+        plugin: list[str] = typer.Option([], "--plugin", help="Module registering your own task/attn/pe."),
     ) -> None:
         """Train one model at n_train and evaluate it at every multiplier up to --max-multiplier."""
+        from lengthbench.cli import load_plugins
+
+        load_plugins(plugin)
         from lengthbench.config import build_config
         from lengthbench.runner import resolve_device, run_cell
         from lengthbench.tasks import get_task

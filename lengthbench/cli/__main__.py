@@ -1,0 +1,3 @@
+from lengthbench.cli import main
+
+main()

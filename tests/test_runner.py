@@ -1,0 +1,122 @@
+"""The spine end to end on CPU: training, selection, evaluation, the store, resume."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from lengthbench.config import build_config
+from lengthbench.data import TrainStream, make_train_batch
+from lengthbench.runner import Evaluator, build_model, learning_rate, load_model, run_cell
+from lengthbench.store import CONTRACT_COLUMNS, load_results
+from lengthbench.tasks import get_task
+
+TINY = dict(d_model=32, n_heads=4, ffn=64, n_layers=1, max_multiplier=4, eval_samples=16, val_samples=16,
+            eval_every=50, checkpoint_every=50, diagnostics=False)
+
+
+def test_learning_rate_warms_up_then_decays_to_the_floor():
+    config = build_config("copy", "softmax", "nape", "smoke", train_samples=3200, batch_size=32, warmup_steps=10,
+                          lr=1e-3, min_lr_ratio=0.1)
+    rates = [learning_rate(config, s) for s in range(config.train_steps)]
+    assert rates[0] == pytest.approx(1e-4) and rates[9] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(rates[10:], rates[11:]))
+    assert rates[-1] == pytest.approx(1e-4, rel=0.05)
+
+
+def test_training_batches_are_a_function_of_the_step():
+    stream = TrainStream("copy", (), 0, 8, 64, None)
+    a, b = make_train_batch(stream, 5), make_train_batch(stream, 5)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    lengths = {(make_train_batch(stream, s)[0].shape[1] - 3) // 2 for s in range(40)}
+    assert min(lengths) >= 32 and max(lengths) <= 64 and len(lengths) > 5
+    padded = make_train_batch(TrainStream("copy", (), 0, 8, 64, 131), 5)
+    assert padded[0].shape[1] == 131 and (padded[1][:, a[0].shape[1]:] == -100).all()
+
+
+def test_evaluator_scores_a_perfect_and_a_wrong_model():
+    task = get_task("copy")
+    config = build_config("copy", "softmax", "nape", "smoke", **TINY)
+    model = build_model(config, task)
+
+    class Oracle(torch.nn.Module):
+        config = model.config
+
+        def forward(self, input_ids, features=None):
+            target = torch.roll(input_ids, -1, dims=1)
+            return torch.nn.functional.one_hot(target, task.vocab_size).float()
+
+        def set_query_chunk(self, chunk):
+            pass
+
+        def eval(self):
+            return self
+
+    scores = Evaluator(Oracle(), task, torch.device("cpu"), seed=0).score(16, 10)
+    assert scores.exact_match == 1.0 and scores.token_accuracy == 1.0 and scores.realised_tokens == 35
+    wrong = Evaluator(model, task, torch.device("cpu"), seed=0).score(16, 10)  # untrained
+    assert wrong.exact_match == 0.0 and wrong.token_accuracy < 0.5
+
+
+def test_run_cell_writes_every_contract_column_and_is_deterministic(tmp_path):
+    config = build_config("2back", "softmax", "nape", "smoke", train_samples=1600, **TINY)
+    first = run_cell(config, tmp_path / "a", device="cpu", progress=False)
+    second = run_cell(config, tmp_path / "b", device="cpu", progress=False)
+    assert all(c in first.columns for c in CONTRACT_COLUMNS)
+    assert list(first["multiplier"]) == [1, 2, 4] and list(first["eval_length"]) == [64, 128, 256]
+    assert first["token_accuracy"].tolist() == second["token_accuracy"].tolist()
+    assert first["token_accuracy"].between(0, 1).all() and (first["n_samples"] == 16).all()
+    assert first["score"].tolist() == first["token_accuracy"].tolist()  # 2back reports token accuracy
+    # a finished cell is not run again
+    again = run_cell(config, tmp_path / "a", device="cpu", progress=False)
+    assert again["created_at"].tolist() == first["created_at"].tolist()
+    model, task, loaded = load_model(tmp_path / "a", config.run_id)
+    assert loaded == config and task.name == "2back"
+
+
+@pytest.mark.slow
+def test_smoke_2back_learns_in_distribution(tmp_path):
+    config = build_config("2back", "softmax", "nape", "smoke", max_multiplier=2, eval_samples=64)
+    frame = run_cell(config, tmp_path, device="cpu", progress=False)
+    assert frame.loc[frame.multiplier == 1, "token_accuracy"].item() >= 0.95
+
+
+def _run_cli(args, results, **kwargs):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "lengthbench.cli", *args, "--results", str(results), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, **kwargs)
+
+
+def test_killed_run_resumes_to_the_same_rows(tmp_path):
+    args = ["run", "--task", "copy", "--attn", "softmax", "--pe", "nape", "--train-samples", "9600",
+            "--batch-size", "16", "--d-model", "32", "--heads", "4", "--ffn", "64", "--layers", "1",
+            "--max-multiplier", "2", "--eval-samples", "16", "--no-diagnostics"]
+    config = build_config("copy", "softmax", "nape", "smoke", train_samples=9600, batch_size=16, d_model=32,
+                          n_heads=4, ffn=64, n_layers=1, max_multiplier=2, eval_samples=16, diagnostics=False)
+    checkpoint = tmp_path / "killed" / "checkpoints" / config.run_id / "train.pt"
+    process = _run_cli(args, tmp_path / "killed")
+    deadline = time.time() + 120
+    while not checkpoint.exists() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    assert checkpoint.exists(), "no checkpoint was written"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert load_results(tmp_path / "killed").empty  # nothing half-written in the store
+
+    refused = _run_cli(args, tmp_path / "killed")
+    output = refused.communicate()[0]
+    assert refused.returncode == 2 and "--resume" in output
+
+    resumed = _run_cli(args + ["--resume"], tmp_path / "killed")
+    assert resumed.wait() == 0, resumed.stdout.read()
+    fresh = _run_cli(args, tmp_path / "fresh")
+    assert fresh.wait() == 0
+    a, b = load_results(tmp_path / "killed"), load_results(tmp_path / "fresh")
+    assert a["run_id"].tolist() == b["run_id"].tolist()
+    assert a["exact_match"].tolist() == b["exact_match"].tolist()
+    assert a["token_accuracy"].tolist() == b["token_accuracy"].tolist()
