@@ -87,16 +87,16 @@ def test_smoke_2back_learns_in_distribution(tmp_path):
 
 
 def _run_cli(args, results, **kwargs):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     return subprocess.Popen([sys.executable, "-m", "lengthbench.cli", *args, "--results", str(results), "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, **kwargs)
 
 
 def test_killed_run_resumes_to_the_same_rows(tmp_path):
-    args = ["run", "--task", "copy", "--attn", "softmax", "--pe", "nape", "--train-samples", "9600",
+    args = ["run", "--task", "copy", "--attn", "softmax", "--pe", "nape", "--train-samples", "4800",
             "--batch-size", "16", "--d-model", "32", "--heads", "4", "--ffn", "64", "--layers", "1",
             "--max-multiplier", "2", "--eval-samples", "16", "--no-diagnostics"]
-    config = build_config("copy", "softmax", "nape", "smoke", train_samples=9600, batch_size=16, d_model=32,
+    config = build_config("copy", "softmax", "nape", "smoke", train_samples=4800, batch_size=16, d_model=32,
                           n_heads=4, ffn=64, n_layers=1, max_multiplier=2, eval_samples=16, diagnostics=False)
     checkpoint = tmp_path / "killed" / "checkpoints" / config.run_id / "train.pt"
     process = _run_cli(args, tmp_path / "killed")
