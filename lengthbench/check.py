@@ -143,6 +143,7 @@ def _parse_cell(path: Path, index: int, raw: Any, need_curves: bool) -> Cell:
     from lengthbench.models.attention import ATTENTION
     from lengthbench.models.positional import POSITIONAL_ENCODINGS
     from lengthbench.models.registry import UnknownNameError
+    from lengthbench.sweep import default_train_length
     from lengthbench.tasks import TASKS, eval_multipliers
 
     if not isinstance(raw, dict):
@@ -167,7 +168,8 @@ def _parse_cell(path: Path, index: int, raw: Any, need_curves: bool) -> Cell:
             if unknown:
                 raise ValueError(f"unknown configuration field {unknown[0]!r}")
             config = build_config(names["task"], names["attn"], names["pe"], raw.get("preset", "smoke"),
-                                  seed=raw.get("seed", 0), **overrides)
+                                  seed=raw.get("seed", 0), **{**default_train_length(names["task"], overrides),
+                                                             **overrides})
         eval_multipliers(config.max_multiplier)
     except (UnknownNameError, ValueError, TypeError) as error:
         raise _fail(path, f"{where}: {str(error).strip(chr(34) + chr(39))}") from error

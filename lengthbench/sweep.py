@@ -111,7 +111,8 @@ def plan_sweep(tasks: list[str], attns: list[str], pes: list[str], seeds: list[i
             for attn in attns:
                 for pe in pes:
                     for seed in seeds:
-                        config = build_config(task, attn, pe, preset, **{**overrides, "seed": seed})
+                        config = build_config(task, attn, pe, preset,
+                                              **{**default_train_length(task, overrides), **overrides, "seed": seed})
                         eval_multipliers(config.max_multiplier)
                         configs.append(config)
     except UnknownNameError as error:
@@ -120,6 +121,15 @@ def plan_sweep(tasks: list[str], attns: list[str], pes: list[str], seeds: list[i
         raise UsageError(str(error)) from error
     unique = {c.run_id: c for c in configs}  # aliases (nope/none) name the same cell
     return list(unique.values())
+
+
+def default_train_length(task: str, overrides: dict[str, Any]) -> dict[str, int]:
+    """The task's own n_train where the settings give none (as ``lengthbench run`` does)."""
+    if overrides.get("train_length") is not None:
+        return {}
+    from lengthbench.tasks import get_task
+
+    return {"train_length": type(get_task(task, **(overrides.get("task_params") or {}))).default_train_length}
 
 
 def gpu_slots(device: str) -> list[str]:
