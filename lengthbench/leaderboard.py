@@ -264,6 +264,9 @@ def to_markdown(board: pd.DataFrame, *, source: str | None = None) -> str:
         parts += ["Best of seeds:", "",
                   _md_table(header + ["reach", "AUC", "seeds"], rows, ["l", "l"] + ["r"] * (len(multipliers) + 3)),
                   ""]
+        if table["seeds"].max() <= 1:
+            parts += ["One seed per row: no mean ± std.", ""]
+            continue
         rows = []
         for _, row in table.iterrows():
             cells = [str(row["pe"]), str(row["attn"])]

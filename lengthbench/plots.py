@@ -88,8 +88,9 @@ def plot_curves(board: pd.DataFrame, out: str | Path) -> list[Path]:
         ax.set_xlabel(f"evaluation length: multiplier of n={train_length} (top), tokens (bottom), log2 scale")
         metric = METRIC_NAMES.get(table["metric"].iloc[0], str(table["metric"].iloc[0]))
         ax.set_ylabel(f"{metric} (%)")
+        legend_note = "lines: best seed, bands: mean ± std" if table["seeds"].max() > 1 else "one seed"
         ax.set_title(f"{_table_label(task, preset, train_length, several)}: {metric} against length "
-                     f"(preset {preset}; lines: best seed, bands: mean ± std)", fontsize=11)
+                     f"(preset {preset}; {legend_note})", fontsize=11)
         ax.grid(True, which="major", color="0.9", linewidth=0.8)
         ax.spines[["top", "right"]].set_visible(False)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9,
