@@ -126,8 +126,12 @@ def register(app: typer.Typer) -> None:
                 err.print("interrupted: run the same command again to finish the sweep (finished cells are kept, "
                           "the interrupted one resumes from its checkpoint)")
                 raise SystemExit(130) from None
-        table = Table("task", "attn", "pe", "seed", "status", "seconds", "reach", "AUC", "note",
-                      title=f"sweep summary ({results})", title_justify="left")
+        table = Table(title=f"sweep summary ({results})", title_justify="left")
+        for column in ("task", "attn", "pe", "seed", "status", "seconds", "reach", "AUC"):
+            table.add_column(column, no_wrap=True, justify="right" if column in ("seconds", "AUC") else "left")
+        show_note = any(o.error for o in outcomes)
+        if show_note:
+            table.add_column("note", overflow="fold")
         colours = {"done": "green", "skipped": "dim", "failed": "red"}
         for outcome in outcomes:
             c = outcome.config
@@ -135,7 +139,7 @@ def register(app: typer.Typer) -> None:
             status = "ran" if outcome.status == "done" else ("in store" if outcome.status == "skipped" else "failed")
             table.add_row(c.task, c.attn, c.pe, str(c.seed), f"[{colours[outcome.status]}]{status}[/]",
                           f"{outcome.seconds:.1f}" if outcome.status != "skipped" else "", reach_text, auc_text,
-                          outcome.error)
+                          *([outcome.error] if show_note else []))
         out.print(table)
         counts = {k: sum(o.status == k for o in outcomes) for k in ("done", "skipped", "failed")}
         out.print(f"{len(outcomes)} cells: {counts['done']} ran, {counts['skipped']} already in the store, "
