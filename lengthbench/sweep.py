@@ -182,11 +182,12 @@ def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "a
     pending = []
     for config in configs:
         if run_finished(results, config.run_id):
+            curve, note = {}, ""
             try:
                 curve = _outcome_curve(pd.read_parquet(run_path(results, config.run_id)))
-            except Exception:  # an unreadable file stays as it is; the leaderboard will say so
-                curve = {}
-            outcomes[config.run_id] = CellOutcome(config, "skipped", curve=curve)
+            except Exception:  # an unreadable file is left as it is (never rewritten); say so
+                note = f"unreadable run file {config.run_id}.parquet, left as it is"
+            outcomes[config.run_id] = CellOutcome(config, "skipped", curve=curve, error=note)
             emit("skipped", config, outcomes[config.run_id], "")
         else:
             pending.append(config)

@@ -105,6 +105,12 @@ def test_finished_cells_are_skipped_and_failures_do_not_stop_the_rest(tmp_path, 
     second = run_sweep(configs, tmp_path / "store", device="cpu")
     assert [o.status for o in second] == ["skipped", "failed", "skipped"]
     assert calls == [configs[1].run_id]  # only the unfinished cell runs again
+    # A corrupt run file counts as finished and is never rewritten: the summary says it is unreadable.
+    corrupt = tmp_path / "store" / "runs" / f"{configs[0].run_id}.parquet"
+    corrupt.write_bytes(b"not parquet")
+    third = run_sweep(configs[:1], tmp_path / "store", device="cpu")
+    assert third[0].status == "skipped" and "unreadable" in third[0].error
+    assert corrupt.read_bytes() == b"not parquet"
 
 
 WORKER = """
