@@ -63,7 +63,10 @@ def fail(message: str) -> None:
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        # Without standalone mode, click returns (not raises) the code of a typer.Exit.
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            raise SystemExit(code)
     except (UsageError, UnknownNameError) as error:
         fail(str(error).strip("'\""))
     except ValueError as error:  # impossible arguments found by the configuration or a generator
