@@ -17,8 +17,18 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-# mechanism name -> "module:function" inside this package; filled as kernels land.
-_KERNELS: dict[str, str] = {}
+# mechanism name -> "module:function" inside this package. Extra parameters: entmax and sieve ``alpha``
+# (1.5 only), softpick ``eps``, tra ``beta``/``kappa``/``power`` (unit q, k and ``sm_scale=1`` from the module).
+# All ops give gradients to q, k, v, ``row_scale`` and ``slopes`` (and tra's ``beta``). TDA runs as two tra calls.
+_KERNELS: dict[str, str] = {
+    "stickbreaking": "stickbreaking:stickbreaking_attention",
+    "sieve": "sieve:sieve_attention",
+    "entmax": "entmax:entmax_attention",
+    "softpick": "softpick:softpick_attention",
+    "rectified": "rectified:rectified_attention",
+    "rela": "rela:rela_attention",
+    "tra": "tra:tra_attention",
+}
 
 
 def triton_available() -> bool:

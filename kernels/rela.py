@@ -1,0 +1,13 @@
+"""ReLA (seed 000, Zhang et al. 2021): unnormalised ``ReLU(z)`` weights; the module applies the RMSNorm.
+
+Kernels in ``_rowwise.py`` (code ``RELA``): no row statistic at all, ``dz = 1(z > 0) do.v_j``.
+"""
+
+from __future__ import annotations
+
+from lengthbench.kernels._rowwise import RELA, rowwise
+
+
+def rela_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None):
+    """ReLA attention, ``[B, H, T, D]`` causal."""
+    return rowwise(q, k, v, mech=RELA, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale)

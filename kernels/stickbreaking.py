@@ -1,0 +1,235 @@
+"""Stick-breaking attention (Tan et al. 2025), log-space, with the remainder on the diagonal.
+
+For query row ``r`` and key ``j < r``: ``log a_rj = z_rj - sum_{j <= k < r} softplus(z_rk)``
+(= logsigmoid(z_rj) - sum_{j<k<r} softplus(z_rk)); ``o_r = sum_j a_rj v_j + (1 - sum_j a_rj) v_r``.
+
+Forward: one program per query tile walks the key tiles right to left from the diagonal, carrying the
+fp32 sum of softplus of the keys already passed; inside a tile the suffix sums come from a reverse
+cumulative sum. Once every row of the tile has accumulated more than ``EXIT_AT`` (60) nats the remaining
+weights are below ``e^-60`` and the walk stops: the Out(L^2) work shrinks to Out(L x reach). The products of
+the weights with the values are split into two bf16/fp16 halves (hi + lo), so the fp32 output kept for the
+backward is accurate to fp32 rounding.
+
+Backward (one kernel, the same walk): with ``g_j = do_r.v_j``, ``c_j = (g_j - g_r) a_j`` and
+``C_r = do_r.(o_r - v_r) = sum_j c_j``, ``dz_rk = c_k (1 - sigma(z_k)) - sigma(z_k) (C_r - sum_{j >= k} c_j)``.
+dq accumulates in registers; dk and dv in fp32 buffers by atomic adds (as in Sieve's Algorithm 1); the
+diagonal's ``dv_r += (1 - sum_j a_rj) do_r`` is added outside. Gradients flow to q, k, v, ``row_scale`` and
+``slopes``.
+
+``FILTER`` restricts the keys to ``{j : z_rj / 2 > tau_r}`` (Sieve: ``tau`` the 1.5-entmax threshold of the row
+over ``j < r``), without gradient through the filter; see ``sieve.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from lengthbench.kernels._common import Problem, reduce_slopes, score_tile, softplus
+
+EXIT_AT = 60.0
+
+
+@triton.jit
+def _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau, FILTER: tl.constexpr,
+              HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr):
+    """Loads a key tile; its scores, biased scores and the keys each row breaks the stick over."""
+    kv_mask = (offs_n < T)[:, None] & dmask[None, :]
+    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+    z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+    valid = offs_n[None, :] < offs_m[:, None]
+    if FILTER:
+        valid = valid & (z * 0.5 > tau[:, None])
+    return k, z, zb, valid
+
+
+@triton.jit
+def _stick(z, valid, lsum):
+    """Softplus of the tile's active scores and their weights, given the softplus sum to the right."""
+    sp = tl.where(valid, softplus(z), 0.0)
+    suffix = tl.cumsum(sp, 1, reverse=True)
+    a = tl.where(valid, tl.exp(z - lsum[:, None] - suffix), 0.0)
+    return sp, a
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, sm_scale, T, H, exit_at,
+                SAVE: tl.constexpr, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+                SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    base = bh.to(tl.int64) * T * D
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BD)
+    row_ok = offs_m < T
+    dmask = offs_d < D
+    rmask = row_ok[:, None] & dmask[None, :]
+    q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
+    slope = 0.0
+    if HAS_SLOPES:
+        slope = tl.load(SL + bh % H)
+    rs = tl.full([BM], 1.0, dtype=tl.float32)
+    if HAS_RS:
+        rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
+    tau = tl.zeros([BM], dtype=tl.float32)
+    if FILTER:
+        tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=float("inf"))
+    lsum = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, BD], dtype=tl.float32)
+    n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
+    t = 0
+    lmin = tl.min(tl.zeros([BM], dtype=tl.float32), 0)
+    while (t < n_tiles) & (lmin < exit_at):
+        offs_n = (n_tiles - 1 - t) * BN + tl.arange(0, BN)
+        k, z, zb, valid = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau,
+                                    FILTER, HAS_SLOPES, HAS_RS, DOT_PREC, D)
+        # Sieve's supports are small: most tiles hold none of them and cost only the score product.
+        if tl.max(valid.to(tl.int32)) > 0:
+            v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :],
+                        mask=(offs_n < T)[:, None] & dmask[None, :], other=0.0)
+            sp, a = _stick(z, valid, lsum)
+            if SPLIT:
+                a_hi = a.to(v.dtype)
+                acc += tl.dot(a_hi, v)
+                acc += tl.dot((a - a_hi.to(tl.float32)).to(v.dtype), v)
+            else:
+                acc += tl.dot(a.to(v.dtype), v, input_precision=DOT_PREC)
+            lsum += tl.sum(sp, 1)
+            lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
+        t += 1
+    rem = tl.exp(-lsum)
+    v_r = tl.load(V + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
+    acc += rem[:, None] * v_r.to(tl.float32)
+    tl.store(Out + base + offs_m[:, None] * D + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=rmask)
+    if SAVE:
+        tl.store(O32 + base + offs_m[:, None] * D + offs_d[None, :], acc, mask=rmask)
+        tl.store(REM + bh * T + offs_m, rem, mask=row_ok)
+
+
+@triton.jit
+def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, CT, GR, SL, RS, TAU, DRS, DSL, sm_scale, T, H, exit_at,
+                FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
+                GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    base = bh.to(tl.int64) * T * D
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BD)
+    row_ok = offs_m < T
+    dmask = offs_d < D
+    rmask = row_ok[:, None] & dmask[None, :]
+    q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
+    do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
+    c_total = tl.load(CT + bh * T + offs_m, mask=row_ok, other=0.0)
+    g_r = tl.load(GR + bh * T + offs_m, mask=row_ok, other=0.0)
+    slope = 0.0
+    if HAS_SLOPES:
+        slope = tl.load(SL + bh % H)
+    rs = tl.full([BM], 1.0, dtype=tl.float32)
+    if HAS_RS:
+        rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
+    tau = tl.zeros([BM], dtype=tl.float32)
+    if FILTER:
+        tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=float("inf"))
+    lsum = tl.zeros([BM], dtype=tl.float32)
+    c_acc = tl.zeros([BM], dtype=tl.float32)
+    dq = tl.zeros([BM, BD], dtype=tl.float32)
+    d_rs = tl.zeros([BM], dtype=tl.float32)
+    d_sl = tl.zeros([BM], dtype=tl.float32)
+    n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
+    t = 0
+    lmin = tl.min(tl.zeros([BM], dtype=tl.float32), 0)
+    while (t < n_tiles) & (lmin < exit_at):
+        offs_n = (n_tiles - 1 - t) * BN + tl.arange(0, BN)
+        k, z, zb, valid = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau,
+                                    FILTER, HAS_SLOPES, HAS_RS, DOT_PREC, D)
+        if tl.max(valid.to(tl.int32)) > 0:
+            kv_mask = (offs_n < T)[:, None] & dmask[None, :]
+            v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+            sp, a = _stick(z, valid, lsum)
+            g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+            c = tl.where(valid, (g - g_r[:, None]) * a, 0.0)
+            before = c_total[:, None] - c_acc[:, None] - tl.cumsum(c, 1, reverse=True)
+            dz = tl.where(valid, c * tl.sigmoid(-z) - tl.sigmoid(z) * before, 0.0)
+            dzs = dz * rs[:, None]
+            dq += tl.dot(dzs.to(k.dtype), k, input_precision=DOT_PREC)
+            if GRAD_RS:
+                d_rs += tl.sum(dz * zb, 1)
+            if GRAD_SL:
+                d_sl += tl.sum(dz * (offs_m[:, None] - offs_n[None, :]).to(tl.float32), 1)
+            dv_tile = tl.dot(tl.trans(a).to(do.dtype), do, input_precision=DOT_PREC)
+            dk_tile = tl.dot(tl.trans(dzs).to(q.dtype), q, input_precision=DOT_PREC) * sm_scale
+            tl.atomic_add(DV + base + offs_n[:, None] * D + offs_d[None, :], dv_tile, mask=kv_mask, sem="relaxed")
+            tl.atomic_add(DK + base + offs_n[:, None] * D + offs_d[None, :], dk_tile, mask=kv_mask, sem="relaxed")
+            lsum += tl.sum(sp, 1)
+            c_acc += tl.sum(c, 1)
+            lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
+        t += 1
+    tl.store(DQ + base + offs_m[:, None] * D + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask)
+    if GRAD_RS:
+        tl.store(DRS + bh * T + offs_m, d_rs, mask=row_ok)
+    if GRAD_SL:
+        tl.store(DSL + bh * T + offs_m, -d_sl * rs, mask=row_ok)
+
+
+class StickBreakingAttention(torch.autograd.Function):
+    """Stick-breaking (``tau`` None) or its filtered form (``tau`` ``[B, H, T]``, Sieve)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale):
+        pb = Problem(q, k, v, slopes, row_scale, sm_scale)
+        save = any(ctx.needs_input_grad[:5])
+        out = torch.empty_like(pb.q)
+        o32 = torch.empty(pb.q.shape, device=q.device, dtype=torch.float32) if save else None
+        rem = pb.rows() if save else None
+        tau = None if tau is None else tau.detach().to(torch.float32).expand(pb.batch, pb.heads, pb.tokens).contiguous()
+        grid = (triton.cdiv(pb.tokens, pb.block), pb.bh)
+        _fwd_kernel[grid](pb.q, pb.k, pb.v, out, pb.opt(o32), pb.opt(rem), pb.opt(pb.slopes), pb.opt(pb.row_scale),
+                          pb.opt(tau), pb.sm_scale, pb.tokens, pb.heads, EXIT_AT, SAVE=save, FILTER=tau is not None,
+                          HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
+                          SPLIT=q.dtype != torch.float32, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d,
+                          BM=pb.block, BN=pb.block, num_warps=pb.num_warps, num_stages=2)
+        if save:
+            ctx.save_for_backward(pb.q, pb.k, pb.v, o32, rem, pb.slopes, pb.row_scale, tau)
+            ctx.sm_scale = pb.sm_scale
+            ctx.rs_shape = None if row_scale is None else row_scale.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, o32, rem, slopes, row_scale, tau = ctx.saved_tensors
+        pb = Problem(q, k, v, slopes, row_scale, ctx.sm_scale)
+        do = dout.contiguous()
+        do32 = do.float()
+        g_r = (do32 * v.float()).sum(-1)
+        c_total = (do32 * o32).sum(-1) - g_r
+        grad_rs = row_scale is not None and ctx.needs_input_grad[4]
+        grad_sl = slopes is not None and ctx.needs_input_grad[3]
+        dq = torch.empty_like(q)
+        dk32 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        dv32 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        d_rs = pb.rows() if grad_rs else None
+        d_sl = pb.rows() if grad_sl else None
+        grid = (triton.cdiv(pb.tokens, pb.block), pb.bh)
+        _bwd_kernel[grid](q, k, v, do, dq, dk32, dv32, c_total, g_r, pb.opt(slopes), pb.opt(row_scale),
+                          pb.opt(tau), pb.opt(d_rs), pb.opt(d_sl), pb.sm_scale, pb.tokens, pb.heads, EXIT_AT,
+                          FILTER=tau is not None, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
+                          GRAD_RS=grad_rs, GRAD_SL=grad_sl, DOT_PREC=pb.dot_prec, D=pb.head_dim,
+                          BD=pb.block_d, BM=pb.block, BN=pb.block, num_warps=pb.num_warps, num_stages=2)
+        dv32.addcmul_(rem.unsqueeze(-1), do32)
+        g_rs = None
+        if grad_rs:
+            g_rs = d_rs
+            while g_rs.dim() > len(ctx.rs_shape):
+                g_rs = g_rs.sum(0)
+            g_rs = g_rs.sum_to_size(ctx.rs_shape)
+        g_sl = reduce_slopes(d_sl) if grad_sl else None
+        return dq, dk32.to(k.dtype), dv32.to(v.dtype), g_sl, g_rs, None, None
+
+
+def stickbreaking_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None):
+    """Stick-breaking attention, ``[B, H, T, D]`` causal, remainder on the diagonal."""
+    return StickBreakingAttention.apply(q, k, v, slopes, row_scale, None, sm_scale)

@@ -1,0 +1,203 @@
+"""Every fused kernel against its dense reference (``attention_weights``, float64): output and all gradients.
+
+Marked ``gpu``: skipped where CUDA is absent. Errors are ``max |kernel - ref| / max(max |ref|, 0.01)`` per tensor; each
+test prints its errors (run with ``-s`` to log them). Rows whose selection is decided by a near-tie
+(rectified: a score within ``TIE`` of 0; sieve: a score within ``TIE`` of the entmax threshold) are left
+out of the comparison (their output gradient is set to zero), since a rounding-level change of the score
+legitimately flips them; at most 5% of the rows may be such.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lengthbench.kernels import _KERNELS, get_kernel, kernel_names, triton_available
+
+pytestmark = pytest.mark.gpu
+
+MECHANISMS = sorted(_KERNELS)
+# (tokens, head_dim, dtype, batch, heads)
+SHAPES = [  # few distinct (dtype, head_dim) pairs: each compiles every kernel once
+    (1, 32, torch.float32, 2, 2),
+    (17, 32, torch.float32, 2, 2),
+    (64, 32, torch.float32, 2, 2),
+    (1000, 32, torch.float32, 1, 2),
+    (4096, 32, torch.float32, 1, 1),
+    (17, 32, torch.bfloat16, 2, 2),
+    (64, 64, torch.bfloat16, 2, 2),
+    (1000, 16, torch.bfloat16, 1, 2),
+    (333, 128, torch.bfloat16, 1, 2),
+    (200, 48, torch.bfloat16, 1, 2),
+    (4096, 64, torch.bfloat16, 1, 1),
+]
+TOL_OUT = {torch.float32: 2e-3, torch.bfloat16: 2.5e-2, torch.float16: 1e-2}
+TOL_GRAD = {torch.float32: 2e-3, torch.bfloat16: 5e-2, torch.float16: 2e-2}
+TIE = 2e-5
+
+
+def test_registry_lists_kernels():
+    assert kernel_names() == MECHANISMS
+    assert triton_available()
+    for name in MECHANISMS:
+        assert callable(get_kernel(name))
+
+
+def reference_params(name: str, head_dim: int) -> dict:
+    return {"head_dim": head_dim} if name == "tra" else {}
+
+
+def dense_scores(q, k, sm_scale, slopes, row_scale):
+    z = torch.matmul(q, k.transpose(-1, -2)) * sm_scale
+    tokens = q.shape[-2]
+    if slopes is not None:
+        pos = torch.arange(tokens, device=q.device)
+        z = z - slopes[:, None, None] * (pos[:, None] - pos[None, :]).to(z.dtype)
+    if row_scale is not None:
+        z = z * row_scale[..., None]
+    return z
+
+
+def reference(name, q, k, v, sm_scale, slopes=None, row_scale=None):
+    from lengthbench import attention_weights
+
+    z = dense_scores(q, k, sm_scale, slopes, row_scale)
+    w = attention_weights(name, z, **reference_params(name, q.shape[-1]))
+    return torch.matmul(w, v), z.detach()
+
+
+def tie_rows(name, z, q, k, sm_scale, slopes, row_scale):
+    """Rows ``[B, H, T]`` whose selection is a near-tie (see the module docstring)."""
+    tokens = z.shape[-1]
+    pos = torch.arange(tokens, device=z.device)
+    if name == "rectified":
+        visible = pos[None, :] <= pos[:, None]
+        return ((z.abs() < TIE) & visible).any(-1)
+    if name == "sieve":
+        from lengthbench.kernels.entmax import entmax_threshold
+
+        tau = entmax_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, strict=True).double()
+        earlier = pos[None, :] < pos[:, None]
+        near = (z / 2 - tau[..., None]).abs() < TIE * (1 + tau.abs().nan_to_num(0, 0, 0)[..., None])
+        return (near & earlier).any(-1)
+    return torch.zeros(z.shape[:-1], dtype=torch.bool, device=z.device)
+
+
+def make_inputs(name, batch, heads, tokens, head_dim, dtype, seed, scale=1.0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(batch, heads, tokens, head_dim, device="cuda", generator=gen) for _ in range(3))
+    if name == "tra":
+        q, k = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1)
+    else:
+        q, k = q * scale, k * scale
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def rel_err(a, b):
+    """``max |a - b| / max |b|``, the scale floored at 1e-2 (gradients that are exactly zero in the reference,
+    as for a single key, leave rounding-level values in the kernel)."""
+    if b.numel() == 0:
+        return 0.0
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-2)).item()
+
+
+def check(name, q, k, v, *, slopes=None, row_scale=None, seed=0, label=""):
+    dtype = q.dtype
+    op = get_kernel(name)
+    sm_scale = 1.0 if name == "tra" else 1.0 / math.sqrt(q.shape[-1])
+    params = dict(sm_scale=sm_scale)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    extras = {}
+    if slopes is not None:
+        extras["slopes"] = slopes.detach().clone().requires_grad_()
+    if row_scale is not None:
+        extras["row_scale"] = row_scale.detach().clone().requires_grad_()
+    out = op(*leaves, **params, **extras)
+    assert out.shape == q.shape and out.dtype == dtype
+
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_extras = {key: t.detach().double().requires_grad_() for key, t in extras.items()}
+    ref_out, z = reference(name, *ref_leaves, sm_scale, ref_extras.get("slopes"), ref_extras.get("row_scale"))
+    ties = tie_rows(name, z, q, k, sm_scale, extras.get("slopes"), extras.get("row_scale"))
+    assert ties.float().mean().item() <= 0.05, f"{ties.float().mean().item():.3f} of the rows are near-ties"
+    keep = ~ties
+
+    assert torch.isfinite(out).all(), "NaN/inf in the output"
+    errors = {"out": rel_err(out[keep], ref_out[keep])}
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    dout = torch.randn(out.shape, device="cuda", generator=gen, dtype=torch.float64) * keep[..., None]
+    (out.double() * dout).sum().backward()
+    (ref_out * dout).sum().backward()
+    names = ["dq", "dk", "dv"] + [f"d{key}" for key in extras]
+    mine = leaves + list(extras.values())
+    theirs = ref_leaves + list(ref_extras.values())
+    for label_, a, b in zip(names, mine, theirs, strict=True):
+        assert a.grad is not None and torch.isfinite(a.grad).all(), f"{label_}: missing or non-finite"
+        errors[label_] = rel_err(a.grad, b.grad)
+    print(f"ERR {name:14s} {label:28s} ties={int(ties.sum())} " + " ".join(f"{key}={val:.2e}" for key, val in errors.items()))
+    assert errors["out"] <= TOL_OUT[dtype], errors
+    for key, val in errors.items():
+        assert val <= TOL_GRAD[dtype], (key, errors)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"T{s[0]}-D{s[1]}-{str(s[2])[6:]}")
+@pytest.mark.parametrize("name", MECHANISMS)
+def test_kernel_matches_reference(name, shape):
+    tokens, head_dim, dtype, batch, heads = shape
+    q, k, v = make_inputs(name, batch, heads, tokens, head_dim, dtype, seed=tokens + head_dim)
+    check(name, q, k, v, seed=tokens, label=f"T={tokens} D={head_dim} {dtype}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", MECHANISMS)
+def test_slopes_and_row_scale(name, dtype):
+    batch, heads, tokens, head_dim = 2, 3, 150, 32
+    q, k, v = make_inputs(name, batch, heads, tokens, head_dim, dtype, seed=7)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    slopes = torch.tensor([0.5, 0.0625, 0.0], device="cuda")
+    row_scale = 0.5 + torch.rand(batch, heads, tokens, device="cuda", generator=gen)
+    check(name, q, k, v, slopes=slopes, row_scale=row_scale, label=f"slopes+row_scale {dtype}")
+
+
+@pytest.mark.parametrize("name", ["rectified", "tra", "rela", "softpick"])
+def test_rows_with_nothing_selected(name):
+    """All scores negative (below the threshold for tra): zero rows (softpick: zero weights), no NaN."""
+    batch, heads, tokens, head_dim = 1, 2, 70, 32
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    base = torch.randn(head_dim, device="cuda", generator=gen)
+    q = base.expand(batch, heads, tokens, head_dim).clone() + 0.01 * torch.randn(
+        batch, heads, tokens, head_dim, device="cuda", generator=gen)
+    k = -q
+    v = torch.randn(batch, heads, tokens, head_dim, device="cuda", generator=gen)
+    if name == "tra":
+        q, k = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    op = get_kernel(name)
+    out = op(q, k, v, sm_scale=1.0 if name == "tra" else None)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    if name != "softpick":
+        assert out.abs().max().item() == 0.0
+    else:
+        assert out.abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize("name", MECHANISMS)
+def test_large_scores_no_nan(name):
+    """Scores of magnitude ~50: no overflow in exp/softplus, output and gradients finite."""
+    q, k, v = make_inputs(name, 1, 2, 300, 32, torch.bfloat16, seed=5, scale=2.7)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = get_kernel(name)(*leaves, sm_scale=1.0 if name == "tra" else None)
+    out.float().square().sum().backward()
+    assert torch.isfinite(out).all()
+    assert all(torch.isfinite(t.grad).all() for t in leaves)
+
+
+def test_no_grad_inference_path():
+    q, k, v = make_inputs("stickbreaking", 1, 2, 100, 32, torch.bfloat16, seed=1)
+    with torch.no_grad():
+        for name in MECHANISMS:
+            out = get_kernel(name)(q, k, v, sm_scale=1.0 if name == "tra" else None)
+            assert torch.isfinite(out).all()
