@@ -14,6 +14,7 @@ factor multiplying each query row's (biased) scores, ``sm_scale`` default ``1 / 
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 
@@ -45,9 +46,18 @@ def get_kernel(mechanism: str) -> Callable | None:
     target = _KERNELS.get(mechanism)
     if target is None or not triton_available():
         return None
+    return _load(target)
+
+
+@functools.cache
+def _load(target: str) -> Callable:
+    import torch
+
     module_name, function_name = target.split(":")
     module = importlib.import_module(f"lengthbench.kernels.{module_name}")
-    return getattr(module, function_name)
+    # torch.compile must not trace into the Triton launches (Inductor re-types their constants);
+    # a graph break keeps the op an opaque autograd function inside compiled models.
+    return torch.compiler.disable(getattr(module, function_name))
 
 
 def kernel_names() -> list[str]:
