@@ -85,7 +85,7 @@ def plot_curves(board: pd.DataFrame, out: str | Path) -> list[Path]:
         ax.set_ylim(-2, 102)
         ax.set_yticks([0, 20, 40, 60, 80, 100 * REACH_THRESHOLD, 100])
         ax.set_yticklabels(["0", "20", "40", "60", "80", f"{100 * REACH_THRESHOLD:.0f} (reach)", "100"])
-        ax.set_xlabel(f"evaluation length: multiplier of n={train_length} (top), tokens (bottom), log2 scale")
+        ax.set_xlabel(f"evaluation length: multiplier of n={train_length} (top), nominal length n (bottom), log2 scale")
         metric = METRIC_NAMES.get(table["metric"].iloc[0], str(table["metric"].iloc[0]))
         ax.set_ylabel(f"{metric} (%)")
         legend_note = "lines: best seed, bands: mean ± std" if table["seeds"].max() > 1 else "one seed"
