@@ -122,9 +122,9 @@ def build_config(task: str, attn: str, pe: str, preset: str = "smoke", **overrid
     if warmup_fraction is not None and overrides.get("warmup_steps") is None:
         steps = -(-values["train_samples"] // values["batch_size"])
         values["warmup_steps"] = max(1, int(warmup_fraction * steps))
-    from lengthbench.tasks import TASKS  # canonical names, so aliases share run ids
     from lengthbench.models.attention import ATTENTION
     from lengthbench.models.positional import POSITIONAL_ENCODINGS
+    from lengthbench.tasks import TASKS  # canonical names, so aliases share run ids
 
     return RunConfig(task=TASKS.canonical(task), attn=ATTENTION.canonical(attn),
                      pe=POSITIONAL_ENCODINGS.canonical(pe), preset=preset, **values)

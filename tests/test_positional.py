@@ -3,7 +3,12 @@ import math
 import pytest
 import torch
 
-from lengthbench.models.positional import POSITIONAL_ENCODINGS, alibi_slopes, build_pe, llama3_inverse_frequencies
+from lengthbench.models.positional import (
+    POSITIONAL_ENCODINGS,
+    alibi_slopes,
+    build_pe,
+    llama3_inverse_frequencies,
+)
 
 
 def test_alibi_slopes_follow_press_et_al():

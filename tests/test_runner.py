@@ -25,7 +25,7 @@ def test_learning_rate_warms_up_then_decays_to_the_floor():
                           lr=1e-3, min_lr_ratio=0.1)
     rates = [learning_rate(config, s) for s in range(config.train_steps)]
     assert rates[0] == pytest.approx(1e-4) and rates[9] == pytest.approx(1e-3)
-    assert all(a >= b for a, b in zip(rates[10:], rates[11:]))
+    assert all(a >= b for a, b in zip(rates[10:], rates[11:], strict=False))
     assert rates[-1] == pytest.approx(1e-4, rel=0.05)
 
 
