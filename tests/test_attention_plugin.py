@@ -40,3 +40,26 @@ def test_example_plugin_registers_and_trains():
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad and p is not model.embed.weight)
     model.set_query_chunk(4)
     torch.testing.assert_close(model(ids), logits)
+
+
+def test_lengthbench_run_with_a_plugin_mechanism(tmp_path):
+    """``lengthbench run --attn sigmoid --plugin my_attention``: the user's mechanism end to end, and an
+    unknown plugin module is a one-line error with exit code 2."""
+    import os
+    import subprocess
+
+    import pandas as pd
+
+    env = dict(os.environ, PYTHONPATH=str(EXAMPLES), OMP_NUM_THREADS="1")
+    base = [sys.executable, "-m", "lengthbench.cli", "run", "--task", "copy", "--attn", "sigmoid", "--pe", "none",
+            "--train-samples", "320", "--max-multiplier", "2", "--eval-samples", "4", "--no-diagnostics",
+            "--quiet", "--results", str(tmp_path)]
+    done = subprocess.run([*base, "--plugin", "my_attention"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = pd.concat(pd.read_parquet(p) for p in (tmp_path / "runs").glob("*.parquet"))
+    assert set(rows["attn"]) == {"sigmoid"} and list(rows["multiplier"]) == [1, 2]
+
+    missing = subprocess.run([*base, "--plugin", "no_such_module"], env=env, capture_output=True, text=True,
+                             timeout=120)
+    assert missing.returncode == 2 and "no_such_module" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
