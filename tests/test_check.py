@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from cli_helpers import cli
 
 from lengthbench.check import compare_curves, load_baseline, run_check
 from lengthbench.errors import UsageError
 
 TINY = Path(__file__).resolve().parent.parent / "results" / "baselines" / "tiny.json"
-
-
-def cli(monkeypatch, *args) -> int:
-    from lengthbench.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["lengthbench", *map(str, args)])
-    try:
-        main()
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    return 0
 
 
 @pytest.fixture(scope="module")

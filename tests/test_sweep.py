@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+from cli_helpers import cli
 
 from lengthbench.errors import UsageError
 from lengthbench.store import CONTRACT_COLUMNS, run_finished, write_run
@@ -14,17 +15,6 @@ from lengthbench.sweep import parse_seeds, plan_sweep, run_sweep, split_list
 
 TINY = {"train_samples": 64, "batch_size": 32, "eval_samples": 8, "val_samples": 8, "max_multiplier": 1,
         "d_model": 16, "n_heads": 2, "ffn": 32, "n_layers": 1, "diagnostics": False}
-
-
-def cli(monkeypatch, *args) -> int:
-    from lengthbench.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["lengthbench", *map(str, args)])
-    try:
-        main()
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    return 0
 
 
 def fake_rows(config, device="cpu"):
