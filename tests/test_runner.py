@@ -120,3 +120,20 @@ def test_killed_run_resumes_to_the_same_rows(tmp_path):
     assert a["run_id"].tolist() == b["run_id"].tolist()
     assert a["exact_match"].tolist() == b["exact_match"].tolist()
     assert a["token_accuracy"].tolist() == b["token_accuracy"].tolist()
+
+
+def test_feature_task_runs_end_to_end_and_the_model_reads_the_features(tmp_path):
+    """Max Retrieval's priorities reach the model: logits change with the features alone."""
+    config = build_config("maxretrieval", "softmax", "nape", "smoke", train_samples=320, batch_size=32, d_model=32,
+                          n_heads=4, ffn=64, n_layers=1, max_multiplier=2, eval_samples=8, val_samples=8,
+                          diagnostics=False, train_length=16)
+    frame = run_cell(config, tmp_path, device="cpu", progress=False)
+    assert list(frame["eval_length"]) == [16, 32]
+    model, task, _ = load_model(tmp_path, config.run_id)
+    batch = task.batch([0, 1], 16, "test", 0)
+    assert batch.features is not None
+    ids = torch.from_numpy(batch.input_ids)
+    features = torch.from_numpy(batch.features)
+    with torch.no_grad():
+        a, b = model(ids, features), model(ids, features.flip(-1))
+    assert not torch.allclose(a, b)
