@@ -193,7 +193,7 @@ def _parse_cell(path: Path, index: int, raw: Any, need_curves: bool) -> Cell:
 def write_baseline(baseline: Baseline, cells: list[Cell]) -> None:
     """Rewrite the baseline file atomically with ``cells`` (their configs and new curves)."""
     from lengthbench import __version__
-    from lengthbench.leaderboard import _atomic_write_text
+    from lengthbench.store import atomic_write_text
 
     try:
         from lengthbench.runner import git_sha
@@ -210,7 +210,7 @@ def write_baseline(baseline: Baseline, cells: list[Cell]) -> None:
                          "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds")},
         "cells": [cell.to_json() for cell in cells],
     }
-    _atomic_write_text(baseline.path, json.dumps(data, indent=2) + "\n")
+    atomic_write_text(baseline.path, json.dumps(data, indent=2) + "\n")
 
 
 # -- comparing ------------------------------------------------------------------------------------

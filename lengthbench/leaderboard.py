@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from lengthbench.errors import UsageError
-from lengthbench.store import StoreError, load_results, runs_dir
+from lengthbench.store import StoreError, atomic_write_text, load_results, runs_dir
 
 REACH_THRESHOLD = 0.9
 TABLE_KEYS = ["task", "preset", "train_length"]  # runs in one table share these
@@ -296,23 +296,8 @@ def write_leaderboard(board: pd.DataFrame, fmt: str, out: Path | None, *, source
     text = to_markdown(board, source=source) if fmt == "markdown" else board.to_csv(index=False, float_format="%.4f")
     if out is None:
         return text
-    _atomic_write_text(Path(out), text)
+    atomic_write_text(Path(out), text)
     return None
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 FORMATS = ("markdown", "parquet", "csv")

@@ -14,7 +14,6 @@ import math
 import os
 import platform
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from lengthbench.config import RunConfig
 from lengthbench.data import BatchProducer, TrainStream, default_workers
 from lengthbench.errors import UsageError
 from lengthbench.models.decoder import Decoder, ModelConfig
-from lengthbench.store import load_results, run_finished, run_path, write_run
+from lengthbench.store import atomic_write, atomic_write_text, load_results, run_finished, run_path, write_run
 from lengthbench.tasks import IGNORE_INDEX, eval_lengths, get_task
 
 # --------------------------------------------------------------------------------------------------
@@ -83,15 +82,7 @@ def learning_rate(config: RunConfig, step: int) -> float:
 
 
 def atomic_torch_save(obj, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def build_model(config: RunConfig, task) -> Decoder:
@@ -479,7 +470,7 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
                 diagnostic_rows=diagnostics.get("diagnostic_rows", 0),
                 diagnostics_json=json.dumps(diagnostics.get("per_head", {})) if diagnostics else "",
             )
-            _atomic_write_text(partial_path, json.dumps(list(done.values())))
+            atomic_write_text(partial_path, json.dumps(list(done.values())))
             bar.update(task_id, advance=1, info=f"{multiplier}x: {scores.metric(task.metric):.3f} in {seconds:.1f}s")
     created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     rows = [dict(common, **done[m], created_at=created_at) for m, _ in lengths]
@@ -487,13 +478,6 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
     partial_path.unlink(missing_ok=True)
     trainer.checkpoint_path.unlink(missing_ok=True)  # the run is in the store; model.pt stays for inspect
     return pd.read_parquet(run_path(results, run_id))
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 def load_model(results: str | Path, run_id: str, device: str = "cpu"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -37,16 +38,27 @@ def run_path(results: str | Path, run_id: str) -> Path:
     return runs_dir(results) / f"{run_id}.parquet"
 
 
-def atomic_write_parquet(frame: pd.DataFrame, path: Path) -> None:
+def atomic_write(path: Path, write: Callable[[str], object]) -> None:
+    """The one way this package writes a file: ``write(tmp)`` fills a temporary file beside ``path``,
+    which then replaces ``path`` in one step; an interrupted write leaves the old file untouched."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        frame.to_parquet(tmp, index=False)
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def atomic_write_parquet(frame: pd.DataFrame, path: Path) -> None:
+    atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
 def write_run(results: str | Path, run_id: str, rows: list[dict]) -> Path:
