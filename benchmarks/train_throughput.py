@@ -4,7 +4,7 @@ Runs the real pipeline (background data workers -> device -> compiled step with 
 AdamW, clipping) for a few hundred steps per variant and records samples/s after warm-up:
 
     python benchmarks/train_throughput.py --task mqmtar --preset paper --batch-sizes 128,512,1024 \
-        --pes rope,nape --out results/throughput
+        --pes rope,nape --pad-multiples 0,8 --compile-modes default,reduce-overhead --out results/throughput
 
 Writes ``<out>/train_throughput.parquet`` and ``.md`` with the device, date and command.
 """
@@ -21,59 +21,76 @@ import pandas as pd
 import torch
 
 from lengthbench.config import build_config
-from lengthbench.data import BatchProducer, TrainStream, default_workers
+from lengthbench.data import BatchProducer, default_workers
 from lengthbench.runner import Trainer, _to_device, device_description
 from lengthbench.tasks import get_task
 
 
 def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile_mode: str, steps: int,
-            warmup: int) -> dict:
+            warmup: int, pad_multiple: int, dynamic: str) -> dict:
     config = build_config(task, attn, pe, preset, batch_size=batch_size, compile=compile_mode != "eager",
                           compile_mode=compile_mode if compile_mode != "eager" else "default",
                           train_samples=batch_size * (steps + warmup), eval_every=10**9, checkpoint_every=10**9)
     task_obj = get_task(task)
     device = torch.device("cuda")
+    Trainer.pad_multiple = pad_multiple if pad_multiple > 0 else 10**6  # 0: every batch at the widest
+    Trainer.compile_dynamic = {"auto": None, "static": False, "dynamic": True}[dynamic]
+    torch._dynamo.reset()
     trainer = Trainer(config, task_obj, device, Path("/tmp/throughput"), progress=False)
-    stream = TrainStream(task, (), 0, batch_size, config.train_length,
-                         task_obj.max_tokens(config.train_length))
-    producer = BatchProducer(stream, 0, steps + warmup, workers=default_workers("cuda"))
-    started = None
-    for step, (input_ids, labels, features) in enumerate(producer):
-        if step == warmup:
-            torch.cuda.synchronize()
-            started = time.perf_counter()
-        trainer.step_fn(_to_device(input_ids, device), _to_device(labels, device),
-                        _to_device(features, device, torch.float32))
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - started
-    producer.close()
+    stream = trainer.train_stream()
+    widths = stream.widths()
+
+    def run(first: int, count: int) -> tuple[float, float]:
+        producer = BatchProducer(stream, first, first + count, workers=default_workers("cuda"))
+        tokens = 0
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for input_ids, labels, features in producer:
+            tokens += input_ids.shape[1]
+            trainer.step_fn(_to_device(input_ids, device), _to_device(labels, device),
+                            _to_device(features, device, torch.float32))
+        torch.cuda.synchronize()
+        producer.close()
+        return time.perf_counter() - started, tokens / count
+
+    # Warm-up: compile (and record CUDA graphs for) every padded width before timing.
+    compile_seconds, _ = run(0, warmup)
+    seconds, mean_width = run(warmup, steps)
     params = sum(p.numel() for p in trainer.model.parameters())
     return dict(task=task, attn=attn, pe=pe, preset=preset, batch_size=batch_size, compile_mode=compile_mode,
-                steps=steps, samples_per_s=steps * batch_size / seconds, step_ms=1000 * seconds / steps,
-                parameters=params, tokens_per_sample=task_obj.max_tokens(config.train_length),
-                layers=config.n_layers, d_model=config.d_model, heads=config.n_heads)
+                pad_multiple=pad_multiple, dynamic=dynamic, steps=steps, samples_per_s=steps * batch_size / seconds,
+                step_ms=1000 * seconds / steps, warmup_s=compile_seconds, parameters=params,
+                tokens_per_sample=task_obj.max_tokens(config.train_length), mean_padded_width=mean_width,
+                widths=",".join(map(str, widths)), layers=config.n_layers, d_model=config.d_model,
+                heads=config.n_heads)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="mqmtar")
-    parser.add_argument("--attn", default="softmax")
+    parser.add_argument("--attns", default="softmax")
     parser.add_argument("--pes", default="rope,nape")
     parser.add_argument("--preset", default="paper")
     parser.add_argument("--batch-sizes", default="128,512,1024")
     parser.add_argument("--compile-modes", default="default")
+    parser.add_argument("--pad-multiples", default="8", help="bucket widths (0: pad every batch to the widest)")
+    parser.add_argument("--dynamic", default="auto", help="torch.compile shapes: auto, static or dynamic")
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=60, help="untimed steps first (compiles every width)")
     parser.add_argument("--out", default="results/throughput")
     args = parser.parse_args()
     rows = []
-    for pe in args.pes.split(","):
-        for mode in args.compile_modes.split(","):
-            for batch_size in (int(b) for b in args.batch_sizes.split(",")):
-                row = measure(args.task, args.attn, pe, args.preset, batch_size, mode, args.steps, args.warmup)
-                rows.append(row)
-                print(f"{pe:6s} {mode:16s} batch {batch_size:5d}: {row['samples_per_s']:10,.0f} samples/s "
-                      f"({row['step_ms']:.2f} ms/step)", flush=True)
+    for attn in args.attns.split(","):
+        for pe in args.pes.split(","):
+            for mode in args.compile_modes.split(","):
+                for pad in (int(p) for p in args.pad_multiples.split(",")):
+                    for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+                        row = measure(args.task, attn, pe, args.preset, batch_size, mode, args.steps, args.warmup,
+                                      pad, args.dynamic)
+                        rows.append(row)
+                        print(f"{attn:13s} {pe:5s} {mode:15s} pad {pad:2d} batch {batch_size:5d}: "
+                              f"{row['samples_per_s']:10,.0f} samples/s ({row['step_ms']:.2f} ms/step, mean width "
+                              f"{row['mean_padded_width']:.1f}, warm-up {row['warmup_s']:.0f} s)", flush=True)
     frame = pd.DataFrame(rows)
     frame["device"] = device_description(torch.device("cuda"))
     frame["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -81,8 +98,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out / "train_throughput.parquet", index=False)
-    columns = ["task", "attn", "pe", "batch_size", "compile_mode", "samples_per_s", "step_ms", "parameters",
-               "tokens_per_sample"]
+    columns = ["task", "attn", "pe", "batch_size", "compile_mode", "pad_multiple", "dynamic", "samples_per_s",
+               "step_ms", "mean_padded_width", "warmup_s", "parameters"]
     (out / "train_throughput.md").write_text(
         f"# Training throughput\n\nDevice: {frame['device'].iloc[0]}; {frame['created_at'].iloc[0]}\n\n"
         f"Command: `{frame['command'].iloc[0]}`\n\n" + frame[columns].round(2).to_markdown(index=False) + "\n")

@@ -25,7 +25,23 @@ class TrainStream:
     seed: int
     batch_size: int
     train_length: int
-    pad_to: int | None  # pad every batch to this width (static shapes for compiled models)
+    pad_to: int | None  # the widest batch: pad up to a bucket of at most this width (compiled models)
+    pad_multiple: int = 16  # bucket widths: multiples of this, capped at ``pad_to``
+
+    def padded_width(self, width: int) -> int:
+        """The width a batch of ``width`` tokens is padded to: the next multiple of ``pad_multiple``, at
+        most ``pad_to``. A few bucket widths keep the compiled shapes few (one graph each) while a short
+        batch no longer pays for the longest (causal attention: trailing pads change no scored output)."""
+        if self.pad_to is None:
+            return width
+        bucket = -(-width // self.pad_multiple) * self.pad_multiple
+        return max(width, min(bucket, self.pad_to))
+
+    def widths(self) -> list[int]:
+        """The padded widths this stream's batches can have (at most: every training length's widest)."""
+        task = _task(self)
+        low, high = task.train_length_range(self.train_length)
+        return sorted({self.padded_width(task.max_tokens(n)) for n in range(low, high + 1)})
 
     def length_of_step(self, step: int, low: int, high: int) -> int:
         rng = SampleRandom(stream_key("train-length", self.task, self.seed), np.array([step]))
@@ -50,8 +66,8 @@ def make_train_batch(stream: TrainStream, step: int):
     first = step * stream.batch_size
     batch = task.batch(np.arange(first, first + stream.batch_size), n, "train", stream.seed)
     input_ids, labels, features = batch.input_ids, batch.labels, batch.features
-    if stream.pad_to is not None and input_ids.shape[1] < stream.pad_to:
-        extra = stream.pad_to - input_ids.shape[1]
+    extra = stream.padded_width(input_ids.shape[1]) - input_ids.shape[1]
+    if extra > 0:
         input_ids = np.pad(input_ids, ((0, 0), (0, extra)))
         labels = np.pad(labels, ((0, 0), (0, extra)), constant_values=-100)
         if features is not None:
@@ -101,6 +117,9 @@ class BatchProducer:
 
 
 def default_workers(device_type: str) -> int:
+    """Data worker processes: none on a CPU, else ``LENGTHBENCH_DATA_WORKERS`` or up to 8 of the cores."""
     if device_type != "cuda":
         return 0
+    if os.environ.get("LENGTHBENCH_DATA_WORKERS"):
+        return max(1, int(os.environ["LENGTHBENCH_DATA_WORKERS"]))
     return max(1, min(8, (os.cpu_count() or 2) - 2))

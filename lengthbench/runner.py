@@ -223,6 +223,12 @@ class TrainState:
 
 
 class Trainer:
+    # Training batches on a compiled CUDA model are padded up to multiples of ``pad_multiple`` tokens (a few
+    # bucket shapes instead of one worst-case width: MQMTAR's mean padded width falls from 91 to 78), and the
+    # step is compiled with automatic dynamic shapes (one static graph, then one over the sequence length).
+    pad_multiple: int = 8
+    compile_dynamic: bool | None = None
+
     def __init__(self, config: RunConfig, task, device: torch.device, results: Path, progress: bool = True):
         self.config = config
         self.task = task
@@ -276,8 +282,8 @@ class Trainer:
             return loss, correct, scored.sum()
 
         if device.type == "cuda" and self.config.compile:
-            # "reduce-overhead" adds CUDA graphs (static shapes: batches are padded to one width)
-            forward_loss = torch.compile(forward_loss, dynamic=False, mode=self.config.compile_mode)
+            # "reduce-overhead" adds CUDA graphs (recorded once per padded width)
+            forward_loss = torch.compile(forward_loss, dynamic=self.compile_dynamic, mode=self.config.compile_mode)
 
         def step(input_ids, labels, features):
             loss, correct, scored = forward_loss(input_ids, labels, features)
@@ -289,6 +295,14 @@ class Trainer:
             return loss.detach().clone(), correct.clone(), scored.clone()
 
         return step
+
+    def train_stream(self) -> TrainStream:
+        """The training batches: padded to bucket widths where the step is compiled for CUDA."""
+        config = self.config
+        padded = self.device.type == "cuda" and config.compile
+        pad_to = self.task.max_tokens(config.train_length) if padded else None
+        return TrainStream(config.task, tuple(sorted(config.task_params.items())), config.seed, config.batch_size,
+                           config.train_length, pad_to, self.pad_multiple)
 
     def _select(self, evaluator: Evaluator) -> float:
         n = self.config.train_length * (8 if self.config.selection == "8x" else 1)
@@ -306,9 +320,7 @@ class Trainer:
         total = config.train_steps
         if self.state.step >= total:
             return
-        pad_to = self.task.max_tokens(config.train_length) if (self.device.type == "cuda" and config.compile) else None
-        stream = TrainStream(config.task, tuple(sorted(config.task_params.items())), config.seed, config.batch_size,
-                             config.train_length, pad_to)
+        stream = self.train_stream()
         producer = BatchProducer(stream, self.state.step, total, workers=default_workers(self.device.type))
         evaluator = Evaluator(self.model, self.task, self.device, seed=config.seed)
         self.model.train()

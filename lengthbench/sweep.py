@@ -35,7 +35,7 @@ from typing import Any
 from lengthbench.config import RunConfig, build_config
 from lengthbench.errors import UsageError
 
-SWEEP_KEYS = ("tasks", "attns", "pes", "seeds", "preset", "results", "device", "overrides")
+SWEEP_KEYS = ("tasks", "attns", "pes", "seeds", "preset", "results", "device", "per_gpu", "overrides")
 
 
 def split_list(text: str | Iterable | None) -> list[str]:
@@ -132,8 +132,11 @@ def default_train_length(task: str, overrides: dict[str, Any]) -> dict[str, int]
     return {"train_length": type(get_task(task, **(overrides.get("task_params") or {}))).default_train_length}
 
 
-def gpu_slots(device: str) -> list[str]:
-    """The GPUs to spread cells over (as ``CUDA_VISIBLE_DEVICES`` values); empty: run in-process."""
+def gpu_slots(device: str, per_gpu: int = 1) -> list[str]:
+    """The worker slots to spread cells over: ``"GPU"`` or ``"GPU.i"`` for the i-th extra cell sharing that GPU
+    (its ``CUDA_VISIBLE_DEVICES`` is the part before the dot); empty: run in this process."""
+    if per_gpu < 1:
+        raise UsageError(f"per-gpu must be at least 1, got {per_gpu}")
     if device == "cpu":
         return []
     import torch
@@ -143,7 +146,12 @@ def gpu_slots(device: str) -> list[str]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [v.strip() for v in visible.split(",") if v.strip()] if visible else [
         str(i) for i in range(torch.cuda.device_count())]
-    return ids if len(ids) > 1 else []
+    slots = [gpu if i == 0 else f"{gpu}.{i}" for i in range(per_gpu) for gpu in ids]
+    return slots if len(slots) > 1 else []
+
+
+def slot_gpu(slot: str) -> str:
+    return slot.split(".")[0]
 
 
 @dataclass
@@ -251,7 +259,10 @@ def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, comm
                 if slot not in running and queue:
                     config = queue.pop(0)
                     log = open(log_dir / f"{config.run_id}.log", "ab")  # noqa: SIM115 (closed when it ends)
-                    env = dict(os.environ, CUDA_VISIBLE_DEVICES=slot)
+                    # Cells sharing the machine share its cores for their data workers too.
+                    workers = max(1, (os.cpu_count() or 2) // len(slots) - 1)
+                    env = dict(os.environ, CUDA_VISIBLE_DEVICES=slot_gpu(slot),
+                               LENGTHBENCH_DATA_WORKERS=os.environ.get("LENGTHBENCH_DATA_WORKERS", str(workers)))
                     process = subprocess.Popen(command(config, results), stdout=log, stderr=subprocess.STDOUT,
                                                env=env)
                     running[slot] = (process, config, time.perf_counter(), log)

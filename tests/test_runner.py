@@ -35,8 +35,31 @@ def test_training_batches_are_a_function_of_the_step():
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
     lengths = {(make_train_batch(stream, s)[0].shape[1] - 3) // 2 for s in range(40)}
     assert min(lengths) >= 32 and max(lengths) <= 64 and len(lengths) > 5
-    padded = make_train_batch(TrainStream("copy", (), 0, 8, 64, 131), 5)
+    padded = make_train_batch(TrainStream("copy", (), 0, 8, 64, 131, pad_multiple=1000), 5)
     assert padded[0].shape[1] == 131 and (padded[1][:, a[0].shape[1]:] == -100).all()
+
+
+def test_training_batches_pad_to_bucket_widths():
+    stream = TrainStream("copy", (), 0, 8, 64, 131, pad_multiple=8)
+    assert stream.widths() == [72, 80, 88, 96, 104, 112, 120, 128, 131]
+    for step in range(30):
+        raw = make_train_batch(TrainStream("copy", (), 0, 8, 64, None), step)
+        ids, labels, _ = make_train_batch(stream, step)
+        width = raw[0].shape[1]
+        assert ids.shape[1] in stream.widths() and width <= ids.shape[1] < width + 8
+        assert np.array_equal(ids[:, :width], raw[0]) and (labels[:, width:] == -100).all()
+
+
+@pytest.mark.parametrize("pe", ["nape", "rope", "alibi", "none"])
+def test_trailing_pads_change_no_output(pe):
+    # Bucketed padding relies on it: a causal model's outputs before the pads do not see them.
+    task = get_task("copy")
+    torch.manual_seed(0)
+    model = build_model(build_config("copy", "softmax", pe, "smoke", **TINY), task).eval()
+    ids = torch.as_tensor(task.batch(np.arange(3), 40, "train", 0).input_ids)
+    padded = torch.nn.functional.pad(ids, (0, 13))
+    with torch.no_grad():
+        assert torch.allclose(model(ids), model(padded)[:, : ids.shape[1]], atol=1e-5)
 
 
 def test_evaluator_scores_a_perfect_and_a_wrong_model():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 
@@ -133,6 +134,31 @@ def test_worker_pool_gives_each_worker_one_gpu(tmp_path):
     assert devices <= {"gpu 0", "gpu 1"} and {slot for kind, slot in events if kind == "start"} == {"0", "1"}
     assert all((tmp_path / "store" / "logs" / f"{c.run_id}.log").exists() for c in configs)
     assert isinstance(outcomes[0].curve, dict) and pd.notna(outcomes[0].curve[1])
+
+
+def test_cells_sharing_a_gpu_see_that_gpu_and_split_the_cores(tmp_path, monkeypatch):
+    from lengthbench import sweep
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert sweep.gpu_slots("auto", per_gpu=3) == ["0", "1", "0.1", "1.1", "0.2", "1.2"]
+    assert sweep.gpu_slots("cpu", per_gpu=3) == [] and sweep.gpu_slots("auto") == ["0", "1"]
+    with pytest.raises(UsageError, match="per-gpu"):
+        sweep.gpu_slots("auto", per_gpu=0)
+    monkeypatch.delenv("LENGTHBENCH_DATA_WORKERS", raising=False)
+    configs = plan_sweep(["copy"], ["softmax"], ["rope", "nape", "alibi"], [0])
+    script = WORKER.replace('device="gpu " + os.environ["CUDA_VISIBLE_DEVICES"]',
+                            'device="gpu " + os.environ["CUDA_VISIBLE_DEVICES"] + " w" '
+                            '+ os.environ["LENGTHBENCH_DATA_WORKERS"]')
+    outcomes = run_sweep(configs, tmp_path / "store", slots=["0", "0.1", "0.2"],
+                         worker_command=lambda config, results: [sys.executable, "-c", script, str(results),
+                                                                 config.to_json(), config.run_id])
+    from lengthbench.store import load_results
+
+    assert [o.status for o in outcomes] == ["done"] * 3 and {o.slot for o in outcomes} == {"0", "0.1", "0.2"}
+    workers = max(1, (os.cpu_count() or 2) // 3 - 1)
+    assert set(load_results(tmp_path / "store")["device"]) == {f"gpu 0 w{workers}"}
 
 
 def test_a_real_tiny_sweep_then_leaderboard(tmp_path, monkeypatch, capsys):

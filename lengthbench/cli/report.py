@@ -60,6 +60,8 @@ def register(app: typer.Typer) -> None:
         max_multiplier: int = typer.Option(None, "--max-multiplier", help="Largest multiplier (a power of 2)."),
         eval_samples: int = typer.Option(None, "--eval-samples", help="Samples per evaluation length."),
         train_length: int = typer.Option(None, "--train-length", help="n_train (default 64)."),
+        per_gpu: int = typer.Option(None, "--per-gpu", help="Cells run side by side on each GPU (default 1; "
+                                    "small models leave a GPU idle between launches, so 2-4 raise the total rate)."),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the cells and what is done; run nothing."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     ) -> None:
@@ -70,6 +72,7 @@ def register(app: typer.Typer) -> None:
             plan_sweep,
             read_sweep_file,
             run_sweep,
+            slot_gpu,
             split_list,
         )
 
@@ -92,8 +95,11 @@ def register(app: typer.Typer) -> None:
         from lengthbench.store import run_finished
 
         done_before = sum(run_finished(results, c.run_id) for c in configs)
-        slots = [] if dry_run else gpu_slots(device)
-        where = f"{len(slots)} GPUs, one cell each" if len(slots) > 1 else ("this process" if not dry_run else "")
+        per_gpu = per_gpu if per_gpu is not None else int(settings.get("per_gpu", 1))
+        slots = [] if dry_run else gpu_slots(device, per_gpu)
+        gpus = len({slot_gpu(s) for s in slots})
+        where = (f"{gpus} GPUs x {len(slots) // gpus} cells" if len(slots) > 1 else
+                 ("this process" if not dry_run else ""))
         err.print(f"[bold]sweep[/]: {len(configs)} cells ({len(task_list)} tasks x {len(attn_list)} attns x "
                   f"{len(pe_list)} pes x {len(seed_list)} seeds), preset {preset}; {done_before} already in "
                   f"{results}" + (f"; running in {where}" if where else ""), highlight=False)

@@ -1,0 +1,89 @@
+"""Evaluation time at the longest length: the ``paper`` MQMTAR model (4 layers, d 512, 16 heads) scoring
+samples at n = 65,536 through the runner's Evaluator (adaptive batch, fused kernels), per mechanism.
+
+    python benchmarks/eval_time.py --attns softmax,sieve --samples 1000,50 --out results/kernels
+
+``--samples`` gives one count per mechanism (or one for all). The model is freshly initialised (timing does
+not depend on what it learned, except through the data-dependent tile skipping of the sparse kernels, which
+a trained model would make faster, not slower). Each mechanism gets one untimed warm-up sample first
+(compilation of the kernels). Rows record the samples actually timed; ``s_per_1000`` scales the measured
+rate to 1,000 samples and ``projected`` says when it is such a projection rather than a 1,000-sample run.
+Writes ``<out>/eval_time.parquet`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from lengthbench.config import build_config
+from lengthbench.runner import Evaluator, build_model, device_description
+from lengthbench.tasks import get_task
+
+
+def measure(task_name: str, attn: str, pe: str, n: int, samples: int) -> dict:
+    task = get_task(task_name)
+    config = build_config(task_name, attn, pe, "paper")
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    model = build_model(config, task).to(device)
+    evaluator = Evaluator(model, task, device, seed=0)
+    evaluator.score(n, 1)  # warm-up: kernel compilation
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(device)
+    started = time.perf_counter()
+    scores = evaluator.score(n, samples)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    return dict(task=task_name, attn=attn, pe=pe, n=n, tokens=scores.realised_tokens, samples=samples,
+                seconds=seconds, s_per_1000=seconds * 1000 / samples, projected=samples != 1000,
+                peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30, layers=config.n_layers,
+                d_model=config.d_model, heads=config.n_heads)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="mqmtar")
+    parser.add_argument("--attns", default="softmax")
+    parser.add_argument("--pe", default="rope", help="positional encoding (none for the position-free mechanisms)")
+    parser.add_argument("--n", type=int, default=65_536)
+    parser.add_argument("--samples", default="1000", help="samples per mechanism: one count, or one per --attns")
+    parser.add_argument("--out", default="results/kernels")
+    args = parser.parse_args()
+    attns = args.attns.split(",")
+    counts = [int(c) for c in args.samples.split(",")]
+    if len(counts) == 1:
+        counts = counts * len(attns)
+    if len(counts) != len(attns):
+        sys.exit("error: --samples takes one count or one per mechanism")
+    rows = []
+    for attn, count in zip(attns, counts, strict=True):
+        row = measure(args.task, attn, args.pe, args.n, count)
+        rows.append(row)
+        print(f"{attn:14s} {count:5d} samples at {row['tokens']:,.0f} tokens: {row['seconds']:8.1f} s "
+              f"({row['s_per_1000']:.0f} s per 1,000{' projected' if row['projected'] else ''}; peak "
+              f"{row['peak_mem_gib']:.1f} GiB)", flush=True)
+    frame = pd.DataFrame(rows)
+    base = frame.loc[frame["attn"] == "softmax", "s_per_1000"]
+    frame["vs_softmax"] = frame["s_per_1000"] / base.iloc[0] if len(base) else float("nan")
+    frame["device"] = device_description(torch.device("cuda"))
+    frame["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    frame["command"] = "python " + " ".join(sys.argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_parquet(out / "eval_time.parquet", index=False)
+    columns = ["attn", "pe", "tokens", "samples", "seconds", "s_per_1000", "projected", "vs_softmax", "peak_mem_gib"]
+    (out / "eval_time.md").write_text(
+        f"# Evaluation time at n = {args.n:,} ({args.task}, `paper` model)\n\nDevice: {frame['device'].iloc[0]}; "
+        f"{frame['created_at'].iloc[0]}\n\nCommand: `{frame['command'].iloc[0]}`\n\n"
+        + frame[columns].round(3).to_markdown(index=False) + "\n")
+
+
+if __name__ == "__main__":
+    main()
