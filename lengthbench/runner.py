@@ -9,6 +9,7 @@ resumed run sees the batches an uninterrupted one would.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -224,10 +225,13 @@ class TrainState:
 
 class Trainer:
     # Training batches on a compiled CUDA model are padded up to multiples of ``pad_multiple`` tokens (a few
-    # bucket shapes instead of one worst-case width: MQMTAR's mean padded width falls from 91 to 78), and the
-    # step is compiled with automatic dynamic shapes (one static graph, then one over the sequence length).
+    # bucket shapes instead of one worst-case width: MQMTAR's mean padded width falls from 91 to 78; the
+    # multiple doubles until there are at most ``max_widths``), one static graph per width. (Automatic
+    # dynamic shapes compile less but broke on the Sieve step in torch 2.11: "shape ... is invalid" when
+    # regenerating an output alias.)
     pad_multiple: int = 8
-    compile_dynamic: bool | None = None
+    max_widths: int = 6
+    compile_dynamic: bool | None = False
 
     def __init__(self, config: RunConfig, task, device: torch.device, results: Path, progress: bool = True):
         self.config = config
@@ -282,6 +286,8 @@ class Trainer:
             return loss, correct, scored.sum()
 
         if device.type == "cuda" and self.config.compile:
+            # one graph per padded width (and the validation shapes never go through this function)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * self.max_widths)
             # "reduce-overhead" adds CUDA graphs (recorded once per padded width)
             forward_loss = torch.compile(forward_loss, dynamic=self.compile_dynamic, mode=self.config.compile_mode)
 
@@ -301,8 +307,11 @@ class Trainer:
         config = self.config
         padded = self.device.type == "cuda" and config.compile
         pad_to = self.task.max_tokens(config.train_length) if padded else None
-        return TrainStream(config.task, tuple(sorted(config.task_params.items())), config.seed, config.batch_size,
-                           config.train_length, pad_to, self.pad_multiple)
+        stream = TrainStream(config.task, tuple(sorted(config.task_params.items())), config.seed,
+                             config.batch_size, config.train_length, pad_to, self.pad_multiple)
+        while padded and len(stream.widths()) > self.max_widths:
+            stream = dataclasses.replace(stream, pad_multiple=2 * stream.pad_multiple)
+        return stream
 
     def _select(self, evaluator: Evaluator) -> float:
         n = self.config.train_length * (8 if self.config.selection == "8x" else 1)
