@@ -35,7 +35,7 @@ from typing import Any
 from lengthbench.config import RunConfig, build_config
 from lengthbench.errors import UsageError
 
-SWEEP_KEYS = ("tasks", "attns", "pes", "seeds", "preset", "results", "device", "per_gpu", "overrides")
+SWEEP_KEYS = ("tasks", "attns", "pes", "cells", "seeds", "preset", "results", "device", "per_gpu", "overrides")
 
 
 def split_list(text: str | Iterable | None) -> list[str]:
@@ -121,6 +121,22 @@ def plan_sweep(tasks: list[str], attns: list[str], pes: list[str], seeds: list[i
         raise UsageError(str(error)) from error
     unique = {c.run_id: c for c in configs}  # aliases (nope/none) name the same cell
     return list(unique.values())
+
+
+def plan_cells(cells: list[str], seeds: list[int], preset: str = "smoke",
+               overrides: dict[str, Any] | None = None) -> list[RunConfig]:
+    """The configurations of an explicit cell list (``task:attn:pe`` each, as tables mix mechanisms and
+    encodings), in the order given, each with every seed."""
+    if not cells:
+        raise UsageError("--cells is empty: give at least one task:attn:pe")
+    configs: dict[str, RunConfig] = {}
+    for cell in cells:
+        parts = [part.strip() for part in cell.split(":")]
+        if len(parts) != 3 or not all(parts):
+            raise UsageError(f"a cell is task:attn:pe, e.g. copy:sieve:none; got {cell!r}")
+        for config in plan_sweep([parts[0]], [parts[1]], [parts[2]], seeds, preset, overrides):
+            configs.setdefault(config.run_id, config)
+    return list(configs.values())
 
 
 def default_train_length(task: str, overrides: dict[str, Any]) -> dict[str, int]:

@@ -174,3 +174,16 @@ def test_a_real_tiny_sweep_then_leaderboard(tmp_path, monkeypatch, capsys):
     assert "0 ran, 1 already in the store" in capsys.readouterr().out
     assert cli(monkeypatch, "leaderboard", "--results", store) == 0
     assert "| nape | softmax |" in capsys.readouterr().out
+
+
+def test_explicit_cells_keep_their_order_and_check_names(monkeypatch, capsys):
+    from lengthbench.sweep import plan_cells
+
+    configs = plan_cells(["copy:sieve:none", "copy:softmax:rope", "copy:sieve:nope"], [0, 1])
+    assert [(c.attn, c.pe, c.seed) for c in configs] == [("sieve", "none", 0), ("sieve", "none", 1),
+                                                        ("softmax", "rope", 0), ("softmax", "rope", 1)]
+    for bad in (["copy:softmax"], ["copy:nonsense:rope"], []):
+        with pytest.raises(UsageError):
+            plan_cells(bad, [0])
+    assert cli(monkeypatch, "sweep", "--cells", "copy:softmax:rope", "--tasks", "copy", "--dry-run") == 2
+    assert "not both" in capsys.readouterr().err

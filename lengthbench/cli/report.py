@@ -51,6 +51,8 @@ def register(app: typer.Typer) -> None:
         tasks: str = typer.Option(None, "--tasks", help="Comma-separated tasks, e.g. copy,2back."),
         attns: str = typer.Option(None, "--attns", help="Comma-separated attention mechanisms."),
         pes: str = typer.Option(None, "--pes", help="Comma-separated positional encodings."),
+        cells: str = typer.Option(None, "--cells", help="Explicit cells instead of the product, comma-separated "
+                                  "task:attn:pe, e.g. copy:softmax:rope,copy:sieve:none."),
         seeds: str = typer.Option(None, "--seeds", help="Seeds: 0,1,2 or 0-2 (default 0)."),
         preset: str = typer.Option(None, "--preset", help="smoke, quick or paper (default smoke)."),
         config_file: Path = typer.Option(None, "--config", help="Sweep file (TOML or JSON); flags override it."),
@@ -69,6 +71,7 @@ def register(app: typer.Typer) -> None:
         from lengthbench.sweep import (
             gpu_slots,
             parse_seeds,
+            plan_cells,
             plan_sweep,
             read_sweep_file,
             run_sweep,
@@ -91,7 +94,16 @@ def register(app: typer.Typer) -> None:
         device = device or settings.get("device", "auto")
         if device not in ("auto", "cpu", "cuda"):
             raise UsageError(f"unknown device {device!r}; choose from: auto, cpu, cuda")
-        configs = plan_sweep(task_list, attn_list, pe_list, seed_list, preset, overrides)
+        cell_list = split_list(cells if cells is not None else settings.get("cells"))
+        if cell_list and (tasks or attns or pes):
+            raise UsageError("give either --cells or --tasks/--attns/--pes, not both")
+        if cell_list:
+            configs = plan_cells(cell_list, seed_list, preset, overrides)
+            task_list = sorted({c.task for c in configs})
+            attn_list = sorted({c.attn for c in configs})
+            pe_list = sorted({c.pe for c in configs})
+        else:
+            configs = plan_sweep(task_list, attn_list, pe_list, seed_list, preset, overrides)
         from lengthbench.store import run_finished
 
         done_before = sum(run_finished(results, c.run_id) for c in configs)
@@ -100,8 +112,9 @@ def register(app: typer.Typer) -> None:
         gpus = len({slot_gpu(s) for s in slots})
         where = (f"{gpus} GPUs x {len(slots) // gpus} cells" if len(slots) > 1 else
                  ("this process" if not dry_run else ""))
-        err.print(f"[bold]sweep[/]: {len(configs)} cells ({len(task_list)} tasks x {len(attn_list)} attns x "
-                  f"{len(pe_list)} pes x {len(seed_list)} seeds), preset {preset}; {done_before} already in "
+        shape = (f"{len(cell_list)} listed x {len(seed_list)} seeds" if cell_list else
+                 f"{len(task_list)} tasks x {len(attn_list)} attns x {len(pe_list)} pes x {len(seed_list)} seeds")
+        err.print(f"[bold]sweep[/]: {len(configs)} cells ({shape}), preset {preset}; {done_before} already in "
                   f"{results}" + (f"; running in {where}" if where else ""), highlight=False)
         if dry_run:
             table = Table("cell", "run id", "status", title="sweep plan", title_justify="left")
