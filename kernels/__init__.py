@@ -9,7 +9,11 @@ mechanism). Every op has the signature::
 with ``q, k, v`` of shape ``[batch, heads, tokens, head_dim]`` (causal), ``slopes`` a ``[heads]`` tensor of
 ALiBi slopes (score ``- slope_h * (r - j)``) or None, ``row_scale`` an optional ``[batch, heads, tokens]``
 factor multiplying each query row's (biased) scores, ``sm_scale`` default ``1 / sqrt(head_dim)``, and
-``out`` of the shape of ``q``. This package imports neither ``lengthbench.models`` nor the harness.
+``out`` of the shape of ``q``. The one exception is ``tda``, which takes both views::
+
+    op(q1, k1, q2, k2, v, *, lam, slopes=None, row_scale=None, sm_scale=None, **mechanism_params) -> out
+
+This package imports neither ``lengthbench.models`` nor the harness.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import importlib
 from collections.abc import Callable
 
 # mechanism name -> "module:function" inside this package. Extra parameters: entmax and sieve ``alpha``
-# (1.5 only), softpick ``eps``, tra ``beta``/``kappa``/``power`` (unit q, k and ``sm_scale=1`` from the module).
-# All ops give gradients to q, k, v, ``row_scale`` and ``slopes`` (and tra's ``beta``). TDA runs as two tra calls.
+# (1.5 only), softpick ``eps``, tra ``beta``/``kappa``/``power`` (unit q, k and ``sm_scale=1`` from the
+# module), tda those of tra plus ``lam``. All ops give gradients to q, k, v, ``row_scale`` and ``slopes`` (and
+# tra's and tda's ``beta``, tda's ``lam``).
 _KERNELS: dict[str, str] = {
     "stickbreaking": "stickbreaking:stickbreaking_attention",
     "sieve": "sieve:sieve_attention",
@@ -29,6 +34,7 @@ _KERNELS: dict[str, str] = {
     "rectified": "rectified:rectified_attention",
     "rela": "rela:rela_attention",
     "tra": "tra:tra_attention",
+    "tda": "tda:tda_attention",
 }
 
 

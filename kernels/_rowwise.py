@@ -1,5 +1,6 @@
 """The tiled forward/backward shared by mechanisms whose weight is a pointwise map of the score, at most
-divided by one per-row sum: softpick, rectified, rela, tra (and tda through it) and entmax's output pass.
+divided by one per-row sum: softpick, rectified, rela, tra and entmax's output pass (``tda.py``'s two-view
+kernels reuse its pointwise maps).
 
 Each op module (``softpick.py``, ...) owns its mechanism code ``MECH`` and its autograd entry; this file holds
 the three kernels they share (forward; dq; dk/dv), specialised per mechanism at compile time:

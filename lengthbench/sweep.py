@@ -260,7 +260,10 @@ def plugin_modules() -> list[str]:
 
 
 def _worker_command(config: RunConfig, results: Path) -> list[str]:
-    return [sys.executable, "-m", "lengthbench.sweep", "--worker", str(results), config.to_json(),
+    # -P: no current directory on sys.path, where a checkout's lengthbench/ folder would shadow the
+    # installed (namespaced) package
+    safe = ["-P"] if sys.version_info >= (3, 11) else []
+    return [sys.executable, *safe, "-m", "lengthbench.sweep", "--worker", str(results), config.to_json(),
             ",".join(plugin_modules())]
 
 

@@ -4,11 +4,14 @@ Marked ``gpu``: skipped where CUDA is absent. Errors are ``max |kernel - ref| / 
 test prints its errors (run with ``-s`` to log them). Rows whose selection is decided by a near-tie
 (rectified: a score within ``TIE`` of 0; sieve: a score within ``TIE`` of the entmax threshold) are left
 out of the comparison (their output gradient is set to zero), since a rounding-level change of the score
-legitimately flips them; at most 5% of the rows may be such.
+legitimately flips them; at most 5% of the rows may be such. TDA's op takes two views (``q1, k1, q2, k2,
+v``) and has its own tests at the end, against ``attention_weights("tda", ...)`` with gradients to both views,
+``lam`` and ``beta``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -18,7 +21,7 @@ from lengthbench.kernels import _KERNELS, get_kernel, kernel_names, triton_avail
 
 pytestmark = pytest.mark.gpu
 
-MECHANISMS = sorted(_KERNELS)
+MECHANISMS = sorted(name for name in _KERNELS if name != "tda")  # the single-view ops
 # (tokens, head_dim, dtype, batch, heads)
 SHAPES = [  # few distinct (dtype, head_dim) pairs: each compiles every kernel once
     (1, 32, torch.float32, 2, 2),
@@ -39,9 +42,9 @@ TIE = 2e-5
 
 
 def test_registry_lists_kernels():
-    assert kernel_names() == MECHANISMS
+    assert kernel_names() == sorted([*MECHANISMS, "tda"])
     assert triton_available()
-    for name in MECHANISMS:
+    for name in kernel_names():
         assert callable(get_kernel(name))
 
 
@@ -201,3 +204,126 @@ def test_no_grad_inference_path():
         for name in MECHANISMS:
             out = get_kernel(name)(q, k, v, sm_scale=1.0 if name == "tra" else None)
             assert torch.isfinite(out).all()
+
+
+# -- TDA: two views, shared values ------------------------------------------------------------------------
+
+TDA_SHAPES = [  # (tokens, head_dim, dtype, batch, heads), as SHAPES
+    (1, 32, torch.float32, 2, 2),
+    (17, 16, torch.float32, 2, 2),
+    (64, 32, torch.float32, 2, 2),
+    (130, 64, torch.float32, 1, 2),
+    (1000, 32, torch.float32, 1, 2),
+    (4096, 32, torch.float32, 1, 1),
+    (17, 32, torch.bfloat16, 2, 2),
+    (64, 64, torch.bfloat16, 2, 2),
+    (1000, 16, torch.bfloat16, 1, 2),
+    (333, 128, torch.bfloat16, 1, 2),
+    (200, 48, torch.bfloat16, 1, 2),
+    (4096, 64, torch.bfloat16, 1, 1),
+]
+
+
+def make_tda_inputs(batch, heads, tokens, head_dim, dtype, seed):
+    """``q1, k1, q2, k2, v``; the four score operands unit-norm (the module's cosine scores)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    tensors = [torch.randn(batch, heads, tokens, head_dim, device="cuda", generator=gen) for _ in range(5)]
+    tensors[:4] = [torch.nn.functional.normalize(t, dim=-1) for t in tensors[:4]]
+    return [t.to(dtype) for t in tensors]
+
+
+def tda_reference(q1, k1, q2, k2, v, lam, beta, power, slopes=None, row_scale=None):
+    from lengthbench import attention_weights
+
+    z1, z2 = dense_scores(q1, k1, 1.0, slopes, row_scale), dense_scores(q2, k2, 1.0, slopes, row_scale)
+    w = attention_weights("tda", z1, scores2=z2, head_dim=q1.shape[-1], lam=lam, beta=beta, power=power)
+    return torch.matmul(w, v)
+
+
+def check_tda(tensors, *, lam, beta, power=2.0, slopes=None, row_scale=None, seed=0, label=""):
+    """The fused op against the float64 reference: output and the gradients of every tensor argument."""
+    dtype = tensors[0].dtype
+    named = dict(zip(["q1", "k1", "q2", "k2", "v"], tensors, strict=True), lam=lam, beta=beta)
+    if slopes is not None:
+        named["slopes"] = slopes
+    if row_scale is not None:
+        named["row_scale"] = row_scale
+    mine = {key: t.detach().clone().requires_grad_() for key, t in named.items()}
+    theirs = {key: t.detach().double().requires_grad_() for key, t in named.items()}
+
+    def call(fn, a):
+        return fn(a["q1"], a["k1"], a["q2"], a["k2"], a["v"], lam=a["lam"], beta=a["beta"], power=power,
+                  slopes=a.get("slopes"), row_scale=a.get("row_scale"))
+
+    out = call(functools.partial(get_kernel("tda"), sm_scale=1.0), mine)
+    assert out.shape == tensors[0].shape and out.dtype == dtype
+    assert torch.isfinite(out).all(), "NaN/inf in the output"
+    ref_out = call(tda_reference, theirs)
+    errors = {"out": rel_err(out, ref_out)}
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    dout = torch.randn(out.shape, device="cuda", generator=gen, dtype=torch.float64)
+    (out.double() * dout).sum().backward()
+    (ref_out * dout).sum().backward()
+    for key in named:
+        grad = mine[key].grad
+        assert grad is not None and torch.isfinite(grad).all(), f"d{key}: missing or non-finite"
+        errors[f"d{key}"] = rel_err(grad, theirs[key].grad)
+    print(f"ERR {'tda':14s} {label:28s} " + " ".join(f"{key}={val:.2e}" for key, val in errors.items()))
+    assert errors["out"] <= TOL_OUT[dtype], errors
+    for key, val in errors.items():
+        assert val <= TOL_GRAD[dtype], (key, errors)
+    return out
+
+
+@pytest.mark.parametrize("shape", TDA_SHAPES, ids=lambda s: f"T{s[0]}-D{s[1]}-{str(s[2])[6:]}")
+def test_tda_matches_reference(shape):
+    """Scalar ``lam`` and ``beta`` as the module has them (0-d tensors); beta 0.5 keeps more entries on."""
+    tokens, head_dim, dtype, batch, heads = shape
+    tensors = make_tda_inputs(batch, heads, tokens, head_dim, dtype, seed=tokens + head_dim)
+    lam, beta = torch.tensor(0.3, device="cuda"), torch.tensor(0.5, device="cuda")
+    check_tda(tensors, lam=lam, beta=beta, seed=tokens, label=f"T={tokens} D={head_dim} {dtype}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_tda_slopes_row_scale_per_head(dtype):
+    """ALiBi slopes and a row factor (which also skip the distant tiles), per-head ``lam`` and ``beta``."""
+    batch, heads, tokens, head_dim = 2, 3, 150, 32
+    tensors = make_tda_inputs(batch, heads, tokens, head_dim, dtype, seed=7)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    slopes = torch.tensor([0.5, 0.0625, 0.0], device="cuda")
+    row_scale = 0.5 + torch.rand(batch, heads, tokens, device="cuda", generator=gen)
+    lam = torch.tensor([0.2, 0.5, 0.8], device="cuda")
+    beta = torch.tensor([0.3, 0.6, 1.0], device="cuda")
+    check_tda(tensors, lam=lam, beta=beta, slopes=slopes, row_scale=row_scale,
+              label=f"slopes+row_scale {dtype}")
+
+
+def test_tda_power():
+    tensors = make_tda_inputs(2, 2, 130, 32, torch.float32, seed=4)
+    check_tda(tensors, lam=torch.tensor(0.6, device="cuda"), beta=torch.tensor(0.4, device="cuda"), power=1.5,
+              label="power=1.5")
+
+
+def test_tda_rows_with_nothing_active():
+    """Head 1's threshold (beta 50) is above every cosine score: its output and gradients are exact zeros,
+    head 0 still matches the reference, nothing is NaN."""
+    tensors = make_tda_inputs(1, 2, 300, 32, torch.float32, seed=13)
+    beta = torch.tensor([0.4, 50.0], device="cuda")
+    lam = torch.tensor([0.5, 0.5], device="cuda")
+    out = check_tda(tensors, lam=lam, beta=beta, label="beta=50 on head 1")
+    assert out[:, 1].abs().max().item() == 0.0 and out[:, 0].abs().max().item() > 0.0
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    lam = torch.tensor(0.5, device="cuda", requires_grad=True)
+    beta = torch.full_like(beta, 50.0).requires_grad_()
+    out = get_kernel("tda")(*leaves, lam=lam, beta=beta, sm_scale=1.0)
+    out.sum().backward()
+    assert out.abs().max().item() == 0.0
+    for t in [*leaves, lam, beta]:
+        assert torch.isfinite(t.grad).all() and t.grad.abs().max().item() == 0.0
+
+
+def test_tda_no_grad_inference_path():
+    q1, k1, q2, k2, v = make_tda_inputs(1, 2, 100, 32, torch.bfloat16, seed=1)
+    with torch.no_grad():
+        out = get_kernel("tda")(q1, k1, q2, k2, v, lam=0.5, beta=0.5, sm_scale=1.0)
+    assert torch.isfinite(out).all() and out.abs().max().item() > 0.0

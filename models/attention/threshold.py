@@ -159,11 +159,10 @@ class TDAAttention(_Thresholded, TwoViewAttention):
                            self.lam, query_positions=query_positions, **self.threshold_params())
 
     def attend(self, q, k, v, x):
-        op = self.kernel("tra") if q.is_cuda else None
-        if op is not None:  # linear in the weights: two TRA passes
+        # One fused pass over both views (unit q and k, sm_scale 1: cosine scores), shared values.
+        op = self.kernel() if q.is_cuda else None
+        if op is not None:
             (q1, q2), (k1, k2) = self.split(q), self.split(k)
-            params = self.threshold_params()
-            first = op(q1.contiguous(), k1.contiguous(), v, slopes=self.pe.slopes(), sm_scale=1.0, **params)
-            second = op(q2.contiguous(), k2.contiguous(), v, slopes=self.pe.slopes(), sm_scale=1.0, **params)
-            return first - self.lam.to(first.dtype) * second
+            return op(q1, k1, q2, k2, v, lam=self.lam, slopes=self.pe.slopes(), sm_scale=1.0,
+                      **self.threshold_params())
         return self.reference_attend(q, k, v, x)
