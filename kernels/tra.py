@@ -5,7 +5,7 @@ cosine scores). ``tau_r = beta * sqrt(2 * max(0, log((n_r + 1) / kappa)) / d)`` 
 head dim) is formed here with autograd, so a learnable ``beta`` (float, 0-d or ``[H]`` tensor) gets its
 gradient from the kernel's per-row ``dL/dtau_r = -sum_j dL/dz_rj``. The RMSNorm on the output is the
 module's. Kernels in ``_rowwise.py`` (code ``TRA``). TDA runs as two calls of this op (it is linear in
-the weights); see ``models/attention/threshold.py``.
+the weights) until its one-pass op (``tda.py``) is verified on a GPU; see ``models/attention/threshold.py``.
 """
 
 from __future__ import annotations

@@ -158,11 +158,22 @@ class TDAAttention(_Thresholded, TwoViewAttention):
         return tda_weights(scores[0], causal_mask(query_positions, scores.shape[-1]), scores[1], self.head_dim,
                            self.lam, query_positions=query_positions, **self.threshold_params())
 
+    def kernel_names(self) -> tuple[str, ...]:
+        return ("tda", "tra")
+
     def attend(self, q, k, v, x):
-        # One fused pass over both views (unit q and k, sm_scale 1: cosine scores), shared values.
-        op = self.kernel() if q.is_cuda else None
+        if not q.is_cuda:
+            return self.reference_attend(q, k, v, x)
+        (q1, q2), (k1, k2) = self.split(q), self.split(k)
+        params = self.threshold_params()
+        # One fused pass over both views (unit q and k, sm_scale 1: cosine scores), shared values; until that
+        # op is verified on a GPU (kernels.UNVERIFIED), two tra passes (the map is linear in the weights).
+        fused = self.kernel("tda")
+        if fused is not None:
+            return fused(q1, k1, q2, k2, v, lam=self.lam, slopes=self.pe.slopes(), sm_scale=1.0, **params)
+        op = self.kernel("tra")
         if op is not None:
-            (q1, q2), (k1, k2) = self.split(q), self.split(k)
-            return op(q1, k1, q2, k2, v, lam=self.lam, slopes=self.pe.slopes(), sm_scale=1.0,
-                      **self.threshold_params())
+            first = op(q1.contiguous(), k1.contiguous(), v, slopes=self.pe.slopes(), sm_scale=1.0, **params)
+            second = op(q2.contiguous(), k2.contiguous(), v, slopes=self.pe.slopes(), sm_scale=1.0, **params)
+            return first - self.lam.to(first.dtype) * second
         return self.reference_attend(q, k, v, x)

@@ -1,0 +1,328 @@
+"""Threshold differential attention (seed 000), fused: both views in one pass.
+
+``o_r = sum_j (a1_rj - lam_h * a2_rj) v_j`` with ``a_i = (z_i - tau_r)_+^power`` the TRA weights of view
+``i`` (``z_i`` from ``q_i``, ``k_i``: unit-norm, ``sm_scale=1``, the same ALiBi ``slopes``/``row_scale`` and
+the same threshold ``tau_r`` of ``tra.tra_threshold`` for both views), shared values ``v``, no normaliser.
+The RMSNorm on the output is the module's (``models/attention/threshold.py``).
+
+Three kernels, each visiting a (query tile, key tile) pair once for both views:
+
+- forward, one program per query tile (its height a multiple of the key tile's): both score tiles, the
+  combined weight tile, one product with ``v``; a tile where neither view has an entry above the threshold
+  skips the value load and product;
+- dq, one program per query tile: ``dq1`` and ``dq2`` together, with the per-row gradients of ``tau``
+  (``-sum_j dL/dz1 + dL/dz2``), ``lam`` (``-sum_j a2_rj do_r.v_j``), ``row_scale`` and ``slopes``;
+- dk/dv, one program per key tile: ``dk1``, ``dk2`` and ``dv`` together.
+
+The pointwise maps (weights, their derivative, the activity test) are ``_rowwise.py``'s for code ``TRA``.
+``beta`` (through ``tau``) and ``lam`` (float, 0-d or ``[H]`` tensor) get their gradients through autograd.
+
+Status (2026-11-22): checked against the dense reference under Triton's interpreter on a CPU (fp32, lengths
+1 to 4,096, head dims 16 to 128, errors <= 2e-5); not yet run on a GPU, so it is in ``kernels.UNVERIFIED``
+and the TDA module does not dispatch to it. The GPU tests are ``tests/test_kernels.py -k tda``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from lengthbench.kernels._common import Problem, reduce_slopes, score_tile
+from lengthbench.kernels._rowwise import TRA, _any_active, _score_grad, _sum_to, _weights
+from lengthbench.kernels.tra import tra_threshold
+
+_TRA = tl.constexpr(TRA)
+
+
+@triton.jit
+def _view_weights(z, valid, tau, POWER: tl.constexpr):
+    """``(z - tau)_+^power`` of one view's tile, zero where not ``valid``."""
+    return _weights(z, valid, tau, tau, tau, _TRA, POWER)
+
+
+@triton.jit
+def _view_dz(z, valid, g, tau, POWER: tl.constexpr):
+    """``d(z - tau)_+^power / dz * g`` of one view's tile."""
+    return _score_grad(z, valid, g, tau, tau, tau, tau, _TRA, POWER)
+
+
+@triton.jit
+def _either_active(z1, z2, valid, tau):
+    return tl.maximum(_any_active(z1, valid, tau, _TRA), _any_active(z2, valid, tau, _TRA))
+
+
+@triton.jit
+def _fwd_tile(acc, q1, q2, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, tau, lam,
+              MASKED: tl.constexpr, POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+              DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """One key tile of the forward; ``MASKED`` only for the tiles that cross the diagonal."""
+    offs_n = start_n + tl.arange(0, BN)
+    kv_mask = (offs_n < T)[:, None] & dmask[None, :]
+    kv_off = base + offs_n[:, None] * D + offs_d[None, :]
+    k1 = tl.load(K1 + kv_off, mask=kv_mask, other=0.0)
+    k2 = tl.load(K2 + kv_off, mask=kv_mask, other=0.0)
+    z1, _ = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+    z2, _ = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+    if MASKED:
+        valid = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T)
+    else:
+        valid = tl.full([BM, BN], 1, tl.int1)
+    if _either_active(z1, z2, valid, tau) > 0:
+        v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+        w = _view_weights(z1, valid, tau, POWER) - lam * _view_weights(z2, valid, tau, POWER)
+        acc += tl.dot(w.to(v.dtype), v, input_precision=DOT_PREC)
+    return acc
+
+
+@triton.jit
+def _fwd_kernel(Q1, K1, Q2, K2, V, Out, SL, RS, TAU, LAM, sm_scale, T, H,
+                POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr,
+                D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    base = bh.to(tl.int64) * T * D
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BD)
+    row_ok = offs_m < T
+    dmask = offs_d < D
+    rmask = row_ok[:, None] & dmask[None, :]
+    q_off = base + offs_m[:, None] * D + offs_d[None, :]
+    q1 = tl.load(Q1 + q_off, mask=rmask, other=0.0)
+    q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
+    slope = 0.0
+    if HAS_SLOPES:
+        slope = tl.load(SL + bh % H)
+    rs = tl.zeros([BM], dtype=tl.float32)
+    if HAS_RS:
+        rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
+    tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
+    lam = tl.load(LAM + bh % H)
+    acc = tl.zeros([BM, BD], dtype=tl.float32)
+    hi = tl.minimum((pid_m + 1) * BM, T)
+    diag = pid_m * BM
+    # Keys before the tile's first row (``diag``) are visible to all its rows: no mask there.
+    for start_n in range(0, diag, BN):
+        acc = _fwd_tile(acc, q1, q2, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs,
+                        tau, lam, False, POWER, HAS_SLOPES, HAS_RS, DOT_PREC, D, BM, BN)
+    for start_n in range(diag, hi, BN):
+        acc = _fwd_tile(acc, q1, q2, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs,
+                        tau, lam, True, POWER, HAS_SLOPES, HAS_RS, DOT_PREC, D, BM, BN)
+    tl.store(Out + q_off, acc.to(Out.dtype.element_ty), mask=rmask)
+
+
+@triton.jit
+def _bwd_dq_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, SL, RS, TAU, LAM, DRS, DSL, DTAU, DLAM, sm_scale, T, H,
+                   POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
+                   GRAD_SL: tl.constexpr, GRAD_TAU: tl.constexpr, GRAD_LAM: tl.constexpr, DOT_PREC: tl.constexpr,
+                   D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    base = bh.to(tl.int64) * T * D
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BD)
+    row_ok = offs_m < T
+    dmask = offs_d < D
+    rmask = row_ok[:, None] & dmask[None, :]
+    q_off = base + offs_m[:, None] * D + offs_d[None, :]
+    q1 = tl.load(Q1 + q_off, mask=rmask, other=0.0)
+    q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
+    do = tl.load(DO + q_off, mask=rmask, other=0.0)
+    slope = 0.0
+    if HAS_SLOPES:
+        slope = tl.load(SL + bh % H)
+    rs = tl.full([BM], 1.0, dtype=tl.float32)
+    if HAS_RS:
+        rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
+    tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
+    lam = tl.load(LAM + bh % H)
+    dq1 = tl.zeros([BM, BD], dtype=tl.float32)
+    dq2 = tl.zeros([BM, BD], dtype=tl.float32)
+    d_rs = tl.zeros([BM], dtype=tl.float32)
+    d_sl = tl.zeros([BM], dtype=tl.float32)
+    d_tau = tl.zeros([BM], dtype=tl.float32)
+    d_lam = tl.zeros([BM], dtype=tl.float32)
+    hi = tl.minimum((pid_m + 1) * BM, T)
+    for start_n in range(0, hi, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        kv_mask = (offs_n < T)[:, None] & dmask[None, :]
+        kv_off = base + offs_n[:, None] * D + offs_d[None, :]
+        k1 = tl.load(K1 + kv_off, mask=kv_mask, other=0.0)
+        k2 = tl.load(K2 + kv_off, mask=kv_mask, other=0.0)
+        z1, zb1 = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+        z2, zb2 = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+        valid = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T)
+        if _either_active(z1, z2, valid, tau) > 0:
+            v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+            g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+            dz1 = _view_dz(z1, valid, g, tau, POWER)
+            dz2 = -lam * _view_dz(z2, valid, g, tau, POWER)
+            if GRAD_RS:
+                d_rs += tl.sum(dz1 * zb1 + dz2 * zb2, 1)
+            if GRAD_SL:
+                d_sl += tl.sum((dz1 + dz2) * (offs_m[:, None] - offs_n[None, :]).to(tl.float32), 1)
+            if GRAD_TAU:
+                d_tau -= tl.sum(dz1 + dz2, 1)
+            if GRAD_LAM:
+                d_lam -= tl.sum(_view_weights(z2, valid, tau, POWER) * g, 1)
+            dq1 += tl.dot((dz1 * rs[:, None]).to(k1.dtype), k1, input_precision=DOT_PREC)
+            dq2 += tl.dot((dz2 * rs[:, None]).to(k2.dtype), k2, input_precision=DOT_PREC)
+    tl.store(DQ1 + q_off, (dq1 * sm_scale).to(DQ1.dtype.element_ty), mask=rmask)
+    tl.store(DQ2 + q_off, (dq2 * sm_scale).to(DQ2.dtype.element_ty), mask=rmask)
+    if GRAD_RS:
+        tl.store(DRS + bh * T + offs_m, d_rs, mask=row_ok)
+    if GRAD_SL:
+        tl.store(DSL + bh * T + offs_m, -d_sl * rs, mask=row_ok)
+    if GRAD_TAU:
+        tl.store(DTAU + bh * T + offs_m, d_tau, mask=row_ok)
+    if GRAD_LAM:
+        tl.store(DLAM + bh * T + offs_m, d_lam, mask=row_ok)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, sm_scale, T, H,
+                     POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr,
+                     D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    base = bh.to(tl.int64) * T * D
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    dmask = offs_d < D
+    kv_mask = (offs_n < T)[:, None] & dmask[None, :]
+    kv_off = base + offs_n[:, None] * D + offs_d[None, :]
+    k1 = tl.load(K1 + kv_off, mask=kv_mask, other=0.0)
+    k2 = tl.load(K2 + kv_off, mask=kv_mask, other=0.0)
+    v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+    slope = 0.0
+    if HAS_SLOPES:
+        slope = tl.load(SL + bh % H)
+    lam = tl.load(LAM + bh % H)
+    dk1 = tl.zeros([BN, BD], dtype=tl.float32)
+    dk2 = tl.zeros([BN, BD], dtype=tl.float32)
+    dv = tl.zeros([BN, BD], dtype=tl.float32)
+    lo = (pid_n * BN // BM) * BM
+    for start_m in range(lo, T, BM):
+        offs_m = start_m + tl.arange(0, BM)
+        row_ok = offs_m < T
+        rmask = row_ok[:, None] & dmask[None, :]
+        q_off = base + offs_m[:, None] * D + offs_d[None, :]
+        q1 = tl.load(Q1 + q_off, mask=rmask, other=0.0)
+        q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
+        rs = tl.full([BM], 1.0, dtype=tl.float32)
+        if HAS_RS:
+            rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
+        tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
+        z1, _ = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+        z2, _ = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+        valid = (offs_n[None, :] <= offs_m[:, None]) & row_ok[:, None] & (offs_n[None, :] < T)
+        if _either_active(z1, z2, valid, tau) > 0:
+            do = tl.load(DO + q_off, mask=rmask, other=0.0)
+            w = _view_weights(z1, valid, tau, POWER) - lam * _view_weights(z2, valid, tau, POWER)
+            dv += tl.dot(tl.trans(w).to(do.dtype), do, input_precision=DOT_PREC)
+            g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+            dz1 = _view_dz(z1, valid, g, tau, POWER) * rs[:, None]
+            dz2 = -lam * _view_dz(z2, valid, g, tau, POWER) * rs[:, None]
+            dk1 += tl.dot(tl.trans(dz1).to(q1.dtype), q1, input_precision=DOT_PREC)
+            dk2 += tl.dot(tl.trans(dz2).to(q2.dtype), q2, input_precision=DOT_PREC)
+    tl.store(DK1 + kv_off, (dk1 * sm_scale).to(DK1.dtype.element_ty), mask=kv_mask)
+    tl.store(DK2 + kv_off, (dk2 * sm_scale).to(DK2.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+def _tiles(block_d: int) -> dict:
+    """``(BM, BN, num_warps)`` per kernel. Two views hold about twice the tiles of ``_rowwise.py``; these are
+    the shapes that ptxas compiled for sm_90 without spilling registers (bf16; at head dim 128 the backward
+    still spills ~88 bytes), chosen statically, not by timing."""
+    if block_d <= 32:
+        return dict(fwd=(128, 64, 8), dq=(64, 64, 8), dkdv=(64, 64, 8))
+    if block_d <= 64:
+        return dict(fwd=(128, 32, 8), dq=(64, 32, 8), dkdv=(32, 64, 8))
+    return dict(fwd=(32, 32, 8), dq=(32, 32, 8), dkdv=(32, 32, 8))
+
+
+def _second_view(pb: Problem, q2, k2):
+    """``q2``, ``k2`` checked against the first view's problem, contiguous."""
+    if q2.shape != pb.q.shape or k2.shape != pb.q.shape:
+        raise ValueError(f"both views must be [B, H, T, D] alike, got {tuple(pb.q.shape)}, "
+                         f"{tuple(q2.shape)}, {tuple(k2.shape)}")
+    if q2.dtype != pb.q.dtype or k2.dtype != pb.q.dtype:
+        raise TypeError(f"both views must share the dtype {pb.q.dtype}, got {q2.dtype}, {k2.dtype}")
+    return q2.contiguous(), k2.contiguous()
+
+
+class TDAAttention(torch.autograd.Function):
+    """``o = sum_j (a1_rj - lam_h a2_rj) v_j``; ``tau`` ([B, H, T] broadcastable) and ``lam_h`` ([H] fp32)
+    may need gradients. Gradients flow to both views' q and k, v, ``tau``, ``lam``, ``row_scale`` and
+    ``slopes``."""
+
+    @staticmethod
+    def forward(ctx, q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h, sm_scale, power):
+        pb = Problem(q1, k1, v, slopes, row_scale, sm_scale)
+        q2, k2 = _second_view(pb, q2, k2)
+        out = torch.empty_like(pb.q)
+        tau_rows = tau.detach().to(torch.float32).expand(pb.batch, pb.heads, pb.tokens).contiguous()
+        lam_rows = lam_h.detach().to(q1.device, torch.float32).contiguous()
+        bm, bn, warps = _tiles(pb.block_d)["fwd"]
+        _fwd_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
+            pb.q, pb.k, q2, k2, pb.v, out, pb.opt(pb.slopes), pb.opt(pb.row_scale), tau_rows, lam_rows,
+            pb.sm_scale, pb.tokens, pb.heads, POWER=float(power), HAS_SLOPES=pb.slopes is not None,
+            HAS_RS=pb.row_scale is not None, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn,
+            num_warps=warps, num_stages=2)
+        ctx.consts = (pb.sm_scale, float(power))
+        ctx.tau_shape = tau.shape
+        ctx.rs_shape = None if row_scale is None else row_scale.shape
+        ctx.save_for_backward(pb.q, pb.k, q2, k2, pb.v, pb.slopes, pb.row_scale, tau_rows, lam_rows)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q1, k1, q2, k2, v, slopes, row_scale, tau_rows, lam_rows = ctx.saved_tensors
+        sm_scale, power = ctx.consts
+        pb = Problem(q1, k1, v, slopes, row_scale, sm_scale)
+        do = dout.contiguous()
+        grad_sl = slopes is not None and ctx.needs_input_grad[5]
+        grad_rs = row_scale is not None and ctx.needs_input_grad[6]
+        grad_tau, grad_lam = ctx.needs_input_grad[7], ctx.needs_input_grad[8]
+        dq1, dk1, dq2, dk2, dv = (torch.empty_like(t) for t in (q1, k1, q2, k2, v))
+        d_sl = pb.rows() if grad_sl else None
+        d_rs = pb.rows() if grad_rs else None
+        d_tau = pb.rows() if grad_tau else None
+        d_lam = pb.rows() if grad_lam else None
+        common = dict(POWER=power, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
+                      DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, num_stages=2)
+        tiles = _tiles(pb.block_d)
+        inputs = (q1, k1, q2, k2, v, do)
+        bm, bn, warps = tiles["dq"]
+        _bwd_dq_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
+            *inputs, dq1, dq2, pb.opt(slopes), pb.opt(row_scale), tau_rows, lam_rows, pb.opt(d_rs),
+            pb.opt(d_sl), pb.opt(d_tau), pb.opt(d_lam), sm_scale, pb.tokens, pb.heads, GRAD_RS=grad_rs,
+            GRAD_SL=grad_sl, GRAD_TAU=grad_tau, GRAD_LAM=grad_lam, BM=bm, BN=bn, num_warps=warps, **common)
+        bm, bn, warps = tiles["dkdv"]
+        _bwd_dkdv_kernel[(triton.cdiv(pb.tokens, bn), pb.bh)](
+            *inputs, dk1, dk2, dv, pb.opt(slopes), pb.opt(row_scale), tau_rows, lam_rows, sm_scale, pb.tokens,
+            pb.heads, BM=bm, BN=bn, num_warps=warps, **common)
+        g_sl = reduce_slopes(d_sl) if grad_sl else None
+        g_rs = _sum_to(d_rs, ctx.rs_shape) if grad_rs else None
+        g_tau = _sum_to(d_tau, ctx.tau_shape) if grad_tau else None
+        g_lam = d_lam.sum(dim=(0, 2)) if grad_lam else None
+        return dq1, dk1, dq2, dk2, dv, g_sl, g_rs, g_tau, g_lam, None, None
+
+
+def tda_attention(q1, k1, q2, k2, v, *, lam=0.5, slopes=None, row_scale=None, sm_scale=1.0, beta=1.0,
+                  kappa=1.0, power=2.0):
+    """TDA, ``[B, H, T, D]`` causal: ``tra(q1, k1, v) - lam * tra(q2, k2, v)`` in one pass; ``q_i``, ``k_i``
+    unit-norm (cosine scores with ``sm_scale=1``). ``lam`` and ``beta``: float, 0-d or ``[H]`` tensor."""
+    if sm_scale is None:
+        sm_scale = 1.0
+    if not math.isfinite(float(power)) or float(power) <= 0:
+        raise ValueError(f"tda power must be positive, got {power}")
+    heads = q1.shape[1]
+    tau = tra_threshold(q1.shape[-2], q1.shape[-1], beta, float(kappa), q1.device)
+    if torch.is_tensor(lam):
+        lam_h = lam.to(q1.device, torch.float32).expand(heads)
+    else:
+        lam_h = torch.full((heads,), float(lam), device=q1.device, dtype=torch.float32)
+    return TDAAttention.apply(q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h, sm_scale, float(power))
