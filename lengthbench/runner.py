@@ -223,6 +223,11 @@ class TrainState:
     history: list = field(default_factory=list)  # (step, loss, val_score)
 
 
+def model_dispatches_to_kernels(model) -> bool:
+    """Whether any attention layer of ``model`` may call a fused (Triton) op on this machine."""
+    return any(block.attn.dispatches_to_kernel() for block in model.blocks)
+
+
 class Trainer:
     # Training batches on a compiled CUDA model are padded up to multiples of ``pad_multiple`` tokens (a few
     # bucket shapes instead of one worst-case width: MQMTAR's mean padded width falls from 91 to 78; the
@@ -303,12 +308,17 @@ class Trainer:
         return step
 
     def train_stream(self) -> TrainStream:
-        """The training batches: padded to bucket widths where the step is compiled for CUDA."""
+        """The training batches: padded where the step is compiled for CUDA, to bucket widths, or to the one
+        widest width where the model calls fused kernels (graph breaks)."""
         config = self.config
         padded = self.device.type == "cuda" and config.compile
         pad_to = self.task.max_tokens(config.train_length) if padded else None
+        # A compiled step that breaks its graph around a fused op failed on a second width in torch 2.11
+        # (Sieve, stick-breaking, ASEntmax on the H200s, 2026-11-22: "invalid shape dimension" while
+        # regenerating an output alias): one width there, as before, until that is understood.
+        multiple = self.pad_multiple if not model_dispatches_to_kernels(self.model) else 10**9
         stream = TrainStream(config.task, tuple(sorted(config.task_params.items())), config.seed,
-                             config.batch_size, config.train_length, pad_to, self.pad_multiple)
+                             config.batch_size, config.train_length, pad_to, multiple)
         while padded and len(stream.widths()) > self.max_widths:
             stream = dataclasses.replace(stream, pad_multiple=2 * stream.pad_multiple)
         return stream

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,3 +161,23 @@ def test_feature_task_runs_end_to_end_and_the_model_reads_the_features(tmp_path)
     with torch.no_grad():
         a, b = model(ids, features), model(ids, features.flip(-1))
     assert not torch.allclose(a, b)
+
+
+@pytest.mark.parametrize("attn, pe, kernel, one_width", [
+    ("softmax", "rope", None, False),          # SDPA: no graph break, bucket widths
+    ("ssmax", "nape", None, False),            # row-scaled softmax: SDPA too
+    ("sieve", "none", "sieve", True),          # fused op: one width
+    ("asentmax", "nape", "entmax", True),      # reuses the entmax op
+    ("tda", "rope", "tra", True),              # two tra passes
+    ("tda", "rope", "tda", True),
+])
+def test_compiled_training_pads_kernel_models_to_one_width(monkeypatch, attn, pe, kernel, one_width):
+    from lengthbench import kernels
+    from lengthbench.runner import Trainer
+
+    monkeypatch.setattr(kernels, "get_kernel", lambda name, **kw: (lambda *a, **k: None) if name == kernel else None)
+    config = build_config("copy", attn, pe, "smoke", **{**TINY, "compile": True})
+    trainer = Trainer(config, get_task("copy"), torch.device("cpu"), Path("/nonexistent"), progress=False)
+    trainer.device = torch.device("cuda")  # only the padding decision is under test
+    widths = trainer.train_stream().widths()
+    assert (widths == [131]) == one_width and len(widths) <= Trainer.max_widths

@@ -191,6 +191,18 @@ class AttentionLayer(nn.Module):
 
         return get_kernel(name or self.name)
 
+    def kernel_names(self) -> tuple[str, ...]:
+        """The fused ops this module may call on CUDA (each call is a graph break in a compiled model)."""
+        return (self.name,)
+
+    def dispatches_to_kernel(self) -> bool:
+        """Whether a forward on CUDA may call a fused op here."""
+        if not self.use_kernels:
+            return False
+        from lengthbench.kernels import get_kernel
+
+        return any(get_kernel(name) is not None for name in self.kernel_names())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, tokens, _ = x.shape
         q, k, v = self.project(x)

@@ -101,6 +101,9 @@ class RowScaledAttention(AttentionLayer):
     def kernel_supported(self) -> bool:
         return True
 
+    def kernel_names(self) -> tuple[str, ...]:
+        return (self.base_kernel,) if self.kernel_supported() else ()
+
     def weights(self, scores, query_positions, x_rows):
         return self.weight_function(scores, causal_mask(query_positions, scores.shape[-1]), query_positions, x_rows)
 
