@@ -26,6 +26,35 @@ def score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES: tl.constex
 
 
 @triton.jit
+def tile_rows(start, T, D: tl.constexpr, BD: tl.constexpr, B: tl.constexpr):
+    """A tile of ``B`` rows from ``start`` of one ``[T, D]`` head: ``(offs, offs_d, row_ok, dmask, mask, off)``
+    with ``mask``/``off`` the ``[B, BD]`` load mask and element offsets (add the head's base)."""
+    offs = start + tl.arange(0, B)
+    offs_d = tl.arange(0, BD)
+    row_ok = offs < T
+    dmask = offs_d < D
+    return offs, offs_d, row_ok, dmask, row_ok[:, None] & dmask[None, :], offs[:, None] * D + offs_d[None, :]
+
+
+@triton.jit
+def head_slope(SL, bh, H, HAS_SLOPES: tl.constexpr):
+    """The ALiBi slope of program ``bh``'s head (0 without slopes)."""
+    slope = 0.0
+    if HAS_SLOPES:
+        slope = tl.load(SL + bh % H)
+    return slope
+
+
+@triton.jit
+def rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS: tl.constexpr, BM: tl.constexpr):
+    """The ``row_scale`` factors of a query tile (ones without them)."""
+    rs = tl.full([BM], 1.0, dtype=tl.float32)
+    if HAS_RS:
+        rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
+    return rs
+
+
+@triton.jit
 def softplus(z):
     return tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))
 

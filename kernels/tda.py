@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lengthbench.kernels._common import Problem, reduce_slopes, score_tile
+from lengthbench.kernels._common import Problem, head_slope, reduce_slopes, rows_scale, score_tile, tile_rows
 from lengthbench.kernels._rowwise import TRA, _any_active, _score_grad, _sum_to, _weights
 from lengthbench.kernels.tra import tra_threshold
 
@@ -84,20 +84,12 @@ def _fwd_kernel(Q1, K1, Q2, K2, V, Out, SL, RS, TAU, LAM, sm_scale, T, H,
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, BD)
-    row_ok = offs_m < T
-    dmask = offs_d < D
-    rmask = row_ok[:, None] & dmask[None, :]
-    q_off = base + offs_m[:, None] * D + offs_d[None, :]
+    offs_m, offs_d, row_ok, dmask, rmask, q_off = tile_rows(pid_m * BM, T, D, BD, BM)
+    q_off += base
     q1 = tl.load(Q1 + q_off, mask=rmask, other=0.0)
     q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
-    slope = 0.0
-    if HAS_SLOPES:
-        slope = tl.load(SL + bh % H)
-    rs = tl.zeros([BM], dtype=tl.float32)
-    if HAS_RS:
-        rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
+    slope = head_slope(SL, bh, H, HAS_SLOPES)
+    rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
     tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
     lam = tl.load(LAM + bh % H)
     acc = tl.zeros([BM, BD], dtype=tl.float32)
@@ -121,21 +113,13 @@ def _bwd_dq_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, SL, RS, TAU, LAM, DRS, DSL, 
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, BD)
-    row_ok = offs_m < T
-    dmask = offs_d < D
-    rmask = row_ok[:, None] & dmask[None, :]
-    q_off = base + offs_m[:, None] * D + offs_d[None, :]
+    offs_m, offs_d, row_ok, dmask, rmask, q_off = tile_rows(pid_m * BM, T, D, BD, BM)
+    q_off += base
     q1 = tl.load(Q1 + q_off, mask=rmask, other=0.0)
     q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
     do = tl.load(DO + q_off, mask=rmask, other=0.0)
-    slope = 0.0
-    if HAS_SLOPES:
-        slope = tl.load(SL + bh % H)
-    rs = tl.full([BM], 1.0, dtype=tl.float32)
-    if HAS_RS:
-        rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
+    slope = head_slope(SL, bh, H, HAS_SLOPES)
+    rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
     tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
     lam = tl.load(LAM + bh % H)
     dq1 = tl.zeros([BM, BD], dtype=tl.float32)
@@ -188,32 +172,23 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, sm_s
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_d = tl.arange(0, BD)
-    dmask = offs_d < D
-    kv_mask = (offs_n < T)[:, None] & dmask[None, :]
-    kv_off = base + offs_n[:, None] * D + offs_d[None, :]
+    offs_n, offs_d, _, dmask, kv_mask, kv_off = tile_rows(pid_n * BN, T, D, BD, BN)
+    kv_off += base
     k1 = tl.load(K1 + kv_off, mask=kv_mask, other=0.0)
     k2 = tl.load(K2 + kv_off, mask=kv_mask, other=0.0)
     v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
-    slope = 0.0
-    if HAS_SLOPES:
-        slope = tl.load(SL + bh % H)
+    slope = head_slope(SL, bh, H, HAS_SLOPES)
     lam = tl.load(LAM + bh % H)
     dk1 = tl.zeros([BN, BD], dtype=tl.float32)
     dk2 = tl.zeros([BN, BD], dtype=tl.float32)
     dv = tl.zeros([BN, BD], dtype=tl.float32)
     lo = (pid_n * BN // BM) * BM
     for start_m in range(lo, T, BM):
-        offs_m = start_m + tl.arange(0, BM)
-        row_ok = offs_m < T
-        rmask = row_ok[:, None] & dmask[None, :]
-        q_off = base + offs_m[:, None] * D + offs_d[None, :]
+        offs_m, _, row_ok, _, rmask, q_off = tile_rows(start_m, T, D, BD, BM)
+        q_off += base
         q1 = tl.load(Q1 + q_off, mask=rmask, other=0.0)
         q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
-        rs = tl.full([BM], 1.0, dtype=tl.float32)
-        if HAS_RS:
-            rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
+        rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
         tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
         z1, _ = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
         z2, _ = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
