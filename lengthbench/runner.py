@@ -231,9 +231,9 @@ def model_dispatches_to_kernels(model) -> bool:
 class Trainer:
     # Training batches on a compiled CUDA model are padded up to multiples of ``pad_multiple`` tokens (a few
     # bucket shapes instead of one worst-case width: MQMTAR's mean padded width falls from 91 to 78; the
-    # multiple doubles until there are at most ``max_widths``), one static graph per width. (Automatic
-    # dynamic shapes compile less but broke on the Sieve step in torch 2.11: "shape ... is invalid" when
-    # regenerating an output alias.)
+    # multiple doubles until there are at most ``max_widths``), one static graph per width. Automatic dynamic
+    # shapes would compile fewer graphs but, like a second static width, broke models with fused ops in
+    # torch 2.11 (see ``train_stream``); those train on one width.
     pad_multiple: int = 8
     max_widths: int = 6
     compile_dynamic: bool | None = False
