@@ -16,7 +16,7 @@ import os
 import platform
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -238,11 +238,13 @@ class Trainer:
     max_widths: int = 6
     compile_dynamic: bool | None = False
 
-    def __init__(self, config: RunConfig, task, device: torch.device, results: Path, progress: bool = True):
+    def __init__(self, config: RunConfig, task, device: torch.device, results: Path, progress: bool = True,
+                 log: Callable[[str], None] | None = None):
         self.config = config
         self.task = task
         self.device = device
         self.progress = progress
+        self.log = log or (lambda line: None)  # plain lines at each validation (logs of sweep workers)
         self.dir = checkpoint_dir(results, config.run_id)
         torch.manual_seed(config.seed)
         self.model = build_model(config, task).to(device)
@@ -370,6 +372,10 @@ class Trainer:
                     step = self.state.step
                     if step % config.eval_every == 0 or step == total:
                         val_score = self._select(evaluator)
+                        self.log(f"{config.run_id} step {step}/{total}: loss {loss.item():.4f}, validation "
+                                 f"{val_score:.3f} (best {self.state.best_score:.3f} at {self.state.best_step}), "
+                                 f"{step * config.batch_size / max(time.perf_counter() - started, 1e-9):,.0f} "
+                                 "samples/s since start")
                     if step % report_every == 0 or step == total:
                         elapsed = time.perf_counter() - window_start
                         steps_in_window = (step - 1) % report_every + 1
@@ -434,7 +440,8 @@ def _diagnostics(model, task, n: int, config: RunConfig, device: torch.device) -
 
 
 def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", resume: bool = True,
-             progress: bool = True, restart: bool = False) -> pd.DataFrame:
+             progress: bool = True, restart: bool = False,
+             log: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Train and evaluate one cell; write its rows to the store and return them.
 
     A cell already in the store is returned as stored. With ``resume`` a cell interrupted earlier
@@ -453,7 +460,7 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
     if restart and ckpt_dir.exists():
         for path in ckpt_dir.glob("*"):
             path.unlink()
-    trainer = Trainer(config, task, torch_device, results, progress=progress)
+    trainer = Trainer(config, task, torch_device, results, progress=progress, log=log)
     if trainer.checkpoint_path.exists() and not resume and not restart:
         raise UsageError(f"run {run_id} has a checkpoint in {ckpt_dir}; pass --resume to continue it "
                          "or --restart to start over")
@@ -503,6 +510,9 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
             )
             atomic_write_text(partial_path, json.dumps(list(done.values())))
             bar.update(task_id, advance=1, info=f"{multiplier}x: {scores.metric(task.metric):.3f} in {seconds:.1f}s")
+            if log:
+                log(f"{run_id} eval {multiplier}x (n = {n}): {task.metric} {scores.metric(task.metric):.3f} in "
+                    f"{seconds:.1f} s")
     created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     rows = [dict(common, **done[m], created_at=created_at) for m, _ in lengths]
     write_run(results, run_id, rows)

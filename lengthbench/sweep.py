@@ -330,7 +330,7 @@ def _worker_main(argv: list[str]) -> int:
     from lengthbench.runner import run_cell
 
     config = RunConfig.from_dict(json.loads(config_json))
-    run_cell(config, results, device="auto", resume=True, progress=False)
+    run_cell(config, results, device="auto", resume=True, progress=False, log=lambda line: print(line, flush=True))
     return 0
 
 

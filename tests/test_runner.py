@@ -89,8 +89,12 @@ def test_evaluator_scores_a_perfect_and_a_wrong_model():
 
 def test_run_cell_writes_every_contract_column_and_is_deterministic(tmp_path):
     config = build_config("2back", "softmax", "nape", "smoke", train_samples=1600, **TINY)
-    first = run_cell(config, tmp_path / "a", device="cpu", progress=False)
+    lines = []
+    first = run_cell(config, tmp_path / "a", device="cpu", progress=False, log=lines.append)
     second = run_cell(config, tmp_path / "b", device="cpu", progress=False)
+    # plain log lines (what a sweep worker writes to its log): each validation, then each length
+    assert [line.split(": ")[0] for line in lines] == [
+        f"{config.run_id} step 50/50", *(f"{config.run_id} eval {m}x (n = {64 * m})" for m in (1, 2, 4))]
     assert all(c in first.columns for c in CONTRACT_COLUMNS)
     assert list(first["multiplier"]) == [1, 2, 4] and list(first["eval_length"]) == [64, 128, 256]
     assert first["token_accuracy"].tolist() == second["token_accuracy"].tolist()
