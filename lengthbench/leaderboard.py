@@ -1,6 +1,7 @@
 """The leaderboard: the seeds' tables, built from the results store.
 
-Per task (and preset, and training length, so that runs of different protocols never share a table):
+Per task (and preset, training protocol and training length, so that runs of different protocols never
+share a table; the protocol is the training budget of ``config_json``: samples, batch size, learning rate):
 a row per attention x encoding, a column per multiplier, values in % of the task's metric (the
 ``score`` column: exact match, or token accuracy for the classification tasks).
 
@@ -32,7 +33,7 @@ from lengthbench.errors import UsageError
 from lengthbench.store import StoreError, atomic_write_text, load_results, runs_dir
 
 REACH_THRESHOLD = 0.9
-TABLE_KEYS = ["task", "preset", "train_length"]  # runs in one table share these
+TABLE_KEYS = ["task", "preset", "protocol", "train_length"]  # runs in one table share these
 ROW_KEYS = ["pe", "attn"]  # the seeds' order: encoding, then mechanism
 METRIC_NAMES = {"exact_match": "exact match", "token_accuracy": "token accuracy"}
 
@@ -96,10 +97,27 @@ def with_score(frame: pd.DataFrame) -> pd.DataFrame:
     for column, default in (("preset", "?"), ("train_length", 64), ("run_id", None)):
         if column not in frame.columns:
             frame[column] = default
+    configs = frame["config_json"] if "config_json" in frame.columns else pd.Series("", index=frame.index)
+    frame["protocol"] = configs.map(protocol_label)
     if frame["run_id"].isna().any():
         synthetic = frame[["task", "attn", "pe", "preset", "seed"]].astype(str).agg("-".join, axis=1)
         frame["run_id"] = frame["run_id"].fillna(synthetic)
     return frame
+
+
+def protocol_label(config_json) -> str:
+    """The training budget of a run, e.g. ``"8M samples, batch 512, lr 0.001"`` ("" where unknown)."""
+    import json
+
+    try:
+        config = json.loads(config_json) if isinstance(config_json, str) and config_json else {}
+    except ValueError:
+        config = {}
+    if not all(key in config for key in ("train_samples", "batch_size", "lr")):
+        return ""
+    samples = config["train_samples"]
+    amount = f"{samples / 1e6:g}M" if samples >= 100_000 else f"{samples:,}"
+    return f"{amount} samples, batch {config['batch_size']}, lr {config['lr']:g}"
 
 
 def _canonical_task(task: str) -> str:
@@ -238,12 +256,13 @@ def to_markdown(board: pd.DataFrame, *, source: str | None = None) -> str:
         "(sample std; one seed: the mean alone).",
         "",
     ]
-    for (task, preset, train_length), table in board.groupby(TABLE_KEYS, sort=True):
+    for (task, preset, protocol, train_length), table in board.groupby(TABLE_KEYS, sort=True):
         table = table.sort_values(ROW_KEYS)
         multipliers = board_multipliers(table)
         metric = METRIC_NAMES.get(table["metric"].iloc[0], str(table["metric"].iloc[0]))
         parts += [f"## {task}", "",
-                  f"{metric} (%), preset `{preset}`, trained at n = {train_length}; 1× is in distribution.", ""]
+                  f"{metric} (%), preset `{preset}`" + (f" ({protocol})" if protocol else "")
+                  + f", trained at n = {train_length}; 1× is in distribution.", ""]
         header = ["pe", "attn"] + [f"{m}×" for m in multipliers]
         best_of_column = {m: table[f"{m}x"].max() for m in multipliers}
         best_auc = table["auc"].max()

@@ -39,8 +39,20 @@ def _style_maps(board: pd.DataFrame) -> tuple[dict[str, object], dict[str, tuple
     return colours, styles
 
 
-def _table_label(task: str, preset: str, train_length: int, several: bool) -> str:
-    return f"{task} ({preset}, n={train_length})" if several else task
+def _table_label(task: str, preset: str, protocol: str, train_length: int, several: bool) -> str:
+    if not several:
+        return task
+    return f"{task} ({preset}{', ' + protocol if protocol else ''}, n={train_length})"
+
+
+def _protocol_slug(protocol: str) -> str:
+    """``"8M samples, batch 512, lr 0.001"`` -> ``"8M_b512_lr0.001"``."""
+    return protocol.replace(" samples, batch ", "_b").replace(", lr ", "_lr").replace(",", "")
+
+
+def _several(board: pd.DataFrame) -> dict[str, bool]:
+    """Per task: whether its runs make more than one table (then labels and file names say which)."""
+    return {task: len(table.groupby(TABLE_KEYS[1:])) > 1 for task, table in board.groupby("task")}
 
 
 def _save(fig, out: Path, stem: str) -> list[Path]:
@@ -55,14 +67,15 @@ def _save(fig, out: Path, stem: str) -> list[Path]:
 
 
 def plot_curves(board: pd.DataFrame, out: str | Path) -> list[Path]:
-    """One figure per table of the leaderboard: ``curves_<task>[_<preset>_n<n>].{png,svg}``."""
+    """One figure per table of the leaderboard: ``curves_<task>.{png,svg}``, or where a task has several
+    tables ``curves_<task>_<preset>[_<protocol>]_n<n>.{png,svg}``."""
     out = Path(out)
     colours, styles = _style_maps(board)
     tables = list(board.groupby(TABLE_KEYS, sort=True))
-    tasks_with_several = board.groupby("task")[["preset", "train_length"]].nunique().max(axis=1)
+    several_tables = _several(board)
     paths: list[Path] = []
-    for (task, preset, train_length), table in tables:
-        several = bool(tasks_with_several[task] > 1)
+    for (task, preset, protocol, train_length), table in tables:
+        several = bool(several_tables[task])
         multipliers = board_multipliers(table)
         x = np.log2(multipliers)
         fig, ax = plt.subplots(figsize=(8.5, 4.8))
@@ -89,13 +102,14 @@ def plot_curves(board: pd.DataFrame, out: str | Path) -> list[Path]:
         metric = METRIC_NAMES.get(table["metric"].iloc[0], str(table["metric"].iloc[0]))
         ax.set_ylabel(f"{metric} (%)")
         legend_note = "lines: best seed, bands: mean ± std" if table["seeds"].max() > 1 else "one seed"
-        ax.set_title(f"{_table_label(task, preset, train_length, several)}: {metric} against length "
+        ax.set_title(f"{_table_label(task, preset, protocol, train_length, several)}: {metric} against length "
                      f"(preset {preset}; {legend_note})", fontsize=11)
         ax.grid(True, which="major", color="0.9", linewidth=0.8)
         ax.spines[["top", "right"]].set_visible(False)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9,
                   title="attention + encoding", title_fontsize=9)
-        stem = f"curves_{task}" if not several else f"curves_{task}_{preset}_n{train_length}"
+        stem = f"curves_{task}" if not several else "_".join(
+            part for part in (f"curves_{task}", preset, _protocol_slug(protocol), f"n{train_length}") if part)
         paths += _save(fig, out, _safe(stem))
     return paths
 
@@ -103,16 +117,16 @@ def plot_curves(board: pd.DataFrame, out: str | Path) -> list[Path]:
 def plot_reach(board: pd.DataFrame, out: str | Path) -> list[Path]:
     """A heat map of reach, tasks x (attention, encoding): ``reach_heatmap.{png,svg}``."""
     out = Path(out)
-    tasks_with_several = board.groupby("task")[["preset", "train_length"]].nunique().max(axis=1)
+    several_tables = _several(board)
     row_keys = sorted(board.groupby(TABLE_KEYS).groups)
-    row_labels = [_table_label(t, p, n, bool(tasks_with_several[t] > 1)) for t, p, n in row_keys]
+    row_labels = [_table_label(t, p, r, n, bool(several_tables[t])) for t, p, r, n in row_keys]
     columns = sorted(board.groupby(ROW_KEYS).groups)  # (pe, attn)
     column_labels = [f"{attn}\n{pe}" for pe, attn in columns]
     grid = np.full((len(row_keys), len(columns)), np.nan)
     largest = {key: max(board_multipliers(table)) for key, table in board.groupby(TABLE_KEYS)}
     whole_range = np.zeros_like(grid, dtype=bool)
     for _, row in board.iterrows():
-        i = row_keys.index((row["task"], row["preset"], row["train_length"]))
+        i = row_keys.index((row["task"], row["preset"], row["protocol"], row["train_length"]))
         j = columns.index((row["pe"], row["attn"]))
         grid[i, j] = row["reach"]
         whole_range[i, j] = row["reach"] >= largest[row_keys[i]]

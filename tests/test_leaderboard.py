@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import zlib
 
 import pandas as pd
 import pytest
@@ -15,9 +16,10 @@ from lengthbench.leaderboard import auc, build_leaderboard, load_store, reach, t
 from lengthbench.store import CONTRACT_COLUMNS, write_run
 
 
-def synthetic_run(results, task, attn, pe, seed, curve, *, preset="smoke", metric="exact_match"):
+def synthetic_run(results, task, attn, pe, seed, curve, *, preset="smoke", metric="exact_match", config=None):
     """Write one run's rows, as the runner would, with the scores of ``curve`` ({multiplier: fraction})."""
-    run_id = f"{task}-{attn}-{pe}-{preset}-s{seed}-synthetic"
+    config = {"task": task, **(config or {})}
+    run_id = f"{task}-{attn}-{pe}-{preset}-s{seed}-synthetic{zlib.crc32(json.dumps(config, sort_keys=True).encode()) % 997}"
     rows = []
     for multiplier, score in curve.items():
         row = dict.fromkeys(CONTRACT_COLUMNS)
@@ -26,7 +28,7 @@ def synthetic_run(results, task, attn, pe, seed, curve, *, preset="smoke", metri
                    n_samples=16, realised_tokens=64 * multiplier, selection="id", train_steps=1,
                    train_seconds=0.0, eval_seconds=0.0, device="cpu", lengthbench_version="0", git_sha="x",
                    created_at="2026-01-01T00:00:00+00:00", sparsity=float("nan"), sink_rate=float("nan"),
-                   entropy=float("nan"), metric=metric, score=score, config_json=json.dumps({"task": task}))
+                   entropy=float("nan"), metric=metric, score=score, config_json=json.dumps(config))
         rows.append(row)
     return write_run(results, run_id, rows)
 
@@ -107,6 +109,22 @@ def test_presets_never_share_a_table(tmp_path):
     board = build_leaderboard(load_store(results)[0])
     assert sorted(board["preset"]) == ["quick", "smoke"]
     assert to_markdown(board).count("## copy") == 2
+
+
+def test_training_protocols_never_share_a_table(tmp_path):
+    from lengthbench.plots import plot_curves
+
+    results = tmp_path / "store"
+    short = {"train_samples": 1_000_000, "batch_size": 256, "lr": 1e-3}
+    long = {"train_samples": 8_000_000, "batch_size": 512, "lr": 1e-3}
+    synthetic_run(results, "copy", "softmax", "nape", 0, {1: 0.2, 2: 0.0}, preset="quick", config=short)
+    synthetic_run(results, "copy", "softmax", "nape", 0, {1: 1.0, 2: 0.9}, preset="quick", config=long)
+    board = build_leaderboard(load_store(results)[0])
+    assert sorted(board["protocol"]) == ["1M samples, batch 256, lr 0.001", "8M samples, batch 512, lr 0.001"]
+    text = to_markdown(board)
+    assert text.count("## copy") == 2 and "preset `quick` (8M samples, batch 512, lr 0.001)" in text
+    names = sorted(p.name for p in plot_curves(board, tmp_path / "plots") if p.suffix == ".png")
+    assert names == ["curves_copy_quick_1M_b256_lr0.001_n64.png", "curves_copy_quick_8M_b512_lr0.001_n64.png"]
 
 
 def test_cli_formats_and_publish(store, tmp_path, monkeypatch, capsys):
