@@ -296,7 +296,7 @@ class Trainer:
             # one graph per padded width (and the validation shapes never go through this function)
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * self.max_widths)
             # "reduce-overhead" adds CUDA graphs (recorded once per padded width)
-            forward_loss = torch.compile(forward_loss, dynamic=self.compile_dynamic, mode=self.config.compile_mode)
+            forward_loss = torch.compile(forward_loss, dynamic=self.compile_dynamic, mode=self.compile_mode())
 
         def step(input_ids, labels, features):
             loss, correct, scored = forward_loss(input_ids, labels, features)
@@ -308,6 +308,14 @@ class Trainer:
             return loss.detach().clone(), correct.clone(), scored.clone()
 
         return step
+
+    def compile_mode(self) -> str:
+        """The configured torch.compile mode, except that CUDA graphs (``reduce-overhead``) are used only for
+        models without fused ops: graphs broken around a Triton op have not been run under CUDA graphs yet."""
+        mode = self.config.compile_mode
+        if mode == "reduce-overhead" and model_dispatches_to_kernels(self.model):
+            return "default"
+        return mode
 
     def train_stream(self) -> TrainStream:
         """The training batches: padded where the step is compiled for CUDA, to bucket widths, or to the one

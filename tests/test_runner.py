@@ -185,3 +185,17 @@ def test_compiled_training_pads_kernel_models_to_one_width(monkeypatch, attn, pe
     trainer.device = torch.device("cuda")  # only the padding decision is under test
     widths = trainer.train_stream().widths()
     assert (widths == [131]) == one_width and len(widths) <= Trainer.max_widths
+
+
+@pytest.mark.parametrize("attn, kernel, mode", [("softmax", None, "reduce-overhead"), ("sieve", "sieve", "default")])
+def test_cuda_graphs_only_for_models_without_fused_ops(monkeypatch, attn, kernel, mode):
+    from lengthbench import kernels
+    from lengthbench.runner import Trainer
+
+    monkeypatch.setattr(kernels, "get_kernel", lambda name, **kw: (lambda *a, **k: None) if name == kernel else None)
+    config = build_config("copy", attn, "none", "paper", **TINY)
+    assert config.compile_mode == "reduce-overhead"
+    trainer = Trainer(config, get_task("copy"), torch.device("cpu"), Path("/nonexistent"), progress=False)
+    assert trainer.compile_mode() == mode
+    with pytest.raises(ValueError, match="compile mode"):
+        build_config("copy", attn, "none", "paper", compile_mode="fast")
