@@ -193,8 +193,7 @@ def test_cuda_graphs_only_for_models_without_fused_ops(monkeypatch, attn, kernel
     from lengthbench.runner import Trainer
 
     monkeypatch.setattr(kernels, "get_kernel", lambda name, **kw: (lambda *a, **k: None) if name == kernel else None)
-    config = build_config("copy", attn, "none", "paper", **TINY)
-    assert config.compile_mode == "reduce-overhead"
+    config = build_config("copy", attn, "none", "paper", compile_mode="reduce-overhead", **TINY)
     trainer = Trainer(config, get_task("copy"), torch.device("cpu"), Path("/nonexistent"), progress=False)
     assert trainer.compile_mode() == mode
     with pytest.raises(ValueError, match="compile mode"):
