@@ -69,6 +69,9 @@ class Task:
     has_features: ClassVar[bool] = False
     model_defaults: ClassVar[ModelDefaults]
     default_train_length: ClassVar[int] = 64  # n_train unless --train-length says otherwise
+    # Parameters that change how a sample is written, not what is drawn: left out of the stream key, so
+    # that every setting of them writes the same samples.
+    presentation_params: ClassVar[tuple[str, ...]] = ()
 
     @dataclass(frozen=True)
     class Params:
@@ -130,7 +133,8 @@ class Task:
         return [self._ids[s] for s in symbols]
 
     def key(self, split: str, n: int, seed: int) -> int:
-        return stream_key(self.name, dataclasses.asdict(self.params), split, int(n), int(seed))
+        drawn = {k: v for k, v in dataclasses.asdict(self.params).items() if k not in self.presentation_params}
+        return stream_key(self.name, drawn, split, int(n), int(seed))
 
     def check_length(self, n: int) -> None:
         if n < self.min_length():

@@ -14,6 +14,12 @@ and ``<q> a`` per query, then ``<eos>``. Scored as next-token targets: the answe
 ``<eos>`` (not the ``<q>`` separators, which are given). A sample has ``n + 4 * queries + 3``
 tokens (``n`` even) or one more filler token (``n`` odd).
 
+``layout="inline"`` (a parameter; the default is the layout above) asks and answers each query in place,
+as in Zoology's MQAR: ``<bos> prefix <sep> <q> k9 v106 <q> k19 v78 <eos>``, scored: each answer (at its
+key) and ``<eos>``; ``n + 3 * queries + 3`` tokens. An answer then needs one hop less (no query to locate by
+position); seed 004's text ("a series of queries ... output the most recent value assigned to each queried
+key") fits both.
+
 Choices the seeds leave open (ours): for odd ``n`` the prefix starts with one ``<space>`` so that it
 is ``n`` tokens; "keys present" is uniform over distinct present keys (not weighted by how often a
 key is assigned); the feed-forward width of the model (1024) is not given by seed 004.
@@ -39,6 +45,7 @@ from lengthbench.tasks.base import (
 from lengthbench.tasks.rng import SampleRandom
 
 SPECIALS = ["<pad>", "<bos>", "<sep>", "<eos>", "<space>", "<q>"]
+LAYOUTS = ("separate", "inline")
 
 
 @register_task("mqrar")
@@ -46,6 +53,7 @@ class MQRAR(Task):
     """Multi-query repeated associative recall: answer the most recent value of each queried key."""
 
     model_defaults = ModelDefaults(layers=2, d_model=256, heads=16, ffn=1024, train_samples=20_000_000)
+    presentation_params = ("layout",)
 
     @dataclass(frozen=True)
     class Params:
@@ -53,6 +61,7 @@ class MQRAR(Task):
         values: int = 128  # value symbols "v0".."v{values-1}"
         num_keys: int = 16  # distinct active keys per sample
         queries: int = 4
+        layout: str = "separate"  # "separate": queries, <sep>, then the answers; "inline": <q> k a per query
 
     def build_vocab(self) -> list[str]:
         p = self.params
@@ -60,6 +69,8 @@ class MQRAR(Task):
             raise ValueError("keys, values, num_keys and queries must be at least 1")
         if p.num_keys > p.keys:
             raise ValueError(f"num_keys ({p.num_keys}) cannot exceed keys ({p.keys})")
+        if p.layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {p.layout!r}; choose from: {', '.join(LAYOUTS)}")
         return SPECIALS + [f"k{i}" for i in range(p.keys)] + [f"v{i}" for i in range(p.values)]
 
     tail_window = 64  # assignments per active key searched before the whole prefix (speed only)
@@ -68,6 +79,8 @@ class MQRAR(Task):
         return 2
 
     def max_tokens(self, n: int) -> int:
+        if self.params.layout == "inline":
+            return 1 + n + 1 + 3 * self.params.queries + 1
         return 1 + n + 2 * self.params.queries + 1 + 2 * self.params.queries + 1
 
     def generate(self, rng: SampleRandom, n: int) -> Batch:
@@ -102,16 +115,23 @@ class MQRAR(Task):
         prefix = np.empty((batch_size, 2 * assignments), dtype=np.int64)
         prefix[:, 0::2] = active[rows, slot] + first_key
         prefix[:, 1::2] = values + first_value
-        queried = np.stack([np.full((batch_size, p.queries), q), active[rows, asked] + first_key], axis=2)
-        answered = np.stack([np.full((batch_size, p.queries), q), answers + first_value], axis=2)
+        marks = np.full((batch_size, p.queries), q)
+        keys_asked = active[rows, asked] + first_key
         parts = [column(batch_size, bos)] + ([column(batch_size, space)] if n % 2 else [])
-        parts += [prefix, queried.reshape(batch_size, -1), column(batch_size, sep),
-                  answered.reshape(batch_size, -1), column(batch_size, eos)]
+        if p.layout == "inline":
+            asked_and_answered = np.stack([marks, keys_asked, answers + first_value], axis=2)
+            parts += [prefix, column(batch_size, sep), asked_and_answered.reshape(batch_size, -1),
+                      column(batch_size, eos)]
+            answer_at = 1 + n + 1 + 2 + 3 * np.arange(p.queries)
+        else:
+            queried = np.stack([marks, keys_asked], axis=2)
+            answered = np.stack([marks, answers + first_value], axis=2)
+            parts += [prefix, queried.reshape(batch_size, -1), column(batch_size, sep),
+                      answered.reshape(batch_size, -1), column(batch_size, eos)]
+            answer_at = 1 + n + 2 * p.queries + 2 + 2 * np.arange(p.queries)  # positions of a1 .. a4
         input_ids = np.concatenate(parts, axis=1)
 
         labels = np.full_like(input_ids, IGNORE_INDEX)
-        sep_at = 1 + n + 2 * p.queries
-        answer_at = sep_at + 2 + 2 * np.arange(p.queries)  # positions of a1 .. a4 in input_ids
         labels[:, answer_at - 1] = input_ids[:, answer_at]
         labels[:, -2] = eos
         return full_batch(input_ids, labels, n)

@@ -96,6 +96,15 @@ def check_mqrar(task, batch, b, n):
         latest[key] = value  # later assignments overwrite earlier ones
     assert len(latest) <= p.num_keys
     rest = sym[n + 1 :]
+    if p.layout == "inline":  # <sep> (<q> k a) per query <eos>; scored: each answer at its key, and <eos>
+        assert rest[0] == "<sep>" and rest[-1] == "<eos>" and len(rest) == 3 * p.queries + 2
+        triples = rest[1:-1]
+        assert triples[0::3] == ["<q>"] * p.queries
+        assert triples[2::3] == [latest[k] for k in triples[1::3]]
+        scored = [t for t in range(len(sym)) if labels[t] != IGNORE_INDEX]
+        assert scored == [n + 3 + 3 * j for j in range(p.queries)] + [len(sym) - 2]
+        assert all(labels[t] == ids[t + 1] for t in scored)
+        return
     queries, answer = rest[: 2 * p.queries], rest[2 * p.queries + 1 : -1]
     assert rest[2 * p.queries] == "<sep>" and rest[-1] == "<eos>"
     assert queries[0::2] == ["<q>"] * p.queries and answer[0::2] == ["<q>"] * p.queries
@@ -338,6 +347,18 @@ def test_mqmtar_properties(alphabet, key_tokens, value_tokens, queries, density,
        index=st.integers(0, 2**40))
 def test_mqrar_properties(num_keys, values, queries, n, index):
     check(get_task("mqrar", keys=20, num_keys=num_keys, values=values, queries=queries), n, [index, index + 7])
+    check(get_task("mqrar", keys=20, num_keys=num_keys, values=values, queries=queries, layout="inline"), n,
+          [index, index + 7])
+
+
+def test_mqrar_layouts_ask_the_same_questions():
+    separate, inline = get_task("mqrar"), get_task("mqrar", layout="inline")
+    a, b = separate.batch(range(4), 64), inline.batch(range(4), 64)
+    assert np.array_equal(a.input_ids[:, :65], b.input_ids[:, :65])  # the same prefix
+    assert sorted(a.labels[a.labels >= 0].tolist()) == sorted(b.labels[b.labels >= 0].tolist())  # same answers
+    assert b.input_ids.shape[1] == inline.max_tokens(64) == 64 + 3 * 4 + 3
+    with pytest.raises(ValueError, match="layout"):
+        get_task("mqrar", layout="sideways")
 
 
 @FAST
