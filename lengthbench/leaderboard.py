@@ -1,7 +1,8 @@
 """The leaderboard: the seeds' tables, built from the results store.
 
 Per task (and preset, training protocol and training length, so that runs of different protocols never
-share a table; the protocol is the training budget of ``config_json``: samples, batch size, learning rate):
+share a table; the protocol is the training budget of ``config_json`` (samples, batch size, learning rate)
+and the task parameters that differ from the defaults):
 a row per attention x encoding, a column per multiplier, values in % of the task's metric (the
 ``score`` column: exact match, or token accuracy for the classification tasks).
 
@@ -117,7 +118,9 @@ def protocol_label(config_json) -> str:
         return ""
     samples = config["train_samples"]
     amount = f"{samples / 1e6:g}M" if samples >= 100_000 else f"{samples:,}"
-    return f"{amount} samples, batch {config['batch_size']}, lr {config['lr']:g}"
+    label = f"{amount} samples, batch {config['batch_size']}, lr {config['lr']:g}"
+    params = config.get("task_params") or {}
+    return label + "".join(f", {key}={value}" for key, value in sorted(params.items()))
 
 
 def _canonical_task(task: str) -> str:

@@ -47,7 +47,8 @@ def _table_label(task: str, preset: str, protocol: str, train_length: int, sever
 
 def _protocol_slug(protocol: str) -> str:
     """``"8M samples, batch 512, lr 0.001"`` -> ``"8M_b512_lr0.001"``."""
-    return protocol.replace(" samples, batch ", "_b").replace(", lr ", "_lr").replace(",", "")
+    return (protocol.replace(" samples, batch ", "_b").replace(", lr ", "_lr").replace(", ", "_")
+            .replace("=", "-").replace(",", ""))
 
 
 def _several(board: pd.DataFrame) -> dict[str, bool]:

@@ -119,12 +119,16 @@ def test_training_protocols_never_share_a_table(tmp_path):
     long = {"train_samples": 8_000_000, "batch_size": 512, "lr": 1e-3}
     synthetic_run(results, "copy", "softmax", "nape", 0, {1: 0.2, 2: 0.0}, preset="quick", config=short)
     synthetic_run(results, "copy", "softmax", "nape", 0, {1: 1.0, 2: 0.9}, preset="quick", config=long)
+    synthetic_run(results, "copy", "softmax", "nape", 0, {1: 1.0, 2: 0.8}, preset="quick",
+                  config={**long, "task_params": {"symbols": 8}})
     board = build_leaderboard(load_store(results)[0])
-    assert sorted(board["protocol"]) == ["1M samples, batch 256, lr 0.001", "8M samples, batch 512, lr 0.001"]
+    assert sorted(board["protocol"]) == ["1M samples, batch 256, lr 0.001", "8M samples, batch 512, lr 0.001",
+                                         "8M samples, batch 512, lr 0.001, symbols=8"]
     text = to_markdown(board)
-    assert text.count("## copy") == 2 and "preset `quick` (8M samples, batch 512, lr 0.001)" in text
+    assert text.count("## copy") == 3 and "preset `quick` (8M samples, batch 512, lr 0.001)" in text
     names = sorted(p.name for p in plot_curves(board, tmp_path / "plots") if p.suffix == ".png")
-    assert names == ["curves_copy_quick_1M_b256_lr0.001_n64.png", "curves_copy_quick_8M_b512_lr0.001_n64.png"]
+    assert names == ["curves_copy_quick_1M_b256_lr0.001_n64.png", "curves_copy_quick_8M_b512_lr0.001_n64.png",
+                     "curves_copy_quick_8M_b512_lr0.001_symbols-8_n64.png"]
 
 
 def test_cli_formats_and_publish(store, tmp_path, monkeypatch, capsys):
