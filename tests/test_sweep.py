@@ -187,3 +187,10 @@ def test_explicit_cells_keep_their_order_and_check_names(monkeypatch, capsys):
             plan_cells(bad, [0])
     assert cli(monkeypatch, "sweep", "--cells", "copy:softmax:rope", "--tasks", "copy", "--dry-run") == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_sweep_file_per_gpu_must_be_a_number(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "sweep.toml"
+    path.write_text('cells = ["copy:softmax:rope"]\nper_gpu = "two"\n')
+    assert cli(monkeypatch, "sweep", "--config", path) == 2
+    assert "per_gpu must be a whole number" in capsys.readouterr().err

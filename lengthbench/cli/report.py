@@ -107,7 +107,9 @@ def register(app: typer.Typer) -> None:
         from lengthbench.store import run_finished
 
         done_before = sum(run_finished(results, c.run_id) for c in configs)
-        per_gpu = per_gpu if per_gpu is not None else int(settings.get("per_gpu", 1))
+        per_gpu = per_gpu if per_gpu is not None else settings.get("per_gpu", 1)
+        if not isinstance(per_gpu, int) or isinstance(per_gpu, bool):
+            raise UsageError(f"per_gpu must be a whole number, got {per_gpu!r}")
         slots = [] if dry_run else gpu_slots(device, per_gpu)
         gpus = len({slot_gpu(s) for s in slots})
         where = (f"{gpus} GPUs x {len(slots) // gpus} cells" if len(slots) > 1 else
