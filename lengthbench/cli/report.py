@@ -62,8 +62,8 @@ def register(app: typer.Typer) -> None:
         max_multiplier: int = typer.Option(None, "--max-multiplier", help="Largest multiplier (a power of 2)."),
         eval_samples: int = typer.Option(None, "--eval-samples", help="Samples per evaluation length."),
         train_length: int = typer.Option(None, "--train-length", help="n_train (default 64)."),
-        per_gpu: int = typer.Option(None, "--per-gpu", help="Cells run side by side on each GPU (default 1; "
-                                    "small models leave a GPU idle between launches, so 2-4 raise the total rate)."),
+        per_gpu: int = typer.Option(None, "--per-gpu", help="Cells run side by side on each GPU (default 1), "
+                                    "for small models that leave a GPU idle between kernel launches."),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the cells and what is done; run nothing."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     ) -> None:
