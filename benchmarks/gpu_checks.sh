@@ -25,7 +25,7 @@ header() {
 case "$part" in
   tests)
     # from /tmp, so that the installed (namespaced) package is tested, not the checkout's folders
-    cmd="python3 -m pytest $repo/tests/test_kernels.py $repo/tests/test_attention_cuda.py -c $repo/pyproject.toml -m gpu -q -p no:cacheprovider --durations=10"
+    cmd="python3 -m pytest $repo/tests/test_kernels.py $repo/tests/test_attention_cuda.py -c $repo/pyproject.toml -m gpu -q -s -p no:cacheprovider --durations=15"
     { header "$cmd"; (cd /tmp && LENGTHBENCH_UNVERIFIED_KERNELS=1 $cmd); } 2>&1 | tee "$out/test_log.txt" ;;
   kernels)
     python3 benchmarks/kernels.py --out "$out" 2>&1 | tee "$out/benchmark_log.txt" ;;
