@@ -172,7 +172,7 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, sm_s
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
-    offs_n, offs_d, _, dmask, kv_mask, kv_off = tile_rows(pid_n * BN, T, D, BD, BN)
+    offs_n, offs_d, _n_ok, dmask, kv_mask, kv_off = tile_rows(pid_n * BN, T, D, BD, BN)
     kv_off += base
     k1 = tl.load(K1 + kv_off, mask=kv_mask, other=0.0)
     k2 = tl.load(K2 + kv_off, mask=kv_mask, other=0.0)
@@ -184,14 +184,14 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, sm_s
     dv = tl.zeros([BN, BD], dtype=tl.float32)
     lo = (pid_n * BN // BM) * BM
     for start_m in range(lo, T, BM):
-        offs_m, _, row_ok, _, rmask, q_off = tile_rows(start_m, T, D, BD, BM)
+        offs_m, _m_d, row_ok, _m_dmask, rmask, q_off = tile_rows(start_m, T, D, BD, BM)
         q_off += base
         q1 = tl.load(Q1 + q_off, mask=rmask, other=0.0)
         q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
         rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
         tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
-        z1, _ = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-        z2, _ = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+        z1, _zb1 = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+        z2, _zb2 = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
         valid = (offs_n[None, :] <= offs_m[:, None]) & row_ok[:, None] & (offs_n[None, :] < T)
         if _either_active(z1, z2, valid, tau) > 0:
             do = tl.load(DO + q_off, mask=rmask, other=0.0)
