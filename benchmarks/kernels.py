@@ -67,12 +67,20 @@ def sdpa(q, k, v):
 
 
 def kernel_fn(name):
+    if name == "tda-2pass":
+        return tda_two_passes
     op = get_kernel(name, unverified=True)
     if name == "tra":
         return lambda q, k, v: op(q, k, v, sm_scale=1.0)
     if name == "tda":  # two views from the same inputs: (q, k) and (k, q)
         return lambda q, k, v: op(q, k, k, q, v, lam=0.5, sm_scale=1.0)
     return op
+
+
+def tda_two_passes(q, k, v):
+    """What the tda module runs while the one-pass op is unverified: two tra passes (same views as ``tda``)."""
+    op = get_kernel("tra")
+    return op(q, k, v, sm_scale=1.0) - 0.5 * op(k, q, v, sm_scale=1.0)
 
 
 def main():
@@ -91,7 +99,7 @@ def main():
         for tokens in [int(x) for x in args.lengths.split(",")]:
             base = measure(sdpa, *inputs(args.heads, tokens, head_dim, dtype))
             for name in args.mechanisms.split(","):
-                tensors = inputs(args.heads, tokens, head_dim, dtype, unit=name == "tra")
+                tensors = inputs(args.heads, tokens, head_dim, dtype, unit=name in ("tra", "tda", "tda-2pass"))
                 fwd, fwdbwd, peak = measure(kernel_fn(name), *tensors)
                 del tensors
                 torch.cuda.empty_cache()

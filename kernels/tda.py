@@ -214,7 +214,7 @@ def _tiles(block_d: int) -> dict:
     if block_d <= 32:
         return dict(fwd=(128, 64, 8), dq=(64, 64, 8), dkdv=(64, 64, 8))
     if block_d <= 64:
-        return dict(fwd=(128, 32, 8), dq=(64, 32, 8), dkdv=(32, 64, 8))
+        return dict(fwd=(128, 32, 8), dq=(64, 32, 8), dkdv=(64, 64, 8))
     return dict(fwd=(32, 32, 8), dq=(32, 32, 8), dkdv=(32, 32, 8))
 
 
