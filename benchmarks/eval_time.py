@@ -64,13 +64,27 @@ def main() -> None:
         sys.exit("error: --samples takes one count or one per mechanism")
     rows = []
     for attn, count in zip(attns, counts, strict=True):
-        row = measure(args.task, attn, args.pe, args.n, count)
-        rows.append(row)
-        print(f"{attn:14s} {count:5d} samples at {row['tokens']:,.0f} tokens: {row['seconds']:8.1f} s "
-              f"({row['s_per_1000']:.0f} s per 1,000{' projected' if row['projected'] else ''}; peak "
-              f"{row['peak_mem_gib']:.1f} GiB)", flush=True)
+        try:
+            row = measure(args.task, attn, args.pe, args.n, count)
+        except Exception as error:  # noqa: BLE001 - one mechanism's failure must not lose the others' rows
+            print(f"{attn:14s} failed: {type(error).__name__}: {error}", flush=True)
+            rows.append(dict(task=args.task, attn=attn, pe=args.pe, n=args.n, samples=count,
+                             error=f"{type(error).__name__}: {error}"))
+        else:
+            rows.append(row)
+            print(f"{attn:14s} {count:5d} samples at {row['tokens']:,.0f} tokens: {row['seconds']:8.1f} s "
+                  f"({row['s_per_1000']:.0f} s per 1,000{' projected' if row['projected'] else ''}; peak "
+                  f"{row['peak_mem_gib']:.1f} GiB)", flush=True)
+        save(rows, args)
+        torch.cuda.empty_cache()
+
+
+def save(rows: list[dict], args) -> None:
+    """Rewritten after every mechanism, so a crash or a time limit keeps what was measured."""
     frame = pd.DataFrame(rows)
-    base = frame.loc[frame["attn"] == "softmax", "s_per_1000"]
+    if "error" not in frame:
+        frame["error"] = None
+    base = frame.loc[frame["attn"] == "softmax", "s_per_1000"] if "s_per_1000" in frame else frame.iloc[:0]
     frame["vs_softmax"] = frame["s_per_1000"] / base.iloc[0] if len(base) else float("nan")
     frame["device"] = device_description(torch.device("cuda"))
     frame["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -78,12 +92,13 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out / "eval_time.parquet", index=False)
-    columns = ["attn", "pe", "tokens", "samples", "seconds", "s_per_1000", "projected", "vs_softmax", "peak_mem_gib"]
+    columns = ["attn", "pe", "tokens", "samples", "seconds", "s_per_1000", "projected", "vs_softmax", "peak_mem_gib",
+               "error"]
+    frame = frame.reindex(columns=[*columns, "device", "created_at", "command"])
     (out / "eval_time.md").write_text(
         f"# Evaluation time at n = {args.n:,} ({args.task}, `paper` model)\n\nDevice: {frame['device'].iloc[0]}; "
         f"{frame['created_at'].iloc[0]}\n\nCommand: `{frame['command'].iloc[0]}`\n\n"
         + frame[columns].round(3).to_markdown(index=False) + "\n")
-
 
 if __name__ == "__main__":
     main()

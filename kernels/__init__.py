@@ -13,6 +13,9 @@ factor multiplying each query row's (biased) scores, ``sm_scale`` default ``1 / 
 
     op(q1, k1, q2, k2, v, *, lam, slopes=None, row_scale=None, sm_scale=None, **mechanism_params) -> out
 
+The positional tensors are cast to the dtype of the last one (``v``): under bf16 autocast, normalised or
+rotated queries and keys come out in fp32 while ``v`` is bf16.
+
 This package imports neither ``lengthbench.models`` nor the harness.
 """
 
@@ -40,9 +43,9 @@ _KERNELS: dict[str, str] = {
 
 
 # Ops written but not yet run against their references on a GPU: the modules do not dispatch to them
-# (TDA keeps its two verified tra passes) unless LENGTHBENCH_UNVERIFIED_KERNELS=1; tests and benchmarks
-# reach them with ``get_kernel(name, unverified=True)``.
-UNVERIFIED: frozenset[str] = frozenset({"tda"})
+# unless LENGTHBENCH_UNVERIFIED_KERNELS=1; tests and benchmarks reach them with
+# ``get_kernel(name, unverified=True)``. Empty since tda's GPU run (results/kernels/test_log_tda.txt).
+UNVERIFIED: frozenset[str] = frozenset()
 
 
 def triton_available() -> bool:
@@ -73,7 +76,18 @@ def _load(target: str) -> Callable:
     module = importlib.import_module(f"lengthbench.kernels.{module_name}")
     # torch.compile must not trace into the Triton launches (Inductor re-types their constants);
     # a graph break keeps the op an opaque autograd function inside compiled models.
-    return torch.compiler.disable(getattr(module, function_name))
+    return torch.compiler.disable(_same_dtype(getattr(module, function_name)))
+
+
+def _same_dtype(op: Callable) -> Callable:
+    """``op`` with its positional tensors cast to the dtype of the last one."""
+
+    @functools.wraps(op)
+    def call(*tensors, **kwargs):
+        dtype = tensors[-1].dtype
+        return op(*(t if t.dtype == dtype else t.to(dtype) for t in tensors), **kwargs)
+
+    return call
 
 
 def kernel_names() -> list[str]:

@@ -17,9 +17,10 @@ Three kernels, each visiting a (query tile, key tile) pair once for both views:
 The pointwise maps (weights, their derivative, the activity test) are ``_rowwise.py``'s for code ``TRA``.
 ``beta`` (through ``tau``) and ``lam`` (float, 0-d or ``[H]`` tensor) get their gradients through autograd.
 
-Status (2026-11-22): checked against the dense reference under Triton's interpreter on a CPU (fp32, lengths
-1 to 4,096, head dims 16 to 128, errors <= 2e-5); not yet run on a GPU, so it is in ``kernels.UNVERIFIED``
-and the TDA module does not dispatch to it. The GPU tests are ``tests/test_kernels.py -k tda``.
+Status: matches the dense reference on the H100 (fp32/bf16, lengths 1 to 4,096, head dims 16 to 128, ALiBi,
+row scale, per-head lam/beta, power 1.5, rows with nothing active; ``results/kernels/test_log_tda.txt``).
+It is slower than two ``tra`` passes (L 65,536, D 32: 33 / 258 ms fwd / fwd+bwd against 24 / 124 ms), so the
+TDA module runs those; this op is ``get_kernel("tda")`` for direct use and the benchmark.
 """
 
 from __future__ import annotations

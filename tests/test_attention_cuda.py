@@ -40,3 +40,28 @@ def test_fast_path_matches_reference(name, pe, tokens):
     assert fast_grads.keys() == ref_grads.keys()
     for key in ref_grads:
         torch.testing.assert_close(fast_grads[key], ref_grads[key], rtol=1e-2, atol=1e-2, msg=f"grad of {key}")
+
+
+@pytest.mark.parametrize("pe", ["rope", "alibi"])
+@pytest.mark.parametrize("name", ATTENTION.names())
+def test_fast_path_under_bf16_autocast(name, pe):
+    """As the runner trains and evaluates on CUDA (bf16 autocast, where normalised or rotated q and k come out
+    in fp32 beside bf16 values): the fast path runs, stays finite and close to the reference path."""
+    torch.manual_seed(0)
+    layer = ATTENTION.get(name)(64, 4, build_pe(pe, 4, 16)).cuda()
+    x = torch.randn(2, 300, 64, device="cuda")
+
+    def run(use_kernels):
+        layer.use_kernels = use_kernels
+        layer.zero_grad()
+        inputs = x.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = layer(inputs)
+        out.float().sum().backward()
+        return out.float().detach(), inputs.grad
+
+    fast, fast_dx = run(True)
+    ref, ref_dx = run(False)
+    assert torch.isfinite(fast).all() and torch.isfinite(fast_dx).all()
+    assert (fast - ref).norm() <= 0.05 * ref.norm() + 1e-3
+    assert (fast_dx - ref_dx).norm() <= 0.05 * ref_dx.norm() + 1e-3

@@ -159,18 +159,16 @@ class TDAAttention(_Thresholded, TwoViewAttention):
                            self.lam, query_positions=query_positions, **self.threshold_params())
 
     def kernel_names(self) -> tuple[str, ...]:
-        return ("tda", "tra")
+        return ("tra",)
 
     def attend(self, q, k, v, x):
         if not q.is_cuda:
             return self.reference_attend(q, k, v, x)
         (q1, q2), (k1, k2) = self.split(q), self.split(k)
         params = self.threshold_params()
-        # One fused pass over both views (unit q and k, sm_scale 1: cosine scores), shared values; until that
-        # op is verified on a GPU (kernels.UNVERIFIED), two tra passes (the map is linear in the weights).
-        fused = self.kernel("tda")
-        if fused is not None:
-            return fused(q1, k1, q2, k2, v, lam=self.lam, slopes=self.pe.slopes(), sm_scale=1.0, **params)
+        # Two tra passes (the map is linear in the weights), not the one-pass tda op: on the H100 the two
+        # passes took 24 / 124 ms (fwd / fwd+bwd, L 65,536, D 32) against its 33 / 258 ms
+        # (results/kernels/benchmark_tda_log.txt). The one-pass op stays available as kernels "tda".
         op = self.kernel("tra")
         if op is not None:
             first = op(q1.contiguous(), k1.contiguous(), v, slopes=self.pe.slopes(), sm_scale=1.0, **params)
