@@ -151,11 +151,11 @@ def report(frame: pd.DataFrame) -> str:
               "- stickbreaking stops walking left once every row of a query tile has accumulated 60 nats of "
               "softplus (the remaining weights are below e^-60). Random inputs get there within about a hundred "
               "keys, so its times here are a best case; a model whose scores stay very negative walks further.",
-              "- entmax and sieve first find the 1.5-entmax threshold: one max pass plus about 5-7 passes of "
-              "score products (exact step once the support is found, Newton steps before), each as costly as a "
-              "flash forward at D=32; sieve then runs the filtered stick-breaking pass without early exit.",
-              "- tda: the one-pass op (both views per key tile). Until its GPU test run is green it is in "
-              "`kernels.UNVERIFIED` and the module runs two tra passes instead.",
+              "- entmax and sieve first find the 1.5-entmax threshold: a pass for each row's 16 largest tile "
+              "maxima (the exact threshold of that subset is a lower bound to start from), then a few Newton/exact "
+              "passes of score products; sieve then runs the filtered stick-breaking pass without early exit.",
+              "- tda is the one-pass op (both views per key tile) on unit inputs like tra; tda-2pass is what the "
+              "TDA module runs, two tra passes, faster than the one-pass op on the H100.",
               "- rela has no speed target in issue 5."]
     return "\n".join(lines) + "\n"
 

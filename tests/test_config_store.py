@@ -15,6 +15,7 @@ def test_presets_build_for_every_preset():
     paper = build_config("copy", "softmax", "nape", "paper")
     assert (paper.n_layers, paper.d_model, paper.n_heads, paper.ffn) == (2, 256, 16, 1024)
     assert paper.train_samples == 20_000_000 and paper.batch_size == 128 and paper.eval_samples == 1000
+    assert paper.compile_mode == "reduce-overhead" and build_config("copy", "softmax", "nape", "quick").compile_mode == "default"
 
 
 def test_overrides_win_and_run_id_tracks_the_configuration():
