@@ -26,14 +26,16 @@ import importlib
 import os
 from collections.abc import Callable
 
-# mechanism name -> "module:function" inside this package. Extra parameters: entmax and sieve ``alpha``
-# (1.5 only), softpick ``eps``, tra ``beta``/``kappa``/``power`` (unit q, k and ``sm_scale=1`` from the
+# mechanism name -> "module:function" inside this package. Extra parameters: entmax ``alpha`` (1.5 or 2),
+# sieve ``alpha`` (1.5 only), softpick ``eps``, tra ``beta``/``kappa``/``power`` (unit q, k and ``sm_scale=1`` from the
 # module), tda those of tra plus ``lam``. All ops give gradients to q, k, v, ``row_scale`` and ``slopes`` (and
 # tra's and tda's ``beta``, tda's ``lam``).
 _KERNELS: dict[str, str] = {
     "stickbreaking": "stickbreaking:stickbreaking_attention",
     "sieve": "sieve:sieve_attention",
     "entmax": "entmax:entmax_attention",
+    "sparsemax": "entmax:sparsemax_attention",
+    "adatemp": "adatemp:adatemp_attention",
     "softpick": "softpick:softpick_attention",
     "rectified": "rectified:rectified_attention",
     "rela": "rela:rela_attention",
@@ -44,7 +46,8 @@ _KERNELS: dict[str, str] = {
 
 # Ops written but not yet run against their references on a GPU: the modules do not dispatch to them
 # unless LENGTHBENCH_UNVERIFIED_KERNELS=1; tests and benchmarks reach them with
-# ``get_kernel(name, unverified=True)``. Empty since tda's GPU run (results/kernels/test_log_tda.txt).
+# ``get_kernel(name, unverified=True)``. Empty since the GPU runs of tda (results/kernels/test_log_tda.txt), adatemp
+# and sparsemax (results/kernels/session4/).
 UNVERIFIED: frozenset[str] = frozenset()
 
 

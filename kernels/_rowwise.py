@@ -24,7 +24,7 @@ import triton.language as tl
 
 from lengthbench.kernels._common import Problem, reduce_slopes, score_tile
 
-SOFTPICK, RECTIFIED, RELA, TRA, ENTMAX = 0, 1, 2, 3, 4
+SOFTPICK, RECTIFIED, RELA, TRA, ENTMAX, ENTROPY = 0, 1, 2, 3, 4, 5
 
 
 @triton.jit
@@ -44,9 +44,14 @@ def _weights(z, valid, m, den, tau, MECH: tl.constexpr, POWER: tl.constexpr):
             w = x * x
         else:
             w = tl.where(x > 0, tl.exp2(POWER * tl.log2(tl.maximum(x, 1e-30))), 0.0)
+    elif MECH == 4:
+        s = tl.where(valid, tl.maximum(z / POWER - tau[:, None], 0.0), 0.0)
+        if POWER == 2.0:
+            w = s * s / den[:, None]
+        else:
+            w = s / den[:, None]
     else:
-        s = tl.where(valid, tl.maximum(z * 0.5 - tau[:, None], 0.0), 0.0)
-        w = s * s / den[:, None]
+        w = tl.zeros_like(z)
     return w
 
 
@@ -70,20 +75,28 @@ def _score_grad(z, valid, g, m, den, tau, delta, MECH: tl.constexpr, POWER: tl.c
         else:
             dw = tl.where(x > 0, POWER * tl.exp2((POWER - 1.0) * tl.log2(tl.maximum(x, 1e-30))), 0.0)
         dz = dw * g
-    else:
-        s = tl.where(valid, tl.maximum(z * 0.5 - tau[:, None], 0.0), 0.0)
+    elif MECH == 4:
+        s = tl.where(valid, tl.maximum(z / POWER - tau[:, None], 0.0), 0.0)
+        if POWER != 2.0:
+            s = (s > 0).to(tl.float32)
         dz = s * (g - delta[:, None]) / den[:, None]
+    else:
+        # The entropy of softmax (adatemp): dH_r/dz_rj = -p_rj (log p_rj + H_r), times dLoss/dH_r in ``delta``.
+        zv = tl.where(valid, z, float("-inf"))
+        p = tl.exp(zv - m[:, None]) / den[:, None]
+        logp = tl.where(valid, z - m[:, None] - tl.log(den)[:, None], 0.0)
+        dz = tl.where(valid, -delta[:, None] * p * (logp + tau[:, None]), 0.0)
     return dz
 
 
 @triton.jit
-def _any_active(z, valid, tau, MECH: tl.constexpr):
+def _any_active(z, valid, tau, MECH: tl.constexpr, POWER: tl.constexpr):
     """Whether any entry of the tile has a non-zero weight or gradient (tra and entmax are sparse: their
     tiles without one skip the value loads and products)."""
     if MECH == 3:
         act = valid & (z - tau[:, None] > 0)
     elif MECH == 4:
-        act = valid & (z * 0.5 - tau[:, None] > 0)
+        act = valid & (z / POWER - tau[:, None] > 0)
     else:
         act = valid
     return tl.max(act.to(tl.int32))
@@ -96,11 +109,11 @@ def _row_stats(M, L, TAU, DELTA, idx, row_ok, MECH: tl.constexpr, BM: tl.constex
     den = tl.full([BM], 1.0, dtype=tl.float32)
     tau = tl.zeros([BM], dtype=tl.float32)
     delta = tl.zeros([BM], dtype=tl.float32)
-    if MECH == 0 or MECH == 1 or MECH == 4:
+    if MECH == 0 or MECH == 1 or MECH == 4 or MECH == 5:
         m = tl.load(M + idx, mask=row_ok, other=0.0)
         den = tl.load(L + idx, mask=row_ok, other=1.0)
         delta = tl.load(DELTA + idx, mask=row_ok, other=0.0)
-    if MECH == 3 or MECH == 4:
+    if MECH == 3 or MECH == 4 or MECH == 5:
         tau = tl.load(TAU + idx, mask=row_ok, other=0.0)
     return m, den, tau, delta
 
@@ -139,8 +152,14 @@ def _fwd_tile(acc, acc_u, m_i, l_i, s_i, q, K, V, base, start_n, offs_m, offs_d,
             l_i += tl.sum(p, 1)
         m_i = m_new
     elif MECH == 4:
-        s = tl.where(valid, tl.maximum(z * 0.5 - tau[:, None], 0.0), 0.0)
-        p = s * s
+        # (A branch that skips the value products of tiles with no positive weight, as the backward does,
+        # made tra's forward 1.8x slower on the H100, 2026-11-22: the loop loses its software pipelining.)
+        s = tl.where(valid, tl.maximum(z / POWER - tau[:, None], 0.0), 0.0)
+        if POWER == 2.0:
+            p = s * s
+        else:  # sparsemax: the weights are s, the backward's are the support's indicator
+            p = s
+            s = (s > 0).to(tl.float32)
         l_i += tl.sum(p, 1)
         s_i += tl.sum(s, 1)
         if STORE_U:
@@ -265,9 +284,12 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, SL, RS, TAU, M, L, DELTA, DRS, DSL, DTAU, sm
         k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
         z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
         valid = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T)
-        if _any_active(z, valid, tau, MECH) > 0:
-            v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-            g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+        if _any_active(z, valid, tau, MECH, POWER) > 0:
+            if MECH == 5:  # the entropy's gradient needs no values
+                g = tl.zeros([BM, BN], dtype=tl.float32)
+            else:
+                v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+                g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
             dz = _score_grad(z, valid, g, m, den, tau, delta, MECH, POWER)
             if GRAD_RS:
                 d_rs += tl.sum(dz * zb, 1)
@@ -316,11 +338,14 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, SL, RS, TAU, M, L, DELTA, sm_scale, T,
         m, den, tau, delta = _row_stats(M, L, TAU, DELTA, bh * T + offs_m, row_ok, MECH, BM)
         z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
         valid = (offs_n[None, :] <= offs_m[:, None]) & row_ok[:, None] & (offs_n[None, :] < T)
-        if _any_active(z, valid, tau, MECH) > 0:
-            do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
-            w = _weights(z, valid, m, den, tau, MECH, POWER)
-            dv += tl.dot(tl.trans(w).to(do.dtype), do, input_precision=DOT_PREC)
-            g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+        if _any_active(z, valid, tau, MECH, POWER) > 0:
+            if MECH == 5:
+                g = tl.zeros([BM, BN], dtype=tl.float32)
+            else:
+                do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
+                w = _weights(z, valid, m, den, tau, MECH, POWER)
+                dv += tl.dot(tl.trans(w).to(do.dtype), do, input_precision=DOT_PREC)
+                g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
             dz = _score_grad(z, valid, g, m, den, tau, delta, MECH, POWER)
             dk += tl.dot(tl.trans(dz * rs[:, None]).to(q.dtype), q, input_precision=DOT_PREC)
     tl.store(DK + base + offs_n[:, None] * D + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)

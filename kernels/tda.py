@@ -52,7 +52,7 @@ def _view_dz(z, valid, g, tau, POWER: tl.constexpr):
 
 @triton.jit
 def _either_active(z1, z2, valid, tau):
-    return tl.maximum(_any_active(z1, valid, tau, _TRA), _any_active(z2, valid, tau, _TRA))
+    return tl.maximum(_any_active(z1, valid, tau, _TRA, 2.0), _any_active(z2, valid, tau, _TRA, 2.0))
 
 
 @triton.jit

@@ -27,3 +27,45 @@ def test_ops_get_their_tensors_in_the_dtype_of_the_last():
 def test_no_op_is_left_unverified_and_unknown_names_get_none():
     assert kernels.UNVERIFIED == frozenset()
     assert kernels.get_kernel("no-such-mechanism") is None
+
+
+def test_sdpa_attend_row_scale_and_slopes_match_softmax_of_the_scaled_scores():
+    """The SDPA path of softmax, ssmax/assmax and adatemp: ``softmax(rs_r (q.k s - slope (r - j)))``, also
+    across the query chunks of the biased path, with gradients to the row factor."""
+    from lengthbench.kernels import _sdpa
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 37, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    slopes = torch.tensor([0.5, 0.0625, 0.0], dtype=torch.float64)
+    rs = (0.5 + torch.rand(2, 3, 37, generator=gen, dtype=torch.float64)).requires_grad_()
+    pos = torch.arange(37)
+    z = (q @ k.transpose(-1, -2)) / 8 ** 0.5 - slopes[:, None, None] * (pos[:, None] - pos[None, :])
+    z = (z * rs[..., None]).masked_fill(pos[None, :] > pos[:, None], float("-inf"))
+    expected = torch.softmax(z, -1) @ v
+    old = _sdpa.SDPA_BIAS_CHUNK
+    try:
+        _sdpa.SDPA_BIAS_CHUNK = 16  # three chunks
+        got = _sdpa.sdpa_attend(q, k, v, slopes, row_scale=rs)
+    finally:
+        _sdpa.SDPA_BIAS_CHUNK = old
+    torch.testing.assert_close(got, expected)
+    (g_got,) = torch.autograd.grad(got.sum(), rs)
+    (g_exp,) = torch.autograd.grad(expected.sum(), rs)
+    torch.testing.assert_close(g_got, g_exp)
+    torch.testing.assert_close(_sdpa.sdpa_attend(q, k, v, None, row_scale=rs.detach()),
+                               torch.softmax(((q @ k.transpose(-1, -2)) / 8 ** 0.5 * rs.detach()[..., None])
+                                             .masked_fill(pos[None, :] > pos[:, None], float("-inf")), -1) @ v)
+
+
+def test_adatemp_temperature_is_the_reference_polynomial():
+    """The fused op's ``theta(H)`` against the reference weight function's, entropy by entropy."""
+    from lengthbench.kernels._sdpa import temperature
+    from lengthbench.models.attention.scaled import ADATEMP_POLY
+
+    entropy = torch.linspace(0.0, 6.0, 601, dtype=torch.float64)
+    poly = torch.zeros_like(entropy)
+    for coefficient in ADATEMP_POLY:
+        poly = poly * entropy + coefficient
+    expected = torch.where(entropy > 0.5, poly.clamp_min(1.0), torch.ones_like(poly))
+    torch.testing.assert_close(temperature(entropy), expected)
+    assert temperature(torch.tensor([0.4, 3.0], dtype=torch.float64))[0] == 1.0

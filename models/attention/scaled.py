@@ -117,9 +117,9 @@ class RowScaledAttention(AttentionLayer):
         op = self.kernel(self.base_kernel) if self.kernel_supported() else None
         if op is not None:
             return op(q, k, v, slopes=self.pe.slopes(), row_scale=scale, **self.kernel_params())
-        if self.base_kernel == "softmax" and self.pe.slopes() is None:
-            # Without a distance bias the row factor can go into the queries: SDPA does the rest.
-            return sdpa_attend(q * scale[..., None].to(q.dtype), k, v, None)
+        if self.base_kernel == "softmax":
+            # The row factor scales the queries (and the ALiBi bias): SDPA does the rest.
+            return sdpa_attend(q, k, v, self.pe.slopes(), row_scale=scale)
         return self.reference_attend(q, k, v, x)
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from lengthbench.kernels._sdpa import SDPA_BIAS_CHUNK, sdpa_attend  # noqa: F401 (re-exported)
 from lengthbench.models.attention.base import (
     WEIGHT_FUNCTIONS,
     AttentionLayer,
@@ -15,31 +15,11 @@ from lengthbench.models.attention.base import (
 )
 from lengthbench.models.attention.registry import register_attention
 
-# Query rows per SDPA call when a distance bias forces an explicit mask: O(chunk x L) memory.
-SDPA_BIAS_CHUNK = 2048
-
 
 @WEIGHT_FUNCTIONS.register("softmax")
 def softmax_weights(scores: torch.Tensor, mask: torch.Tensor, query_positions=None) -> torch.Tensor:
     """``softmax(z)`` over ``j <= r``; a row whose visible scores are all ``-inf`` is all zero."""
     return safe_softmax(as_compute(scores), mask)
-
-
-def sdpa_attend(q, k, v, slopes: torch.Tensor | None, scale: float | None = None) -> torch.Tensor:
-    """Causal softmax attention through torch SDPA (CUDA), with an ALiBi bias where ``slopes`` is set."""
-    if slopes is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    tokens = q.shape[-2]
-    outputs = []
-    for start in range(0, tokens, SDPA_BIAS_CHUNK):
-        stop = min(tokens, start + SDPA_BIAS_CHUNK)
-        positions = torch.arange(start, stop, device=q.device)
-        distance = (positions[:, None] - torch.arange(stop, device=q.device)[None, :]).to(q.dtype)
-        bias = -slopes.to(q.dtype)[:, None, None] * distance
-        bias = bias.masked_fill(distance < 0, float("-inf"))
-        outputs.append(F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :stop], v[:, :, :stop],
-                                                      attn_mask=bias.unsqueeze(0), scale=scale))
-    return torch.cat(outputs, dim=2)
 
 
 @register_attention("softmax")
