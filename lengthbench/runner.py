@@ -228,12 +228,17 @@ def model_dispatches_to_kernels(model) -> bool:
     return any(block.attn.dispatches_to_kernel() for block in model.blocks)
 
 
+def compiles(config: RunConfig, model, device: torch.device) -> bool:
+    """Whether the training step is compiled: on CUDA where the config asks, for models that call no fused op
+    (see ``Trainer.__init__``)."""
+    return device.type == "cuda" and config.compile and not model_dispatches_to_kernels(model)
+
+
 class Trainer:
     # Training batches on a compiled CUDA model are padded up to multiples of ``pad_multiple`` tokens (a few
     # bucket shapes instead of one worst-case width: MQMTAR's mean padded width falls from 91 to 78; the
-    # multiple doubles until there are at most ``max_widths``), one static graph per width. Automatic dynamic
-    # shapes would compile fewer graphs but, like a second static width, broke models with fused ops in
-    # torch 2.11 (see ``train_stream``); those train on one width.
+    # multiple doubles until there are at most ``max_widths``), one static graph per width. Models with fused
+    # ops are not compiled (see ``__init__``) and train on the batches as they come.
     pad_multiple: int = 8
     max_widths: int = 6
     compile_dynamic: bool | None = False
@@ -248,6 +253,14 @@ class Trainer:
         self.dir = checkpoint_dir(results, config.run_id)
         torch.manual_seed(config.seed)
         self.model = build_model(config, task).to(device)
+        # torch.compile of a model whose attention calls a fused Triton op (a graph break around an autograd
+        # Function) crashed in torch 2.11's AOTAutograd runtime on the H200s, 2026-11-22: a corrupted view
+        # shape regenerating an output alias (stick-breaking), a segmentation fault saving the autograd cache
+        # (ASEntmax + NAPE), both within the first minute. Those models train eagerly; the Triton ops do the
+        # attention either way.
+        self.compiled = compiles(config, self.model, device)
+        if device.type == "cuda" and config.compile and not self.compiled:
+            self.log("torch.compile skipped: the model calls fused Triton ops (graph breaks crash torch 2.11)")
         fused = device.type == "cuda"
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                                            fused=fused)
@@ -292,7 +305,7 @@ class Trainer:
             correct = ((logits.argmax(-1) == labels) & scored).sum()
             return loss, correct, scored.sum()
 
-        if device.type == "cuda" and self.config.compile:
+        if self.compiled:
             # one graph per padded width (and the validation shapes never go through this function)
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * self.max_widths)
             # "reduce-overhead" adds CUDA graphs (recorded once per padded width)
@@ -310,23 +323,16 @@ class Trainer:
         return step
 
     def compile_mode(self) -> str:
-        """The configured torch.compile mode, except that CUDA graphs (``reduce-overhead``) are used only for
-        models without fused ops: graphs broken around a Triton op have not been run under CUDA graphs yet."""
-        mode = self.config.compile_mode
-        if mode == "reduce-overhead" and model_dispatches_to_kernels(self.model):
-            return "default"
-        return mode
+        """The configured torch.compile mode (only models without fused ops are compiled)."""
+        return self.config.compile_mode
 
     def train_stream(self) -> TrainStream:
-        """The training batches: padded where the step is compiled for CUDA, to bucket widths, or to the one
-        widest width where the model calls fused kernels (graph breaks)."""
+        """The training batches: padded to bucket widths where the step is compiled for CUDA (one static graph
+        per width), else as they come."""
         config = self.config
-        padded = self.device.type == "cuda" and config.compile
+        padded = self.compiled
         pad_to = self.task.max_tokens(config.train_length) if padded else None
-        # A compiled step that breaks its graph around a fused op failed on a second width in torch 2.11
-        # (Sieve, stick-breaking, ASEntmax on the H200s, 2026-11-22: "invalid shape dimension" while
-        # regenerating an output alias): one width there, as before, until that is understood.
-        multiple = self.pad_multiple if not model_dispatches_to_kernels(self.model) else 10**9
+        multiple = self.pad_multiple
         stream = TrainStream(config.task, tuple(sorted(config.task_params.items())), config.seed,
                              config.batch_size, config.train_length, pad_to, multiple)
         while padded and len(stream.widths()) > self.max_widths:

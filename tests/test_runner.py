@@ -1,5 +1,6 @@
 """The spine end to end on CPU: training, selection, evaluation, the store, resume."""
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -167,34 +168,28 @@ def test_feature_task_runs_end_to_end_and_the_model_reads_the_features(tmp_path)
     assert not torch.allclose(a, b)
 
 
-@pytest.mark.parametrize("attn, pe, kernel, one_width", [
-    ("softmax", "rope", None, False),          # SDPA: no graph break, bucket widths
-    ("ssmax", "nape", None, False),            # row-scaled softmax: SDPA too
-    ("sieve", "none", "sieve", True),          # fused op: one width
-    ("asentmax", "nape", "entmax", True),      # reuses the entmax op
-    ("tda", "rope", "tra", True),              # two tra passes
-    ("tda", "rope", "tda", False),             # the one-pass op is not what the module calls
+@pytest.mark.parametrize("attn, pe, kernel, compiled", [
+    ("softmax", "rope", None, True),           # SDPA: no graph break
+    ("ssmax", "nape", None, True),             # row-scaled softmax: SDPA too
+    ("sieve", "none", "sieve", False),         # fused op: trains eagerly
+    ("asentmax", "nape", "entmax", False),     # reuses the entmax op
+    ("tda", "rope", "tra", False),             # two tra passes
+    ("tda", "rope", "tda", True),              # the one-pass op is not what the module calls
 ])
-def test_compiled_training_pads_kernel_models_to_one_width(monkeypatch, attn, pe, kernel, one_width):
+def test_only_models_without_fused_ops_are_compiled(monkeypatch, attn, pe, kernel, compiled):
     from lengthbench import kernels
-    from lengthbench.runner import Trainer
+    from lengthbench.runner import Trainer, compiles
 
     monkeypatch.setattr(kernels, "get_kernel", lambda name, **kw: (lambda *a, **k: None) if name == kernel else None)
-    config = build_config("copy", attn, pe, "smoke", **{**TINY, "compile": True})
+    config = build_config("copy", attn, pe, "paper", **{**TINY, "compile": True})
     trainer = Trainer(config, get_task("copy"), torch.device("cpu"), Path("/nonexistent"), progress=False)
-    trainer.device = torch.device("cuda")  # only the padding decision is under test
-    widths = trainer.train_stream().widths()
-    assert (widths == [131]) == one_width and len(widths) <= Trainer.max_widths
-
-
-@pytest.mark.parametrize("attn, kernel, mode", [("softmax", None, "reduce-overhead"), ("sieve", "sieve", "default")])
-def test_cuda_graphs_only_for_models_without_fused_ops(monkeypatch, attn, kernel, mode):
-    from lengthbench import kernels
-    from lengthbench.runner import Trainer
-
-    monkeypatch.setattr(kernels, "get_kernel", lambda name, **kw: (lambda *a, **k: None) if name == kernel else None)
-    config = build_config("copy", attn, "none", "paper", compile_mode="reduce-overhead", **TINY)
-    trainer = Trainer(config, get_task("copy"), torch.device("cpu"), Path("/nonexistent"), progress=False)
-    assert trainer.compile_mode() == mode
+    assert not trainer.compiled  # never on a CPU
+    assert compiles(config, trainer.model, torch.device("cuda")) == compiled
+    assert not compiles(dataclasses.replace(config, compile=False), trainer.model, torch.device("cuda"))
+    trainer.compiled = compiles(config, trainer.model, torch.device("cuda"))
+    stream = trainer.train_stream()
+    assert (stream.pad_to is not None) == compiled  # bucket widths (one graph each) only when compiled
+    assert not compiled or 1 < len(stream.widths()) <= Trainer.max_widths
+    assert trainer.compile_mode() == "reduce-overhead"
     with pytest.raises(ValueError, match="compile mode"):
         build_config("copy", attn, "none", "paper", compile_mode="fast")
