@@ -266,6 +266,29 @@ def test_sieve_hand_case():
     torch.testing.assert_close(weights("sieve", flat), weights("stickbreaking", flat))
 
 
+def test_sieve_alg1_is_masked_stick_breaking():
+    """Algorithm 1's Sieve: stick-breaking over every earlier key, zero where z < rowmax - eps; a huge eps is
+    stick-breaking itself; the filter passes no gradient."""
+    z = random_scores(7, 7, scale=3.0)
+    w, sb = weights("sieve-alg1", z, eps=2.0), weights("stickbreaking", z)
+    for r in range(1, 7):
+        kept = [j for j in range(r) if z[r, j] >= z[r, :r].max() - 2.0]
+        assert len(kept) >= 1
+        torch.testing.assert_close(w[r, kept], sb[r, kept])
+        assert all(w[r, j] == 0 for j in range(r) if j not in kept)
+        torch.testing.assert_close(w[r, r], sb[r, r])  # the remainder: the stick of all earlier keys
+    torch.testing.assert_close(weights("sieve-alg1", z, eps=1e9), sb)
+    # Row 3 sees 4, -4, 3.5: eps 2 drops key 1, whose stick still counts.
+    hand = torch.zeros(4, 4)
+    hand[3, :3] = torch.tensor([4.0, -4.0, 3.5])
+    expected = torch.tensor([sigmoid(4.0) * (1 - sigmoid(-4.0)) * (1 - sigmoid(3.5)), 0.0, sigmoid(3.5),
+                             (1 - sigmoid(4.0)) * (1 - sigmoid(-4.0)) * (1 - sigmoid(3.5))])
+    torch.testing.assert_close(weights("sieve-alg1", hand)[3], expected)
+    hand.requires_grad_()
+    weights("sieve-alg1", hand)[3, 0].backward()
+    assert hand.grad[3, 1] != 0  # key 1 is filtered out but breaks the stick: it gets a gradient
+
+
 def test_sieve_support_has_no_gradient():
     z = torch.zeros(3, 3)
     z[2, :2] = torch.tensor([3.0, -3.0])  # key 1 is outside the support of row 2

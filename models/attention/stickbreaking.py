@@ -11,6 +11,12 @@ sum (accumulated from the most recent key backwards, so the weights that matter 
 Sieve first filters with the support of alpha-entmax over ``z_{j<r}`` (its definition, Section 3.1; not
 Algorithm 1's ``z >= rowmax - eps``) and breaks the stick over that support only; no gradient flows
 through the support.
+
+``sieve-alg1`` is the seed's Algorithm 1 read literally, a separate, named variant: the filter keeps the
+earlier keys with ``z >= max_{j<r} z - eps`` (default ``eps = 2``), every earlier key breaks the stick (its
+line 17 accumulates the softplus of all keys), and the weights outside the filter are set to zero (their
+mass is dropped; the remainder ``prod_{j<r} (1 - sigmoid(z_j))`` stays on the diagonal). Unlike ``sieve`` it
+trains as stick-breaking does on our probes (REPRODUCTION.md, session 4).
 """
 
 from __future__ import annotations
@@ -65,6 +71,20 @@ def sieve_weights(scores, mask, alpha=1.5, query_positions=None):
     return stick_break(z, earlier & sieve_support(z, earlier, alpha), diagonal)
 
 
+@WEIGHT_FUNCTIONS.register("sieve-alg1")
+def sieve_alg1_weights(scores, mask, eps=2.0, query_positions=None):
+    """Sieve as the seed's Algorithm 1: stick-breaking over all ``j < r``, weights kept where ``z_j >=
+    max_{k<r} z_k - eps`` (no gradient through the filter), the remainder on ``j = r``."""
+    z = as_compute(scores)
+    diagonal, earlier = diagonal_and_earlier(mask, query_positions)
+    with torch.no_grad():
+        rowmax = torch.where(earlier, z.detach(), torch.full((), float("-inf"), dtype=z.dtype,
+                                                            device=z.device)).amax(-1, keepdim=True)
+        keep = (earlier & (z.detach() >= rowmax - float(eps))) | diagonal
+    w = stick_break(z, earlier, diagonal)
+    return torch.where(keep, w, torch.zeros((), dtype=w.dtype, device=w.device))
+
+
 @register_attention("stickbreaking")
 class StickBreakingAttention(AttentionLayer):
     """Stick-breaking attention (Tan et al. 2025): recency-biased, remainder on the query's own value."""
@@ -95,3 +115,15 @@ class SieveAttention(AttentionLayer):
         if op is not None:
             return op(q, k, v, slopes=self.pe.slopes(), alpha=self.alpha)
         return self.reference_attend(q, k, v, x)
+
+
+@register_attention("sieve-alg1")
+class SieveAlg1Attention(AttentionLayer):
+    """Sieve as the seed's Algorithm 1: keys within eps of the row's max, stick broken by every key."""
+
+    def __init__(self, d_model, n_heads, pe, eps: float = 2.0, **params):
+        super().__init__(d_model, n_heads, pe, **params)
+        self.eps = float(eps)
+
+    def weights(self, scores, query_positions, x_rows):
+        return sieve_alg1_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.eps, query_positions)
