@@ -17,7 +17,9 @@ diagonal's ``dv_r += (1 - sum_j a_rj) do_r`` is added outside. Gradients flow to
 ``slopes``.
 
 ``FILTER`` restricts the keys to ``{j : z_rj / 2 > tau_r}`` (Sieve: ``tau`` the 1.5-entmax threshold of the row
-over ``j < r``), without gradient through the filter; see ``sieve.py``.
+over ``j < r``), without gradient through the filter; see ``sieve.py``. Its third mode (``sieve-alg1``) breaks
+the stick over every earlier key and keeps only the weights inside the filter; the backward then takes the
+general form ``c_j = g_j a_j``, ``C_r = do_r.o_r`` (the weights no longer sum to one with the remainder).
 """
 
 from __future__ import annotations
@@ -34,14 +36,20 @@ EXIT_AT = 60.0
 @triton.jit
 def _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau, FILTER: tl.constexpr,
               HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr):
-    """Loads a key tile; its scores, biased scores and the keys each row breaks the stick over."""
+    """Loads a key tile; its scores, biased scores, the keys each row breaks the stick over and those whose
+    weights it keeps (``FILTER``: 0 every earlier key; 1 Sieve, both only where ``z / 2 > tau``; 2
+    ``sieve-alg1``, the stick over every earlier key, the weights only where ``z / 2 > tau``)."""
     kv_mask = (offs_n < T)[:, None] & dmask[None, :]
     k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
     z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
     valid = offs_n[None, :] < offs_m[:, None]
-    if FILTER:
+    keep = valid
+    if FILTER == 1:
         valid = valid & (z * 0.5 > tau[:, None])
-    return k, z, zb, valid
+        keep = valid
+    elif FILTER == 2:
+        keep = valid & (z * 0.5 > tau[:, None])
+    return k, z, zb, valid, keep
 
 
 @triton.jit
@@ -83,13 +91,15 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, sm_scale, T, H, exit_at,
     lmin = tl.min(tl.zeros([BM], dtype=tl.float32), 0)
     while (t < n_tiles) & (lmin < exit_at):
         offs_n = (n_tiles - 1 - t) * BN + tl.arange(0, BN)
-        k, z, zb, valid = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau,
+        k, z, zb, valid, keep = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau,
                                     FILTER, HAS_SLOPES, HAS_RS, DOT_PREC, D)
         # Sieve's supports are small: most tiles hold none of them and cost only the score product.
         if tl.max(valid.to(tl.int32)) > 0:
             v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :],
                         mask=(offs_n < T)[:, None] & dmask[None, :], other=0.0)
             sp, a = _stick(z, valid, lsum)
+            if FILTER == 2:
+                a = tl.where(keep, a, 0.0)
             if SPLIT:
                 a_hi = a.to(v.dtype)
                 acc += tl.dot(a_hi, v)
@@ -144,12 +154,14 @@ def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, CT, GR, SL, RS, TAU, DRS, DSL, sm_scale
     lmin = tl.min(tl.zeros([BM], dtype=tl.float32), 0)
     while (t < n_tiles) & (lmin < exit_at):
         offs_n = (n_tiles - 1 - t) * BN + tl.arange(0, BN)
-        k, z, zb, valid = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau,
+        k, z, zb, valid, keep = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau,
                                     FILTER, HAS_SLOPES, HAS_RS, DOT_PREC, D)
         if tl.max(valid.to(tl.int32)) > 0:
             kv_mask = (offs_n < T)[:, None] & dmask[None, :]
             v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
             sp, a = _stick(z, valid, lsum)
+            if FILTER == 2:
+                a = tl.where(keep, a, 0.0)
             g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
             c = tl.where(valid, (g - g_r[:, None]) * a, 0.0)
             before = c_total[:, None] - c_acc[:, None] - tl.cumsum(c, 1, reverse=True)
@@ -176,19 +188,22 @@ def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, CT, GR, SL, RS, TAU, DRS, DSL, sm_scale
 
 
 class StickBreakingAttention(torch.autograd.Function):
-    """Stick-breaking (``tau`` None) or its filtered form (``tau`` ``[B, H, T]``, Sieve)."""
+    """Stick-breaking (``tau`` None) or its filtered forms (``tau`` ``[B, H, T]``): Sieve, or with
+    ``weights_only`` the filter on the weights alone (``sieve-alg1``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale):
+    def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, weights_only=False):
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
         save = any(ctx.needs_input_grad[:5])
         out = torch.empty_like(pb.q)
         o32 = torch.empty(pb.q.shape, device=q.device, dtype=torch.float32) if save else None
         rem = pb.rows() if save else None
         tau = None if tau is None else tau.detach().to(torch.float32).expand(pb.batch, pb.heads, pb.tokens).contiguous()
+        mode = 0 if tau is None else (2 if weights_only else 1)
+        ctx.mode = mode
         grid = (triton.cdiv(pb.tokens, pb.block), pb.bh)
         _fwd_kernel[grid](pb.q, pb.k, pb.v, out, pb.opt(o32), pb.opt(rem), pb.opt(pb.slopes), pb.opt(pb.row_scale),
-                          pb.opt(tau), pb.sm_scale, pb.tokens, pb.heads, EXIT_AT, SAVE=save, FILTER=tau is not None,
+                          pb.opt(tau), pb.sm_scale, pb.tokens, pb.heads, EXIT_AT, SAVE=save, FILTER=mode,
                           HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
                           SPLIT=q.dtype != torch.float32, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d,
                           BM=pb.block, BN=pb.block, num_warps=pb.num_warps, num_stages=2)
@@ -204,8 +219,14 @@ class StickBreakingAttention(torch.autograd.Function):
         pb = Problem(q, k, v, slopes, row_scale, ctx.sm_scale)
         do = dout.contiguous()
         do32 = do.float()
-        g_r = (do32 * v.float()).sum(-1)
-        c_total = (do32 * o32).sum(-1) - g_r
+        # c_j = (g_j - g_r) a_j and C_r = do_r.(o_r - v_r) use that the weights and the remainder sum to one;
+        # with weights dropped outside the filter (mode 2) the general form: c_j = g_j a_j, C_r = do_r.o_r.
+        if ctx.mode == 2:
+            g_r = torch.zeros(do.shape[:-1], device=do.device, dtype=torch.float32)
+            c_total = (do32 * o32).sum(-1)
+        else:
+            g_r = (do32 * v.float()).sum(-1)
+            c_total = (do32 * o32).sum(-1) - g_r
         grad_rs = row_scale is not None and ctx.needs_input_grad[4]
         grad_sl = slopes is not None and ctx.needs_input_grad[3]
         dq = torch.empty_like(q)
@@ -216,7 +237,7 @@ class StickBreakingAttention(torch.autograd.Function):
         grid = (triton.cdiv(pb.tokens, pb.block), pb.bh)
         _bwd_kernel[grid](q, k, v, do, dq, dk32, dv32, c_total, g_r, pb.opt(slopes), pb.opt(row_scale),
                           pb.opt(tau), pb.opt(d_rs), pb.opt(d_sl), pb.sm_scale, pb.tokens, pb.heads, EXIT_AT,
-                          FILTER=tau is not None, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
+                          FILTER=ctx.mode, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
                           GRAD_RS=grad_rs, GRAD_SL=grad_sl, DOT_PREC=pb.dot_prec, D=pb.head_dim,
                           BD=pb.block_d, BM=pb.block, BN=pb.block, num_warps=pb.num_warps, num_stages=2)
         dv32.addcmul_(rem.unsqueeze(-1), do32)
@@ -227,9 +248,9 @@ class StickBreakingAttention(torch.autograd.Function):
                 g_rs = g_rs.sum(0)
             g_rs = g_rs.sum_to_size(ctx.rs_shape)
         g_sl = reduce_slopes(d_sl) if grad_sl else None
-        return dq, dk32.to(k.dtype), dv32.to(v.dtype), g_sl, g_rs, None, None
+        return dq, dk32.to(k.dtype), dv32.to(v.dtype), g_sl, g_rs, None, None, None
 
 
 def stickbreaking_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None):
     """Stick-breaking attention, ``[B, H, T, D]`` causal, remainder on the diagonal."""
-    return StickBreakingAttention.apply(q, k, v, slopes, row_scale, None, sm_scale)
+    return StickBreakingAttention.apply(q, k, v, slopes, row_scale, None, sm_scale, False)

@@ -85,6 +85,10 @@ def tie_rows(name, z, q, k, sm_scale, slopes, row_scale):
         earlier = pos[None, :] < pos[:, None]
         near = (z / 2 - tau[..., None]).abs() < TIE * (1 + tau.abs().nan_to_num(0, 0, 0)[..., None])
         return (near & earlier).any(-1)
+    if name == "sieve-alg1":  # a score within TIE of the row's max minus eps (2)
+        earlier = pos[None, :] < pos[:, None]
+        rowmax = torch.where(earlier, z, torch.full_like(z, float("-inf"))).amax(-1, keepdim=True)
+        return (((z - (rowmax - 2.0)).abs() < TIE * (1 + rowmax.abs())) & earlier).any(-1)
     if name == "sparsemax":  # its gradient jumps where a score crosses the threshold
         from lengthbench.kernels.entmax import entmax_threshold
 

@@ -127,3 +127,9 @@ class SieveAlg1Attention(AttentionLayer):
 
     def weights(self, scores, query_positions, x_rows):
         return sieve_alg1_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.eps, query_positions)
+
+    def attend(self, q, k, v, x):
+        op = self.kernel() if q.is_cuda else None
+        if op is not None:
+            return op(q, k, v, slopes=self.pe.slopes(), eps=self.eps)
+        return self.reference_attend(q, k, v, x)
