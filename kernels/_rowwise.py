@@ -1,6 +1,7 @@
 """The tiled forward/backward shared by mechanisms whose weight is a pointwise map of the score, at most
-divided by one per-row sum: softpick, rectified, rela, tra and entmax's output pass (``tda.py``'s two-view
-kernels reuse its pointwise maps).
+divided by one per-row sum: softpick, rectified, rela, tra and the output pass of entmax and sparsemax
+(``ENTMAX`` with ``POWER`` 2 and 1), and the backward of adatemp's entropy (``ENTROPY``: no values, dz only;
+``adatemp.py``). ``tda.py``'s two-view kernels reuse its pointwise maps.
 
 Each op module (``softpick.py``, ...) owns its mechanism code ``MECH`` and its autograd entry; this file holds
 the three kernels they share (forward; dq; dk/dv), specialised per mechanism at compile time:
@@ -11,9 +12,10 @@ the three kernels they share (forward; dq; dk/dv), specialised per mechanism at 
   at or below it. Both recompute the weights from the per-row statistics the forward kept (Out(L) memory).
 
 Per-row statistics (``[B, H, T]`` fp32): ``M`` and ``L`` (softpick: max shift and shifted denominator;
-rectified: max shift and shifted sum; entmax: sum of (z/2 - tau)_+ and sum of weights), ``TAU`` (tra:
-threshold; entmax: the alpha-entmax threshold) and, for the backward, ``DELTA`` (softpick/rectified: do.o;
-entmax: do.u / sum (z/2 - tau)_+).
+rectified: max shift and shifted sum; entmax: sum of (z/2 - tau)_+ and sum of weights; sparsemax: support
+size and sum of weights; entropy: max and shifted sum), ``TAU`` (tra: threshold; entmax: the alpha-entmax
+threshold; entropy: H) and, for the backward, ``DELTA`` (softpick/rectified: do.o; entmax: do.u / sum
+(z/2 - tau)_+; entropy: dLoss/dH).
 """
 
 from __future__ import annotations
