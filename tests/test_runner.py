@@ -151,6 +151,18 @@ def test_killed_run_resumes_to_the_same_rows(tmp_path):
     assert a["token_accuracy"].tolist() == b["token_accuracy"].tolist()
 
 
+def test_quiet_run_logs_each_validation(tmp_path):
+    args = ["run", "--task", "copy", "--attn", "softmax", "--pe", "nape", "--train-samples", "160",
+            "--batch-size", "16", "--d-model", "16", "--heads", "2", "--ffn", "32", "--layers", "1",
+            "--max-multiplier", "2", "--eval-samples", "4", "--no-diagnostics", "--eval-every", "4"]
+    process = _run_cli(args, tmp_path)
+    output = process.communicate()[0]
+    assert process.returncode == 0, output
+    steps = [line.split(" step ")[1].split(":")[0] for line in output.splitlines() if " step " in line]
+    assert steps == ["4/10", "8/10", "10/10"]
+    assert "eval 2x" in output
+
+
 def test_feature_task_runs_end_to_end_and_the_model_reads_the_features(tmp_path):
     """Max Retrieval's priorities reach the model: logits change with the features alone."""
     config = build_config("maxretrieval", "softmax", "nape", "smoke", train_samples=320, batch_size=32, d_model=32,

@@ -49,6 +49,8 @@ def register(app: typer.Typer) -> None:
         batch_size: int = typer.Option(None, "--batch-size"),
         lr: float = typer.Option(None, "--lr"),
         warmup_steps: int = typer.Option(None, "--warmup-steps"),
+        eval_every: int = typer.Option(None, "--eval-every",
+                                       help="Steps between validations (logged; the checkpoint selection's points)."),
         d_model: int = typer.Option(None, "--d-model"),
         layers: int = typer.Option(None, "--layers"),
         heads: int = typer.Option(None, "--heads"),
@@ -63,7 +65,8 @@ def register(app: typer.Typer) -> None:
         param: list[str] = typer.Option([], "--param", help="Task parameter key=value (repeatable)."),
         attn_param: list[str] = typer.Option([], "--attn-param", help="Mechanism parameter key=value."),
         pe_param: list[str] = typer.Option([], "--pe-param", help="Encoding parameter key=value."),
-        quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+        quiet: bool = typer.Option(False, "--quiet", help="No progress bars: a plain line at each validation and "
+                                   "evaluation length instead (for logs)."),
         plugin: list[str] = typer.Option([], "--plugin", help="Module registering your own task/attn/pe."),
     ) -> None:
         """Train one model at n_train and evaluate it at every multiplier up to --max-multiplier."""
@@ -80,7 +83,7 @@ def register(app: typer.Typer) -> None:
         config = build_config(
             task, attn, pe, preset, train_length=train_length, max_multiplier=max_multiplier,
             eval_samples=eval_samples, seed=seed, train_samples=train_samples, batch_size=batch_size, lr=lr,
-            warmup_steps=warmup_steps, d_model=d_model, n_layers=layers, n_heads=heads, ffn=ffn,
+            warmup_steps=warmup_steps, eval_every=eval_every, d_model=d_model, n_layers=layers, n_heads=heads, ffn=ffn,
             selection=selection, compile=compile, compile_mode=compile_mode, diagnostics=diagnostics,
             task_params=task_params,
             attn_params=parse_params(attn_param), pe_params=parse_params(pe_param),
@@ -93,7 +96,8 @@ def register(app: typer.Typer) -> None:
         _check_model(config)
         out.print(f"[bold]{config.run_id}[/]  {config.train_steps:,} steps x batch {config.batch_size}, "
                   f"{config.n_layers} layers x d {config.d_model}, {config.n_heads} heads; results -> {results}")
-        frame = run_cell(config, results, device=device, resume=resume, restart=restart, progress=not quiet)
+        frame = run_cell(config, results, device=device, resume=resume, restart=restart, progress=not quiet,
+                         log=(lambda line: print(line, flush=True)) if quiet else None)
         out.print(curve_table(frame, f"{config.task} / {config.attn} + {config.pe} (seed {config.seed}, "
                                      f"{config.preset}; metric: {frame['metric'].iloc[0]})"))
         best = json.loads(frame["config_json"].iloc[0])
