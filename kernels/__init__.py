@@ -47,9 +47,9 @@ _KERNELS: dict[str, str] = {
 
 # Ops written but not yet run against their references on a GPU: the modules do not dispatch to them
 # unless LENGTHBENCH_UNVERIFIED_KERNELS=1; tests and benchmarks reach them with
-# ``get_kernel(name, unverified=True)``. tda (results/kernels/test_log_tda.txt), adatemp and sparsemax
-# (results/kernels/session4/) have had theirs; sieve-alg1 (session 4) passed under the Triton interpreter only.
-UNVERIFIED: frozenset[str] = frozenset({"sieve-alg1"})
+# ``get_kernel(name, unverified=True)``. Empty now: tda (results/kernels/test_log_tda.txt), adatemp and
+# sparsemax (results/kernels/session4/) and sieve-alg1 (results/kernels/session5/) have passed theirs.
+UNVERIFIED: frozenset[str] = frozenset()
 
 
 def triton_available() -> bool:

@@ -25,8 +25,8 @@ def test_ops_get_their_tensors_in_the_dtype_of_the_last():
 
 
 def test_no_op_is_left_unverified_and_unknown_names_get_none():
-    # sieve-alg1's op (session 4) awaits its GPU run; every other op has passed its GPU tests
-    assert kernels.UNVERIFIED == frozenset({"sieve-alg1"})
+    # every op has passed its GPU tests (sieve-alg1's last, results/kernels/session5/)
+    assert kernels.UNVERIFIED == frozenset()
     assert kernels.UNVERIFIED <= set(kernels.kernel_names())
     assert kernels.get_kernel("no-such-mechanism") is None
 
