@@ -12,6 +12,11 @@ from lengthbench.tasks import get_task
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 SELECTIONS = ("id", "8x")  # in-distribution validation (default) or the seeds' accuracy at 8x
+# Weight initialisation of the decoder: "torch" keeps PyTorch's defaults (embeddings N(0, 1), linear layers
+# Kaiming-uniform); "normal-0.02" draws every embedding and linear weight from N(0, 0.02^2) (GPT-2's), which
+# all runs before session 5 used: it left associative recall on a plateau (REPRODUCTION.md, session 5).
+INITS = ("torch", "normal-0.02")
+LEGACY_INIT = "normal-0.02"  # what a stored configuration without an ``init`` field was trained with
 
 
 @dataclass
@@ -34,6 +39,7 @@ class RunConfig:
     n_layers: int = 2
     n_heads: int = 8
     ffn: int = 512
+    init: str = "torch"  # weight initialisation, one of INITS
     # training
     train_samples: int = 10_000_000
     batch_size: int = 128
@@ -64,6 +70,8 @@ class RunConfig:
             raise ValueError(f"d-model {self.d_model} is not divisible by {self.n_heads} heads")
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.init not in INITS:
+            raise ValueError(f"unknown init {self.init!r}; choose from: {', '.join(INITS)}")
         if self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"unknown compile mode {self.compile_mode!r}; choose from: {', '.join(COMPILE_MODES)}")
 
@@ -72,7 +80,10 @@ class RunConfig:
         return max(1, -(-self.train_samples // self.batch_size))
 
     def identity(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        identity = dataclasses.asdict(self)
+        if identity["init"] == LEGACY_INIT:  # run ids from before the field existed stay the same
+            del identity["init"]
+        return identity
 
     @property
     def run_id(self) -> str:
@@ -80,12 +91,14 @@ class RunConfig:
         return f"{self.task}-{self.attn}-{self.pe}-{self.preset}-s{self.seed}-{digest}"
 
     def to_json(self) -> str:
-        return json.dumps(self.identity(), sort_keys=True, default=str)
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        values.setdefault("init", LEGACY_INIT)  # stored before the field existed
+        return cls(**values)
 
 
 # Presets: what they change relative to the task's seed model (``Task.model_defaults``).

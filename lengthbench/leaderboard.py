@@ -120,7 +120,10 @@ def protocol_label(config_json) -> str:
     amount = f"{samples / 1e6:g}M" if samples >= 100_000 else f"{samples:,}"
     label = f"{amount} samples, batch {config['batch_size']}, lr {config['lr']:g}"
     params = config.get("task_params") or {}
-    return label + "".join(f", {key}={value}" for key, value in sorted(params.items()))
+    label += "".join(f", {key}={value}" for key, value in sorted(params.items()))
+    # rows stored before the field existed were trained with GPT-2's N(0, 0.02^2) weights
+    init = config.get("init", "normal-0.02")
+    return label if init == "torch" else f"{label}, init {init}"
 
 
 def _canonical_task(task: str) -> str:

@@ -90,7 +90,7 @@ def build_model(config: RunConfig, task) -> Decoder:
     return Decoder(ModelConfig(
         vocab_size=task.vocab_size, d_model=config.d_model, n_layers=config.n_layers, n_heads=config.n_heads,
         ffn=config.ffn, attn=config.attn, pe=config.pe, attn_params=dict(config.attn_params),
-        pe_params=dict(config.pe_params), has_features=task.has_features,
+        pe_params=dict(config.pe_params), has_features=task.has_features, init=config.init,
     ))
 
 

@@ -1,9 +1,12 @@
+import json
 import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
-from lengthbench.config import PRESETS, build_config
+from lengthbench.config import PRESETS, RunConfig, build_config
 from lengthbench.store import CONTRACT_COLUMNS, StoreError, load_results, write_run
 from lengthbench.tasks import eval_lengths, eval_multipliers
 
@@ -70,3 +73,39 @@ def test_store_rejects_rows_without_contract_columns(tmp_path):
     with pytest.raises(StoreError):
         load_results(tmp_path / "missing")
     assert isinstance(load_results(tmp_path), pd.DataFrame)
+
+
+def test_init_defaults_to_torch_and_legacy_rows_keep_their_run_ids():
+    """Rows stored before the ``init`` field existed were trained with N(0, 0.02^2) weights: reading their
+    configuration gives that init back and the very run id they were stored under."""
+    import glob
+
+    import pandas as pd
+
+    assert build_config("copy", "softmax", "nape", "smoke").init == "torch"
+    stored = sorted(glob.glob(str(Path(__file__).resolve().parents[1] / "results" / "gpu" / "runs" / "*.parquet")))
+    assert stored, "no stored GPU rows to check against"
+    for path in stored[:5]:
+        row = pd.read_parquet(path).iloc[0]
+        raw = json.loads(row["config_json"])
+        assert "init" not in raw
+        config = RunConfig.from_dict(raw)
+        assert config.init == "normal-0.02" and config.run_id == row["run_id"]
+    new = build_config("copy", "softmax", "nape", "smoke")
+    legacy = build_config("copy", "softmax", "nape", "smoke", init="normal-0.02")
+    assert new.run_id != legacy.run_id
+    assert RunConfig.from_dict(json.loads(new.to_json())) == new
+    with pytest.raises(ValueError, match="unknown init"):
+        build_config("copy", "softmax", "nape", "smoke", init="xavier")
+
+
+def test_decoder_init_scales():
+    from lengthbench.models.decoder import Decoder, ModelConfig
+
+    torch.manual_seed(0)
+    default = Decoder(ModelConfig(vocab_size=300, d_model=64, n_heads=4, ffn=128))
+    legacy = Decoder(ModelConfig(vocab_size=300, d_model=64, n_heads=4, ffn=128, init="normal-0.02"))
+    assert 0.9 < default.embed.weight.std().item() < 1.1  # PyTorch's N(0, 1)
+    assert 0.018 < legacy.embed.weight.std().item() < 0.022
+    assert 0.018 < legacy.blocks[0].mlp[0].weight.std().item() < 0.022
+    assert default.blocks[0].mlp[0].weight.std().item() > 0.05  # Kaiming-uniform, 1/sqrt(3 * 64) = 0.072

@@ -115,8 +115,8 @@ def test_training_protocols_never_share_a_table(tmp_path):
     from lengthbench.plots import plot_curves
 
     results = tmp_path / "store"
-    short = {"train_samples": 1_000_000, "batch_size": 256, "lr": 1e-3}
-    long = {"train_samples": 8_000_000, "batch_size": 512, "lr": 1e-3}
+    short = {"train_samples": 1_000_000, "batch_size": 256, "lr": 1e-3, "init": "torch"}
+    long = {"train_samples": 8_000_000, "batch_size": 512, "lr": 1e-3, "init": "torch"}
     synthetic_run(results, "copy", "softmax", "nape", 0, {1: 0.2, 2: 0.0}, preset="quick", config=short)
     synthetic_run(results, "copy", "softmax", "nape", 0, {1: 1.0, 2: 0.9}, preset="quick", config=long)
     synthetic_run(results, "copy", "softmax", "nape", 0, {1: 1.0, 2: 0.8}, preset="quick",
@@ -182,3 +182,11 @@ def test_corrupt_file_is_reported_and_left_byte_identical(store, tmp_path, monke
     captured = capsys.readouterr()
     assert "## copy" in captured.out and "broken.parquet" in captured.err
     assert digest(store) == before
+
+
+def test_rows_without_an_init_are_labelled_with_the_legacy_init():
+    from lengthbench.leaderboard import protocol_label
+
+    budget = {"train_samples": 4_000_000, "batch_size": 512, "lr": 1e-3}
+    assert protocol_label(json.dumps(budget)) == "4M samples, batch 512, lr 0.001, init normal-0.02"
+    assert protocol_label(json.dumps({**budget, "init": "torch"})) == "4M samples, batch 512, lr 0.001"

@@ -55,6 +55,8 @@ def register(app: typer.Typer) -> None:
         layers: int = typer.Option(None, "--layers"),
         heads: int = typer.Option(None, "--heads"),
         ffn: int = typer.Option(None, "--ffn"),
+        init: str = typer.Option(None, "--init", help="Weight initialisation: torch (PyTorch's defaults) or "
+                                 "normal-0.02 (GPT-2's; runs before session 5)."),
         selection: str = typer.Option(None, "--selection",
                                       help="Checkpoint selection: id (in-distribution validation, default) or 8x (the seeds' protocol)."),
         compile: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile on CUDA."),
@@ -83,7 +85,8 @@ def register(app: typer.Typer) -> None:
         config = build_config(
             task, attn, pe, preset, train_length=train_length, max_multiplier=max_multiplier,
             eval_samples=eval_samples, seed=seed, train_samples=train_samples, batch_size=batch_size, lr=lr,
-            warmup_steps=warmup_steps, eval_every=eval_every, d_model=d_model, n_layers=layers, n_heads=heads, ffn=ffn,
+            warmup_steps=warmup_steps, eval_every=eval_every, d_model=d_model, n_layers=layers, n_heads=heads,
+            ffn=ffn, init=init,
             selection=selection, compile=compile, compile_mode=compile_mode, diagnostics=diagnostics,
             task_params=task_params,
             attn_params=parse_params(attn_param), pe_params=parse_params(pe_param),
