@@ -121,9 +121,9 @@ def protocol_label(config_json) -> str:
     label = f"{amount} samples, batch {config['batch_size']}, lr {config['lr']:g}"
     params = config.get("task_params") or {}
     label += "".join(f", {key}={value}" for key, value in sorted(params.items()))
-    # rows stored before the field existed were trained with GPT-2's N(0, 0.02^2) weights
+    # the default init (also that of rows stored before the field existed) goes unnamed
     init = config.get("init", "normal-0.02")
-    return label if init == "torch" else f"{label}, init {init}"
+    return label if init == "normal-0.02" else f"{label}, init {init}"
 
 
 def _canonical_task(task: str) -> str:

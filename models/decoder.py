@@ -31,7 +31,7 @@ class ModelConfig:
     attn_params: dict = field(default_factory=dict)
     pe_params: dict = field(default_factory=dict)
     has_features: bool = False
-    init: str = "torch"  # "torch": PyTorch's default initialisation; "normal-0.02": N(0, 0.02^2) weights
+    init: str = "normal-0.02"  # N(0, 0.02^2) weights (GPT-2, Hugging Face Llama); "torch": PyTorch's defaults
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -107,10 +107,11 @@ class Decoder(nn.Module):
 
 
 def _init_weights(module: nn.Module) -> None:
-    """GPT-2's N(0, 0.02^2) for every linear and embedding weight (``init = "normal-0.02"``, the default before
-    session 5). Its embeddings are 50 times smaller than PyTorch's N(0, 1); with them the seeds' MQRAR model
-    stayed at chance for 78K steps and a plain associative-recall probe did not leave its plateau, where the
-    default initialisation learned it in about 3,500 steps (REPRODUCTION.md, session 5)."""
+    """N(0, 0.02^2) for every linear and embedding weight (``init = "normal-0.02"``, the default). Its
+    embeddings are 50 times smaller than PyTorch's N(0, 1). Session 5 (REPRODUCTION.md): a plain
+    associative-recall probe stays on its plateau with it and leaves it within 3,500 steps with PyTorch's
+    initialisation (``init = "torch"``), while Copy + NAPE generalises to 16x-32x with it and fails from 2x on
+    with PyTorch's."""
     if isinstance(module, nn.Linear):
         nn.init.normal_(module.weight, std=0.02)
         if module.bias is not None:

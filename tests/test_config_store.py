@@ -75,14 +75,14 @@ def test_store_rejects_rows_without_contract_columns(tmp_path):
     assert isinstance(load_results(tmp_path), pd.DataFrame)
 
 
-def test_init_defaults_to_torch_and_legacy_rows_keep_their_run_ids():
-    """Rows stored before the ``init`` field existed were trained with N(0, 0.02^2) weights: reading their
-    configuration gives that init back and the very run id they were stored under."""
+def test_init_default_and_legacy_rows_keep_their_run_ids():
+    """Rows stored before the ``init`` field existed were trained with N(0, 0.02^2) weights, still the default:
+    reading their configuration gives that init back and the very run id they were stored under."""
     import glob
 
     import pandas as pd
 
-    assert build_config("copy", "softmax", "nape", "smoke").init == "torch"
+    assert build_config("copy", "softmax", "nape", "smoke").init == "normal-0.02"
     stored = sorted(glob.glob(str(Path(__file__).resolve().parents[1] / "results" / "gpu" / "runs" / "*.parquet")))
     assert stored, "no stored GPU rows to check against"
     for path in stored[:5]:
@@ -91,9 +91,9 @@ def test_init_defaults_to_torch_and_legacy_rows_keep_their_run_ids():
         assert "init" not in raw
         config = RunConfig.from_dict(raw)
         assert config.init == "normal-0.02" and config.run_id == row["run_id"]
-    new = build_config("copy", "softmax", "nape", "smoke")
-    legacy = build_config("copy", "softmax", "nape", "smoke", init="normal-0.02")
-    assert new.run_id != legacy.run_id
+    new = build_config("copy", "softmax", "nape", "smoke", init="torch")
+    legacy = build_config("copy", "softmax", "nape", "smoke")
+    assert new.run_id != legacy.run_id and "init" not in legacy.identity()
     assert RunConfig.from_dict(json.loads(new.to_json())) == new
     with pytest.raises(ValueError, match="unknown init"):
         build_config("copy", "softmax", "nape", "smoke", init="xavier")
@@ -103,8 +103,8 @@ def test_decoder_init_scales():
     from lengthbench.models.decoder import Decoder, ModelConfig
 
     torch.manual_seed(0)
-    default = Decoder(ModelConfig(vocab_size=300, d_model=64, n_heads=4, ffn=128))
-    legacy = Decoder(ModelConfig(vocab_size=300, d_model=64, n_heads=4, ffn=128, init="normal-0.02"))
+    default = Decoder(ModelConfig(vocab_size=300, d_model=64, n_heads=4, ffn=128, init="torch"))
+    legacy = Decoder(ModelConfig(vocab_size=300, d_model=64, n_heads=4, ffn=128))
     assert 0.9 < default.embed.weight.std().item() < 1.1  # PyTorch's N(0, 1)
     assert 0.018 < legacy.embed.weight.std().item() < 0.022
     assert 0.018 < legacy.blocks[0].mlp[0].weight.std().item() < 0.022

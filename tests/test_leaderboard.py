@@ -115,8 +115,8 @@ def test_training_protocols_never_share_a_table(tmp_path):
     from lengthbench.plots import plot_curves
 
     results = tmp_path / "store"
-    short = {"train_samples": 1_000_000, "batch_size": 256, "lr": 1e-3, "init": "torch"}
-    long = {"train_samples": 8_000_000, "batch_size": 512, "lr": 1e-3, "init": "torch"}
+    short = {"train_samples": 1_000_000, "batch_size": 256, "lr": 1e-3}
+    long = {"train_samples": 8_000_000, "batch_size": 512, "lr": 1e-3}
     synthetic_run(results, "copy", "softmax", "nape", 0, {1: 0.2, 2: 0.0}, preset="quick", config=short)
     synthetic_run(results, "copy", "softmax", "nape", 0, {1: 1.0, 2: 0.9}, preset="quick", config=long)
     synthetic_run(results, "copy", "softmax", "nape", 0, {1: 1.0, 2: 0.8}, preset="quick",
@@ -184,9 +184,10 @@ def test_corrupt_file_is_reported_and_left_byte_identical(store, tmp_path, monke
     assert digest(store) == before
 
 
-def test_rows_without_an_init_are_labelled_with_the_legacy_init():
+def test_a_non_default_init_is_part_of_the_protocol():
     from lengthbench.leaderboard import protocol_label
 
     budget = {"train_samples": 4_000_000, "batch_size": 512, "lr": 1e-3}
-    assert protocol_label(json.dumps(budget)) == "4M samples, batch 512, lr 0.001, init normal-0.02"
-    assert protocol_label(json.dumps({**budget, "init": "torch"})) == "4M samples, batch 512, lr 0.001"
+    assert protocol_label(json.dumps(budget)) == "4M samples, batch 512, lr 0.001"  # stored before the field
+    assert protocol_label(json.dumps({**budget, "init": "normal-0.02"})) == "4M samples, batch 512, lr 0.001"
+    assert protocol_label(json.dumps({**budget, "init": "torch"})) == "4M samples, batch 512, lr 0.001, init torch"

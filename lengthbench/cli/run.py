@@ -55,8 +55,8 @@ def register(app: typer.Typer) -> None:
         layers: int = typer.Option(None, "--layers"),
         heads: int = typer.Option(None, "--heads"),
         ffn: int = typer.Option(None, "--ffn"),
-        init: str = typer.Option(None, "--init", help="Weight initialisation: torch (PyTorch's defaults) or "
-                                 "normal-0.02 (GPT-2's; runs before session 5)."),
+        init: str = typer.Option(None, "--init", help="Weight initialisation: normal-0.02 (N(0, 0.02^2), the "
+                                 "default) or torch (PyTorch's defaults; faster recall, worse Copy extrapolation)."),
         selection: str = typer.Option(None, "--selection",
                                       help="Checkpoint selection: id (in-distribution validation, default) or 8x (the seeds' protocol)."),
         compile: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile on CUDA."),
