@@ -12,13 +12,13 @@ from lengthbench.tasks import get_task
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 SELECTIONS = ("id", "8x")  # in-distribution validation (default) or the seeds' accuracy at 8x
-# Weight initialisation of the decoder: "normal-0.02" (the default, as the seeds' Hugging Face Llama models)
-# draws every embedding and linear weight from N(0, 0.02^2); "torch" keeps PyTorch's defaults (embeddings
-# N(0, 1), linear layers Kaiming-uniform). Session 5 measured both (REPRODUCTION.md): "torch" leaves the
-# associative-recall plateau within 3,500 steps where "normal-0.02" stays on it, but its Copy + NAPE model
-# fails from 2x on where "normal-0.02" holds to 16x-32x.
+# Weight initialisation of the decoder: "normal-0.02" (the default; GPT-2's and Hugging Face Llama's, likely
+# the seeds') draws every embedding and linear weight from N(0, 0.02^2); "torch" keeps PyTorch's defaults
+# (embeddings N(0, 1), linear layers Kaiming-uniform). Session 5 measured both (REPRODUCTION.md): "torch"
+# leaves a recall probe's plateau within 2,250 steps where "normal-0.02" stays on it for 4,000, but its
+# Copy + NAPE model fails from 2x on where "normal-0.02" holds to 16x-32x.
 INITS = ("normal-0.02", "torch")
-LEGACY_INIT = "normal-0.02"  # also what a stored configuration without an ``init`` field was trained with
+DEFAULT_INIT = INITS[0]  # also what configurations stored before the field existed were trained with
 
 
 @dataclass
@@ -41,7 +41,7 @@ class RunConfig:
     n_layers: int = 2
     n_heads: int = 8
     ffn: int = 512
-    init: str = "normal-0.02"  # weight initialisation, one of INITS
+    init: str = DEFAULT_INIT  # weight initialisation, one of INITS
     # training
     train_samples: int = 10_000_000
     batch_size: int = 128
@@ -83,7 +83,7 @@ class RunConfig:
 
     def identity(self) -> dict[str, Any]:
         identity = dataclasses.asdict(self)
-        if identity["init"] == LEGACY_INIT:  # the default: run ids from before the field existed stay the same
+        if identity["init"] == DEFAULT_INIT:  # so run ids from before the field existed stay the same
             del identity["init"]
         return identity
 
@@ -98,9 +98,7 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
-        values.setdefault("init", LEGACY_INIT)  # stored before the field existed
-        return cls(**values)
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 # Presets: what they change relative to the task's seed model (``Task.model_defaults``).

@@ -109,7 +109,7 @@ class Decoder(nn.Module):
 def _init_weights(module: nn.Module) -> None:
     """N(0, 0.02^2) for every linear and embedding weight (``init = "normal-0.02"``, the default). Its
     embeddings are 50 times smaller than PyTorch's N(0, 1). Session 5 (REPRODUCTION.md): a plain
-    associative-recall probe stays on its plateau with it and leaves it within 3,500 steps with PyTorch's
+    associative-recall probe stays on its plateau with it and leaves it within 2,250 steps with PyTorch's
     initialisation (``init = "torch"``), while Copy + NAPE generalises to 16x-32x with it and fails from 2x on
     with PyTorch's."""
     if isinstance(module, nn.Linear):
