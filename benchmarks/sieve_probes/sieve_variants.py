@@ -49,34 +49,36 @@ class SieveEps(AttentionLayer):
         return stick_break(z, keep, diagonal)
 
 
-@register_attention("sieve-diag")
-class SieveDiag(AttentionLayer):
-    """Sieve whose entmax filter row includes the diagonal key (j<=r); stick still over S minus r."""
+class _AlphaSieve(AttentionLayer):
+    """A probe with the entmax filter's alpha as its one parameter; subclasses pick the weights."""
 
     def __init__(self, d_model, n_heads, pe, alpha: float = 1.5, **params):
         super().__init__(d_model, n_heads, pe, **params)
         self.alpha = float(alpha)
 
-    def weights(self, scores, query_positions, x_rows):
+    def split(self, scores, query_positions):
+        """``(mask, z, diagonal, earlier)`` of the score rows."""
         mask = causal_mask(query_positions, scores.shape[-1])
-        z = as_compute(scores)
         diagonal, earlier = diagonal_and_earlier(mask, query_positions)
+        return mask, as_compute(scores), diagonal, earlier
+
+
+@register_attention("sieve-diag")
+class SieveDiag(_AlphaSieve):
+    """Sieve whose entmax filter row includes the diagonal key (j<=r); stick still over S minus r."""
+
+    def weights(self, scores, query_positions, x_rows):
+        mask, z, diagonal, earlier = self.split(scores, query_positions)
         keep = sieve_support(z, mask, self.alpha)
         return stick_break(z, earlier & keep, diagonal)
 
 
 @register_attention("sieve-st")
-class SieveST(AttentionLayer):
+class SieveST(_AlphaSieve):
     """Straight-through: forward exactly Sieve, backward the gradient of stick-breaking over all j<r."""
 
-    def __init__(self, d_model, n_heads, pe, alpha: float = 1.5, **params):
-        super().__init__(d_model, n_heads, pe, **params)
-        self.alpha = float(alpha)
-
     def weights(self, scores, query_positions, x_rows):
-        mask = causal_mask(query_positions, scores.shape[-1])
-        z = as_compute(scores)
-        diagonal, earlier = diagonal_and_earlier(mask, query_positions)
+        _, z, diagonal, earlier = self.split(scores, query_positions)
         sb = stick_break(z, earlier, diagonal)
         sv = stick_break(z, earlier & sieve_support(z, earlier, self.alpha), diagonal)
         return sb + (sv - sb).detach()
