@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=16)
     parser.add_argument("--layout", default="inline")
     parser.add_argument("--num-keys", type=int, default=128)
+    parser.add_argument("--queries", type=int, default=4)
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--ffn", type=int, default=256)
@@ -94,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
-    task = get_task("mqrar", layout=args.layout, num_keys=args.num_keys)
+    task = get_task("mqrar", layout=args.layout, num_keys=args.num_keys, queries=args.queries)
     tokens = task.batch(range(2), args.length).input_ids.shape[1]
     model = build(args.variant, task.vocab_size, 4 * tokens, args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
