@@ -1,7 +1,13 @@
-"""Errors that the command line turns into a one-line message and exit code 2."""
+"""Errors that the command line turns into a one-line message: exit code 2 for bad input (``UsageError``),
+1 for a run that failed on its own (``TrainingDiverged``)."""
 
 from __future__ import annotations
 
 
 class UsageError(ValueError):
     """Bad input from the user: an unknown name, an impossible argument, a missing folder."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The training loss became NaN or infinite: the run stops before it writes a checkpoint of the broken
+    weights (the last checkpoint on disk is from before the divergence) and writes no results."""

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from lengthbench import __version__
 from lengthbench.config import RunConfig
 from lengthbench.data import BatchProducer, TrainStream, default_workers
-from lengthbench.errors import UsageError
+from lengthbench.errors import TrainingDiverged, UsageError
 from lengthbench.models.decoder import Decoder, ModelConfig
 from lengthbench.store import atomic_write, atomic_write_text, load_results, run_finished, run_path, write_run
 from lengthbench.tasks import IGNORE_INDEX, eval_lengths, get_task
@@ -394,6 +394,11 @@ class Trainer:
                         elapsed = time.perf_counter() - window_start
                         steps_in_window = (step - 1) % report_every + 1
                         mean_loss = loss_sum.item() / steps_in_window
+                        if not math.isfinite(mean_loss):
+                            raise TrainingDiverged(
+                                f"{config.run_id}: training diverged: the mean loss of steps "
+                                f"{step - steps_in_window + 1}-{step} is {mean_loss} (learning rate {lr:g}); no "
+                                "results written, the last checkpoint is from before it. Rerun with a lower --lr")
                         accuracy = correct_sum.item() / max(1, scored_sum.item())
                         self.state.history.append((step, mean_loss, val_score))
                         progress.update(task_id, completed=step, info=(
@@ -404,6 +409,10 @@ class Trainer:
                         scored_sum.zero_()
                         window_start, window_samples = time.perf_counter(), 0
                     if step % config.checkpoint_every == 0 and step < total:
+                        if not math.isfinite(loss.item()):  # never checkpoint broken weights
+                            raise TrainingDiverged(f"{config.run_id}: training diverged: the loss of step {step} "
+                                                   f"is {loss.item()} (learning rate {lr:g}); no results written, "
+                                                   "the last checkpoint is from before it. Rerun with a lower --lr")
                         self.state.train_seconds = time.perf_counter() - started
                         self.save()
             finally:

@@ -205,3 +205,44 @@ def test_only_models_without_fused_ops_are_compiled(monkeypatch, attn, pe, kerne
     assert trainer.compile_mode() == "reduce-overhead"
     with pytest.raises(ValueError, match="compile mode"):
         build_config("copy", attn, "none", "paper", compile_mode="fast")
+
+
+def test_a_diverged_run_stops_with_its_last_good_checkpoint_and_writes_no_rows(tmp_path, monkeypatch, capsys):
+    """A loss that turns NaN stops training at the next report: one-line error, exit code 1, nothing in the
+    store, and the checkpoint on disk holds the finite weights of before (never the broken ones)."""
+    from lengthbench import runner
+    from lengthbench.cli import main
+    from lengthbench.errors import TrainingDiverged
+
+    original = runner.Trainer._make_step_fn
+
+    def breaking_step_fn(trainer):
+        step = original(trainer)
+
+        def broken_after_30(*batch):
+            if trainer.state.step == 30:  # the 31st step: poison the weights, as a blown-up update would
+                with torch.no_grad():
+                    next(trainer.model.parameters()).fill_(float("nan"))
+            return step(*batch)
+
+        return broken_after_30
+
+    monkeypatch.setattr(runner.Trainer, "_make_step_fn", breaking_step_fn)
+    tiny = dict(TINY, eval_every=25, checkpoint_every=25)
+    config = build_config("2back", "softmax", "nape", "smoke", train_samples=32 * 100, **tiny)
+    with pytest.raises(TrainingDiverged, match="steps 26-50 is nan"):
+        run_cell(config, tmp_path, device="cpu", progress=False)
+    assert load_results(tmp_path).empty
+    saved = torch.load(tmp_path / "checkpoints" / config.run_id / "train.pt", weights_only=False)
+    assert saved["state"]["step"] == 25
+    assert all(torch.isfinite(value).all() for value in saved["model"].values())
+
+    monkeypatch.setattr(sys, "argv", ["lengthbench", "run", "--task", "2back", "--attn", "softmax", "--pe", "nape",
+                                      "--train-samples", "3200", "--d-model", "32", "--heads", "4", "--ffn", "64",
+                                      "--layers", "1", "--eval-every", "25", "--no-diagnostics", "--quiet",
+                                      "--results", str(tmp_path / "cli")])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 1
+    printed = capsys.readouterr()
+    assert "training diverged: the mean loss of steps 26-50 is nan" in " ".join((printed.out + printed.err).split())

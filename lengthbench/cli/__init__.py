@@ -14,7 +14,7 @@ import sys
 import typer
 from rich.console import Console
 
-from lengthbench.errors import UsageError
+from lengthbench.errors import TrainingDiverged, UsageError
 from lengthbench.models.registry import UnknownNameError
 
 console = Console(stderr=True)
@@ -73,6 +73,9 @@ def main() -> None:
         fail(str(error))
     except FileNotFoundError as error:
         fail(str(error))
+    except TrainingDiverged as error:
+        console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+        raise SystemExit(1) from None
     except typer.Exit as error:
         raise SystemExit(error.exit_code) from None
     except typer.Abort:
