@@ -8,6 +8,7 @@ at step ``s`` therefore sees exactly the batches an uninterrupted run would have
 from __future__ import annotations
 
 import os
+import signal
 from collections import deque
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -89,7 +90,8 @@ class BatchProducer:
         self.next_step = start_step
         self.stop_step = stop_step
         self.executor: Executor = (
-            ProcessPoolExecutor(max_workers=workers) if workers > 0 else ThreadPoolExecutor(max_workers=1)
+            ProcessPoolExecutor(max_workers=workers, initializer=_ignore_interrupts) if workers > 0
+            else ThreadPoolExecutor(max_workers=1)
         )
         self.prefetch = prefetch or max(2, 2 * max(1, workers))
         self.pending: deque = deque()
@@ -114,6 +116,12 @@ class BatchProducer:
         for future in self.pending:
             future.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _ignore_interrupts() -> None:
+    """Data worker processes leave Ctrl-C (SIGINT) to the main process, which checkpoints and says how to
+    resume; without this each worker printed its own KeyboardInterrupt traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def default_workers(device_type: str) -> int:

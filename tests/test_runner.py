@@ -41,6 +41,28 @@ def test_training_batches_are_a_function_of_the_step():
     assert padded[0].shape[1] == 131 and (padded[1][:, a[0].shape[1]:] == -100).all()
 
 
+def test_data_worker_processes_leave_ctrl_c_to_the_main_process():
+    """A SIGINT that reaches the data workers (Ctrl-C goes to the whole process group) neither kills them nor
+    makes them print tracebacks: the main process handles it, and batches keep coming until then."""
+    from lengthbench.data import BatchProducer
+
+    stream = TrainStream("copy", (), 0, 4, 16, None, 1)
+    producer = BatchProducer(stream, 0, 6, workers=1)
+    try:
+        first = next(producer)
+        workers = list(producer.executor._processes.values())
+        assert workers and all(worker.is_alive() for worker in workers)
+        for worker in workers:
+            os.kill(worker.pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert all(worker.is_alive() for worker in workers)
+        rest = list(producer)
+        assert len(rest) == 5
+        assert np.array_equal(first[0], make_train_batch(stream, 0)[0])
+    finally:
+        producer.close()
+
+
 def test_training_batches_pad_to_bucket_widths():
     stream = TrainStream("copy", (), 0, 8, 64, 131, pad_multiple=8)
     assert stream.widths() == [72, 80, 88, 96, 104, 112, 120, 128, 131]
