@@ -41,6 +41,7 @@ from typing import Any
 
 from lengthbench.config import RunConfig, build_config
 from lengthbench.errors import UsageError
+from lengthbench.tasks import as_multiplier
 
 BASELINE_FORMAT = "lengthbench-baseline/1"
 DEFAULT_TOLERANCE = 0.05
@@ -80,7 +81,7 @@ class Baseline:
 @dataclass
 class PointChange:
     label: str
-    multiplier: int
+    multiplier: int | float
     baseline: float | None
     new: float | None
     status: str  # same, within, improved, fell, missing, new, error
@@ -179,7 +180,7 @@ def _parse_cell(path: Path, index: int, raw: Any, need_curves: bool) -> Cell:
     curve = {}
     for key, value in curve_raw.items():
         try:
-            multiplier, score = int(key), float(value)
+            multiplier, score = as_multiplier(float(key)), float(value)
         except (TypeError, ValueError) as error:
             raise _fail(path, f"{where}: bad curve point {key!r}: {value!r}") from error
         if not 0.0 <= score <= 1.0 or math.isnan(score):
@@ -236,8 +237,8 @@ def compare_curves(label: str, baseline: dict[int, float], new: dict[int, float]
     return changes
 
 
-def curve_of(frame) -> dict[int, float]:
-    return {int(m): float(s) for m, s in zip(frame["multiplier"], frame["score"], strict=True)}
+def curve_of(frame) -> dict[int | float, float]:
+    return {as_multiplier(m): float(s) for m, s in zip(frame["multiplier"], frame["score"], strict=True)}
 
 
 def run_check(baseline: Baseline, *, tolerance: float = DEFAULT_TOLERANCE, results: str | Path | None = None,

@@ -21,6 +21,7 @@ from matplotlib.colors import Normalize, PowerNorm, TwoSlopeNorm  # noqa: E402
 
 from lengthbench.errors import UsageError  # noqa: E402
 from lengthbench.plots import _style_maps  # noqa: E402
+from lengthbench.tasks import multiplier_label  # noqa: E402
 
 LABELLED_TOKENS = 48  # up to this many tokens, the axes carry the vocabulary symbols
 DIAGNOSTIC_COLUMNS = {  # stored column -> panel title
@@ -221,7 +222,7 @@ def plot_diagnostics(frame: pd.DataFrame, out_dir: Path, task: str) -> Path:
             if n_runs > 1:
                 ax.fill_between(stats.index, stats["min"], stats["max"], color=colour, alpha=0.15, linewidth=0)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, [f"{int(t)}x" if x_column == "multiplier" else str(int(t)) for t in ticks],
+        ax.set_xticks(ticks, [f"{multiplier_label(t)}x" if x_column == "multiplier" else str(int(t)) for t in ticks],
                       fontsize=7, rotation=45 if len(ticks) > 6 else 0)
         ax.minorticks_off()
         ax.set_xlabel("multiplier of the training length" if x_column == "multiplier" else "evaluation length",

@@ -32,6 +32,7 @@ import pandas as pd
 
 from lengthbench.errors import UsageError
 from lengthbench.store import StoreError, atomic_write_text, load_results, runs_dir
+from lengthbench.tasks import as_multiplier, multiplier_label
 
 REACH_THRESHOLD = 0.9
 TABLE_KEYS = ["task", "preset", "protocol", "train_length"]  # runs in one table share these
@@ -143,11 +144,11 @@ def _task_metric(task: str) -> str:
 
 # -- curves and their summaries -------------------------------------------------------------------
 
-def reach(curve: pd.Series, threshold: float = REACH_THRESHOLD) -> int:
+def reach(curve: pd.Series, threshold: float = REACH_THRESHOLD) -> int | float:
     """The largest multiplier (the index) with a score of at least ``threshold``; 0 if none."""
     good = curve.dropna()
     good = good[good >= threshold - 1e-12]
-    return int(max(good.index)) if len(good) else 0
+    return as_multiplier(max(good.index)) if len(good) else 0
 
 
 def auc(curve: pd.Series) -> float:
@@ -169,7 +170,7 @@ def run_curves(frame: pd.DataFrame) -> pd.DataFrame:
     keys = TABLE_KEYS + ["metric"] + ROW_KEYS + ["seed", "run_id"]
     curves = frame.pivot_table(index=keys, columns="multiplier", values="score", aggfunc="last", dropna=False)
     curves = curves.dropna(how="all")
-    curves.columns = [int(m) for m in curves.columns]
+    curves.columns = [as_multiplier(m) for m in curves.columns]  # (a float index where any is 1.5)
     curves = curves[sorted(curves.columns)]
     summary = pd.DataFrame(index=curves.index)
     summary["reach"] = [reach(row) for _, row in curves.iterrows()]
@@ -177,8 +178,8 @@ def run_curves(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([curves, summary], axis=1).reset_index()
 
 
-def _multipliers(frame: pd.DataFrame) -> list[int]:
-    return sorted(c for c in frame.columns if isinstance(c, int))
+def _multipliers(frame: pd.DataFrame) -> list[int | float]:
+    return sorted(c for c in frame.columns if isinstance(c, (int, float)) and not isinstance(c, bool))
 
 
 def _pick_best(runs: pd.DataFrame) -> pd.Series:
@@ -203,27 +204,27 @@ def build_leaderboard(frame: pd.DataFrame) -> pd.DataFrame:
         best = _pick_best(per_seed)
         row = dict(zip(TABLE_KEYS + ["metric"] + ROW_KEYS, keys, strict=True))
         row.update(seeds=len(per_seed), best_seed=int(best["seed"]), best_run_id=str(best["run_id"]))
-        for m in multipliers:
-            row[f"{m}x"] = 100 * best[m]
-        row.update(reach=int(best["reach"]), auc=float(best["auc"]))
+        for m in multipliers:  # columns may be floats (1.0, 1.5): name them "1x", "1.5x"
+            row[f"{multiplier_label(m)}x"] = 100 * best[m]
+        row.update(reach=as_multiplier(best["reach"]), auc=float(best["auc"]))
         row.update(reach_mean=float(per_seed["reach"].mean()), auc_mean=float(per_seed["auc"].mean()),
                    auc_std=float(per_seed["auc"].std(ddof=1)) if len(per_seed) > 1 else float("nan"))
         for m in multipliers:
-            values = per_seed[m].astype(float)
-            row[f"{m}x_mean"] = 100 * values.mean()
-            row[f"{m}x_std"] = 100 * values.std(ddof=1) if values.notna().sum() > 1 else float("nan")
+            values, label = per_seed[m].astype(float), multiplier_label(m)
+            row[f"{label}x_mean"] = 100 * values.mean()
+            row[f"{label}x_std"] = 100 * values.std(ddof=1) if values.notna().sum() > 1 else float("nan")
         rows.append(row)
     board = pd.DataFrame(rows)
     board["train_length"] = board["train_length"].astype(int)
     return board
 
 
-def board_multipliers(board: pd.DataFrame) -> list[int]:
+def board_multipliers(board: pd.DataFrame) -> list[int | float]:
     """The multipliers that have a value somewhere in ``board`` (a slice of the leaderboard)."""
     found = []
     for column in board.columns:
-        if column.endswith("x") and column[:-1].isdigit() and board[column].notna().any():
-            found.append(int(column[:-1]))
+        if column.endswith("x") and column[:-1].replace(".", "", 1).isdigit() and board[column].notna().any():
+            found.append(as_multiplier(column[:-1]))
     return sorted(found)
 
 
@@ -234,7 +235,7 @@ def _pct(value: float) -> str:
 
 
 def _reach_text(value: float) -> str:
-    return "–" if not value or math.isnan(value) else f"{int(value)}×"
+    return "–" if not value or math.isnan(value) else f"{multiplier_label(value)}×"
 
 
 def _reach_mean_text(value: float) -> str:

@@ -23,6 +23,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
 
 from lengthbench.leaderboard import METRIC_NAMES, REACH_THRESHOLD, ROW_KEYS, TABLE_KEYS, board_multipliers  # noqa: E402
+from lengthbench.tasks import multiplier_label  # noqa: E402
 
 FORMATS = ("png", "svg")
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">"]
@@ -94,7 +95,7 @@ def plot_curves(board: pd.DataFrame, out: str | Path) -> list[Path]:
                     markersize=6, label=label, clip_on=False, zorder=3)
         ax.axhline(100 * REACH_THRESHOLD, color="0.6", linewidth=0.8, linestyle=(0, (2, 2)), zorder=1)
         ax.set_xticks(x)
-        ax.set_xticklabels([f"{m}×\n{m * int(train_length)}" for m in multipliers], fontsize=9)
+        ax.set_xticklabels([f"{m}×\n{round(m * int(train_length))}" for m in multipliers], fontsize=9)
         ax.set_xlim(x[0] - 0.2, x[-1] + 0.2)
         ax.set_ylim(-2, 102)
         ax.set_yticks([0, 20, 40, 60, 80, 100 * REACH_THRESHOLD, 100])
@@ -147,8 +148,8 @@ def plot_reach(board: pd.DataFrame, out: str | Path) -> list[Path]:
             if np.isnan(grid[i, j]):
                 ax.text(j, i, "not run", ha="center", va="center", fontsize=7, color="0.5")
                 continue
-            value = int(grid[i, j])
-            text = (f"{value}×" + ("+" if whole_range[i, j] else "")) if value else "–"
+            value = grid[i, j]
+            text = (f"{multiplier_label(value)}×" + ("+" if whole_range[i, j] else "")) if value else "–"
             shade = cmap(norm(index[i, j]))
             luminance = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2]
             ax.text(j, i, text, ha="center", va="center", fontsize=9,

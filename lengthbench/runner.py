@@ -478,7 +478,7 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
     torch_device = resolve_device(device)
     task = get_task(config.task, **config.task_params)
     task.check_length(config.train_length)
-    lengths = eval_lengths(config.train_length, config.max_multiplier)
+    lengths = eval_lengths(config.train_length, config.max_multiplier, task.extra_multipliers)
     ckpt_dir = checkpoint_dir(results, run_id)
     if restart and ckpt_dir.exists():
         for path in ckpt_dir.glob("*"):

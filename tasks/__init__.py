@@ -33,9 +33,27 @@ def eval_multipliers(max_multiplier: int) -> list[int]:
     return [1 << k for k in range(max_multiplier.bit_length())]
 
 
-def eval_lengths(train_length: int, max_multiplier: int) -> list[tuple[int, int]]:
-    """``(multiplier, nominal length)`` pairs, the one place evaluation lengths come from."""
-    return [(m, train_length * m) for m in eval_multipliers(max_multiplier)]
+def as_multiplier(value: float) -> int | float:
+    """A multiplier as the store and the tables use it: an int where integral (2, not 2.0), else a float."""
+    value = float(value)
+    return int(value) if value.is_integer() else value
+
+
+def multiplier_label(value: float) -> str:
+    """``"2"``, ``"1.5"``: a multiplier as column headers and log lines write it (before an ``x`` or ``×``)."""
+    return str(as_multiplier(value))
+
+
+def eval_lengths(train_length: int, max_multiplier: int,
+                 extra: tuple[float, ...] = ()) -> list[tuple[int | float, int]]:
+    """``(multiplier, nominal length)`` pairs, the one place evaluation lengths come from: the powers of two
+    up to ``max_multiplier``, plus a task's ``extra`` points within that range (Reverse's 1.5x, a column of
+    seed 003), at ``round(train_length * m)``. Integral multipliers are ints, the others floats."""
+    points: dict[int | float, int] = {m: train_length * m for m in eval_multipliers(max_multiplier)}
+    for m in extra:
+        if 1 < m <= max_multiplier and m not in points:
+            points[as_multiplier(m)] = round(train_length * m)
+    return sorted(points.items())
 
 
 # Importing the modules registers their tasks.
@@ -56,7 +74,9 @@ __all__ = [
     "ModelDefaults",
     "Task",
     "UnknownNameError",
+    "as_multiplier",
     "eval_lengths",
+    "multiplier_label",
     "eval_multipliers",
     "get_task",
     "register_task",

@@ -72,6 +72,8 @@ class Task:
     # Parameters that change how a sample is written, not what is drawn: left out of the stream key, so
     # that every setting of them writes the same samples.
     presentation_params: ClassVar[tuple[str, ...]] = ()
+    # evaluation points between the powers of two that a seed reports (multipliers of n_train, e.g. 1.5)
+    extra_multipliers: ClassVar[tuple[float, ...]] = ()
 
     @dataclass(frozen=True)
     class Params:

@@ -268,3 +268,21 @@ def test_a_diverged_run_stops_with_its_last_good_checkpoint_and_writes_no_rows(t
     assert exit_info.value.code == 1
     printed = capsys.readouterr()
     assert "training diverged: the mean loss of steps 26-50 is nan" in " ".join((printed.out + printed.err).split())
+
+
+def test_reverse_is_scored_at_its_extra_point_and_the_tables_show_it(tmp_path):
+    """Seed 003 reports Reverse at 1.5x: the run scores n = 96, the store keeps multiplier 1.5, and the
+    leaderboard, the check's curve and the run's table label it "1.5x", between 1x and 2x."""
+    from lengthbench.check import curve_of
+    from lengthbench.cli.run import curve_table
+    from lengthbench.leaderboard import board_multipliers, build_leaderboard, to_markdown
+
+    config = build_config("reverse", "softmax", "nape", "smoke", train_samples=320, **dict(TINY, max_multiplier=2))
+    frame = run_cell(config, tmp_path, device="cpu", progress=False)
+    assert list(frame["multiplier"]) == [1, 1.5, 2] and list(frame["eval_length"]) == [64, 96, 128]
+    assert list(curve_of(frame)) == [1, 1.5, 2]
+    board = build_leaderboard(load_results(tmp_path))
+    assert board_multipliers(board) == [1, 1.5, 2] and "1.5x" in board.columns
+    assert "| 1× | 1.5× | 2× |" in to_markdown(board)
+    labels = [cell.plain if hasattr(cell, "plain") else str(cell) for cell in curve_table(frame, "t").columns[0]._cells]
+    assert labels == ["1x", "1.5x", "2x"]

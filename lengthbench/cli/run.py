@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lengthbench.cli.tasks import parse_params
+from lengthbench.tasks import multiplier_label
 
 out = Console()
 
@@ -24,8 +25,8 @@ def curve_table(frame, title: str) -> Table:
             em = f"[bold]{em}[/]"
         else:
             ta = f"[bold]{ta}[/]"
-        table.add_row(f"{row.multiplier}x", str(row.eval_length), f"{row.realised_tokens:.0f}", em, ta,
-                      str(row.n_samples), f"{row.eval_seconds:.1f}")
+        table.add_row(f"{multiplier_label(row.multiplier)}x", str(row.eval_length), f"{row.realised_tokens:.0f}",
+                      em, ta, str(row.n_samples), f"{row.eval_seconds:.1f}")
     return table
 
 
