@@ -179,7 +179,7 @@ def run_curves(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _multipliers(frame: pd.DataFrame) -> list[int | float]:
-    return sorted(c for c in frame.columns if isinstance(c, (int, float)) and not isinstance(c, bool))
+    return sorted(c for c in frame.columns if isinstance(c, (int, float)))
 
 
 def _pick_best(runs: pd.DataFrame) -> pd.Series:

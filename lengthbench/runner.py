@@ -394,11 +394,8 @@ class Trainer:
                         elapsed = time.perf_counter() - window_start
                         steps_in_window = (step - 1) % report_every + 1
                         mean_loss = loss_sum.item() / steps_in_window
-                        if not math.isfinite(mean_loss):
-                            raise TrainingDiverged(
-                                f"{config.run_id}: training diverged: the mean loss of steps "
-                                f"{step - steps_in_window + 1}-{step} is {mean_loss} (learning rate {lr:g}); no "
-                                "results written, the last checkpoint is from before it. Rerun with a lower --lr")
+                        _check_finite(mean_loss, f"the mean loss of steps {step - steps_in_window + 1}-{step}",
+                                      config.run_id, lr)
                         accuracy = correct_sum.item() / max(1, scored_sum.item())
                         self.state.history.append((step, mean_loss, val_score))
                         progress.update(task_id, completed=step, info=(
@@ -409,10 +406,7 @@ class Trainer:
                         scored_sum.zero_()
                         window_start, window_samples = time.perf_counter(), 0
                     if step % config.checkpoint_every == 0 and step < total:
-                        if not math.isfinite(loss.item()):  # never checkpoint broken weights
-                            raise TrainingDiverged(f"{config.run_id}: training diverged: the loss of step {step} "
-                                                   f"is {loss.item()} (learning rate {lr:g}); no results written, "
-                                                   "the last checkpoint is from before it. Rerun with a lower --lr")
+                        _check_finite(loss.item(), f"the loss of step {step}", config.run_id, lr)  # never save NaN
                         self.state.train_seconds = time.perf_counter() - started
                         self.save()
             finally:
@@ -423,6 +417,13 @@ class Trainer:
     def use_best(self) -> None:
         if self.best_model_state is not None:
             self.model.load_state_dict(self.best_model_state)
+
+
+def _check_finite(loss: float, what: str, run_id: str, lr: float) -> None:
+    """Stop a run whose loss is NaN or infinite, before it checkpoints or scores the broken weights."""
+    if not math.isfinite(loss):
+        raise TrainingDiverged(f"{run_id}: training diverged: {what} is {loss} (learning rate {lr:g}); no results "
+                               "written, the last checkpoint is from before it. Rerun with a lower --lr")
 
 
 @contextlib.contextmanager
