@@ -29,10 +29,12 @@ def temperature(entropy: torch.Tensor) -> torch.Tensor:
 
 def sdpa_attend(q, k, v, slopes: torch.Tensor | None, scale: float | None = None,
                 row_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """``[B, H, T, D]`` causal softmax attention; ``slopes`` ``[H]`` or None, ``row_scale`` ``[B, H, T]`` (or
-    broadcastable to it) or None. Gradients flow to q, k, v and ``row_scale``."""
+    """``[B, H, T, D]`` causal softmax attention; ``slopes`` ``[H]`` or None, ``row_scale`` ``[B, H, T]`` or
+    broadcastable to it (``[1, H, T]``, ``[H, T]``) or None. Gradients flow to q, k, v and ``row_scale``."""
     if row_scale is not None:
-        row_scale = row_scale.expand(q.shape[:-1])
+        # Kept unexpanded for the bias: a factor shared by every sample gives a bias of batch 1, broadcast by
+        # SDPA, instead of one bias per sample (B times the memory traffic).
+        row_scale = row_scale.reshape((1,) * (3 - row_scale.dim()) + tuple(row_scale.shape))
         q = q * row_scale[..., None].to(q.dtype)
     if slopes is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
@@ -44,7 +46,7 @@ def sdpa_attend(q, k, v, slopes: torch.Tensor | None, scale: float | None = None
         distance = (positions[:, None] - torch.arange(stop, device=q.device)[None, :]).to(q.dtype)
         bias = -slopes.to(q.dtype)[:, None, None] * distance
         if row_scale is not None:
-            bias = bias * row_scale[:, :, start:stop, None].to(q.dtype)
+            bias = bias * row_scale[:, :, start:stop, None].to(q.dtype)  # [B or 1, H or 1, chunk, stop]
         else:
             bias = bias.unsqueeze(0)
         bias = bias.masked_fill(distance < 0, float("-inf"))

@@ -59,6 +59,37 @@ def test_sdpa_attend_row_scale_and_slopes_match_softmax_of_the_scaled_scores():
                                              .masked_fill(pos[None, :] > pos[:, None], float("-inf")), -1) @ v)
 
 
+def test_sdpa_attend_keeps_a_sample_independent_factor_and_its_bias_at_batch_one(monkeypatch):
+    """SSMax's factor depends on the position only: given as ``[1, H, T]`` it gives the same output and
+    gradients as the factor expanded to every sample, and the ALiBi bias handed to SDPA stays at batch 1
+    (session 6 measured ssmax + NAPE evaluating 3.7x slower than softmax + NAPE with a per-sample bias)."""
+    from lengthbench.kernels import _sdpa
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(3, 2, 21, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    slopes = torch.tensor([0.25, 0.5], dtype=torch.float64)
+    shared = (0.5 + torch.rand(1, 2, 21, generator=gen, dtype=torch.float64)).requires_grad_()
+    masks = []
+    real_sdpa = _sdpa.F.scaled_dot_product_attention
+
+    def spy(*args, attn_mask=None, **kwargs):
+        masks.append(None if attn_mask is None else tuple(attn_mask.shape))
+        return real_sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(_sdpa.F, "scaled_dot_product_attention", spy)
+    got = _sdpa.sdpa_attend(q, k, v, slopes, row_scale=shared)
+    assert masks and all(shape[0] == 1 for shape in masks), masks
+    expanded = shared.detach().expand(3, 2, 21).clone().requires_grad_()
+    expected = _sdpa.sdpa_attend(q, k, v, slopes, row_scale=expanded)
+    assert masks[-1][0] == 3
+    torch.testing.assert_close(got, expected)
+    (g_got,) = torch.autograd.grad(got.sum(), shared)
+    (g_exp,) = torch.autograd.grad(expected.sum(), expanded)
+    torch.testing.assert_close(g_got, g_exp.sum(0, keepdim=True))
+    # A [H, T] factor broadcasts the same way.
+    torch.testing.assert_close(_sdpa.sdpa_attend(q, k, v, slopes, row_scale=shared.detach()[0]), expected.detach())
+
+
 def test_adatemp_temperature_is_the_reference_polynomial():
     """The fused op's ``theta(H)`` against the reference weight function's, entropy by entropy."""
     from lengthbench.kernels._sdpa import temperature

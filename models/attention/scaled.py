@@ -112,14 +112,17 @@ class RowScaledAttention(AttentionLayer):
             return self.reference_attend(q, k, v, x)
         batch, heads, tokens, _ = q.shape
         positions = torch.arange(tokens, device=q.device)
-        scale = self.row_scale(positions, x)
-        scale = scale.expand(batch, heads, tokens, 1).squeeze(-1).contiguous()
+        factor = self.row_scale(positions, x)
+        if factor.dim() == 4:
+            factor = factor.squeeze(-1)
         op = self.kernel(self.base_kernel) if self.kernel_supported() else None
         if op is not None:
+            scale = factor.expand(batch, heads, tokens).contiguous()
             return op(q, k, v, slopes=self.pe.slopes(), row_scale=scale, **self.kernel_params())
         if self.base_kernel == "softmax":
-            # The row factor scales the queries (and the ALiBi bias): SDPA does the rest.
-            return sdpa_attend(q, k, v, self.pe.slopes(), row_scale=scale)
+            # The row factor scales the queries (and the ALiBi bias): SDPA does the rest. A factor that does not
+            # depend on the sample (SSMax's) keeps its batch dimension of 1, and so does the bias.
+            return sdpa_attend(q, k, v, self.pe.slopes(), row_scale=factor)
         return self.reference_attend(q, k, v, x)
 
 
