@@ -4,7 +4,8 @@ Per task (and preset, training protocol and training length, so that runs of dif
 share a table; the protocol is the training budget of ``config_json`` (samples, batch size, learning rate)
 and the task parameters that differ from the defaults):
 a row per attention x encoding, a column per multiplier, values in % of the task's metric (the
-``score`` column: exact match, or token accuracy for the classification tasks).
+``score`` column: exact match, or token accuracy for the classification tasks). A run given mechanism or
+encoding parameters has its own row, named with them: ``entmax (alpha=4)``, ``rope (factor=1)``.
 
 Conventions (also printed under every table):
 
@@ -22,6 +23,7 @@ Conventions (also printed under every table):
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from collections.abc import Iterable
@@ -101,20 +103,39 @@ def with_score(frame: pd.DataFrame) -> pd.DataFrame:
             frame[column] = default
     configs = frame["config_json"] if "config_json" in frame.columns else pd.Series("", index=frame.index)
     frame["protocol"] = configs.map(protocol_label)
+    # Runs of one mechanism (or encoding) with other parameters are other rows: "entmax (alpha=4)".
+    for column, key in (("attn", "attn_params"), ("pe", "pe_params")):
+        suffixes = configs.map(lambda text, key=key: params_suffix(_config(text).get(key)))
+        names = frame[column].astype(str)
+        frame[column] = [name if name.endswith(suffix) else name + suffix  # (once: this runs on loaded frames too)
+                         for name, suffix in zip(names, suffixes, strict=True)]
     if frame["run_id"].isna().any():
         synthetic = frame[["task", "attn", "pe", "preset", "seed"]].astype(str).agg("-".join, axis=1)
         frame["run_id"] = frame["run_id"].fillna(synthetic)
     return frame
 
 
-def protocol_label(config_json) -> str:
-    """The training budget of a run, e.g. ``"8M samples, batch 512, lr 0.001"`` ("" where unknown)."""
-    import json
-
+def _config(config_json) -> dict:
+    """A run's ``config_json`` as a dict (empty where missing or unreadable)."""
     try:
         config = json.loads(config_json) if isinstance(config_json, str) and config_json else {}
     except ValueError:
-        config = {}
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def params_suffix(params) -> str:
+    """``" (alpha=4, k=2)"`` for a run's given mechanism or encoding parameters; ``""`` for none."""
+    if not isinstance(params, dict) or not params:
+        return ""
+    text = ", ".join(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
+                     for key, value in sorted(params.items()))
+    return f" ({text})"
+
+
+def protocol_label(config_json) -> str:
+    """The training budget of a run, e.g. ``"8M samples, batch 512, lr 0.001"`` ("" where unknown)."""
+    config = _config(config_json)
     if not all(key in config for key in ("train_samples", "batch_size", "lr")):
         return ""
     samples = config["train_samples"]

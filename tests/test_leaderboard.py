@@ -191,3 +191,23 @@ def test_a_non_default_init_is_part_of_the_protocol():
     assert protocol_label(json.dumps(budget)) == "4M samples, batch 512, lr 0.001"  # stored before the field
     assert protocol_label(json.dumps({**budget, "init": "normal-0.02"})) == "4M samples, batch 512, lr 0.001"
     assert protocol_label(json.dumps({**budget, "init": "torch"})) == "4M samples, batch 512, lr 0.001, init torch"
+
+
+def test_runs_with_mechanism_or_encoding_parameters_are_rows_of_their_own(tmp_path):
+    """Max Retrieval's entmax at alpha 1.5 and 4 (seed 003 Table 5) are two rows, not one best-of pick."""
+    from lengthbench.plots import plot_curves
+
+    results = tmp_path / "store"
+    budget = {"train_samples": 2_000_000, "batch_size": 256, "lr": 1e-3}
+    synthetic_run(results, "maxretrieval", "entmax", "none", 0, {1: 0.99, 2: 0.9}, preset="quick", config=budget)
+    synthetic_run(results, "maxretrieval", "entmax", "none", 0, {1: 0.99, 2: 0.95}, preset="quick",
+                  config={**budget, "attn_params": {"alpha": 4.0}})
+    synthetic_run(results, "maxretrieval", "entmax", "rope", 0, {1: 0.5, 2: 0.1}, preset="quick",
+                  config={**budget, "attn_params": {"alpha": 16}, "pe_params": {"factor": 1.0}})
+    board = build_leaderboard(load_store(results)[0])
+    assert sorted(zip(board["pe"], board["attn"], strict=True)) == [
+        ("none", "entmax"), ("none", "entmax (alpha=4)"), ("rope (factor=1)", "entmax (alpha=16)")]
+    assert board.set_index("attn").loc["entmax (alpha=4)", "2x"] == pytest.approx(95.0)
+    text = to_markdown(board)
+    assert "| none | entmax (alpha=4) | **99.0** | **95.0** |" in text
+    assert len([p for p in plot_curves(board, tmp_path / "plots") if p.suffix == ".png"]) == 1
