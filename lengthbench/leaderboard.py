@@ -102,7 +102,8 @@ def with_score(frame: pd.DataFrame) -> pd.DataFrame:
         if column not in frame.columns:
             frame[column] = default
     configs = frame["config_json"] if "config_json" in frame.columns else pd.Series("", index=frame.index)
-    frame["protocol"] = configs.map(protocol_label)
+    labels = {text: protocol_label(text) for text in configs.unique()}
+    frame["protocol"] = configs.map(labels)
     # Runs of one mechanism (or encoding) with other parameters are other rows: "entmax (alpha=4)".
     for column, key in (("attn", "attn_params"), ("pe", "pe_params")):
         suffixes = configs.map(lambda text, key=key: params_suffix(_config(text).get(key)))
@@ -133,6 +134,27 @@ def params_suffix(params) -> str:
     return f" ({text})"
 
 
+MODEL_FIELDS = ("n_layers", "d_model", "n_heads", "ffn")
+
+
+def _model_label(config: dict) -> str:
+    """``", model 4 x d 512, 16 heads, FFN 1024"`` where a run's model is not its preset's for the task (an
+    override); ``""`` where it is, or where that cannot be told (an unknown task, mechanism or preset)."""
+    from lengthbench.config import build_config
+
+    if not all(key in config for key in ("task", "attn", "pe", "preset", *MODEL_FIELDS)):
+        return ""
+    try:
+        usual = build_config(config["task"], config["attn"], config["pe"], config["preset"],
+                             task_params=config.get("task_params") or None)
+    except (LookupError, ValueError, TypeError):  # a plugin's name, a preset of another version
+        return ""
+    if all(config[key] == getattr(usual, key) for key in MODEL_FIELDS):
+        return ""
+    return (f", model {config['n_layers']} x d {config['d_model']}, {config['n_heads']} heads, "
+            f"FFN {config['ffn']}")
+
+
 def protocol_label(config_json) -> str:
     """The training budget of a run, e.g. ``"8M samples, batch 512, lr 0.001"`` ("" where unknown)."""
     config = _config(config_json)
@@ -143,6 +165,7 @@ def protocol_label(config_json) -> str:
     label = f"{amount} samples, batch {config['batch_size']}, lr {config['lr']:g}"
     params = config.get("task_params") or {}
     label += "".join(f", {key}={value}" for key, value in sorted(params.items()))
+    label += _model_label(config)
     # the default init (also that of rows stored before the field existed) goes unnamed
     init = config.get("init", "normal-0.02")
     return label if init == "normal-0.02" else f"{label}, init {init}"

@@ -62,7 +62,9 @@ def _save(fig, out: Path, stem: str) -> list[Path]:
     paths = []
     for fmt in FORMATS:
         path = out / f"{stem}.{fmt}"
-        fig.savefig(path, dpi=150, bbox_inches="tight", metadata={"Date": None} if fmt == "svg" else None)
+        # A fixed salt for the SVG element ids (random otherwise): the same board gives the same bytes.
+        with plt.rc_context({"svg.hashsalt": "lengthbench"}):
+            fig.savefig(path, dpi=150, bbox_inches="tight", metadata={"Date": None} if fmt == "svg" else None)
         paths.append(path)
     plt.close(fig)
     return paths

@@ -330,7 +330,12 @@ def _worker_main(argv: list[str]) -> int:
     from lengthbench.runner import run_cell
 
     config = RunConfig.from_dict(json.loads(config_json))
-    run_cell(config, results, device="auto", resume=True, progress=False, log=lambda line: print(line, flush=True))
+    try:
+        run_cell(config, results, device="auto", resume=True, progress=False, log=lambda line: print(line, flush=True))
+    except KeyboardInterrupt:  # the sweep (or a timeout) stopped it: one line in the cell's log, no traceback
+        print(f"{config.run_id} interrupted: the sweep run again resumes it from its last checkpoint (every "
+              f"{config.checkpoint_every} steps)", flush=True)
+        return 130
     return 0
 
 

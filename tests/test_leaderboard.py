@@ -211,3 +211,18 @@ def test_runs_with_mechanism_or_encoding_parameters_are_rows_of_their_own(tmp_pa
     text = to_markdown(board)
     assert "| none | entmax (alpha=4) | **99.0** | **95.0** |" in text
     assert len([p for p in plot_curves(board, tmp_path / "plots") if p.suffix == ".png"]) == 1
+
+
+def test_a_model_other_than_the_presets_is_part_of_the_protocol():
+    """Session 7 trained MQRAR with seed 003's MQMTAR model (4 x d 512): not the same table as the seeds' model."""
+    from lengthbench.config import build_config
+    from lengthbench.leaderboard import protocol_label
+
+    usual = build_config("mqrar", "softmax", "rope", "paper", train_samples=2_000_000)
+    assert protocol_label(usual.to_json()) == "2M samples, batch 128, lr 0.001"
+    bigger = build_config("mqrar", "softmax", "rope", "paper", train_samples=2_000_000, d_model=512, n_layers=4,
+                          ffn=1024)
+    assert protocol_label(bigger.to_json()) == (
+        "2M samples, batch 128, lr 0.001, model 4 x d 512, 16 heads, FFN 1024")
+    # a mechanism this version does not know: the budget alone, no error
+    assert protocol_label(json.dumps({**json.loads(bigger.to_json()), "attn": "plugin-attn"})) == "2M samples, batch 128, lr 0.001"

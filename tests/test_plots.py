@@ -75,3 +75,11 @@ def test_plot_cli_and_its_bad_input(store, tmp_path, monkeypatch, capsys):
     assert "Traceback" not in err and "bad.parquet" in err
     assert hashlib.sha256((store / "runs" / "bad.parquet").read_bytes()).hexdigest() == before
     assert not (tmp_path / "out2").exists()
+
+
+def test_the_same_board_gives_byte_identical_figures(store, tmp_path):
+    """Regenerating the published figures changes no file unless a curve changed (SVG ids were random)."""
+    board = build_leaderboard(load_store(store)[0])
+    first = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in plot_all(board, tmp_path / "a")}
+    second = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in plot_all(board, tmp_path / "b")}
+    assert first == second

@@ -194,3 +194,20 @@ def test_sweep_file_per_gpu_must_be_a_number(tmp_path, monkeypatch, capsys):
     path.write_text('cells = ["copy:softmax:rope"]\nper_gpu = "two"\n')
     assert cli(monkeypatch, "sweep", "--config", path) == 2
     assert "per_gpu must be a whole number" in capsys.readouterr().err
+
+
+def test_an_interrupted_worker_says_so_in_one_line_and_exits_130(monkeypatch, capsys):
+    """A sweep stopped by Ctrl-C or `timeout -s INT` left a KeyboardInterrupt traceback in each cell's log."""
+    from lengthbench import runner, sweep
+    from lengthbench.config import build_config
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_cell", interrupted)
+    config = build_config("2back", "softmax", "nape", "smoke")
+    assert sweep._worker_main(["unused-results", config.to_json()]) == 130
+    out = capsys.readouterr().out
+    assert out.splitlines() == [f"{config.run_id} interrupted: the sweep run again resumes it from its last "
+                                f"checkpoint (every {config.checkpoint_every} steps)"]
+    assert "Traceback" not in out
