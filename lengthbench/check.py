@@ -59,8 +59,7 @@ class Cell:
 
     @property
     def label(self) -> str:
-        c = self.config
-        return f"{c.task} / {c.attn} + {c.pe} / s{c.seed}"
+        return self.config.cell_name()
 
     def to_json(self) -> dict[str, Any]:
         c = self.config

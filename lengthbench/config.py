@@ -92,6 +92,11 @@ class RunConfig:
         digest = hashlib.sha1(json.dumps(self.identity(), sort_keys=True, default=str).encode()).hexdigest()[:10]
         return f"{self.task}-{self.attn}-{self.pe}-{self.preset}-s{self.seed}-{digest}"
 
+    def cell_name(self) -> str:
+        """``"maxretrieval / entmax (alpha=4) + none / s0"``: the cell as the leaderboard names its row."""
+        return (f"{self.task} / {self.attn}{params_suffix(self.attn_params)} + {self.pe}"
+                f"{params_suffix(self.pe_params)} / s{self.seed}")
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
 
@@ -147,3 +152,28 @@ def build_config(task: str, attn: str, pe: str, preset: str = "smoke", **overrid
 
     return RunConfig(task=TASKS.canonical(task), attn=ATTENTION.canonical(attn),
                      pe=POSITIONAL_ENCODINGS.canonical(pe), preset=preset, **values)
+
+
+def parse_params(items: list[str], flag: str = "--param") -> dict[str, Any]:
+    """``key=value`` pairs; values are read as JSON where they parse (numbers, booleans), else strings."""
+    from lengthbench.errors import UsageError
+
+    params = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"{flag} takes key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        try:
+            params[key.strip().replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key.strip().replace("-", "_")] = value
+    return params
+
+
+def params_suffix(params) -> str:
+    """``" (alpha=4, k=2)"`` for a run's given mechanism or encoding parameters; ``""`` for none."""
+    if not isinstance(params, dict) or not params:
+        return ""
+    text = ", ".join(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
+                     for key, value in sorted(params.items()))
+    return f" ({text})"

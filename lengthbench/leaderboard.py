@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from lengthbench.config import params_suffix
 from lengthbench.errors import UsageError
 from lengthbench.store import StoreError, atomic_write_text, load_results, runs_dir
 from lengthbench.tasks import as_multiplier, multiplier_label
@@ -123,15 +124,6 @@ def _config(config_json) -> dict:
     except ValueError:
         return {}
     return config if isinstance(config, dict) else {}
-
-
-def params_suffix(params) -> str:
-    """``" (alpha=4, k=2)"`` for a run's given mechanism or encoding parameters; ``""`` for none."""
-    if not isinstance(params, dict) or not params:
-        return ""
-    text = ", ".join(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
-                     for key, value in sorted(params.items()))
-    return f" ({text})"
 
 
 MODEL_FIELDS = ("n_layers", "d_model", "n_heads", "ffn")

@@ -42,7 +42,8 @@ def split_list(text: str | Iterable | None) -> list[str]:
     """``"a,b, c"`` -> ``["a", "b", "c"]``; a list passes through (as strings)."""
     if text is None:
         return []
-    items = text.split(",") if isinstance(text, str) else [str(x) for x in text]
+    # commas inside brackets belong to a cell's parameters: "mqrar:entmax(alpha=4, k=2):none,copy:softmax:rope"
+    items = re.split(r",(?![^()]*\))", text) if isinstance(text, str) else [str(x) for x in text]
     return [item.strip() for item in items if str(item).strip()]
 
 
@@ -114,6 +115,8 @@ def plan_sweep(tasks: list[str], attns: list[str], pes: list[str], seeds: list[i
                         config = build_config(task, attn, pe, preset,
                                               **{**default_train_length(task, overrides), **overrides, "seed": seed})
                         eval_multipliers(config.max_multiplier)
+                        if config.attn_params or config.pe_params or config.task_params:
+                            _check_parameters(config)
                         configs.append(config)
     except UnknownNameError as error:
         raise UsageError(str(error).strip("'\"")) from error
@@ -123,18 +126,59 @@ def plan_sweep(tasks: list[str], attns: list[str], pes: list[str], seeds: list[i
     return list(unique.values())
 
 
+CELL_PART = re.compile(r"([^()\s]+)\s*(?:\((.*)\))?")
+
+
+def _cell_part(text: str, cell: str) -> tuple[str, dict[str, Any]]:
+    """``"entmax(alpha=4, k=2)"`` -> ``("entmax", {"alpha": 4, "k": 2})``; a bare name has no parameters."""
+    from lengthbench.config import parse_params
+
+    match = CELL_PART.fullmatch(text)
+    if not match:
+        raise UsageError(f"a cell is task:attn:pe, each of attn and pe optionally with parameters, e.g. "
+                         f"maxretrieval:entmax(alpha=4):none; got {cell!r}")
+    items = [item for item in (match[2] or "").split(",") if item.strip()]
+    if match[2] is not None and not items:
+        raise UsageError(f"empty parameter list in cell {cell!r}: give key=value or drop the brackets")
+    return match[1], parse_params(items, f"cell {cell!r}")
+
+
+def _check_parameters(config: RunConfig) -> None:
+    """Build the cell's model on the meta device (no memory, no time): a parameter its mechanism, encoding or
+    task does not take fails here, before any cell runs, not in a worker an hour later."""
+    import torch
+
+    from lengthbench.runner import build_model
+    from lengthbench.tasks import get_task
+
+    try:
+        with torch.device("meta"):
+            build_model(config, get_task(config.task, **config.task_params))
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"{config.task}:{config.attn}:{config.pe}: {str(error).splitlines()[0]}") from error
+
+
 def plan_cells(cells: list[str], seeds: list[int], preset: str = "smoke",
                overrides: dict[str, Any] | None = None) -> list[RunConfig]:
     """The configurations of an explicit cell list (``task:attn:pe`` each, as tables mix mechanisms and
-    encodings), in the order given, each with every seed."""
+    encodings), in the order given, each with every seed. The mechanism and the encoding may carry their own
+    parameters, ``maxretrieval:entmax(alpha=4):none`` or ``passkey:softmax:rope(factor=1)``, over those of the
+    overrides (``attn_params``, ``pe_params``)."""
     if not cells:
         raise UsageError("--cells is empty: give at least one task:attn:pe")
+    overrides = dict(overrides or {})
     configs: dict[str, RunConfig] = {}
     for cell in cells:
         parts = [part.strip() for part in cell.split(":")]
         if len(parts) != 3 or not all(parts):
             raise UsageError(f"a cell is task:attn:pe, e.g. copy:sieve:none; got {cell!r}")
-        for config in plan_sweep([parts[0]], [parts[1]], [parts[2]], seeds, preset, overrides):
+        attn, attn_params = _cell_part(parts[1], cell)
+        pe, pe_params = _cell_part(parts[2], cell)
+        cell_overrides = dict(overrides)
+        for key, params in (("attn_params", attn_params), ("pe_params", pe_params)):
+            if params:
+                cell_overrides[key] = {**(overrides.get(key) or {}), **params}
+        for config in plan_sweep([parts[0]], [attn], [pe], seeds, preset, cell_overrides):
             configs.setdefault(config.run_id, config)
     return list(configs.values())
 

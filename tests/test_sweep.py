@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import textwrap
 
@@ -211,3 +212,37 @@ def test_an_interrupted_worker_says_so_in_one_line_and_exits_130(monkeypatch, ca
     assert out.splitlines() == [f"{config.run_id} interrupted: the sweep run again resumes it from its last "
                                 f"checkpoint (every {config.checkpoint_every} steps)"]
     assert "Traceback" not in out
+
+
+def test_a_cell_may_carry_its_mechanisms_and_encodings_parameters(tmp_path, monkeypatch, capsys):
+    """Seed 003's Max Retrieval table has entmax at six alphas: one sweep file, not one file per alpha."""
+    from lengthbench.sweep import plan_cells
+
+    configs = plan_cells(["maxretrieval:entmax(alpha=4):none", "maxretrieval:entmax:none",
+                          "passkey:tra(kappa=2, power=1.5):rope(factor=1)"], [0], "quick")
+    assert [(c.attn, c.attn_params, c.pe, c.pe_params) for c in configs] == [
+        ("entmax", {"alpha": 4}, "none", {}), ("entmax", {}, "none", {}),
+        ("tra", {"kappa": 2, "power": 1.5}, "rope", {"factor": 1})]
+    assert len({c.run_id for c in configs}) == 3
+    # a cell's own parameters go over those the overrides give every cell
+    merged = plan_cells(["maxretrieval:entmax(alpha=4):none", "maxretrieval:entmax:none"], [0], "quick",
+                        {"attn_params": {"alpha": 2.0}})
+    assert [c.attn_params for c in merged] == [{"alpha": 4}, {"alpha": 2.0}]
+    assert configs[0].cell_name() == "maxretrieval / entmax (alpha=4) + none / s0"
+    # checked before anything runs: a parameter the mechanism does not take, a malformed list
+    for bad, message in (("maxretrieval:softmax(alpha=4):none", "takes no parameter 'alpha'"),
+                         ("maxretrieval:entmax():none", "empty parameter list"),
+                         ("maxretrieval:entmax(alpha):none", "takes key=value"),
+                         ("maxretrieval:entmax(alpha=4:none", "optionally with parameters")):
+        with pytest.raises(UsageError, match=re.escape(message)):
+            plan_cells([bad], [0], "quick")
+    # on the command line, commas inside the brackets stay with their cell
+    assert cli(monkeypatch, "sweep", "--cells", "maxretrieval:entmax(alpha=4, gamma=1):none,copy:softmax:rope",
+               "--dry-run", "--results", tmp_path) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "takes no parameter 'gamma'" in err
+    path = tmp_path / "sweep.toml"
+    path.write_text('cells = ["maxretrieval:entmax(alpha=16):none", "maxretrieval:sparsemax:none"]\n'
+                    'preset = "quick"\n[overrides]\ntrain_length = 16\n')
+    assert cli(monkeypatch, "sweep", "--config", path, "--dry-run", "--results", tmp_path / "store") == 0
+    assert "entmax (alpha=16)" in capsys.readouterr().out.replace("\n", " ")

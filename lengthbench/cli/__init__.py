@@ -67,8 +67,10 @@ def main() -> None:
         code = app(standalone_mode=False)
         if isinstance(code, int) and code:
             raise SystemExit(code)
-    except (UsageError, UnknownNameError) as error:
+    except UnknownNameError as error:  # a LookupError: its str() comes in quotes
         fail(str(error).strip("'\""))
+    except UsageError as error:  # (a message may end in a quoted name: keep it)
+        fail(str(error))
     except ValueError as error:  # impossible arguments found by the configuration or a generator
         fail(str(error))
     except FileNotFoundError as error:

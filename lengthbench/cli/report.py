@@ -20,7 +20,7 @@ DEFAULT_RESULTS = "runs"  # the default of `lengthbench run --results`
 
 
 def _cell_name(config) -> str:
-    return f"{config.task} / {config.attn} + {config.pe} / s{config.seed}"
+    return config.cell_name()
 
 
 def _progress(quiet: bool) -> Progress:

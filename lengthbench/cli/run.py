@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from lengthbench.cli.tasks import parse_params
+from lengthbench.config import parse_params
 from lengthbench.tasks import multiplier_label
 
 out = Console()
@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
             ffn=ffn, init=init,
             selection=selection, compile=compile, compile_mode=compile_mode, diagnostics=diagnostics,
             task_params=task_params,
-            attn_params=parse_params(attn_param), pe_params=parse_params(pe_param),
+            attn_params=parse_params(attn_param, "--attn-param"), pe_params=parse_params(pe_param, "--pe-param"),
         )
         from lengthbench.tasks import eval_multipliers
 

@@ -9,23 +9,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from lengthbench.config import parse_params
 from lengthbench.errors import UsageError
 
 out = Console()
-
-
-def parse_params(items: list[str]) -> dict:
-    """``key=value`` pairs; values are read as JSON where they parse (numbers, booleans), else strings."""
-    params = {}
-    for item in items:
-        if "=" not in item:
-            raise UsageError(f"--param takes key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        try:
-            params[key.strip().replace("-", "_")] = json.loads(value)
-        except json.JSONDecodeError:
-            params[key.strip().replace("-", "_")] = value
-    return params
 
 
 def register(app: typer.Typer) -> None:
