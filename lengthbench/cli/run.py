@@ -102,8 +102,8 @@ def register(app: typer.Typer) -> None:
                   f"{config.n_layers} layers x d {config.d_model}, {config.n_heads} heads; results -> {results}")
         frame = run_cell(config, results, device=device, resume=resume, restart=restart, progress=not quiet,
                          log=(lambda line: print(line, flush=True)) if quiet else None)
-        out.print(curve_table(frame, f"{config.task} / {config.attn} + {config.pe} (seed {config.seed}, "
-                                     f"{config.preset}; metric: {frame['metric'].iloc[0]})"))
+        cell = config.cell_name().rsplit(" / s", 1)[0]  # "task / attn (params) + pe"
+        out.print(curve_table(frame, f"{cell} (seed {config.seed}, {config.preset}; metric: {frame['metric'].iloc[0]})"))
         best = json.loads(frame["config_json"].iloc[0])
         out.print(f"trained {frame['train_steps'].iloc[0]:,} steps in {frame['train_seconds'].iloc[0]:.1f}s "
                   f"on {frame['device'].iloc[0]}; selection: {best['selection']}")
