@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lengthbench.config import params_suffix
+from lengthbench.config import build_config, params_suffix
 from lengthbench.errors import UsageError
 from lengthbench.store import StoreError, atomic_write_text, load_results, runs_dir
 from lengthbench.tasks import as_multiplier, multiplier_label
@@ -103,11 +103,12 @@ def with_score(frame: pd.DataFrame) -> pd.DataFrame:
         if column not in frame.columns:
             frame[column] = default
     configs = frame["config_json"] if "config_json" in frame.columns else pd.Series("", index=frame.index)
-    labels = {text: protocol_label(text) for text in configs.unique()}
-    frame["protocol"] = configs.map(labels)
+    configs = configs.fillna("")  # (rows written without one)
+    parsed = {text: _config(text) for text in configs.unique()}  # (one parse per run, not per row)
+    frame["protocol"] = configs.map({text: protocol_label(text) for text in parsed})
     # Runs of one mechanism (or encoding) with other parameters are other rows: "entmax (alpha=4)".
     for column, key in (("attn", "attn_params"), ("pe", "pe_params")):
-        suffixes = configs.map(lambda text, key=key: params_suffix(_config(text).get(key)))
+        suffixes = configs.map({text: params_suffix(config.get(key)) for text, config in parsed.items()})
         names = frame[column].astype(str)
         frame[column] = [name if name.endswith(suffix) else name + suffix  # (once: this runs on loaded frames too)
                          for name, suffix in zip(names, suffixes, strict=True)]
@@ -132,8 +133,6 @@ MODEL_FIELDS = ("n_layers", "d_model", "n_heads", "ffn")
 def _model_label(config: dict) -> str:
     """``", model 4 x d 512, 16 heads, FFN 1024"`` where a run's model is not its preset's for the task (an
     override); ``""`` where it is, or where that cannot be told (an unknown task, mechanism or preset)."""
-    from lengthbench.config import build_config
-
     if not all(key in config for key in ("task", "attn", "pe", "preset", *MODEL_FIELDS)):
         return ""
     try:
