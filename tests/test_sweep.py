@@ -13,7 +13,7 @@ from cli_helpers import cli
 
 from lengthbench.errors import UsageError
 from lengthbench.store import CONTRACT_COLUMNS, run_finished, write_run
-from lengthbench.sweep import parse_seeds, plan_sweep, run_sweep, split_list
+from lengthbench.sweep import parse_seeds, plan_cells, plan_sweep, run_sweep, split_list
 
 TINY = {"train_samples": 64, "batch_size": 32, "eval_samples": 8, "val_samples": 8, "max_multiplier": 1,
         "d_model": 16, "n_heads": 2, "ffn": 32, "n_layers": 1, "diagnostics": False}
@@ -165,16 +165,20 @@ def test_cells_sharing_a_gpu_see_that_gpu_and_split_the_cores(tmp_path, monkeypa
 def test_a_real_tiny_sweep_then_leaderboard(tmp_path, monkeypatch, capsys):
     path = tmp_path / "sweep.json"
     store = tmp_path / "store"
-    path.write_text(json.dumps({"tasks": ["2back"], "attns": ["softmax"], "pes": ["nape"], "seeds": [0],
+    path.write_text(json.dumps({"cells": ["2back:softmax:rope(factor=1)"], "seeds": [0],
                                 "results": str(store), "device": "cpu", "overrides": TINY}))
     assert cli(monkeypatch, "sweep", "--config", path, "--quiet") == 0
-    assert "1 ran, 0 already in the store" in capsys.readouterr().out
-    config = plan_sweep(["2back"], ["softmax"], ["nape"], [0], overrides=TINY)[0]
+    out = capsys.readouterr().out
+    assert "1 ran, 0 already in the store" in out
+    # the summary names the cell with its parameters, each row whole on one line (a log is no terminal)
+    row = next(line for line in out.splitlines() if "2back" in line)
+    assert "rope (factor=1)" in row and row.rstrip().endswith("│") and row.count("│") == 9
+    config = plan_cells(["2back:softmax:rope(factor=1)"], [0], "smoke", TINY)[0]
     assert run_finished(store, config.run_id)
     assert cli(monkeypatch, "sweep", "--config", path, "--quiet") == 0
     assert "0 ran, 1 already in the store" in capsys.readouterr().out
     assert cli(monkeypatch, "leaderboard", "--results", store) == 0
-    assert "| nape | softmax |" in capsys.readouterr().out
+    assert "| rope (factor=1) | softmax |" in capsys.readouterr().out
 
 
 def test_explicit_cells_keep_their_order_and_check_names(monkeypatch, capsys):

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from lengthbench.config import params_suffix
 from lengthbench.errors import UsageError
 
 out = Console()
@@ -158,10 +159,12 @@ def register(app: typer.Typer) -> None:
             c = outcome.config
             reach_text, auc_text = _summary_numbers(outcome.curve)
             status = "ran" if outcome.status == "done" else ("in store" if outcome.status == "skipped" else "failed")
-            table.add_row(c.task, c.attn, c.pe, str(c.seed), f"[{colours[outcome.status]}]{status}[/]",
+            table.add_row(c.task, c.attn + params_suffix(c.attn_params), c.pe + params_suffix(c.pe_params), str(c.seed),
+                          f"[{colours[outcome.status]}]{status}[/]",
                           f"{outcome.seconds:.1f}" if outcome.status != "skipped" else "", reach_text, auc_text,
                           *([outcome.error] if show_note else []))
-        out.print(table)
+        # a log file (no terminal) gets the whole row rather than rich's 80 columns, which cut the last ones
+        out.print(table, width=None if out.is_terminal else max(out.width, 160))
         counts = {k: sum(o.status == k for o in outcomes) for k in ("done", "skipped", "failed")}
         out.print(f"{len(outcomes)} cells: {counts['done']} ran, {counts['skipped']} already in the store, "
                   f"{counts['failed']} failed. Next: lengthbench leaderboard --results {results}", highlight=False)
