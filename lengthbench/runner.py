@@ -314,11 +314,12 @@ class Trainer:
         def step(input_ids, labels, features):
             loss, correct, scored = forward_loss(input_ids, labels, features)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.grad_clip, foreach=device.type == "cuda")
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.grad_clip,
+                                                  foreach=device.type == "cuda")
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             # clone: CUDA-graph outputs are overwritten by the next replay
-            return loss.detach().clone(), correct.clone(), scored.clone()
+            return loss.detach().clone(), correct.clone(), scored.clone(), norm.detach()
 
         return step
 
@@ -365,6 +366,9 @@ class Trainer:
         correct_sum = torch.zeros((), device=self.device, dtype=torch.long)
         scored_sum = torch.zeros((), device=self.device, dtype=torch.long)
         report_every = 25
+        # the first step whose loss / gradient norm was not finite (-1: none yet), kept on the device so that
+        # the check costs no synchronisation per step; read where the loss is reported and before checkpoints
+        guard = _FiniteGuard(self.state.step, self.device)
         with _progress(self.progress) as progress:
             task_id = progress.add_task(f"train {config.run_id}", total=total, completed=self.state.step,
                                         info="")
@@ -374,10 +378,11 @@ class Trainer:
                     lr = learning_rate(config, self.state.step)
                     for group in self.optimizer.param_groups:
                         group["lr"] = lr
-                    loss, correct, scored = self.step_fn(
+                    loss, correct, scored, grad_norm = self.step_fn(
                         _to_device(input_ids, self.device), _to_device(labels, self.device),
                         _to_device(features, self.device, torch.float32),
                     )
+                    guard.update(loss, grad_norm)
                     loss_sum += loss
                     correct_sum += correct
                     scored_sum += scored
@@ -394,6 +399,7 @@ class Trainer:
                         elapsed = time.perf_counter() - window_start
                         steps_in_window = (step - 1) % report_every + 1
                         mean_loss = loss_sum.item() / steps_in_window
+                        guard.check(config.run_id, lr)
                         _check_finite(mean_loss, f"the mean loss of steps {step - steps_in_window + 1}-{step}",
                                       config.run_id, lr)
                         accuracy = correct_sum.item() / max(1, scored_sum.item())
@@ -406,7 +412,9 @@ class Trainer:
                         scored_sum.zero_()
                         window_start, window_samples = time.perf_counter(), 0
                     if step % config.checkpoint_every == 0 and step < total:
-                        _check_finite(loss.item(), f"the loss of step {step}", config.run_id, lr)  # never save NaN
+                        bad_loss = guard.check(config.run_id, lr)  # never save broken weights
+                        if bad_loss >= 0:
+                            _check_finite(float("nan"), f"the loss of step {bad_loss}", config.run_id, lr)
                         self.state.train_seconds = time.perf_counter() - started
                         self.save()
             finally:
@@ -424,6 +432,34 @@ def _check_finite(loss: float, what: str, run_id: str, lr: float) -> None:
     if not math.isfinite(loss):
         raise TrainingDiverged(f"{run_id}: training diverged: {what} is {loss} (learning rate {lr:g}); no results "
                                "written, the last checkpoint is from before it. Rerun with a lower --lr")
+
+
+class _FiniteGuard:
+    """The first training step whose loss, and the first whose gradient norm, was not finite, tracked on the
+    device. A gradient norm that overflows while the loss is still finite breaks the weights (the clipped
+    update is NaN) one step before the loss shows it; the two cases call for different cures, so the error
+    says which came first."""
+
+    def __init__(self, step: int, device: torch.device):
+        self.step = torch.full((), step, dtype=torch.long, device=device)
+        self.bad_loss = torch.full((), -1, dtype=torch.long, device=device)
+        self.bad_grad = torch.full((), -1, dtype=torch.long, device=device)
+
+    def update(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        self.step += 1
+        for first, value in ((self.bad_loss, loss), (self.bad_grad, grad_norm)):
+            first.copy_(torch.where((first < 0) & ~torch.isfinite(value), self.step, first))
+
+    def check(self, run_id: str, lr: float) -> int:
+        """Raise if a gradient norm went non-finite before any loss did; else the first step with a
+        non-finite loss (-1: none), for the caller's message."""
+        bad_loss, bad_grad = int(self.bad_loss), int(self.bad_grad)
+        if bad_grad < 0 or (0 <= bad_loss <= bad_grad):
+            return bad_loss
+        raise TrainingDiverged(
+            f"{run_id}: training diverged: the gradient norm of step {bad_grad} is not finite while its loss "
+            f"was (learning rate {lr:g}): the backward overflowed, which a lower --lr may not cure; no results "
+            "written, the last checkpoint is from before it")
 
 
 @contextlib.contextmanager

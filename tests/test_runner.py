@@ -270,6 +270,47 @@ def test_a_diverged_run_stops_with_its_last_good_checkpoint_and_writes_no_rows(t
     assert "training diverged: the mean loss of steps 26-50 is nan" in " ".join((printed.out + printed.err).split())
 
 
+def test_a_gradient_that_overflows_before_the_loss_is_named_as_such(tmp_path, monkeypatch):
+    """Entmax at alpha 64 overflowed its backward at step 1 with a finite loss (session 8): the NaN loss came a
+    step later and the error advised a lower learning rate. The error now says the gradient came first."""
+    from lengthbench import runner
+    from lengthbench.errors import TrainingDiverged
+
+    original = runner.Trainer._make_step_fn
+
+    def overflowing_step_fn(trainer):
+        step = original(trainer)
+
+        def overflow_at_31(*batch):
+            hook = None
+            if trainer.state.step == 30:  # the 31st step: its loss is finite, its backward overflows
+                hook = next(trainer.model.parameters()).register_hook(lambda g: torch.full_like(g, float("inf")))
+            try:
+                return step(*batch)
+            finally:
+                if hook is not None:
+                    hook.remove()
+
+        return overflow_at_31
+
+    monkeypatch.setattr(runner.Trainer, "_make_step_fn", overflowing_step_fn)
+    tiny = dict(TINY, eval_every=25, checkpoint_every=25)
+    config = build_config("2back", "softmax", "nape", "smoke", train_samples=32 * 100, **tiny)
+    with pytest.raises(TrainingDiverged, match="the gradient norm of step 31 is not finite while its loss was"):
+        run_cell(config, tmp_path, device="cpu", progress=False)
+    assert load_results(tmp_path).empty
+    saved = torch.load(tmp_path / "checkpoints" / config.run_id / "train.pt", weights_only=False)
+    assert saved["state"]["step"] == 25
+    assert all(torch.isfinite(value).all() for value in saved["model"].values())
+    # a checkpoint between reports is guarded too: the weights broken at step 31 are not saved at step 40
+    config = build_config("2back", "softmax", "nape", "smoke", train_samples=32 * 100,
+                          **dict(TINY, eval_every=100, checkpoint_every=20))
+    with pytest.raises(TrainingDiverged, match="step 31"):
+        run_cell(config, tmp_path / "b", device="cpu", progress=False)
+    saved = torch.load(tmp_path / "b" / "checkpoints" / config.run_id / "train.pt", weights_only=False)
+    assert saved["state"]["step"] == 20
+
+
 def test_reverse_is_scored_at_its_extra_point_and_the_tables_show_it(tmp_path):
     """Seed 003 reports Reverse at 1.5x: the run scores n = 96, the store keeps multiplier 1.5, and the
     leaderboard, the check's curve and the run's table label it "1.5x", between 1x and 2x."""
