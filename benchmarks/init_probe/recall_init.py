@@ -9,6 +9,10 @@ initialisations (REPRODUCTION.md, session 5):
 
     python benchmarks/init_probe/recall_init.py rope-torch --steps 4000
     python benchmarks/init_probe/recall_init.py rope --steps 12000 --length 64 --layout separate --num-keys 16
+    python benchmarks/init_probe/recall_init.py rope-torch --task mqmtar --length 64   # seed 003's recall task
+
+``--task mqmtar`` takes the same model through seed 003's MQMTAR (two-token keys and values, ``<kv>`` and
+filler, queries then answers; ``--layout``, ``--num-keys`` and ``--queries`` do not apply).
 
 Defaults: the plain recall probe (n = 16: 8 assignments of mostly distinct keys, ``layout=inline``, 128 keys),
 d 128, 4 heads, FFN 256, AdamW lr 1e-3 after 300 warm-up steps, batch 32, one CPU thread. Prints validation
@@ -82,6 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variant", choices=VARIANTS)
     parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--task", default="mqrar", choices=("mqrar", "mqmtar"))
     parser.add_argument("--length", type=int, default=16)
     parser.add_argument("--layout", default="inline")
     parser.add_argument("--num-keys", type=int, default=128)
@@ -95,7 +100,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
-    task = get_task("mqrar", layout=args.layout, num_keys=args.num_keys, queries=args.queries)
+    if args.task == "mqrar":
+        task = get_task("mqrar", layout=args.layout, num_keys=args.num_keys, queries=args.queries)
+    else:
+        task = get_task(args.task)
     tokens = task.batch(range(2), args.length).input_ids.shape[1]
     model = build(args.variant, task.vocab_size, 4 * tokens, args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
