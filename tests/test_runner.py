@@ -1,5 +1,6 @@
 """The spine end to end on CPU: training, selection, evaluation, the store, resume."""
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -229,35 +230,55 @@ def test_only_models_without_fused_ops_are_compiled(monkeypatch, attn, pe, kerne
         build_config("copy", attn, "none", "paper", compile_mode="fast")
 
 
-def test_a_diverged_run_stops_with_its_last_good_checkpoint_and_writes_no_rows(tmp_path, monkeypatch, capsys):
-    """A loss that turns NaN stops training at the next report: one-line error, exit code 1, nothing in the
-    store, and the checkpoint on disk holds the finite weights of before (never the broken ones)."""
+def _break_step_31(monkeypatch, breaking):
+    """Wrap the training step so that ``breaking(trainer)`` runs before the 31st step and the context manager
+    it returns (if any) is left after it."""
     from lengthbench import runner
-    from lengthbench.cli import main
-    from lengthbench.errors import TrainingDiverged
 
     original = runner.Trainer._make_step_fn
 
-    def breaking_step_fn(trainer):
+    def step_fn(trainer):
         step = original(trainer)
 
-        def broken_after_30(*batch):
-            if trainer.state.step == 30:  # the 31st step: poison the weights, as a blown-up update would
-                with torch.no_grad():
-                    next(trainer.model.parameters()).fill_(float("nan"))
-            return step(*batch)
+        def wrapped(*batch):
+            if trainer.state.step != 30:
+                return step(*batch)
+            with breaking(trainer):
+                return step(*batch)
 
-        return broken_after_30
+        return wrapped
 
-    monkeypatch.setattr(runner.Trainer, "_make_step_fn", breaking_step_fn)
-    tiny = dict(TINY, eval_every=25, checkpoint_every=25)
-    config = build_config("2back", "softmax", "nape", "smoke", train_samples=32 * 100, **tiny)
-    with pytest.raises(TrainingDiverged, match="steps 26-50 is nan"):
+    monkeypatch.setattr(runner.Trainer, "_make_step_fn", step_fn)
+
+
+def _diverging_run(tmp_path, message: str, checkpoint_every: int = 25, eval_every: int = 25) -> int:
+    """Run a tiny cell that must stop with ``message``, write no rows and leave finite weights; the step of
+    the checkpoint it left."""
+    from lengthbench.errors import TrainingDiverged
+
+    config = build_config("2back", "softmax", "nape", "smoke", train_samples=32 * 100,
+                          **dict(TINY, eval_every=eval_every, checkpoint_every=checkpoint_every))
+    with pytest.raises(TrainingDiverged, match=message):
         run_cell(config, tmp_path, device="cpu", progress=False)
     assert load_results(tmp_path).empty
     saved = torch.load(tmp_path / "checkpoints" / config.run_id / "train.pt", weights_only=False)
-    assert saved["state"]["step"] == 25
     assert all(torch.isfinite(value).all() for value in saved["model"].values())
+    return saved["state"]["step"]
+
+
+def test_a_diverged_run_stops_with_its_last_good_checkpoint_and_writes_no_rows(tmp_path, monkeypatch, capsys):
+    """A loss that turns NaN stops training at the next report: one-line error, exit code 1, nothing in the
+    store, and the checkpoint on disk holds the finite weights of before (never the broken ones)."""
+    from lengthbench.cli import main
+
+    @contextlib.contextmanager
+    def poison(trainer):  # the 31st step: poison the weights, as a blown-up update would
+        with torch.no_grad():
+            next(trainer.model.parameters()).fill_(float("nan"))
+        yield
+
+    _break_step_31(monkeypatch, poison)
+    assert _diverging_run(tmp_path, "steps 26-50 is nan") == 25
 
     monkeypatch.setattr(sys, "argv", ["lengthbench", "run", "--task", "2back", "--attn", "softmax", "--pe", "nape",
                                       "--train-samples", "3200", "--d-model", "32", "--heads", "4", "--ffn", "64",
@@ -273,42 +294,19 @@ def test_a_diverged_run_stops_with_its_last_good_checkpoint_and_writes_no_rows(t
 def test_a_gradient_that_overflows_before_the_loss_is_named_as_such(tmp_path, monkeypatch):
     """Entmax at alpha 64 overflowed its backward at step 1 with a finite loss (session 8): the NaN loss came a
     step later and the error advised a lower learning rate. The error now says the gradient came first."""
-    from lengthbench import runner
-    from lengthbench.errors import TrainingDiverged
 
-    original = runner.Trainer._make_step_fn
+    @contextlib.contextmanager
+    def overflow(trainer):  # the 31st step: its loss is finite, its backward overflows
+        hook = next(trainer.model.parameters()).register_hook(lambda g: torch.full_like(g, float("inf")))
+        try:
+            yield
+        finally:
+            hook.remove()
 
-    def overflowing_step_fn(trainer):
-        step = original(trainer)
-
-        def overflow_at_31(*batch):
-            hook = None
-            if trainer.state.step == 30:  # the 31st step: its loss is finite, its backward overflows
-                hook = next(trainer.model.parameters()).register_hook(lambda g: torch.full_like(g, float("inf")))
-            try:
-                return step(*batch)
-            finally:
-                if hook is not None:
-                    hook.remove()
-
-        return overflow_at_31
-
-    monkeypatch.setattr(runner.Trainer, "_make_step_fn", overflowing_step_fn)
-    tiny = dict(TINY, eval_every=25, checkpoint_every=25)
-    config = build_config("2back", "softmax", "nape", "smoke", train_samples=32 * 100, **tiny)
-    with pytest.raises(TrainingDiverged, match="the gradient norm of step 31 is not finite while its loss was"):
-        run_cell(config, tmp_path, device="cpu", progress=False)
-    assert load_results(tmp_path).empty
-    saved = torch.load(tmp_path / "checkpoints" / config.run_id / "train.pt", weights_only=False)
-    assert saved["state"]["step"] == 25
-    assert all(torch.isfinite(value).all() for value in saved["model"].values())
+    _break_step_31(monkeypatch, overflow)
+    assert _diverging_run(tmp_path, "the gradient norm of step 31 is not finite while its loss was") == 25
     # a checkpoint between reports is guarded too: the weights broken at step 31 are not saved at step 40
-    config = build_config("2back", "softmax", "nape", "smoke", train_samples=32 * 100,
-                          **dict(TINY, eval_every=100, checkpoint_every=20))
-    with pytest.raises(TrainingDiverged, match="step 31"):
-        run_cell(config, tmp_path / "b", device="cpu", progress=False)
-    saved = torch.load(tmp_path / "b" / "checkpoints" / config.run_id / "train.pt", weights_only=False)
-    assert saved["state"]["step"] == 20
+    assert _diverging_run(tmp_path / "b", "step 31", checkpoint_every=20, eval_every=100) == 20
 
 
 def test_reverse_is_scored_at_its_extra_point_and_the_tables_show_it(tmp_path):
