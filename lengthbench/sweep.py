@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from lengthbench.config import RunConfig, build_config
-from lengthbench.errors import UsageError
+from lengthbench.errors import UsageError, interrupted
 
 SWEEP_KEYS = ("tasks", "attns", "pes", "cells", "seeds", "preset", "results", "device", "per_gpu", "overrides")
 
@@ -281,6 +281,8 @@ def _run_sequential(pending, results: Path, device: str, outcomes, emit) -> None
         except (KeyboardInterrupt, UsageError):
             raise
         except Exception as error:  # one broken cell must not stop the others
+            if interrupted(error):  # an interrupt inside a compiled step surfaces as another error
+                raise KeyboardInterrupt from error
             message = str(error).strip().splitlines()[0] if str(error).strip() else ""
             outcome = CellOutcome(config, "failed", time.perf_counter() - started,
                                   error=f"{type(error).__name__}: {message}")
@@ -376,7 +378,9 @@ def _worker_main(argv: list[str]) -> int:
     config = RunConfig.from_dict(json.loads(config_json))
     try:
         run_cell(config, results, device="auto", resume=True, progress=False, log=lambda line: print(line, flush=True))
-    except KeyboardInterrupt:  # the sweep (or a timeout) stopped it: one line in the cell's log, no traceback
+    except BaseException as error:  # the sweep (or a timeout) stopped it: one line in the cell's log, no traceback
+        if not interrupted(error):  # (inside a compiled step the interrupt can surface as another error)
+            raise
         print(f"{config.run_id} interrupted: the sweep run again resumes it from its last checkpoint (every "
               f"{config.checkpoint_every} steps)", flush=True)
         return 130

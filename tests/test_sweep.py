@@ -201,12 +201,25 @@ def test_sweep_file_per_gpu_must_be_a_number(tmp_path, monkeypatch, capsys):
     assert "per_gpu must be a whole number" in capsys.readouterr().err
 
 
-def test_an_interrupted_worker_says_so_in_one_line_and_exits_130(monkeypatch, capsys):
-    """A sweep stopped by Ctrl-C or `timeout -s INT` left a KeyboardInterrupt traceback in each cell's log."""
+def _interrupt_inside_a_compiled_step():
+    """What `timeout -s INT` raised through a torch.compile'd step on the H100 (session 9): a SystemError whose
+    context is the KeyboardInterrupt."""
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        raise SystemError("<class 'contextlib.nullcontext'> returned a result with an exception set") from None
+
+
+@pytest.mark.parametrize("how", ["plain", "compiled"])
+def test_an_interrupted_worker_says_so_in_one_line_and_exits_130(how, monkeypatch, capsys):
+    """A sweep stopped by Ctrl-C or `timeout -s INT` left a KeyboardInterrupt traceback in each cell's log; inside
+    a compiled step the interrupt surfaced as a SystemError and left its traceback."""
     from lengthbench import runner, sweep
     from lengthbench.config import build_config
 
     def interrupted(*args, **kwargs):
+        if how == "compiled":
+            _interrupt_inside_a_compiled_step()
         raise KeyboardInterrupt
 
     monkeypatch.setattr(runner, "run_cell", interrupted)
@@ -216,6 +229,34 @@ def test_an_interrupted_worker_says_so_in_one_line_and_exits_130(monkeypatch, ca
     assert out.splitlines() == [f"{config.run_id} interrupted: the sweep run again resumes it from its last "
                                 f"checkpoint (every {config.checkpoint_every} steps)"]
     assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("how", ["plain", "compiled"])
+def test_an_interrupted_run_says_how_to_resume_and_exits_130(how, tmp_path, monkeypatch, capsys):
+    from lengthbench import runner
+
+    def interrupted(*args, **kwargs):
+        if how == "compiled":
+            _interrupt_inside_a_compiled_step()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_cell", interrupted)
+    code = cli(monkeypatch, "run", "--task", "2back", "--attn", "softmax", "--pe", "nape", "--results", tmp_path)
+    captured = capsys.readouterr()
+    assert code == 130
+    assert "interrupted: rerun the same command to continue (`lengthbench run` needs --resume)" in captured.err
+    assert "Traceback" not in captured.out + captured.err
+
+
+def test_an_error_that_is_not_an_interrupt_keeps_its_traceback(tmp_path, monkeypatch):
+    from lengthbench import runner
+
+    def broken(*args, **kwargs):
+        raise SystemError("a bug")
+
+    monkeypatch.setattr(runner, "run_cell", broken)
+    with pytest.raises(SystemError, match="a bug"):
+        cli(monkeypatch, "run", "--task", "2back", "--attn", "softmax", "--pe", "nape", "--results", tmp_path)
 
 
 def test_a_cell_may_carry_its_mechanisms_and_encodings_parameters(tmp_path, monkeypatch, capsys):

@@ -14,7 +14,7 @@ import sys
 import typer
 from rich.console import Console
 
-from lengthbench.errors import TrainingDiverged, UsageError
+from lengthbench.errors import TrainingDiverged, UsageError, interrupted
 from lengthbench.models.registry import UnknownNameError
 
 console = Console(stderr=True)
@@ -61,10 +61,18 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def _interrupted() -> None:
+    console.print("interrupted: rerun the same command to continue (`lengthbench run` needs --resume)",
+                  highlight=False, soft_wrap=True)
+    raise SystemExit(130) from None
+
+
 def main() -> None:
     try:
         # Without standalone mode, click returns (not raises) the code of a typer.Exit.
         code = app(standalone_mode=False)
+        if code == 130:  # typer turns a KeyboardInterrupt into this code, silently
+            _interrupted()
         if isinstance(code, int) and code:
             raise SystemExit(code)
     except UnknownNameError as error:  # a LookupError: its str() comes in quotes
@@ -83,10 +91,9 @@ def main() -> None:
     except typer.Abort:
         console.print("aborted")
         raise SystemExit(130) from None
-    except KeyboardInterrupt:
-        console.print("interrupted: rerun the same command with --resume to continue")
-        raise SystemExit(130) from None
-    except Exception as error:
+    except (KeyboardInterrupt, Exception) as error:
+        if interrupted(error):  # (inside a compiled step the interrupt can surface as another error)
+            _interrupted()
         # Usage errors of the command-line parser (click's, or the copy bundled with newer typer)
         # carry an exit code and a message; anything else is a bug and keeps its traceback.
         if hasattr(error, "format_message") and hasattr(error, "exit_code"):
