@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Session 9, nvidia-h100-x1, carry [".whl"]: training for issue 8, calls back to back on one warm machine, each
+# resuming from the checkpoints the previous call left in /tmp/gres:
+#   bash gpu_s9t.sh call1 560 ; bash gpu_s9t.sh call2 560 ; bash gpu_s9t.sh call3 560
+# MQRAR controls (paper preset, lr 3e-4, 5M samples, as r6) and third seeds (quick protocol) of Priority 3 cells.
+set -u
+call=$1; limit=$2
+deadline=$(( $(date +%s) + limit ))
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
+python3 -m pip install -q --no-deps --no-build-isolation --no-index . >/tmp/pipinst.txt 2>&1 || { cat /tmp/pipinst.txt; exit 1; }
+R=/tmp/gres; mkdir -p $R/runs $OUT/$call
+cp -n results/gpu/runs/*.parquet $R/runs/ 2>/dev/null  # cells already measured count as done
+header() {
+  echo "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) x$(nvidia-smi -L | wc -l)"
+  echo "date: $(date -u +%FT%TZ)"; echo "commit: $(git rev-parse --short HEAD 2>/dev/null) (+ working tree)"
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+  echo "command: $*"
+}
+left() { echo $(( deadline - $(date +%s) )); }
+run() {  # run NAME args...: one cell in the background, resumed from its checkpoint, stopped at the deadline
+  local name=$1; shift
+  ( header "lengthbench run $* --results $R --quiet --resume"
+    timeout -s INT $(left) lengthbench run "$@" --results $R --quiet --resume; echo "exit: $?" ) >> $OUT/$call/$name.txt 2>&1 &
+}
+sweep() {
+  local name=$1; shift
+  ( header "lengthbench sweep $* --results $R --quiet"
+    timeout -s INT $(left) lengthbench sweep "$@" --results $R --quiet; echo "exit: $?" ) >> $OUT/$call/$name.txt 2>&1 &
+}
+P="--preset paper --lr 3e-4 --train-samples 5000000 --eval-samples 200 --max-multiplier 1024"
+# control A: the seeds' MQRAR model (2 layers, d 256, 16 heads, FFN 1024) on MQMTAR, which seed 003's model learns
+run ctlA --task mqmtar --attn softmax --pe rope $P --d-model 256 --layers 2 --heads 16 --ffn 1024
+# control B: MQRAR with distinct keys (num_keys 128 of 128) on seed 003's MQMTAR model
+run ctlB --task mqrar --attn softmax --pe rope $P --d-model 512 --layers 4 --heads 16 --ffn 1024 --param num_keys=128
+# control C: MQRAR with distinct keys on the seeds' MQRAR model
+run ctlC --task mqrar --attn softmax --pe rope $P --param num_keys=128
+# third seeds (seed 2) of Priority 3 cells whose two seeds disagree or fall below the seed
+sweep s2back --config sweeps/p3_2back.toml --cells 2back:ssmax:rope,2back:entmax:rope --seeds 2 --per-gpu 2
+sweep s2ff --config sweeps/p3_flipflop_sparse.toml --cells flipflop-sparse:asentmax:nape,flipflop-sparse:entmax:alibi --seeds 2 --per-gpu 2
+sweep s2lc --config sweeps/p3_localcount.toml --cells localcount:ssmax:nape --seeds 2 --per-gpu 1
+sleep 30; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv > $OUT/$call/nvidia-smi.txt
+wait
+mkdir -p $OUT/$call/runs $OUT/$call/logs
+cp $R/runs/*.parquet $OUT/$call/runs/ 2>/dev/null; cp $R/logs/*.log $OUT/$call/logs/ 2>/dev/null
+for f in $OUT/$call/*.txt; do echo "== $f"; tail -25 $f; done > $OUT/summary-$call.txt 2>&1
+tar czf $OUT/$call.tar.gz -C $OUT $call && rm -rf $OUT/$call
+ls -la $OUT
