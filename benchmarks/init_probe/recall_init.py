@@ -10,9 +10,11 @@ initialisations (REPRODUCTION.md, session 5):
     python benchmarks/init_probe/recall_init.py rope-torch --steps 4000
     python benchmarks/init_probe/recall_init.py rope --steps 12000 --length 64 --layout separate --num-keys 16
     python benchmarks/init_probe/recall_init.py rope-torch --task mqmtar --length 64   # seed 003's recall task
+    python benchmarks/init_probe/recall_init.py rope --task mqmtar --length 16 --key-tokens 1 --value-tokens 1
 
 ``--task mqmtar`` takes the same model through seed 003's MQMTAR (two-token keys and values, ``<kv>`` and
-filler, queries then answers; ``--layout``, ``--num-keys`` and ``--queries`` do not apply).
+filler, queries then answers; ``--layout``, ``--num-keys`` and ``--queries`` do not apply; ``--key-tokens`` and
+``--value-tokens`` set its key and value widths, 2 by default).
 
 Defaults: the plain recall probe (n = 16: 8 assignments of mostly distinct keys, ``layout=inline``, 128 keys),
 d 128, 4 heads, FFN 256, AdamW lr 1e-3 after 300 warm-up steps, batch 32, one CPU thread. Prints validation
@@ -91,6 +93,8 @@ def main() -> None:
     parser.add_argument("--layout", default="inline")
     parser.add_argument("--num-keys", type=int, default=128)
     parser.add_argument("--queries", type=int, default=4)
+    parser.add_argument("--key-tokens", type=int, default=2, help="mqmtar only")
+    parser.add_argument("--value-tokens", type=int, default=2, help="mqmtar only")
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--ffn", type=int, default=256)
@@ -103,7 +107,7 @@ def main() -> None:
     if args.task == "mqrar":
         task = get_task("mqrar", layout=args.layout, num_keys=args.num_keys, queries=args.queries)
     else:
-        task = get_task(args.task)
+        task = get_task(args.task, key_tokens=args.key_tokens, value_tokens=args.value_tokens)
     tokens = task.batch(range(2), args.length).input_ids.shape[1]
     model = build(args.variant, task.vocab_size, 4 * tokens, args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
