@@ -6,10 +6,15 @@ axis labelled by multiplier and token count, a line per attention x encoding: th
 several seeds. Colour encodes the mechanism and marker + line style the encoding, so a line can be
 read without the legend's colours alone. ``plot_reach`` draws reach (the largest multiplier scoring at
 least 90%) over tasks x (attention, encoding). Both write PNG and SVG; matplotlib runs headless (Agg).
+
+``prune_stale`` keeps the folder in step with the board: it removes the figures an earlier ``plot_all`` wrote
+there (listed in ``MANIFEST``) that this one did not, e.g. ``curves_<task>.*`` once the task has several tables
+and its figures are named per table. Files it did not write are never touched.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -26,6 +31,7 @@ from lengthbench.leaderboard import METRIC_NAMES, REACH_THRESHOLD, ROW_KEYS, TAB
 from lengthbench.tasks import multiplier_label  # noqa: E402
 
 FORMATS = ("png", "svg")
+MANIFEST = ".lengthbench-plots.json"  # the figures the last plot_all wrote in a folder
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">"]
 LINESTYLES = ["-", "--", ":", "-."]
 
@@ -176,3 +182,31 @@ def _safe(stem: str) -> str:
 
 def plot_all(board: pd.DataFrame, out: str | Path) -> list[Path]:
     return plot_curves(board, out) + plot_reach(board, out)
+
+
+def prune_stale(out: str | Path, written: list[Path], *, remove: bool = True) -> list[Path]:
+    """Record ``written`` in ``out``'s manifest; with ``remove``, first delete the figures the manifest listed
+    that are not in ``written`` (the figures of tables the board no longer has). Returns the deleted paths.
+    Without ``remove`` (a plot of some tasks only) the manifest keeps the earlier entries too."""
+    out = Path(out)
+    manifest = out / MANIFEST
+    earlier: list[str] = []
+    if manifest.exists():
+        try:
+            earlier = [str(name) for name in json.loads(manifest.read_text()).get("figures", [])]
+        except (ValueError, AttributeError):
+            earlier = []  # an unreadable manifest forgets, it never deletes
+    now = {path.name for path in written}
+    removed = []
+    if remove:
+        for name in sorted(set(earlier) - now):
+            path = out / name
+            if Path(name).name == name and path.suffix.lstrip(".") in FORMATS and path.is_file():
+                path.unlink()
+                removed.append(path)
+    names = sorted(now if remove else now | set(earlier))
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = manifest.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"figures": names}, indent=1) + "\n")
+    tmp.replace(manifest)
+    return removed

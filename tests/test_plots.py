@@ -83,3 +83,34 @@ def test_the_same_board_gives_byte_identical_figures(store, tmp_path):
     first = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in plot_all(board, tmp_path / "a")}
     second = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in plot_all(board, tmp_path / "b")}
     assert first == second
+
+
+def test_plot_removes_the_figures_of_tables_the_board_no_longer_has(store, tmp_path, monkeypatch, capsys):
+    """Session 9: once MQMTAR had a second protocol its figures were named per table, and the old
+    `curves_mqmtar.*` stayed behind in results/plots, looking current."""
+    from cli_helpers import cli
+
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "notes.png").write_bytes(b"the user's own file")
+    assert cli(monkeypatch, "plot", "--results", store, "--out", figures) == 0
+    assert (figures / "curves_copy.png").exists()
+    # a second copy table (another preset) renames copy's figures per table
+    synthetic_run(store, "copy", "softmax", "rope", 0, {1: 1.0, 2: 0.5})
+    run_id = "copy-softmax-rope-smoke-s0-synthetic"
+    path = next((store / "runs").glob(f"{run_id}*.parquet"))
+    import pandas as pd
+
+    frame = pd.read_parquet(path).assign(preset="quick", run_id="copy-softmax-rope-quick-s0-synthetic")
+    write_run(store, "copy-softmax-rope-quick-s0-synthetic", frame.to_dict("records"))
+    capsys.readouterr()
+    # a plot of some tasks only removes nothing
+    assert cli(monkeypatch, "plot", "--results", store, "--out", figures, "--task", "2back") == 0
+    assert (figures / "curves_copy.png").exists()
+    assert cli(monkeypatch, "plot", "--results", store, "--out", figures) == 0
+    names = {p.name for p in figures.iterdir()}
+    assert "curves_copy.png" not in names and "curves_copy.svg" not in names
+    assert any(name.startswith("curves_copy_quick") for name in names)
+    assert "curves_2back.png" in names and "reach_heatmap.svg" in names
+    assert (figures / "notes.png").read_bytes() == b"the user's own file"
+    assert "removed" in capsys.readouterr().err

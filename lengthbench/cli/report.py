@@ -219,7 +219,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Accuracy against length per task (log2 axis) and a heat map of reach, as PNG and SVG."""
         from lengthbench.leaderboard import build_leaderboard, load_store
-        from lengthbench.plots import plot_all
+        from lengthbench.plots import plot_all, prune_stale
         from lengthbench.sweep import split_list
 
         frame, notes = load_store(results, tasks=split_list(task), skip_unreadable=skip_unreadable)
@@ -227,6 +227,9 @@ def register(app: typer.Typer) -> None:
         paths = plot_all(build_leaderboard(frame), out_dir)
         for path in paths:
             out.print(str(path), highlight=False)
+        # figures this command wrote earlier for tables the board no longer has (not with --task: a partial plot)
+        for path in prune_stale(out_dir, paths, remove=task is None):
+            err.print(f"removed {path} (its table is no longer on the board)", highlight=False)
 
     @app.command("check")
     def check(
