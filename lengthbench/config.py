@@ -42,6 +42,9 @@ class RunConfig:
     n_heads: int = 8
     ffn: int = 512
     init: str = DEFAULT_INIT  # weight initialisation, one of INITS
+    # a finished run of the same store (its run id) whose selected weights start this one: a curriculum, e.g.
+    # two-token MQMTAR before single-token; its model must have this one's shapes. "" starts from ``init``.
+    init_from: str = ""
     # training
     train_samples: int = 10_000_000
     batch_size: int = 128
@@ -85,6 +88,8 @@ class RunConfig:
         identity = dataclasses.asdict(self)
         if identity["init"] == DEFAULT_INIT:  # so run ids from before the field existed stay the same
             del identity["init"]
+        if not identity["init_from"]:
+            del identity["init_from"]
         return identity
 
     @property

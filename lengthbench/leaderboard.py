@@ -159,7 +159,8 @@ def protocol_label(config_json) -> str:
     label += _model_label(config)
     # the default init (also that of rows stored before the field existed) goes unnamed
     init = config.get("init", "normal-0.02")
-    return label if init == "normal-0.02" else f"{label}, init {init}"
+    label = label if init == "normal-0.02" else f"{label}, init {init}"
+    return f"{label}, from {config['init_from']}" if config.get("init_from") else label
 
 
 def _canonical_task(task: str) -> str:

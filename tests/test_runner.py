@@ -325,3 +325,32 @@ def test_reverse_is_scored_at_its_extra_point_and_the_tables_show_it(tmp_path):
     assert "| 1× | 1.5× | 2× |" in to_markdown(board)
     labels = [cell.plain if hasattr(cell, "plain") else str(cell) for cell in curve_table(frame, "t").columns[0]._cells]
     assert labels == ["1x", "1.5x", "2x"]
+
+
+def test_a_run_can_start_from_another_runs_trained_weights(tmp_path):
+    """``init_from`` (``--init-from``): a curriculum, e.g. two-token MQMTAR before single-token (REPRODUCTION.md)."""
+    from lengthbench.errors import UsageError
+    from lengthbench.leaderboard import protocol_label
+    from lengthbench.runner import Trainer, checkpoint_dir
+    from lengthbench.tasks import get_task
+
+    first = build_config("2back", "softmax", "nape", "smoke", train_samples=640, **TINY)
+    run_cell(first, tmp_path, device="cpu", progress=False)
+    trained = torch.load(checkpoint_dir(tmp_path, first.run_id) / "model.pt", weights_only=False)["model"]
+
+    second = build_config("2back", "softmax", "nape", "smoke", train_samples=640, init_from=first.run_id, **TINY)
+    assert second.run_id != build_config("2back", "softmax", "nape", "smoke", train_samples=640, **TINY).run_id
+    assert "init_from" not in first.identity()  # run ids from before the field are unchanged
+    trainer = Trainer(second, get_task("2back"), torch.device("cpu"), tmp_path, progress=False)
+    for key, tensor in trainer.model.state_dict().items():
+        assert torch.equal(tensor, trained[key]), key
+    frame = run_cell(second, tmp_path, device="cpu", progress=False)
+    assert protocol_label(frame["config_json"].iloc[0]).endswith(f", from {first.run_id}")
+
+    missing = build_config("2back", "softmax", "nape", "smoke", init_from="no-such-run", **TINY)
+    with pytest.raises(UsageError, match="no trained model of that run"):
+        run_cell(missing, tmp_path, device="cpu", progress=False)
+    wider = build_config("2back", "softmax", "nape", "smoke", init_from=first.run_id,
+                         **{**TINY, "d_model": 2 * TINY.get("d_model", 64)})
+    with pytest.raises(UsageError, match="does not fit this one"):
+        run_cell(wider, tmp_path, device="cpu", progress=False)

@@ -58,6 +58,9 @@ def register(app: typer.Typer) -> None:
         ffn: int = typer.Option(None, "--ffn"),
         init: str = typer.Option(None, "--init", help="Weight initialisation: normal-0.02 (N(0, 0.02^2), the "
                                  "default) or torch (PyTorch's defaults; faster recall, worse Copy extrapolation)."),
+        init_from: str = typer.Option(None, "--init-from",
+                                      help="Start from the trained weights of this run id (same --results; its "
+                                      "model must have this one's shapes): a curriculum."),
         selection: str = typer.Option(None, "--selection",
                                       help="Checkpoint selection: id (in-distribution validation, default) or 8x (the seeds' protocol)."),
         compile: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile on CUDA."),
@@ -87,7 +90,7 @@ def register(app: typer.Typer) -> None:
             task, attn, pe, preset, train_length=train_length, max_multiplier=max_multiplier,
             eval_samples=eval_samples, seed=seed, train_samples=train_samples, batch_size=batch_size, lr=lr,
             warmup_steps=warmup_steps, eval_every=eval_every, d_model=d_model, n_layers=layers, n_heads=heads,
-            ffn=ffn, init=init,
+            ffn=ffn, init=init, init_from=init_from,
             selection=selection, compile=compile, compile_mode=compile_mode, diagnostics=diagnostics,
             task_params=task_params,
             attn_params=parse_params(attn_param, "--attn-param"), pe_params=parse_params(pe_param, "--pe-param"),
