@@ -20,6 +20,12 @@ key) and ``<eos>``; ``n + 3 * queries + 3`` tokens. An answer then needs one hop
 position); seed 004's text ("a series of queries ... output the most recent value assigned to each queried
 key") fits both.
 
+``value_tokens = 2`` (default 1) makes each value two symbols: assignments ``k v v'`` (``n // 3`` of them, the
+remainder of ``n`` as leading ``<space>``) and answers ``<q> a a'``, each symbol scored. Not the seeds' task:
+it is the first stage of a curriculum (the second answer symbol is a plain induction step, copying what
+followed the first), whose trained weights then start the seeds' MQRAR (``lengthbench run --init-from``);
+the vocabulary is the same.
+
 Choices the seeds leave open (ours): for odd ``n`` the prefix starts with one ``<space>`` so that it
 is ``n`` tokens; "keys present" is uniform over distinct present keys (not weighted by how often a
 key is assigned); the feed-forward width of the model (1024) is not given by seed 004.
@@ -54,6 +60,7 @@ class MQRAR(Task):
 
     model_defaults = ModelDefaults(layers=2, d_model=256, heads=16, ffn=1024, train_samples=20_000_000)
     presentation_params = ("layout",)
+    later_params = ("value_tokens",)
 
     @dataclass(frozen=True)
     class Params:
@@ -62,11 +69,12 @@ class MQRAR(Task):
         num_keys: int = 16  # distinct active keys per sample
         queries: int = 4
         layout: str = "separate"  # "separate": queries, <sep>, then the answers; "inline": <q> k a per query
+        value_tokens: int = 1  # symbols per value (a curriculum's first stage uses 2; the seeds' task has 1)
 
     def build_vocab(self) -> list[str]:
         p = self.params
-        if min(p.keys, p.values, p.num_keys, p.queries) < 1:
-            raise ValueError("keys, values, num_keys and queries must be at least 1")
+        if min(p.keys, p.values, p.num_keys, p.queries, p.value_tokens) < 1:
+            raise ValueError("keys, values, num_keys, queries and value_tokens must be at least 1")
         if p.num_keys > p.keys:
             raise ValueError(f"num_keys ({p.num_keys}) cannot exceed keys ({p.keys})")
         if p.layout not in LAYOUTS:
@@ -76,23 +84,27 @@ class MQRAR(Task):
     tail_window = 64  # assignments per active key searched before the whole prefix (speed only)
 
     def min_length(self) -> int:
-        return 2
+        return 1 + self.params.value_tokens
 
     def max_tokens(self, n: int) -> int:
-        if self.params.layout == "inline":
-            return 1 + n + 1 + 3 * self.params.queries + 1
-        return 1 + n + 2 * self.params.queries + 1 + 2 * self.params.queries + 1
+        p = self.params
+        answered = p.queries * (1 + p.value_tokens)
+        if p.layout == "inline":
+            return 1 + n + 1 + p.queries + answered + 1
+        return 1 + n + 2 * p.queries + 1 + answered + 1
 
     def generate(self, rng: SampleRandom, n: int) -> Batch:
         p = self.params
         bos, sep, eos, space, q = self.ids("<bos>", "<sep>", "<eos>", "<space>", "<q>")
         first_key, first_value = len(SPECIALS), len(SPECIALS) + p.keys
         batch_size, rows = rng.batch_size, np.arange(rng.batch_size)[:, None]
-        assignments = n // 2
+        width = 1 + p.value_tokens  # tokens per assignment
+        assignments, filler = divmod(n, width)
 
         active = distinct_integers(rng, 0, p.num_keys, p.keys)  # [B, num_keys] key numbers
         slot = uniform_integers(rng, 1, assignments, 0, p.num_keys)  # which active key each assignment sets
-        values = uniform_integers(rng, 2, assignments, 0, p.values)
+        values = uniform_integers(rng, 2, assignments * p.value_tokens, 0, p.values)
+        values = values.reshape(batch_size, assignments, p.value_tokens)
 
         # Queries: uniform over the active keys that occur in the prefix.
         present = np.bincount((slot + rows * p.num_keys).ravel(), minlength=batch_size * p.num_keys)
@@ -101,7 +113,7 @@ class MQRAR(Task):
         asked = np.where(present[:, None, :], scores, -1.0).argmax(axis=2)  # [B, queries] slots
         # Most recent assignment of each asked key: search a tail window first (an active key is
         # almost always set again near the end), then the whole prefix for the rows it missed.
-        answers = np.empty((batch_size, p.queries), dtype=np.int64)
+        answers = np.empty((batch_size, p.queries, p.value_tokens), dtype=np.int64)
         window = max(1, min(assignments, self.tail_window * p.num_keys))
         for j in range(p.queries):
             hit = slot[:, -window:] == asked[:, j : j + 1]
@@ -112,23 +124,27 @@ class MQRAR(Task):
                 last[missed] = assignments - 1 - hit[:, ::-1].argmax(axis=1)
             answers[:, j] = values[np.arange(batch_size), last]
 
-        prefix = np.empty((batch_size, 2 * assignments), dtype=np.int64)
-        prefix[:, 0::2] = active[rows, slot] + first_key
-        prefix[:, 1::2] = values + first_value
-        marks = np.full((batch_size, p.queries), q)
-        keys_asked = active[rows, asked] + first_key
-        parts = [column(batch_size, bos)] + ([column(batch_size, space)] if n % 2 else [])
+        prefix = np.empty((batch_size, assignments, width), dtype=np.int64)
+        prefix[:, :, 0] = active[rows, slot] + first_key
+        prefix[:, :, 1:] = values + first_value
+        prefix = prefix.reshape(batch_size, -1)
+        marks = np.full((batch_size, p.queries, 1), q)
+        keys_asked = (active[rows, asked] + first_key)[:, :, None]
+        parts = [column(batch_size, bos)] + [column(batch_size, space)] * filler
+        # Offsets of the answer symbols within one answered query (after its <q>, or <q> k when inline).
+        within = np.arange(p.value_tokens)
         if p.layout == "inline":
-            asked_and_answered = np.stack([marks, keys_asked, answers + first_value], axis=2)
+            asked_and_answered = np.concatenate([marks, keys_asked, answers + first_value], axis=2)
             parts += [prefix, column(batch_size, sep), asked_and_answered.reshape(batch_size, -1),
                       column(batch_size, eos)]
-            answer_at = 1 + n + 1 + 2 + 3 * np.arange(p.queries)
+            starts = 1 + n + 1 + 2 + (2 + p.value_tokens) * np.arange(p.queries)
         else:
-            queried = np.stack([marks, keys_asked], axis=2)
-            answered = np.stack([marks, answers + first_value], axis=2)
+            queried = np.concatenate([marks, keys_asked], axis=2)
+            answered = np.concatenate([marks, answers + first_value], axis=2)
             parts += [prefix, queried.reshape(batch_size, -1), column(batch_size, sep),
                       answered.reshape(batch_size, -1), column(batch_size, eos)]
-            answer_at = 1 + n + 2 * p.queries + 2 + 2 * np.arange(p.queries)  # positions of a1 .. a4
+            starts = 1 + n + 2 * p.queries + 2 + width * np.arange(p.queries)  # positions of a1 .. a4
+        answer_at = (starts[:, None] + within[None, :]).ravel()
         input_ids = np.concatenate(parts, axis=1)
 
         labels = np.full_like(input_ids, IGNORE_INDEX)

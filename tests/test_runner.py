@@ -354,3 +354,24 @@ def test_a_run_can_start_from_another_runs_trained_weights(tmp_path):
                          **{**TINY, "d_model": 2 * TINY.get("d_model", 64)})
     with pytest.raises(UsageError, match="does not fit this one"):
         run_cell(wider, tmp_path, device="cpu", progress=False)
+
+
+def test_dry_run_prints_the_run_id_and_state_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """``--dry-run``: the run id a script can pass to ``--init-from``, whether the store has the run; no training."""
+    from cli_helpers import cli
+
+    args = ["run", "--task", "2back", "--attn", "softmax", "--pe", "nape", "--results", tmp_path,
+            "--train-samples", "320", "--batch-size", "16", "--d-model", "16", "--heads", "2", "--ffn", "32",
+            "--layers", "1", "--max-multiplier", "2", "--eval-samples", "4", "--no-diagnostics", "--quiet"]
+    config = build_config("2back", "softmax", "nape", "smoke", train_samples=320, batch_size=16, d_model=16,
+                          n_heads=2, ffn=32, n_layers=1, max_multiplier=2, eval_samples=4, diagnostics=False)
+    assert cli(monkeypatch, *args, "--dry-run") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[0] == config.run_id
+    assert lines[-1] == "dry run: not started"
+    assert not any(tmp_path.iterdir())  # nothing written
+    assert cli(monkeypatch, *args) == 0
+    capsys.readouterr()
+    assert cli(monkeypatch, *args, "--dry-run") == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "dry run: finished: in the store"
+    assert cli(monkeypatch, *args, "--dry-run", "--param", "nope=1") == 2  # still checks the arguments

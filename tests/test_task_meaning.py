@@ -84,34 +84,36 @@ def check_mqmtar(task, batch, b, n):
 
 def check_mqrar(task, batch, b, n):
     p = task.params
+    v, width = p.value_tokens, 1 + p.value_tokens  # symbols per value, per assignment
     sym, ids, labels = unpack(task, batch, b)
     assert sym[0] == "<bos>"
     prefix = sym[1 : n + 1]
-    if n % 2:
-        assert prefix[0] == "<space>"
-        prefix = prefix[1:]
+    filler = n % width
+    assert prefix[:filler] == ["<space>"] * filler
+    prefix = prefix[filler:]
     latest = {}
-    for key, value in zip(prefix[0::2], prefix[1::2], strict=True):
-        assert key.startswith("k") and value.startswith("v")
+    for start in range(0, len(prefix), width):
+        key, value = prefix[start], prefix[start + 1 : start + width]
+        assert key.startswith("k") and all(s.startswith("v") for s in value)
         latest[key] = value  # later assignments overwrite earlier ones
     assert len(latest) <= p.num_keys
     rest = sym[n + 1 :]
-    if p.layout == "inline":  # <sep> (<q> k a) per query <eos>; scored: each answer at its key, and <eos>
-        assert rest[0] == "<sep>" and rest[-1] == "<eos>" and len(rest) == 3 * p.queries + 2
-        triples = rest[1:-1]
-        assert triples[0::3] == ["<q>"] * p.queries
-        assert triples[2::3] == [latest[k] for k in triples[1::3]]
-        scored = [t for t in range(len(sym)) if labels[t] != IGNORE_INDEX]
-        assert scored == [n + 3 + 3 * j for j in range(p.queries)] + [len(sym) - 2]
+    scored = [t for t in range(len(sym)) if labels[t] != IGNORE_INDEX]
+    if p.layout == "inline":  # <sep> (<q> k a) per query <eos>; scored: each answer symbol, and <eos>
+        each = 2 + v
+        assert rest[0] == "<sep>" and rest[-1] == "<eos>" and len(rest) == each * p.queries + 2
+        asked = [rest[1 + each * j : 1 + each * (j + 1)] for j in range(p.queries)]
+        for group in asked:
+            assert group[0] == "<q>" and group[2:] == latest[group[1]]
+        assert scored == [n + 2 + each * j + 1 + i for j in range(p.queries) for i in range(v)] + [len(sym) - 2]
         assert all(labels[t] == ids[t + 1] for t in scored)
         return
     queries, answer = rest[: 2 * p.queries], rest[2 * p.queries + 1 : -1]
     assert rest[2 * p.queries] == "<sep>" and rest[-1] == "<eos>"
-    assert queries[0::2] == ["<q>"] * p.queries and answer[0::2] == ["<q>"] * p.queries
-    assert answer[1::2] == [latest[k] for k in queries[1::2]]
-    scored = [t for t in range(len(sym)) if labels[t] != IGNORE_INDEX]
+    assert queries[0::2] == ["<q>"] * p.queries and answer[0::width] == ["<q>"] * p.queries
+    assert [answer[width * j + 1 : width * (j + 1)] for j in range(p.queries)] == [latest[k] for k in queries[1::2]]
     sep_at = n + 1 + 2 * p.queries
-    assert scored == [sep_at + 1 + 2 * j for j in range(p.queries)] + [len(sym) - 2]
+    assert scored == [sep_at + 1 + width * j + i for j in range(p.queries) for i in range(v)] + [len(sym) - 2]
     assert all(labels[t] == ids[t + 1] for t in scored)
 
 
@@ -349,6 +351,17 @@ def test_mqrar_properties(num_keys, values, queries, n, index):
     check(get_task("mqrar", keys=20, num_keys=num_keys, values=values, queries=queries), n, [index, index + 7])
     check(get_task("mqrar", keys=20, num_keys=num_keys, values=values, queries=queries, layout="inline"), n,
           [index, index + 7])
+
+
+@pytest.mark.parametrize("layout", ["separate", "inline"])
+@pytest.mark.parametrize("n", [3, 64, 65, 1000])
+def test_mqrar_two_token_values(layout, n):
+    task = get_task("mqrar", value_tokens=2, layout=layout)
+    check(task, n, range(6))
+    assert task.batch(range(2), n).input_ids.shape[1] == task.max_tokens(n)
+    assert task.vocab == get_task("mqrar").vocab  # a curriculum stage: the same vocabulary as the seeds' task
+    with pytest.raises(ValueError, match="value_tokens"):
+        get_task("mqrar", value_tokens=0).vocab
 
 
 def test_mqrar_layouts_ask_the_same_questions():

@@ -71,6 +71,8 @@ def register(app: typer.Typer) -> None:
         param: list[str] = typer.Option([], "--param", help="Task parameter key=value (repeatable)."),
         attn_param: list[str] = typer.Option([], "--attn-param", help="Mechanism parameter key=value."),
         pe_param: list[str] = typer.Option([], "--pe-param", help="Encoding parameter key=value."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Check the arguments, print the run id and plan "
+                                     "and whether the store has the run, then stop (nothing trained or written)."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bars: a plain line at each validation and "
                                    "evaluation length instead (for logs)."),
         plugin: list[str] = typer.Option([], "--plugin", help="Module registering your own task/attn/pe."),
@@ -103,6 +105,14 @@ def register(app: typer.Typer) -> None:
         _check_model(config)
         out.print(f"[bold]{config.run_id}[/]  {config.train_steps:,} steps x batch {config.batch_size}, "
                   f"{config.n_layers} layers x d {config.d_model}, {config.n_heads} heads; results -> {results}")
+        if dry_run:
+            from lengthbench.runner import checkpoint_dir, run_finished
+
+            state = ("finished: in the store" if run_finished(results, config.run_id) else
+                     "interrupted: a checkpoint to --resume" if checkpoint_dir(results, config.run_id).exists()
+                     else "not started")
+            out.print(f"dry run: {state}")
+            return
         frame = run_cell(config, results, device=device, resume=resume, restart=restart, progress=not quiet,
                          log=(lambda line: print(line, flush=True)) if quiet else None)
         cell = config.cell_name().rsplit(" / s", 1)[0]  # "task / attn (params) + pe"
