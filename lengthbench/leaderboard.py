@@ -157,10 +157,26 @@ def protocol_label(config_json) -> str:
     params = config.get("task_params") or {}
     label += "".join(f", {key}={value}" for key, value in sorted(params.items()))
     label += _model_label(config)
+    label += _warmup_label(config)
     # the default init (also that of rows stored before the field existed) goes unnamed
     init = config.get("init", "normal-0.02")
     label = label if init == "normal-0.02" else f"{label}, init {init}"
     return f"{label}, from {config['init_from']}" if config.get("init_from") else label
+
+
+def _warmup_label(config: dict) -> str:
+    """", warm-up N steps" where a run's warm-up is not its preset's (10K steps for ``paper``, a fraction of
+    the steps for ``quick`` and ``smoke``); "" otherwise, and for rows without the fields."""
+    from lengthbench.config import PRESETS
+
+    preset, steps = PRESETS.get(config.get("preset")), config.get("warmup_steps")
+    if preset is None or steps is None:
+        return ""
+    if "warmup_fraction" in preset:
+        default = max(1, int(preset["warmup_fraction"] * -(-config["train_samples"] // config["batch_size"])))
+    else:
+        default = preset.get("warmup_steps", steps)
+    return "" if steps == default else f", warm-up {steps:,} steps"
 
 
 def _canonical_task(task: str) -> str:

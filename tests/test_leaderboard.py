@@ -226,3 +226,18 @@ def test_a_model_other_than_the_presets_is_part_of_the_protocol():
         "2M samples, batch 128, lr 0.001, model 4 x d 512, 16 heads, FFN 1024")
     # a mechanism this version does not know: the budget alone, no error
     assert protocol_label(json.dumps({**json.loads(bigger.to_json()), "attn": "plugin-attn"})) == "2M samples, batch 128, lr 0.001"
+
+
+def test_a_warmup_other_than_the_presets_is_part_of_the_protocol():
+    """Session 10's curriculum stages took 1,000 warm-up steps on the `paper` preset (10,000): another table."""
+    from lengthbench.config import build_config
+    from lengthbench.leaderboard import protocol_label
+
+    usual = build_config("mqmtar", "softmax", "rope", "paper", train_samples=1_280_000)
+    assert protocol_label(usual.to_json()) == "1.28M samples, batch 128, lr 0.001"
+    short = build_config("mqmtar", "softmax", "rope", "paper", train_samples=1_280_000, warmup_steps=1000)
+    assert protocol_label(short.to_json()) == "1.28M samples, batch 128, lr 0.001, warm-up 1,000 steps"
+    quick = build_config("copy", "softmax", "nape", "quick", train_samples=4_000_000, batch_size=512)
+    assert protocol_label(quick.to_json()) == "4M samples, batch 512, lr 0.001"  # its 5% of the steps
+    assert protocol_label(build_config("copy", "softmax", "nape", "quick", warmup_steps=7).to_json()).endswith(
+        ", warm-up 7 steps")
