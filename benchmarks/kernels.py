@@ -80,7 +80,7 @@ def kernel_fn(name):
 
 
 def tda_two_passes(q, k, v):
-    """What the tda module runs while the one-pass op is unverified: two tra passes (same views as ``tda``)."""
+    """TDA as two tra passes (same views as ``tda``): what the TDA module ran before session 10."""
     op = get_kernel("tra")
     return op(q, k, v, sm_scale=1.0) - 0.5 * op(k, q, v, sm_scale=1.0)
 
@@ -163,8 +163,9 @@ def report(frame: pd.DataFrame) -> str:
               "maxima (the exact threshold of that subset is a lower bound to start from), then a few Newton/exact "
               "passes of score products; sieve then runs the filtered stick-breaking pass without early exit. "
               "The number of passes depends on the scores (`--scale`).",
-              "- tda is the one-pass op (both views per key tile) on unit inputs like tra; tda-2pass is what the "
-              "TDA module runs, two tra passes, faster than the one-pass op on the H100.",
+              "- tda is the one-pass op (both views per key tile; the module runs it) on unit inputs like tra: its "
+              "forward is timed without gradients (no activity map), its backward visits only the tiles the map "
+              "lists; tda-2pass is two tra passes, what the module ran before session 10.",
               "- rela has no speed target in issue 5."]
     return "\n".join(lines) + "\n"
 

@@ -8,19 +8,24 @@ The RMSNorm on the output is the module's (``models/attention/threshold.py``).
 Three kernels, each visiting a (query tile, key tile) pair once for both views:
 
 - forward, one program per query tile (its height a multiple of the key tile's): both score tiles, the
-  combined weight tile, one product with ``v``; a tile where neither view has an entry above the threshold
-  skips the value load and product;
+  combined weight tile, one product with ``v``. When a backward may follow it also writes the activity
+  map: one int8 per tile of 128 query rows x 64 keys, 1 where either view has an entry above the threshold;
 - dq, one program per query tile: ``dq1`` and ``dq2`` together, with the per-row gradients of ``tau``
   (``-sum_j dL/dz1 + dL/dz2``), ``lam`` (``-sum_j a2_rj do_r.v_j``), ``row_scale`` and ``slopes``;
 - dk/dv, one program per key tile: ``dk1``, ``dk2`` and ``dv`` together.
 
+Both backward kernels visit only the tiles the map lists (``_tile_lists``): an inactive tile has zero
+weights and zero gradients in both views, so skipping it is exact, and TRA's thresholds leave most tiles
+inactive at long lengths (random unit inputs at 65,536 tokens: almost all but the diagonal's). Without a map
+(head dims above 64) they test every tile by a branch.
+
 The pointwise maps (weights, their derivative, the activity test) are ``_rowwise.py``'s for code ``TRA``.
 ``beta`` (through ``tau``) and ``lam`` (float, 0-d or ``[H]`` tensor) get their gradients through autograd.
 
-Status: matches the dense reference on the H100 (fp32/bf16, lengths 1 to 4,096, head dims 16 to 128, ALiBi,
-row scale, per-head lam/beta, power 1.5, rows with nothing active; ``results/kernels/test_log_tda.txt``).
-It is slower than two ``tra`` passes (L 65,536, D 32: 33 / 258 ms fwd / fwd+bwd against 24 / 124 ms), so the
-TDA module runs those; this op is ``get_kernel("tda")`` for direct use and the benchmark.
+Tests against the dense reference (``tests/test_kernels.py``, GPU): fp32/bf16, lengths 1 to 4,096, head dims
+16 to 128, ALiBi, row scale, per-head lam/beta, power 1.5, rows with nothing active, every launch variant
+and the map itself. The TDA module runs this op (before session 10 it ran two ``tra`` passes, faster than
+this op's first, branch-skipping form: ``results/kernels/benchmark_tda_log.txt``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ from lengthbench.kernels._rowwise import TRA, _any_active, _score_grad, _sum_to,
 from lengthbench.kernels.tra import tra_threshold
 
 _TRA = tl.constexpr(TRA)
+# The activity map's tile: MAP_M query rows x MAP_N keys (the forward's query tile when it writes the map).
+MAP_M = tl.constexpr(128)
+MAP_N = tl.constexpr(64)
 
 
 @triton.jit
@@ -58,8 +66,11 @@ def _either_active(z1, z2, valid, tau):
 @triton.jit
 def _fwd_tile(acc, q1, q2, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, tau, lam,
               MASKED: tl.constexpr, POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
-              DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """One key tile of the forward; ``MASKED`` only for the tiles that cross the diagonal."""
+              SKIP: tl.constexpr, ACTIVITY: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr):
+    """One key tile of the forward; ``MASKED`` only for the tiles that cross the diagonal. ``SKIP``: a tile
+    where neither view is active skips the value load and product (a branch in the loop); ``ACTIVITY``: also
+    return whether the tile is active (for the activity map), else 0."""
     offs_n = start_n + tl.arange(0, BN)
     kv_mask = (offs_n < T)[:, None] & dmask[None, :]
     kv_off = base + offs_n[:, None] * D + offs_d[None, :]
@@ -71,17 +82,30 @@ def _fwd_tile(acc, q1, q2, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T, s
         valid = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T)
     else:
         valid = tl.full([BM, BN], 1, tl.int1)
-    if _either_active(z1, z2, valid, tau) > 0:
+    act = tl.zeros([], dtype=tl.int32)
+    if SKIP or ACTIVITY:
+        act = _either_active(z1, z2, valid, tau)
+    if SKIP:
+        if act > 0:
+            v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+            w = _view_weights(z1, valid, tau, POWER) - lam * _view_weights(z2, valid, tau, POWER)
+            acc += tl.dot(w.to(v.dtype), v, input_precision=DOT_PREC)
+    else:
         v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
         w = _view_weights(z1, valid, tau, POWER) - lam * _view_weights(z2, valid, tau, POWER)
         acc += tl.dot(w.to(v.dtype), v, input_precision=DOT_PREC)
-    return acc
+    return acc, act
 
 
 @triton.jit
-def _fwd_kernel(Q1, K1, Q2, K2, V, Out, SL, RS, TAU, LAM, sm_scale, T, H,
-                POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr,
+def _fwd_kernel(Q1, K1, Q2, K2, V, Out, SL, RS, TAU, LAM, MAP, sm_scale, T, H, NQ, NK,
+                POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SKIP: tl.constexpr,
+                MAP_MODE: tl.constexpr, NKT: tl.constexpr, DOT_PREC: tl.constexpr,
                 D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """``MAP_MODE`` 1 or 2: write the activity map, one int8 per (``MAP_M`` query rows, ``MAP_N`` keys) tile
+    (``BM == MAP_M``), 1 where either view has an entry above the threshold; 1 keeps it in registers (a
+    ``[NKT]`` vector, ``NKT >= NK``) and stores it once, 2 stores each tile's flag in the loop (``BN ==
+    MAP_N``)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
@@ -96,21 +120,74 @@ def _fwd_kernel(Q1, K1, Q2, K2, V, Out, SL, RS, TAU, LAM, sm_scale, T, H,
     acc = tl.zeros([BM, BD], dtype=tl.float32)
     hi = tl.minimum((pid_m + 1) * BM, T)
     diag = pid_m * BM
+    map_row = MAP + (bh.to(tl.int64) * NQ + pid_m) * NK
+    kidx = tl.arange(0, NKT)
+    flags = tl.zeros([NKT], dtype=tl.int32)
     # Keys before the tile's first row (``diag``) are visible to all its rows: no mask there.
     for start_n in range(0, diag, BN):
-        acc = _fwd_tile(acc, q1, q2, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs,
-                        tau, lam, False, POWER, HAS_SLOPES, HAS_RS, DOT_PREC, D, BM, BN)
+        acc, act = _fwd_tile(acc, q1, q2, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope,
+                             rs, tau, lam, False, POWER, HAS_SLOPES, HAS_RS, SKIP, MAP_MODE > 0, DOT_PREC, D, BM, BN)
+        if MAP_MODE == 1:
+            flags = tl.where(kidx == start_n // MAP_N, tl.maximum(flags, act), flags)
+        if MAP_MODE == 2:
+            tl.store(map_row + start_n // MAP_N, act.to(tl.int8))
     for start_n in range(diag, hi, BN):
-        acc = _fwd_tile(acc, q1, q2, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs,
-                        tau, lam, True, POWER, HAS_SLOPES, HAS_RS, DOT_PREC, D, BM, BN)
+        acc, act = _fwd_tile(acc, q1, q2, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope,
+                             rs, tau, lam, True, POWER, HAS_SLOPES, HAS_RS, SKIP, MAP_MODE > 0, DOT_PREC, D, BM, BN)
+        if MAP_MODE == 1:
+            flags = tl.where(kidx == start_n // MAP_N, tl.maximum(flags, act), flags)
+        if MAP_MODE == 2:
+            tl.store(map_row + start_n // MAP_N, act.to(tl.int8))
+    if MAP_MODE == 1:
+        tl.store(map_row + kidx, flags.to(tl.int8), mask=kidx < NK)
     tl.store(Out + q_off, acc.to(Out.dtype.element_ty), mask=rmask)
 
 
 @triton.jit
-def _bwd_dq_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, SL, RS, TAU, LAM, DRS, DSL, DTAU, DLAM, sm_scale, T, H,
+def _dq_tile(dq1, dq2, d_rs, d_sl, d_tau, d_lam, q1, q2, do, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T,
+             sm_scale, slope, rs, tau, lam, POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+             GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, GRAD_TAU: tl.constexpr, GRAD_LAM: tl.constexpr,
+             SKIP: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """One key tile of dq1/dq2 and the per-row gradients. ``SKIP``: test the tile's activity first (a
+    branch); without it the caller knows the tile is active (the activity map)."""
+    offs_n = start_n + tl.arange(0, BN)
+    kv_mask = (offs_n < T)[:, None] & dmask[None, :]
+    kv_off = base + offs_n[:, None] * D + offs_d[None, :]
+    k1 = tl.load(K1 + kv_off, mask=kv_mask, other=0.0)
+    k2 = tl.load(K2 + kv_off, mask=kv_mask, other=0.0)
+    z1, zb1 = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+    z2, zb2 = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+    valid = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T)
+    go = 1
+    if SKIP:
+        go = _either_active(z1, z2, valid, tau)
+    if go > 0:
+        v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+        g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+        dz1 = _view_dz(z1, valid, g, tau, POWER)
+        dz2 = -lam * _view_dz(z2, valid, g, tau, POWER)
+        if GRAD_RS:
+            d_rs += tl.sum(dz1 * zb1 + dz2 * zb2, 1)
+        if GRAD_SL:
+            d_sl += tl.sum((dz1 + dz2) * (offs_m[:, None] - offs_n[None, :]).to(tl.float32), 1)
+        if GRAD_TAU:
+            d_tau -= tl.sum(dz1 + dz2, 1)
+        if GRAD_LAM:
+            d_lam -= tl.sum(_view_weights(z2, valid, tau, POWER) * g, 1)
+        dq1 += tl.dot((dz1 * rs[:, None]).to(k1.dtype), k1, input_precision=DOT_PREC)
+        dq2 += tl.dot((dz2 * rs[:, None]).to(k2.dtype), k2, input_precision=DOT_PREC)
+    return dq1, dq2, d_rs, d_sl, d_tau, d_lam
+
+
+@triton.jit
+def _bwd_dq_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, SL, RS, TAU, LAM, DRS, DSL, DTAU, DLAM, STARTS, LIST,
+                   sm_scale, T, H, NQ,
                    POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
-                   GRAD_SL: tl.constexpr, GRAD_TAU: tl.constexpr, GRAD_LAM: tl.constexpr, DOT_PREC: tl.constexpr,
-                   D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+                   GRAD_SL: tl.constexpr, GRAD_TAU: tl.constexpr, GRAD_LAM: tl.constexpr, USE_MAP: tl.constexpr,
+                   DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """``USE_MAP``: visit only the key tiles of the activity map's list for this query tile (``LIST[STARTS[r]
+    : STARTS[r + 1]]``, ``r`` its map row; ``BM`` divides ``MAP_M``, ``BN`` divides ``MAP_N``), no branch;
+    else every key tile up to the diagonal, each tested first."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
@@ -129,31 +206,24 @@ def _bwd_dq_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, SL, RS, TAU, LAM, DRS, DSL, 
     d_sl = tl.zeros([BM], dtype=tl.float32)
     d_tau = tl.zeros([BM], dtype=tl.float32)
     d_lam = tl.zeros([BM], dtype=tl.float32)
-    hi = tl.minimum((pid_m + 1) * BM, T)
-    for start_n in range(0, hi, BN):
-        offs_n = start_n + tl.arange(0, BN)
-        kv_mask = (offs_n < T)[:, None] & dmask[None, :]
-        kv_off = base + offs_n[:, None] * D + offs_d[None, :]
-        k1 = tl.load(K1 + kv_off, mask=kv_mask, other=0.0)
-        k2 = tl.load(K2 + kv_off, mask=kv_mask, other=0.0)
-        z1, zb1 = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-        z2, zb2 = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-        valid = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T)
-        if _either_active(z1, z2, valid, tau) > 0:
-            v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
-            g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
-            dz1 = _view_dz(z1, valid, g, tau, POWER)
-            dz2 = -lam * _view_dz(z2, valid, g, tau, POWER)
-            if GRAD_RS:
-                d_rs += tl.sum(dz1 * zb1 + dz2 * zb2, 1)
-            if GRAD_SL:
-                d_sl += tl.sum((dz1 + dz2) * (offs_m[:, None] - offs_n[None, :]).to(tl.float32), 1)
-            if GRAD_TAU:
-                d_tau -= tl.sum(dz1 + dz2, 1)
-            if GRAD_LAM:
-                d_lam -= tl.sum(_view_weights(z2, valid, tau, POWER) * g, 1)
-            dq1 += tl.dot((dz1 * rs[:, None]).to(k1.dtype), k1, input_precision=DOT_PREC)
-            dq2 += tl.dot((dz2 * rs[:, None]).to(k2.dtype), k2, input_precision=DOT_PREC)
+    if USE_MAP:
+        row = bh * NQ + (pid_m * BM) // MAP_M
+        lo = tl.load(STARTS + row)
+        hi = tl.load(STARTS + row + 1)
+        for i in range(lo, hi):
+            tile = tl.load(LIST + i)
+            for sub in tl.static_range(MAP_N // BN):
+                dq1, dq2, d_rs, d_sl, d_tau, d_lam = _dq_tile(
+                    dq1, dq2, d_rs, d_sl, d_tau, d_lam, q1, q2, do, K1, K2, V, base, tile * MAP_N + sub * BN,
+                    offs_m, offs_d, dmask, T, sm_scale, slope, rs, tau, lam, POWER, HAS_SLOPES, HAS_RS, GRAD_RS,
+                    GRAD_SL, GRAD_TAU, GRAD_LAM, False, DOT_PREC, D, BM, BN)
+    else:
+        hi = tl.minimum((pid_m + 1) * BM, T)
+        for start_n in range(0, hi, BN):
+            dq1, dq2, d_rs, d_sl, d_tau, d_lam = _dq_tile(
+                dq1, dq2, d_rs, d_sl, d_tau, d_lam, q1, q2, do, K1, K2, V, base, start_n, offs_m, offs_d, dmask,
+                T, sm_scale, slope, rs, tau, lam, POWER, HAS_SLOPES, HAS_RS, GRAD_RS, GRAD_SL, GRAD_TAU, GRAD_LAM,
+                True, DOT_PREC, D, BM, BN)
     tl.store(DQ1 + q_off, (dq1 * sm_scale).to(DQ1.dtype.element_ty), mask=rmask)
     tl.store(DQ2 + q_off, (dq2 * sm_scale).to(DQ2.dtype.element_ty), mask=rmask)
     if GRAD_RS:
@@ -167,9 +237,40 @@ def _bwd_dq_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, SL, RS, TAU, LAM, DRS, DSL, 
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, sm_scale, T, H,
-                     POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr,
-                     D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, base, bh, start_m, offs_n, T, sm_scale, slope, lam,
+               POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SKIP: tl.constexpr,
+               DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
+    """One query tile of dk1/dk2/dv (``SKIP`` as in ``_dq_tile``)."""
+    offs_m, _m_d, row_ok, _m_dmask, rmask, q_off = tile_rows(start_m, T, D, BD, BM)
+    q_off += base
+    q1 = tl.load(Q1 + q_off, mask=rmask, other=0.0)
+    q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
+    rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
+    tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
+    z1, _zb1 = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+    z2, _zb2 = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+    valid = (offs_n[None, :] <= offs_m[:, None]) & row_ok[:, None] & (offs_n[None, :] < T)
+    go = 1
+    if SKIP:
+        go = _either_active(z1, z2, valid, tau)
+    if go > 0:
+        do = tl.load(DO + q_off, mask=rmask, other=0.0)
+        w = _view_weights(z1, valid, tau, POWER) - lam * _view_weights(z2, valid, tau, POWER)
+        dv += tl.dot(tl.trans(w).to(do.dtype), do, input_precision=DOT_PREC)
+        g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+        dz1 = _view_dz(z1, valid, g, tau, POWER) * rs[:, None]
+        dz2 = -lam * _view_dz(z2, valid, g, tau, POWER) * rs[:, None]
+        dk1 += tl.dot(tl.trans(dz1).to(q1.dtype), q1, input_precision=DOT_PREC)
+        dk2 += tl.dot(tl.trans(dz2).to(q2.dtype), q2, input_precision=DOT_PREC)
+    return dk1, dk2, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STARTS, LIST, sm_scale, T, H, NK,
+                     POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, USE_MAP: tl.constexpr,
+                     DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """``USE_MAP``: visit only the query tiles of the activity map's list for this key tile (``BN ==
+    MAP_N``, ``BM`` divides ``MAP_M``), no branch; else every query tile from the diagonal, each tested."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
@@ -183,40 +284,68 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, sm_s
     dk1 = tl.zeros([BN, BD], dtype=tl.float32)
     dk2 = tl.zeros([BN, BD], dtype=tl.float32)
     dv = tl.zeros([BN, BD], dtype=tl.float32)
-    lo = (pid_n * BN // BM) * BM
-    for start_m in range(lo, T, BM):
-        offs_m, _m_d, row_ok, _m_dmask, rmask, q_off = tile_rows(start_m, T, D, BD, BM)
-        q_off += base
-        q1 = tl.load(Q1 + q_off, mask=rmask, other=0.0)
-        q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
-        rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
-        tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
-        z1, _zb1 = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-        z2, _zb2 = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-        valid = (offs_n[None, :] <= offs_m[:, None]) & row_ok[:, None] & (offs_n[None, :] < T)
-        if _either_active(z1, z2, valid, tau) > 0:
-            do = tl.load(DO + q_off, mask=rmask, other=0.0)
-            w = _view_weights(z1, valid, tau, POWER) - lam * _view_weights(z2, valid, tau, POWER)
-            dv += tl.dot(tl.trans(w).to(do.dtype), do, input_precision=DOT_PREC)
-            g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
-            dz1 = _view_dz(z1, valid, g, tau, POWER) * rs[:, None]
-            dz2 = -lam * _view_dz(z2, valid, g, tau, POWER) * rs[:, None]
-            dk1 += tl.dot(tl.trans(dz1).to(q1.dtype), q1, input_precision=DOT_PREC)
-            dk2 += tl.dot(tl.trans(dz2).to(q2.dtype), q2, input_precision=DOT_PREC)
+    if USE_MAP:
+        row = bh * NK + pid_n
+        lo = tl.load(STARTS + row)
+        hi = tl.load(STARTS + row + 1)
+        for i in range(lo, hi):
+            tile = tl.load(LIST + i)
+            for sub in tl.static_range(MAP_M // BM):
+                dk1, dk2, dv = _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, base, bh,
+                                          tile * MAP_M + sub * BM, offs_n, T, sm_scale, slope, lam, POWER,
+                                          HAS_SLOPES, HAS_RS, False, DOT_PREC, D, BD, BM)
+    else:
+        lo = (pid_n * BN // BM) * BM
+        for start_m in range(lo, T, BM):
+            dk1, dk2, dv = _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, base, bh, start_m, offs_n, T,
+                                      sm_scale, slope, lam, POWER, HAS_SLOPES, HAS_RS, True, DOT_PREC, D, BD, BM)
     tl.store(DK1 + kv_off, (dk1 * sm_scale).to(DK1.dtype.element_ty), mask=kv_mask)
     tl.store(DK2 + kv_off, (dk2 * sm_scale).to(DK2.dtype.element_ty), mask=kv_mask)
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
-def _tiles(block_d: int) -> dict:
-    """``(BM, BN, num_warps)`` per kernel. Two views hold about twice the tiles of ``_rowwise.py``; these are
-    the shapes that ptxas compiled for sm_90 without spilling registers (bf16; at head dim 128 the backward
-    still spills ~88 bytes), chosen statically, not by timing."""
+# Launch settings per head-dim block: (BM, BN, num_warps) per kernel, and for the forward whether it skips
+# inactive tiles by a branch (``skip``) and how it writes the activity map when gradients are needed
+# (``map``: 0 none, 1 in registers, 2 stored per tile; ``fwd_map``: the forward's tiles then). With a map
+# the backward visits only the active tiles; without one it tests every tile by a branch. Without gradients
+# no map is written. Measured on the H100 at L 65,536, H 16, D 32, bf16, unit q/k
+# (results/kernels/session10/): the forward without the skip branch 18.2 ms (with it 32.8; SDPA 19.4); with
+# the register map 30.3 ms at 4 warps (35.8 at 8), the backward over the map's tiles then ~2.5 ms, against
+# 222 ms testing every tile. Two views hold about twice the tiles of ``_rowwise.py``; the tile shapes are
+# those that ptxas compiled for sm_90 without spilling (bf16; at head dim 128 the backward still spills ~88
+# bytes). ``TUNING`` (None, or a dict of the same form) overrides them: for benchmarks and tests.
+TUNING: dict | None = None
+MAX_MAP_TILES = 8192  # key tiles of MAP_N a register map covers (T up to 524,288); beyond, map 2
+
+
+def _config(block_d: int) -> dict:
+    if TUNING is not None:
+        return {"fwd_map": TUNING["fwd"], **TUNING}
     if block_d <= 32:
-        return dict(fwd=(128, 64, 8), dq=(64, 64, 8), dkdv=(64, 64, 8))
-    if block_d <= 64:
-        return dict(fwd=(128, 32, 8), dq=(64, 32, 8), dkdv=(64, 64, 8))
-    return dict(fwd=(32, 32, 8), dq=(32, 32, 8), dkdv=(32, 32, 8))
+        return dict(fwd=(128, 64, 8), fwd_map=(128, 64, 4), dq=(64, 64, 4), dkdv=(64, 64, 4), skip=False, map=1)
+    if block_d <= 64:  # at D 64: 24.6 / 42.8 ms against 26.0 / 75.4 with the BN 32, 8-warp tiles
+        return dict(fwd=(128, 64, 4), fwd_map=(128, 64, 4), dq=(64, 64, 4), dkdv=(64, 64, 4), skip=False, map=1)
+    return dict(fwd=(32, 32, 8), fwd_map=(32, 32, 8), dq=(32, 32, 8), dkdv=(32, 32, 8), skip=True, map=0)
+
+
+def _map_fits(config: dict) -> bool:
+    """Whether ``config``'s tiles fit the activity map's (``MAP_M`` x ``MAP_N``)."""
+    (fm, fn, _), (qm, qn, _), (km, kn, _) = config["fwd_map"], config["dq"], config["dkdv"]
+    return (fm == MAP_M.value and MAP_N.value % fn == 0 and MAP_M.value % qm == 0 and MAP_N.value % qn == 0
+            and kn == MAP_N.value and MAP_M.value % km == 0 and (config["map"] != 2 or fn == MAP_N.value))
+
+
+def _tile_lists(amap: torch.Tensor):
+    """The activity map ``[BH, NQ, NK]`` as lists: per query tile the active key tiles, per key tile the
+    active query tiles, each as (starts ``[rows + 1]``, tiles) int32, in increasing order."""
+    out = []
+    for act in (amap != 0, (amap != 0).transpose(1, 2).contiguous()):
+        counts = act.sum(-1, dtype=torch.int32).view(-1)
+        starts = torch.zeros(counts.numel() + 1, device=amap.device, dtype=torch.int32)
+        torch.cumsum(counts, 0, out=starts[1:])
+        tiles = (act.view(-1).nonzero().squeeze(1) % act.shape[-1]).to(torch.int32)
+        out.append((starts, tiles if tiles.numel() else starts))
+    return out
 
 
 def _second_view(pb: Problem, q2, k2):
@@ -235,18 +364,31 @@ class TDAAttention(torch.autograd.Function):
     ``slopes``."""
 
     @staticmethod
-    def forward(ctx, q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h, sm_scale, power):
+    def forward(ctx, q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h, sm_scale, power, want_map=True):
         pb = Problem(q1, k1, v, slopes, row_scale, sm_scale)
         q2, k2 = _second_view(pb, q2, k2)
         out = torch.empty_like(pb.q)
         tau_rows = tau.detach().to(torch.float32).expand(pb.batch, pb.heads, pb.tokens).contiguous()
         lam_rows = lam_h.detach().to(q1.device, torch.float32).contiguous()
-        bm, bn, warps = _tiles(pb.block_d)["fwd"]
+        config = _config(pb.block_d)
+        mode = config["map"] if want_map else 0
+        bm, bn, warps = config["fwd_map" if mode else "fwd"]
+        if mode and not _map_fits(config):
+            raise ValueError(f"tda: tiles {config} do not fit the activity map's {MAP_M.value}x{MAP_N.value}")
+        nq, nk = triton.cdiv(pb.tokens, MAP_M.value), triton.cdiv(pb.tokens, MAP_N.value)
+        if mode == 1 and nk > MAX_MAP_TILES:
+            mode = 2 if bn == MAP_N.value else 0
+        amap = None
+        if mode:
+            amap = torch.zeros(pb.bh, nq, nk, device=q1.device, dtype=torch.int8)
         _fwd_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
             pb.q, pb.k, q2, k2, pb.v, out, pb.opt(pb.slopes), pb.opt(pb.row_scale), tau_rows, lam_rows,
-            pb.sm_scale, pb.tokens, pb.heads, POWER=float(power), HAS_SLOPES=pb.slopes is not None,
-            HAS_RS=pb.row_scale is not None, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn,
-            num_warps=warps, num_stages=2)
+            pb.opt(amap), pb.sm_scale, pb.tokens, pb.heads, nq, nk, POWER=float(power),
+            HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None, SKIP=bool(config["skip"]),
+            MAP_MODE=mode, NKT=triton.next_power_of_2(nk) if mode == 1 else 1, DOT_PREC=pb.dot_prec,
+            D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, num_warps=warps, num_stages=2)
+        ctx.amap = amap
+        ctx.config = config
         ctx.consts = (pb.sm_scale, float(power))
         ctx.tau_shape = tau.shape
         ctx.rs_shape = None if row_scale is None else row_scale.shape
@@ -267,24 +409,28 @@ class TDAAttention(torch.autograd.Function):
         d_rs = pb.rows() if grad_rs else None
         d_tau = pb.rows() if grad_tau else None
         d_lam = pb.rows() if grad_lam else None
+        use_map = ctx.amap is not None
         common = dict(POWER=power, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
-                      DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, num_stages=2)
-        tiles = _tiles(pb.block_d)
+                      USE_MAP=use_map, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, num_stages=2)
+        config = ctx.config
+        (q_starts, q_tiles), (k_starts, k_tiles) = _tile_lists(ctx.amap) if use_map else ((pb.dummy,) * 2,) * 2
+        nq, nk = (ctx.amap.shape[1], ctx.amap.shape[2]) if use_map else (0, 0)
         inputs = (q1, k1, q2, k2, v, do)
-        bm, bn, warps = tiles["dq"]
+        bm, bn, warps = config["dq"]
         _bwd_dq_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
             *inputs, dq1, dq2, pb.opt(slopes), pb.opt(row_scale), tau_rows, lam_rows, pb.opt(d_rs),
-            pb.opt(d_sl), pb.opt(d_tau), pb.opt(d_lam), sm_scale, pb.tokens, pb.heads, GRAD_RS=grad_rs,
-            GRAD_SL=grad_sl, GRAD_TAU=grad_tau, GRAD_LAM=grad_lam, BM=bm, BN=bn, num_warps=warps, **common)
-        bm, bn, warps = tiles["dkdv"]
+            pb.opt(d_sl), pb.opt(d_tau), pb.opt(d_lam), q_starts, q_tiles, sm_scale, pb.tokens, pb.heads, nq,
+            GRAD_RS=grad_rs, GRAD_SL=grad_sl, GRAD_TAU=grad_tau, GRAD_LAM=grad_lam, BM=bm, BN=bn,
+            num_warps=warps, **common)
+        bm, bn, warps = config["dkdv"]
         _bwd_dkdv_kernel[(triton.cdiv(pb.tokens, bn), pb.bh)](
-            *inputs, dk1, dk2, dv, pb.opt(slopes), pb.opt(row_scale), tau_rows, lam_rows, sm_scale, pb.tokens,
-            pb.heads, BM=bm, BN=bn, num_warps=warps, **common)
+            *inputs, dk1, dk2, dv, pb.opt(slopes), pb.opt(row_scale), tau_rows, lam_rows, k_starts, k_tiles,
+            sm_scale, pb.tokens, pb.heads, nk, BM=bm, BN=bn, num_warps=warps, **common)
         g_sl = reduce_slopes(d_sl) if grad_sl else None
         g_rs = _sum_to(d_rs, ctx.rs_shape) if grad_rs else None
         g_tau = _sum_to(d_tau, ctx.tau_shape) if grad_tau else None
         g_lam = d_lam.sum(dim=(0, 2)) if grad_lam else None
-        return dq1, dk1, dq2, dk2, dv, g_sl, g_rs, g_tau, g_lam, None, None
+        return dq1, dk1, dq2, dk2, dv, g_sl, g_rs, g_tau, g_lam, None, None, None
 
 
 def tda_attention(q1, k1, q2, k2, v, *, lam=0.5, slopes=None, row_scale=None, sm_scale=1.0, beta=1.0,
@@ -301,4 +447,7 @@ def tda_attention(q1, k1, q2, k2, v, *, lam=0.5, slopes=None, row_scale=None, sm
         lam_h = lam.to(q1.device, torch.float32).expand(heads)
     else:
         lam_h = torch.full((heads,), float(lam), device=q1.device, dtype=torch.float32)
-    return TDAAttention.apply(q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h, sm_scale, float(power))
+    # The activity map costs the forward time; it is only written when a backward may follow.
+    want_map = torch.is_grad_enabled() and any(
+        torch.is_tensor(t) and t.requires_grad for t in (q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h))
+    return TDAAttention.apply(q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h, sm_scale, float(power), want_map)

@@ -330,3 +330,62 @@ def test_tda_no_grad_inference_path():
     with torch.no_grad():
         out = get_kernel("tda", unverified=True)(q1, k1, q2, k2, v, lam=0.5, beta=0.5, sm_scale=1.0)
     assert torch.isfinite(out).all() and out.abs().max().item() > 0.0
+
+
+# The one-pass TDA op's launch variants (kernels/tda.py, ``TUNING``): the activity map kept in registers (1)
+# or stored per tile (2), with and without the forward's skip branch, and the old branch-only path (map 0).
+TDA_VARIANTS = {
+    "map1": dict(fwd=(128, 64, 8), dq=(64, 64, 4), dkdv=(64, 64, 4), skip=False, map=1),
+    "map2-bm128": dict(fwd=(128, 64, 8), dq=(128, 64, 8), dkdv=(128, 64, 8), skip=False, map=2),
+    "map1-skip-bn32": dict(fwd=(128, 32, 8), dq=(64, 32, 8), dkdv=(64, 64, 8), skip=True, map=1),
+    "map0-noskip": dict(fwd=(128, 64, 8), dq=(64, 64, 8), dkdv=(64, 64, 8), skip=False, map=0),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(TDA_VARIANTS))
+@pytest.mark.parametrize("case", ["T1000-D32-bf16", "T4096-D32-fp32", "T300-D64-bf16-alibi"])
+def test_tda_variants_match_reference(variant, case, monkeypatch):
+    from lengthbench.kernels import tda
+
+    monkeypatch.setattr(tda, "TUNING", TDA_VARIANTS[variant])
+    tokens, head_dim, dtype = {"T1000-D32-bf16": (1000, 32, torch.bfloat16), "T4096-D32-fp32": (4096, 32, torch.float32),
+                               "T300-D64-bf16-alibi": (300, 64, torch.bfloat16)}[case]
+    tensors = make_tda_inputs(1, 2, tokens, head_dim, dtype, seed=tokens)
+    extra = {}
+    if "alibi" in case:
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        extra = dict(slopes=torch.tensor([0.25, 0.0], device="cuda"),
+                     row_scale=0.5 + torch.rand(1, 2, tokens, device="cuda", generator=gen))
+    check_tda(tensors, lam=torch.tensor([0.3, 0.6], device="cuda"), beta=torch.tensor([0.5, 0.8], device="cuda"),
+              seed=tokens, label=f"{variant} {case}", **extra)
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_tda_activity_map_is_exact(mode, monkeypatch):
+    """The map the forward writes: 1 exactly on the (128 rows x 64 keys) tiles where either view has a causal
+    entry above its row's threshold (computed densely here)."""
+    from lengthbench.kernels import tda
+
+    monkeypatch.setattr(tda, "TUNING", dict(TDA_VARIANTS["map1" if mode == 1 else "map2-bm128"]))
+    seen = {}
+    lists = tda._tile_lists
+    monkeypatch.setattr(tda, "_tile_lists", lambda amap: seen.setdefault("map", amap.clone()) is not None
+                        and lists(amap))
+    tokens, head_dim, heads = 1000, 32, 2
+    q1, k1, q2, k2, v = make_tda_inputs(1, heads, tokens, head_dim, torch.float32, seed=21)
+    beta = torch.tensor([0.6, 0.9], device="cuda")
+    leaves = [t.clone().requires_grad_() for t in (q1, k1, q2, k2, v)]
+    tda.tda_attention(*leaves, lam=0.5, beta=beta).sum().backward()
+    tau = tda.tra_threshold(tokens, head_dim, beta, 1.0, "cuda")
+    causal = torch.ones(tokens, tokens, dtype=torch.bool, device="cuda").tril()
+    active = torch.zeros(1, heads, tokens, tokens, dtype=torch.bool, device="cuda")
+    for qa, ka in ((q1, k1), (q2, k2)):
+        active |= ((qa @ ka.transpose(-1, -2)) - tau[None, :, :, None] > 0) & causal
+    nq, nk = -(-tokens // 128), -(-tokens // 64)
+    padded = torch.zeros(1, heads, nq * 128, nk * 64, dtype=torch.bool, device="cuda")
+    padded[..., :tokens, :tokens] = active
+    want = padded.view(heads, nq, 128, nk, 64).any(4).any(2).to(torch.int8)
+    got = seen["map"]
+    # fp32 products in another order may move a score within rounding of the threshold: allow 1 tile per head
+    assert (got != want).sum().item() <= heads, (got != want).nonzero()
+    assert 0 < want.sum().item() < want.numel()

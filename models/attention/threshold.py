@@ -159,19 +159,17 @@ class TDAAttention(_Thresholded, TwoViewAttention):
                            self.lam, query_positions=query_positions, **self.threshold_params())
 
     def kernel_names(self) -> tuple[str, ...]:
-        return ("tra",)
+        return ("tda",)
 
     def attend(self, q, k, v, x):
         if not q.is_cuda:
             return self.reference_attend(q, k, v, x)
         (q1, q2), (k1, k2) = self.split(q), self.split(k)
-        params = self.threshold_params()
-        # Two tra passes (the map is linear in the weights), not the one-pass tda op: on the H100 the two
-        # passes took 24 / 124 ms (fwd / fwd+bwd, L 65,536, D 32) against its 33 / 258 ms
-        # (results/kernels/benchmark_tda_log.txt). The one-pass op stays available as kernels "tda".
-        op = self.kernel("tra")
+        # The one-pass op (both views per tile; its backward visits only the tiles with an active entry):
+        # on the H100 at L 65,536, D 32 it took 18.2 ms forward and 32.7 ms forward+backward, against two
+        # tra passes' 23.9 / 123.0 (results/kernels/session10/).
+        op = self.kernel("tda")
         if op is not None:
-            first = op(q1.contiguous(), k1.contiguous(), v, slopes=self.pe.slopes(), sm_scale=1.0, **params)
-            second = op(q2.contiguous(), k2.contiguous(), v, slopes=self.pe.slopes(), sm_scale=1.0, **params)
-            return first - self.lam.to(first.dtype) * second
+            return op(q1.contiguous(), k1.contiguous(), q2.contiguous(), k2.contiguous(), v, lam=self.lam,
+                      slopes=self.pe.slopes(), sm_scale=1.0, **self.threshold_params())
         return self.reference_attend(q, k, v, x)
