@@ -19,6 +19,9 @@ SELECTIONS = ("id", "8x")  # in-distribution validation (default) or the seeds' 
 # Copy + NAPE model fails from 2x on where "normal-0.02" holds to 16x-32x.
 INITS = ("normal-0.02", "torch")
 DEFAULT_INIT = INITS[0]  # also what configurations stored before the field existed were trained with
+# What --init-from carries over: every weight ("all"), or all but the token embedding and the output layer
+# ("body": those keep their fresh initialisation, so the source run may have another vocabulary).
+INIT_PARTS = ("all", "body")
 
 
 @dataclass
@@ -45,6 +48,7 @@ class RunConfig:
     # a finished run of the same store (its run id) whose selected weights start this one: a curriculum, e.g.
     # two-token MQMTAR before single-token; its model must have this one's shapes. "" starts from ``init``.
     init_from: str = ""
+    init_part: str = "all"  # one of INIT_PARTS
     # training
     train_samples: int = 10_000_000
     batch_size: int = 128
@@ -77,6 +81,10 @@ class RunConfig:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.init not in INITS:
             raise ValueError(f"unknown init {self.init!r}; choose from: {', '.join(INITS)}")
+        if self.init_part not in INIT_PARTS:
+            raise ValueError(f"unknown init part {self.init_part!r}; choose from: {', '.join(INIT_PARTS)}")
+        if self.init_part != "all" and not self.init_from:
+            raise ValueError("--init-part needs --init-from")
         if self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"unknown compile mode {self.compile_mode!r}; choose from: {', '.join(COMPILE_MODES)}")
 
@@ -90,6 +98,8 @@ class RunConfig:
             del identity["init"]
         if not identity["init_from"]:
             del identity["init_from"]
+        if identity["init_part"] == "all":
+            del identity["init_part"]
         return identity
 
     @property

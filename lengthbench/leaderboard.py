@@ -161,7 +161,10 @@ def protocol_label(config_json) -> str:
     # the default init (also that of rows stored before the field existed) goes unnamed
     init = config.get("init", "normal-0.02")
     label = label if init == "normal-0.02" else f"{label}, init {init}"
-    return f"{label}, from {config['init_from']}" if config.get("init_from") else label
+    if not config.get("init_from"):
+        return label
+    body = " (all but the embedding and output layer)" if config.get("init_part", "all") == "body" else ""
+    return f"{label}, from {config['init_from']}{body}"
 
 
 def _warmup_label(config: dict) -> str:

@@ -254,7 +254,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.model = build_model(config, task).to(device)
         if config.init_from:
-            self.model.load_state_dict(warm_start(results, config.init_from, self.model, device))
+            self.model.load_state_dict(warm_start(results, config.init_from, self.model, device, config.init_part))
         # torch.compile of a model whose attention calls a fused Triton op (a graph break around an autograd
         # Function) crashed in torch 2.11's AOTAutograd runtime on the H200s, 2026-11-22: a corrupted view
         # shape regenerating an output alias (stick-breaking), a segmentation fault saving the autograd cache
@@ -583,22 +583,30 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
     return pd.read_parquet(run_path(results, run_id))
 
 
-def warm_start(results: str | Path, run_id: str, model: torch.nn.Module, device) -> dict:
+# The parameters that depend on the vocabulary: what ``init_part = "body"`` leaves at their initialisation.
+VOCAB_PARAMETERS = ("embed.weight", "head.weight")
+
+
+def warm_start(results: str | Path, run_id: str, model: torch.nn.Module, device, part: str = "all") -> dict:
     """The selected weights of the finished run ``run_id`` in ``results``, checked against ``model``'s shapes
-    (``RunConfig.init_from``)."""
+    (``RunConfig.init_from``); with ``part="body"`` all but :data:`VOCAB_PARAMETERS`, which keep ``model``'s
+    fresh values (``RunConfig.init_part``)."""
     path = checkpoint_dir(results, run_id) / "model.pt"
     if not path.exists():
         raise UsageError(f"--init-from {run_id}: no trained model of that run in {results} (run it to the end "
                          "there first)")
     weights = torch.load(path, map_location=device, weights_only=False)["model"]
     mine = model.state_dict()
-    for key in sorted(set(mine) | set(weights)):
+    keep = set(VOCAB_PARAMETERS) if part == "body" else set()
+    for key in sorted((set(mine) | set(weights)) - keep):
         theirs, ours = weights.get(key), mine.get(key)
         if theirs is None or ours is None or theirs.shape != ours.shape:
             shapes = " against ".join("missing" if t is None else "x".join(map(str, t.shape)) for t in (theirs, ours))
-            raise UsageError(f"--init-from {run_id}: its model does not fit this one ({key}: {shapes}); the "
-                             "vocabulary, model size, mechanism and encoding must match")
-    return weights
+            what = ("the model size, mechanism and encoding must match" if keep else
+                    "the vocabulary, model size, mechanism and encoding must match (--init-part body carries "
+                    "all but the embedding and output layer, for another vocabulary)")
+            raise UsageError(f"--init-from {run_id}: its model does not fit this one ({key}: {shapes}); {what}")
+    return {key: (mine[key] if key in keep else weights[key]) for key in mine}
 
 
 def load_model(results: str | Path, run_id: str, device: str = "cpu"):

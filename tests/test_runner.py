@@ -208,8 +208,8 @@ def test_feature_task_runs_end_to_end_and_the_model_reads_the_features(tmp_path)
     ("ssmax", "nape", None, True),             # row-scaled softmax: SDPA too
     ("sieve", "none", "sieve", False),         # fused op: trains eagerly
     ("asentmax", "nape", "entmax", False),     # reuses the entmax op
-    ("tda", "rope", "tra", False),             # two tra passes
-    ("tda", "rope", "tda", True),              # the one-pass op is not what the module calls
+    ("tda", "rope", "tda", False),             # the one-pass op (since session 10)
+    ("tda", "rope", "tra", True),              # two tra passes are no longer what the module calls
 ])
 def test_only_models_without_fused_ops_are_compiled(monkeypatch, attn, pe, kernel, compiled):
     from lengthbench import kernels
@@ -354,6 +354,40 @@ def test_a_run_can_start_from_another_runs_trained_weights(tmp_path):
                          **{**TINY, "d_model": 2 * TINY.get("d_model", 64)})
     with pytest.raises(UsageError, match="does not fit this one"):
         run_cell(wider, tmp_path, device="cpu", progress=False)
+
+
+def test_init_part_body_carries_all_but_the_vocabulary_layers_across_tasks(tmp_path):
+    """``--init-part body``: single-token MQMTAR's weights start MQRAR (another vocabulary); the embedding and
+    output layer are the fresh initialisation, everything else the source's."""
+    from lengthbench.errors import UsageError
+    from lengthbench.leaderboard import protocol_label
+    from lengthbench.runner import VOCAB_PARAMETERS, Trainer, checkpoint_dir
+    from lengthbench.tasks import get_task
+
+    params = {"key_tokens": 1, "value_tokens": 1}
+    first = build_config("mqmtar", "softmax", "rope", "smoke", train_samples=320, task_params=params, **TINY)
+    run_cell(first, tmp_path, device="cpu", progress=False)
+    trained = torch.load(checkpoint_dir(tmp_path, first.run_id) / "model.pt", weights_only=False)["model"]
+
+    plain = build_config("mqrar", "softmax", "rope", "smoke", train_samples=320, **TINY)
+    whole = build_config("mqrar", "softmax", "rope", "smoke", train_samples=320, init_from=first.run_id, **TINY)
+    with pytest.raises(UsageError, match="embed.weight.*--init-part body"):  # the vocabularies differ
+        run_cell(whole, tmp_path, device="cpu", progress=False)
+    body = build_config("mqrar", "softmax", "rope", "smoke", train_samples=320, init_from=first.run_id,
+                        init_part="body", **TINY)
+    assert "init_part" not in whole.identity() and body.run_id != whole.run_id
+    fresh = Trainer(plain, get_task("mqrar"), torch.device("cpu"), tmp_path, progress=False).model.state_dict()
+    started = Trainer(body, get_task("mqrar"), torch.device("cpu"), tmp_path, progress=False).model.state_dict()
+    for key, tensor in started.items():
+        assert torch.equal(tensor, fresh[key] if key in VOCAB_PARAMETERS else trained[key]), key
+    assert trained["embed.weight"].shape != started["embed.weight"].shape
+    frame = run_cell(body, tmp_path, device="cpu", progress=False)
+    assert protocol_label(frame["config_json"].iloc[0]).endswith(
+        f", from {first.run_id} (all but the embedding and output layer)")
+    with pytest.raises(ValueError, match="--init-part needs --init-from"):
+        build_config("mqrar", "softmax", "rope", "smoke", init_part="body", **TINY)
+    with pytest.raises(ValueError, match="unknown init part"):
+        build_config("mqrar", "softmax", "rope", "smoke", init_from=first.run_id, init_part="head", **TINY)
 
 
 def test_dry_run_prints_the_run_id_and_state_and_writes_nothing(tmp_path, monkeypatch, capsys):

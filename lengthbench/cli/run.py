@@ -61,6 +61,9 @@ def register(app: typer.Typer) -> None:
         init_from: str = typer.Option(None, "--init-from",
                                       help="Start from the trained weights of this run id (same --results; its "
                                       "model must have this one's shapes): a curriculum."),
+        init_part: str = typer.Option(None, "--init-part", help="What --init-from carries over: all (default) or "
+                                      "body (all but the token embedding and output layer, which start fresh: "
+                                      "the source may have another vocabulary)."),
         selection: str = typer.Option(None, "--selection",
                                       help="Checkpoint selection: id (in-distribution validation, default) or 8x (the seeds' protocol)."),
         compile: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile on CUDA."),
@@ -92,7 +95,7 @@ def register(app: typer.Typer) -> None:
             task, attn, pe, preset, train_length=train_length, max_multiplier=max_multiplier,
             eval_samples=eval_samples, seed=seed, train_samples=train_samples, batch_size=batch_size, lr=lr,
             warmup_steps=warmup_steps, eval_every=eval_every, d_model=d_model, n_layers=layers, n_heads=heads,
-            ffn=ffn, init=init, init_from=init_from,
+            ffn=ffn, init=init, init_from=init_from, init_part=init_part,
             selection=selection, compile=compile, compile_mode=compile_mode, diagnostics=diagnostics,
             task_params=task_params,
             attn_params=parse_params(attn_param, "--attn-param"), pe_params=parse_params(pe_param, "--pe-param"),
