@@ -17,6 +17,11 @@ first pair, between pairs, after the last), each one independently to a uniform 
 ``3 * queries`` answer tokens (the ``<q>`` separators included, as in the seed's target) and ``<eos>``.
 A sample has ``n + 6 * queries + 3`` tokens.
 
+``num_keys = k`` (default 0: distinct keys) draws each pair's key from ``k`` distinct keys of the sample, so
+keys are re-assigned and each answer is the value of the asked key's most recent pair; queries pick a pair
+uniformly (so a key by how often it is assigned). Not the seed's task: MQRAR's recency in MQMTAR's format and
+vocabulary, a stage of the curriculum of REPRODUCTION.md.
+
 Choices the seed leaves open (ours): the gap distribution of the filler (independent uniform gaps);
 distinct keys drawn as the first ``num_kv`` outputs of a per-sample pseudo-random permutation of the
 ``alphabet ** key_tokens`` keys (an 8-round Feistel network with random round tables, cycle-walked;
@@ -51,6 +56,7 @@ class MQMTAR(Task):
     """Multi-query multi-token associative recall: 2-token keys, 2-token values, 4 queries."""
 
     model_defaults = ModelDefaults(layers=4, d_model=512, heads=16, ffn=1024, train_samples=50_000_000)
+    later_params = ("num_keys",)
 
     @dataclass(frozen=True)
     class Params:
@@ -59,6 +65,10 @@ class MQMTAR(Task):
         value_tokens: int = 2
         queries: int = 4
         density: float = 0.8  # share of the prefix the pairs aim to cover
+        # 0: distinct keys (the seed's task). k > 0: each pair's key drawn from k distinct keys of the sample,
+        # so keys are re-assigned and a query's answer is the value of its key's most recent pair (MQRAR's
+        # recency in MQMTAR's format and vocabulary: a curriculum stage, not the seed's task).
+        num_keys: int = 0
 
     def build_vocab(self) -> list[str]:
         p = self.params
@@ -66,6 +76,8 @@ class MQMTAR(Task):
             raise ValueError("alphabet, key_tokens, value_tokens and queries must be at least 1")
         if not 0.0 < p.density <= 1.0:
             raise ValueError(f"density must be in (0, 1], got {p.density}")
+        if not 0 <= p.num_keys <= p.alphabet**p.key_tokens:
+            raise ValueError(f"num_keys must be in [0, {p.alphabet**p.key_tokens}] (0: distinct keys), got {p.num_keys}")
         return SPECIALS + [str(i) for i in range(p.alphabet)]
 
     @property
@@ -87,7 +99,7 @@ class MQMTAR(Task):
             raise ValueError(
                 f"task {self.name!r} needs a length of at least {self.min_length()} (one key-value pair), got {n}"
             )
-        if self.num_pairs(n) > self.params.alphabet**self.params.key_tokens:
+        if not self.params.num_keys and self.num_pairs(n) > self.params.alphabet**self.params.key_tokens:
             raise ValueError(f"task {self.name!r}: length {n} needs more distinct keys than the alphabet has")
 
     def generate(self, rng: SampleRandom, n: int) -> Batch:
@@ -97,8 +109,14 @@ class MQMTAR(Task):
         batch_size, rows = rng.batch_size, np.arange(rng.batch_size)[:, None]
         pairs, width = self.num_pairs(n), self.pair_tokens
 
-        # Keys: distinct codes, spelled in base `alphabet`, most significant token first.
-        codes = distinct_integers(rng, 0, pairs, p.alphabet**p.key_tokens)
+        # Keys: distinct codes, spelled in base `alphabet`, most significant token first (with num_keys, each
+        # pair's code drawn from num_keys distinct ones).
+        if p.num_keys:
+            active = distinct_integers(rng, 0, p.num_keys, p.alphabet**p.key_tokens)
+            codes = active[rows, uniform_integers(rng, 4, pairs, 0, p.num_keys)]
+        else:
+            codes = distinct_integers(rng, 0, pairs, p.alphabet**p.key_tokens)
+        pair_codes = codes.copy()
         keys = np.empty((batch_size, pairs, p.key_tokens), dtype=np.int64)
         for t in range(p.key_tokens - 1, -1, -1):
             codes, keys[:, :, t] = np.divmod(codes, p.alphabet)
@@ -125,8 +143,12 @@ class MQMTAR(Task):
         input_ids.reshape(-1)[flat.reshape(-1)] = records.reshape(-1)
 
         asked = rng.integers(3, p.queries, 0, pairs)  # pair index of each query
+        answered = asked
+        if p.num_keys:  # the most recent pair with the asked pair's key
+            same = pair_codes[:, :, None] == pair_codes[rows, asked][:, None, :]  # [B, pairs, queries]
+            answered = pairs - 1 - same[:, ::-1, :].argmax(axis=1)
         query_block = np.concatenate([np.full((batch_size, p.queries, 1), q), keys[rows, asked]], axis=2)
-        answer_block = np.concatenate([np.full((batch_size, p.queries, 1), q), values[rows, asked]], axis=2)
+        answer_block = np.concatenate([np.full((batch_size, p.queries, 1), q), values[rows, answered]], axis=2)
         input_ids[:, n + 1 :] = np.concatenate(
             [query_block.reshape(batch_size, -1), column(batch_size, sep),
              answer_block.reshape(batch_size, -1), column(batch_size, eos)], axis=1,

@@ -65,10 +65,12 @@ def check_mqmtar(task, batch, b, n):
         value = tuple(prefix[i + 1 : i + 1 + p.value_tokens])
         assert prefix[i + 1 + p.value_tokens] == "<space>"
         assert all(not s.startswith("<") for s in key + value)
-        assert key not in memory, "keys must be distinct"
-        memory[key] = value
+        assert p.num_keys or key not in memory, "keys must be distinct"
+        memory[key] = value  # the most recent pair of a key wins (keys repeat only with num_keys)
         covered.update(range(i - p.key_tokens, i + 2 + p.value_tokens))
     assert all(prefix[i] == "<space>" for i in range(n) if i not in covered)
+    if p.num_keys:
+        assert len(memory) <= p.num_keys
     query_len = p.queries * (p.key_tokens + 1)
     queries, answer = rest[:query_len], rest[query_len + 1 : -1]
     assert rest[query_len] == "<sep>" and rest[-1] == "<eos>"
@@ -351,6 +353,21 @@ def test_mqrar_properties(num_keys, values, queries, n, index):
     check(get_task("mqrar", keys=20, num_keys=num_keys, values=values, queries=queries), n, [index, index + 7])
     check(get_task("mqrar", keys=20, num_keys=num_keys, values=values, queries=queries, layout="inline"), n,
           [index, index + 7])
+
+
+@pytest.mark.parametrize("n", [4, 64, 1000, 65_536])
+def test_mqmtar_repeated_keys_answer_the_most_recent_pair(n):
+    task = get_task("mqmtar", key_tokens=1, value_tokens=1, num_keys=16)
+    check(task, n, range(4))
+    batch = task.batch(range(64), 64)
+    prefix = batch.input_ids[:, 1:65]
+    kv = task.token_id("<kv>")
+    keys = [tuple(row[np.flatnonzero(row == kv) - 1]) for row in prefix]
+    assert max(len(set(k)) for k in keys) <= 16 and any(len(set(k)) < len(k) for k in keys)  # repeats happen
+    assert task.vocab == get_task("mqmtar").vocab
+    assert get_task("mqmtar").key("test", 64, 0) == get_task("mqmtar", num_keys=0).key("test", 64, 0)
+    with pytest.raises(ValueError, match="num_keys"):
+        len(get_task("mqmtar", key_tokens=1, num_keys=300).vocab)
 
 
 @pytest.mark.parametrize("layout", ["separate", "inline"])
