@@ -207,3 +207,23 @@ def test_cli_end_to_end():
     done = subprocess.run([sys.executable, "-c", command, "tasks", "sample", "mqmtar", "--length", "3"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "at least" in done.stderr
+
+
+def test_tasks_params_lists_every_parameter(monkeypatch, capsys):
+    """``lengthbench tasks params TASK``: what ``--param`` accepts, with defaults and the source's comments."""
+    import dataclasses
+
+    from cli_helpers import cli
+
+    from lengthbench.tasks import TASKS
+
+    monkeypatch.setenv("COLUMNS", "200")
+    for name in TASKS.names():
+        assert cli(monkeypatch, "tasks", "params", name) == 0
+        text = capsys.readouterr().out
+        for field in dataclasses.fields(TASKS.get(name).Params):
+            assert field.name in text, (name, field.name)
+    assert cli(monkeypatch, "tasks", "params", "mqrar") == 0
+    text = capsys.readouterr().out
+    assert "distinct active keys per sample" in text and "added later" in text
+    assert cli(monkeypatch, "tasks", "params", "no-such-task") == 2

@@ -1,4 +1,4 @@
-"""``lengthbench tasks list | sample | vocab``."""
+"""``lengthbench tasks list | params | sample | vocab``."""
 
 from __future__ import annotations
 
@@ -38,6 +38,30 @@ def register(app: typer.Typer) -> None:
                           doc[0] if doc else "")
         out.print(table)
 
+    @tasks_app.command("params")
+    def params(task: str = typer.Argument(..., help="Task name (see `lengthbench tasks list`).")) -> None:
+        """List a task's parameters (for --param key=value): default, type and what each does."""
+        import dataclasses
+
+        from lengthbench.tasks import TASKS
+
+        if task not in TASKS:
+            raise UsageError(f"unknown task {task!r}; choose from: {', '.join(TASKS.names())}")
+        cls = TASKS.get(TASKS.canonical(task))
+        notes = _field_comments(cls.Params)
+        table = Table(title=f"{TASKS.canonical(task)}: --param key=value", title_justify="left")
+        for column in ("parameter", "default", "type", "what it does"):
+            table.add_column(column, no_wrap=column != "what it does")
+        for field in dataclasses.fields(cls.Params):
+            note = notes.get(field.name, "")
+            if field.name in cls.presentation_params:
+                note += " (changes how samples are written, not what is drawn)"
+            if field.name in getattr(cls, "later_params", ()):
+                note += " (added later: at its default the published samples are unchanged)"
+            kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+            table.add_row(field.name, repr(field.default), kind, note.strip())
+        out.print(table)
+
     @tasks_app.command("sample")
     def sample(
         task: str = typer.Argument(..., help="Task name (see `lengthbench tasks list`)."),
@@ -75,3 +99,26 @@ def register(app: typer.Typer) -> None:
         sys.stdout.write(json.dumps({str(i): s for i, s in enumerate(task_obj.vocab)}) + "\n")
 
     app.add_typer(tasks_app, name="tasks")
+
+
+def _field_comments(params_cls) -> dict[str, str]:
+    """``{field: comment}`` from the source of a task's ``Params``: a field's trailing ``# ...``, else the
+    comment lines just above it."""
+    import inspect
+    import re
+
+    try:
+        lines = inspect.getsource(params_cls).splitlines()
+    except (OSError, TypeError):  # no source (e.g. a frozen build)
+        return {}
+    notes, above = {}, []
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            above.append(stripped.lstrip("#").strip())
+            continue
+        match = re.match(r"(\w+)\s*:[^=]*=[^#]*(?:#\s*(.*))?$", stripped)
+        if match:
+            notes[match.group(1)] = match.group(2) or " ".join(above)
+        above = []
+    return notes
