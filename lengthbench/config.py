@@ -22,6 +22,8 @@ DEFAULT_INIT = INITS[0]  # also what configurations stored before the field exis
 # What --init-from carries over: every weight ("all"), or all but the token embedding and the output layer
 # ("body": those keep their fresh initialisation, so the source run may have another vocabulary).
 INIT_PARTS = ("all", "body")
+# Fields added after runs were published: left out of a run's identity while at these defaults.
+LATER_FIELDS = {"init": DEFAULT_INIT, "init_from": "", "init_part": "all"}
 
 
 @dataclass
@@ -94,12 +96,9 @@ class RunConfig:
 
     def identity(self) -> dict[str, Any]:
         identity = dataclasses.asdict(self)
-        if identity["init"] == DEFAULT_INIT:  # so run ids from before the field existed stay the same
-            del identity["init"]
-        if not identity["init_from"]:
-            del identity["init_from"]
-        if identity["init_part"] == "all":
-            del identity["init_part"]
+        for name, default in LATER_FIELDS.items():  # so run ids from before the field existed stay the same
+            if identity[name] == default:
+                del identity[name]
         return identity
 
     @property
@@ -140,6 +139,17 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def preset_warmup(preset: str, train_samples: int, batch_size: int) -> int | None:
+    """The warm-up steps ``preset`` gives a run of this budget: its fixed count (``paper``), or its fraction of
+    the steps (``quick``, ``smoke``); None for an unknown preset."""
+    values = PRESETS.get(preset)
+    if values is None:
+        return None
+    if "warmup_fraction" in values:
+        return max(1, int(values["warmup_fraction"] * -(-train_samples // batch_size)))
+    return values.get("warmup_steps", RunConfig.warmup_steps)
+
+
 def build_config(task: str, attn: str, pe: str, preset: str = "smoke", **overrides: Any) -> RunConfig:
     """The configuration of a run: the task's seed model, then the preset, then explicit overrides
     (``None`` values are ignored)."""
@@ -159,8 +169,7 @@ def build_config(task: str, attn: str, pe: str, preset: str = "smoke", **overrid
         values["n_layers"] = min(values["n_layers"], max_layers)
     values.update({k: v for k, v in overrides.items() if v is not None})
     if warmup_fraction is not None and overrides.get("warmup_steps") is None:
-        steps = -(-values["train_samples"] // values["batch_size"])
-        values["warmup_steps"] = max(1, int(warmup_fraction * steps))
+        values["warmup_steps"] = preset_warmup(preset, values["train_samples"], values["batch_size"])
     from lengthbench.models.attention import ATTENTION
     from lengthbench.models.positional import POSITIONAL_ENCODINGS
     from lengthbench.tasks import TASKS  # canonical names, so aliases share run ids

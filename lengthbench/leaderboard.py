@@ -168,18 +168,15 @@ def protocol_label(config_json) -> str:
 
 
 def _warmup_label(config: dict) -> str:
-    """", warm-up N steps" where a run's warm-up is not its preset's (10K steps for ``paper``, a fraction of
-    the steps for ``quick`` and ``smoke``); "" otherwise, and for rows without the fields."""
-    from lengthbench.config import PRESETS
+    """", warm-up N steps" where a run's warm-up is not its preset's; "" otherwise, and for rows without the
+    fields."""
+    from lengthbench.config import preset_warmup
 
-    preset, steps = PRESETS.get(config.get("preset")), config.get("warmup_steps")
-    if preset is None or steps is None:
+    steps = config.get("warmup_steps")
+    if steps is None or "train_samples" not in config or "batch_size" not in config:
         return ""
-    if "warmup_fraction" in preset:
-        default = max(1, int(preset["warmup_fraction"] * -(-config["train_samples"] // config["batch_size"])))
-    else:
-        default = preset.get("warmup_steps", steps)
-    return "" if steps == default else f", warm-up {steps:,} steps"
+    default = preset_warmup(config.get("preset"), config["train_samples"], config["batch_size"])
+    return "" if default is None or steps == default else f", warm-up {steps:,} steps"
 
 
 def _canonical_task(task: str) -> str:
