@@ -220,7 +220,9 @@ def run_curves(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.sort_values("created_at") if "created_at" in frame.columns else frame
     frame = frame.drop_duplicates(subset=["run_id", "multiplier"], keep="last")
     keys = TABLE_KEYS + ["metric"] + ROW_KEYS + ["seed", "run_id"]
-    curves = frame.pivot_table(index=keys, columns="multiplier", values="score", aggfunc="last", dropna=False)
+    # groupby keeps rows whose keys hold NaN; pivot_table(dropna=False) would instead build the cartesian
+    # product of every key's values, which grows with every new protocol (24 GB at 164 runs).
+    curves = frame.groupby(keys + ["multiplier"], sort=True, dropna=False)["score"].last().unstack("multiplier")
     curves = curves.dropna(how="all")
     curves.columns = [as_multiplier(m) for m in curves.columns]  # (a float index where any is 1.5)
     curves = curves[sorted(curves.columns)]

@@ -241,3 +241,19 @@ def test_a_warmup_other_than_the_presets_is_part_of_the_protocol():
     assert protocol_label(quick.to_json()) == "4M samples, batch 512, lr 0.001"  # its 5% of the steps
     assert protocol_label(build_config("copy", "softmax", "nape", "quick", warmup_steps=7).to_json()).endswith(
         ", warm-up 7 steps")
+
+
+def test_run_curves_has_one_row_per_run_however_many_distinct_keys(tmp_path):
+    """A row per run, also when every run differs in every key (the store's reality: each protocol,
+    encoding, seed and length adds values). ``run_curves`` once built the cartesian product of the keys'
+    values, 24 GB at 164 runs."""
+    from lengthbench.leaderboard import run_curves, with_score
+
+    results = tmp_path / "store"
+    tasks, attns, pes = ["copy", "sort", "reverse", "mqrar"], ["softmax", "entmax", "ssmax", "sieve"], ["rope", "nape"]
+    for i in range(12):
+        synthetic_run(results, tasks[i % 4], attns[(i // 2) % 4], pes[i % 2], i, {1: 1.0, 2: i / 12},
+                      preset=["smoke", "quick", "paper"][i % 3], config={"train_samples": 1000 * (i + 1)})
+    curves = run_curves(with_score(load_store(results)[0]))
+    assert len(curves) == 12 and curves["run_id"].is_unique
+    assert sorted(curves[2].round(4)) == sorted(round(i / 12, 4) for i in range(12))
