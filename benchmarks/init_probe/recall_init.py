@@ -101,6 +101,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save", help="write the trained weights here (a curriculum's next stage reads them)")
+    parser.add_argument("--init-from", help="start from weights written by --save (same model shapes)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
@@ -110,6 +112,8 @@ def main() -> None:
         task = get_task(args.task, key_tokens=args.key_tokens, value_tokens=args.value_tokens)
     tokens = task.batch(range(2), args.length).input_ids.shape[1]
     model = build(args.variant, task.vocab_size, 4 * tokens, args)
+    if args.init_from:
+        model.load_state_dict(torch.load(args.init_from))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     val = task.batch(range(256), args.length, "val")
     val_ids, val_labels = torch.from_numpy(val.input_ids).long(), torch.from_numpy(val.labels).long()
@@ -133,6 +137,8 @@ def main() -> None:
             accuracy = (predicted == val_labels)[scored].float().mean().item()
             print(f"{args.variant} step {step} loss {loss.item():.3f} validation exact {exact:.3f} "
                   f"token accuracy {accuracy:.3f} ({time.time() - started:.0f} s)", flush=True)
+    if args.save:
+        torch.save(model.state_dict(), args.save)
 
 
 if __name__ == "__main__":
