@@ -105,7 +105,10 @@ def with_score(frame: pd.DataFrame) -> pd.DataFrame:
     configs = frame["config_json"] if "config_json" in frame.columns else pd.Series("", index=frame.index)
     configs = configs.fillna("")  # (rows written without one)
     parsed = {text: _config(text) for text in configs.unique()}  # (one parse per run, not per row)
-    frame["protocol"] = configs.map({text: protocol_label(text) for text in parsed})
+    # A curriculum's stages are named by what they trained, from their rows in the same store, so runs of
+    # one curriculum share a table whatever their mechanism or seed.
+    sources = {run_id: text for run_id, text in zip(frame["run_id"], configs, strict=True) if run_id is not None}
+    frame["protocol"] = configs.map({text: protocol_label(text, sources) for text in parsed})
     # Runs of one mechanism (or encoding) with other parameters are other rows: "entmax (alpha=4)".
     for column, key in (("attn", "attn_params"), ("pe", "pe_params")):
         suffixes = configs.map({text: params_suffix(config.get(key)) for text, config in parsed.items()})
@@ -146,14 +149,34 @@ def _model_label(config: dict) -> str:
             f"FFN {config['ffn']}")
 
 
-def protocol_label(config_json) -> str:
-    """The training budget of a run, e.g. ``"8M samples, batch 512, lr 0.001"`` ("" where unknown)."""
+def _amount(samples: int) -> str:
+    return f"{samples / 1e6:g}M" if samples >= 100_000 else f"{samples:,}"
+
+
+def _stage_label(config: dict, final: dict) -> str:
+    """One earlier stage of a curriculum: ``"mqrar (layout=inline) at n 16, 1.28M samples, init torch"``;
+    its batch, learning rate and warm-up are named only where they differ from the final stage's."""
+    params = config.get("task_params") or {}
+    label = config.get("task", "?") + (" (" + ", ".join(f"{k}={v}" for k, v in sorted(params.items())) + ")"
+                                        if params else "")
+    label += f" at n {config.get('train_length', '?')}, {_amount(config.get('train_samples', 0))} samples"
+    for key, name in (("batch_size", "batch"), ("lr", "lr"), ("warmup_steps", "warm-up")):
+        if key in config and config[key] != final.get(key):
+            label += f", {name} {config[key]:g}"
+    init = config.get("init", "normal-0.02")
+    return label if init == "normal-0.02" else f"{label}, init {init}"
+
+
+def protocol_label(config_json, sources: dict[str, str] | None = None) -> str:
+    """The training budget of a run, e.g. ``"8M samples, batch 512, lr 0.001"`` ("" where unknown).
+
+    A run started from another's weights (``init_from``) names the stages before it, ``", after mqrar
+    (layout=inline) at n 16, 1.28M samples -> mqrar at n 16, 0.64M samples"``, where ``sources`` (run id ->
+    its ``config_json``) has them; else the run id it started from."""
     config = _config(config_json)
     if not all(key in config for key in ("train_samples", "batch_size", "lr")):
         return ""
-    samples = config["train_samples"]
-    amount = f"{samples / 1e6:g}M" if samples >= 100_000 else f"{samples:,}"
-    label = f"{amount} samples, batch {config['batch_size']}, lr {config['lr']:g}"
+    label = f"{_amount(config['train_samples'])} samples, batch {config['batch_size']}, lr {config['lr']:g}"
     params = config.get("task_params") or {}
     label += "".join(f", {key}={value}" for key, value in sorted(params.items()))
     label += _model_label(config)
@@ -163,8 +186,17 @@ def protocol_label(config_json) -> str:
     label = label if init == "normal-0.02" else f"{label}, init {init}"
     if not config.get("init_from"):
         return label
-    body = " (all but the embedding and output layer)" if config.get("init_part", "all") == "body" else ""
-    return f"{label}, from {config['init_from']}{body}"
+    stages, current, seen = [], config, set()
+    while current.get("init_from") and current["init_from"] in (sources or {}) and current["init_from"] not in seen:
+        body = " (all but the embedding and output layer)" if current.get("init_part", "all") == "body" else ""
+        seen.add(current["init_from"])
+        current = _config(sources[current["init_from"]])
+        stages.insert(0, _stage_label(current, config) + body)
+    if current.get("init_from"):  # a stage whose source is not in this store
+        body = " (all but the embedding and output layer)" if current.get("init_part", "all") == "body" else ""
+        stages.insert(0, f"{current['init_from']}{body}")
+        return f"{label}, from " + " -> ".join(stages)
+    return f"{label}, after " + " -> ".join(stages)
 
 
 def _warmup_label(config: dict) -> str:

@@ -257,3 +257,29 @@ def test_run_curves_has_one_row_per_run_however_many_distinct_keys(tmp_path):
     curves = run_curves(with_score(load_store(results)[0]))
     assert len(curves) == 12 and curves["run_id"].is_unique
     assert sorted(curves[2].round(4)) == sorted(round(i / 12, 4) for i in range(12))
+
+
+def test_a_curriculum_is_named_by_its_stages_so_its_runs_share_a_table(tmp_path):
+    """Runs started from earlier stages (``init_from``) are labelled by what those stages trained, from their
+    rows in the store: two mechanisms and two seeds of one curriculum share one table, a run whose source is
+    not in the store keeps the source's run id, and the stages' rows are tables of their own."""
+    results = tmp_path / "store"
+    budget = {"batch_size": 128, "lr": 1e-3, "warmup_steps": 10_000, "init": "torch"}
+    for attn, seed in (("softmax", 0), ("entmax", 0), ("softmax", 1)):
+        first = {**budget, "train_samples": 1_280_000, "train_length": 16, "task_params": {"layout": "inline"}}
+        path = synthetic_run(results, "mqrar", attn, "rope", seed, {1: 0.99, 2: 0.8}, preset="paper", config=first)
+        second = {**budget, "train_samples": 640_000, "train_length": 16, "init_from": path.stem}
+        path = synthetic_run(results, "mqrar", attn, "rope", seed, {1: 0.97, 2: 0.7}, preset="paper", config=second)
+        final = {**budget, "train_samples": 1_280_000, "train_length": 64, "init_from": path.stem}
+        synthetic_run(results, "mqrar", attn, "rope", seed, {1: 1.0, 2: 0.5 + seed / 10}, preset="paper", config=final)
+    orphan = {**budget, "train_samples": 1_280_000, "init_from": "mqrar-gone-s0-abc"}
+    synthetic_run(results, "mqrar", "sieve", "none", 0, {1: 0.0, 2: 0.0}, preset="paper", config=orphan)
+    board = build_leaderboard(load_store(results)[0])
+    after = board[board["protocol"].str.contains(" after ") & board["protocol"].str.startswith("1.28M")]
+    assert sorted(after["attn"]) == ["entmax", "softmax"] and after["protocol"].nunique() == 1
+    assert after["protocol"].iloc[0] == (
+        "1.28M samples, batch 128, lr 0.001, init torch, after mqrar (layout=inline) at n 16, 1.28M samples, "
+        "init torch -> mqrar at n 16, 0.64M samples, init torch")
+    assert int(after.loc[after["attn"] == "softmax", "seeds"].iloc[0]) == 2
+    assert board["protocol"].str.endswith(", from mqrar-gone-s0-abc").sum() == 1
+    assert len(board) == 2 + 2 + 2 + 1  # each stage its own table; the orphan alone
