@@ -17,6 +17,18 @@ A sweep file (TOML; JSON also works) holds the same settings as the flags, which
 
     [overrides]          # RunConfig fields, applied to every cell
     train_samples = 4000
+
+A curriculum: ``[[stages]]`` tables, each the RunConfig fields of one earlier stage over ``[overrides]``
+(``task`` too, with its own ``task_params``). Every cell then trains the stages in order, each from the
+weights of the one before (``init_from``), and last the cell itself from the last stage::
+
+    [[stages]]           # stage 1 of every cell
+    train_length = 16
+    task_params = {layout = "inline"}
+    [[stages]]           # stage 2, from stage 1; the cell (stage 3) starts from stage 2
+    train_length = 16
+
+A stage starts only when the stage before it is in the store; a failed stage fails the stages after it.
 """
 
 from __future__ import annotations
@@ -28,14 +40,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from lengthbench.config import RunConfig, build_config
 from lengthbench.errors import UsageError, interrupted
 
-SWEEP_KEYS = ("tasks", "attns", "pes", "cells", "seeds", "preset", "results", "device", "per_gpu", "overrides")
+SWEEP_KEYS = ("tasks", "attns", "pes", "cells", "seeds", "preset", "results", "device", "per_gpu", "overrides",
+              "stages")
+# What a stage may not set: the cell's identity, and the chain itself.
+STAGE_FIXED = ("attn", "pe", "seed", "preset", "init_from")
 
 
 def split_list(text: str | Iterable | None) -> list[str]:
@@ -84,7 +99,52 @@ def read_sweep_file(path: str | Path) -> dict[str, Any]:
         raise UsageError(f"sweep file {path}: unknown key {unknown[0]!r}; keys: {', '.join(SWEEP_KEYS)}")
     if not isinstance(data.get("overrides", {}), dict):
         raise UsageError(f"sweep file {path}: [overrides] must be a table of RunConfig fields")
+    stages = data.get("stages", [])
+    if not isinstance(stages, list) or not all(isinstance(stage, dict) for stage in stages):
+        raise UsageError(f"sweep file {path}: stages must be [[stages]] tables of RunConfig fields")
     return data
+
+
+def add_stages(configs: list[RunConfig], stages: list[dict[str, Any]], preset: str = "smoke",
+               overrides: dict[str, Any] | None = None) -> list[RunConfig]:
+    """Every cell preceded by its curriculum: per cell, one configuration per stage (``overrides``, then the
+    stage's fields; the cell's mechanism, encoding, their parameters and seed), each starting from the one
+    before, then the cell itself starting from the last stage. Stages come before their cell, so a sweep run in
+    order meets every stage's weights before it needs them. Problems are one-line UsageErrors."""
+    if not stages:
+        return configs
+    overrides = dict(overrides or {})
+    for number, stage in enumerate(stages, 1):
+        unknown = sorted(set(stage) - set(RunConfig.__dataclass_fields__))
+        fixed = sorted(set(stage) & set(STAGE_FIXED))
+        if unknown or fixed:
+            what = "unknown configuration field" if unknown else "a stage cannot set"
+            raise UsageError(f"stage {number}: {what} {(unknown or fixed)[0]!r}")
+    chained: dict[str, RunConfig] = {}
+    for cell in configs:
+        previous = ""
+        for number, stage in enumerate(stages, 1):
+            stage = dict(stage)
+            task = stage.pop("task", cell.task)
+            task_params = dict(stage.pop("task_params", None) or {})
+            if task == cell.task:  # the cell's task: the stage's parameters over the sweep's
+                task_params = {**(overrides.get("task_params") or {}), **task_params}
+            merged = {**overrides, **stage, "task_params": task_params}
+            try:
+                fields = {**default_train_length(task, merged), **merged, "seed": cell.seed,
+                          "attn_params": cell.attn_params, "pe_params": cell.pe_params, "init_from": previous}
+                config = build_config(task, cell.attn, cell.pe, preset, **fields)
+            except (LookupError, ValueError, TypeError) as error:
+                raise UsageError(f"stage {number} of {cell.task}:{cell.attn}:{cell.pe}: "
+                                 f"{str(error).splitlines()[0].strip(chr(39) + chr(34))}") from error
+            chained.setdefault(config.run_id, config)
+            previous = config.run_id
+        try:
+            final = replace(cell, init_from=previous)
+        except ValueError as error:
+            raise UsageError(f"{cell.task}:{cell.attn}:{cell.pe}: {str(error).splitlines()[0]}") from error
+        chained.setdefault(final.run_id, final)
+    return list(chained.values())
 
 
 def plan_sweep(tasks: list[str], attns: list[str], pes: list[str], seeds: list[int], preset: str = "smoke",
@@ -273,6 +333,8 @@ def _run_sequential(pending, results: Path, device: str, outcomes, emit) -> None
     if pending:
         resolve_device(device)
     for config in pending:
+        if _stage_failed(config, outcomes, emit):
+            continue
         emit("start", config, None, "")
         started = time.perf_counter()
         try:
@@ -288,6 +350,17 @@ def _run_sequential(pending, results: Path, device: str, outcomes, emit) -> None
                                   error=f"{type(error).__name__}: {message}")
         outcomes[config.run_id] = outcome
         emit(outcome.status, config, outcome, "")
+
+
+def _stage_failed(config: RunConfig, outcomes: dict[str, CellOutcome], emit) -> bool:
+    """Whether ``config``'s earlier stage (its ``init_from``) failed in this sweep; then it fails too, unrun."""
+    before = outcomes.get(config.init_from) if config.init_from else None
+    if before is None or before.status != "failed":
+        return False
+    outcomes[config.run_id] = CellOutcome(config, "failed", error=f"not run: its earlier stage {config.init_from} "
+                                                                  f"failed")
+    emit("failed", config, outcomes[config.run_id], "")
+    return True
 
 
 def plugin_modules() -> list[str]:
@@ -321,8 +394,9 @@ def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, comm
     try:
         while queue or running:
             for slot in slots:
-                if slot not in running and queue:
-                    config = queue.pop(0)
+                busy = {entry[1].run_id for entry in running.values()}
+                config = _next_runnable(queue, outcomes, busy, emit) if slot not in running else None
+                if config is not None:
                     log = open(log_dir / f"{config.run_id}.log", "ab")  # noqa: SIM115 (closed when it ends)
                     # Cells sharing the machine share its cores for their data workers too.
                     workers = max(1, (os.cpu_count() or 2) // len(slots) - 1)
@@ -353,6 +427,23 @@ def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, comm
                 process.kill()
             log.close()
         raise
+
+
+def _next_runnable(queue: list[RunConfig], outcomes: dict[str, CellOutcome], busy: set[str],
+                   emit) -> RunConfig | None:
+    """Take the first queued configuration whose earlier stage is neither queued nor running (``busy``);
+    those whose earlier stage failed fail on the way. None when every queued one still waits."""
+    queued = {c.run_id for c in queue}
+    for config in list(queue):
+        if _stage_failed(config, outcomes, emit):
+            queue.remove(config)
+            queued.discard(config.run_id)
+            continue
+        if config.init_from and (config.init_from in queued or config.init_from in busy):
+            continue
+        queue.remove(config)
+        return config
+    return None
 
 
 def _finished_outcome(config: RunConfig, results: Path, returncode: int, seconds: float, log_dir: Path) -> CellOutcome:

@@ -65,10 +65,10 @@ def test_sweep_file_with_flags_overriding_it(tmp_path, monkeypatch, capsys):
     """))
     assert cli(monkeypatch, "sweep", "--config", path, "--dry-run") == 0
     out = capsys.readouterr()
-    assert "8 cells" in out.err and out.out.count("to run") == 8
+    assert "8 runs" in out.err and out.out.count("to run") == 8
     assert cli(monkeypatch, "sweep", "--config", path, "--tasks", "copy", "--seeds", "3", "--dry-run") == 0
     out = capsys.readouterr()
-    assert "2 cells" in out.err and "/ s3" in out.out
+    assert "2 runs" in out.err and "/ s3" in out.out
     path.write_text('tasks = ["copy"]\nbogus = 1\n')
     assert cli(monkeypatch, "sweep", "--config", path) == 2
     assert "unknown key 'bogus'" in capsys.readouterr().err
@@ -291,3 +291,92 @@ def test_a_cell_may_carry_its_mechanisms_and_encodings_parameters(tmp_path, monk
                     'preset = "quick"\n[overrides]\ntrain_length = 16\n')
     assert cli(monkeypatch, "sweep", "--config", path, "--dry-run", "--results", tmp_path / "store") == 0
     assert "entmax (alpha=16)" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_stages_precede_their_cell_and_chain_its_weights():
+    from lengthbench.sweep import add_stages
+
+    overrides = {**TINY, "init": "torch"}
+    cells = plan_cells(["mqrar:softmax:rope", "mqrar:entmax:rope"], [0, 1], "smoke", overrides)
+    stages = [{"train_length": 16, "task_params": {"layout": "inline"}, "train_samples": 128},
+              {"train_length": 16}]
+    configs = add_stages(cells, stages, "smoke", overrides)
+    assert len(configs) == 4 * 3
+    for first, second, cell in zip(configs[0::3], configs[1::3], configs[2::3], strict=True):
+        assert (first.init_from, second.init_from, cell.init_from) == ("", first.run_id, second.run_id)
+        assert (first.train_length, first.task_params, first.train_samples) == (16, {"layout": "inline"}, 128)
+        assert (second.train_length, second.task_params, second.train_samples) == (16, {}, TINY["train_samples"])
+        assert (cell.train_length, cell.task_params) == (64, {})
+        assert len({c.attn for c in (first, second, cell)}) == 1 and len({c.seed for c in (first, second, cell)}) == 1
+        assert first.init == second.init == cell.init == "torch"
+    assert [c.run_id for c in configs[2::3]] != [c.run_id for c in cells]  # the cells now start from their stages
+    # another task in a stage, with its own parameters (not the sweep's)
+    other = add_stages(cells[:1], [{"task": "mqmtar", "task_params": {"key_tokens": 1}}], "smoke",
+                       {**overrides, "task_params": {"num_keys": 8}})
+    assert (other[0].task, other[0].task_params) == ("mqmtar", {"key_tokens": 1})
+    for bad, message in (({"seed": 2}, "stage 1: a stage cannot set 'seed'"),
+                         ({"bogus": 1}, "stage 1: unknown configuration field 'bogus'"),
+                         ({"task": "nosuch"}, "stage 1 of mqrar:softmax:rope: unknown task 'nosuch'")):
+        with pytest.raises(UsageError, match=re.escape(message)):
+            add_stages(cells, [bad], "smoke", overrides)
+
+
+def test_a_failed_stage_fails_the_stages_after_it_unrun(tmp_path, monkeypatch):
+    import pandas as pd
+
+    import lengthbench.runner
+    from lengthbench.sweep import add_stages
+
+    ran = []
+
+    def fake_run_cell(config, results, **kwargs):
+        ran.append(config.run_id)
+        if config.seed == 1 and not config.init_from:
+            raise RuntimeError("stage 1 diverged")
+        write_run(results, config.run_id, fake_rows(config))
+        return pd.DataFrame(fake_rows(config))
+
+    monkeypatch.setattr(lengthbench.runner, "run_cell", fake_run_cell)
+    configs = add_stages(plan_sweep(["mqrar"], ["softmax"], ["rope"], [0, 1], "smoke", TINY),
+                         [{"train_length": 16}], "smoke", TINY)
+    outcomes = run_sweep(configs, tmp_path / "store", device="cpu")
+    assert [o.status for o in outcomes] == ["done", "done", "failed", "failed"]
+    assert "not run: its earlier stage" in outcomes[3].error and configs[3].run_id not in ran
+
+
+STAGED_WORKER = WORKER.replace('if config["seed"] == 1:', '''if config["init_from"] and not os.path.exists(
+        os.path.join(sys.argv[1], "runs", config["init_from"] + ".parquet")):
+    print("started before its earlier stage finished"); sys.exit(4)
+import time; time.sleep(0.3 if not config["init_from"] else 0)
+if False:''')
+
+
+def test_worker_pool_starts_a_stage_only_after_the_one_before(tmp_path):
+    from lengthbench.sweep import add_stages
+
+    configs = add_stages(plan_sweep(["mqrar"], ["softmax"], ["rope", "nape"], [0, 1], "smoke", TINY),
+                         [{"train_length": 16}, {"train_length": 32}], "smoke", TINY)
+    starts = []
+    outcomes = run_sweep(configs, tmp_path / "store", slots=["0", "1", "2"],
+                         on_event=lambda kind, config, outcome, slot: starts.append(config.run_id) if kind == "start" else None,
+                         worker_command=lambda config, results: [sys.executable, "-c", STAGED_WORKER, str(results),
+                                                                 config.to_json(), config.run_id])
+    assert [o.status for o in outcomes] == ["done"] * 12, [o.error for o in outcomes]
+    assert all(starts.index(c.init_from) < starts.index(c.run_id) for c in configs if c.init_from)
+
+
+def test_a_real_tiny_curriculum_sweep(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "sweep.toml"
+    store = tmp_path / "store"
+    overrides = "\n".join(f"{k} = {json.dumps(v)}" for k, v in TINY.items())  # (JSON scalars are TOML)
+    path.write_text(f'cells = ["mqrar:softmax:rope"]\nresults = "{store}"\ndevice = "cpu"\n'
+                    f'[overrides]\n{overrides}\n'
+                    '[[stages]]\ntrain_length = 16\ntask_params = {layout = "inline"}\n')
+    assert cli(monkeypatch, "sweep", "--config", path, "--dry-run") == 0
+    out = capsys.readouterr()
+    assert "2 runs (1 listed x 1 seeds, each after 1 earlier stage)" in " ".join(out.err.split())
+    assert "(the cell)" in out.out and out.out.count("to run") == 2
+    assert cli(monkeypatch, "sweep", "--config", path, "--quiet") == 0
+    assert "2 ran, 0 already in the store" in capsys.readouterr().out
+    assert cli(monkeypatch, "leaderboard", "--results", store) == 0
+    assert "after mqrar (layout=inline) at n 16" in " ".join(capsys.readouterr().out.split())

@@ -70,6 +70,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run every cell of tasks x attns x pes x seeds that is not in the store yet."""
         from lengthbench.sweep import (
+            add_stages,
             gpu_slots,
             parse_seeds,
             plan_cells,
@@ -105,6 +106,8 @@ def register(app: typer.Typer) -> None:
             pe_list = sorted({c.pe for c in configs})
         else:
             configs = plan_sweep(task_list, attn_list, pe_list, seed_list, preset, overrides)
+        stages = settings.get("stages", [])
+        configs = add_stages(configs, stages, preset, overrides)
         from lengthbench.store import run_finished
 
         done_before = sum(run_finished(results, c.run_id) for c in configs)
@@ -117,12 +120,21 @@ def register(app: typer.Typer) -> None:
                  ("this process" if not dry_run else ""))
         shape = (f"{len(cell_list)} listed x {len(seed_list)} seeds" if cell_list else
                  f"{len(task_list)} tasks x {len(attn_list)} attns x {len(pe_list)} pes x {len(seed_list)} seeds")
-        err.print(f"[bold]sweep[/]: {len(configs)} cells ({shape}), preset {preset}; {done_before} already in "
+        if stages:
+            shape += f", each after {len(stages)} earlier stage{'s' if len(stages) > 1 else ''}"
+        err.print(f"[bold]sweep[/]: {len(configs)} runs ({shape}), preset {preset}; {done_before} already in "
                   f"{results}" + (f"; running in {where}" if where else ""), highlight=False)
         if dry_run:
-            table = Table("cell", "run id", "status", title="sweep plan", title_justify="left")
+            columns = ("cell", "stage", "run id", "status") if stages else ("cell", "run id", "status")
+            table = Table(*columns, title="sweep plan", title_justify="left")
+            by_id = {c.run_id: c for c in configs}
+            sources = {c.init_from for c in configs}
             for config in configs:
-                table.add_row(_cell_name(config), config.run_id,
+                depth, source = 1, config.init_from
+                while source in by_id:
+                    depth, source = depth + 1, by_id[source].init_from
+                stage = [f"{depth}" if config.run_id in sources else f"{depth} (the cell)"] if stages else []
+                table.add_row(_cell_name(config), *stage, config.run_id,
                               "in the store" if run_finished(results, config.run_id) else "to run")
             out.print(table)
             return
