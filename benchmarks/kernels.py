@@ -159,10 +159,11 @@ def report(frame: pd.DataFrame) -> str:
               "- stickbreaking stops walking left once every row of a query tile has accumulated 60 nats of "
               "softplus (the remaining weights are below e^-60). Random inputs get there within about a hundred "
               "keys, so its times here are a best case; a model whose scores stay very negative walks further.",
-              "- entmax and sieve first find the 1.5-entmax threshold: a pass for each row's 16 largest tile "
-              "maxima (the exact threshold of that subset is a lower bound to start from), then a few Newton/exact "
-              "passes of score products; sieve then runs the filtered stick-breaking pass without early exit. "
-              "The number of passes depends on the scores (`--scale`).",
+              "- entmax, sparsemax and sieve first find the threshold: a pass that keeps the 4 largest scores "
+              "of each of the 64 key columns per row (the exact threshold of that subset is a lower bound, and "
+              "the threshold itself where no column's 4th largest is above it), then Newton/exact passes over "
+              "the rows left open only; sieve then runs the filtered stick-breaking pass without early exit. "
+              "How many rows stay open depends on the scores (`--scale`).",
               "- tda is the one-pass op (both views per key tile; the module runs it) on unit inputs like tra: its "
               "forward is timed without gradients (no activity map), its backward visits only the tiles the map "
               "lists; tda-2pass is two tra passes, what the module ran before session 10.",

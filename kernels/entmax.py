@@ -1,18 +1,31 @@
 """1.5-entmax attention: ``w_rj = (z_rj / 2 - tau_r)_+^2`` with ``tau_r`` making row ``r`` sum to 1; and
 sparsemax (alpha = 2): ``w_rj = (z_rj - tau_r)_+``.
 
-The threshold comes from its own kernel (``entmax_threshold``, which Sieve reuses for its support): one
-program per query tile. A first pass over the key tiles keeps, per row, the ``TOPK`` (16) largest of the
-tile maxima of ``X = z / 2``; the exact threshold of that subset, found in registers, is a lower bound on
-``tau*`` (a subset's sum ``sum (X - t)_+^2`` is never larger) and at least ``X_max - 1``. Passes then each
-accumulate, per row, ``s1 = sum (X - tau)_+``, ``s2 = sum (X - tau)_+^2``, the support size and the least
-``X`` in the support. From them either the exact root of ``sum_S (X - t)^2 = 1`` on the current support
-``S`` (accepted when no element of ``S`` falls below it: then it is ``tau*``), or a Newton step on
-``h(tau) = ||(X - tau)_+||_2 - 1``: ``tau <- tau + (s2 - sqrt(s2)) / s1``. ``h`` is convex and decreasing
-and the iteration starts below ``tau*``, so the Newton steps rise monotonically to ``tau*`` without
-overshooting, and the exact step ends the search once the support is found. For 64k Gaussian scores
-(`benchmarks/entmax_passes.py`) the subset start takes the passes after the first from 5-6 to 2-3. The tile stops when every row
-is exact or moves by less than ``tol``.
+The threshold comes from its own kernels (``entmax_threshold``, which Sieve reuses for its support), one
+program per query tile, in two stages.
+
+The first stage, one pass over the key tiles, keeps a subset of each row's ``X = z / 2``: the ``d`` (4)
+largest of every column ``c`` of the key tiles (the keys ``j = c mod BN``), merged elementwise in registers
+(``m_1 >= .. >= m_d``, no reduction per tile). The exact threshold of any subset, found in registers, is a
+lower bound on ``tau*`` (a subset's sum ``sum (X - t)_+^2`` is never larger) and at least ``X_max - 1``;
+and here every key left out lies at or below its column's ``m_d``. So a row whose ``m_d`` are all at or
+below the subset's threshold (or that has at most ``d`` keys per column) is certified: no left-out key is
+above that threshold, which is then ``tau*`` itself. That fails only where ``d`` keys of one column are in
+the support: for rows of 65,536 N(0, 1) scores (supports of ~30 keys; a numpy model of this stage) in ~12%
+of the rows, and only ~1.6% of all rows then need a step that moves ``tau``. (The older first stage,
+``subset`` 0, keeps the ``TOPK`` (16) largest tile maxima and certifies nothing: every row then takes the
+2-3 full passes.)
+
+The Newton passes then run on the rows left open only, gathered per head into tiles of their own (a second
+kernel; ``split``). Each pass accumulates, per row, ``s1 = sum (X - tau)_+``, ``s2 = sum (X - tau)_+^2``, the
+support size and the least ``X`` in the support. From them either the exact root of ``sum_S (X - t)^2 = 1``
+on the current support ``S`` (accepted when no element of ``S`` falls below it: then it is ``tau*``), or a
+Newton step on ``h(tau) = ||(X - tau)_+||_2 - 1``: ``tau <- tau + (s2 - sqrt(s2)) / s1``. ``h`` is convex
+and decreasing and the iteration starts below ``tau*``, so the Newton steps rise monotonically to ``tau*``
+without overshooting, and the exact step ends the search once the support is found. A tile stops when every
+row is exact or moves by less than ``tol``. On the H100 at L 65,536, H 16, D 32, bf16, N(0, 1) q and k
+(``benchmarks/entmax_variants.py``): 27 ms for the threshold against 90 ms with the top-16 start and three
+full passes; with q and k times 0.7 (wider supports, more rows left open) 59 against 114 ms.
 
 Sparsemax runs the same search on ``X = z`` for the root of ``sum (X - tau)_+ = 1``, piecewise linear: its
 Newton step from below is the exact root on the current support, accepted as ``tau*`` once no element of the
@@ -31,27 +44,48 @@ import torch
 import triton
 import triton.language as tl
 
-from lengthbench.kernels._common import Problem, score_tile
+from lengthbench.kernels._common import Problem, head_slope, rows_scale, score_tile, tile_rows
 from lengthbench.kernels._rowwise import ENTMAX, rowwise
 
 
 @triton.jit
-def _newton_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, tau, MASKED: tl.constexpr,
-                 STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr,
-                 D: tl.constexpr, BN: tl.constexpr, XS: tl.constexpr):
-    """Per row of one key tile: sum of ``s = (X - tau)_+``, of ``s^2``, the count of ``s > 0`` and the least
-    ``X`` above ``tau``."""
+def _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, MASKED: tl.constexpr,
+            STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
+            DOT_PREC: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, XS: tl.constexpr):
+    """``X = XS * z`` of the key tile at ``start_n``, ``-inf`` on the keys a row does not see (tested only when
+    ``MASKED``: the tiles that cross the diagonal). ``FOLD`` (no slopes, no row scale): one product by
+    ``sm_scale * XS`` instead of two; ``XS`` is a power of two, so ``(q.k * sm_scale) * XS`` is the same
+    number (the GPU's fused multiply-adds may round it differently in the last place)."""
     offs_n = start_n + tl.arange(0, BN)
     k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=(offs_n < T)[:, None] & dmask[None, :],
                 other=0.0)
-    z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-    x = z * XS
+    if FOLD:
+        x = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * (sm_scale * XS)
+    else:
+        z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+        x = z * XS
     if MASKED:
         if STRICT:
             valid = (offs_n[None, :] < offs_m[:, None]) & (offs_n[None, :] < T)
         else:
             valid = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T)
         x = tl.where(valid, x, float("-inf"))
+    return x
+
+
+@triton.jit
+def _accumulate(a1, a2, a3, a4, x, tau):
+    """Add a ``[BM, BN]`` tile of ``X`` to elementwise partial sums of ``s = (X - tau)_+``, of ``s^2``, of
+    ``1[s > 0]`` and to the least ``X`` with ``s > 0`` (reduced over the columns by the caller)."""
+    s = tl.maximum(x - tau[:, None], 0.0)
+    inside = s > 0
+    return a1 + s, a2 + s * s, a3 + inside.to(tl.float32), tl.minimum(a4, tl.where(inside, x, float("inf")))
+
+
+@triton.jit
+def _newton_tile(x, tau):
+    """Per row of one key tile of ``X``: sum of ``s = (X - tau)_+``, of ``s^2``, the count of ``s > 0`` and the
+    least ``X`` above ``tau``."""
     s = tl.maximum(x - tau[:, None], 0.0)
     inside = s > 0
     return (tl.sum(s, 1), tl.sum(s * s, 1), tl.sum(inside.to(tl.float32), 1),
@@ -91,87 +125,251 @@ def _step(s1, s2, cnt, x_low, tau, XS: tl.constexpr):
 
 
 @triton.jit
-def _threshold_kernel(Q, K, SL, RS, TAU, sm_scale, T, H, tol, max_iter,
-                      STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
-                      DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
-                      BN: tl.constexpr, TOPK: tl.constexpr, SUBSET_ITERS: tl.constexpr, XS: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+def _insert(m1, m2, m3, m4, x, DEPTH: tl.constexpr):
+    """Merge a tile of ``X`` into the per-column running top ``DEPTH`` (``m1 >= m2 >= m3 >= m4``, elementwise;
+    the levels past ``DEPTH`` stay as they are)."""
+    if DEPTH >= 4:
+        m4 = tl.maximum(m4, tl.minimum(m3, x))
+    if DEPTH >= 3:
+        m3 = tl.maximum(m3, tl.minimum(m2, x))
+    if DEPTH >= 2:
+        m2 = tl.maximum(m2, tl.minimum(m1, x))
+    m1 = tl.maximum(m1, x)
+    return m1, m2, m3, m4
+
+
+@triton.jit
+def _column_stats(m1, m2, m3, m4, tau, DEPTH: tl.constexpr):
+    """``s1, s2``, count and least ``X`` above ``tau`` per row of the column subset (its ``DEPTH`` levels)."""
+    a1, a2, a3, a4 = _accumulate(tl.zeros_like(m1), tl.zeros_like(m1), tl.zeros_like(m1),
+                                 tl.full(m1.shape, float("inf"), tl.float32), m1, tau)
+    if DEPTH >= 2:
+        a1, a2, a3, a4 = _accumulate(a1, a2, a3, a4, m2, tau)
+    if DEPTH >= 3:
+        a1, a2, a3, a4 = _accumulate(a1, a2, a3, a4, m3, tau)
+    if DEPTH >= 4:
+        a1, a2, a3, a4 = _accumulate(a1, a2, a3, a4, m4, tau)
+    return tl.sum(a1, 1), tl.sum(a2, 1), tl.sum(a3, 1), tl.min(a4, 1)
+
+
+@triton.jit
+def _query_tile(Q, SL, RS, T, H, pid_m, bh, STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr,
+                HAS_RS: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
+    """A query tile: ``(base, offs_m, offs_d, row_ok, dmask, q, slope, rs, diag, hi)``, the keys visible to its
+    rows being ``[0, hi)`` and those below ``diag`` visible to all of them."""
     base = bh.to(tl.int64) * T * D
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, BD)
-    row_ok = offs_m < T
-    dmask = offs_d < D
-    q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=row_ok[:, None] & dmask[None, :], other=0.0)
-    slope = 0.0
-    if HAS_SLOPES:
-        slope = tl.load(SL + bh % H)
-    rs = tl.full([BM], 1.0, dtype=tl.float32)
-    if HAS_RS:
-        rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
+    offs_m, offs_d, row_ok, dmask, rmask, roff = tile_rows(pid_m * BM, T, D, BD, BM)
+    q = tl.load(Q + base + roff, mask=rmask, other=0.0)
+    slope = head_slope(SL, bh, H, HAS_SLOPES)
+    rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
     # Keys visible to row r: j <= r, or j < r when STRICT (Sieve).
     hi = tl.minimum((pid_m + 1) * BM, T)
     if STRICT:
         hi = tl.minimum((pid_m + 1) * BM - 1, T - 1)
-    # First pass: per row, the largest X of each key tile, keeping the TOPK largest of those (a subset of the
-    # row's scores, so the exact threshold of that subset is a lower bound on tau*, usually a close one).
-    cols = tl.arange(0, TOPK)
-    top = tl.full([BM, TOPK], float("-inf"), dtype=tl.float32)
-    for start_n in range(0, hi, BN):
-        offs_n = start_n + tl.arange(0, BN)
-        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=(offs_n < T)[:, None] & dmask[None, :],
-                    other=0.0)
-        z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-        if STRICT:
-            valid = (offs_n[None, :] < offs_m[:, None]) & (offs_n[None, :] < T)
-        else:
-            valid = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T)
-        tile_max = tl.max(tl.where(valid, z * XS, float("-inf")), 1)
-        low = tl.min(top, 1)
-        pos = tl.argmin(top, 1)
-        top = tl.where((cols[None, :] == pos[:, None]) & (tile_max > low)[:, None], tile_max[:, None], top)
-    x_max = tl.max(top, 1)
-    empty = x_max == float("-inf")
-    # The subset's threshold, by the same exact/Newton steps in registers, from X_max - 1 (below it).
-    tau = tl.where(empty, 0.0, x_max - 1.0)
-    for _ in tl.static_range(SUBSET_ITERS):
-        s = tl.maximum(top - tau[:, None], 0.0)
-        inside = s > 0
-        s1 = tl.sum(s, 1)
-        s2 = tl.sum(s * s, 1)
-        cnt = tl.sum(inside.to(tl.float32), 1)
-        x_low = tl.min(tl.where(inside, top, float("inf")), 1)
-        tau += _step(s1, s2, cnt, x_low, tau, XS)
-    pending = tl.sum(row_ok.to(tl.int32), 0)
-    it = 0
     diag = pid_m * BM  # key tiles before the tile's first row are fully visible: no mask there
+    return base, offs_m, offs_d, row_ok, dmask, q, slope, rs, diag, hi
+
+
+@triton.jit
+def _first_stage(q, K, base, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, rs, diag, hi,
+                 STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
+                 DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr,
+                 SUBSET: tl.constexpr, TOPK: tl.constexpr, SUBSET_ITERS: tl.constexpr, XS: tl.constexpr):
+    """``(tau, empty, certified)`` per row: the subset's threshold (a lower bound on ``tau*``, and ``tau*``
+    where ``certified``), whether the row sees no key. ``SUBSET`` 0: the ``TOPK`` largest maxima of the key
+    tiles (of ``BNS`` keys), ``SUBSET_ITERS`` steps on them; ``SUBSET`` d in 1..4: the d largest ``X`` of every
+    column (keys ``j = c mod BNS``), steps until their exact root is accepted (at most ``SUBSET_ITERS``) and
+    the certificate."""
+    certified = offs_m < 0
+    if SUBSET == 0:
+        # Per row, the largest X of each key tile, keeping the TOPK largest of those (a subset of the row's
+        # scores, so the exact threshold of that subset is a lower bound on tau*, usually a close one).
+        cols = tl.arange(0, TOPK)
+        top = tl.full([BM, TOPK], float("-inf"), dtype=tl.float32)
+        for start_n in range(0, hi, BNS):
+            x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, True, STRICT,
+                        HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BNS, XS)
+            tile_max = tl.max(x, 1)
+            low = tl.min(top, 1)
+            pos = tl.argmin(top, 1)
+            top = tl.where((cols[None, :] == pos[:, None]) & (tile_max > low)[:, None], tile_max[:, None], top)
+        x_max = tl.max(top, 1)
+        empty = x_max == float("-inf")
+        # The subset's threshold, by the same exact/Newton steps in registers, from X_max - 1 (below it).
+        tau = tl.where(empty, 0.0, x_max - 1.0)
+        for _ in tl.static_range(SUBSET_ITERS):
+            s1, s2, cnt, x_low = _newton_tile(top, tau)
+            tau += _step(s1, s2, cnt, x_low, tau, XS)
+    else:
+        # Per row and column c, the SUBSET largest X, merged elementwise in registers (no reduction per tile).
+        # Every key left out lies at or below its column's SUBSET-th largest, so where all of those are at or
+        # below the subset's threshold (or no key is left out: at most SUBSET per column), no left-out key is
+        # in the support and the subset's threshold is tau* itself (the row is certified).
+        m1 = tl.full([BM, BNS], float("-inf"), dtype=tl.float32)
+        m2 = m1
+        m3 = m1
+        m4 = m1
+        for start_n in range(0, diag, BNS):
+            x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, False, STRICT,
+                        HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BNS, XS)
+            m1, m2, m3, m4 = _insert(m1, m2, m3, m4, x, SUBSET)
+        for start_n in range(diag, hi, BNS):
+            x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, True, STRICT,
+                        HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BNS, XS)
+            m1, m2, m3, m4 = _insert(m1, m2, m3, m4, x, SUBSET)
+        x_max = tl.max(m1, 1)
+        empty = x_max == float("-inf")
+        tau = tl.where(empty, 0.0, x_max - 1.0)
+        solved = offs_m < 0
+        pending = tl.sum((row_ok & (empty == 0)).to(tl.int32), 0)
+        it = 0
+        while (it < SUBSET_ITERS) & (pending > 0):
+            s1, s2, cnt, x_low = _column_stats(m1, m2, m3, m4, tau, SUBSET)
+            solved = solved | _exact_ok(s1, s2, cnt, x_low, tau, XS)
+            tau += _step(s1, s2, cnt, x_low, tau, XS)
+            pending = tl.sum((row_ok & (empty == 0) & (solved == 0)).to(tl.int32), 0)
+            it += 1
+        bottom = m1
+        if SUBSET == 2:
+            bottom = m2
+        if SUBSET == 3:
+            bottom = m3
+        if SUBSET == 4:
+            bottom = m4
+        n_keys = offs_m + 1
+        if STRICT:
+            n_keys = offs_m
+        certified = solved & ((tl.max(bottom, 1) <= tau) | (n_keys <= SUBSET * BNS))
+    return tau, empty, certified
+
+
+@triton.jit
+def _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, tau, fixed, tol, max_iter,
+                   STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
+                   ACC: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   XS: tl.constexpr):
+    """``tau`` after the Newton passes, which run while a row not ``fixed`` (certified, empty or past ``T``:
+    kept as they are) is neither exact nor still. ``ACC``: elementwise ``[BM, BN]`` partial sums, reduced once
+    per pass, instead of reducing every key tile."""
+    start = tau
+    pending = tl.sum((fixed == 0).to(tl.int32), 0)
+    it = 0
     while (it < max_iter) & (pending > 0):
-        s1 = tl.zeros([BM], dtype=tl.float32)
-        s2 = tl.zeros([BM], dtype=tl.float32)
-        cnt = tl.zeros([BM], dtype=tl.float32)
-        x_low = tl.full([BM], float("inf"), dtype=tl.float32)
-        for start_n in range(0, diag, BN):
-            a1, a2, a3, a4 = _newton_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs,
-                                          tau, False, STRICT, HAS_SLOPES, HAS_RS, DOT_PREC, D, BN, XS)
-            s1 += a1
-            s2 += a2
-            cnt += a3
-            x_low = tl.minimum(x_low, a4)
-        for start_n in range(diag, hi, BN):
-            a1, a2, a3, a4 = _newton_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs,
-                                          tau, True, STRICT, HAS_SLOPES, HAS_RS, DOT_PREC, D, BN, XS)
-            s1 += a1
-            s2 += a2
-            cnt += a3
-            x_low = tl.minimum(x_low, a4)
+        if ACC:
+            a1 = tl.zeros([BM, BN], dtype=tl.float32)
+            a2 = tl.zeros([BM, BN], dtype=tl.float32)
+            a3 = tl.zeros([BM, BN], dtype=tl.float32)
+            a4 = tl.full([BM, BN], float("inf"), dtype=tl.float32)
+            for start_n in range(0, diag, BN):
+                x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, False, STRICT,
+                            HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BN, XS)
+                a1, a2, a3, a4 = _accumulate(a1, a2, a3, a4, x, tau)
+            for start_n in range(diag, hi, BN):
+                x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, True, STRICT,
+                            HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BN, XS)
+                a1, a2, a3, a4 = _accumulate(a1, a2, a3, a4, x, tau)
+            s1 = tl.sum(a1, 1)
+            s2 = tl.sum(a2, 1)
+            cnt = tl.sum(a3, 1)
+            x_low = tl.min(a4, 1)
+        else:
+            s1 = tl.zeros([BM], dtype=tl.float32)
+            s2 = tl.zeros([BM], dtype=tl.float32)
+            cnt = tl.zeros([BM], dtype=tl.float32)
+            x_low = tl.full([BM], float("inf"), dtype=tl.float32)
+            for start_n in range(0, diag, BN):
+                x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, False, STRICT,
+                            HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BN, XS)
+                a1, a2, a3, a4 = _newton_tile(x, tau)
+                s1 += a1
+                s2 += a2
+                cnt += a3
+                x_low = tl.minimum(x_low, a4)
+            for start_n in range(diag, hi, BN):
+                x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, True, STRICT,
+                            HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BN, XS)
+                a1, a2, a3, a4 = _newton_tile(x, tau)
+                s1 += a1
+                s2 += a2
+                cnt += a3
+                x_low = tl.minimum(x_low, a4)
         exact_ok = _exact_ok(s1, s2, cnt, x_low, tau, XS)
         step = _step(s1, s2, cnt, x_low, tau, XS)
         tau += step
-        done = exact_ok | (step <= tol * (1.0 + tl.abs(tau))) | empty | (offs_m >= T)
+        done = exact_ok | (step <= tol * (1.0 + tl.abs(tau))) | fixed
         pending = tl.sum((done == 0).to(tl.int32), 0)
         it += 1
+    return tl.where(fixed, start, tau)
+
+
+@triton.jit
+def _threshold_kernel(Q, K, SL, RS, TAU, sm_scale, T, H, tol, max_iter,
+                      STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
+                      DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
+                      BN: tl.constexpr, BNS: tl.constexpr, SUBSET: tl.constexpr, TOPK: tl.constexpr,
+                      SUBSET_ITERS: tl.constexpr, ACC: tl.constexpr, XS: tl.constexpr):
+    """Both stages in one program per query tile (``+inf`` for a row with no key)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    base, offs_m, offs_d, row_ok, dmask, q, slope, rs, diag, hi = _query_tile(
+        Q, SL, RS, T, H, pid_m, bh, STRICT, HAS_SLOPES, HAS_RS, D, BD, BM)
+    tau, empty, certified = _first_stage(q, K, base, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, rs, diag,
+                                         hi, STRICT, HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, SUBSET, TOPK,
+                                         SUBSET_ITERS, XS)
+    tau = _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, tau,
+                         certified | empty | (row_ok == 0), tol, max_iter, STRICT, HAS_SLOPES, HAS_RS, FOLD, ACC,
+                         DOT_PREC, D, BM, BN, XS)
     tau = tl.where(empty, float("inf"), tau)
     tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
+
+
+@triton.jit
+def _start_kernel(Q, K, SL, RS, TAU, DONE, sm_scale, T, H,
+                  STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
+                  DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr,
+                  SUBSET: tl.constexpr, TOPK: tl.constexpr, SUBSET_ITERS: tl.constexpr, XS: tl.constexpr):
+    """The first stage alone (the split launch): ``TAU`` the start (``+inf`` for a row with no key), ``DONE``
+    1 where it is final (certified or empty)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    base, offs_m, offs_d, row_ok, dmask, q, slope, rs, diag, hi = _query_tile(
+        Q, SL, RS, T, H, pid_m, bh, STRICT, HAS_SLOPES, HAS_RS, D, BD, BM)
+    tau, empty, certified = _first_stage(q, K, base, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, rs, diag,
+                                         hi, STRICT, HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, SUBSET, TOPK,
+                                         SUBSET_ITERS, XS)
+    tl.store(TAU + bh * T + offs_m, tl.where(empty, float("inf"), tau), mask=row_ok)
+    tl.store(DONE + bh * T + offs_m, (certified | empty).to(tl.int8), mask=row_ok)
+
+
+@triton.jit
+def _newton_kernel(Q, K, SL, RS, TAU, ROWS, COUNT, sm_scale, T, H, tol, max_iter,
+                   STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
+                   ACC: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
+                   BN: tl.constexpr, XS: tl.constexpr):
+    """The Newton passes alone (the split launch) over the rows ``_start_kernel`` left open, gathered:
+    ``ROWS[bh, :COUNT[bh]]`` (ascending, ``T + 1`` a head), ``BM`` of them a program; ``TAU`` in place. The
+    keys below the tile's first row are visible to all its rows, the rest up to its last row are masked."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    n_open = tl.load(COUNT + bh)
+    if pid_m * BM < n_open:
+        base = bh.to(tl.int64) * T * D
+        slots = pid_m * BM + tl.arange(0, BM)
+        row_ok = slots < n_open
+        offs_m = tl.load(ROWS + bh.to(tl.int64) * (T + 1) + slots, mask=row_ok, other=0)
+        offs_d = tl.arange(0, BD)
+        dmask = offs_d < D
+        q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=row_ok[:, None] & dmask[None, :],
+                    other=0.0)
+        slope = head_slope(SL, bh, H, HAS_SLOPES)
+        rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
+        first = tl.min(tl.where(row_ok, offs_m, T), 0)
+        last = tl.max(tl.where(row_ok, offs_m, 0), 0)
+        tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
+        tau = _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, (first // BN) * BN,
+                             last + 1, tau, row_ok == 0, tol, max_iter, STRICT, HAS_SLOPES, HAS_RS, FOLD, ACC,
+                             DOT_PREC, D, BM, BN, XS)
+        tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
 
 
 # alpha -> the factor X = (alpha - 1) z of the threshold kernel; the output pass's POWER is 1 / (alpha - 1).
@@ -185,19 +383,83 @@ def _check_alpha(alpha) -> float:
     return alpha
 
 
+# Launch settings of the threshold search per head-dim block (``Problem.block_d``). ``split`` False: one
+# kernel, query tile ``bm``, key tiles ``bn`` in the Newton passes and ``bn_subset`` in the first stage (the
+# subset's columns), ``warps``, ``stages``. ``split`` True: the first stage with those settings, then the
+# Newton passes over the open rows only, gathered, with ``newton = (bm, bn, warps, stages)``. The search:
+# ``subset`` (0 the ``TOPK`` largest tile maxima, d in 1..4 the top d of every column), ``acc`` (elementwise
+# partial sums in the Newton passes) and ``fold`` (one product by ``sm_scale * XS`` where there are no slopes
+# and no row scale). ``TUNING`` (None, or a dict of some of these keys, which replace the defaults) overrides
+# them: for benchmarks and tests; with ``old`` True it starts from the search and launch settings before
+# session 11 (one kernel, the top-16 start, 128-row tiles of 8 warps up to head dim 64) instead. A query tile
+# must be a multiple of its kernel's key tiles.
+TUNING: dict | None = None
+_OLD = dict(old=True)
+
+
+def _config(block_d: int) -> dict:
+    tuning = dict(TUNING or {})
+    small = block_d <= 64
+    if tuning.pop("old", False):
+        config = dict(bm=128, bn=64, bn_subset=64, warps=8) if small else dict(bm=32, bn=32, bn_subset=32, warps=4)
+        config.update(stages=2, newton=(128, 64, 8, 2) if small else (32, 32, 4, 2), split=False, subset=0,
+                      acc=False, fold=False)
+    elif small:
+        # Chosen on the H100 by benchmarks/entmax_variants.py (session 11): the four levels of 64 columns
+        # spill 16 bytes here, which costs less than 8-warp tiles without spills (21 against 25 ms for the
+        # first stage at D 32).
+        config = dict(bm=64, bn=64, bn_subset=64, warps=4, stages=2, newton=(64, 32, 4, 2), split=True, subset=4,
+                      acc=False, fold=True)
+    else:  # the single-view kernels' tiles, not measured
+        config = dict(bm=32, bn=32, bn_subset=32, warps=4, stages=2, newton=(32, 32, 4, 2), split=True, subset=4,
+                      acc=False, fold=True)
+    return {**config, **tuning}
+
+
+def _open_rows(done: torch.Tensor):
+    """The rows left open (``done == 0``) per head, gathered in order: ``(rows [BH, T + 1] int32, count [BH]
+    int32)``, ``rows[bh, :count[bh]]`` the open rows of head ``bh`` (the last column takes the others). On the
+    device, no synchronisation."""
+    heads, tokens = done.shape
+    open_ = done == 0
+    slot = torch.where(open_, torch.cumsum(open_, 1, dtype=torch.int32) - 1, tokens)
+    rows = torch.zeros(heads, tokens + 1, device=done.device, dtype=torch.int32)
+    order = torch.arange(tokens, device=done.device, dtype=torch.int32).expand(heads, tokens)
+    rows.scatter_(1, slot.long(), order)
+    return rows, open_.sum(1, dtype=torch.int32)
+
+
 def entmax_threshold(q, k, *, slopes=None, row_scale=None, sm_scale=None, strict=False, tol=1e-6,
                      max_iter=40, alpha=1.5) -> torch.Tensor:
     """``tau`` ``[B, H, T]`` fp32 of alpha-entmax (1.5 or 2) over each row's visible keys (``j < r`` when
     ``strict``; ``+inf`` for a row with no key), on the scale ``X = (alpha - 1) z``. No gradient."""
     xs = _ALPHAS[_check_alpha(alpha)]
     pb = Problem(q, k, k, slopes, row_scale, sm_scale)
+    config = _config(pb.block_d)
+    bm, bn, bns, split = config["bm"], config["bn"], config["bn_subset"], config["split"]
+    subset = int(config["subset"])
+    nbm, nbn, nwarps, nstages = config["newton"]
+    if bm % bns or (not split and bm % bn) or (split and nbm % nbn) or not 0 <= subset <= 4:
+        raise ValueError(f"entmax threshold: bad launch settings {config}")
     tau = pb.rows()
-    grid = (triton.cdiv(pb.tokens, pb.fwd_block), pb.bh)
-    _threshold_kernel[grid](pb.q, pb.k, pb.opt(pb.slopes), pb.opt(pb.row_scale), tau, pb.sm_scale, pb.tokens,
-                            pb.heads, float(tol), int(max_iter), STRICT=bool(strict),
-                            HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
-                            DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=pb.fwd_block, BN=pb.block,
-                            TOPK=16, SUBSET_ITERS=8, XS=xs, num_warps=pb.fwd_warps, num_stages=2)
+    args = (pb.q, pb.k, pb.opt(pb.slopes), pb.opt(pb.row_scale), tau)
+    common = dict(STRICT=bool(strict), HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
+                  FOLD=bool(config["fold"]) and pb.slopes is None and pb.row_scale is None, DOT_PREC=pb.dot_prec,
+                  D=pb.head_dim, BD=pb.block_d, XS=xs)
+    first = dict(BNS=bns, SUBSET=subset, TOPK=16, SUBSET_ITERS=16 if subset else 8)
+    grid = (triton.cdiv(pb.tokens, bm), pb.bh)
+    if not split:
+        _threshold_kernel[grid](*args, pb.sm_scale, pb.tokens, pb.heads, float(tol), int(max_iter), BM=bm, BN=bn,
+                                ACC=bool(config["acc"]), num_warps=config["warps"], num_stages=config["stages"],
+                                **first, **common)
+        return tau
+    done = torch.empty(tau.shape, device=tau.device, dtype=torch.int8)
+    _start_kernel[grid](*args, done, pb.sm_scale, pb.tokens, pb.heads, BM=bm, num_warps=config["warps"],
+                        num_stages=config["stages"], **first, **common)
+    rows, count = _open_rows(done.view(pb.bh, pb.tokens))
+    _newton_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
+        *args, rows, count, pb.sm_scale, pb.tokens, pb.heads, float(tol), int(max_iter), ACC=bool(config["acc"]),
+        BM=nbm, BN=nbn, num_warps=nwarps, num_stages=nstages, **common)
     return tau
 
 

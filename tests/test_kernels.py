@@ -389,3 +389,67 @@ def test_tda_activity_map_is_exact(mode, monkeypatch):
     # fp32 products in another order may move a score within rounding of the threshold: allow 1 tile per head
     assert (got != want).sum().item() <= heads, (got != want).nonzero()
     assert 0 < want.sum().item() < want.numel()
+
+
+# -- the entmax threshold kernel's variants (kernels/entmax.py, ``TUNING``) -----------------------------------
+
+# ``old``: the top-16 tile maxima start, per-tile reductions, two scale products, one kernel, its tiles (the
+# search before session 11); the others: the per-column top-d start (``subset``) with its certificate, the
+# Newton passes over the open rows only (``split``), elementwise partial sums (``acc``), other tiles (tiny
+# ones leave most rows to the Newton passes).
+ENTMAX_VARIANTS = {
+    "old": dict(old=True),
+    "old-split": dict(old=True, split=True),
+    "fused-sub3-acc": dict(split=False, subset=3, acc=True),
+    "sub2-bm128-w8": dict(subset=2, bm=128, warps=8, newton=(128, 64, 8, 2)),
+    "sub1-acc-nofold": dict(subset=1, acc=True, fold=False, newton=(32, 32, 4, 2)),
+    "tiny": dict(subset=2, bm=32, bn=16, bn_subset=16, newton=(16, 16, 4, 2)),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(ENTMAX_VARIANTS))
+@pytest.mark.parametrize("case", ["entmax-T1000-D32-bf16", "sparsemax-T4096-D32-fp32",
+                                  "sieve-T300-D64-bf16-alibi", "entmax-T333-D128-bf16-alibi"])
+def test_entmax_variants_match_reference(variant, case, monkeypatch):
+    from lengthbench.kernels import entmax
+
+    monkeypatch.setattr(entmax, "TUNING", ENTMAX_VARIANTS[variant])
+    name, shape = case.split("-", 1)
+    tokens, head_dim, dtype = {"T1000-D32-bf16": (1000, 32, torch.bfloat16),
+                               "T4096-D32-fp32": (4096, 32, torch.float32),
+                               "T300-D64-bf16-alibi": (300, 64, torch.bfloat16),
+                               "T333-D128-bf16-alibi": (333, 128, torch.bfloat16)}[shape]
+    q, k, v = make_inputs(name, 1, 2, tokens, head_dim, dtype, seed=tokens)
+    extra = {}
+    if "alibi" in case:
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        extra = dict(slopes=torch.tensor([0.25, 0.0], device="cuda"),
+                     row_scale=0.5 + torch.rand(1, 2, tokens, device="cuda", generator=gen))
+    check(name, q, k, v, seed=tokens, label=f"{variant} {shape}", **extra)
+
+
+@pytest.mark.parametrize("variant", sorted([*set(ENTMAX_VARIANTS) - {"old"}, "default"]))
+@pytest.mark.parametrize("case", ["entmax-bf16", "entmax-fp32-small", "sparsemax-bf16", "sieve-fp32-alibi"])
+def test_entmax_threshold_variants_agree(variant, case, monkeypatch):
+    """Every variant's ``tau`` equals the old search's to rounding (the same root, reached from another start
+    or summed in another order), with the same rows at ``+inf`` (no visible key)."""
+    from lengthbench.kernels import entmax
+
+    name, dtype, *rest = case.split("-")
+    tokens, scale = (2048, 0.5) if "small" in rest else (4096, 1.0)  # small scores: wide supports, more passes
+    q, k, _ = make_inputs("entmax", 1, 3, tokens, 32, {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype],
+                          seed=17, scale=scale)
+    kwargs = dict(alpha=2.0 if name == "sparsemax" else 1.5, strict=name == "sieve")
+    if "alibi" in rest:
+        gen = torch.Generator(device="cuda").manual_seed(6)
+        kwargs.update(slopes=torch.tensor([0.5, 0.0625, 0.0], device="cuda"),
+                      row_scale=0.5 + torch.rand(1, 3, tokens, device="cuda", generator=gen))
+    monkeypatch.setattr(entmax, "TUNING", ENTMAX_VARIANTS["old"])
+    want = entmax.entmax_threshold(q, k, **kwargs)
+    monkeypatch.setattr(entmax, "TUNING", ENTMAX_VARIANTS.get(variant))  # default: None, the defaults
+    got = entmax.entmax_threshold(q, k, **kwargs)
+    finite = torch.isfinite(want)
+    assert torch.equal(finite, torch.isfinite(got))
+    err = ((got - want).abs() / (1 + want.abs()))[finite].max().item()
+    print(f"ERR tau {variant:12s} {case:18s} {err:.2e}")
+    assert err <= 1e-5, err

@@ -1,0 +1,201 @@
+"""The entmax threshold kernel's variants (``kernels/entmax.py``, ``TUNING``): the threshold alone and the
+whole entmax forward, against SDPA (flash, causal) forward.
+
+    python benchmarks/entmax_variants.py --out results/kernels/session11 --lengths 16384,65536
+
+Each variant overrides some of the kernel's launch settings (query tile ``bm``, key tiles ``bn`` and
+``bn_subset``, ``warps``, ``stages``, and ``newton`` for the split launch's Newton kernel) and search
+settings (``split``: the Newton passes as a second kernel over the open rows only; ``subset``: 0 the old
+top-16 tile maxima, d the top d of every key column; ``acc``: elementwise partial sums in the Newton passes;
+``fold``: one scale product); ``old`` is the search and launch before session 11, ``default`` the kernel's
+defaults. Random N(0, 1) q, k, v times ``--scale`` (so scores of standard deviation ``scale^2``), B 1, H 16,
+bf16. Times are medians of ``--reps`` runs between CUDA events after ``--warmup`` runs; the first stage's
+time is that of ``max_iter=0`` (for split variants with the gathering and the empty Newton launch). Every
+variant's ``tau`` is compared with ``old``'s (max |difference| over the finite entries, and whether the
+infinite ones agree); "moving" are the fractions of rows whose ``tau`` still changes (by over 1e-6
+relative) after the first stage and after one Newton pass (rows left open but already exact do not count);
+registers and spills are those of the kernels the variant compiled first (split: first stage / Newton).
+Writes ``entmax_variants.parquet``, ``.csv`` and ``.md``, rewritten after each measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import torch
+import triton
+
+from kernels import inputs, sdpa  # benchmarks/kernels.py
+from lengthbench.kernels import entmax
+
+VARIANTS = {
+    "old": dict(entmax._OLD),
+    "default": None,
+    "old-fold": dict(entmax._OLD, fold=True),
+    "old-split": dict(entmax._OLD, split=True),
+    "fused-sub3": dict(split=False, subset=3, bm=128, bn=64, warps=8),
+    "fused-sub3-acc": dict(split=False, subset=3, bm=128, bn=64, warps=8, acc=True),
+    "fused-sub4": dict(split=False, subset=4),
+    "sub2": dict(subset=2),
+    "sub3": dict(subset=3),
+    "sub4-acc": dict(acc=True),
+    "sub4-nofold": dict(fold=False),
+    "sub4-bm128-w8": dict(bm=128, warps=8),
+    "sub4-bm64-w8": dict(warps=8),
+    "sub4-st3": dict(stages=3),
+    "sub4-n128-64w8": dict(newton=(128, 64, 8, 2)),
+    "sub4-n32w4": dict(newton=(32, 32, 4, 2)),
+    "sub4-bns32": dict(bn_subset=32),
+}
+
+
+def git_commit() -> str:
+    sha = os.environ.get("LENGTHBENCH_GIT_SHA")
+    if sha:
+        return sha
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def time_ms(fn, warmup: int, reps: int) -> float:
+    """Median of ``reps`` runs of ``fn`` between CUDA events, after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def compiled_kernels() -> dict:
+    """The threshold search's compiled kernels so far, by (kernel, cache key) (Triton's per-device caches)."""
+    found = {}
+    for kernel in (entmax._threshold_kernel, entmax._start_kernel, entmax._newton_kernel):
+        for entry in getattr(kernel, "device_caches", {}).values():
+            cache = entry[0] if isinstance(entry, tuple) else entry
+            found.update({(kernel.__name__, key): compiled for key, compiled in cache.items()})
+    return found
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="results/kernels/entmax_variants")
+    parser.add_argument("--lengths", default="16384,65536")
+    parser.add_argument("--head-dims", default="32,64")
+    parser.add_argument("--scale", type=float, default=1.0, help="q and k times this (score std scale^2)")
+    parser.add_argument("--alpha", type=float, default=1.5, help="1.5 (entmax) or 2 (sparsemax)")
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    args = parser.parse_args()
+    device = torch.cuda.get_device_name()
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    commit = git_commit()
+    print(f"device: {device}\ndate: {created}\ngit: {commit}\ntorch {torch.__version__} "
+          f"triton {triton.__version__}\nB 1, H {args.heads}, bf16, scale {args.scale}, alpha {args.alpha}",
+          flush=True)
+    names = args.variants.split(",")
+    if names[0] != "old":
+        names = ["old", *[n for n in names if n != "old"]]  # every tau is compared with old's
+    rows = []
+    for head_dim in [int(x) for x in args.head_dims.split(",")]:
+        for tokens in [int(x) for x in args.lengths.split(",")]:
+            with torch.no_grad():
+                stamp = dict(device=device, created_at=created, git=commit)
+                measure_case(args, tokens, head_dim, names, rows, stamp)
+            torch.cuda.empty_cache()
+
+
+def measure_case(args, tokens, head_dim, names, rows, stamp):
+    """Every variant at one length and head dim, appended to ``rows`` (and saved after each)."""
+    q, k, v, _ = inputs(args.heads, tokens, head_dim, torch.bfloat16, scale=args.scale)
+    timing = (args.warmup, args.reps)
+    sdpa_ms = time_ms(lambda: sdpa(q, k, v), *timing)
+    reference = None
+    for name in names:
+        entmax.TUNING = VARIANTS[name]
+        try:
+            before = set(compiled_kernels())
+            tau = entmax.entmax_threshold(q, k, alpha=args.alpha)
+            new = [kern for key, kern in compiled_kernels().items() if key not in before]
+            config = entmax._config(max(16, triton.next_power_of_2(head_dim)))
+            thr_ms = time_ms(lambda: entmax.entmax_threshold(q, k, alpha=args.alpha), *timing)
+            first_ms = time_ms(lambda: entmax.entmax_threshold(q, k, alpha=args.alpha, max_iter=0), *timing)
+            fwd_ms = time_ms(lambda: entmax.entmax_attention(q, k, v, alpha=args.alpha), *timing)
+        except Exception as error:  # a variant whose tiles do not compile at this head dim
+            print(f"{name:14s} L={tokens:6d} D={head_dim:3d} failed: {type(error).__name__}: "
+                  f"{str(error).splitlines()[0][:200]}", flush=True)
+            continue
+        finally:
+            entmax.TUNING = None
+        if reference is None:
+            reference = tau
+        moving = []  # rows whose tau still changes after the first stage, and after one Newton pass
+        for passes in (0, 1):
+            entmax.TUNING = VARIANTS[name]
+            early = entmax.entmax_threshold(q, k, alpha=args.alpha, max_iter=passes)
+            entmax.TUNING = None
+            moving.append(((early - tau).abs() > 1e-6 * (1 + tau.abs())).float().mean().item())
+        finite = torch.isfinite(reference)
+        same_inf = bool(torch.equal(finite, torch.isfinite(tau)))
+        diff = (tau - reference)[finite].abs().max().item() if finite.any() else 0.0
+        regs = "/".join(str(getattr(kernel, "n_regs", None)) for kernel in new)  # split: first stage/Newton
+        spills = "/".join(str(getattr(kernel, "n_spills", None)) for kernel in new)
+        rows.append(dict(variant=name, config=str(config), seq_len=tokens, head_dim=head_dim,
+                         heads=args.heads, dtype="bfloat16", scale=args.scale, alpha=args.alpha,
+                         threshold_ms=thr_ms, first_stage_ms=first_ms, entmax_fwd_ms=fwd_ms, sdpa_fwd_ms=sdpa_ms,
+                         tau_max_abs_diff=diff,
+                         tau_inf_agree=same_inf, moving_after_first=moving[0], moving_after_one_pass=moving[1],
+                         n_regs=regs, n_spills=spills, **stamp))
+        print(f"{name:14s} L={tokens:6d} D={head_dim:3d} threshold {thr_ms:8.2f} ms (first stage "
+              f"{first_ms:6.2f})  entmax fwd "
+              f"{fwd_ms:8.2f} ms ({fwd_ms / sdpa_ms:5.2f}x SDPA {sdpa_ms:.2f})  |dtau| vs old {diff:.1e}"
+              f"{'' if same_inf else ' INF MISMATCH'}  moving {moving[0]:.3f}/{moving[1]:.4f}  "
+              f"regs {regs} spills {spills}", flush=True)
+        save(rows, args.out)
+
+
+def save(rows, out_dir):
+    frame = pd.DataFrame(rows)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_parquet(out / "entmax_variants.parquet", index=False)
+    frame.to_csv(out / "entmax_variants.csv", index=False)
+    first = frame.iloc[0]
+    lines = [f"# Entmax threshold variants vs SDPA (flash, causal): {first.device}, bf16, B=1, "
+             f"H={first.heads}, alpha {first.alpha}, N(0, 1) q/k times {first.scale}", "",
+             f"Measured {first.created_at} at git {first.git} by `benchmarks/entmax_variants.py`; medians of "
+             "CUDA event times. |dtau|: max over the finite entries against `old`.", "",
+             "| variant | L | D | threshold ms | first stage ms | entmax fwd ms | / SDPA | \\|dtau\\| vs old | "
+             "moving after first | after one pass | regs | spills | config |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in frame.itertuples():
+        lines.append(f"| {r.variant} | {r.seq_len} | {r.head_dim} | {r.threshold_ms:.2f} | "
+                     f"{r.first_stage_ms:.2f} | "
+                     f"{r.entmax_fwd_ms:.2f} | {r.entmax_fwd_ms / r.sdpa_fwd_ms:.2f} | {r.tau_max_abs_diff:.1e}"
+                     f"{'' if r.tau_inf_agree else ' (inf differ)'} | {r.moving_after_first:.3f} | "
+                     f"{r.moving_after_one_pass:.4f} | {r.n_regs} | {r.n_spills} | `{r.config}` |")
+    (out / "entmax_variants.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
