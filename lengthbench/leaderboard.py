@@ -186,15 +186,17 @@ def protocol_label(config_json, sources: dict[str, str] | None = None) -> str:
     label = label if init == "normal-0.02" else f"{label}, init {init}"
     if not config.get("init_from"):
         return label
+    def carried(stage: dict) -> str:  # what a stage took from the one before it
+        return " (all but the embedding and output layer)" if stage.get("init_part", "all") == "body" else ""
+
     stages, current, seen = [], config, set()
-    while current.get("init_from") and current["init_from"] in (sources or {}) and current["init_from"] not in seen:
-        body = " (all but the embedding and output layer)" if current.get("init_part", "all") == "body" else ""
+    while current.get("init_from") in (sources or {}) and current["init_from"] not in seen:
         seen.add(current["init_from"])
-        current = _config(sources[current["init_from"]])
-        stages.insert(0, _stage_label(current, config) + body)
+        source = _config(sources[current["init_from"]])
+        stages.insert(0, _stage_label(source, config) + carried(current))
+        current = source
     if current.get("init_from"):  # a stage whose source is not in this store
-        body = " (all but the embedding and output layer)" if current.get("init_part", "all") == "body" else ""
-        stages.insert(0, f"{current['init_from']}{body}")
+        stages.insert(0, current["init_from"] + carried(current))
         return f"{label}, from " + " -> ".join(stages)
     return f"{label}, after " + " -> ".join(stages)
 

@@ -135,14 +135,11 @@ def add_stages(configs: list[RunConfig], stages: list[dict[str, Any]], preset: s
                           "attn_params": cell.attn_params, "pe_params": cell.pe_params, "init_from": previous}
                 config = build_config(task, cell.attn, cell.pe, preset, **fields)
             except (LookupError, ValueError, TypeError) as error:
-                raise UsageError(f"stage {number} of {cell.task}:{cell.attn}:{cell.pe}: "
-                                 f"{str(error).splitlines()[0].strip(chr(39) + chr(34))}") from error
+                message = str(error).splitlines()[0].strip("'\"")
+                raise UsageError(f"stage {number} of {cell.task}:{cell.attn}:{cell.pe}: {message}") from error
             chained.setdefault(config.run_id, config)
             previous = config.run_id
-        try:
-            final = replace(cell, init_from=previous)
-        except ValueError as error:
-            raise UsageError(f"{cell.task}:{cell.attn}:{cell.pe}: {str(error).splitlines()[0]}") from error
+        final = replace(cell, init_from=previous)
         chained.setdefault(final.run_id, final)
     return list(chained.values())
 
