@@ -31,7 +31,20 @@ Sparsemax runs the same search on ``X = z`` for the root of ``sum (X - tau)_+ = 
 Newton step from below is the exact root on the current support, accepted as ``tau*`` once no element of the
 support falls below it.
 
-The output and gradients then use the shared pointwise kernels (``_rowwise.py``), the forward also keeping
+The forward of ``entmax_attention`` (``lists``, the default) then avoids a second pass over all keys for the
+certified rows. Its first stage (``_lists_start_kernel``) packs each key tile's index into the low mantissa
+bits of ``X`` (``_pack``: 10 bits at 65,536 keys), so the kept values carry their keys through the merges, and
+certifies with a margin ``eps`` of the packing's perturbation (the argument is in the kernel's docstring).
+A certified row's candidates (kept values above ``tau_sub - 2 eps``, which hold its support) go to a list of
+at most ``C`` (64) keys; ``_lists_output_kernel`` gathers them, recomputes their scores, finds ``tau*`` over
+them in registers and writes the output. The other rows (not certified, or more than ``C`` candidates) take
+the Newton passes and then an output pass over all their keys, gathered (``_open_output_kernel``). Both write
+what ``RowwiseAttention``'s backward reads, which runs unchanged. In a float64 model of the stage at L
+65,536 (400 rows that see every key, N(0, 1) q and k, D 32) 81% of those rows are listed (82% certified
+without the margin), with supports of 34 keys and 32 candidates on average; q and k times 0.7: 2%.
+
+Without ``lists`` (or with ``old``, or past 12 bits of key tiles), and always for the gradients, the shared
+pointwise kernels (``_rowwise.py``) compute the output over all keys, the forward also keeping
 ``u_r = sum_j (X_rj - tau_r)_+ v_j`` for the backward: ``dz_rj = s_rj (do_r.v_j - do_r.u_r / sum_j s_rj)``
 with ``s = (X - tau)_+``. No gradient flows through ``tau`` other than this (it is the exact entmax
 Jacobian). For sparsemax the backward's weights are the support's indicator: ``dz_rj = 1[s_rj > 0] (do_r.v_j -
