@@ -18,7 +18,8 @@ infinite ones agree); "moving" are the fractions of rows whose ``tau`` still cha
 relative) after the first stage and after one Newton pass (rows left open but already exact do not count);
 registers and spills are those of the kernels the variant compiled first (split: first stage / Newton).
 "fwd peak" is the peak memory of one entmax forward without gradient beyond the inputs (and SDPA's); "listed"
-the fraction of rows the list forward finishes from their lists (list variants only).
+the fraction of rows the list forward finishes from their lists (list variants only); with ``--sieve`` also
+Sieve's forward (``sieve_fwd_ms``; the list variants apply to it too).
 Writes ``entmax_variants.parquet``, ``.csv`` and ``.md``, rewritten after each measurement.
 """
 
@@ -36,7 +37,7 @@ import torch
 import triton
 
 from kernels import inputs, sdpa  # benchmarks/kernels.py
-from lengthbench.kernels import entmax
+from lengthbench.kernels import entmax, sieve
 
 VARIANTS = {
     "old": dict(entmax._OLD),
@@ -136,6 +137,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--sieve", action="store_true", help="also time Sieve's forward (alpha 1.5, strict)")
     args = parser.parse_args()
     device = torch.cuda.get_device_name()
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -174,6 +176,7 @@ def measure_case(args, tokens, head_dim, names, rows, stamp):
             fwd_ms = time_ms(lambda: entmax.entmax_attention(q, k, v, alpha=args.alpha), *timing)
             fwd_mib = fwd_peak_mib(lambda: entmax.entmax_attention(q, k, v, alpha=args.alpha))
             listed = listed_fraction(q, k, v, args.alpha)
+            sieve_ms = time_ms(lambda: sieve.sieve_attention(q, k, v), *timing) if args.sieve else float("nan")
         except Exception as error:  # a variant whose tiles do not compile at this head dim
             print(f"{name:14s} L={tokens:6d} D={head_dim:3d} failed: {type(error).__name__}: "
                   f"{str(error).splitlines()[0][:200]}", flush=True)
@@ -196,14 +199,15 @@ def measure_case(args, tokens, head_dim, names, rows, stamp):
         rows.append(dict(variant=name, config=str(config), seq_len=tokens, head_dim=head_dim,
                          heads=args.heads, dtype="bfloat16", scale=args.scale, alpha=args.alpha,
                          threshold_ms=thr_ms, first_stage_ms=first_ms, entmax_fwd_ms=fwd_ms, sdpa_fwd_ms=sdpa_ms,
-                         fwd_peak_mib=fwd_mib, sdpa_fwd_peak_mib=sdpa_mib, listed=listed,
+                         fwd_peak_mib=fwd_mib, sdpa_fwd_peak_mib=sdpa_mib, listed=listed, sieve_fwd_ms=sieve_ms,
                          tau_max_abs_diff=diff,
                          tau_inf_agree=same_inf, moving_after_first=moving[0], moving_after_one_pass=moving[1],
                          n_regs=regs, n_spills=spills, **stamp))
         print(f"{name:14s} L={tokens:6d} D={head_dim:3d} threshold {thr_ms:8.2f} ms (first stage "
               f"{first_ms:6.2f})  entmax fwd "
               f"{fwd_ms:8.2f} ms ({fwd_ms / sdpa_ms:5.2f}x SDPA {sdpa_ms:.2f})  fwd peak {fwd_mib:7.1f} MiB "
-              f"({fwd_mib / max(sdpa_mib, 1e-9):4.2f}x SDPA)  listed {listed:.3f}  |dtau| vs old {diff:.1e}"
+              f"({fwd_mib / max(sdpa_mib, 1e-9):4.2f}x SDPA)  listed {listed:.3f}  sieve fwd {sieve_ms:7.2f} ms  "
+              f"|dtau| vs old {diff:.1e}"
               f"{'' if same_inf else ' INF MISMATCH'}  moving {moving[0]:.3f}/{moving[1]:.4f}  "
               f"regs {regs} spills {spills}", flush=True)
         save(rows, args.out)

@@ -166,18 +166,20 @@ def _column_stats(m1, m2, m3, m4, tau, DEPTH: tl.constexpr):
 
 
 @triton.jit
-def _pack(x, tile, PACK: tl.constexpr):
+def _pack(x, tile, PACK: tl.constexpr, MASKED: tl.constexpr):
     """``X`` with its low ``PACK`` mantissa bits replaced by the key tile's index ``tile`` (``-inf`` kept: its
     low bits set would make a NaN). The merges of ``_insert`` then carry each kept value's key along: key
     ``tile * BNS + c`` in column ``c``. Magnitudes below 2^-100 (zeros) are first raised to 2^-100, so a packed
     value is never subnormal (a GPU may flush those to zero, index and all). The packed value differs from
     ``X`` by at most ``|X| 2^(PACK - 23) + 2^-100``, and it is a distinct value per key of a column (so the
-    merges keep no duplicates)."""
+    merges keep no duplicates). Only the ``MASKED`` tiles (across the diagonal) hold ``-inf``."""
     tiny = 7.888609052210118e-31  # 2^-100
     xn = tl.where(x >= 0, tl.maximum(x, tiny), tl.minimum(x, -tiny))
     bits = xn.to(tl.int32, bitcast=True)
-    packed = ((bits >> PACK) << PACK) | tile
-    return tl.where(x == float("-inf"), x, packed.to(tl.float32, bitcast=True))
+    packed = (((bits >> PACK) << PACK) | tile).to(tl.float32, bitcast=True)
+    if MASKED:
+        packed = tl.where(x == float("-inf"), x, packed)
+    return packed
 
 
 @triton.jit
@@ -196,13 +198,13 @@ def _column_top(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag,
         x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, False, STRICT,
                     HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BNS, XS)
         if PACK > 0:
-            x = _pack(x, start_n // BNS, PACK)
+            x = _pack(x, start_n // BNS, PACK, False)
         m1, m2, m3, m4 = _insert(m1, m2, m3, m4, x, SUBSET)
     for start_n in range(diag, hi, BNS):
         x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, True, STRICT,
                     HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BNS, XS)
         if PACK > 0:
-            x = _pack(x, start_n // BNS, PACK)
+            x = _pack(x, start_n // BNS, PACK, True)
         m1, m2, m3, m4 = _insert(m1, m2, m3, m4, x, SUBSET)
     return m1, m2, m3, m4
 
@@ -453,10 +455,11 @@ def _store_level(LIST, row_off, m, cand, offset, cols, PACK: tl.constexpr, BNS: 
 
 @triton.jit
 def _lists_start_kernel(Q, K, SL, RS, TAU, NCAND, LIST, sm_scale, eps_scale, T, H,
-                        HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr, DOT_PREC: tl.constexpr,
+                        STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr, DOT_PREC: tl.constexpr,
                         D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr,
                         SUBSET_ITERS: tl.constexpr, XS: tl.constexpr, PACK: tl.constexpr, C: tl.constexpr):
-    """The first stage (top 4 of every column, causal) on packed values (``_pack``), and the candidate lists.
+    """The first stage (top 4 of every column, the keys ``j <= r``, or ``j < r`` when ``STRICT``) on packed
+    values (``_pack``), and the candidate lists.
 
     Per row: ``NCAND`` the number ``n`` of candidates where the row is certified with at most ``C`` of them
     (listed), their keys in ``LIST[row, :n]``; 0 where it is left open; ``TAU`` a start below ``tau*``
@@ -484,15 +487,16 @@ def _lists_start_kernel(Q, K, SL, RS, TAU, NCAND, LIST, sm_scale, eps_scale, T, 
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     base, offs_m, offs_d, row_ok, dmask, q, slope, rs, diag, hi = _query_tile(
-        Q, SL, RS, T, H, pid_m, bh, False, HAS_SLOPES, HAS_RS, D, BD, BM)
-    m1, m2, m3, m4 = _column_top(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, False,
+        Q, SL, RS, T, H, pid_m, bh, STRICT, HAS_SLOPES, HAS_RS, D, BD, BM)
+    m1, m2, m3, m4 = _column_top(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, STRICT,
                                  HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, 4, XS, PACK)
     x_max = tl.max(m1, 1)
     empty = x_max == float("-inf")
     tau, solved = _subset_root(m1, m2, m3, m4, x_max, empty, row_ok, 4, SUBSET_ITERS, XS)
     eps = tl.where(empty, 0.0, eps_scale * tl.maximum(tl.abs(x_max), tl.abs(tau)) + 8.077935669463161e-28)
     low = tau - 2.0 * eps
-    certified = solved & (empty == 0) & row_ok & ((tl.max(m4, 1) + 2.0 * eps <= tau) | (offs_m + 1 <= 4 * BNS))
+    certified = solved & (empty == 0) & row_ok & ((tl.max(m4, 1) + 2.0 * eps <= tau) |
+                                                  (_n_keys(offs_m, STRICT) <= 4 * BNS))
     # The candidates per level (-inf never passes: ``low`` is finite on a non-empty row), counted first so
     # that a row with more than C of them stores nothing and stays open.
     c1 = (m1 > low[:, None]) & certified[:, None]
@@ -515,13 +519,55 @@ def _lists_start_kernel(Q, K, SL, RS, TAU, NCAND, LIST, sm_scale, eps_scale, T, 
 
 
 @triton.jit
+def _list_rows(Q, K, SL, RS, TAU, LIST, sm_scale, T, H, n_iter, bh, offs_r, row_ok, ncand, listed,
+               HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
+               C: tl.constexpr, XS: tl.constexpr):
+    """The listed rows ``offs_r`` (``ncand > 0`` candidates; shared with Sieve's list kernel):
+    ``(base, offs_d, dmask, keep, idx, gather, gmask, z, x, tau)``, ``keep`` ``[BR, C]`` the filled slots,
+    ``idx`` their keys,
+    ``gather``/``gmask`` the offsets and mask of their ``[BR, C, BD]`` key (and value) rows, ``z`` their scores
+    recomputed (``score_tile``'s arithmetic, in fp32 products), ``x = XS z`` (``-inf`` off ``keep``) and
+    ``tau`` the threshold over them: the exact/Newton steps of the Newton passes from the larger of the two
+    lower bounds ``TAU`` and ``X_max - 1``, a row stopping once its exact root is accepted (0 off ``listed``)."""
+    base = bh.to(tl.int64) * T * D
+    offs_d = tl.arange(0, BD)
+    dmask = offs_d < D
+    slots = tl.arange(0, C)
+    keep = listed[:, None] & (slots[None, :] < ncand[:, None])
+    idx = tl.load(LIST + (bh * T + offs_r).to(tl.int64)[:, None] * C + slots[None, :], mask=keep, other=0)
+    q = tl.load(Q + base + offs_r[:, None] * D + offs_d[None, :], mask=listed[:, None] & dmask[None, :],
+                other=0.0).to(tl.float32)
+    gather = idx[:, :, None] * D + offs_d[None, None, :]
+    gmask = keep[:, :, None] & dmask[None, None, :]
+    k = tl.load(K + base + gather, mask=gmask, other=0.0).to(tl.float32)
+    z = tl.sum(q[:, None, :] * k, 2) * sm_scale
+    if HAS_SLOPES:
+        z = z - tl.load(SL + bh % H) * (offs_r[:, None] - idx).to(tl.float32)
+    if HAS_RS:
+        z = z * rows_scale(RS, bh, T, offs_r, row_ok, HAS_RS, BR)[:, None]
+    x = tl.where(keep, z * XS, float("-inf"))
+    x_max = tl.max(x, 1)
+    start = tl.load(TAU + bh * T + offs_r, mask=listed, other=0.0)
+    tau = tl.where(listed, tl.maximum(start, x_max - 1.0), 0.0)
+    solved = listed == 0
+    pending = tl.sum(listed.to(tl.int32), 0)
+    it = 0
+    while (it < n_iter) & (pending > 0):
+        s1, s2, cnt, x_low = _newton_tile(x, tau)
+        ok = _exact_ok(s1, s2, cnt, x_low, tau, XS)
+        tau = tl.where(solved, tau, tau + _step(s1, s2, cnt, x_low, tau, XS))
+        solved = solved | ok
+        pending = tl.sum((solved == 0).to(tl.int32), 0)
+        it += 1
+    return base, offs_d, dmask, keep, idx, gather, gmask, z, x, tau
+
+
+@triton.jit
 def _lists_output_kernel(Q, K, V, Out, U, SL, RS, TAU, M, L, NCAND, LIST, sm_scale, T, H, n_iter,
                          STORE_U: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, D: tl.constexpr,
                          BD: tl.constexpr, BR: tl.constexpr, C: tl.constexpr, XS: tl.constexpr):
     """The listed rows (``NCAND > 0``), ``BR`` a program: their candidates' keys gathered, the exact scores
-    ``X = XS z`` recomputed (``score_tile``'s arithmetic, in fp32 products), ``tau*`` over them in registers
-    (the exact/Newton steps of the Newton passes, from the larger of the two lower bounds ``TAU`` and ``X_max
-    - 1``; only a row whose exact root is accepted stops moving), then the output and what the backward of
+    recomputed and ``tau*`` over them in registers (``_list_rows``), then the output and what the backward of
     ``RowwiseAttention`` reads: ``M = sum s``, ``L = sum w`` (sparsemax: ``M = |S|``, ``L = sum s``), ``U =
     sum s v`` (sparsemax: the support's indicator for ``s``) and ``TAU``."""
     pid = tl.program_id(0)
@@ -531,36 +577,9 @@ def _lists_output_kernel(Q, K, V, Out, U, SL, RS, TAU, M, L, NCAND, LIST, sm_sca
     ncand = tl.load(NCAND + bh * T + offs_r, mask=row_ok, other=0)
     listed = ncand > 0
     if tl.max(listed.to(tl.int32), 0) > 0:
-        base = bh.to(tl.int64) * T * D
-        offs_d = tl.arange(0, BD)
-        dmask = offs_d < D
-        slots = tl.arange(0, C)
-        keep = listed[:, None] & (slots[None, :] < ncand[:, None])
-        idx = tl.load(LIST + (bh * T + offs_r).to(tl.int64)[:, None] * C + slots[None, :], mask=keep, other=0)
-        q = tl.load(Q + base + offs_r[:, None] * D + offs_d[None, :], mask=listed[:, None] & dmask[None, :],
-                    other=0.0).to(tl.float32)
-        gather = idx[:, :, None] * D + offs_d[None, None, :]
-        gmask = keep[:, :, None] & dmask[None, None, :]
-        k = tl.load(K + base + gather, mask=gmask, other=0.0).to(tl.float32)
-        z = tl.sum(q[:, None, :] * k, 2) * sm_scale
-        if HAS_SLOPES:
-            z = z - tl.load(SL + bh % H) * (offs_r[:, None] - idx).to(tl.float32)
-        if HAS_RS:
-            z = z * rows_scale(RS, bh, T, offs_r, row_ok, HAS_RS, BR)[:, None]
-        x = tl.where(keep, z * XS, float("-inf"))
-        x_max = tl.max(x, 1)
-        start = tl.load(TAU + bh * T + offs_r, mask=listed, other=0.0)
-        tau = tl.where(listed, tl.maximum(start, x_max - 1.0), 0.0)
-        solved = listed == 0
-        pending = tl.sum(listed.to(tl.int32), 0)
-        it = 0
-        while (it < n_iter) & (pending > 0):
-            s1, s2, cnt, x_low = _newton_tile(x, tau)
-            ok = _exact_ok(s1, s2, cnt, x_low, tau, XS)
-            tau = tl.where(solved, tau, tau + _step(s1, s2, cnt, x_low, tau, XS))
-            solved = solved | ok
-            pending = tl.sum((solved == 0).to(tl.int32), 0)
-            it += 1
+        base, offs_d, dmask, keep, idx, gather, gmask, z, x, tau = _list_rows(
+            Q, K, SL, RS, TAU, LIST, sm_scale, T, H, n_iter, bh, offs_r, row_ok, ncand, listed, HAS_SLOPES, HAS_RS,
+            D, BD, BR, C, XS)
         s = tl.maximum(x - tau[:, None], 0.0)
         if XS == 1.0:  # sparsemax: the weights are s, the backward's are the support's indicator
             w = s
@@ -738,6 +757,36 @@ def _lists_apply(q) -> bool:
             and _pack_bits(q.shape[-2], config["bn_subset"]) <= _PACK_MAX)
 
 
+def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40):
+    """The first stage with the lists and the Newton passes over the open rows (shared with Sieve):
+    ``(tau, ncand, lists, rows, count, config)``, ``tau`` ``[B, H, T]`` final on the open rows and a start
+    below ``tau*`` on the listed ones, ``ncand`` ``[BH, T]`` int32 the number of candidates of the listed rows
+    (0 on the open rows, and the rows that see no key), ``lists`` ``[BH, T, C]`` their keys, ``rows, count``
+    the open rows (``_open_rows``)."""
+    config = _config(pb.block_d)
+    bm, bns, size = config["bm"], config["bn_subset"], int(config["list_size"])
+    nbm, nbn, nwarps, nstages = config["newton"]
+    pack = _pack_bits(pb.tokens, bns)
+    if bm % bns or nbm % nbn or pack > _PACK_MAX or size & (size - 1):
+        raise ValueError(f"entmax lists: bad launch settings {config} for T {pb.tokens}")
+    tau = pb.rows()
+    ncand = torch.empty(pb.bh, pb.tokens, device=tau.device, dtype=torch.int32)
+    lists = torch.empty(pb.bh, pb.tokens, size, device=tau.device, dtype=torch.int32)
+    sl, rs = pb.opt(pb.slopes), pb.opt(pb.row_scale)
+    common = dict(STRICT=bool(strict), HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
+                  FOLD=bool(config["fold"]) and pb.slopes is None and pb.row_scale is None, DOT_PREC=pb.dot_prec,
+                  D=pb.head_dim, BD=pb.block_d, XS=xs)
+    _lists_start_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
+        pb.q, pb.k, sl, rs, tau, ncand, lists, pb.sm_scale, 2.0 ** (pack - 22) + 2.0 ** -14, pb.tokens, pb.heads,
+        BM=bm, BNS=bns, SUBSET_ITERS=16, PACK=pack, C=size, num_warps=config["warps"],
+        num_stages=config["stages"], **common)
+    rows, count = _open_rows(ncand != 0)
+    _newton_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
+        pb.q, pb.k, sl, rs, tau, rows, count, pb.sm_scale, pb.tokens, pb.heads, float(tol), int(max_iter),
+        ACC=bool(config["acc"]), BM=nbm, BN=nbn, num_warps=nwarps, num_stages=nstages, **common)
+    return tau, ncand, lists, rows, count, config
+
+
 def _lists_forward(pb: Problem, alpha: float, store_u: bool, tol=1e-6, max_iter=40):
     """The list forward of alpha-entmax attention (causal): ``(out, tau, m, den, u, ncand, lists)``, ``m, den,
     u`` as ``RowwiseAttention.forward`` keeps them for ``ENTMAX`` (``u`` None unless ``store_u``), ``ncand``
@@ -748,35 +797,19 @@ def _lists_forward(pb: Problem, alpha: float, store_u: bool, tol=1e-6, max_iter=
     rows (``_newton_kernel``), the listed rows' threshold and output (``_lists_output_kernel``), the open
     rows' output over all their keys (``_open_output_kernel``). The last two write disjoint rows."""
     xs = _ALPHAS[alpha]
-    config = _config(pb.block_d)
-    bm, bns, size = config["bm"], config["bn_subset"], int(config["list_size"])
+    tau, ncand, lists, rows, count, config = _lists_start(pb, xs, False, tol, max_iter)
     nbm, nbn, nwarps, nstages = config["newton"]
     rows_per, finish_warps = config["finish"]
-    pack = _pack_bits(pb.tokens, bns)
-    if bm % bns or nbm % nbn or pack > _PACK_MAX or size & (size - 1):
-        raise ValueError(f"entmax lists: bad launch settings {config} for T {pb.tokens}")
-    tau = pb.rows()
-    ncand = torch.empty(pb.bh, pb.tokens, device=tau.device, dtype=torch.int32)
-    lists = torch.empty(pb.bh, pb.tokens, size, device=tau.device, dtype=torch.int32)
     sl, rs = pb.opt(pb.slopes), pb.opt(pb.row_scale)
     common = dict(HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None, D=pb.head_dim,
                   BD=pb.block_d)
-    fold = bool(config["fold"]) and pb.slopes is None and pb.row_scale is None
-    _lists_start_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
-        pb.q, pb.k, sl, rs, tau, ncand, lists, pb.sm_scale, 2.0 ** (pack - 22) + 2.0 ** -14, pb.tokens, pb.heads,
-        FOLD=fold, DOT_PREC=pb.dot_prec, BM=bm, BNS=bns, SUBSET_ITERS=16, XS=xs, PACK=pack, C=size,
-        num_warps=config["warps"], num_stages=config["stages"], **common)
-    rows, count = _open_rows(ncand != 0)
-    _newton_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
-        pb.q, pb.k, sl, rs, tau, rows, count, pb.sm_scale, pb.tokens, pb.heads, float(tol), int(max_iter),
-        STRICT=False, FOLD=fold, ACC=bool(config["acc"]), DOT_PREC=pb.dot_prec, BM=nbm, BN=nbn, XS=xs,
-        num_warps=nwarps, num_stages=nstages, **common)
     out = torch.empty_like(pb.q)
     m, den = pb.rows(), pb.rows()
     u = torch.empty(pb.q.shape, device=pb.q.device, dtype=torch.float32) if store_u else None
     _lists_output_kernel[(triton.cdiv(pb.tokens, rows_per), pb.bh)](
         pb.q, pb.k, pb.v, out, pb.opt(u), sl, rs, tau, m, den, ncand, lists, pb.sm_scale, pb.tokens, pb.heads,
-        2 * size + 8, STORE_U=store_u, BR=rows_per, C=size, XS=xs, num_warps=finish_warps, **common)
+        2 * lists.shape[-1] + 8, STORE_U=store_u, BR=rows_per, C=lists.shape[-1], XS=xs,
+        num_warps=finish_warps, **common)
     _open_output_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
         pb.q, pb.k, pb.v, out, pb.opt(u), sl, rs, tau, m, den, rows, count, pb.sm_scale, pb.tokens, pb.heads,
         STORE_U=store_u, DOT_PREC=pb.dot_prec, BM=nbm, BN=nbn, POWER=1.0 / (alpha - 1.0), num_warps=nwarps,

@@ -1,7 +1,7 @@
-"""The list forward of entmax and sparsemax attention (``kernels/entmax.py``, ``_lists_forward``): against the
-float64 dense reference (output, and gradients through the unchanged ``RowwiseAttention`` backward), against
-the old forward (``TUNING={"lists": False}``: the threshold, then the output pass over all keys), and which
-rows it finishes from their candidate lists.
+"""The list forward of entmax and sparsemax attention (``kernels/entmax.py``, ``_lists_forward``) and of Sieve
+(``kernels/sieve.py``): against the float64 dense reference (output, and gradients through the unchanged
+backward of ``RowwiseAttention`` / ``StickBreakingAttention``), against the old forward (``TUNING={"lists":
+False}``: the threshold, then the output pass over all keys), and which rows it finishes from their lists.
 
 Runs on a CUDA GPU (fp32 and bf16) or on the CPU under the Triton interpreter (``TRITON_INTERPRET=1``, fp32
 only: the interpreter's bf16 dot products are wrong), with the references, error measure and tolerances of
@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_kernels import TOL_GRAD, TOL_OUT, dense_scores, rel_err, tie_rows
 
-from lengthbench.kernels import entmax
+from lengthbench.kernels import entmax, sieve
 from lengthbench.kernels._common import Problem
 
 CUDA = torch.cuda.is_available()
@@ -25,7 +25,13 @@ DEVICE = "cuda" if CUDA else "cpu"
 pytestmark = pytest.mark.skipif(not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
                                 reason="needs a CUDA GPU or TRITON_INTERPRET=1")
 DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
-ALPHA = {"entmax": 1.5, "sparsemax": 2.0}
+ALPHA = {"entmax": 1.5, "sparsemax": 2.0, "sieve": 1.5}
+
+
+def op_of(name):
+    if name == "sieve":
+        return sieve.sieve_attention
+    return lambda *args, **kwargs: entmax.entmax_attention(*args, alpha=ALPHA[name], **kwargs)
 
 
 def make(batch, heads, tokens, head_dim, dtype, seed, scale=1.0):
@@ -45,6 +51,9 @@ def alibi(heads, batch, tokens, seed, big=False):
 def path_counts(name, q, k, v, slopes=None, row_scale=None):
     """``(listed, total, ncand, lists)``: the rows the list forward finishes from their lists."""
     pb = Problem(q, k, v, slopes, row_scale, None)
+    if name == "sieve":
+        *_, ncand = sieve._lists_forward(pb, False)
+        return int((ncand > 0).sum()), ncand.numel(), ncand, None
     *_, ncand, lists = entmax._lists_forward(pb, ALPHA[name], False)
     return int((ncand > 0).sum()), ncand.numel(), ncand, lists
 
@@ -55,7 +64,7 @@ def check(name, q, k, v, *, slopes=None, row_scale=None, seed=0, label=""):
     from lengthbench import attention_weights
 
     dtype = q.dtype
-    op = entmax.entmax_attention
+    op = op_of(name)
     sm_scale = 1.0 / math.sqrt(q.shape[-1])
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     extras = {}
@@ -63,7 +72,7 @@ def check(name, q, k, v, *, slopes=None, row_scale=None, seed=0, label=""):
         extras["slopes"] = slopes.detach().clone().requires_grad_()
     if row_scale is not None:
         extras["row_scale"] = row_scale.detach().clone().requires_grad_()
-    out = op(*leaves, sm_scale=sm_scale, alpha=ALPHA[name], **extras)
+    out = op(*leaves, sm_scale=sm_scale, **extras)
     assert out.shape == q.shape and out.dtype == dtype
     ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
     ref_extras = {key: t.detach().double().requires_grad_() for key, t in extras.items()}
@@ -99,7 +108,7 @@ if CUDA:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"T{s[0]}-D{s[1]}")
-@pytest.mark.parametrize("name", ["entmax", "sparsemax"])
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
 def test_lists_match_reference(name, shape, dtype):
     tokens, head_dim = shape
     q, k, v = make(2 if tokens < 100 else 1, 2, tokens, head_dim, dtype, seed=tokens + head_dim)
@@ -107,7 +116,7 @@ def test_lists_match_reference(name, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
-@pytest.mark.parametrize("name", ["entmax", "sparsemax"])
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
 def test_lists_slopes_and_row_scale(name, dtype):
     batch, heads, tokens = 1, 3, 150
     q, k, v = make(batch, heads, tokens, 32, dtype, seed=7)
@@ -115,18 +124,20 @@ def test_lists_slopes_and_row_scale(name, dtype):
     check(name, q, k, v, slopes=slopes, row_scale=row_scale, label=f"slopes+row_scale {dtype}")
 
 
-@pytest.mark.parametrize("name", ["entmax", "sparsemax"])
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
 def test_lists_single_key_supports(name):
     """Steep slopes: every row's support is its own key alone (a causal row always sees its diagonal, so no
     row has nothing visible here; those are the strict rows of Sieve, which keeps the old path)."""
     q, k, v = make(1, 2, 130, 32, torch.float32, seed=9)
     slopes, row_scale = alibi(2, 1, 130, seed=4, big=True)
     check(name, q, k, v, slopes=slopes, row_scale=row_scale, label="one-key supports")
-    out = entmax.entmax_attention(q, k, v, slopes=slopes, row_scale=row_scale, alpha=ALPHA[name])
+    out = op_of(name)(q, k, v, slopes=slopes, row_scale=row_scale)
+    if name == "sieve":  # the one earlier key in the support takes sigmoid(z) of the stick
+        return
     torch.testing.assert_close(out, v, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["entmax", "sparsemax"])
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
 def test_lists_near_uniform_scores(name):
     """Tiny scores (near-ties everywhere, wide supports): most rows go to the open path."""
     q, k, v = make(1, 2, 200, 32, torch.float32, seed=12, scale=0.05)
@@ -135,14 +146,14 @@ def test_lists_near_uniform_scores(name):
     check(name, q, k, v, seed=2, label="near-uniform")
 
 
-@pytest.mark.parametrize("name", ["entmax", "sparsemax"])
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
 def test_lists_large_scores(name):
     """Scores of magnitude ~50: finite, and still the reference."""
     q, k, v = make(1, 2, 300, 32, torch.float32, seed=5, scale=2.7)
     check(name, q, k, v, seed=5, label="large scores")
 
 
-@pytest.mark.parametrize("name", ["entmax", "sparsemax"])
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
 def test_lists_overflowing_rows_go_open(name, monkeypatch):
     """With lists of 8 slots, rows of more candidates are left open, and the output is still the reference."""
     q, k, v = make(1, 2, 300, 32, torch.float32, seed=21, scale=0.6)
@@ -181,23 +192,23 @@ def test_lists_hold_the_support(name):
             assert not (support[bh, row].cpu() & ~held).any(), (bh, row)
 
 
-@pytest.mark.parametrize("name", ["entmax", "sparsemax"])
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
 def test_lists_agree_with_old_forward(name, monkeypatch):
-    """The list forward's output, tau and gradients equal the old forward's to rounding."""
+    """The list forward's output and gradients equal the old forward's to rounding (near-tie rows aside)."""
     q, k, v = make(1, 2, 400, 32, torch.float32, seed=41, scale=0.9)
     slopes, row_scale = alibi(2, 1, 400, seed=8)
+    z = dense_scores(q.double(), k.double(), 1.0 / math.sqrt(32), slopes.double(), row_scale.double())
+    keep = ~tie_rows(name, z, q, k, None, slopes, row_scale)[..., None]
     results = []
     for tuning in (None, dict(lists=False)):
         monkeypatch.setattr(entmax, "TUNING", tuning)
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, row_scale)]
-        out = entmax.entmax_attention(*leaves[:3], row_scale=leaves[3], slopes=slopes, alpha=ALPHA[name])
+        out = op_of(name)(*leaves[:3], row_scale=leaves[3], slopes=slopes)
         gen = torch.Generator(device=DEVICE).manual_seed(1)
-        (out * torch.randn(out.shape, device=DEVICE, generator=gen)).sum().backward()
-        results.append([out.detach()] + [t.grad for t in leaves])
-    z = dense_scores(q.double(), k.double(), 1.0 / math.sqrt(32), slopes.double(), row_scale.double())
-    keep = ~tie_rows(name, z, q, k, None, slopes, row_scale)[..., None]
+        (out * torch.randn(out.shape, device=DEVICE, generator=gen) * keep).sum().backward()
+        results.append([out.detach() * keep] + [t.grad for t in leaves])
     for label, a, b in zip(["out", "dq", "dk", "dv", "drow_scale"], *results, strict=True):
-        err = rel_err(a * keep if a.dim() == 4 else a, b * keep if b.dim() == 4 else b)
+        err = rel_err(a, b)
         print(f"ERR lists vs old {name} {label} {err:.2e}")
         assert err <= 1e-4, (label, err)
 
@@ -219,3 +230,13 @@ def test_pack_bits():
     assert entmax._pack_bits(1, 64) == 1 and entmax._pack_bits(128, 64) == 1
     assert entmax._pack_bits(65_536, 64) == 10 and entmax._pack_bits(70_000, 64) == 11
     assert entmax._pack_bits(262_144, 64) == 12 and entmax._pack_bits(262_145, 64) == 13
+
+
+def test_sieve_lists_paths():
+    """Sieve: most rows of N(0, 1) scores are listed; row 0 (no earlier key) is open, with the whole stick on
+    the diagonal."""
+    q, k, v = make(1, 2, 600, 32, torch.float32, seed=61)
+    listed, total, ncand, _ = path_counts("sieve", q, k, v)
+    assert listed >= 0.9 * total and not (ncand[:, 0] > 0).any(), (listed, total)
+    out = sieve.sieve_attention(q, k, v)
+    torch.testing.assert_close(out[:, :, 0], v[:, :, 0])
