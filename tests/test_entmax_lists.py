@@ -240,3 +240,14 @@ def test_sieve_lists_paths():
     assert listed >= 0.9 * total and not (ncand[:, 0] > 0).any(), (listed, total)
     out = sieve.sieve_attention(q, k, v)
     torch.testing.assert_close(out[:, :, 0], v[:, :, 0])
+
+
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
+def test_lists_zero_queries(name):
+    """Every third query zero: rows of exactly equal scores (packed zeros, a dead heat in every column), the
+    short ones listed with every key a candidate, the others open; still the reference."""
+    q, k, v = make(1, 2, 200, 32, torch.float32, seed=71)
+    q[:, :, ::3] = 0
+    listed, total, ncand, _ = path_counts(name, q, k, v)
+    assert (ncand[:, 3:60:3] > 0).all() and not (ncand[:, 99::3] > 0).any()
+    check(name, q, k, v, seed=71, label="zero queries")
