@@ -7,14 +7,19 @@ Each variant overrides some of the kernel's launch settings (query tile ``bm``, 
 ``bn_subset``, ``warps``, ``stages``, and ``newton`` for the split launch's Newton kernel) and search
 settings (``split``: the Newton passes as a second kernel over the open rows only; ``subset``: 0 the old
 top-16 tile maxima, d the top d of every key column; ``acc``: elementwise partial sums in the Newton passes;
-``fold``: one scale product); ``old`` is the search and launch before session 11, ``default`` the kernel's
-defaults. Random N(0, 1) q, k, v times ``--scale`` (so scores of standard deviation ``scale^2``), B 1, H 16,
+``fold``: one scale product; ``lists``: the forward finishes the certified rows from their candidate lists,
+``list_size`` slots a row, ``finish`` = (rows a program, warps) of the finishing kernel); ``old`` is the
+search and launch before session 11, ``default`` the kernel's defaults (the list forward), ``nolists`` the
+default search followed by the output pass over all keys (the forward before session 12). Random N(0, 1) q, k, v times ``--scale`` (so scores of standard deviation ``scale^2``), B 1, H 16,
 bf16. Times are medians of ``--reps`` runs between CUDA events after ``--warmup`` runs; the first stage's
 time is that of ``max_iter=0`` (for split variants with the gathering and the empty Newton launch). Every
 variant's ``tau`` is compared with ``old``'s (max |difference| over the finite entries, and whether the
 infinite ones agree); "moving" are the fractions of rows whose ``tau`` still changes (by over 1e-6
 relative) after the first stage and after one Newton pass (rows left open but already exact do not count);
 registers and spills are those of the kernels the variant compiled first (split: first stage / Newton).
+"fwd peak" is the peak memory of one entmax forward without gradient beyond the inputs (and SDPA's); "listed"
+the fraction of rows the list forward finishes from their lists (list variants only); with ``--sieve`` also
+Sieve's forward (``sieve_fwd_ms``; the list variants apply to it too).
 Writes ``entmax_variants.parquet``, ``.csv`` and ``.md``, rewritten after each measurement.
 """
 
@@ -32,7 +37,7 @@ import torch
 import triton
 
 from kernels import inputs, sdpa  # benchmarks/kernels.py
-from lengthbench.kernels import entmax
+from lengthbench.kernels import entmax, sieve
 
 VARIANTS = {
     "old": dict(entmax._OLD),
@@ -52,6 +57,13 @@ VARIANTS = {
     "sub4-n128-64w8": dict(newton=(128, 64, 8, 2)),
     "sub4-n32w4": dict(newton=(32, 32, 4, 2)),
     "sub4-bns32": dict(bn_subset=32),
+    "nolists": dict(lists=False),
+    "lists-r1": dict(finish=(1, 4)),
+    "lists-r2": dict(finish=(2, 4)),
+    "lists-r8": dict(finish=(8, 4)),
+    "lists-r4w8": dict(finish=(4, 8)),
+    "lists-c32": dict(list_size=32),
+    "lists-c128": dict(list_size=128),
 }
 
 
@@ -85,6 +97,25 @@ def time_ms(fn, warmup: int, reps: int) -> float:
     return statistics.median(times)
 
 
+def fwd_peak_mib(fn) -> float:
+    """Peak memory of ``fn()`` above what is allocated before it, MiB."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def listed_fraction(q, k, v, alpha) -> float:
+    """The fraction of rows the list forward finishes from their lists (nan where it does not run)."""
+    if not entmax._lists_apply(q):
+        return float("nan")
+    pb = entmax.Problem(q, k, v, None, None, None)
+    ncand = entmax._lists_forward(pb, alpha, False)[5]
+    return (ncand > 0).float().mean().item()
+
+
 def compiled_kernels() -> dict:
     """The threshold search's compiled kernels so far, by (kernel, cache key) (Triton's per-device caches)."""
     found = {}
@@ -106,6 +137,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--sieve", action="store_true", help="also time Sieve's forward (alpha 1.5, strict)")
     args = parser.parse_args()
     device = torch.cuda.get_device_name()
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -130,6 +162,7 @@ def measure_case(args, tokens, head_dim, names, rows, stamp):
     q, k, v, _ = inputs(args.heads, tokens, head_dim, torch.bfloat16, scale=args.scale)
     timing = (args.warmup, args.reps)
     sdpa_ms = time_ms(lambda: sdpa(q, k, v), *timing)
+    sdpa_mib = fwd_peak_mib(lambda: sdpa(q, k, v))
     reference = None
     for name in names:
         entmax.TUNING = VARIANTS[name]
@@ -141,6 +174,9 @@ def measure_case(args, tokens, head_dim, names, rows, stamp):
             thr_ms = time_ms(lambda: entmax.entmax_threshold(q, k, alpha=args.alpha), *timing)
             first_ms = time_ms(lambda: entmax.entmax_threshold(q, k, alpha=args.alpha, max_iter=0), *timing)
             fwd_ms = time_ms(lambda: entmax.entmax_attention(q, k, v, alpha=args.alpha), *timing)
+            fwd_mib = fwd_peak_mib(lambda: entmax.entmax_attention(q, k, v, alpha=args.alpha))
+            listed = listed_fraction(q, k, v, args.alpha)
+            sieve_ms = time_ms(lambda: sieve.sieve_attention(q, k, v), *timing) if args.sieve else float("nan")
         except Exception as error:  # a variant whose tiles do not compile at this head dim
             print(f"{name:14s} L={tokens:6d} D={head_dim:3d} failed: {type(error).__name__}: "
                   f"{str(error).splitlines()[0][:200]}", flush=True)
@@ -163,12 +199,15 @@ def measure_case(args, tokens, head_dim, names, rows, stamp):
         rows.append(dict(variant=name, config=str(config), seq_len=tokens, head_dim=head_dim,
                          heads=args.heads, dtype="bfloat16", scale=args.scale, alpha=args.alpha,
                          threshold_ms=thr_ms, first_stage_ms=first_ms, entmax_fwd_ms=fwd_ms, sdpa_fwd_ms=sdpa_ms,
+                         fwd_peak_mib=fwd_mib, sdpa_fwd_peak_mib=sdpa_mib, listed=listed, sieve_fwd_ms=sieve_ms,
                          tau_max_abs_diff=diff,
                          tau_inf_agree=same_inf, moving_after_first=moving[0], moving_after_one_pass=moving[1],
                          n_regs=regs, n_spills=spills, **stamp))
         print(f"{name:14s} L={tokens:6d} D={head_dim:3d} threshold {thr_ms:8.2f} ms (first stage "
               f"{first_ms:6.2f})  entmax fwd "
-              f"{fwd_ms:8.2f} ms ({fwd_ms / sdpa_ms:5.2f}x SDPA {sdpa_ms:.2f})  |dtau| vs old {diff:.1e}"
+              f"{fwd_ms:8.2f} ms ({fwd_ms / sdpa_ms:5.2f}x SDPA {sdpa_ms:.2f})  fwd peak {fwd_mib:7.1f} MiB "
+              f"({fwd_mib / max(sdpa_mib, 1e-9):4.2f}x SDPA)  listed {listed:.3f}  sieve fwd {sieve_ms:7.2f} ms  "
+              f"|dtau| vs old {diff:.1e}"
               f"{'' if same_inf else ' INF MISMATCH'}  moving {moving[0]:.3f}/{moving[1]:.4f}  "
               f"regs {regs} spills {spills}", flush=True)
         save(rows, args.out)
@@ -185,13 +224,14 @@ def save(rows, out_dir):
              f"H={first.heads}, alpha {first.alpha}, N(0, 1) q/k times {first.scale}", "",
              f"Measured {first.created_at} at git {first.git} by `benchmarks/entmax_variants.py`; medians of "
              "CUDA event times. |dtau|: max over the finite entries against `old`.", "",
-             "| variant | L | D | threshold ms | first stage ms | entmax fwd ms | / SDPA | \\|dtau\\| vs old | "
-             "moving after first | after one pass | regs | spills | config |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| variant | L | D | threshold ms | first stage ms | entmax fwd ms | / SDPA | fwd peak MiB | / SDPA | "
+             "listed | \\|dtau\\| vs old | moving after first | after one pass | regs | spills | config |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in frame.itertuples():
         lines.append(f"| {r.variant} | {r.seq_len} | {r.head_dim} | {r.threshold_ms:.2f} | "
                      f"{r.first_stage_ms:.2f} | "
-                     f"{r.entmax_fwd_ms:.2f} | {r.entmax_fwd_ms / r.sdpa_fwd_ms:.2f} | {r.tau_max_abs_diff:.1e}"
+                     f"{r.entmax_fwd_ms:.2f} | {r.entmax_fwd_ms / r.sdpa_fwd_ms:.2f} | {r.fwd_peak_mib:.1f} | "
+                     f"{r.fwd_peak_mib / max(r.sdpa_fwd_peak_mib, 1e-9):.2f} | {r.listed:.3f} | {r.tau_max_abs_diff:.1e}"
                      f"{'' if r.tau_inf_agree else ' (inf differ)'} | {r.moving_after_first:.3f} | "
                      f"{r.moving_after_one_pass:.4f} | {r.n_regs} | {r.n_spills} | `{r.config}` |")
     (out / "entmax_variants.md").write_text("\n".join(lines) + "\n")

@@ -401,39 +401,49 @@ class RowwiseAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, slopes, row_scale, tau_rows, m, den, u = ctx.saved_tensors
         sm_scale, mech, power = ctx.pb_consts
-        pb = Problem(q, k, v, slopes, row_scale, sm_scale)
-        do = dout.contiguous()
-        if mech in (SOFTPICK, RECTIFIED):
-            delta = (do.float() * out.float()).sum(-1)
-        elif mech == ENTMAX:
-            delta = (do.float() * u).sum(-1) / m.clamp_min(1e-30)
-        else:
-            delta = None
-        if mech not in (SOFTPICK, RECTIFIED, ENTMAX):
-            m = den = None
-        grad_tau = tau_rows is not None and ctx.needs_input_grad[5]
-        grad_rs = row_scale is not None and ctx.needs_input_grad[4]
-        grad_sl = slopes is not None and ctx.needs_input_grad[3]
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        d_rs = pb.rows() if grad_rs else None
-        d_sl = pb.rows() if grad_sl else None
-        d_tau = pb.rows() if grad_tau else None
-        common = dict(MECH=mech, POWER=power, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
-                      DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=pb.block, BN=pb.block,
-                      num_warps=pb.num_warps, num_stages=2)
-        grid = (triton.cdiv(pb.tokens, pb.block), pb.bh)
-        _bwd_dq_kernel[grid](q, k, v, do, dq, pb.opt(slopes), pb.opt(row_scale), pb.opt(tau_rows), pb.opt(m),
-                             pb.opt(den), pb.opt(delta), pb.opt(d_rs), pb.opt(d_sl), pb.opt(d_tau), sm_scale,
-                             pb.tokens, pb.heads, GRAD_RS=grad_rs, GRAD_SL=grad_sl, GRAD_TAU=grad_tau, **common)
-        _bwd_dkdv_kernel[grid](q, k, v, do, dk, dv, pb.opt(slopes), pb.opt(row_scale), pb.opt(tau_rows),
-                               pb.opt(m), pb.opt(den), pb.opt(delta), sm_scale, pb.tokens, pb.heads, **common)
-        g_sl = reduce_slopes(d_sl) if grad_sl else None
-        g_tau = None
-        if grad_tau:
-            g_tau = _sum_to(d_tau, ctx.tau_shape)
-        return dq, dk, dv, g_sl, None if d_rs is None else _sum_to(d_rs, ctx.rs_shape), g_tau, None, None, None, None
+        needs = ctx.needs_input_grad
+        dq, dk, dv, g_sl, g_rs, g_tau = rowwise_backward(
+            dout, ctx.saved_tensors, sm_scale, mech, power, grad_slopes=needs[3], grad_rs=needs[4],
+            grad_tau=needs[5], rs_shape=ctx.rs_shape, tau_shape=ctx.tau_shape)
+        return dq, dk, dv, g_sl, g_rs, g_tau, None, None, None, None
+
+
+def rowwise_backward(dout, saved, sm_scale, mech, power, *, grad_slopes, grad_rs, grad_tau, rs_shape, tau_shape):
+    """``(dq, dk, dv, d_slopes, d_row_scale, d_tau)`` from the state ``RowwiseAttention.forward`` saves,
+    ``saved = (q, k, v, out, slopes, row_scale, tau_rows, m, den, u)`` (entmax's list forward builds the same
+    state and shares this backward). A gradient is None where its input is None or not asked for."""
+    q, k, v, out, slopes, row_scale, tau_rows, m, den, u = saved
+    pb = Problem(q, k, v, slopes, row_scale, sm_scale)
+    do = dout.contiguous()
+    if mech in (SOFTPICK, RECTIFIED):
+        delta = (do.float() * out.float()).sum(-1)
+    elif mech == ENTMAX:
+        delta = (do.float() * u).sum(-1) / m.clamp_min(1e-30)
+    else:
+        delta = None
+    if mech not in (SOFTPICK, RECTIFIED, ENTMAX):
+        m = den = None
+    grad_tau = tau_rows is not None and grad_tau
+    grad_rs = row_scale is not None and grad_rs
+    grad_sl = slopes is not None and grad_slopes
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    d_rs = pb.rows() if grad_rs else None
+    d_sl = pb.rows() if grad_sl else None
+    d_tau = pb.rows() if grad_tau else None
+    common = dict(MECH=mech, POWER=power, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
+                  DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=pb.block, BN=pb.block,
+                  num_warps=pb.num_warps, num_stages=2)
+    grid = (triton.cdiv(pb.tokens, pb.block), pb.bh)
+    _bwd_dq_kernel[grid](q, k, v, do, dq, pb.opt(slopes), pb.opt(row_scale), pb.opt(tau_rows), pb.opt(m),
+                         pb.opt(den), pb.opt(delta), pb.opt(d_rs), pb.opt(d_sl), pb.opt(d_tau), sm_scale,
+                         pb.tokens, pb.heads, GRAD_RS=grad_rs, GRAD_SL=grad_sl, GRAD_TAU=grad_tau, **common)
+    _bwd_dkdv_kernel[grid](q, k, v, do, dk, dv, pb.opt(slopes), pb.opt(row_scale), pb.opt(tau_rows),
+                           pb.opt(m), pb.opt(den), pb.opt(delta), sm_scale, pb.tokens, pb.heads, **common)
+    g_sl = reduce_slopes(d_sl) if grad_sl else None
+    g_rs = None if d_rs is None else _sum_to(d_rs, rs_shape)
+    g_tau = _sum_to(d_tau, tau_shape) if grad_tau else None
+    return dq, dk, dv, g_sl, g_rs, g_tau
 
 
 def _sum_to(grad: torch.Tensor, shape) -> torch.Tensor:

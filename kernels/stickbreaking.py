@@ -84,9 +84,21 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, sm_scale, T, H, exit_at,
     tau = tl.zeros([BM], dtype=tl.float32)
     if FILTER:
         tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=float("inf"))
+    n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
+    acc, lsum = _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles,
+                          exit_at, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC, D, BD, BM, BN)
+    _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, SAVE, D)
+
+
+@triton.jit
+def _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles, exit_at,
+              FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SPLIT: tl.constexpr,
+              DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """``(acc, lsum)``: the weighted values and the softplus sum of the rows ``offs_m`` over the key tiles
+    ``n_tiles - 1`` down to 0, stopping once every row (``row_ok``) has passed ``exit_at`` nats (Sieve's
+    gathered open rows reuse it)."""
     lsum = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, BD], dtype=tl.float32)
-    n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
     t = 0
     lmin = tl.min(tl.zeros([BM], dtype=tl.float32), 0)
     while (t < n_tiles) & (lmin < exit_at):
@@ -109,6 +121,14 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, sm_scale, T, H, exit_at,
             lsum += tl.sum(sp, 1)
             lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
         t += 1
+    return acc, lsum
+
+
+@triton.jit
+def _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, SAVE: tl.constexpr,
+               D: tl.constexpr):
+    """The remainder on the diagonal, then the output (and, for the backward, its fp32 copy and the
+    remainder)."""
     rem = tl.exp(-lsum)
     v_r = tl.load(V + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
     acc += rem[:, None] * v_r.to(tl.float32)

@@ -1,0 +1,253 @@
+"""The list forward of entmax and sparsemax attention (``kernels/entmax.py``, ``_lists_forward``) and of Sieve
+(``kernels/sieve.py``): against the float64 dense reference (output, and gradients through the unchanged
+backward of ``RowwiseAttention`` / ``StickBreakingAttention``), against the old forward (``TUNING={"lists":
+False}``: the threshold, then the output pass over all keys), and which rows it finishes from their lists.
+
+Runs on a CUDA GPU (fp32 and bf16) or on the CPU under the Triton interpreter (``TRITON_INTERPRET=1``, fp32
+only: the interpreter's bf16 dot products are wrong), with the references, error measure and tolerances of
+``test_kernels.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from test_kernels import TOL_GRAD, TOL_OUT, dense_scores, rel_err, tie_rows
+
+from lengthbench.kernels import entmax, sieve
+from lengthbench.kernels._common import Problem
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+pytestmark = pytest.mark.skipif(not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
+                                reason="needs a CUDA GPU or TRITON_INTERPRET=1")
+DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
+ALPHA = {"entmax": 1.5, "sparsemax": 2.0, "sieve": 1.5}
+
+
+def op_of(name):
+    if name == "sieve":
+        return sieve.sieve_attention
+    return lambda *args, **kwargs: entmax.entmax_attention(*args, alpha=ALPHA[name], **kwargs)
+
+
+def make(batch, heads, tokens, head_dim, dtype, seed, scale=1.0):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    q, k, v = (torch.randn(batch, heads, tokens, head_dim, device=DEVICE, generator=gen) for _ in range(3))
+    return (q * scale).to(dtype), (k * scale).to(dtype), v.to(dtype)
+
+
+def alibi(heads, batch, tokens, seed, big=False):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    slopes = torch.tensor([0.5, 0.0625, 0.0][:heads], device=DEVICE)
+    if big:  # every earlier key far below the diagonal: supports of one key
+        slopes = torch.full((heads,), 8.0, device=DEVICE)
+    return slopes, 0.5 + torch.rand(batch, heads, tokens, device=DEVICE, generator=gen)
+
+
+def path_counts(name, q, k, v, slopes=None, row_scale=None):
+    """``(listed, total, ncand, lists)``: the rows the list forward finishes from their lists."""
+    pb = Problem(q, k, v, slopes, row_scale, None)
+    if name == "sieve":
+        *_, ncand = sieve._lists_forward(pb, False)
+        return int((ncand > 0).sum()), ncand.numel(), ncand, None
+    *_, ncand, lists = entmax._lists_forward(pb, ALPHA[name], False)
+    return int((ncand > 0).sum()), ncand.numel(), ncand, lists
+
+
+def check(name, q, k, v, *, slopes=None, row_scale=None, seed=0, label=""):
+    """The op (default: the list forward) against the float64 reference, as ``test_kernels.check``; returns the
+    errors."""
+    from lengthbench import attention_weights
+
+    dtype = q.dtype
+    op = op_of(name)
+    sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    extras = {}
+    if slopes is not None:
+        extras["slopes"] = slopes.detach().clone().requires_grad_()
+    if row_scale is not None:
+        extras["row_scale"] = row_scale.detach().clone().requires_grad_()
+    out = op(*leaves, sm_scale=sm_scale, **extras)
+    assert out.shape == q.shape and out.dtype == dtype
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_extras = {key: t.detach().double().requires_grad_() for key, t in extras.items()}
+    z = dense_scores(*ref_leaves[:2], sm_scale, ref_extras.get("slopes"), ref_extras.get("row_scale"))
+    ref_out = torch.matmul(attention_weights(name, z), ref_leaves[2])
+    ties = tie_rows(name, z.detach(), q, k, sm_scale, extras.get("slopes"), extras.get("row_scale"))
+    assert ties.float().mean().item() <= 0.05
+    keep = ~ties
+    assert torch.isfinite(out).all(), "NaN/inf in the output"
+    errors = {"out": rel_err(out[keep], ref_out[keep])}
+    gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
+    dout = torch.randn(out.shape, device=DEVICE, generator=gen, dtype=torch.float64) * keep[..., None]
+    (out.double() * dout).sum().backward()
+    (ref_out * dout).sum().backward()
+    names = ["dq", "dk", "dv"] + [f"d{key}" for key in extras]
+    for label_, a, b in zip(names, leaves + list(extras.values()), ref_leaves + list(ref_extras.values()),
+                            strict=True):
+        assert a.grad is not None and torch.isfinite(a.grad).all(), f"{label_}: missing or non-finite"
+        errors[label_] = rel_err(a.grad, b.grad)
+    print(f"ERR lists {name:10s} {label:30s} ties={int(ties.sum())} "
+          + " ".join(f"{key}={val:.2e}" for key, val in errors.items()))
+    assert errors["out"] <= TOL_OUT[dtype], errors
+    for key, val in errors.items():
+        assert val <= TOL_GRAD[dtype], (key, errors)
+    return errors
+
+
+# (tokens, head_dim): the interpreter is slow, so the longer rows at one head dim
+SHAPES = [(1, 32), (17, 32), (64, 32), (100, 16), (100, 32), (100, 64), (300, 32)]
+if CUDA:
+    SHAPES += [(300, 16), (300, 64), (1000, 32), (4096, 32), (333, 128), (4096, 64)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"T{s[0]}-D{s[1]}")
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
+def test_lists_match_reference(name, shape, dtype):
+    tokens, head_dim = shape
+    q, k, v = make(2 if tokens < 100 else 1, 2, tokens, head_dim, dtype, seed=tokens + head_dim)
+    check(name, q, k, v, seed=tokens, label=f"T={tokens} D={head_dim} {dtype}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
+def test_lists_slopes_and_row_scale(name, dtype):
+    batch, heads, tokens = 1, 3, 150
+    q, k, v = make(batch, heads, tokens, 32, dtype, seed=7)
+    slopes, row_scale = alibi(heads, batch, tokens, seed=3)
+    check(name, q, k, v, slopes=slopes, row_scale=row_scale, label=f"slopes+row_scale {dtype}")
+
+
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
+def test_lists_single_key_supports(name):
+    """Steep slopes: every row's support is its own key alone (a causal row always sees its diagonal, so no
+    row has nothing visible here; those are the strict rows of Sieve, which keeps the old path)."""
+    q, k, v = make(1, 2, 130, 32, torch.float32, seed=9)
+    slopes, row_scale = alibi(2, 1, 130, seed=4, big=True)
+    check(name, q, k, v, slopes=slopes, row_scale=row_scale, label="one-key supports")
+    out = op_of(name)(q, k, v, slopes=slopes, row_scale=row_scale)
+    if name == "sieve":  # the one earlier key in the support takes sigmoid(z) of the stick
+        return
+    torch.testing.assert_close(out, v, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
+def test_lists_near_uniform_scores(name):
+    """Tiny scores (near-ties everywhere, wide supports): most rows go to the open path."""
+    q, k, v = make(1, 2, 200, 32, torch.float32, seed=12, scale=0.05)
+    listed, total, *_ = path_counts(name, q, k, v)
+    assert listed < total // 2, (listed, total)
+    check(name, q, k, v, seed=2, label="near-uniform")
+
+
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
+def test_lists_large_scores(name):
+    """Scores of magnitude ~50: finite, and still the reference."""
+    q, k, v = make(1, 2, 300, 32, torch.float32, seed=5, scale=2.7)
+    check(name, q, k, v, seed=5, label="large scores")
+
+
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
+def test_lists_overflowing_rows_go_open(name, monkeypatch):
+    """With lists of 8 slots, rows of more candidates are left open, and the output is still the reference."""
+    q, k, v = make(1, 2, 300, 32, torch.float32, seed=21, scale=0.6)
+    listed_64, total, *_ = path_counts(name, q, k, v)
+    monkeypatch.setattr(entmax, "TUNING", dict(list_size=8))
+    listed_8, _, ncand, _ = path_counts(name, q, k, v)
+    assert 0 < listed_8 < listed_64 <= total, (listed_8, listed_64, total)
+    assert int(ncand.max()) <= 8
+    check(name, q, k, v, seed=21, label="lists of 8")
+
+
+@pytest.mark.parametrize("name", ["entmax", "sparsemax"])
+def test_lists_hold_the_support(name):
+    """Certified rows take the list path (most rows of N(0, 1) scores), open rows the other; each listed row's
+    keys are distinct, visible and hold the row's support (from the dense float64 threshold)."""
+    from lengthbench import attention_weights
+
+    tokens = 600
+    q, k, v = make(1, 2, tokens, 32, torch.float32, seed=31)
+    listed, total, ncand, lists = path_counts(name, q, k, v)
+    print(f"listed {listed} of {total}; candidates max {int(ncand.max())}")
+    assert listed >= 0.9 * total, (listed, total)
+    z = dense_scores(q.double(), k.double(), 1.0 / math.sqrt(32), None, None)
+    support = attention_weights(name, z) > 0  # [1, 2, T, T]
+    support = support.reshape(-1, tokens, tokens)
+    ncand = ncand.cpu()
+    for bh in range(support.shape[0]):
+        for row in range(tokens):
+            n = int(ncand[bh, row])
+            if n == 0:
+                continue
+            keys = lists[bh, row, :n].cpu()
+            assert len(set(keys.tolist())) == n and int(keys.min()) >= 0 and int(keys.max()) <= row
+            held = torch.zeros(tokens, dtype=torch.bool)
+            held[keys.long()] = True
+            assert not (support[bh, row].cpu() & ~held).any(), (bh, row)
+
+
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
+def test_lists_agree_with_old_forward(name, monkeypatch):
+    """The list forward's output and gradients equal the old forward's to rounding (near-tie rows aside)."""
+    q, k, v = make(1, 2, 400, 32, torch.float32, seed=41, scale=0.9)
+    slopes, row_scale = alibi(2, 1, 400, seed=8)
+    z = dense_scores(q.double(), k.double(), 1.0 / math.sqrt(32), slopes.double(), row_scale.double())
+    keep = ~tie_rows(name, z, q, k, None, slopes, row_scale)[..., None]
+    results = []
+    for tuning in (None, dict(lists=False)):
+        monkeypatch.setattr(entmax, "TUNING", tuning)
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, row_scale)]
+        out = op_of(name)(*leaves[:3], row_scale=leaves[3], slopes=slopes)
+        gen = torch.Generator(device=DEVICE).manual_seed(1)
+        (out * torch.randn(out.shape, device=DEVICE, generator=gen) * keep).sum().backward()
+        results.append([out.detach() * keep] + [t.grad for t in leaves])
+    for label, a, b in zip(["out", "dq", "dk", "dv", "drow_scale"], *results, strict=True):
+        err = rel_err(a, b)
+        print(f"ERR lists vs old {name} {label} {err:.2e}")
+        assert err <= 1e-4, (label, err)
+
+
+def test_lists_fall_back_past_the_packed_bits(monkeypatch):
+    """Key tiles that need more bits than ``_PACK_MAX`` take the old forward (the same result)."""
+    q, k, v = make(1, 1, 300, 32, torch.float32, seed=51)  # 5 key tiles: 3 bits
+    assert entmax._pack_bits(300, 64) == 3 and entmax._lists_apply(q)
+    want = entmax.entmax_attention(q, k, v)
+    monkeypatch.setattr(entmax, "_PACK_MAX", 2)
+    assert not entmax._lists_apply(q)
+    assert rel_err(entmax.entmax_attention(q, k, v), want) <= 1e-5
+    monkeypatch.setattr(entmax, "_PACK_MAX", 12)
+    monkeypatch.setattr(entmax, "TUNING", dict(lists=False))
+    assert not entmax._lists_apply(q)
+
+
+def test_pack_bits():
+    assert entmax._pack_bits(1, 64) == 1 and entmax._pack_bits(128, 64) == 1
+    assert entmax._pack_bits(65_536, 64) == 10 and entmax._pack_bits(70_000, 64) == 11
+    assert entmax._pack_bits(262_144, 64) == 12 and entmax._pack_bits(262_145, 64) == 13
+
+
+def test_sieve_lists_paths():
+    """Sieve: most rows of N(0, 1) scores are listed; row 0 (no earlier key) is open, with the whole stick on
+    the diagonal."""
+    q, k, v = make(1, 2, 600, 32, torch.float32, seed=61)
+    listed, total, ncand, _ = path_counts("sieve", q, k, v)
+    assert listed >= 0.9 * total and not (ncand[:, 0] > 0).any(), (listed, total)
+    out = sieve.sieve_attention(q, k, v)
+    torch.testing.assert_close(out[:, :, 0], v[:, :, 0])
+
+
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
+def test_lists_zero_queries(name):
+    """Every third query zero: rows of exactly equal scores (packed zeros, a dead heat in every column), the
+    short ones listed with every key a candidate, the others open; still the reference."""
+    q, k, v = make(1, 2, 200, 32, torch.float32, seed=71)
+    q[:, :, ::3] = 0
+    listed, total, ncand, _ = path_counts(name, q, k, v)
+    assert (ncand[:, 3:60:3] > 0).all() and not (ncand[:, 99::3] > 0).any()
+    check(name, q, k, v, seed=71, label="zero queries")
