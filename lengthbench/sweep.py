@@ -4,7 +4,7 @@ A cell already in the store is skipped (its run id is the hash of its whole conf
 setting is a new cell); an interrupted cell continues from its checkpoint. On a machine with several
 GPUs each cell runs in a worker process that sees one GPU (``CUDA_VISIBLE_DEVICES``), and its output
 goes to ``<results>/logs/<run_id>.log``; on one GPU or CPU the cells run one after another in this
-process.
+process, each writing the same plain lines (validation points, evaluation lengths) to that log.
 
 A sweep file (TOML; JSON also works) holds the same settings as the flags, which override it::
 
@@ -329,13 +329,20 @@ def _run_sequential(pending, results: Path, device: str, outcomes, emit) -> None
 
     if pending:
         resolve_device(device)
+        (results / "logs").mkdir(parents=True, exist_ok=True)
     for config in pending:
         if _stage_failed(config, outcomes, emit):
             continue
         emit("start", config, None, "")
         started = time.perf_counter()
         try:
-            frame = run_cell(config, results, device=device, resume=True, progress=False)
+            # the worker pool's log of the cell, here too: a quiet sweep otherwise says nothing until a cell ends
+            with open(results / "logs" / f"{config.run_id}.log", "a", encoding="utf-8") as log_file:
+                def log(line: str, log_file=log_file) -> None:
+                    log_file.write(line + "\n")
+                    log_file.flush()
+
+                frame = run_cell(config, results, device=device, resume=True, progress=False, log=log)
             outcome = CellOutcome(config, "done", time.perf_counter() - started, curve=_outcome_curve(frame))
         except (KeyboardInterrupt, UsageError):
             raise

@@ -175,6 +175,9 @@ def test_a_real_tiny_sweep_then_leaderboard(tmp_path, monkeypatch, capsys):
     assert "rope (factor=1)" in row and row.rstrip().endswith("│") and row.count("│") == 9
     config = plan_cells(["2back:softmax:rope(factor=1)"], [0], "smoke", TINY)[0]
     assert run_finished(store, config.run_id)
+    # in this process too, each cell writes its plain lines to its log, as the worker pool's cells do
+    log = (store / "logs" / f"{config.run_id}.log").read_text()
+    assert f"{config.run_id} eval 1x" in log and f"{config.run_id} step" in log
     assert cli(monkeypatch, "sweep", "--config", path, "--quiet") == 0
     assert "0 ran, 1 already in the store" in capsys.readouterr().out
     assert cli(monkeypatch, "leaderboard", "--results", store) == 0
