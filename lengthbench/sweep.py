@@ -27,6 +27,7 @@ weights of the one before (``init_from``), and last the cell itself from the las
     task_params = {layout = "inline"}
     [[stages]]           # stage 2, from stage 1; the cell (stage 3) starts from stage 2
     train_length = 16
+    attn_params = {alpha = 1.25}   # over the cell's own parameters, for this stage only
 
 A stage starts only when the stage before it is in the store; a failed stage fails the stages after it.
 """
@@ -108,7 +109,8 @@ def read_sweep_file(path: str | Path) -> dict[str, Any]:
 def add_stages(configs: list[RunConfig], stages: list[dict[str, Any]], preset: str = "smoke",
                overrides: dict[str, Any] | None = None) -> list[RunConfig]:
     """Every cell preceded by its curriculum: per cell, one configuration per stage (``overrides``, then the
-    stage's fields; the cell's mechanism, encoding, their parameters and seed), each starting from the one
+    stage's fields; the cell's mechanism, encoding, their parameters (a stage's ``attn_params`` over the cell's)
+    and seed), each starting from the one
     before, then the cell itself starting from the last stage. Stages come before their cell, so a sweep run in
     order meets every stage's weights before it needs them. Problems are one-line UsageErrors."""
     if not stages:
@@ -127,16 +129,19 @@ def add_stages(configs: list[RunConfig], stages: list[dict[str, Any]], preset: s
             stage = dict(stage)
             task = stage.pop("task", cell.task)
             task_params = dict(stage.pop("task_params", None) or {})
+            attn_params = {**cell.attn_params, **dict(stage.pop("attn_params", None) or {})}
             if task == cell.task:  # the cell's task: the stage's parameters over the sweep's
                 task_params = {**(overrides.get("task_params") or {}), **task_params}
             merged = {**overrides, **stage, "task_params": task_params}
             try:
                 fields = {**default_train_length(task, merged), **merged, "seed": cell.seed,
-                          "attn_params": cell.attn_params, "pe_params": cell.pe_params, "init_from": previous}
+                          "attn_params": attn_params, "pe_params": cell.pe_params, "init_from": previous}
                 config = build_config(task, cell.attn, cell.pe, preset, **fields)
             except (LookupError, ValueError, TypeError) as error:
                 message = str(error).splitlines()[0].strip("'\"")
                 raise UsageError(f"stage {number} of {cell.task}:{cell.attn}:{cell.pe}: {message}") from error
+            if config.attn_params or config.pe_params or config.task_params:
+                _check_parameters(config, f"stage {number} of {cell.task}:{cell.attn}:{cell.pe}")
             chained.setdefault(config.run_id, config)
             previous = config.run_id
         final = replace(cell, init_from=previous)
@@ -200,7 +205,7 @@ def _cell_part(text: str, cell: str) -> tuple[str, dict[str, Any]]:
     return match[1], parse_params(items, f"cell {cell!r}")
 
 
-def _check_parameters(config: RunConfig) -> None:
+def _check_parameters(config: RunConfig, where: str = "") -> None:
     """Build the cell's model on the meta device (no memory, no time): a parameter its mechanism, encoding or
     task does not take fails here, before any cell runs, not in a worker an hour later."""
     import torch
@@ -212,7 +217,8 @@ def _check_parameters(config: RunConfig) -> None:
         with torch.device("meta"):
             build_model(config, get_task(config.task, **config.task_params))
     except (TypeError, ValueError) as error:
-        raise UsageError(f"{config.task}:{config.attn}:{config.pe}: {str(error).splitlines()[0]}") from error
+        where = where or f"{config.task}:{config.attn}:{config.pe}"
+        raise UsageError(f"{where}: {str(error).splitlines()[0]}") from error
 
 
 def plan_cells(cells: list[str], seeds: list[int], preset: str = "smoke",
