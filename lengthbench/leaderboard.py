@@ -155,7 +155,8 @@ def _amount(samples: int) -> str:
 
 def _stage_label(config: dict, final: dict) -> str:
     """One earlier stage of a curriculum: ``"mqrar (layout=inline) at n 16, 1.28M samples, init torch"``;
-    its batch, learning rate and warm-up are named only where they differ from the final stage's."""
+    its batch, learning rate, warm-up and mechanism parameters are named only where they differ from the final
+    stage's."""
     params = config.get("task_params") or {}
     label = config.get("task", "?") + (" (" + ", ".join(f"{k}={v}" for k, v in sorted(params.items())) + ")"
                                         if params else "")
@@ -163,6 +164,9 @@ def _stage_label(config: dict, final: dict) -> str:
     for key, name in (("batch_size", "batch"), ("lr", "lr"), ("warmup_steps", "warm-up")):
         if key in config and config[key] != final.get(key):
             label += f", {name} {config[key]:g}"
+    attn_params = config.get("attn_params") or {}
+    if attn_params != (final.get("attn_params") or {}):  # e.g. a wider Sieve filter in an early stage
+        label += ", " + config.get("attn", "?") + " (" + ", ".join(f"{k}={v}" for k, v in sorted(attn_params.items())) + ")"
     init = config.get("init", "normal-0.02")
     return label if init == "normal-0.02" else f"{label}, init {init}"
 

@@ -14,6 +14,7 @@ and its figures are named per table. Files it did not write are never touched.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -52,10 +53,17 @@ def _table_label(task: str, preset: str, protocol: str, train_length: int, sever
     return f"{task} ({preset}{', ' + protocol if protocol else ''}, n={train_length})"
 
 
+SLUG_MAX = 120  # file systems allow 255 bytes per name; a long curriculum's protocol exceeds that
+
+
 def _protocol_slug(protocol: str) -> str:
-    """``"8M samples, batch 512, lr 0.001"`` -> ``"8M_b512_lr0.001"``."""
-    return (protocol.replace(" samples, batch ", "_b").replace(", lr ", "_lr").replace(", ", "_")
+    """``"8M samples, batch 512, lr 0.001"`` -> ``"8M_b512_lr0.001"``; one longer than ``SLUG_MAX`` is cut and
+    ends in a hash of the whole protocol, so distinct protocols keep distinct names."""
+    slug = (protocol.replace(" samples, batch ", "_b").replace(", lr ", "_lr").replace(", ", "_")
             .replace("=", "-").replace(",", ""))
+    if len(slug) <= SLUG_MAX:
+        return slug
+    return f"{slug[:SLUG_MAX - 9]}_{hashlib.sha1(protocol.encode()).hexdigest()[:8]}"
 
 
 def _several(board: pd.DataFrame) -> dict[str, bool]:

@@ -283,3 +283,18 @@ def test_a_curriculum_is_named_by_its_stages_so_its_runs_share_a_table(tmp_path)
     assert int(after.loc[after["attn"] == "softmax", "seeds"].iloc[0]) == 2
     assert board["protocol"].str.endswith(", from mqrar-gone-s0-abc").sum() == 1
     assert len(board) == 2 + 2 + 2 + 1  # each stage its own table; the orphan alone
+
+
+def test_a_stage_with_other_mechanism_parameters_names_them(tmp_path):
+    """A curriculum that widens Sieve's filter early (a stage's ``attn_params``) says so in its protocol."""
+    results = tmp_path / "store"
+    budget = {"attn": "sieve", "batch_size": 128, "lr": 1e-3, "warmup_steps": 10_000, "train_length": 16}
+    first = {**budget, "train_samples": 1_280_000, "attn_params": {"alpha": 1.1}}
+    path = synthetic_run(results, "mqrar", "sieve", "none", 0, {1: 0.9, 2: 0.8}, preset="paper", config=first)
+    second = {**budget, "train_samples": 640_000, "attn_params": {"alpha": 1.5}, "init_from": path.stem}
+    path = synthetic_run(results, "mqrar", "sieve", "none", 0, {1: 0.5, 2: 0.1}, preset="paper", config=second)
+    final = {**budget, "train_samples": 1_280_000, "attn_params": {"alpha": 1.5}, "init_from": path.stem}
+    synthetic_run(results, "mqrar", "sieve", "none", 0, {1: 0.0, 2: 0.0}, preset="paper", config=final)
+    board = build_leaderboard(load_store(results)[0])
+    protocol = board.loc[board["protocol"].str.contains(" -> "), "protocol"].iloc[0]
+    assert protocol.endswith("after mqrar at n 16, 1.28M samples, sieve (alpha=1.1) -> mqrar at n 16, 0.64M samples")

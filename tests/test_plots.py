@@ -114,3 +114,15 @@ def test_plot_removes_the_figures_of_tables_the_board_no_longer_has(store, tmp_p
     assert "curves_2back.png" in names and "reach_heatmap.svg" in names
     assert (figures / "notes.png").read_bytes() == b"the user's own file"
     assert "removed" in capsys.readouterr().err
+
+
+def test_a_long_protocol_names_its_figure_within_the_file_systems_limit():
+    """A curriculum's protocol names every stage; its figure's name is cut, with a hash that keeps two such
+    protocols apart."""
+    from lengthbench.plots import SLUG_MAX, _protocol_slug
+
+    stages = " -> ".join(f"mqrar (layout=inline) at n 16, 0.64M samples, sieve (alpha=1.{i})" for i in range(5))
+    long_a = f"1.28M samples, batch 128, lr 0.001, after {stages}"
+    long_b = long_a.replace("alpha=1.4", "alpha=1.45")
+    assert len(_protocol_slug(long_a)) == SLUG_MAX and _protocol_slug(long_a) != _protocol_slug(long_b)
+    assert _protocol_slug("8M samples, batch 512, lr 0.001") == "8M_b512_lr0.001"
