@@ -37,6 +37,25 @@ def tile_rows(start, T, D: tl.constexpr, BD: tl.constexpr, B: tl.constexpr):
 
 
 @triton.jit
+def gathered_rows(Q, SL, RS, ROWS, n_open, pid_m, bh, T, H, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+                  D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
+    """Tile ``pid_m`` of the rows gathered per head in ``ROWS[bh, :n_open]`` (``T + 1`` a head; the open rows
+    of ``entmax._open_rows``): ``(base, offs_m, offs_d, row_ok, dmask, rmask, q, slope, rs)``, ``offs_m`` the
+    rows (0 past ``n_open``), ``rmask`` the ``[BM, BD]`` load mask, ``q`` in its own dtype."""
+    base = bh.to(tl.int64) * T * D
+    slots = pid_m * BM + tl.arange(0, BM)
+    row_ok = slots < n_open
+    offs_m = tl.load(ROWS + bh.to(tl.int64) * (T + 1) + slots, mask=row_ok, other=0)
+    offs_d = tl.arange(0, BD)
+    dmask = offs_d < D
+    rmask = row_ok[:, None] & dmask[None, :]
+    q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
+    slope = head_slope(SL, bh, H, HAS_SLOPES)
+    rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
+    return base, offs_m, offs_d, row_ok, dmask, rmask, q, slope, rs
+
+
+@triton.jit
 def head_slope(SL, bh, H, HAS_SLOPES: tl.constexpr):
     """The ALiBi slope of program ``bh``'s head (0 without slopes)."""
     slope = 0.0

@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lengthbench.kernels._common import Problem, head_slope, rows_scale, score_tile, tile_rows
+from lengthbench.kernels._common import Problem, gathered_rows, head_slope, rows_scale, score_tile, tile_rows
 from lengthbench.kernels._rowwise import ENTMAX, _fwd_loops, rowwise, rowwise_backward
 
 
@@ -422,16 +422,8 @@ def _newton_kernel(Q, K, SL, RS, TAU, ROWS, COUNT, sm_scale, T, H, tol, max_iter
     bh = tl.program_id(1)
     n_open = tl.load(COUNT + bh)
     if pid_m * BM < n_open:
-        base = bh.to(tl.int64) * T * D
-        slots = pid_m * BM + tl.arange(0, BM)
-        row_ok = slots < n_open
-        offs_m = tl.load(ROWS + bh.to(tl.int64) * (T + 1) + slots, mask=row_ok, other=0)
-        offs_d = tl.arange(0, BD)
-        dmask = offs_d < D
-        q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=row_ok[:, None] & dmask[None, :],
-                    other=0.0)
-        slope = head_slope(SL, bh, H, HAS_SLOPES)
-        rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
+        base, offs_m, offs_d, row_ok, dmask, rmask, q, slope, rs = gathered_rows(
+            Q, SL, RS, ROWS, n_open, pid_m, bh, T, H, HAS_SLOPES, HAS_RS, D, BD, BM)
         first = tl.min(tl.where(row_ok, offs_m, T), 0)
         last = tl.max(tl.where(row_ok, offs_m, 0), 0)
         tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
@@ -519,32 +511,54 @@ def _lists_start_kernel(Q, K, SL, RS, TAU, NCAND, LIST, sm_scale, eps_scale, T, 
 
 
 @triton.jit
-def _list_rows(Q, K, SL, RS, TAU, LIST, sm_scale, T, H, n_iter, bh, offs_r, row_ok, ncand, listed,
-               HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
-               C: tl.constexpr, XS: tl.constexpr):
-    """The listed rows ``offs_r`` (``ncand > 0`` candidates; shared with Sieve's list kernel):
-    ``(base, offs_d, dmask, keep, idx, gather, gmask, z, x, tau)``, ``keep`` ``[BR, C]`` the filled slots,
-    ``idx`` their keys,
-    ``gather``/``gmask`` the offsets and mask of their ``[BR, C, BD]`` key (and value) rows, ``z`` their scores
-    recomputed (``score_tile``'s arithmetic, in fp32 products), ``x = XS z`` (``-inf`` off ``keep``) and
-    ``tau`` the threshold over them: the exact/Newton steps of the Newton passes from the larger of the two
-    lower bounds ``TAU`` and ``X_max - 1``, a row stopping once its exact root is accepted (0 off ``listed``)."""
+def _list_keys(LIST, bh, T, offs_r, rows_in, count, C: tl.constexpr):
+    """``(keep, idx)``: the first ``count`` slots of the lists of the rows ``offs_r`` where ``rows_in``
+    (``[BR, C]``) and their keys (-1 elsewhere)."""
+    slots = tl.arange(0, C)
+    keep = rows_in[:, None] & (slots[None, :] < count[:, None])
+    idx = tl.load(LIST + (bh * T + offs_r).to(tl.int64)[:, None] * C + slots[None, :], mask=keep, other=-1)
+    return keep, idx
+
+
+@triton.jit
+def _list_scores(Q, K, SL, RS, idx, keep, rows_in, sm_scale, T, H, bh, offs_r, row_ok,
+                 HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                 BR: tl.constexpr):
+    """The keys ``idx`` (``[BR, C]``, where ``keep``) of the rows ``offs_r``, gathered, and their scores:
+    ``(base, offs_d, dmask, gather, gmask, q, k, zb, z, rs)``, ``gather``/``gmask`` the offsets and mask of
+    their ``[BR, C, BD]`` key (and value) rows, ``q`` (the rows ``rows_in``) and ``k`` in fp32, ``z`` the
+    scores recomputed (``score_tile``'s arithmetic, in fp32 products) and ``zb`` before the row scale
+    ``rs``."""
     base = bh.to(tl.int64) * T * D
     offs_d = tl.arange(0, BD)
     dmask = offs_d < D
-    slots = tl.arange(0, C)
-    keep = listed[:, None] & (slots[None, :] < ncand[:, None])
-    idx = tl.load(LIST + (bh * T + offs_r).to(tl.int64)[:, None] * C + slots[None, :], mask=keep, other=0)
-    q = tl.load(Q + base + offs_r[:, None] * D + offs_d[None, :], mask=listed[:, None] & dmask[None, :],
+    q = tl.load(Q + base + offs_r[:, None] * D + offs_d[None, :], mask=rows_in[:, None] & dmask[None, :],
                 other=0.0).to(tl.float32)
     gather = idx[:, :, None] * D + offs_d[None, None, :]
     gmask = keep[:, :, None] & dmask[None, None, :]
     k = tl.load(K + base + gather, mask=gmask, other=0.0).to(tl.float32)
-    z = tl.sum(q[:, None, :] * k, 2) * sm_scale
+    zb = tl.sum(q[:, None, :] * k, 2) * sm_scale
     if HAS_SLOPES:
-        z = z - tl.load(SL + bh % H) * (offs_r[:, None] - idx).to(tl.float32)
+        zb = zb - tl.load(SL + bh % H) * (offs_r[:, None] - idx).to(tl.float32)
+    rs = rows_scale(RS, bh, T, offs_r, row_ok, HAS_RS, BR)
+    z = zb
     if HAS_RS:
-        z = z * rows_scale(RS, bh, T, offs_r, row_ok, HAS_RS, BR)[:, None]
+        z = zb * rs[:, None]
+    return base, offs_d, dmask, gather, gmask, q, k, zb, z, rs
+
+
+@triton.jit
+def _list_rows(Q, K, SL, RS, TAU, LIST, sm_scale, T, H, n_iter, bh, offs_r, row_ok, ncand, listed,
+               HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
+               C: tl.constexpr, XS: tl.constexpr):
+    """The listed rows ``offs_r`` (``ncand > 0`` candidates; shared with Sieve's list kernel):
+    ``(base, offs_d, dmask, keep, idx, gather, gmask, z, x, tau)``: the candidates (``_list_keys``), their
+    scores (``_list_scores``), ``x = XS z`` (``-inf`` off ``keep``) and ``tau`` the threshold over them: the
+    exact/Newton steps of the Newton passes from the larger of the two lower bounds ``TAU`` and ``X_max - 1``,
+    a row stopping once its exact root is accepted (0 off ``listed``)."""
+    keep, idx = _list_keys(LIST, bh, T, offs_r, listed, ncand, C)
+    base, offs_d, dmask, gather, gmask, q, k, zb, z, rs = _list_scores(
+        Q, K, SL, RS, idx, keep, listed, sm_scale, T, H, bh, offs_r, row_ok, HAS_SLOPES, HAS_RS, D, BD, BR)
     x = tl.where(keep, z * XS, float("-inf"))
     x_max = tl.max(x, 1)
     start = tl.load(TAU + bh * T + offs_r, mask=listed, other=0.0)
@@ -610,16 +624,8 @@ def _open_output_kernel(Q, K, V, Out, U, SL, RS, TAU, M, L, ROWS, COUNT, sm_scal
     bh = tl.program_id(1)
     n_open = tl.load(COUNT + bh)
     if pid_m * BM < n_open:
-        base = bh.to(tl.int64) * T * D
-        slots = pid_m * BM + tl.arange(0, BM)
-        row_ok = slots < n_open
-        offs_m = tl.load(ROWS + bh.to(tl.int64) * (T + 1) + slots, mask=row_ok, other=0)
-        offs_d = tl.arange(0, BD)
-        dmask = offs_d < D
-        q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=row_ok[:, None] & dmask[None, :],
-                    other=0.0)
-        slope = head_slope(SL, bh, H, HAS_SLOPES)
-        rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
+        base, offs_m, offs_d, row_ok, dmask, rmask, q, slope, rs = gathered_rows(
+            Q, SL, RS, ROWS, n_open, pid_m, bh, T, H, HAS_SLOPES, HAS_RS, D, BD, BM)
         tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
         first = tl.min(tl.where(row_ok, offs_m, T), 0)
         last = tl.max(tl.where(row_ok, offs_m, 0), 0)
@@ -630,11 +636,10 @@ def _open_output_kernel(Q, K, V, Out, U, SL, RS, TAU, M, L, ROWS, COUNT, sm_scal
                                                last + 1, offs_m, offs_d, dmask, T, sm_scale, slope, rs, tau, False,
                                                4, POWER, STORE_U, HAS_SLOPES, HAS_RS, DOT_PREC, D, BM, BN)
         out_off = base + offs_m[:, None] * D + offs_d[None, :]
-        out_mask = row_ok[:, None] & dmask[None, :]
         acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(Out + out_off, acc.to(Out.dtype.element_ty), mask=out_mask)
+        tl.store(Out + out_off, acc.to(Out.dtype.element_ty), mask=rmask)
         if STORE_U:
-            tl.store(U + out_off, acc_u, mask=out_mask)
+            tl.store(U + out_off, acc_u, mask=rmask)
         tl.store(M + bh * T + offs_m, s_i, mask=row_ok)
         tl.store(L + bh * T + offs_m, l_i, mask=row_ok)
 
@@ -686,7 +691,11 @@ def _config(block_d: int) -> dict:
     if not old:
         # The forward of entmax_attention (alpha 1.5 and 2) by candidate lists: ``list_size`` C slots a row,
         # ``finish`` (rows a program, warps) of the kernel that finishes the listed rows (not yet measured).
-        config.update(lists=True, list_size=64, finish=(max(1, 128 // block_d), 4))
+        # Sieve's backward: ``list_backward`` (elements of a program's [rows, C, BD] blocks, warps) over the
+        # listed rows (``sieve._lists_bwd_kernel``), ``open_backward`` (bm, bn, warps, stages) over the open
+        # ones (``sieve._open_bwd_kernel``: the stick-breaking backward's tiles); neither measured yet.
+        config.update(lists=True, list_size=64, finish=(max(1, 128 // block_d), 4), list_backward=(4096, 4),
+                      open_backward=(64, 64, 4, 2) if small else (32, 32, 4, 2))
     return {**config, **tuning}
 
 

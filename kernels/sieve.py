@@ -7,6 +7,29 @@ Two stages, as Appendix C: the threshold kernel of ``entmax.py`` finds ``tau_r``
 (Section 3.1), not Algorithm 1's ``z >= rowmax - eps``. No gradient flows through the support; ``row_scale``
 and ``slopes`` receive gradients through the stick-breaking stage.
 
+By candidate lists (where ``entmax._lists_apply``, the default), forward and backward take the rows in two
+sets. The listed rows, certified by entmax's list first stage with their support among at most ``C`` (64)
+candidates, are finished in registers, ``BR`` rows a program (``_lists_kernel``); the forward keeps their
+supports in place of the candidates, so the backward (``_lists_bwd_kernel``) takes the very support the
+forward used. The open rows (the others, row 0 among them) are gathered per head and walked over all their
+keys by the filtered stick-breaking kernels (``_open_kernel``, ``_open_bwd_kernel``).
+
+The listed rows' gradient: with ``sigma_k = sigmoid(z_k)``, ``a_j = sigma_j prod_{k in S, k > j} (1 -
+sigma_k)`` and ``rem = prod_S (1 - sigma_k)``, ``d log a_j / dz_k = [k = j] - sigma_k [k >= j]`` and ``d log
+rem / dz_k = -sigma_k`` (``d softplus = sigmoid``); so with ``g_j = do_r.v_j``, ``dz_k = a_k g_k - sigma_k
+(sum_{j in S, j <= k} a_j g_j + rem g_r)``. As ``sum_{j <= k} a_j + rem = a_k / sigma_k`` (the stick left
+when key ``k`` takes its share) this is ``c_k (1 - sigma_k) - sigma_k sum_{j in S, j < k} c_j`` with ``c_j =
+a_j (g_j - g_r)``: the stick-breaking backward's form, which the kernel uses (no cancellation where one key
+takes nearly the whole stick, and no fp32 output needed). Then ``dq_r = sm_scale rs_r sum_k dz_k k_k``,
+``dk_k += sm_scale rs_r dz_k q_r``, ``dv_k += a_k do_r`` and ``dv_r += rem do_r``; ``row_scale`` and the
+slopes take ``dz`` times the biased score and times ``-rs_r (r - k)``.
+
+What the list forward keeps for the backward (``_lists_forward``): the lists (the supports), their sizes,
+``tau`` and the remainder per row, the open rows' indices, and only the open rows' fp32 outputs (the open
+backward's ``C_r = do_r.o_r - g_r``), in their own unused list slots where a row fits (``D <= C``; else a
+``[B, H, T, D]`` fp32 buffer). At L 65,536, H 16, D 32 the lists (256 MiB) so take the place of the fp32
+output (128 MiB) and the fp32 copy of ``do`` (128 MiB) that the stick-breaking backward holds.
+
 ``sieve_alg1_attention`` is Algorithm 1 itself (``sieve-alg1``): a row-max pass over ``j < r``, then the
 stick-breaking kernels with the stick over every earlier key and the weights kept within ``eps`` of the max.
 """
@@ -17,27 +40,55 @@ import torch
 import triton
 import triton.language as tl
 
-from lengthbench.kernels._common import Problem, head_slope, rows_scale, score_tile, softplus, tile_rows
-from lengthbench.kernels.entmax import _list_rows, _lists_apply, _lists_start, entmax_threshold
-from lengthbench.kernels.stickbreaking import EXIT_AT, StickBreakingAttention, _fwd_store, _fwd_walk
+from lengthbench.kernels._common import (
+    Problem,
+    gathered_rows,
+    head_slope,
+    rows_scale,
+    score_tile,
+    softplus,
+    tile_rows,
+)
+from lengthbench.kernels.entmax import (
+    _config,
+    _list_keys,
+    _list_rows,
+    _list_scores,
+    _lists_apply,
+    _lists_start,
+    entmax_threshold,
+)
+from lengthbench.kernels.stickbreaking import (
+    EXIT_AT,
+    StickBreakingAttention,
+    _bwd_store,
+    _bwd_walk,
+    _fwd_store,
+    _fwd_walk,
+    param_grads,
+)
 
 
 @triton.jit
-def _lists_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, NCAND, LIST, sm_scale, T, H, n_iter,
+def _lists_kernel(Q, K, V, Out, REM, SL, RS, TAU, NCAND, LIST, NSUP, sm_scale, T, H, n_iter,
                   SAVE: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, D: tl.constexpr,
                   BD: tl.constexpr, BR: tl.constexpr, C: tl.constexpr):
     """Sieve on the listed rows (``NCAND > 0``, certified by the strict first stage: their support, the keys
     ``j < r`` with ``z / 2 > tau``, lies among their candidates), ``BR`` a program: ``tau`` over the candidates
     (``_list_rows``), then the stick broken over the support from the latest key down, as the stick-breaking
     forward's filtered walk does: ``a_j = exp(z_j - sum_{k in S, k >= j} softplus(z_k))`` (an ``O(C^2)`` suffix
-    sum over the keys' order), remainder ``exp(-sum_S softplus)`` on the diagonal. Writes what
-    ``StickBreakingAttention``'s backward reads: the output, its fp32 copy, the remainder and ``TAU``."""
+    sum over the keys' order), remainder ``exp(-sum_S softplus)`` on the diagonal. Writes the output and
+    ``TAU``; with ``SAVE``, for ``_lists_bwd_kernel``, the remainder, the support itself in place of the
+    candidates (``LIST[row, :n]``, in the candidates' order) and ``NSUP`` its size ``n`` (-1 on the rows not
+    listed). The backward so takes the very support this forward used, whatever its own rounding of the
+    scores."""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     offs_r = pid * BR + tl.arange(0, BR)
     row_ok = offs_r < T
     ncand = tl.load(NCAND + bh * T + offs_r, mask=row_ok, other=0)
     listed = ncand > 0
+    nsup = tl.full([BR], -1, dtype=tl.int32)
     if tl.max(listed.to(tl.int32), 0) > 0:
         base, offs_d, dmask, keep, idx, gather, gmask, z, x, tau = _list_rows(
             Q, K, SL, RS, TAU, LIST, sm_scale, T, H, n_iter, bh, offs_r, row_ok, ncand, listed, HAS_SLOPES, HAS_RS,
@@ -50,78 +101,215 @@ def _lists_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, NCAND, LIST, sm_scale, T,
         v = tl.load(V + base + gather, mask=gmask, other=0.0).to(tl.float32)
         acc = tl.sum(a[:, :, None] * v, 1)
         rmask = listed[:, None] & dmask[None, :]
-        _fwd_store(acc, tl.sum(sp, 1), V, Out, O32, REM, base, offs_r, offs_d, rmask, listed, bh, T, SAVE, D)
+        _fwd_store(acc, tl.sum(sp, 1), V, Out, Out, REM, base, offs_r, offs_d, rmask, listed, bh, T, 0,
+                   2 if SAVE else 0, D)
         tl.store(TAU + bh * T + offs_r, tau, mask=listed)
+        if SAVE:
+            slot = tl.cumsum(support.to(tl.int32), 1) - 1  # at or left of the candidate's own slot
+            # every thread has loaded its candidates before any slot is overwritten
+            tl.debug_barrier()
+            tl.store(LIST + (bh * T + offs_r).to(tl.int64)[:, None] * C + slot, idx, mask=support)
+            nsup = tl.where(listed, tl.sum(support.to(tl.int32), 1), -1)
+    if SAVE:
+        tl.store(NSUP + bh * T + offs_r, nsup, mask=row_ok)
 
 
 @triton.jit
-def _open_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, ROWS, COUNT, sm_scale, T, H, exit_at,
+def _open_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, ROWS, COUNT, sm_scale, T, H, o32_stride, exit_at,
                  SAVE: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SPLIT: tl.constexpr,
                  DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """Sieve on the rows left open (``ROWS[bh, :COUNT[bh]]``, gathered as in ``entmax._newton_kernel``): the
-    stick-breaking forward's filtered walk (``FILTER`` 1) over the keys before their last row."""
+    stick-breaking forward's filtered walk (``FILTER`` 1) over the keys before their last row. With ``SAVE``,
+    the remainder and the fp32 output at ``O32 + (bh T + r) o32_stride`` for ``_open_bwd_kernel``."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     n_open = tl.load(COUNT + bh)
     if pid_m * BM < n_open:
-        base = bh.to(tl.int64) * T * D
-        slots = pid_m * BM + tl.arange(0, BM)
-        row_ok = slots < n_open
-        offs_m = tl.load(ROWS + bh.to(tl.int64) * (T + 1) + slots, mask=row_ok, other=0)
-        offs_d = tl.arange(0, BD)
-        dmask = offs_d < D
-        rmask = row_ok[:, None] & dmask[None, :]
-        q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
-        slope = head_slope(SL, bh, H, HAS_SLOPES)
-        rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
+        base, offs_m, offs_d, row_ok, dmask, rmask, q, slope, rs = gathered_rows(
+            Q, SL, RS, ROWS, n_open, pid_m, bh, T, H, HAS_SLOPES, HAS_RS, D, BD, BM)
         tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=float("inf"))
         last = tl.max(tl.where(row_ok, offs_m, 0), 0)
         acc, lsum = _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau,
                               tl.cdiv(last, BN), exit_at, 1, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC, D, BD, BM, BN)
-        _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, SAVE, D)
+        _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, o32_stride,
+                   1 if SAVE else 0, D)
+
+
+@triton.jit
+def _lists_bwd_kernel(Q, K, V, DO, DQ, DK, DV, SL, RS, DRS, DSL, NSUP, LIST, sm_scale, T, H,
+                      HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
+                      GRAD_SL: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
+                      C: tl.constexpr):
+    """The backward of the listed rows (``NSUP >= 0``), ``BR`` a program, from the supports
+    ``_lists_kernel`` kept (``LIST[row, :NSUP]``), sorted in registers, the latest key first: the keys and
+    values gathered, the scores recomputed (``_list_scores``), then in slot order ``a_j = exp(z_j -
+    cumsum(softplus z)_j)`` (the softplus of the support keys at or after ``j``) and, with ``g_j = do_r.v_j``
+    and ``c_j = a_j (g_j - g_r)``,
+
+        ``dz_k = c_k sigma(-z_k) - sigma(z_k) sum_{j in S, j < k} c_j``
+
+    (the sum a reverse cumulative sum over the slots after ``k``): the stick-breaking backward's ``c_k (1 -
+    sigma_k) - sigma_k (C_r - sum_{j >= k} c_j)`` with ``C_r = sum_S c_j`` taken over the support in
+    registers, so no fp32 output is needed. Row ``r``'s ``dq`` is stored; ``dk_k += sm_scale rs_r dz_k q_r``
+    and ``dv_k += a_k do_r`` go to the fp32 buffers by atomic adds on the support's slots only; the
+    remainder's ``dv_r`` is added by the caller. A row with an empty support has ``dz = 0`` and ``dq = 0``."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    offs_r = pid * BR + tl.arange(0, BR)
+    row_ok = offs_r < T
+    nsup = tl.load(NSUP + bh * T + offs_r, mask=row_ok, other=-1)
+    listed = nsup >= 0
+    if tl.max(listed.to(tl.int32), 0) > 0:
+        support, idx = _list_keys(LIST, bh, T, offs_r, listed, nsup, C)
+        idx = tl.sort(idx, 1, descending=True)  # the keys first, latest first, then the -1 of the empty slots
+        base, offs_d, dmask, gather, gmask, q, k, zb, z, rs = _list_scores(
+            Q, K, SL, RS, idx, support, listed, sm_scale, T, H, bh, offs_r, row_ok, HAS_SLOPES, HAS_RS, D, BD,
+            BR)
+        rmask = listed[:, None] & dmask[None, :]
+        roff = base + offs_r[:, None] * D + offs_d[None, :]
+        do = tl.load(DO + roff, mask=rmask, other=0.0).to(tl.float32)
+        g_r = tl.sum(do * tl.load(V + roff, mask=rmask, other=0.0).to(tl.float32), 1)
+        v = tl.load(V + base + gather, mask=gmask, other=0.0).to(tl.float32)
+        sp = tl.where(support, softplus(z), 0.0)
+        a = tl.where(support, tl.exp(z - tl.cumsum(sp, 1)), 0.0)
+        c = tl.where(support, a * (tl.sum(do[:, None, :] * v, 2) - g_r[:, None]), 0.0)
+        before = tl.cumsum(c, 1, reverse=True) - c
+        dz = tl.where(support, c * tl.sigmoid(-z) - tl.sigmoid(z) * before, 0.0)
+        dzs = dz * (rs * sm_scale)[:, None]
+        tl.store(DQ + roff, tl.sum(dzs[:, :, None] * k, 1).to(DQ.dtype.element_ty), mask=rmask)
+        tl.atomic_add(DK + base + gather, dzs[:, :, None] * q[:, None, :], mask=gmask, sem="relaxed")
+        tl.atomic_add(DV + base + gather, a[:, :, None] * do[:, None, :], mask=gmask, sem="relaxed")
+        if GRAD_RS:
+            tl.store(DRS + bh * T + offs_r, tl.sum(dz * zb, 1), mask=listed)
+        if GRAD_SL:
+            d_sl = tl.sum(dz * (offs_r[:, None] - idx).to(tl.float32), 1)
+            tl.store(DSL + bh * T + offs_r, -d_sl * rs, mask=listed)
+
+
+@triton.jit
+def _open_bwd_kernel(Q, K, V, DO, DQ, DK, DV, O32, SL, RS, TAU, DRS, DSL, ROWS, COUNT, sm_scale, T, H,
+                     o32_stride, exit_at, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+                     GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
+                     BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """The backward of the open rows (``ROWS[bh, :COUNT[bh]]``, gathered as in ``_open_kernel``): the
+    stick-breaking backward's filtered walk (``_bwd_walk``, ``FILTER`` 1) over the keys before their last row,
+    with ``g_r = do_r.v_r`` and ``C_r = do_r.o_r - g_r`` from the fp32 output ``_open_kernel`` kept."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    n_open = tl.load(COUNT + bh)
+    if pid_m * BM < n_open:
+        base, offs_m, offs_d, row_ok, dmask, rmask, q, slope, rs = gathered_rows(
+            Q, SL, RS, ROWS, n_open, pid_m, bh, T, H, HAS_SLOPES, HAS_RS, D, BD, BM)
+        roff = base + offs_m[:, None] * D + offs_d[None, :]
+        do = tl.load(DO + roff, mask=rmask, other=0.0)
+        do32 = do.to(tl.float32)
+        g_r = tl.sum(do32 * tl.load(V + roff, mask=rmask, other=0.0).to(tl.float32), 1)
+        o32_rows = (bh * T + offs_m).to(tl.int64) * o32_stride
+        o32 = tl.load(O32 + o32_rows[:, None] + offs_d[None, :], mask=rmask, other=0.0)
+        c_total = tl.sum(do32 * o32, 1) - g_r
+        tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=float("inf"))
+        last = tl.max(tl.where(row_ok, offs_m, 0), 0)
+        dq, d_rs, d_sl = _bwd_walk(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_scale,
+                                   slope, rs, tau, c_total, g_r, tl.cdiv(last, BN), exit_at, 1, HAS_SLOPES,
+                                   HAS_RS, GRAD_RS, GRAD_SL, DOT_PREC, D, BD, BM, BN)
+        _bwd_store(dq, d_rs, d_sl, DQ, DRS, DSL, base, offs_m, offs_d, rmask, row_ok, bh, T, sm_scale, rs,
+                   GRAD_RS, GRAD_SL, D)
 
 
 def _lists_forward(pb: Problem, save: bool):
-    """Sieve's forward by candidate lists: ``(out, o32, rem, tau, ncand)`` (``o32, rem`` None unless
-    ``save``), ``ncand`` as ``entmax._lists_forward``'s. The first stage and the Newton passes of entmax's
-    list forward with the strict keys ``j < r``, then ``_lists_kernel`` on the listed rows and ``_open_kernel``
-    on the others (among them row 0, which sees no key: ``tau = +inf``, the whole stick on the diagonal)."""
+    """Sieve's forward by candidate lists: ``(out, ncand, saved)``, ``ncand`` as ``entmax._lists_forward``'s,
+    ``saved`` None unless ``save``, else what ``SieveListsAttention.backward`` reads: ``(rem, tau, lists,
+    nsup, rows, count, o32, o32_stride)``. The first stage and the Newton passes of entmax's list forward
+    with the strict keys ``j < r``, then ``_lists_kernel`` on the listed rows and ``_open_kernel`` on the
+    others (among them row 0, which sees no key: ``tau = +inf``, the whole stick on the diagonal).
+
+    What the backward keeps: the lists, which then hold the listed rows' supports (``_lists_kernel``); and
+    only the open rows' fp32 outputs (the listed rows' backward needs none), kept in the open rows' own unused
+    list slots where a row fits in them (``D <= C``: ``o32_stride`` C), else in a ``[BH, T, D]`` buffer."""
     tau, ncand, lists, rows, count, config = _lists_start(pb, 0.5, True)
     nbm, nbn, nwarps, nstages = config["newton"]
     rows_per, finish_warps = config["finish"]
     size = lists.shape[-1]
     rows_per = max(1, min(rows_per, 8192 // (size * size)))  # the [rows, C, C] suffix sums in registers
     out = torch.empty_like(pb.q)
-    o32 = torch.empty(pb.q.shape, device=pb.q.device, dtype=torch.float32) if save else None
     rem = pb.rows() if save else None
+    nsup = torch.empty(pb.bh, pb.tokens, device=pb.q.device, dtype=torch.int32) if save else None
+    o32, o32_stride = None, 0
+    if save:
+        if pb.head_dim <= size:
+            o32, o32_stride = lists.view(torch.float32), size
+        else:
+            o32, o32_stride = torch.empty(pb.bh, pb.tokens, pb.head_dim, device=pb.q.device,
+                                          dtype=torch.float32), pb.head_dim
     sl, rs = pb.opt(pb.slopes), pb.opt(pb.row_scale)
     common = dict(SAVE=save, HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None, D=pb.head_dim,
                   BD=pb.block_d)
     _lists_kernel[(triton.cdiv(pb.tokens, rows_per), pb.bh)](
-        pb.q, pb.k, pb.v, out, pb.opt(o32), pb.opt(rem), sl, rs, tau, ncand, lists, pb.sm_scale, pb.tokens,
+        pb.q, pb.k, pb.v, out, pb.opt(rem), sl, rs, tau, ncand, lists, pb.opt(nsup), pb.sm_scale, pb.tokens,
         pb.heads, 2 * size + 8, BR=rows_per, C=size, num_warps=finish_warps, **common)
     _open_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
         pb.q, pb.k, pb.v, out, pb.opt(o32), pb.opt(rem), sl, rs, tau, rows, count, pb.sm_scale, pb.tokens,
-        pb.heads, EXIT_AT, SPLIT=pb.q.dtype != torch.float32, DOT_PREC=pb.dot_prec, BM=nbm, BN=nbn,
-        num_warps=nwarps, num_stages=nstages, **common)
-    return out, o32, rem, tau, ncand
+        pb.heads, o32_stride, EXIT_AT, SPLIT=pb.q.dtype != torch.float32, DOT_PREC=pb.dot_prec, BM=nbm,
+        BN=nbn, num_warps=nwarps, num_stages=nstages, **common)
+    saved = (rem, tau, lists, nsup, rows, count, o32, o32_stride) if save else None
+    return out, ncand, saved
 
 
-class SieveListsAttention(StickBreakingAttention):
-    """Sieve by ``_lists_forward``, saving what ``StickBreakingAttention`` saves for its filter (mode 1):
-    its backward runs unchanged. Called as ``StickBreakingAttention`` with ``tau`` None."""
+class SieveListsAttention(torch.autograd.Function):
+    """Sieve by ``_lists_forward``, with its backward by the same lists: ``_lists_bwd_kernel`` on the listed
+    rows, ``_open_bwd_kernel`` on the open ones (disjoint rows: each row's ``dq`` is stored once; dk and dv
+    add up in fp32 buffers). Called as ``StickBreakingAttention`` with ``tau`` None; gradients flow to q, k,
+    v, ``slopes`` and ``row_scale``."""
 
     @staticmethod
     def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, weights_only=False):
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
         save = any(ctx.needs_input_grad[:5])
-        out, o32, rem, tau, _ = _lists_forward(pb, save)
-        ctx.mode = 1
+        out, _, saved = _lists_forward(pb, save)
         if save:
-            ctx.save_for_backward(pb.q, pb.k, pb.v, o32, rem, pb.slopes, pb.row_scale, tau)
-            ctx.sm_scale = pb.sm_scale
+            rem, tau, lists, nsup, rows, count, o32, o32_stride = saved
+            ctx.save_for_backward(pb.q, pb.k, pb.v, pb.slopes, pb.row_scale, rem, tau, lists, nsup, rows,
+                                  count, o32)
+            ctx.consts = (pb.sm_scale, o32_stride)
+            config = _config(pb.block_d)
+            ctx.launch = (config["list_backward"], config["open_backward"])
             ctx.rs_shape = None if row_scale is None else row_scale.shape
         return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, slopes, row_scale, rem, tau, lists, nsup, rows, count, o32 = ctx.saved_tensors
+        sm_scale, o32_stride = ctx.consts
+        pb = Problem(q, k, v, slopes, row_scale, sm_scale)
+        do = dout.contiguous()
+        grad_rs = row_scale is not None and ctx.needs_input_grad[4]
+        grad_sl = slopes is not None and ctx.needs_input_grad[3]
+        dq = torch.empty_like(q)
+        dk32 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        dv32 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        d_rs = pb.rows() if grad_rs else None
+        d_sl = pb.rows() if grad_sl else None
+        size = lists.shape[-1]
+        (elements, warps), (bm, bn, open_warps, stages) = ctx.launch
+        rows_per = 1 << max(0, (elements // (size * pb.block_d)).bit_length() - 1)  # a power of two
+        warps *= max(1, rows_per * size * pb.block_d // elements)  # one row past the budget: more warps
+        common = dict(HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None, GRAD_RS=grad_rs,
+                      GRAD_SL=grad_sl, D=pb.head_dim, BD=pb.block_d)
+        sl, rs = pb.opt(slopes), pb.opt(row_scale)
+        _lists_bwd_kernel[(triton.cdiv(pb.tokens, rows_per), pb.bh)](
+            q, k, v, do, dq, dk32, dv32, sl, rs, pb.opt(d_rs), pb.opt(d_sl), nsup, lists, sm_scale, pb.tokens,
+            pb.heads, BR=rows_per, C=size, num_warps=warps, **common)
+        _open_bwd_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
+            q, k, v, do, dq, dk32, dv32, o32, sl, rs, tau, pb.opt(d_rs), pb.opt(d_sl), rows, count, sm_scale,
+            pb.tokens, pb.heads, o32_stride, EXIT_AT, DOT_PREC=pb.dot_prec, BM=bm, BN=bn,
+            num_warps=open_warps, num_stages=stages, **common)
+        dv32.addcmul_(rem.unsqueeze(-1), do)
+        dk = dk32.to(k.dtype)
+        del dk32  # the next cast's buffer takes its place
+        dv = dv32.to(v.dtype)
+        del dv32
+        g_sl, g_rs = param_grads(d_sl, d_rs, ctx.rs_shape)
+        return dq, dk, dv, g_sl, g_rs, None, None, None
 
 
 def sieve_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=1.5):

@@ -87,7 +87,7 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, sm_scale, T, H, exit_at,
     n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
     acc, lsum = _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles,
                           exit_at, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC, D, BD, BM, BN)
-    _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, SAVE, D)
+    _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, D, SAVE, D)
 
 
 @triton.jit
@@ -125,17 +125,20 @@ def _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, 
 
 
 @triton.jit
-def _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, SAVE: tl.constexpr,
-               D: tl.constexpr):
-    """The remainder on the diagonal, then the output (and, for the backward, its fp32 copy and the
-    remainder)."""
+def _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, o32_stride,
+               SAVE: tl.constexpr, D: tl.constexpr):
+    """The remainder on the diagonal, then the output and, for the backward (``SAVE``), the remainder and
+    the output's fp32 copy, row ``r`` of head ``bh`` at ``O32 + (bh T + r) o32_stride`` (``SAVE`` 2: the
+    remainder alone)."""
     rem = tl.exp(-lsum)
     v_r = tl.load(V + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
     acc += rem[:, None] * v_r.to(tl.float32)
     tl.store(Out + base + offs_m[:, None] * D + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=rmask)
     if SAVE:
-        tl.store(O32 + base + offs_m[:, None] * D + offs_d[None, :], acc, mask=rmask)
         tl.store(REM + bh * T + offs_m, rem, mask=row_ok)
+    if SAVE == 1:
+        o32_rows = (bh * T + offs_m).to(tl.int64) * o32_stride
+        tl.store(O32 + o32_rows[:, None] + offs_d[None, :], acc, mask=rmask)
 
 
 @triton.jit
@@ -164,12 +167,27 @@ def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, CT, GR, SL, RS, TAU, DRS, DSL, sm_scale
     tau = tl.zeros([BM], dtype=tl.float32)
     if FILTER:
         tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=float("inf"))
+    n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
+    dq, d_rs, d_sl = _bwd_walk(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope,
+                               rs, tau, c_total, g_r, n_tiles, exit_at, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS,
+                               GRAD_SL, DOT_PREC, D, BD, BM, BN)
+    _bwd_store(dq, d_rs, d_sl, DQ, DRS, DSL, base, offs_m, offs_d, rmask, row_ok, bh, T, sm_scale, rs,
+               GRAD_RS, GRAD_SL, D)
+
+
+@triton.jit
+def _bwd_walk(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, c_total,
+              g_r, n_tiles, exit_at, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+              GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
+              BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """``(dq, d_rs, d_sl)`` of the rows ``offs_m`` (before ``sm_scale`` and the slopes' sign and row scale)
+    over the key tiles ``n_tiles - 1`` down to 0, the forward's walk (Sieve's gathered open rows reuse it);
+    dk and dv go to ``DK``/``DV`` by atomic adds."""
     lsum = tl.zeros([BM], dtype=tl.float32)
     c_acc = tl.zeros([BM], dtype=tl.float32)
     dq = tl.zeros([BM, BD], dtype=tl.float32)
     d_rs = tl.zeros([BM], dtype=tl.float32)
     d_sl = tl.zeros([BM], dtype=tl.float32)
-    n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
     t = 0
     lmin = tl.min(tl.zeros([BM], dtype=tl.float32), 0)
     while (t < n_tiles) & (lmin < exit_at):
@@ -200,6 +218,14 @@ def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, CT, GR, SL, RS, TAU, DRS, DSL, sm_scale
             c_acc += tl.sum(c, 1)
             lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
         t += 1
+    return dq, d_rs, d_sl
+
+
+@triton.jit
+def _bwd_store(dq, d_rs, d_sl, DQ, DRS, DSL, base, offs_m, offs_d, rmask, row_ok, bh, T, sm_scale, rs,
+               GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, D: tl.constexpr):
+    """A query tile's ``dq`` and its per-row gradients of ``row_scale`` and (before ``reduce_slopes``) the
+    slopes."""
     tl.store(DQ + base + offs_m[:, None] * D + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask)
     if GRAD_RS:
         tl.store(DRS + bh * T + offs_m, d_rs, mask=row_ok)
@@ -261,14 +287,21 @@ class StickBreakingAttention(torch.autograd.Function):
                           GRAD_RS=grad_rs, GRAD_SL=grad_sl, DOT_PREC=pb.dot_prec, D=pb.head_dim,
                           BD=pb.block_d, BM=pb.block, BN=pb.block, num_warps=pb.num_warps, num_stages=2)
         dv32.addcmul_(rem.unsqueeze(-1), do32)
-        g_rs = None
-        if grad_rs:
-            g_rs = d_rs
-            while g_rs.dim() > len(ctx.rs_shape):
-                g_rs = g_rs.sum(0)
-            g_rs = g_rs.sum_to_size(ctx.rs_shape)
-        g_sl = reduce_slopes(d_sl) if grad_sl else None
+        g_sl, g_rs = param_grads(d_sl, d_rs, ctx.rs_shape)
         return dq, dk32.to(k.dtype), dv32.to(v.dtype), g_sl, g_rs, None, None, None
+
+
+def param_grads(d_sl, d_rs, rs_shape):
+    """``(d slopes, d row_scale)`` from the backward kernels' per-row gradients (None where not asked for),
+    reduced to the shapes of the slopes and the row scale."""
+    g_rs = None
+    if d_rs is not None:
+        g_rs = d_rs
+        while g_rs.dim() > len(rs_shape):
+            g_rs = g_rs.sum(0)
+        g_rs = g_rs.sum_to_size(rs_shape)
+    g_sl = None if d_sl is None else reduce_slopes(d_sl)
+    return g_sl, g_rs
 
 
 def stickbreaking_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None):

@@ -55,7 +55,7 @@ def path_counts(name, q, k, v, slopes=None, row_scale=None):
     """``(listed, total, ncand, lists)``: the rows the list forward finishes from their lists."""
     pb = Problem(q, k, v, slopes, row_scale, None)
     if name == "sieve":
-        *_, ncand = sieve._lists_forward(pb, False)
+        _, ncand, _ = sieve._lists_forward(pb, False)
         return int((ncand > 0).sum()), ncand.numel(), ncand, None
     *_, ncand, lists = entmax._lists_forward(pb, ALPHA[name], False)
     return int((ncand > 0).sum()), ncand.numel(), ncand, lists
