@@ -693,7 +693,8 @@ def _config(block_d: int) -> dict:
         # ``finish`` (rows a program, warps) of the kernel that finishes the listed rows (not yet measured).
         # Sieve's backward: ``list_backward`` (elements of a program's [rows, C, BD] blocks, warps) over the
         # listed rows (``sieve._lists_bwd_kernel``), ``open_backward`` (bm, bn, warps, stages) over the open
-        # ones (``sieve._open_bwd_kernel``: the stick-breaking backward's tiles); neither measured yet.
+        # ones (``sieve._open_bwd_kernel``: the stick-breaking backward's tiles); these defaults measured in
+        # session 13 (``results/kernels/session13/``: the backward 52 ms at L 65,536), no other setting tried.
         config.update(lists=True, list_size=64, finish=(max(1, 128 // block_d), 4), list_backward=(4096, 4),
                       open_backward=(64, 64, 4, 2) if small else (32, 32, 4, 2))
     return {**config, **tuning}
