@@ -65,6 +65,7 @@ from lengthbench.kernels.stickbreaking import (
     _bwd_walk,
     _fwd_store,
     _fwd_walk,
+    grad_buffers,
     param_grads,
 )
 
@@ -282,13 +283,7 @@ class SieveListsAttention(torch.autograd.Function):
         sm_scale, o32_stride = ctx.consts
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
         do = dout.contiguous()
-        grad_rs = row_scale is not None and ctx.needs_input_grad[4]
-        grad_sl = slopes is not None and ctx.needs_input_grad[3]
-        dq = torch.empty_like(q)
-        dk32 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-        dv32 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-        d_rs = pb.rows() if grad_rs else None
-        d_sl = pb.rows() if grad_sl else None
+        grad_rs, grad_sl, dq, dk32, dv32, d_rs, d_sl = grad_buffers(ctx, pb)
         size = lists.shape[-1]
         (elements, warps), (bm, bn, open_warps, stages) = ctx.launch
         rows_per = 1 << max(0, (elements // (size * pb.block_d)).bit_length() - 1)  # a power of two

@@ -273,13 +273,7 @@ class StickBreakingAttention(torch.autograd.Function):
         else:
             g_r = (do32 * v.float()).sum(-1)
             c_total = (do32 * o32).sum(-1) - g_r
-        grad_rs = row_scale is not None and ctx.needs_input_grad[4]
-        grad_sl = slopes is not None and ctx.needs_input_grad[3]
-        dq = torch.empty_like(q)
-        dk32 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-        dv32 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-        d_rs = pb.rows() if grad_rs else None
-        d_sl = pb.rows() if grad_sl else None
+        grad_rs, grad_sl, dq, dk32, dv32, d_rs, d_sl = grad_buffers(ctx, pb)
         grid = (triton.cdiv(pb.tokens, pb.block), pb.bh)
         _bwd_kernel[grid](q, k, v, do, dq, dk32, dv32, c_total, g_r, pb.opt(slopes), pb.opt(row_scale),
                           pb.opt(tau), pb.opt(d_rs), pb.opt(d_sl), pb.sm_scale, pb.tokens, pb.heads, EXIT_AT,
@@ -289,6 +283,19 @@ class StickBreakingAttention(torch.autograd.Function):
         dv32.addcmul_(rem.unsqueeze(-1), do32)
         g_sl, g_rs = param_grads(d_sl, d_rs, ctx.rs_shape)
         return dq, dk32.to(k.dtype), dv32.to(v.dtype), g_sl, g_rs, None, None, None
+
+
+def grad_buffers(ctx, pb: Problem):
+    """What a backward of these kernels writes into: ``(grad_rs, grad_sl, dq, dk32, dv32, d_rs, d_sl)``, whether
+    the row scale and the slopes take gradients, ``dq`` in the input dtype, ``dk``/``dv`` as fp32 buffers for
+    the atomic adds (zeroed), and the per-row gradients of the row scale and slopes (None where not asked for)."""
+    q = pb.q
+    grad_rs = pb.row_scale is not None and ctx.needs_input_grad[4]
+    grad_sl = pb.slopes is not None and ctx.needs_input_grad[3]
+    dk32 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    dv32 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    return (grad_rs, grad_sl, torch.empty_like(q), dk32, dv32, pb.rows() if grad_rs else None,
+            pb.rows() if grad_sl else None)
 
 
 def param_grads(d_sl, d_rs, rs_shape):
