@@ -129,7 +129,10 @@ def _fwd_tile(acc, acc_u, m_i, l_i, s_i, q, K, V, base, start_n, offs_m, offs_d,
     shift ``m_i`` of softpick/rectified is a fixed upper bound of the row's scores (no running max, no
     rescaling)."""
     offs_n = start_n + tl.arange(0, BN)
-    kv_mask = (offs_n < T)[:, None] & dmask[None, :]
+    if MASKED:
+        kv_mask = (offs_n < T)[:, None] & dmask[None, :]
+    else:  # a tile before the diagonal lies below T: no bound test per key
+        kv_mask = dmask[None, :]
     k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
     v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
     z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)

@@ -66,12 +66,15 @@ def _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, 
             STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
             DOT_PREC: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, XS: tl.constexpr):
     """``X = XS * z`` of the key tile at ``start_n``, ``-inf`` on the keys a row does not see (tested only when
-    ``MASKED``: the tiles that cross the diagonal). ``FOLD`` (no slopes, no row scale): one product by
-    ``sm_scale * XS`` instead of two; ``XS`` is a power of two, so ``(q.k * sm_scale) * XS`` is the same
+    ``MASKED``: the tiles that cross the diagonal; the others lie wholly below ``T`` and the diagonal).
+    ``FOLD`` (no slopes, no row scale): one product by ``sm_scale * XS`` instead of two; ``XS`` is a power of two, so ``(q.k * sm_scale) * XS`` is the same
     number (the GPU's fused multiply-adds may round it differently in the last place)."""
     offs_n = start_n + tl.arange(0, BN)
-    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=(offs_n < T)[:, None] & dmask[None, :],
-                other=0.0)
+    if MASKED:
+        kmask = (offs_n < T)[:, None] & dmask[None, :]
+    else:  # a tile before the diagonal lies below T: no bound test per key
+        kmask = dmask[None, :]
+    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kmask, other=0.0)
     if FOLD:
         x = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * (sm_scale * XS)
     else:
@@ -93,6 +96,16 @@ def _accumulate(a1, a2, a3, a4, x, tau):
     s = tl.maximum(x - tau[:, None], 0.0)
     inside = s > 0
     return a1 + s, a2 + s * s, a3 + inside.to(tl.float32), tl.minimum(a4, tl.where(inside, x, float("inf")))
+
+
+@triton.jit
+def _lean_accumulate(a1, a2, x, tau, XS: tl.constexpr):
+    """Add a ``[BM, BN]`` tile of ``X`` to elementwise partial sums of ``s = (X - tau)_+`` and of ``s^2``
+    (sparsemax, ``XS == 1``: of ``1[s > 0]``): one fused multiply-add, one maximum, two adds a score."""
+    s = tl.maximum(x - tau[:, None], 0.0)
+    if XS == 1.0:
+        return a1 + s, a2 + (s > 0).to(tl.float32)
+    return a1 + s, a2 + s * s
 
 
 @triton.jit
@@ -167,16 +180,18 @@ def _column_stats(m1, m2, m3, m4, tau, DEPTH: tl.constexpr):
 
 @triton.jit
 def _pack(x, tile, PACK: tl.constexpr, MASKED: tl.constexpr):
-    """``X`` with its low ``PACK`` mantissa bits replaced by the key tile's index ``tile`` (``-inf`` kept: its
-    low bits set would make a NaN). The merges of ``_insert`` then carry each kept value's key along: key
-    ``tile * BNS + c`` in column ``c``. Magnitudes below 2^-100 (zeros) are first raised to 2^-100, so a packed
-    value is never subnormal (a GPU may flush those to zero, index and all). The packed value differs from
-    ``X`` by at most ``|X| 2^(PACK - 23) + 2^-100``, and it is a distinct value per key of a column (so the
-    merges keep no duplicates). Only the ``MASKED`` tiles (across the diagonal) hold ``-inf``."""
-    tiny = 7.888609052210118e-31  # 2^-100
-    xn = tl.where(x >= 0, tl.maximum(x, tiny), tl.minimum(x, -tiny))
-    bits = xn.to(tl.int32, bitcast=True)
-    packed = (((bits >> PACK) << PACK) | tile).to(tl.float32, bitcast=True)
+    """``X`` with its low ``PACK`` mantissa bits replaced by the key tile's index ``tile`` (one logical
+    operation; ``-inf`` kept: its low bits set would make a NaN). The merges of ``_insert`` then carry each
+    kept value's key along: key ``tile * BNS + c`` in column ``c``. The packed value differs from ``X`` by at
+    most ``|X| 2^(PACK - 23) + 2^(PACK - 149)``, and it is a distinct value per key of a column (so the merges
+    keep no duplicates). A zero (or tiny) ``X`` packs into a subnormal number: the comparisons, minima and
+    maxima that then handle it keep subnormals (Triton emits them without ``.ftz``; ``test_lists_zero_queries``
+    and ``test_pack_keeps_zero_scores`` check the lists where every score is 0). Only the ``MASKED`` tiles
+    (across the diagonal) hold ``-inf``. (Before session 14, magnitudes below 2^-100 were first raised to
+    2^-100: three more instructions a score, a third of what this stage spends on each one besides the
+    merge.)"""
+    bits = x.to(tl.int32, bitcast=True)
+    packed = ((bits & (-1 << PACK)) | tile).to(tl.float32, bitcast=True)
     if MASKED:
         packed = tl.where(x == float("-inf"), x, packed)
     return packed
@@ -316,15 +331,45 @@ def _first_stage(q, K, base, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, 
 def _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, tau, fixed, tol, max_iter,
                    STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
                    ACC: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   XS: tl.constexpr):
+                   XS: tl.constexpr, LEAN: tl.constexpr):
     """``tau`` after the Newton passes, which run while a row not ``fixed`` (certified, empty or past ``T``:
     kept as they are) is neither exact nor still. ``ACC``: elementwise ``[BM, BN]`` partial sums, reduced once
-    per pass, instead of reducing every key tile."""
+    per pass, instead of reducing every key tile. ``LEAN`` (the default): Newton's steps alone, from the two
+    sums they need (elementwise), which a pass computes in a quarter of the instructions; a row is done when
+    its step falls below ``tol``, or after 8 passes below ``1e-5`` (rounding noise)."""
     start = tau
     pending = tl.sum((fixed == 0).to(tl.int32), 0)
     it = 0
     while (it < max_iter) & (pending > 0):
-        if ACC:
+        if LEAN:
+            # Only the sums Newton's step needs, elementwise: s1 and s2 (1.5-entmax) or s1 and the count
+            # (sparsemax). No exact root: no least X of the support, no count for 1.5-entmax.
+            a1 = tl.zeros([BM, BN], dtype=tl.float32)
+            a2 = tl.zeros([BM, BN], dtype=tl.float32)
+            for start_n in range(0, diag, BN):
+                x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, False, STRICT,
+                            HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BN, XS)
+                a1, a2 = _lean_accumulate(a1, a2, x, tau, XS)
+            for start_n in range(diag, hi, BN):
+                x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, True, STRICT,
+                            HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BN, XS)
+                a1, a2 = _lean_accumulate(a1, a2, x, tau, XS)
+            s1 = tl.sum(a1, 1)
+            s2 = tl.sum(a2, 1)
+            if XS == 1.0:  # s2 holds the count
+                step = tl.where(s2 > 0, (s1 - 1.0) / tl.where(s2 > 0, s2, 1.0), 0.0)
+            else:
+                step = tl.where(s1 > 0, (s2 - tl.sqrt(s2)) / tl.where(s1 > 0, s1, 1.0), 0.0)
+            step = tl.maximum(step, 0.0)
+            tau += step
+            # Newton's steps from below shrink (by at least 0.6 a step far from tau* in a float64 model, then
+            # quadratically; 8 passes at most to 1e-9 there), so a row still stepping after 8 passes is stepping
+            # on rounding noise: from then on a step below 1e-5 ends it too.
+            scale = 1.0 + tl.abs(tau)
+            done = (step <= tol * scale) | ((it >= 8) & (step <= 1e-5 * scale)) | fixed
+            pending = tl.sum((done == 0).to(tl.int32), 0)
+            it += 1
+        elif ACC:
             a1 = tl.zeros([BM, BN], dtype=tl.float32)
             a2 = tl.zeros([BM, BN], dtype=tl.float32)
             a3 = tl.zeros([BM, BN], dtype=tl.float32)
@@ -362,12 +407,13 @@ def _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, di
                 s2 += a2
                 cnt += a3
                 x_low = tl.minimum(x_low, a4)
-        exact_ok = _exact_ok(s1, s2, cnt, x_low, tau, XS)
-        step = _step(s1, s2, cnt, x_low, tau, XS)
-        tau += step
-        done = exact_ok | (step <= tol * (1.0 + tl.abs(tau))) | fixed
-        pending = tl.sum((done == 0).to(tl.int32), 0)
-        it += 1
+        if not LEAN:
+            exact_ok = _exact_ok(s1, s2, cnt, x_low, tau, XS)
+            step = _step(s1, s2, cnt, x_low, tau, XS)
+            tau += step
+            done = exact_ok | (step <= tol * (1.0 + tl.abs(tau))) | fixed
+            pending = tl.sum((done == 0).to(tl.int32), 0)
+            it += 1
     return tl.where(fixed, start, tau)
 
 
@@ -376,7 +422,7 @@ def _threshold_kernel(Q, K, SL, RS, TAU, sm_scale, T, H, tol, max_iter,
                       STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
                       DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
                       BN: tl.constexpr, BNS: tl.constexpr, SUBSET: tl.constexpr, TOPK: tl.constexpr,
-                      SUBSET_ITERS: tl.constexpr, ACC: tl.constexpr, XS: tl.constexpr):
+                      SUBSET_ITERS: tl.constexpr, ACC: tl.constexpr, XS: tl.constexpr, LEAN: tl.constexpr):
     """Both stages in one program per query tile (``+inf`` for a row with no key)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -387,7 +433,7 @@ def _threshold_kernel(Q, K, SL, RS, TAU, sm_scale, T, H, tol, max_iter,
                                          SUBSET_ITERS, XS)
     tau = _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, tau,
                          certified | empty | (row_ok == 0), tol, max_iter, STRICT, HAS_SLOPES, HAS_RS, FOLD, ACC,
-                         DOT_PREC, D, BM, BN, XS)
+                         DOT_PREC, D, BM, BN, XS, LEAN)
     tau = tl.where(empty, float("inf"), tau)
     tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
 
@@ -414,7 +460,7 @@ def _start_kernel(Q, K, SL, RS, TAU, DONE, sm_scale, T, H,
 def _newton_kernel(Q, K, SL, RS, TAU, ROWS, COUNT, sm_scale, T, H, tol, max_iter,
                    STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
                    ACC: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
-                   BN: tl.constexpr, XS: tl.constexpr):
+                   BN: tl.constexpr, XS: tl.constexpr, LEAN: tl.constexpr):
     """The Newton passes alone (the split launch) over the rows ``_start_kernel`` left open, gathered:
     ``ROWS[bh, :COUNT[bh]]`` (ascending, ``T + 1`` a head), ``BM`` of them a program; ``TAU`` in place. The
     keys below the tile's first row are visible to all its rows, the rest up to its last row are masked."""
@@ -429,7 +475,7 @@ def _newton_kernel(Q, K, SL, RS, TAU, ROWS, COUNT, sm_scale, T, H, tol, max_iter
         tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
         tau = _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, (first // BN) * BN,
                              last + 1, tau, row_ok == 0, tol, max_iter, STRICT, HAS_SLOPES, HAS_RS, FOLD, ACC,
-                             DOT_PREC, D, BM, BN, XS)
+                             DOT_PREC, D, BM, BN, XS, LEAN)
         tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
 
 
@@ -666,7 +712,9 @@ def _check_alpha(alpha) -> float:
 # session 11 (one kernel, the top-16 start, 128-row tiles of 8 warps up to head dim 64) instead. A query tile
 # must be a multiple of its kernel's key tiles. ``lists`` (True by default, False with ``old``): the forward of
 # ``entmax_attention`` finishes the certified rows from their candidate lists (``_lists_forward``); False:
-# the threshold, then the output pass of ``_rowwise.py`` over all keys (the path before session 12).
+# the threshold, then the output pass of ``_rowwise.py`` over all keys (the path before session 12). ``lean``
+# (True by default, False with ``old``): the Newton passes accumulate only what Newton's step needs (session
+# 14; before, also the count and least score of the support, for the exact root).
 TUNING: dict | None = None
 _OLD = dict(old=True)
 
@@ -678,16 +726,16 @@ def _config(block_d: int) -> dict:
     if old:
         config = dict(bm=128, bn=64, bn_subset=64, warps=8) if small else dict(bm=32, bn=32, bn_subset=32, warps=4)
         config.update(stages=2, newton=(128, 64, 8, 2) if small else (32, 32, 4, 2), split=False, subset=0,
-                      acc=False, fold=False, lists=False)
+                      acc=False, fold=False, lists=False, lean=False)
     elif small:
         # Chosen on the H100 by benchmarks/entmax_variants.py (session 11): the four levels of 64 columns
         # spill 16 bytes here, which costs less than 8-warp tiles without spills (21 against 25 ms for the
         # first stage at D 32).
         config = dict(bm=64, bn=64, bn_subset=64, warps=4, stages=2, newton=(64, 32, 4, 2), split=True, subset=4,
-                      acc=False, fold=True)
+                      acc=False, fold=True, lean=True)
     else:  # the single-view kernels' tiles, not measured
         config = dict(bm=32, bn=32, bn_subset=32, warps=4, stages=2, newton=(32, 32, 4, 2), split=True, subset=4,
-                      acc=False, fold=True)
+                      acc=False, fold=True, lean=True)
     if not old:
         # The forward of entmax_attention (alpha 1.5 and 2) by candidate lists: ``list_size`` C slots a row,
         # ``finish`` (rows a program, warps) of the kernel that finishes the listed rows (not yet measured).
@@ -734,8 +782,8 @@ def entmax_threshold(q, k, *, slopes=None, row_scale=None, sm_scale=None, strict
     grid = (triton.cdiv(pb.tokens, bm), pb.bh)
     if not split:
         _threshold_kernel[grid](*args, pb.sm_scale, pb.tokens, pb.heads, float(tol), int(max_iter), BM=bm, BN=bn,
-                                ACC=bool(config["acc"]), num_warps=config["warps"], num_stages=config["stages"],
-                                **first, **common)
+                                ACC=bool(config["acc"]), LEAN=bool(config["lean"]), num_warps=config["warps"],
+                                num_stages=config["stages"], **first, **common)
         return tau
     done = torch.empty(tau.shape, device=tau.device, dtype=torch.int8)
     _start_kernel[grid](*args, done, pb.sm_scale, pb.tokens, pb.heads, BM=bm, num_warps=config["warps"],
@@ -743,7 +791,7 @@ def entmax_threshold(q, k, *, slopes=None, row_scale=None, sm_scale=None, strict
     rows, count = _open_rows(done.view(pb.bh, pb.tokens))
     _newton_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
         *args, rows, count, pb.sm_scale, pb.tokens, pb.heads, float(tol), int(max_iter), ACC=bool(config["acc"]),
-        BM=nbm, BN=nbn, num_warps=nwarps, num_stages=nstages, **common)
+        LEAN=bool(config["lean"]), BM=nbm, BN=nbn, num_warps=nwarps, num_stages=nstages, **common)
     return tau
 
 
@@ -793,7 +841,8 @@ def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40):
     rows, count = _open_rows(ncand != 0)
     _newton_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
         pb.q, pb.k, sl, rs, tau, rows, count, pb.sm_scale, pb.tokens, pb.heads, float(tol), int(max_iter),
-        ACC=bool(config["acc"]), BM=nbm, BN=nbn, num_warps=nwarps, num_stages=nstages, **common)
+        ACC=bool(config["acc"]), LEAN=bool(config["lean"]), BM=nbm, BN=nbn, num_warps=nwarps, num_stages=nstages,
+        **common)
     return tau, ncand, lists, rows, count, config
 
 

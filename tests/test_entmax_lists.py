@@ -254,3 +254,57 @@ def test_lists_zero_queries(name):
     listed, total, ncand, _ = path_counts(name, q, k, v)
     assert (ncand[:, 3:60:3] > 0).all() and not (ncand[:, 99::3] > 0).any()
     check(name, q, k, v, seed=71, label="zero queries")
+
+
+def test_pack_keeps_zero_scores():
+    """Every score exactly 0 (zero queries): the packed zeros are subnormal numbers (``_pack`` no longer raises
+    them), and each row's list still holds each of its keys exactly once: the packed bits survive the merges
+    and the comparisons."""
+    q, k, v = make(1, 1, 60, 32, torch.float32, seed=81)
+    q = torch.zeros_like(q)
+    listed, total, ncand, lists = path_counts("entmax", q, k, v)
+    assert listed == total
+    for row in range(60):
+        n = int(ncand[0, row])
+        assert n == row + 1, (row, n)
+        assert sorted(lists[0, row, :n].tolist()) == list(range(row + 1)), row
+
+
+def exact_tau(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The threshold of alpha-entmax (1.5 or 2) over the last axis of ``x`` (float64, ``-inf`` for the keys a row
+    does not see) on the kernels' scale ``X = (alpha - 1) z``, by sorting."""
+    s, _ = torch.sort(x, dim=-1, descending=True)
+    finite = torch.isfinite(s)
+    s = torch.where(finite, s, torch.zeros_like(s))
+    k = torch.arange(1, s.shape[-1] + 1, dtype=s.dtype, device=s.device)
+    c1 = torch.cumsum(s, -1)
+    if alpha == 2.0:
+        tau = (c1 - 1) / k
+    else:
+        c2 = torch.cumsum(s * s, -1)
+        tau = (c1 - torch.sqrt(torch.clamp(c1 * c1 - k * (c2 - 1), min=0))) / k
+    ok = finite & (tau < s)
+    last = (ok * k).argmax(-1, keepdim=True)  # the largest support size whose root lies below its least score
+    return tau.gather(-1, last).squeeze(-1)
+
+
+@pytest.mark.parametrize("name", ["entmax", "sparsemax"])
+@pytest.mark.parametrize("scale", [0.05, 0.3, 1.0, 2.5])
+def test_lean_newton_threshold(name, scale, monkeypatch):
+    """The Newton passes by their two sums alone (``lean``, the default) find the threshold as the passes with
+    the exact root did (``lean`` False), and both the float64 threshold: on near-uniform rows (supports of
+    hundreds of keys, several passes), on N(0, 1) rows and on peaked ones."""
+    alpha = ALPHA[name]
+    q, k, _ = make(1, 2, 700, 32, torch.float32, seed=91, scale=scale)
+    z = dense_scores(q.double(), k.double(), 1.0 / math.sqrt(32), None, None)
+    future = torch.ones(700, 700, dtype=torch.bool, device=z.device).triu(1)
+    want = exact_tau(z.masked_fill(future, float("-inf")) * (alpha - 1), alpha)
+    taus = {}
+    for lean in (True, False):
+        monkeypatch.setattr(entmax, "TUNING", dict(lean=lean))
+        taus[lean] = entmax.entmax_threshold(q, k, alpha=alpha).double()
+    for lean, tau in taus.items():
+        err = (tau - want).abs().max().item()
+        print(f"ERR lean={lean} {name} scale {scale}: |tau - tau*| {err:.2e}")
+        assert err <= 2e-5 * (1 + want.abs().max().item()), (lean, err)
+    assert (taus[True] - taus[False]).abs().max().item() <= 2e-5 * (1 + want.abs().max().item())

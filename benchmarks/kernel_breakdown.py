@@ -1,0 +1,151 @@
+"""Where a fused op's time goes: the GPU time of each kernel (torch.profiler) of one forward, or one forward
+and backward, of a mechanism on random inputs, or of one evaluation sample of the ``paper`` model.
+
+    python benchmarks/kernel_breakdown.py --attns entmax,sieve --scales 1.0,0.2 --out results/kernels/breakdown
+    python benchmarks/kernel_breakdown.py --attns entmax,sieve --model mqmtar --pe none --out ...
+
+Random inputs: q, k, v N(0, 1), q and k times ``--scale`` (scores of standard deviation ``scale^2``), B 1,
+``--heads`` 16, ``--head-dim`` 32, bf16, causal, at ``--length``. ``--model TASK``: instead, the freshly
+initialised ``paper`` model of TASK scoring ``--samples`` samples at ``--length`` through the runner's
+Evaluator (as ``benchmarks/eval_time.py``), its attention's kernels among the rest. For the threshold
+mechanisms (entmax, sparsemax, sieve and the rescaled entmaxes) the share of rows the list forward finished
+from their candidate lists ("listed") is recorded too. One untimed warm-up first (compilation). Writes
+``breakdown.parquet`` and ``breakdown.md`` (kernel, calls, total ms, share) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from lengthbench.kernels import entmax
+
+_LISTED: list[float] = []
+
+
+def _record_lists():
+    """Wrap the list forward's first stage so each call records its share of listed rows."""
+    inner = entmax._lists_start
+
+    def wrapped(pb, *args, **kwargs):
+        result = inner(pb, *args, **kwargs)
+        ncand = result[1]
+        _LISTED.append(float((ncand > 0).float().mean()))
+        return result
+
+    entmax._lists_start = wrapped
+    from lengthbench.kernels import sieve
+    sieve._lists_start = wrapped
+
+
+def _kernel_table(prof) -> list[dict]:
+    rows = []
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", None)
+        if device_us is None:
+            device_us = event.self_cuda_time_total
+        if device_us > 0:
+            rows.append(dict(kernel=event.key[:90], calls=event.count, ms=device_us / 1000))
+    total = sum(r["ms"] for r in rows)
+    for r in rows:
+        r["share"] = r["ms"] / total if total else 0.0
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
+def _random_case(attn, length, heads, head_dim, scale, backward):
+    from lengthbench.kernels import get_kernel  # noqa: PLC0415
+
+    fn = get_kernel(attn)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(1, heads, length, head_dim, device="cuda", generator=gen) for _ in range(4))
+    q, k = q * scale, k * scale
+    q, k, v, do = (t.to(torch.bfloat16) for t in (q, k, v, do))
+    if backward:
+        for t in (q, k, v):
+            t.requires_grad_(True)
+
+    def step():
+        if backward:
+            fn(q, k, v).backward(do)
+        else:
+            with torch.no_grad():
+                fn(q, k, v)
+
+    return step
+
+
+def _model_case(task_name, attn, pe, length, samples):
+    from lengthbench.config import build_config  # noqa: PLC0415
+    from lengthbench.runner import Evaluator, build_model  # noqa: PLC0415
+    from lengthbench.tasks import get_task  # noqa: PLC0415
+
+    task = get_task(task_name)
+    config = build_config(task_name, attn, pe, "paper")
+    torch.manual_seed(0)
+    model = build_model(config, task).to("cuda")
+    evaluator = Evaluator(model, task, torch.device("cuda"), seed=0)
+    return lambda: evaluator.score(length, samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--attns", default="entmax,sieve")
+    parser.add_argument("--scales", default="1.0")
+    parser.add_argument("--length", type=int, default=65_536)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--backward", action="store_true", help="forward and backward (random inputs only)")
+    parser.add_argument("--model", default="", help="a task: profile its paper model's evaluation instead")
+    parser.add_argument("--pe", default="none")
+    parser.add_argument("--samples", type=int, default=1)
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--out", default="results/kernels/breakdown")
+    args = parser.parse_args()
+    _record_lists()
+    device = torch.cuda.get_device_name()
+    rows = []
+    cases = []
+    for attn in args.attns.split(","):
+        if args.model:
+            cases.append((attn, f"{args.model} paper model, pe {args.pe}, {args.samples} sample(s)",
+                          _model_case(args.model, attn, args.pe, args.length, args.samples)))
+        else:
+            for scale in args.scales.split(","):
+                what = f"random, scale {scale}, {'fwd+bwd' if args.backward else 'fwd'}"
+                cases.append((attn, what, _random_case(attn, args.length, args.heads, args.head_dim,
+                                                       float(scale), args.backward)))
+    for attn, what, step in cases:
+        step()  # warm-up: compilation
+        torch.cuda.synchronize()
+        _LISTED.clear()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        table = _kernel_table(prof)
+        listed = sum(_LISTED) / len(_LISTED) if _LISTED else float("nan")
+        total = sum(r["ms"] for r in table)
+        print(f"== {attn} ({what}): {total:.2f} ms on the GPU; listed rows {listed:.3f}", flush=True)
+        for r in table[:args.top]:
+            print(f"   {r['ms']:9.2f} ms {100 * r['share']:5.1f}%  x{r['calls']:<4d} {r['kernel']}", flush=True)
+        for r in table:
+            rows.append(dict(attn=attn, case=what, length=args.length, listed=listed, device=device,
+                             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), **r))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(rows)
+    frame.to_parquet(out / "breakdown.parquet", index=False)
+    lines = [f"# Kernel breakdown: {device}, L {args.length}", ""]
+    for (attn, what), part in frame.groupby(["attn", "case"], sort=False):
+        lines += [f"## {attn} ({what}): {part['ms'].sum():.2f} ms, listed rows {part['listed'].iloc[0]:.3f}", "",
+                  part.head(args.top)[["kernel", "calls", "ms", "share"]].to_markdown(index=False, floatfmt=".3f"),
+                  ""]
+    (out / "breakdown.md").write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
