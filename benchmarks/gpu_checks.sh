@@ -4,12 +4,13 @@
 #   bash benchmarks/gpu_checks.sh tests OUT       # the GPU tests (kernels and modules), log with device/date
 #   bash benchmarks/gpu_checks.sh kernels OUT     # kernel benchmark against SDPA (all ops, TDA included)
 #   bash benchmarks/gpu_checks.sh eval OUT        # paper MQMTAR evaluation at 65,536 tokens per mechanism
+#   bash benchmarks/gpu_checks.sh breakdown OUT   # each threshold kernel's share of the forward (torch.profiler)
 #   bash benchmarks/gpu_checks.sh throughput OUT  # training throughput of the paper MQMTAR model
 #
 # OUT (default results/gpu_checks) receives the logs and tables; copy them under results/ to commit.
 # Run from the repository root with lengthbench installed (pip install -e . or pip install .).
 set -u -o pipefail
-if [ $# -lt 1 ]; then echo "usage: gpu_checks.sh tests|kernels|eval|throughput [OUT]" >&2; exit 2; fi
+if [ $# -lt 1 ]; then echo "usage: gpu_checks.sh tests|kernels|eval|breakdown|throughput [OUT]" >&2; exit 2; fi
 part=$1
 out=${2:-results/gpu_checks}
 mkdir -p "$out"
@@ -34,9 +35,12 @@ case "$part" in
       --samples 1000,50,20,20,20,20,20,20 --out "$out" 2>&1 | tee "$out/eval_time_log.txt"
     python3 benchmarks/eval_time.py --pe none --attns softmax,sieve,stickbreaking --samples 50,10,20 \
       --out "$out/none" 2>&1 | tee "$out/eval_time_none_log.txt" ;;
+  breakdown)
+    python3 benchmarks/kernel_breakdown.py --attns entmax,sieve,sparsemax --scales 1.0,0.2 --out "$out/random" 2>&1 | tee "$out/breakdown_log.txt"
+    python3 benchmarks/kernel_breakdown.py --attns entmax --model mqmtar --pe rope --out "$out/model" 2>&1 | tee -a "$out/breakdown_log.txt" ;;
   throughput)
     python3 benchmarks/train_throughput.py --task mqmtar --preset paper --pes rope --batch-sizes 1024,2048 \
       --compile-modes reduce-overhead --pad-multiples 8 --steps 150 --out "$out" 2>&1 | tee "$out/throughput_log.txt" ;;
   *)
-    echo "error: unknown part '$part'; choose from: tests, kernels, eval, throughput" >&2; exit 2 ;;
+    echo "error: unknown part '$part'; choose from: tests, kernels, eval, breakdown, throughput" >&2; exit 2 ;;
 esac
