@@ -17,7 +17,9 @@ of the rows, and only ~1.6% of all rows then need a step that moves ``tau``. (Th
 2-3 full passes.)
 
 The Newton passes then run on the rows left open only, gathered per head into tiles of their own (a second
-kernel; ``split``). Each pass accumulates, per row, ``s1 = sum (X - tau)_+``, ``s2 = sum (X - tau)_+^2``, the
+kernel; ``split``). By default (``lean``, session 14) a pass accumulates only ``s1 = sum (X - tau)_+`` and ``s2 =
+sum (X - tau)_+^2`` and takes Newton's step below, 4 instructions a score; ``lean`` False gives the passes with
+the exact root that follow. Such a pass accumulates, per row, ``s1 = sum (X - tau)_+``, ``s2 = sum (X - tau)_+^2``, the
 support size and the least ``X`` in the support. From them either the exact root of ``sum_S (X - t)^2 = 1``
 on the current support ``S`` (accepted when no element of ``S`` falls below it: then it is ``tau*``), or a
 Newton step on ``h(tau) = ||(X - tau)_+||_2 - 1``: ``tau <- tau + (s2 - sqrt(s2)) / s1``. ``h`` is convex
