@@ -3,9 +3,14 @@ samples at n = 65,536 through the runner's Evaluator (adaptive batch, fused kern
 
     python benchmarks/eval_time.py --attns softmax,sieve --samples 1000,50 --out results/kernels
 
-``--samples`` gives one count per mechanism (or one for all). The model is freshly initialised (timing does
-not depend on what it learned, except through the data-dependent tile skipping of the sparse kernels, which
-a trained model would make faster, not slower). Each mechanism gets one untimed warm-up sample first
+``--samples`` gives one count per mechanism (or one for all). The model is freshly initialised: timing does
+not depend on what it learned, except in the sparse kernels, whose work depends on the scores (the entmax
+threshold search certifies and lists narrow rows, and leaves wide ones, such as an untrained model's
+near-uniform rows, to full passes over their keys). ``--runs RESULTS`` times trained models instead: for each
+``--attns`` entry (``attn`` or ``attn:pe``) the finished run of that task, mechanism and encoding in
+``RESULTS`` (its selected checkpoint, ``checkpoints/<run_id>/model.pt``):
+
+    python benchmarks/eval_time.py --runs /tmp/gres --attns entmax:rope,asentmax:nape --samples 200 Each mechanism gets one untimed warm-up sample first
 (compilation of the kernels). Rows record the samples actually timed; ``s_per_1000`` scales the measured
 rate to 1,000 samples and ``projected`` says when it is such a projection rather than a 1,000-sample run.
 Writes ``<out>/eval_time.parquet`` and ``.md``.
@@ -23,16 +28,34 @@ import pandas as pd
 import torch
 
 from lengthbench.config import build_config
-from lengthbench.runner import Evaluator, build_model, device_description
+from lengthbench.runner import Evaluator, build_model, device_description, load_model
 from lengthbench.tasks import get_task
 
 
-def measure(task_name: str, attn: str, pe: str, n: int, samples: int) -> dict:
-    task = get_task(task_name)
-    config = build_config(task_name, attn, pe, "paper")
-    torch.manual_seed(0)
+def trained_run(results: Path, task: str, attn: str, pe: str) -> str:
+    """The run id of the newest finished run of ``task:attn:pe`` in ``results`` that kept its model."""
+    found = []
+    for path in (results / "checkpoints").glob("*/model.pt"):
+        config = torch.load(path, map_location="cpu", weights_only=False)["config"]
+        if (config.get("task"), config.get("attn"), config.get("pe")) == (task, attn, pe):
+            found.append((path.stat().st_mtime, path.parent.name))
+    if not found:
+        sys.exit(f"error: no trained {task}:{attn}:{pe} model in {results}/checkpoints")
+    return max(found)[1]
+
+
+def measure(task_name: str, attn: str, pe: str, n: int, samples: int, runs: Path | None = None) -> dict:
     device = torch.device("cuda")
-    model = build_model(config, task).to(device)
+    if runs is None:
+        task = get_task(task_name)
+        config = build_config(task_name, attn, pe, "paper")
+        torch.manual_seed(0)
+        model = build_model(config, task).to(device)
+        weights = "fresh"
+    else:
+        run_id = trained_run(runs, task_name, attn, pe)
+        model, task, config = load_model(runs, run_id, "cuda")
+        weights = f"trained: {run_id}"
     evaluator = Evaluator(model, task, device, seed=0)
     evaluator.score(n, 1)  # warm-up: kernel compilation
     torch.cuda.synchronize()
@@ -44,7 +67,7 @@ def measure(task_name: str, attn: str, pe: str, n: int, samples: int) -> dict:
     return dict(task=task_name, attn=attn, pe=pe, n=n, tokens=scores.realised_tokens, samples=samples,
                 seconds=seconds, s_per_1000=seconds * 1000 / samples, projected=samples != 1000,
                 peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30, layers=config.n_layers,
-                d_model=config.d_model, heads=config.n_heads)
+                d_model=config.d_model, heads=config.n_heads, weights=weights)
 
 
 def main() -> None:
@@ -55,6 +78,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=65_536)
     parser.add_argument("--samples", default="1000", help="samples per mechanism: one count, or one per --attns")
     parser.add_argument("--out", default="results/kernels")
+    parser.add_argument("--runs", type=Path, default=None,
+                        help="a results directory: time the trained models of its finished runs (attn or attn:pe)")
     args = parser.parse_args()
     attns = args.attns.split(",")
     counts = [int(c) for c in args.samples.split(",")]
@@ -63,12 +88,14 @@ def main() -> None:
     if len(counts) != len(attns):
         sys.exit("error: --samples takes one count or one per mechanism")
     rows = []
-    for attn, count in zip(attns, counts, strict=True):
+    for entry, count in zip(attns, counts, strict=True):
+        attn, _, pe = entry.partition(":")
+        pe = pe or args.pe
         try:
-            row = measure(args.task, attn, args.pe, args.n, count)
+            row = measure(args.task, attn, pe, args.n, count, args.runs)
         except Exception as error:  # noqa: BLE001 - one mechanism's failure must not lose the others' rows
             print(f"{attn:14s} failed: {type(error).__name__}: {error}", flush=True)
-            rows.append(dict(task=args.task, attn=attn, pe=args.pe, n=args.n, samples=count,
+            rows.append(dict(task=args.task, attn=attn, pe=pe, n=args.n, samples=count,
                              error=f"{type(error).__name__}: {error}"))
         else:
             rows.append(row)
@@ -92,8 +119,8 @@ def save(rows: list[dict], args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out / "eval_time.parquet", index=False)
-    columns = ["attn", "pe", "tokens", "samples", "seconds", "s_per_1000", "projected", "vs_softmax", "peak_mem_gib",
-               "error"]
+    columns = ["attn", "pe", "weights", "tokens", "samples", "seconds", "s_per_1000", "projected", "vs_softmax",
+               "peak_mem_gib", "error"]
     frame = frame.reindex(columns=[*columns, "device", "created_at", "command"])
     (out / "eval_time.md").write_text(
         f"# Evaluation time at n = {args.n:,} ({args.task}, `paper` model)\n\nDevice: {frame['device'].iloc[0]}; "
