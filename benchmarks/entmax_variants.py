@@ -8,7 +8,8 @@ Each variant overrides some of the kernel's launch settings (query tile ``bm``, 
 settings (``split``: the Newton passes as a second kernel over the open rows only; ``subset``: 0 the old
 top-16 tile maxima, d the top d of every key column; ``acc``: elementwise partial sums in the Newton passes;
 ``fold``: one scale product; ``lists``: the forward finishes the certified rows from their candidate lists,
-``list_size`` slots a row, ``finish`` = (rows a program, warps) of the finishing kernel); ``old`` is the
+``list_size`` slots a row, ``finish`` = (rows a program, warps) of the finishing kernel; ``pairs``: the first
+stage merges two key tiles a step, session 15); ``old`` is the
 search and launch before session 11, ``default`` the kernel's defaults (the list forward), ``nolists`` the
 default search followed by the output pass over all keys (the forward before session 12). Random N(0, 1) q, k, v times ``--scale`` (so scores of standard deviation ``scale^2``), B 1, H 16,
 bf16. Times are medians of ``--reps`` runs between CUDA events after ``--warmup`` runs; the first stage's
@@ -58,6 +59,7 @@ VARIANTS = {
     "sub4-n32w4": dict(newton=(32, 32, 4, 2)),
     "sub4-bns32": dict(bn_subset=32),
     "nolists": dict(lists=False),
+    "nopairs": dict(pairs=False),
     "lists-r1": dict(finish=(1, 4)),
     "lists-r2": dict(finish=(2, 4)),
     "lists-r8": dict(finish=(8, 4)),

@@ -6,7 +6,8 @@ program per query tile, in two stages.
 
 The first stage, one pass over the key tiles, keeps a subset of each row's ``X = z / 2``: the ``d`` (4)
 largest of every column ``c`` of the key tiles (the keys ``j = c mod BN``), merged elementwise in registers
-(``m_1 >= .. >= m_d``, no reduction per tile). The exact threshold of any subset, found in registers, is a
+(``m_1 >= .. >= m_d``, no reduction per tile; by default two key tiles a step, ``_insert_pair``: 6 minima and
+maxima a score instead of 7, the stage being bound by the ALU pipe that runs them, ``pairs``, session 15). The exact threshold of any subset, found in registers, is a
 lower bound on ``tau*`` (a subset's sum ``sum (X - t)_+^2`` is never larger) and at least ``X_max - 1``;
 and here every key left out lies at or below its column's ``m_d``. So a row whose ``m_d`` are all at or
 below the subset's threshold (or that has at most ``d`` keys per column) is certified: no left-out key is
@@ -167,6 +168,24 @@ def _insert(m1, m2, m3, m4, x, DEPTH: tl.constexpr):
 
 
 @triton.jit
+def _insert_pair(m1, m2, m3, m4, x, y):
+    """Merge two tiles of ``X`` into the per-column running top 4 (``m1 >= .. >= m4``, elementwise): 12 minima
+    and maxima for the two scores, against 14 for two ``_insert``. The pair sorted (``hi >= lo``), the
+    elementwise maxima of the top 4 and the pair reversed, ``(m1, m2, max(m3, lo), max(m4, hi))``, hold the top 4
+    of the six values and form a bitonic sequence (a descending sequence against an ascending one), which a
+    bitonic sorter of four puts in order."""
+    hi = tl.maximum(x, y)
+    lo = tl.minimum(x, y)
+    c3 = tl.maximum(m3, lo)
+    c4 = tl.maximum(m4, hi)
+    a1 = tl.maximum(m1, c3)
+    a3 = tl.minimum(m1, c3)
+    a2 = tl.maximum(m2, c4)
+    a4 = tl.minimum(m2, c4)
+    return tl.maximum(a1, a2), tl.minimum(a1, a2), tl.maximum(a3, a4), tl.minimum(a3, a4)
+
+
+@triton.jit
 def _column_stats(m1, m2, m3, m4, tau, DEPTH: tl.constexpr):
     """``s1, s2``, count and least ``X`` above ``tau`` per row of the column subset (its ``DEPTH`` levels)."""
     a1, a2, a3, a4 = _accumulate(tl.zeros_like(m1), tl.zeros_like(m1), tl.zeros_like(m1),
@@ -203,7 +222,7 @@ def _pack(x, tile, PACK: tl.constexpr, MASKED: tl.constexpr):
 def _column_top(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, STRICT: tl.constexpr,
                 HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr, DOT_PREC: tl.constexpr,
                 D: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, SUBSET: tl.constexpr, XS: tl.constexpr,
-                PACK: tl.constexpr):
+                PACK: tl.constexpr, PAIRS: tl.constexpr):
     """The ``SUBSET`` largest ``X`` of every column ``c`` of the key tiles (keys ``j = c mod BNS``) per row,
     ``m1 >= .. >= m4`` (``-inf`` where a column has fewer keys); ``PACK`` > 0: of the packed values
     (``_pack``), which carry their key tile."""
@@ -211,7 +230,20 @@ def _column_top(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag,
     m2 = m1
     m3 = m1
     m4 = m1
-    for start_n in range(0, diag, BNS):
+    start = 0
+    if PAIRS and SUBSET == 4:
+        # Two key tiles a step (``_insert_pair``); an odd one left before the diagonal goes alone below.
+        start = diag - diag % (2 * BNS)
+        for start_n in range(0, start, 2 * BNS):
+            x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, False, STRICT,
+                        HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BNS, XS)
+            y = _x_tile(q, K, base, start_n + BNS, offs_m, offs_d, dmask, T, sm_scale, slope, rs, False, STRICT,
+                        HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BNS, XS)
+            if PACK > 0:
+                x = _pack(x, start_n // BNS, PACK, False)
+                y = _pack(y, (start_n + BNS) // BNS, PACK, False)
+            m1, m2, m3, m4 = _insert_pair(m1, m2, m3, m4, x, y)
+    for start_n in range(start, diag, BNS):
         x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, False, STRICT,
                     HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BNS, XS)
         if PACK > 0:
@@ -288,7 +320,8 @@ def _query_tile(Q, SL, RS, T, H, pid_m, bh, STRICT: tl.constexpr, HAS_SLOPES: tl
 def _first_stage(q, K, base, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, rs, diag, hi,
                  STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
                  DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr,
-                 SUBSET: tl.constexpr, TOPK: tl.constexpr, SUBSET_ITERS: tl.constexpr, XS: tl.constexpr):
+                 SUBSET: tl.constexpr, TOPK: tl.constexpr, SUBSET_ITERS: tl.constexpr, XS: tl.constexpr,
+                 PAIRS: tl.constexpr):
     """``(tau, empty, certified)`` per row: the subset's threshold (a lower bound on ``tau*``, and ``tau*``
     where ``certified``), whether the row sees no key. ``SUBSET`` 0: the ``TOPK`` largest maxima of the key
     tiles (of ``BNS`` keys), ``SUBSET_ITERS`` steps on them; ``SUBSET`` d in 1..4: the d largest ``X`` of every
@@ -320,7 +353,7 @@ def _first_stage(q, K, base, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, 
         # below the subset's threshold (or no key is left out: at most SUBSET per column), no left-out key is
         # in the support and the subset's threshold is tau* itself (the row is certified).
         m1, m2, m3, m4 = _column_top(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, STRICT,
-                                     HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, SUBSET, XS, 0)
+                                     HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, SUBSET, XS, 0, PAIRS)
         x_max = tl.max(m1, 1)
         empty = x_max == float("-inf")
         tau, solved = _subset_root(m1, m2, m3, m4, x_max, empty, row_ok, SUBSET, SUBSET_ITERS, XS)
@@ -424,7 +457,8 @@ def _threshold_kernel(Q, K, SL, RS, TAU, sm_scale, T, H, tol, max_iter,
                       STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
                       DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
                       BN: tl.constexpr, BNS: tl.constexpr, SUBSET: tl.constexpr, TOPK: tl.constexpr,
-                      SUBSET_ITERS: tl.constexpr, ACC: tl.constexpr, XS: tl.constexpr, LEAN: tl.constexpr):
+                      SUBSET_ITERS: tl.constexpr, ACC: tl.constexpr, XS: tl.constexpr, LEAN: tl.constexpr,
+                      PAIRS: tl.constexpr):
     """Both stages in one program per query tile (``+inf`` for a row with no key)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -432,7 +466,7 @@ def _threshold_kernel(Q, K, SL, RS, TAU, sm_scale, T, H, tol, max_iter,
         Q, SL, RS, T, H, pid_m, bh, STRICT, HAS_SLOPES, HAS_RS, D, BD, BM)
     tau, empty, certified = _first_stage(q, K, base, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, rs, diag,
                                          hi, STRICT, HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, SUBSET, TOPK,
-                                         SUBSET_ITERS, XS)
+                                         SUBSET_ITERS, XS, PAIRS)
     tau = _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, tau,
                          certified | empty | (row_ok == 0), tol, max_iter, STRICT, HAS_SLOPES, HAS_RS, FOLD, ACC,
                          DOT_PREC, D, BM, BN, XS, LEAN)
@@ -444,7 +478,8 @@ def _threshold_kernel(Q, K, SL, RS, TAU, sm_scale, T, H, tol, max_iter,
 def _start_kernel(Q, K, SL, RS, TAU, DONE, sm_scale, T, H,
                   STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
                   DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr,
-                  SUBSET: tl.constexpr, TOPK: tl.constexpr, SUBSET_ITERS: tl.constexpr, XS: tl.constexpr):
+                  SUBSET: tl.constexpr, TOPK: tl.constexpr, SUBSET_ITERS: tl.constexpr, XS: tl.constexpr,
+                  PAIRS: tl.constexpr):
     """The first stage alone (the split launch): ``TAU`` the start (``+inf`` for a row with no key), ``DONE``
     1 where it is final (certified or empty)."""
     pid_m = tl.program_id(0)
@@ -453,7 +488,7 @@ def _start_kernel(Q, K, SL, RS, TAU, DONE, sm_scale, T, H,
         Q, SL, RS, T, H, pid_m, bh, STRICT, HAS_SLOPES, HAS_RS, D, BD, BM)
     tau, empty, certified = _first_stage(q, K, base, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, rs, diag,
                                          hi, STRICT, HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, SUBSET, TOPK,
-                                         SUBSET_ITERS, XS)
+                                         SUBSET_ITERS, XS, PAIRS)
     tl.store(TAU + bh * T + offs_m, tl.where(empty, float("inf"), tau), mask=row_ok)
     tl.store(DONE + bh * T + offs_m, (certified | empty).to(tl.int8), mask=row_ok)
 
@@ -497,7 +532,8 @@ def _store_level(LIST, row_off, m, cand, offset, cols, PACK: tl.constexpr, BNS: 
 def _lists_start_kernel(Q, K, SL, RS, TAU, NCAND, LIST, sm_scale, eps_scale, T, H,
                         STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr, DOT_PREC: tl.constexpr,
                         D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr,
-                        SUBSET_ITERS: tl.constexpr, XS: tl.constexpr, PACK: tl.constexpr, C: tl.constexpr):
+                        SUBSET_ITERS: tl.constexpr, XS: tl.constexpr, PACK: tl.constexpr, C: tl.constexpr,
+                        PAIRS: tl.constexpr):
     """The first stage (top 4 of every column, the keys ``j <= r``, or ``j < r`` when ``STRICT``) on packed
     values (``_pack``), and the candidate lists.
 
@@ -529,7 +565,7 @@ def _lists_start_kernel(Q, K, SL, RS, TAU, NCAND, LIST, sm_scale, eps_scale, T, 
     base, offs_m, offs_d, row_ok, dmask, q, slope, rs, diag, hi = _query_tile(
         Q, SL, RS, T, H, pid_m, bh, STRICT, HAS_SLOPES, HAS_RS, D, BD, BM)
     m1, m2, m3, m4 = _column_top(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, STRICT,
-                                 HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, 4, XS, PACK)
+                                 HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, 4, XS, PACK, PAIRS)
     x_max = tl.max(m1, 1)
     empty = x_max == float("-inf")
     tau, solved = _subset_root(m1, m2, m3, m4, x_max, empty, row_ok, 4, SUBSET_ITERS, XS)
@@ -716,7 +752,9 @@ def _check_alpha(alpha) -> float:
 # ``entmax_attention`` finishes the certified rows from their candidate lists (``_lists_forward``); False:
 # the threshold, then the output pass of ``_rowwise.py`` over all keys (the path before session 12). ``lean``
 # (True by default, False with ``old``): the Newton passes accumulate only what Newton's step needs (session
-# 14; before, also the count and least score of the support, for the exact root).
+# 14; before, also the count and least score of the support, for the exact root). ``pairs`` (True by default,
+# False with ``old``): the top-4 first stage merges two key tiles a step (``_insert_pair``, session 15); the
+# kept values are the same, bit for bit.
 TUNING: dict | None = None
 _OLD = dict(old=True)
 
@@ -728,16 +766,16 @@ def _config(block_d: int) -> dict:
     if old:
         config = dict(bm=128, bn=64, bn_subset=64, warps=8) if small else dict(bm=32, bn=32, bn_subset=32, warps=4)
         config.update(stages=2, newton=(128, 64, 8, 2) if small else (32, 32, 4, 2), split=False, subset=0,
-                      acc=False, fold=False, lists=False, lean=False)
+                      acc=False, fold=False, lists=False, lean=False, pairs=False)
     elif small:
         # Chosen on the H100 by benchmarks/entmax_variants.py (session 11): the four levels of 64 columns
         # spill 16 bytes here, which costs less than 8-warp tiles without spills (21 against 25 ms for the
         # first stage at D 32).
         config = dict(bm=64, bn=64, bn_subset=64, warps=4, stages=2, newton=(64, 32, 4, 2), split=True, subset=4,
-                      acc=False, fold=True, lean=True)
+                      acc=False, fold=True, lean=True, pairs=True)
     else:  # the single-view kernels' tiles, not measured
         config = dict(bm=32, bn=32, bn_subset=32, warps=4, stages=2, newton=(32, 32, 4, 2), split=True, subset=4,
-                      acc=False, fold=True, lean=True)
+                      acc=False, fold=True, lean=True, pairs=True)
     if not old:
         # The forward of entmax_attention (alpha 1.5 and 2) by candidate lists: ``list_size`` C slots a row,
         # ``finish`` (rows a program, warps) of the kernel that finishes the listed rows (not yet measured).
@@ -780,7 +818,7 @@ def entmax_threshold(q, k, *, slopes=None, row_scale=None, sm_scale=None, strict
     common = dict(STRICT=bool(strict), HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
                   FOLD=bool(config["fold"]) and pb.slopes is None and pb.row_scale is None, DOT_PREC=pb.dot_prec,
                   D=pb.head_dim, BD=pb.block_d, XS=xs)
-    first = dict(BNS=bns, SUBSET=subset, TOPK=16, SUBSET_ITERS=16 if subset else 8)
+    first = dict(BNS=bns, SUBSET=subset, TOPK=16, SUBSET_ITERS=16 if subset else 8, PAIRS=bool(config["pairs"]))
     grid = (triton.cdiv(pb.tokens, bm), pb.bh)
     if not split:
         _threshold_kernel[grid](*args, pb.sm_scale, pb.tokens, pb.heads, float(tol), int(max_iter), BM=bm, BN=bn,
@@ -838,7 +876,7 @@ def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40):
                   D=pb.head_dim, BD=pb.block_d, XS=xs)
     _lists_start_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
         pb.q, pb.k, sl, rs, tau, ncand, lists, pb.sm_scale, 2.0 ** (pack - 22) + 2.0 ** -14, pb.tokens, pb.heads,
-        BM=bm, BNS=bns, SUBSET_ITERS=16, PACK=pack, C=size, num_warps=config["warps"],
+        BM=bm, BNS=bns, SUBSET_ITERS=16, PACK=pack, C=size, PAIRS=bool(config["pairs"]), num_warps=config["warps"],
         num_stages=config["stages"], **common)
     rows, count = _open_rows(ncand != 0)
     _newton_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](

@@ -308,3 +308,25 @@ def test_lean_newton_threshold(name, scale, monkeypatch):
         print(f"ERR lean={lean} {name} scale {scale}: |tau - tau*| {err:.2e}")
         assert err <= 2e-5 * (1 + want.abs().max().item()), (lean, err)
     assert (taus[True] - taus[False]).abs().max().item() <= 2e-5 * (1 + want.abs().max().item())
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["fold", "slopes"])
+def test_pair_merges_equal_single_inserts(with_bias, monkeypatch):
+    """The first stage merging two key tiles a step (``pairs``, the default) keeps exactly the values one tile
+    a step keeps: the same lists, candidate counts and thresholds, bit for bit, with an odd key tile left before
+    the diagonal in some query tiles (T 700: 11 key tiles of 64)."""
+    q, k, v = make(1, 2, 700, 32, torch.float32, seed=95, scale=0.7)
+    slopes, row_scale = alibi(2, 1, 700, seed=9) if with_bias else (None, None)
+    got = []
+    for pairs in (True, False):
+        monkeypatch.setattr(entmax, "TUNING", dict(pairs=pairs))
+        pb = Problem(q, k, v, slopes, row_scale, None)
+        tau, ncand, lists, *_ = entmax._lists_start(pb, 0.5, False)
+        listed = ncand > 0
+        held = torch.where(torch.arange(lists.shape[-1], device=DEVICE) < ncand[..., None], lists, -1)
+        threshold = entmax.entmax_threshold(q, k, slopes=slopes, row_scale=row_scale)
+        got.append((tau, listed, ncand, torch.sort(held, -1).values, threshold))
+    listed = int(got[0][1].sum())
+    assert listed > 0 and (with_bias or listed < got[0][1].numel()), listed  # both paths (ALiBi lists every row)
+    for a, b in zip(*got, strict=True):
+        assert torch.equal(a, b)
