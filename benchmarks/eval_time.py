@@ -10,9 +10,11 @@ near-uniform rows, to full passes over their keys). ``--runs RESULTS`` times tra
 ``--attns`` entry (``attn`` or ``attn:pe``) the finished run of that task, mechanism and encoding in
 ``RESULTS`` (its selected checkpoint, ``checkpoints/<run_id>/model.pt``):
 
-    python benchmarks/eval_time.py --runs /tmp/gres --attns entmax:rope,asentmax:nape --samples 200 Each mechanism gets one untimed warm-up sample first
-(compilation of the kernels). Rows record the samples actually timed; ``s_per_1000`` scales the measured
-rate to 1,000 samples and ``projected`` says when it is such a projection rather than a 1,000-sample run.
+    python benchmarks/eval_time.py --runs /tmp/gres --attns entmax:rope,asentmax:nape --samples 200
+
+Each mechanism gets one untimed warm-up sample first (compilation of the kernels). Rows record the samples
+actually timed; ``s_per_1000`` scales the measured rate to 1,000 samples and ``projected`` says when it is
+such a projection rather than a 1,000-sample run.
 Writes ``<out>/eval_time.parquet`` and ``.md``.
 """
 

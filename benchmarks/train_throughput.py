@@ -6,12 +6,19 @@ AdamW, clipping) for a few hundred steps per variant and records samples/s after
     python benchmarks/train_throughput.py --task mqmtar --preset paper --batch-sizes 128,512,1024 \
         --pes rope,nape --pad-multiples 0,8 --compile-modes default,reduce-overhead --out results/throughput
 
+Models with fused ops (entmax, Sieve, stick-breaking...) train on their dense references, compiled, where the
+batches are narrow (``lengthbench.runner.trains_dense``); ``--compile-modes eager`` gives the fused ops, eagerly:
+
+    python benchmarks/train_throughput.py --attns entmax,asentmax --pes rope,nape --batch-sizes 128 \
+        --compile-modes eager,reduce-overhead
+
 Writes ``<out>/train_throughput.parquet`` and ``.md`` with the device, date and command.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from datetime import datetime, timezone
@@ -22,7 +29,7 @@ import torch
 
 from lengthbench.config import build_config
 from lengthbench.data import BatchProducer, default_workers
-from lengthbench.runner import Trainer, _to_device, device_description
+from lengthbench.runner import Trainer, _to_device, attention_kernels, device_description
 from lengthbench.tasks import get_task
 
 
@@ -46,10 +53,13 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
         tokens = 0
         torch.cuda.synchronize()
         started = time.perf_counter()
-        for input_ids, labels, features in producer:
-            tokens += input_ids.shape[1]
-            trainer.step_fn(_to_device(input_ids, device), _to_device(labels, device),
-                            _to_device(features, device, torch.float32))
+        # as Trainer.train: models with fused ops train on their dense references where the step compiles
+        dense = attention_kernels(trainer.model, False) if trainer.dense else contextlib.nullcontext()
+        with dense:
+            for input_ids, labels, features in producer:
+                tokens += input_ids.shape[1]
+                trainer.step_fn(_to_device(input_ids, device), _to_device(labels, device),
+                                _to_device(features, device, torch.float32))
         torch.cuda.synchronize()
         producer.close()
         return time.perf_counter() - started, tokens / count
@@ -59,7 +69,8 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
     seconds, mean_width = run(warmup, steps)
     params = sum(p.numel() for p in trainer.model.parameters())
     return dict(task=task, attn=attn, pe=pe, preset=preset, batch_size=batch_size, compile_mode=compile_mode,
-                pad_multiple=pad_multiple, dynamic=dynamic, steps=steps, samples_per_s=steps * batch_size / seconds,
+                pad_multiple=pad_multiple, dynamic=dynamic, compiled=trainer.compiled,
+                dense_attention=trainer.dense, steps=steps, samples_per_s=steps * batch_size / seconds,
                 step_ms=1000 * seconds / steps, warmup_s=compile_seconds, parameters=params,
                 tokens_per_sample=task_obj.max_tokens(config.train_length), mean_padded_width=mean_width,
                 widths=",".join(map(str, widths)), layers=config.n_layers, d_model=config.d_model,

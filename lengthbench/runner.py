@@ -228,10 +228,43 @@ def model_dispatches_to_kernels(model) -> bool:
     return any(block.attn.dispatches_to_kernel() for block in model.blocks)
 
 
-def compiles(config: RunConfig, model, device: torch.device) -> bool:
+# Training batches at most this many tokens wide run the dense reference attention instead of the fused ops
+# (scores ``[batch, heads, T, T]`` in float32: 0.5 GB a layer at batch 128, 16 heads, 256 tokens).
+DENSE_TRAIN_MAX_TOKENS = 256
+
+
+def trains_dense(config: RunConfig, model, device: torch.device, max_tokens: int) -> bool:
+    """Whether the training step runs the attention's dense references, compiled, instead of its fused ops: on
+    CUDA where the config compiles, for models with fused ops, when a training batch is at most
+    :data:`DENSE_TRAIN_MAX_TOKENS` tokens wide (``max_tokens``). At the seeds' training lengths (64: 66-131
+    tokens) a fused op gains nothing, and a model that calls one cannot be compiled (see ``Trainer.__init__``):
+    it trains eagerly, one launch per operation. The references are the same functions, tested against the
+    kernels; validation and scoring still call the fused ops."""
+    return (device.type == "cuda" and config.compile and model_dispatches_to_kernels(model)
+            and max_tokens <= DENSE_TRAIN_MAX_TOKENS)
+
+
+def compiles(config: RunConfig, model, device: torch.device, max_tokens: int = DENSE_TRAIN_MAX_TOKENS) -> bool:
     """Whether the training step is compiled: on CUDA where the config asks, for models that call no fused op
-    (see ``Trainer.__init__``)."""
-    return device.type == "cuda" and config.compile and not model_dispatches_to_kernels(model)
+    in training (none at all, or the dense references instead: :func:`trains_dense`)."""
+    return device.type == "cuda" and config.compile and (
+        not model_dispatches_to_kernels(model) or trains_dense(config, model, device, max_tokens))
+
+
+@contextlib.contextmanager
+def attention_kernels(model, enabled: bool | list[bool]) -> Iterator[None]:
+    """Set each attention layer's ``use_kernels`` (one flag for all, or one per layer) inside the block and
+    restore the previous flags after it."""
+    layers = [block.attn for block in model.blocks]
+    before = [layer.use_kernels for layer in layers]
+    flags = enabled if isinstance(enabled, list) else [enabled] * len(layers)
+    for layer, flag in zip(layers, flags, strict=True):
+        layer.use_kernels = flag
+    try:
+        yield
+    finally:
+        for layer, flag in zip(layers, before, strict=True):
+            layer.use_kernels = flag
 
 
 class Trainer:
@@ -260,9 +293,16 @@ class Trainer:
         # shape regenerating an output alias (stick-breaking), a segmentation fault saving the autograd cache
         # (ASEntmax + NAPE), both within the first minute. Those models train eagerly; the Triton ops do the
         # attention either way.
-        self.compiled = compiles(config, self.model, device)
-        if device.type == "cuda" and config.compile and not self.compiled:
-            self.log("torch.compile skipped: the model calls fused Triton ops (graph breaks crash torch 2.11)")
+        max_tokens = task.max_tokens(config.train_length)
+        self.kernel_flags = [block.attn.use_kernels for block in self.model.blocks]
+        self.dense = trains_dense(config, self.model, device, max_tokens)
+        self.compiled = compiles(config, self.model, device, max_tokens)
+        if self.dense:
+            self.log(f"training on the dense reference attention, compiled ({max_tokens} tokens at most); "
+                     "validation and scoring on the fused ops")
+        elif device.type == "cuda" and config.compile and not self.compiled:
+            self.log(f"torch.compile skipped: the model calls fused Triton ops (graph breaks crash torch 2.11) "
+                     f"and its training batches are wider than {DENSE_TRAIN_MAX_TOKENS} tokens")
         fused = device.type == "cuda"
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                                            fused=fused)
@@ -344,7 +384,8 @@ class Trainer:
 
     def _select(self, evaluator: Evaluator) -> float:
         n = self.config.train_length * (8 if self.config.selection == "8x" else 1)
-        scores = evaluator.score(n, self.config.val_samples, split="val")
+        with attention_kernels(self.model, self.kernel_flags):  # the fused ops, as in scoring
+            scores = evaluator.score(n, self.config.val_samples, split="val")
         value = scores.metric(self.task.metric)
         if value >= self.state.best_score:
             self.state.best_score = value
@@ -371,7 +412,8 @@ class Trainer:
         # the first step whose loss / gradient norm was not finite (-1: none yet), kept on the device so that
         # the check costs no synchronisation per step; read where the loss is reported and before checkpoints
         guard = _FiniteGuard(self.state.step, self.device)
-        with _progress(self.progress) as progress:
+        dense = attention_kernels(self.model, False) if self.dense else contextlib.nullcontext()
+        with _progress(self.progress) as progress, dense:
             task_id = progress.add_task(f"train {config.run_id}", total=total, completed=self.state.step,
                                         info="")
             started = time.perf_counter() - self.state.train_seconds

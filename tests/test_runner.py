@@ -203,31 +203,60 @@ def test_feature_task_runs_end_to_end_and_the_model_reads_the_features(tmp_path)
     assert not torch.allclose(a, b)
 
 
-@pytest.mark.parametrize("attn, pe, kernel, compiled", [
-    ("softmax", "rope", None, True),           # SDPA: no graph break
-    ("ssmax", "nape", None, True),             # row-scaled softmax: SDPA too
-    ("sieve", "none", "sieve", False),         # fused op: trains eagerly
-    ("asentmax", "nape", "entmax", False),     # reuses the entmax op
-    ("tda", "rope", "tda", False),             # the one-pass op (since session 10)
-    ("tda", "rope", "tra", True),              # two tra passes are no longer what the module calls
+@pytest.mark.parametrize("attn, pe, kernel, dense", [
+    ("softmax", "rope", None, False),          # SDPA: no graph break
+    ("ssmax", "nape", None, False),            # row-scaled softmax: SDPA too
+    ("sieve", "none", "sieve", True),          # fused op: trains on the dense reference at short lengths
+    ("asentmax", "nape", "entmax", True),      # reuses the entmax op
+    ("tda", "rope", "tda", True),              # the one-pass op (since session 10)
+    ("tda", "rope", "tra", False),             # two tra passes are no longer what the module calls
 ])
-def test_only_models_without_fused_ops_are_compiled(monkeypatch, attn, pe, kernel, compiled):
+def test_compiled_training_and_dense_references(monkeypatch, attn, pe, kernel, dense):
     from lengthbench import kernels
-    from lengthbench.runner import Trainer, compiles
+    from lengthbench.runner import DENSE_TRAIN_MAX_TOKENS, Trainer, compiles, trains_dense
 
     monkeypatch.setattr(kernels, "get_kernel", lambda name, **kw: (lambda *a, **k: None) if name == kernel else None)
     config = build_config("copy", attn, pe, "paper", **{**TINY, "compile": True})
-    trainer = Trainer(config, get_task("copy"), torch.device("cpu"), Path("/nonexistent"), progress=False)
-    assert not trainer.compiled  # never on a CPU
-    assert compiles(config, trainer.model, torch.device("cuda")) == compiled
-    assert not compiles(dataclasses.replace(config, compile=False), trainer.model, torch.device("cuda"))
-    trainer.compiled = compiles(config, trainer.model, torch.device("cuda"))
+    task = get_task("copy")
+    trainer = Trainer(config, task, torch.device("cpu"), Path("/nonexistent"), progress=False)
+    assert not trainer.compiled and not trainer.dense  # never on a CPU
+    cuda = torch.device("cuda")
+    narrow = task.max_tokens(config.train_length)
+    assert narrow <= DENSE_TRAIN_MAX_TOKENS
+    assert compiles(config, trainer.model, cuda, narrow)  # every model, at the seeds' length
+    assert trains_dense(config, trainer.model, cuda, narrow) == dense
+    # wide batches: a model with fused ops trains on them, eagerly
+    assert compiles(config, trainer.model, cuda, DENSE_TRAIN_MAX_TOKENS + 1) == (not dense)
+    assert not trains_dense(config, trainer.model, cuda, DENSE_TRAIN_MAX_TOKENS + 1)
+    no_compile = dataclasses.replace(config, compile=False)
+    assert not compiles(no_compile, trainer.model, cuda, narrow)
+    assert not trains_dense(no_compile, trainer.model, cuda, narrow)
+    trainer.compiled = compiles(config, trainer.model, cuda, narrow)
     stream = trainer.train_stream()
-    assert (stream.pad_to is not None) == compiled  # bucket widths (one graph each) only when compiled
-    assert not compiled or 1 < len(stream.widths()) <= Trainer.max_widths
+    assert stream.pad_to is not None  # bucket widths, one graph each
+    assert 1 < len(stream.widths()) <= Trainer.max_widths
     assert trainer.compile_mode() == "reduce-overhead"
     with pytest.raises(ValueError, match="compile mode"):
         build_config("copy", attn, "none", "paper", compile_mode="fast")
+
+
+def test_attention_kernels_switches_and_restores_the_flags():
+    from lengthbench.runner import attention_kernels, build_model
+
+    config = build_config("copy", "entmax", "rope", "smoke", **{**TINY, "n_layers": 3})
+    model = build_model(config, get_task("copy"))
+    model.blocks[1].attn.use_kernels = False
+    flags = [block.attn.use_kernels for block in model.blocks]
+    assert flags == [True, False, True]
+    with attention_kernels(model, False):
+        assert [block.attn.use_kernels for block in model.blocks] == [False] * 3
+        with attention_kernels(model, flags):
+            assert [block.attn.use_kernels for block in model.blocks] == flags
+        assert [block.attn.use_kernels for block in model.blocks] == [False] * 3
+    assert [block.attn.use_kernels for block in model.blocks] == flags
+    with pytest.raises(RuntimeError), attention_kernels(model, False):
+        raise RuntimeError("a failing step")
+    assert [block.attn.use_kernels for block in model.blocks] == flags
 
 
 def _break_step_31(monkeypatch, breaking):

@@ -10,7 +10,8 @@ any score at least ``1/(alpha-1)`` below the row maximum has weight exactly zero
 from __future__ import annotations
 
 import torch
-from entmax import entmax15, entmax_bisect, sparsemax
+from entmax.activations import Entmax15Function, SparsemaxFunction
+from entmax.root_finding import EntmaxBisectFunction
 from torch import nn
 
 from lengthbench.models.attention.base import (
@@ -30,6 +31,50 @@ from lengthbench.models.attention.scaled import (
 )
 
 
+# The ``entmax`` package's autograd Functions define ``forward``/``backward`` as classmethods, which torch.compile
+# cannot trace (a graph break at every call, and no CUDA graph for the training step). These Functions call the
+# package's own forward and backward, taken out as plain functions, from static methods: the same numbers, and
+# a compiled model traces them into one graph (tests/test_compiled_reference.py).
+def _plain(function_class, name):
+    return function_class.__dict__[name].__func__
+
+
+_ENTMAX15 = _plain(Entmax15Function, "forward"), _plain(Entmax15Function, "backward")
+_SPARSEMAX = _plain(SparsemaxFunction, "forward"), _plain(SparsemaxFunction, "backward")
+_BISECT = _plain(EntmaxBisectFunction, "forward"), _plain(EntmaxBisectFunction, "backward")
+
+
+class _Entmax15(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z):
+        return _ENTMAX15[0](Entmax15Function, ctx, z, -1, None)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _ENTMAX15[1](Entmax15Function, ctx, grad)[0]
+
+
+class _Sparsemax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z):
+        return _SPARSEMAX[0](SparsemaxFunction, ctx, z, -1, None)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _SPARSEMAX[1](SparsemaxFunction, ctx, grad)[0]
+
+
+class _EntmaxBisect(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z, alpha):
+        return _BISECT[0](EntmaxBisectFunction, ctx, z, alpha, -1, 50, True)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grads = _BISECT[1](EntmaxBisectFunction, ctx, grad)
+        return grads[0], None
+
+
 def entmax_map(z: torch.Tensor, visible: torch.Tensor, alpha: float = 1.5) -> torch.Tensor:
     """alpha-entmax of each row of ``z`` over its ``visible`` (and finite) entries; zeros elsewhere; a row
     with nothing visible is all zero."""
@@ -43,11 +88,11 @@ def entmax_map(z: torch.Tensor, visible: torch.Tensor, alpha: float = 1.5) -> to
     row_max = torch.where(has_any, row_max.amax(-1, keepdim=True), zero).detach()
     filled = torch.where(visible, z, row_max - (1.0 / (alpha - 1.0) + 1.0))
     if alpha == 1.5:
-        p = entmax15(filled, dim=-1)
+        p = _Entmax15.apply(filled)
     elif alpha == 2:
-        p = sparsemax(filled, dim=-1)
+        p = _Sparsemax.apply(filled)
     else:
-        p = entmax_bisect(filled, alpha, dim=-1)
+        p = _EntmaxBisect.apply(filled, alpha)
     return torch.where(visible & has_any, p, zero)
 
 
