@@ -438,3 +438,30 @@ def test_dry_run_prints_the_run_id_and_state_and_writes_nothing(tmp_path, monkey
     assert cli(monkeypatch, *args, "--dry-run") == 0
     assert capsys.readouterr().out.splitlines()[-1] == "dry run: finished: in the store"
     assert cli(monkeypatch, *args, "--dry-run", "--param", "nope=1") == 2  # still checks the arguments
+
+
+def test_dense_training_steps_on_references_and_validates_on_fused_ops(tmp_path, monkeypatch):
+    """With ``dense`` (on CUDA: narrow batches of a model with fused ops) every training step runs with the
+    kernels off and every validation with the layers' own flags; the flags are back after training."""
+    from lengthbench.models.attention.entmax import EntmaxAttention
+    from lengthbench.runner import Trainer
+
+    seen = []
+    original = EntmaxAttention.attend
+
+    def attend(self, q, k, v, x):
+        seen.append((self.training, self.use_kernels))
+        return original(self, q, k, v, x)
+
+    monkeypatch.setattr(EntmaxAttention, "attend", attend)
+    config = build_config("2back", "entmax", "rope", "smoke", train_samples=16 * 6, batch_size=16,
+                          **dict(TINY, eval_every=3, checkpoint_every=3))
+    trainer = Trainer(config, get_task("2back"), torch.device("cpu"), tmp_path, progress=False)
+    trainer.dense = True  # as trains_dense decides on CUDA
+    trainer.train()
+    assert trainer.state.step == 6
+    training = [flag for is_training, flag in seen if is_training]
+    validation = [flag for is_training, flag in seen if not is_training]
+    assert len(training) == 6 and not any(training)
+    assert validation and all(validation)
+    assert all(block.attn.use_kernels for block in trainer.model.blocks)
