@@ -51,6 +51,8 @@ def test_reference_path_traces_without_graph_breaks(attn):
     ("entmax", "nape", {"alpha": 1.3}),       # its bisection
     ("sentmax", "rope", {}),
     ("sieve", "none", {}),
+    # not assmax / asentmax: aot_eager's backward of their query projections fails a view on the CPU (torch
+    # 2.13), where Inductor, the backend of training, runs them (the forward traces: the test above)
 ])
 def test_compiled_reference_matches_eager_forward_and_backward(attn, pe, params):
     model, loss, ids = _model_and_loss(attn, pe, **params)
