@@ -103,16 +103,20 @@ def main() -> None:
                         rows.append(row)
                         print(f"{attn:13s} {pe:5s} {mode:15s} pad {pad:2d} batch {batch_size:5d}: "
                               f"{row['samples_per_s']:10,.0f} samples/s ({row['step_ms']:.2f} ms/step, mean width "
-                              f"{row['mean_padded_width']:.1f}, warm-up {row['warmup_s']:.0f} s)", flush=True)
+                              f"{row['mean_padded_width']:.1f}, warm-up {row['warmup_s']:.0f} s"
+                              f"{', dense references' if row['dense_attention'] else ''})", flush=True)
+                        write(rows, Path(args.out))  # after every row: a run cut short keeps what it measured
+
+
+def write(rows: list[dict], out: Path) -> None:
     frame = pd.DataFrame(rows)
     frame["device"] = device_description(torch.device("cuda"))
     frame["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     frame["command"] = "python " + " ".join(sys.argv)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out / "train_throughput.parquet", index=False)
-    columns = ["task", "attn", "pe", "batch_size", "compile_mode", "pad_multiple", "dynamic", "samples_per_s",
-               "step_ms", "mean_padded_width", "warmup_s", "parameters"]
+    columns = ["task", "attn", "pe", "batch_size", "compile_mode", "compiled", "dense_attention", "pad_multiple",
+               "dynamic", "samples_per_s", "step_ms", "mean_padded_width", "warmup_s", "parameters"]
     (out / "train_throughput.md").write_text(
         f"# Training throughput\n\nDevice: {frame['device'].iloc[0]}; {frame['created_at'].iloc[0]}\n\n"
         f"Command: `{frame['command'].iloc[0]}`\n\n" + frame[columns].round(2).to_markdown(index=False) + "\n")
