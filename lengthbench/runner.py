@@ -244,7 +244,7 @@ def trains_dense(config: RunConfig, model, device: torch.device, max_tokens: int
             and max_tokens <= DENSE_TRAIN_MAX_TOKENS)
 
 
-def compiles(config: RunConfig, model, device: torch.device, max_tokens: int = DENSE_TRAIN_MAX_TOKENS) -> bool:
+def compiles(config: RunConfig, model, device: torch.device, max_tokens: int) -> bool:
     """Whether the training step is compiled: on CUDA where the config asks, for models that call no fused op
     in training (none at all, or the dense references instead: :func:`trains_dense`)."""
     return device.type == "cuda" and config.compile and (
@@ -291,8 +291,8 @@ class Trainer:
         # torch.compile of a model whose attention calls a fused Triton op (a graph break around an autograd
         # Function) crashed in torch 2.11's AOTAutograd runtime on the H200s, 2026-11-22: a corrupted view
         # shape regenerating an output alias (stick-breaking), a segmentation fault saving the autograd cache
-        # (ASEntmax + NAPE), both within the first minute. Those models train eagerly; the Triton ops do the
-        # attention either way.
+        # (ASEntmax + NAPE), both within the first minute. Those models train on their dense references, compiled,
+        # where the batches are narrow (trains_dense), else eagerly on the Triton ops.
         max_tokens = task.max_tokens(config.train_length)
         self.kernel_flags = [block.attn.use_kernels for block in self.model.blocks]
         self.dense = trains_dense(config, self.model, device, max_tokens)
