@@ -36,7 +36,11 @@ from lengthbench.models.attention.scaled import (
 # package's own forward and backward, taken out as plain functions, from static methods: the same numbers, and
 # a compiled model traces them into one graph (tests/test_compiled_reference.py).
 def _plain(function_class, name):
-    return function_class.__dict__[name].__func__
+    method = function_class.__dict__[name]
+    if not isinstance(method, classmethod):
+        raise ImportError(f"entmax: {function_class.__name__}.{name} is no longer a classmethod; lengthbench "
+                          "needs entmax 1.3 (pip install 'entmax>=1.3,<1.4')")
+    return method.__func__
 
 
 _ENTMAX15 = _plain(Entmax15Function, "forward"), _plain(Entmax15Function, "backward")
