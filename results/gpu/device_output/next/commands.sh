@@ -12,17 +12,9 @@ set -u
 what=$1; limit=$2
 deadline=$(( $(date +%s) + limit ))
 left() { echo $(( deadline - $(date +%s) )); }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
-rm -rf build
-python3 -m pip install -q --no-deps --no-build-isolation --no-index . >/tmp/pipinst.txt 2>&1 || { cat /tmp/pipinst.txt; exit 1; }
+source scripts/device_env.sh || exit 1
 D=$OUT/$what; mkdir -p $D
-{
-  echo "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) x$(nvidia-smi -L | wc -l)"
-  echo "date: $(date -u +%FT%TZ)"; echo "commit: $(git rev-parse --short HEAD 2>/dev/null) (+ working tree: $(git status --short | wc -l) changed)"
-  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-  echo "command: $0 $*"
-} > $D/header.txt
-export PYTHONUNBUFFERED=1
+header "$0 $*" > $D/header.txt
 if [ "$what" = speed ]; then
   for spec in entmax:rope asentmax:nape sieve:none; do
     attn=${spec%%:*}; pe=${spec##*:}
