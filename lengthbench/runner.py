@@ -326,12 +326,28 @@ class Trainer:
 
     def load(self) -> bool:
         if not self.checkpoint_path.exists():
-            return False
+            return self.load_trained()
         saved = torch.load(self.checkpoint_path, map_location=self.device, weights_only=False)
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.state = TrainState(**saved["state"])
         self.best_model_state = saved["best_model"]
+        return True
+
+    def load_trained(self) -> bool:
+        """Take the selected weights of a finished training from ``model.pt`` when ``train.pt`` is gone (it holds
+        the optimizer's moments too, three times the size: a run scored elsewhere carries only ``model.pt``).
+        The scoring then resumes as if from ``train.pt``; an unfinished or other run's ``model.pt`` is ignored."""
+        path = self.dir / "model.pt"
+        if not path.exists():
+            return False
+        saved = torch.load(path, map_location=self.device, weights_only=False)
+        state = saved.get("state")
+        if saved.get("config") != self.config.identity() or not state or state["step"] < self.config.train_steps:
+            return False
+        self.model.load_state_dict(saved["model"])
+        self.state = TrainState(**state)
+        self.best_model_state = None  # model.pt holds the selected weights already
         return True
 
     # -- the step ----------------------------------------------------------------------------------
@@ -577,7 +593,10 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
     trainer.use_best()
     model = trainer.model
     model.eval()
-    atomic_torch_save({"config": config.identity(), "model": model.state_dict()}, ckpt_dir / "model.pt")
+    # the selected weights, with the state the rows record: scoring can resume from this file alone (load_trained)
+    state = {k: v for k, v in trainer.state.__dict__.items() if k != "history"}
+    atomic_torch_save({"config": config.identity(), "model": model.state_dict(), "state": state},
+                      ckpt_dir / "model.pt")
 
     partial_path = ckpt_dir / "eval_rows.json"
     done: dict[int, dict] = {}

@@ -131,6 +131,38 @@ def test_run_cell_writes_every_contract_column_and_is_deterministic(tmp_path):
     assert loaded == config and task.name == "2back"
 
 
+def test_scoring_resumes_from_model_pt_alone(tmp_path):
+    """A run trained on one machine and scored on another carries only model.pt (and the rows scored so far)."""
+    import json
+    import shutil
+
+    config = build_config("2back", "softmax", "nape", "smoke", train_samples=1600, **TINY)
+    first = run_cell(config, tmp_path / "a", device="cpu", progress=False)
+    source, target = tmp_path / "a" / "checkpoints" / config.run_id, tmp_path / "b" / "checkpoints" / config.run_id
+    target.mkdir(parents=True)
+    shutil.copy(source / "model.pt", target / "model.pt")
+    assert not (source / "train.pt").exists()  # a finished run keeps model.pt only
+    scored = first[first.multiplier == 1].drop(columns="created_at").to_dict("records")
+    (target / "eval_rows.json").write_text(json.dumps(scored))  # interrupted after 1x
+    lines = []
+    second = run_cell(config, tmp_path / "b", device="cpu", progress=False, log=lines.append)
+    assert [line.split(": ")[0] for line in lines] == [f"{config.run_id} eval {m}x (n = {64 * m})" for m in (2, 4)]
+    for column in ("exact_match", "token_accuracy", "train_steps", "train_seconds", "best_step", "multiplier"):
+        assert second[column].tolist() == first[column].tolist(), column
+    # a model.pt without the training state (before this change) or of another run is not taken for a trained run
+    saved = torch.load(source / "model.pt", weights_only=False)
+    for stale in ({k: v for k, v in saved.items() if k != "state"},
+                  dict(saved, config=dict(saved["config"], seed=1)),
+                  dict(saved, state=dict(saved["state"], step=10))):
+        target = tmp_path / "c" / "checkpoints" / config.run_id
+        target.mkdir(parents=True, exist_ok=True)
+        torch.save(stale, target / "model.pt")
+        lines = []
+        run_cell(config, tmp_path / "c", device="cpu", progress=False, log=lines.append, restart=False)
+        assert lines[0].startswith(f"{config.run_id} step 50/50")  # trained again
+        shutil.rmtree(tmp_path / "c")
+
+
 @pytest.mark.slow
 def test_smoke_2back_learns_in_distribution(tmp_path):
     config = build_config("2back", "softmax", "nape", "smoke", max_multiplier=2, eval_samples=64)
