@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import sys
 import time
 from datetime import datetime, timezone
@@ -34,7 +35,7 @@ from lengthbench.tasks import get_task
 
 
 def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile_mode: str, steps: int,
-            warmup: int, pad_multiple: int, dynamic: str) -> dict:
+            warmup: int, pad_multiple: int, dynamic: str, trace: bool = False) -> dict:
     config = build_config(task, attn, pe, preset, batch_size=batch_size, compile=compile_mode != "eager",
                           compile_mode=compile_mode if compile_mode != "eager" else "default",
                           train_samples=batch_size * (steps + warmup), eval_every=10**9, checkpoint_every=10**9)
@@ -48,7 +49,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
     stream = trainer.train_stream()
     widths = stream.widths()
 
-    def run(first: int, count: int) -> tuple[float, float]:
+    def run(first: int, count: int, trace: bool = False) -> tuple[float, float]:
         producer = BatchProducer(stream, first, first + count, workers=default_workers("cuda"))
         tokens = 0
         torch.cuda.synchronize()
@@ -56,16 +57,21 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
         # as Trainer.train: models with fused ops train on their dense references where the step compiles
         dense = attention_kernels(trainer.model, False) if trainer.dense else contextlib.nullcontext()
         with dense:
-            for input_ids, labels, features in producer:
+            for index, (input_ids, labels, features) in enumerate(producer):
                 tokens += input_ids.shape[1]
+                before = time.perf_counter()
                 trainer.step_fn(_to_device(input_ids, device), _to_device(labels, device),
                                 _to_device(features, device, torch.float32))
+                if trace:  # where the warm-up's time goes: each step's width and seconds (compilations stand out)
+                    torch.cuda.synchronize()
+                    print(f"  warm-up step {first + index}: width {input_ids.shape[1]}, "
+                          f"{time.perf_counter() - before:.2f} s", flush=True)
         torch.cuda.synchronize()
         producer.close()
         return time.perf_counter() - started, tokens / count
 
     # Warm-up: compile (and record CUDA graphs for) every padded width before timing.
-    compile_seconds, _ = run(0, warmup)
+    compile_seconds, _ = run(0, warmup, trace)
     seconds, mean_width = run(warmup, steps)
     params = sum(p.numel() for p in trainer.model.parameters())
     return dict(task=task, attn=attn, pe=pe, preset=preset, batch_size=batch_size, compile_mode=compile_mode,
@@ -90,8 +96,13 @@ def main() -> None:
                         "or dynamic")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=60, help="untimed steps first (compiles every width)")
+    parser.add_argument("--trace", action="store_true", help="print each warm-up step's width and time")
+    parser.add_argument("--stacks-after", type=float, default=0, help="print every thread's stack after this "
+                        "many seconds and exit (a warm-up that hangs shows where)")
     parser.add_argument("--out", default="results/throughput")
     args = parser.parse_args()
+    if args.stacks_after > 0:
+        faulthandler.dump_traceback_later(args.stacks_after, exit=True)
     rows = []
     for attn in args.attns.split(","):
         for pe in args.pes.split(","):
@@ -99,7 +110,7 @@ def main() -> None:
                 for pad in (int(p) for p in args.pad_multiples.split(",")):
                     for batch_size in (int(b) for b in args.batch_sizes.split(",")):
                         row = measure(args.task, attn, pe, args.preset, batch_size, mode, args.steps, args.warmup,
-                                      pad, args.dynamic)
+                                      pad, args.dynamic, args.trace)
                         rows.append(row)
                         print(f"{attn:13s} {pe:5s} {mode:15s} pad {pad:2d} batch {batch_size:5d}: "
                               f"{row['samples_per_s']:10,.0f} samples/s ({row['step_ms']:.2f} ms/step, mean width "

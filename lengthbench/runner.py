@@ -433,6 +433,7 @@ class Trainer:
             task_id = progress.add_task(f"train {config.run_id}", total=total, completed=self.state.step,
                                         info="")
             started = time.perf_counter() - self.state.train_seconds
+            process_started, steps_here = time.perf_counter(), 0
             try:
                 for input_ids, labels, features in producer:
                     lr = learning_rate(config, self.state.step)
@@ -443,6 +444,13 @@ class Trainer:
                         _to_device(features, self.device, torch.float32),
                     )
                     guard.update(loss, grad_norm)
+                    steps_here += 1
+                    if self.compiled and steps_here in (1, 100):  # compilation and CUDA graph capture take the
+                        # first steps' time; say where a compiled run stands before its first validation
+                        loss.item()
+                        self.log(f"{config.run_id} step {self.state.step + 1}/{total}: {steps_here} step(s) in "
+                                 f"{time.perf_counter() - process_started:.1f} s in this process (compilation "
+                                 "included)")
                     loss_sum += loss
                     correct_sum += correct
                     scored_sum += scored
