@@ -391,7 +391,9 @@ class Trainer:
         config = self.config
         padded = self.compiled
         pad_to = self.task.max_tokens(config.train_length) if padded else None
-        multiple = self.pad_multiple
+        # the dense references compile slowly: Inductor took 75-100 s per width for the paper ASEntmax + NAPE
+        # model on the H100 (session 17; softmax's graphs take seconds), so those batches all take the widest
+        multiple = pad_to if padded and self.dense else self.pad_multiple
         stream = TrainStream(config.task, tuple(sorted(config.task_params.items())), config.seed,
                              config.batch_size, config.train_length, pad_to, multiple)
         while padded and len(stream.widths()) > self.max_widths:
