@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -92,6 +93,54 @@ def build_model(config: RunConfig, task) -> Decoder:
         ffn=config.ffn, attn=config.attn, pe=config.pe, attn_params=dict(config.attn_params),
         pe_params=dict(config.pe_params), has_features=task.has_features, init=config.init,
     ))
+
+
+# A folder of portable compilation caches (torch.compiler.save_cache_artifacts): a compiled run on a fresh machine
+# loads its model's file and skips Inductor's code generation and Triton's kernel builds (on the H100 the dense
+# references took 148 s to compile, session 17), and writes the file where it was missing.
+COMPILE_CACHE_ENV = "LENGTHBENCH_COMPILE_CACHE"
+# what the compiled graphs depend on (a seed, learning rate or sample count does not change them)
+_GRAPH_FIELDS = ("task", "task_params", "attn", "attn_params", "pe", "pe_params", "train_length", "d_model",
+                 "n_layers", "n_heads", "ffn", "batch_size", "compile_mode")
+
+
+def compile_cache_file(config: RunConfig, device: torch.device) -> Path | None:
+    """The compilation cache file of ``config``'s training step on ``device`` in the folder that
+    ``$LENGTHBENCH_COMPILE_CACHE`` names, or None where it names none."""
+    root = os.environ.get(COMPILE_CACHE_ENV, "")
+    if not root:
+        return None
+    key = [torch.__version__, device_description(device), *(getattr(config, name) for name in _GRAPH_FIELDS)]
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return Path(root) / f"{config.task}-{config.attn}-{config.pe}-b{config.batch_size}-{digest}.bin"
+
+
+def load_compile_cache(path: Path | None) -> str:
+    """Load a file of :func:`compile_cache_file` into this process's compilation caches; what happened, in words.
+    A missing, stale or broken file costs only the compilation: it never stops a run."""
+    if path is None or not path.exists():
+        return ""
+    try:  # torch warns and returns None where it cannot read the file (another version's format, corrupted)
+        info = torch.compiler.load_cache_artifacts(path.read_bytes())
+    except Exception as error:  # noqa: BLE001 - whatever the reason, compile as without it
+        info, why = None, f" ({type(error).__name__}: {error})"
+    else:
+        why = ""
+    if info is None:
+        return f"compile cache {path} not loaded{why}; compiling without it"
+    return f"compile cache loaded from {path}"
+
+
+def save_compile_cache(path: Path | None) -> str:
+    """Write what this process compiled to ``path`` where it is missing; what happened, in words."""
+    if path is None or path.exists():
+        return ""
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:
+        return ""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(saved[0]))
+    return f"compile cache written to {path} ({len(saved[0]) / 2**20:.1f} MiB)"
 
 
 def checkpoint_dir(results: str | Path, run_id: str) -> Path:
@@ -303,6 +352,9 @@ class Trainer:
         elif device.type == "cuda" and config.compile and not self.compiled:
             self.log(f"torch.compile skipped: the model calls fused Triton ops (graph breaks crash torch 2.11) "
                      f"and its training batches are wider than {DENSE_TRAIN_MAX_TOKENS} tokens")
+        self.compile_cache = compile_cache_file(config, device) if self.compiled else None
+        if message := load_compile_cache(self.compile_cache):
+            self.log(message)
         fused = device.type == "cuda"
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                                            fused=fused)
@@ -453,6 +505,8 @@ class Trainer:
                         self.log(f"{config.run_id} step {self.state.step + 1}/{total}: {steps_here} step(s) in "
                                  f"{time.perf_counter() - process_started:.1f} s in this process (compilation "
                                  "included)")
+                        if steps_here == 100 and (message := save_compile_cache(self.compile_cache)):
+                            self.log(message)  # by now every bucket width has come (one for the references)
                     loss_sum += loss
                     correct_sum += correct
                     scored_sum += scored
