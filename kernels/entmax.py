@@ -847,6 +847,21 @@ def _pack_bits(tokens: int, bns: int) -> int:
     return max(1, (triton.cdiv(tokens, bns) - 1).bit_length())
 
 
+# The packed bits the kernels are compiled for: ``PACK`` is a constant of the list kernels (one instruction a
+# score), so every value is a compilation of its own, and the needed bits change at every doubling of the
+# length. Session 15's logs show 7-8 s at each of MQMTAR's scored lengths up to 256x (200 samples), where the
+# runs before the lists (session 14) took 0.1 s at 2x-16x; PACK is the one constant of those kernels that
+# follows the length, so it is the likely cause (not measured apart). Rounding up to these keeps four; more
+# bits than a length needs are as exact (the packed values move by at most 2^-17 relative up to 4,096
+# tokens, within the lists' margin of 2^-14).
+_PACK_WIDTHS = (6, 8, 10, _PACK_MAX)
+
+
+def _pack_launch(bits: int) -> int:
+    """The compiled ``PACK`` for ``bits`` needed bits (:data:`_PACK_WIDTHS`; ``bits`` itself past them)."""
+    return next((width for width in _PACK_WIDTHS if width >= bits), bits)
+
+
 def _lists_apply(q) -> bool:
     """Whether ``entmax_attention`` takes the list forward for ``q``: ``lists`` on, the split search with the
     top-4 first stage, and key tiles that fit in ``_PACK_MAX`` bits."""
@@ -866,7 +881,7 @@ def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40):
     config = _config(pb.block_d)
     bm, bns, size = config["bm"], config["bn_subset"], int(config["list_size"])
     nbm, nbn, nwarps, nstages = config["newton"]
-    pack = _pack_bits(pb.tokens, bns)
+    pack = _pack_launch(_pack_bits(pb.tokens, bns))
     if bm % bns or nbm % nbn or pack > _PACK_MAX or size & (size - 1):
         raise ValueError(f"entmax lists: bad launch settings {config} for T {pb.tokens}")
     tau = pb.rows()

@@ -233,6 +233,9 @@ def test_pack_bits():
     assert entmax._pack_bits(1, 64) == 1 and entmax._pack_bits(128, 64) == 1
     assert entmax._pack_bits(65_536, 64) == 10 and entmax._pack_bits(70_000, 64) == 11
     assert entmax._pack_bits(262_144, 64) == 12 and entmax._pack_bits(262_145, 64) == 13
+    # the compiled widths: four for every length the lists take, the same at 65,536 tokens
+    assert [entmax._pack_launch(b) for b in range(1, 14)] == [6] * 6 + [8] * 2 + [10] * 2 + [12] * 2 + [13]
+    assert entmax._pack_launch(entmax._pack_bits(65_536, 64)) == 10
 
 
 def test_sieve_lists_paths():
