@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Prepared in session 17, not run yet: the session that runs it moves it to its dated folder.
+# Prepared in session 17, run in session 18.
 # nvidia-h100-x1, carry [".whl", ".carry"]. Every call is self-contained (machines are lost between calls).
 # A cell's training state cannot travel (about 100 MB), its trained weights can: model.pt (about 34 MB) comes back in
 # 15 MiB parts and the next call scores from it (Trainer.load_trained). The dense references' compilation (148 s on
 # the H100, session 17) comes back as a compile cache file ($LENGTHBENCH_COMPILE_CACHE) and is carried after.
-#   bash results/gpu/device_output/next/commands.sh warm SECONDS CELLS [SWEEP]
+#   bash results/gpu/device_output/2026-11-23-s18-h100/commands.sh warm SECONDS CELLS [SWEEP]
 #       200 training steps of each of CELLS (comma-separated, side by side): their compile cache files come back
-#   bash results/gpu/device_output/next/commands.sh cell SECONDS CELLS SEEDS [SWEEP]
+#   bash results/gpu/device_output/2026-11-23-s18-h100/commands.sh cell SECONDS CELLS SEEDS [SWEEP]
 #       CELLS of SWEEP (default sweeps/mqmtar_r6.toml) in one sweep (two side by side); first the trained models and
 #       compile caches in .carry/ are put in place. Back: cell.tar.gz (logs, finished rows, eval_rows.json),
 #       ckpt-RUN.tar.part-?? for every trained model whose scoring did not finish, new compile cache files.
