@@ -131,3 +131,22 @@ def test_tiny_decoder_trains(name, pe):
         losses.append(loss.item())
     assert all(map(torch.isfinite, map(torch.tensor, losses)))
     assert min(losses[-3:]) < 0.95 * losses[0], f"loss did not fall: {losses[0]:.3f} -> {losses[-1]:.3f}"
+
+
+@pytest.mark.parametrize("name", MECHANISMS)
+def test_reference_scores_stay_float32_under_autocast(name):
+    """The references' raw scores are the fp32 product of q and k under bf16 autocast too (the runner's on
+    CUDA), as the fused kernels' fp32 accumulators are: models that train on the references (``trains_dense``)
+    and are scored on the kernels see the same scores. The bf16 product moves them by about 2^-9."""
+    torch.manual_seed(0)
+    layer = ATTENTION.get(name)(64, 4, build_pe("alibi", 4, 16))
+    q, k = 3 * torch.randn(2, 4, 40, 16), 3 * torch.randn(2, 4, 40, 16)
+    positions = torch.arange(40)
+    exact = layer.scores(q, k, positions)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = layer.scores(q, k, positions)
+        coarse = torch.matmul(q, k.transpose(-1, -2))
+    assert under.dtype == exact.dtype == torch.float32
+    torch.testing.assert_close(under, exact, rtol=1e-6, atol=1e-5)
+    assert coarse.dtype == torch.bfloat16  # what the scores were before
+    assert (coarse.float() - torch.matmul(q, k.transpose(-1, -2))).abs().max() > 1e-2

@@ -158,7 +158,11 @@ class AttentionLayer(nn.Module):
     def score_matrix(self, q_rows: torch.Tensor, k: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
         """``score_scale * q.k - slope_h (r - j)`` as ``[B, H, Lq, Lk]`` (float32, or float64)."""
         dtype = compute_dtype(q_rows)
-        z = torch.matmul(q_rows.to(dtype), k.to(dtype).transpose(-1, -2)) * self.score_scale
+        # Outside autocast: under the runner's bf16 autocast (CUDA) the product came back rounded to bf16 (a
+        # relative 2^-9), where the fused kernels keep their fp32 accumulator; models training on these
+        # references (``trains_dense``) then learned on coarser scores than they are scored with.
+        with torch.autocast(q_rows.device.type, enabled=False):
+            z = torch.matmul(q_rows.to(dtype), k.to(dtype).transpose(-1, -2)) * self.score_scale
         slopes = self.pe.slopes()
         if slopes is not None:
             distance = query_positions[:, None] - torch.arange(k.shape[-2], device=k.device)[None, :]
