@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# Prepared in session 17, run in session 18.
+# Prepared in session 17, run in session 18 (carry [".whl"] only: nothing was in .carry), four calls:
+#   1. warm 300 mqmtar:asentmax:nape,mqmtar:entmax:rope        -> call1-warm.tar.gz (caches too large to come back)
+#   2. cell 560 mqmtar:asentmax:nape 1   (a fresh machine)      -> call2-cell.tar.gz (stopped at step ~30,000)
+#   3. cell 540 mqmtar:asentmax:nape 1   (the same machine)     -> call3-cell.tar.gz (resumed, finished, scored)
+#   4. cell 560 mqmtar:asentmax:nape 2   (the same machine)     -> call4-cell.tar.gz (trained and scored)
 # nvidia-h100-x1, carry [".whl", ".carry"]. Every call is self-contained (machines are lost between calls).
 # A cell's training state cannot travel (about 100 MB), its trained weights can: model.pt (about 34 MB) comes back in
 # 15 MiB parts and the next call scores from it (Trainer.load_trained). The dense references' compilation (148 s on

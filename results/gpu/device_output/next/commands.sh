@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Prepared in session 18, not run yet: the session that runs it moves it to its dated folder.
+# nvidia-h100-x1, carry [".whl", ".carry"]. Session 18's script (2026-11-23-s18-h100/commands.sh) with:
+# - compile caches that come back: gzipped, in 15 MiB parts (session 18's 44-61 MiB files were over the 16 MiB a
+#   file may have), named ccache-NAME.bin.gz.part-??; put them in .carry/ as they are (a call reassembles them).
+#   The working tree that travels holds about 23 MiB already (of 64): carry a cache or a model's parts, not both.
+# - `cell` scores each run that finished in the call through its fused ops and its dense references at 1x-8x
+#   (benchmarks/score_paths.py), if 90 s are left.
+#   bash results/gpu/device_output/next/commands.sh warm SECONDS CELLS [SWEEP]
+#   bash results/gpu/device_output/next/commands.sh cell SECONDS CELLS SEEDS [SWEEP]
+# Fire each call as soon as the last one returns: the machine (and /tmp/gres, /tmp/ccache) stays only 30 s idle.
+set -u
+what=$1; limit=$2; cells=$3
+deadline=$(( $(date +%s) + limit ))
+left() { echo $(( deadline - $(date +%s) )); }
+source scripts/device_env.sh || exit 1
+D=$OUT/$what; mkdir -p $D
+header "$0 $*" > $D/header.txt
+G=/tmp/gres
+mkdir -p $G/checkpoints /tmp/ccache
+export LENGTHBENCH_COMPILE_CACHE=/tmp/ccache
+for first in .carry/ccache-*.part-aa; do
+  [ -f "$first" ] || continue
+  name=$(basename "${first%.gz.part-aa}"); name=${name#ccache-}
+  [ -f /tmp/ccache/$name ] || { cat "${first%aa}"?? | gunzip > /tmp/ccache/$name && echo "cache put back: $name" >> $D/header.txt; }
+done
+ls -la /tmp/ccache >> $D/header.txt
+for first in .carry/ckpt-*.tar.part-aa; do
+  [ -f "$first" ] || continue
+  cat "${first%aa}"?? | tar xf - -C $G/checkpoints && echo "put back: $first" >> $D/header.txt
+done
+before=$(ls $G/runs/*.parquet 2>/dev/null)
+if [ "$what" = warm ]; then
+  sweep=${4:-sweeps/mqmtar_r6.toml}
+  python3 - "$sweep" > /tmp/warm.toml <<'PY'
+import json, sys, tomllib
+config = tomllib.load(open(sys.argv[1], "rb"))
+overrides = dict(config.get("overrides", {}), train_samples=25600, eval_samples=10, max_multiplier=1)
+print(f'preset = "{config["preset"]}"\ndevice = "auto"\nper_gpu = 2\n[overrides]')
+print("\n".join(f"{k} = {json.dumps(v)}" for k, v in overrides.items()))
+PY
+  timeout -s INT $(( $(left) - 15 )) lengthbench sweep --config /tmp/warm.toml --cells $cells --seeds 0 \
+    --results /tmp/warm --quiet > $D/sweep.txt 2>&1
+  echo "exit: $?" >> $D/sweep.txt
+  cp /tmp/warm/logs/*.log $D/ 2>/dev/null
+else
+  seeds=$4; sweep=${5:-sweeps/mqmtar_r6.toml}
+  timeout -s INT $(( $(left) - 25 )) lengthbench sweep --config $sweep --cells $cells --seeds $seeds \
+    --results $G --quiet > $D/sweep.txt 2>&1
+  echo "exit: $?" >> $D/sweep.txt
+  mkdir -p $D/runs $D/logs
+  cp $G/runs/*.parquet $D/runs/ 2>/dev/null; cp $G/logs/*.log $D/logs/ 2>/dev/null
+  for dir in $G/checkpoints/*/; do
+    run=$(basename $dir)
+    [ -f $dir/model.pt ] || continue
+    cp $dir/eval_rows.json $D/logs/$run.eval_rows.json 2>/dev/null
+    if [ -f $G/runs/$run.parquet ]; then
+      case "$before" in *$run.parquet*) continue;; esac  # scored in an earlier call
+      [ $(left) -gt 90 ] && timeout $(( $(left) - 20 )) python3 benchmarks/score_paths.py --results $G --run $run \
+        --multipliers 1,2,4,8 --samples 200 --out $D > $D/score_paths-$run.txt 2>&1
+      continue
+    fi
+    tar cf - -C $G/checkpoints $(cd $G/checkpoints && ls -d $run/model.pt $run/config.json $run/eval_rows.json 2>/dev/null) \
+      | split -b 15m - $OUT/ckpt-$run.tar.part-
+  done
+fi
+for f in /tmp/ccache/*.bin; do  # the compile caches this machine holds that were not carried in
+  [ -f "$f" ] || continue
+  ls .carry/ccache-$(basename $f).gz.part-aa >/dev/null 2>&1 && continue
+  gzip -1 -c $f | split -b 15m - $OUT/ccache-$(basename $f).gz.part-
+done
+for f in $D/*.txt $D/*.log $D/logs/*.log; do [ -f $f ] && { echo "== $f"; tail -14 $f | cut -c1-220; }; done
+# at most 8 files come back: the folder travels as one archive
+tar czf $OUT/$what.tar.gz -C $OUT $what && rm -rf $D
+ls -la $OUT | cut -c1-150
