@@ -35,8 +35,9 @@ from lengthbench.tasks import get_task
 
 
 def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile_mode: str, steps: int,
-            warmup: int, pad_multiple: int, dynamic: str, trace: bool = False) -> dict:
+            warmup: int, pad_multiple: int, dynamic: str, trace: bool = False, train_attention: str = "fused") -> dict:
     config = build_config(task, attn, pe, preset, batch_size=batch_size, compile=compile_mode != "eager",
+                          train_attention=train_attention,
                           compile_mode=compile_mode if compile_mode != "eager" else "default",
                           train_samples=batch_size * (steps + warmup), eval_every=10**9, checkpoint_every=10**9)
     task_obj = get_task(task)
@@ -94,6 +95,8 @@ def main() -> None:
     parser.add_argument("--pad-multiples", default="8", help="bucket widths (0: pad every batch to the widest)")
     parser.add_argument("--dynamic", default="static", help="torch.compile shapes: static (the runner's), auto "
                         "or dynamic")
+    parser.add_argument("--train-attention", default="fused", choices=["fused", "reference"],
+                        help="models with fused ops: train on them (eagerly) or on their compiled dense references")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=60, help="untimed steps first (compiles every width)")
     parser.add_argument("--trace", action="store_true", help="print each warm-up step's width and time")
@@ -110,7 +113,7 @@ def main() -> None:
                 for pad in (int(p) for p in args.pad_multiples.split(",")):
                     for batch_size in (int(b) for b in args.batch_sizes.split(",")):
                         row = measure(args.task, attn, pe, args.preset, batch_size, mode, args.steps, args.warmup,
-                                      pad, args.dynamic, args.trace)
+                                      pad, args.dynamic, args.trace, args.train_attention)
                         rows.append(row)
                         print(f"{attn:13s} {pe:5s} {mode:15s} pad {pad:2d} batch {batch_size:5d}: "
                               f"{row['samples_per_s']:10,.0f} samples/s ({row['step_ms']:.2f} ms/step, mean width "

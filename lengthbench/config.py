@@ -22,8 +22,14 @@ DEFAULT_INIT = INITS[0]  # also what configurations stored before the field exis
 # What --init-from carries over: every weight ("all"), or all but the token embedding and the output layer
 # ("body": those keep their fresh initialisation, so the source run may have another vocabulary).
 INIT_PARTS = ("all", "body")
+# What the training step of a model with fused ops runs on CUDA: "fused", its Triton ops (eagerly: torch.compile
+# crashed around them); "reference", its dense references, compiled, where the batches are narrow (the runner's
+# ``trains_dense``): 12,400 samples/s alone on an H100 against 5,250 for each of two fused-op cells side by side,
+# but the two models trained so far did not extrapolate (REPRODUCTION.md, session 18). Validation and scoring
+# take the fused ops either way; models without fused ops are unaffected.
+TRAIN_ATTENTION = ("fused", "reference")
 # Fields added after runs were published: left out of a run's identity while at these defaults.
-LATER_FIELDS = {"init": DEFAULT_INIT, "init_from": "", "init_part": "all"}
+LATER_FIELDS = {"init": DEFAULT_INIT, "init_from": "", "init_part": "all", "train_attention": "fused"}
 
 
 @dataclass
@@ -65,6 +71,7 @@ class RunConfig:
     checkpoint_every: int = 500  # steps between resumable checkpoints
     compile: bool = True  # torch.compile on CUDA
     compile_mode: str = "default"  # torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune
+    train_attention: str = "fused"  # one of TRAIN_ATTENTION
     # evaluation
     eval_tokens_per_batch: int = 0  # 0: adapt to free memory
     diagnostics: bool = True
@@ -87,6 +94,9 @@ class RunConfig:
             raise ValueError(f"unknown init part {self.init_part!r}; choose from: {', '.join(INIT_PARTS)}")
         if self.init_part != "all" and not self.init_from:
             raise ValueError("--init-part needs --init-from")
+        if self.train_attention not in TRAIN_ATTENTION:
+            raise ValueError(f"unknown train attention {self.train_attention!r}; choose from: "
+                             f"{', '.join(TRAIN_ATTENTION)}")
         if self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"unknown compile mode {self.compile_mode!r}; choose from: {', '.join(COMPILE_MODES)}")
 

@@ -284,13 +284,14 @@ DENSE_TRAIN_MAX_TOKENS = 256
 
 def trains_dense(config: RunConfig, model, device: torch.device, max_tokens: int) -> bool:
     """Whether the training step runs the attention's dense references, compiled, instead of its fused ops: on
-    CUDA where the config compiles, for models with fused ops, when a training batch is at most
-    :data:`DENSE_TRAIN_MAX_TOKENS` tokens wide (``max_tokens``). At the seeds' training lengths (64: 66-131
-    tokens) a fused op gains nothing, and a model that calls one cannot be compiled (see ``Trainer.__init__``):
-    it trains eagerly, one launch per operation. The references are the same functions, tested against the
-    kernels; validation and scoring still call the fused ops."""
-    return (device.type == "cuda" and config.compile and model_dispatches_to_kernels(model)
-            and max_tokens <= DENSE_TRAIN_MAX_TOKENS)
+    CUDA where the config compiles and asks for it (``train_attention = "reference"``; the default is the fused
+    ops), for models with fused ops, when a training batch is at most :data:`DENSE_TRAIN_MAX_TOKENS` tokens wide
+    (``max_tokens``). At the seeds' training lengths (64: 66-131 tokens) a fused op gains nothing, and a model
+    that calls one cannot be compiled (see ``Trainer.__init__``): it trains eagerly, one launch per operation.
+    The references are the same functions, tested against the kernels; validation and scoring still call the
+    fused ops."""
+    return (device.type == "cuda" and config.compile and config.train_attention == "reference"
+            and model_dispatches_to_kernels(model) and max_tokens <= DENSE_TRAIN_MAX_TOKENS)
 
 
 def compiles(config: RunConfig, model, device: torch.device, max_tokens: int) -> bool:
@@ -340,8 +341,9 @@ class Trainer:
         # torch.compile of a model whose attention calls a fused Triton op (a graph break around an autograd
         # Function) crashed in torch 2.11's AOTAutograd runtime on the H200s, 2026-11-22: a corrupted view
         # shape regenerating an output alias (stick-breaking), a segmentation fault saving the autograd cache
-        # (ASEntmax + NAPE), both within the first minute. Those models train on their dense references, compiled,
-        # where the batches are narrow (trains_dense), else eagerly on the Triton ops.
+        # (ASEntmax + NAPE), both within the first minute. Those models train eagerly on the Triton ops, or, with
+        # ``train_attention = "reference"``, on their dense references, compiled, where the batches are narrow
+        # (trains_dense).
         max_tokens = task.max_tokens(config.train_length)
         self.kernel_flags = [block.attn.use_kernels for block in self.model.blocks]
         self.dense = trains_dense(config, self.model, device, max_tokens)
@@ -350,8 +352,11 @@ class Trainer:
             self.log(f"training on the dense reference attention, compiled ({max_tokens} tokens at most); "
                      "validation and scoring on the fused ops")
         elif device.type == "cuda" and config.compile and not self.compiled:
+            why = (f"its training batches are wider than {DENSE_TRAIN_MAX_TOKENS} tokens"
+                   if config.train_attention == "reference" else
+                   "training attention is fused (--train-attention reference trains on its compiled references)")
             self.log(f"torch.compile skipped: the model calls fused Triton ops (graph breaks crash torch 2.11) "
-                     f"and its training batches are wider than {DENSE_TRAIN_MAX_TOKENS} tokens")
+                     f"and {why}")
         self.compile_cache = compile_cache_file(config, device) if self.compiled else None
         if message := load_compile_cache(self.compile_cache):
             self.log(message)

@@ -248,13 +248,20 @@ def test_compiled_training_and_dense_references(monkeypatch, attn, pe, kernel, d
     from lengthbench.runner import DENSE_TRAIN_MAX_TOKENS, Trainer, compiles, trains_dense
 
     monkeypatch.setattr(kernels, "get_kernel", lambda name, **kw: (lambda *a, **k: None) if name == kernel else None)
-    config = build_config("copy", attn, pe, "paper", **{**TINY, "compile": True})
+    config = build_config("copy", attn, pe, "paper", **{**TINY, "compile": True, "train_attention": "reference"})
     task = get_task("copy")
     trainer = Trainer(config, task, torch.device("cpu"), Path("/nonexistent"), progress=False)
     assert not trainer.compiled and not trainer.dense  # never on a CPU
     cuda = torch.device("cuda")
     narrow = task.max_tokens(config.train_length)
     assert narrow <= DENSE_TRAIN_MAX_TOKENS
+    # by default a model with fused ops trains on them (eagerly), as every such row in the store did
+    fused = build_config("copy", attn, pe, "paper", **{**TINY, "compile": True})
+    assert fused.train_attention == "fused" and fused.run_id != config.run_id
+    assert not trains_dense(fused, trainer.model, cuda, narrow)
+    assert compiles(fused, trainer.model, cuda, narrow) == (not dense)
+    with pytest.raises(ValueError, match="train attention"):
+        build_config("copy", attn, pe, "paper", train_attention="dense")
     assert compiles(config, trainer.model, cuda, narrow)  # every model, at the seeds' length
     assert trains_dense(config, trainer.model, cuda, narrow) == dense
     # wide batches: a model with fused ops trains on them, eagerly

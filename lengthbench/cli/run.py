@@ -70,6 +70,11 @@ def register(app: typer.Typer) -> None:
         compile_mode: str = typer.Option(None, "--compile-mode", help="torch.compile mode on CUDA: default, "
                                          "reduce-overhead (CUDA graphs; 1.9x at batch 128 for softmax) or "
                                          "max-autotune."),
+        train_attention: str = typer.Option(None, "--train-attention", help="What models with fused ops train "
+                                            "on, on CUDA: fused (their Triton ops, eagerly; the default) or "
+                                            "reference (their dense references, compiled, where batches are at "
+                                            "most 256 tokens wide: faster; see REPRODUCTION.md, "
+                                            "session 18, before relying on it). Scoring is on the fused ops."),
         diagnostics: bool = typer.Option(None, "--diagnostics/--no-diagnostics", help="Measure sparsity, sink rate, entropy."),
         param: list[str] = typer.Option([], "--param", help="Task parameter key=value (repeatable)."),
         attn_param: list[str] = typer.Option([], "--attn-param", help="Mechanism parameter key=value."),
@@ -96,7 +101,8 @@ def register(app: typer.Typer) -> None:
             eval_samples=eval_samples, seed=seed, train_samples=train_samples, batch_size=batch_size, lr=lr,
             warmup_steps=warmup_steps, eval_every=eval_every, d_model=d_model, n_layers=layers, n_heads=heads,
             ffn=ffn, init=init, init_from=init_from, init_part=init_part,
-            selection=selection, compile=compile, compile_mode=compile_mode, diagnostics=diagnostics,
+            selection=selection, compile=compile, compile_mode=compile_mode, train_attention=train_attention,
+            diagnostics=diagnostics,
             task_params=task_params,
             attn_params=parse_params(attn_param, "--attn-param"), pe_params=parse_params(pe_param, "--pe-param"),
         )

@@ -6,6 +6,8 @@
 #   The working tree that travels holds about 23 MiB already (of 64): carry a cache or a model's parts, not both.
 # - `cell` scores each run that finished in the call through its fused ops and its dense references at 1x-8x
 #   (benchmarks/score_paths.py), if 90 s are left.
+# - the default sweep is sweeps/mqmtar_r6_reference.toml (r6 with train_attention = "reference": the compiled
+#   dense references, the only way such a cell fits a call; the default since session 18 is the fused ops).
 #   bash results/gpu/device_output/next/commands.sh warm SECONDS CELLS [SWEEP]
 #   bash results/gpu/device_output/next/commands.sh cell SECONDS CELLS SEEDS [SWEEP]
 # Fire each call as soon as the last one returns: the machine (and /tmp/gres, /tmp/ccache) stays only 30 s idle.
@@ -31,7 +33,7 @@ for first in .carry/ckpt-*.tar.part-aa; do
 done
 before=$(ls $G/runs/*.parquet 2>/dev/null)
 if [ "$what" = warm ]; then
-  sweep=${4:-sweeps/mqmtar_r6.toml}
+  sweep=${4:-sweeps/mqmtar_r6_reference.toml}
   python3 - "$sweep" > /tmp/warm.toml <<'PY'
 import json, sys, tomllib
 config = tomllib.load(open(sys.argv[1], "rb"))
@@ -44,7 +46,7 @@ PY
   echo "exit: $?" >> $D/sweep.txt
   cp /tmp/warm/logs/*.log $D/ 2>/dev/null
 else
-  seeds=$4; sweep=${5:-sweeps/mqmtar_r6.toml}
+  seeds=$4; sweep=${5:-sweeps/mqmtar_r6_reference.toml}
   timeout -s INT $(( $(left) - 25 )) lengthbench sweep --config $sweep --cells $cells --seeds $seeds \
     --results $G --quiet > $D/sweep.txt 2>&1
   echo "exit: $?" >> $D/sweep.txt
