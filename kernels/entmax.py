@@ -852,9 +852,8 @@ def _pack_bits(tokens: int, bns: int) -> int:
 # length. Session 15's logs show 7-8 s at each of MQMTAR's scored lengths up to 256x (200 samples), where the
 # runs before the lists (session 14) took 0.1 s at 2x-16x; with these widths session 18's took 0.05-0.3 s at
 # 2x-32x (the H100, 200 samples; 7.9-14.5 s at 1x, 64x and 256x where a width compiled). Rounding up keeps
-# four; more
-# bits than a length needs are as exact (the packed values move by at most 2^-17 relative up to 4,096
-# tokens, within the lists' margin of 2^-14).
+# four; more bits than a length needs are as exact (the packed values move by at most 2^-17 relative up to
+# 4,096 tokens, within the lists' margin of 2^-14).
 _PACK_WIDTHS = (6, 8, 10, _PACK_MAX)
 
 
