@@ -10,6 +10,9 @@
 #   dense references, the only way such a cell fits a call; the default since session 18 is the fused ops).
 #   bash results/gpu/device_output/next/commands.sh warm SECONDS CELLS [SWEEP]
 #   bash results/gpu/device_output/next/commands.sh cell SECONDS CELLS SEEDS [SWEEP]
+#   bash results/gpu/device_output/next/commands.sh evaltime SECONDS ATTN:PE SAMPLES
+#       on the same machine after a cell: the evaluation time at 65,536 tokens of its trained model
+#       (benchmarks/eval_time.py --runs /tmp/gres), beside softmax + RoPE's (fresh weights, 100 samples)
 # Fire each call as soon as the last one returns: the machine (and /tmp/gres, /tmp/ccache) stays only 30 s idle.
 set -u
 what=$1; limit=$2; cells=$3
@@ -32,7 +35,13 @@ for first in .carry/ckpt-*.tar.part-aa; do
   cat "${first%aa}"?? | tar xf - -C $G/checkpoints && echo "put back: $first" >> $D/header.txt
 done
 before=$(ls $G/runs/*.parquet 2>/dev/null)
-if [ "$what" = warm ]; then
+if [ "$what" = evaltime ]; then
+  samples=$4
+  timeout $(( $(left) - 20 )) python3 benchmarks/eval_time.py --runs $G --attns $cells --samples $samples \
+    --out $D > $D/eval_time_trained.txt 2>&1
+  timeout $(( $(left) - 10 )) python3 benchmarks/eval_time.py --attns softmax --samples 100 --out $D/softmax \
+    > $D/eval_time_softmax.txt 2>&1
+elif [ "$what" = warm ]; then
   sweep=${4:-sweeps/mqmtar_r6_reference.toml}
   python3 - "$sweep" > /tmp/warm.toml <<'PY'
 import json, sys, tomllib
@@ -71,7 +80,7 @@ for f in /tmp/ccache/*.bin; do  # the compile caches this machine holds that wer
   ls .carry/ccache-$(basename $f).gz.part-aa >/dev/null 2>&1 && continue
   gzip -1 -c $f | split -b 15m - $OUT/ccache-$(basename $f).gz.part-
 done
-for f in $D/*.txt $D/*.log $D/logs/*.log; do [ -f $f ] && { echo "== $f"; tail -14 $f | cut -c1-220; }; done
+for f in $D/*.txt $D/*.log $D/*.md $D/logs/*.log; do [ -f $f ] && { echo "== $f"; tail -14 $f | cut -c1-220; }; done
 # at most 8 files come back: the folder travels as one archive
 tar czf $OUT/$what.tar.gz -C $OUT $what && rm -rf $D
 ls -la $OUT | cut -c1-150
