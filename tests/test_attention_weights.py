@@ -371,3 +371,26 @@ def test_per_head_parameters_broadcast():
     w = weights("ssmax", z, s=s)
     for h in range(3):
         torch.testing.assert_close(w[:, h], weights("ssmax", z[:, h], s=float(s[h])))
+
+
+def test_adaptive_scale_is_the_seeds_power_with_its_gradients():
+    """``delta + beta * log(n + 1) ** gamma`` (seed 003), written as ``exp(gamma * log(log(n + 1)))`` since
+    session 19: the same values, and the analytic gradients ``dS/dbeta = L ** gamma`` and
+    ``dS/dgamma = beta * L ** gamma * log L`` with ``L = log(n + 1)``, at every ``n`` from the first token."""
+    from lengthbench.models.attention.scaled import adaptive_scale
+
+    counts = torch.arange(1, 70, dtype=torch.float64)[:, None]  # n_r = r + 1
+    generator = torch.Generator().manual_seed(0)
+    beta = torch.rand(2, 3, 69, generator=generator, dtype=torch.float64).add(0.1).requires_grad_()
+    gamma = torch.rand(2, 3, 69, generator=generator, dtype=torch.float64).mul(2).sub(1).requires_grad_()
+    scale = adaptive_scale(counts, beta, gamma, 1.0)
+    log_n = torch.log(counts + 1)
+    expected = 1.0 + beta[..., None] * log_n ** gamma[..., None]
+    torch.testing.assert_close(scale, expected, rtol=1e-12, atol=0)
+    scale.sum().backward()
+    power = log_n[:, 0] ** gamma.detach()
+    torch.testing.assert_close(beta.grad, power, rtol=1e-12, atol=0)
+    torch.testing.assert_close(gamma.grad, beta.detach() * power * torch.log(log_n[:, 0]), rtol=1e-12, atol=1e-15)
+    assert torch.autograd.gradcheck(lambda b, g: adaptive_scale(counts, b, g, 0.5), (beta, gamma))
+    # floats (the weight functions' defaults): gamma 0 gives delta + beta
+    torch.testing.assert_close(adaptive_scale(counts, 0.7, 0.0, 1.0), torch.full_like(counts, 1.7))
