@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -104,13 +105,28 @@ _GRAPH_FIELDS = ("task", "task_params", "attn", "attn_params", "pe", "pe_params"
                  "n_layers", "n_heads", "ffn", "batch_size", "compile_mode")
 
 
+@functools.lru_cache(maxsize=1)
+def model_source_digest() -> str:
+    """A digest of the code the compiled step traces (the models' modules and this one): a cache file written by
+    other code is another file, not a stale one that shadows the new graphs (session 19 changed the adaptive
+    scale's formula under an unchanged configuration)."""
+    import lengthbench.models as models
+
+    files = sorted(Path(models.__file__).parent.rglob("*.py")) + [Path(__file__)]
+    digest = hashlib.sha1()
+    for path in files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
 def compile_cache_file(config: RunConfig, device: torch.device) -> Path | None:
     """The compilation cache file of ``config``'s training step on ``device`` in the folder that
     ``$LENGTHBENCH_COMPILE_CACHE`` names, or None where it names none."""
     root = os.environ.get(COMPILE_CACHE_ENV, "")
     if not root:
         return None
-    key = [torch.__version__, device_description(device), *(getattr(config, name) for name in _GRAPH_FIELDS)]
+    key = [torch.__version__, device_description(device), model_source_digest(),
+           *(getattr(config, name) for name in _GRAPH_FIELDS)]
     digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return Path(root) / f"{config.task}-{config.attn}-{config.pe}-b{config.batch_size}-{digest}.bin"
 

@@ -9,6 +9,7 @@ import textwrap
 
 import torch
 
+from lengthbench import runner
 from lengthbench.config import build_config
 from lengthbench.runner import COMPILE_CACHE_ENV, compile_cache_file, load_compile_cache, save_compile_cache
 
@@ -27,6 +28,9 @@ def test_the_file_follows_the_graphs_not_the_seed(monkeypatch, tmp_path):
     for other in (dict(attn="entmax"), dict(batch_size=64), dict(d_model=256), dict(compile_mode="default"),
                   dict(attn_params={"alpha": 1.3})):
         assert compile_cache_file(dataclasses.replace(config, **other), CPU) != path
+    # other model code, other file (a cache of the old graphs would never be replaced)
+    monkeypatch.setattr(runner, "model_source_digest", lambda: "edited")
+    assert compile_cache_file(config, CPU) != path
 
 
 def test_a_broken_or_missing_file_never_stops_a_run(tmp_path):
