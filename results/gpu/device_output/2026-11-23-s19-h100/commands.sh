@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# Prepared in session 18, not run yet: the session that runs it moves it to its dated folder.
+# Prepared in session 18; session 19 ran call 1 with it (`cell 560 mqmtar:asentmax:nape 2`: did not learn, REPRODUCTION.md
+# Session 19). Calls 2-6 were typed at the prompt: 2 `pytest tests/test_attention_cuda.py -x` (570 s limit); 3 and 4
+# `python3 benchmarks/compiled_grads.py --preset paper --batch 128 [--variants ...]`; 5 `lengthbench sweep --config
+# results/gpu/device_output/2026-11-23-s19-h100/short_reference.toml --cells mqmtar:asentmax:nape --seeds 2`; 6
+# `lengthbench sweep --config sweeps/mqmtar_r6_reference.toml --cells mqmtar:asentmax:nape --seeds 2` (480 s limit),
+# its model.pt split into 15 MiB parts.
 # nvidia-h100-x1, carry [".whl", ".carry"]. Session 18's script (2026-11-23-s18-h100/commands.sh) with:
 # - compile caches that come back: gzipped, in 15 MiB parts (session 18's 44-61 MiB files were over the 16 MiB a
 #   file may have), named ccache-NAME.bin.gz.part-??; put them in .carry/ as they are (a call reassembles them).
