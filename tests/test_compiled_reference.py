@@ -73,11 +73,14 @@ def test_compiled_reference_matches_eager_forward_and_backward(attn, pe, params)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("attn, pe", [("asentmax", "nape"), ("assmax", "rope"), ("sentmax", "nape")])
+@pytest.mark.parametrize("attn, pe", [("asentmax", "nape"), ("assmax", "rope"), ("sentmax", "nape")] + [
+    (name, "none" if name in POSITION_FREE else "rope") for name in ATTENTION.names()
+    if name not in ("asentmax", "assmax", "sentmax")])
 def test_inductor_gradients_match_eager_under_cuda_autocast(attn, pe):
-    """The runner's compiled step (Inductor, CUDA, bf16 autocast) on the references gives the eager gradients.
-    With the adaptive scale written ``log(n + 1) ** gamma``, Inductor's gradient for ``w_gamma`` was 15 to 160
-    times off on the H100/H200 (session 19), and compiled ASEntmax models did not learn or extrapolate."""
+    """The runner's compiled step (Inductor, CUDA, bf16 autocast) on the references gives the eager gradients,
+    for every mechanism (the scaled ones first). With the adaptive scale written ``log(n + 1) ** gamma``,
+    Inductor's gradient for ``w_gamma`` was 15 to 160 times off on the H100/H200 (session 19), and compiled
+    ASEntmax models did not learn or extrapolate."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     model, _, ids = _model_and_loss(attn, pe)
