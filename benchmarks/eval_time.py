@@ -15,7 +15,8 @@ near-uniform rows, to full passes over their keys). ``--runs RESULTS`` times tra
 Each mechanism gets one untimed warm-up sample first (compilation of the kernels). Rows record the samples
 actually timed; ``s_per_1000`` scales the measured rate to 1,000 samples and ``projected`` says when it is
 such a projection rather than a 1,000-sample run.
-Writes ``<out>/eval_time.parquet`` and ``.md``.
+Writes ``<out>/eval_time.parquet`` and ``.md``. ``--device cpu`` with a small ``--n`` checks a setup on a machine
+without a GPU (the dense references; no peak memory).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import pandas as pd
 import torch
 
 from lengthbench.config import build_config
+from lengthbench.leaderboard import frame_markdown
 from lengthbench.runner import Evaluator, build_model, device_description, load_model
 from lengthbench.tasks import get_task
 
@@ -42,12 +44,18 @@ def trained_run(results: Path, task: str, attn: str, pe: str) -> str:
         if (config.get("task"), config.get("attn"), config.get("pe")) == (task, attn, pe):
             found.append((path.stat().st_mtime, path.parent.name))
     if not found:
-        sys.exit(f"error: no trained {task}:{attn}:{pe} model in {results}/checkpoints")
+        print(f"error: no trained {task}:{attn}:{pe} model in {results}/checkpoints", file=sys.stderr)
+        sys.exit(2)
     return max(found)[1]
 
 
-def measure(task_name: str, attn: str, pe: str, n: int, samples: int, runs: Path | None = None) -> dict:
-    device = torch.device("cuda")
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(task_name: str, attn: str, pe: str, n: int, samples: int, runs: Path | None = None,
+            device: torch.device = torch.device("cuda")) -> dict:
     if runs is None:
         task = get_task(task_name)
         config = build_config(task_name, attn, pe, "paper")
@@ -56,19 +64,21 @@ def measure(task_name: str, attn: str, pe: str, n: int, samples: int, runs: Path
         weights = "fresh"
     else:
         run_id = trained_run(runs, task_name, attn, pe)
-        model, task, config = load_model(runs, run_id, "cuda")
+        model, task, config = load_model(runs, run_id, str(device))
         weights = f"trained: {run_id}"
     evaluator = Evaluator(model, task, device, seed=0)
     evaluator.score(n, 1)  # warm-up: kernel compilation
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats(device)
+    synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
     scores = evaluator.score(n, samples)
-    torch.cuda.synchronize()
+    synchronize(device)
     seconds = time.perf_counter() - started
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
     return dict(task=task_name, attn=attn, pe=pe, n=n, tokens=scores.realised_tokens, samples=samples,
                 seconds=seconds, s_per_1000=seconds * 1000 / samples, projected=samples != 1000,
-                peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30, layers=config.n_layers,
+                peak_mem_gib=peak, layers=config.n_layers,
                 d_model=config.d_model, heads=config.n_heads, weights=weights)
 
 
@@ -82,19 +92,23 @@ def main() -> None:
     parser.add_argument("--out", default="results/kernels")
     parser.add_argument("--runs", type=Path, default=None,
                         help="a results directory: time the trained models of its finished runs (attn or attn:pe)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA where there is one), cuda or cpu (small --n only)")
     args = parser.parse_args()
+    args.device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                               "cpu" if args.device == "auto" else args.device)
     attns = args.attns.split(",")
     counts = [int(c) for c in args.samples.split(",")]
     if len(counts) == 1:
         counts = counts * len(attns)
     if len(counts) != len(attns):
-        sys.exit("error: --samples takes one count or one per mechanism")
+        print("error: --samples takes one count or one per mechanism", file=sys.stderr)
+        sys.exit(2)
     rows = []
     for entry, count in zip(attns, counts, strict=True):
         attn, _, pe = entry.partition(":")
         pe = pe or args.pe
         try:
-            row = measure(args.task, attn, pe, args.n, count, args.runs)
+            row = measure(args.task, attn, pe, args.n, count, args.runs, args.device)
         except Exception as error:  # noqa: BLE001 - one mechanism's failure must not lose the others' rows
             print(f"{attn:14s} failed: {type(error).__name__}: {error}", flush=True)
             rows.append(dict(task=args.task, attn=attn, pe=pe, n=args.n, samples=count,
@@ -105,7 +119,8 @@ def main() -> None:
                   f"({row['s_per_1000']:.0f} s per 1,000{' projected' if row['projected'] else ''}; peak "
                   f"{row['peak_mem_gib']:.1f} GiB)", flush=True)
         save(rows, args)
-        torch.cuda.empty_cache()
+        if args.device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def save(rows: list[dict], args) -> None:
@@ -115,7 +130,7 @@ def save(rows: list[dict], args) -> None:
         frame["error"] = None
     base = frame.loc[frame["attn"] == "softmax", "s_per_1000"] if "s_per_1000" in frame else frame.iloc[:0]
     frame["vs_softmax"] = frame["s_per_1000"] / base.iloc[0] if len(base) else float("nan")
-    frame["device"] = device_description(torch.device("cuda"))
+    frame["device"] = device_description(args.device)
     frame["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     frame["command"] = "python " + " ".join(sys.argv)
     out = Path(args.out)
@@ -127,7 +142,7 @@ def save(rows: list[dict], args) -> None:
     (out / "eval_time.md").write_text(
         f"# Evaluation time at n = {args.n:,} ({args.task}, `paper` model)\n\nDevice: {frame['device'].iloc[0]}; "
         f"{frame['created_at'].iloc[0]}\n\nCommand: `{frame['command'].iloc[0]}`\n\n"
-        + frame[columns].round(3).to_markdown(index=False) + "\n")
+        + frame_markdown(frame[columns]) + "\n")
 
 if __name__ == "__main__":
     main()

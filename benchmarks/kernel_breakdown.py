@@ -24,6 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from lengthbench.kernels import entmax
+from lengthbench.leaderboard import frame_markdown
 
 _LISTED: list[float] = []
 
@@ -142,7 +143,7 @@ def main() -> None:
     lines = [f"# Kernel breakdown: {device}, L {args.length}", ""]
     for (attn, what), part in frame.groupby(["attn", "case"], sort=False):
         lines += [f"## {attn} ({what}): {part['ms'].sum():.2f} ms, listed rows {part['listed'].iloc[0]:.3f}", "",
-                  part.head(args.top)[["kernel", "calls", "ms", "share"]].to_markdown(index=False, floatfmt=".3f"),
+                  frame_markdown(part.head(args.top)[["kernel", "calls", "ms", "share"]]),
                   ""]
     (out / "breakdown.md").write_text("\n".join(lines))
 

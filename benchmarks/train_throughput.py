@@ -30,6 +30,7 @@ import torch
 
 from lengthbench.config import build_config
 from lengthbench.data import BatchProducer, default_workers
+from lengthbench.leaderboard import frame_markdown
 from lengthbench.runner import Trainer, _to_device, attention_kernels, device_description
 from lengthbench.tasks import get_task
 
@@ -133,7 +134,7 @@ def write(rows: list[dict], out: Path) -> None:
                "dynamic", "samples_per_s", "step_ms", "mean_padded_width", "warmup_s", "parameters"]
     (out / "train_throughput.md").write_text(
         f"# Training throughput\n\nDevice: {frame['device'].iloc[0]}; {frame['created_at'].iloc[0]}\n\n"
-        f"Command: `{frame['command'].iloc[0]}`\n\n" + frame[columns].round(2).to_markdown(index=False) + "\n")
+        f"Command: `{frame['command'].iloc[0]}`\n\n" + frame_markdown(frame[columns], ".2f") + "\n")
 
 
 if __name__ == "__main__":

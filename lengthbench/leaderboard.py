@@ -341,6 +341,22 @@ def _md_table(header: list[str], rows: list[list[str]], align: list[str]) -> str
     return "\n".join(lines)
 
 
+def frame_markdown(frame: pd.DataFrame, floatfmt: str = ".3f") -> str:
+    """Any frame as a Markdown table (numbers right-aligned, floats as ``floatfmt``, missing values empty),
+    without pandas' optional ``tabulate``: the benchmark scripts write their tables with it."""
+    def cell(value) -> str:
+        if value is None or (isinstance(value, float) and np.isnan(value)):
+            return ""
+        if isinstance(value, float | np.floating):
+            return format(value, floatfmt)
+        return str(value)
+
+    numeric = [pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
+               for c in frame.columns]
+    rows = [[cell(v) for v in row] for row in frame.itertuples(index=False, name=None)]
+    return _md_table([str(c) for c in frame.columns], rows, ["r" if n else "l" for n in numeric])
+
+
 def to_markdown(board: pd.DataFrame, *, source: str | None = None) -> str:
     """The leaderboard as Markdown: per table (task, preset, n) the best-of-seeds table, with the
     best value of each column in bold, then the mean +- std table."""
