@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from lengthbench.config import build_config
 from lengthbench.data import TrainStream, make_train_batch
-from lengthbench.models.attention.base import AttentionLayer, compute_dtype
+from lengthbench.models.attention.base import AttentionLayer
 from lengthbench.runner import autocast, build_model, device_description
 from lengthbench.tasks import get_task
 
@@ -75,22 +75,11 @@ def pow_scale():
 @contextlib.contextmanager
 def bf16_scores():
     """Session 18's references: ``q.k`` under the caller's autocast (bf16 on CUDA)."""
-    fp32 = AttentionLayer.score_matrix
-
-    def score_matrix(self, q_rows, k, query_positions):
-        dtype = compute_dtype(q_rows)
-        z = torch.matmul(q_rows.to(dtype), k.to(dtype).transpose(-1, -2)) * self.score_scale
-        slopes = self.pe.slopes()
-        if slopes is not None:
-            distance = query_positions[:, None] - torch.arange(k.shape[-2], device=k.device)[None, :]
-            z = z - slopes.to(device=z.device, dtype=dtype)[:, None, None] * distance.to(dtype)
-        return z
-
-    AttentionLayer.score_matrix = score_matrix
+    AttentionLayer.fp32_scores = False
     try:
         yield
     finally:
-        AttentionLayer.score_matrix = fp32
+        AttentionLayer.fp32_scores = True
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
