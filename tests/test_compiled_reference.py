@@ -7,6 +7,8 @@ code."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -72,38 +74,74 @@ def test_compiled_reference_matches_eager_forward_and_backward(attn, pe, params)
             torch.testing.assert_close(p.grad, grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("attn, pe", [("asentmax", "nape"), ("assmax", "rope"), ("sentmax", "nape")] + [
-    (name, "none" if name in POSITION_FREE else "rope") for name in ATTENTION.names()
-    if name not in ("asentmax", "assmax", "sentmax")])
-def test_inductor_gradients_match_eager_under_cuda_autocast(attn, pe):
-    """The runner's compiled step (Inductor, CUDA, bf16 autocast) on the references gives the eager gradients,
-    for every mechanism (the scaled ones first). With the adaptive scale written ``log(n + 1) ** gamma``,
-    Inductor's gradient for ``w_gamma`` was 15 to 160 times off on the H100/H200 (session 19), and compiled
-    ASEntmax models did not learn or extrapolate."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    model, _, ids = _model_and_loss(attn, pe)
-    model = model.cuda()
-    ids = ids.cuda()
-    weights = torch.randn(*ids.shape, model.head.out_features, device="cuda",
-                          generator=torch.Generator("cuda").manual_seed(1))
+@contextlib.contextmanager
+def _float32_matmuls():
+    """True float32 products on CUDA (no TF32) for the reference gradients, restored afterwards."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
-    def loss(ids):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(ids, None)
-        return (logits.float() * weights).sum()
+
+NOISY_IN_BF16 = 0.1  # eager bf16 gradients further than this from the float32 ones say nothing of compiled ones
+
+
+def compiled_gradient_distances(attn: str, pe: str, device: str) -> dict[str, dict[str, float]]:
+    """Per parameter of a tiny model, relative distances from the true gradient (eager, float32, no autocast, no
+    TF32): ``fp32`` of the compiled float32 step, ``eager_bf16`` of the eager bf16-autocast step, ``bf16`` of
+    the compiled bf16-autocast step (the runner's training step: Inductor, bf16 autocast)."""
+    model, _, ids = _model_and_loss(attn, pe)
+    model = model.to(device)
+    ids = ids.to(device)
+    weights = torch.randn(*ids.shape, model.head.out_features,
+                          generator=torch.Generator().manual_seed(1)).to(device)
+
+    def loss_with(autocast):
+        def loss(ids):
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+                logits = model(ids, None)
+            return (logits.float() * weights).sum()
+        return loss
 
     def gradients(fn):
         model.zero_grad(set_to_none=True)
         fn(ids).backward()
         return {name: p.grad.float().clone() for name, p in model.named_parameters() if p.grad is not None}
 
-    with attention_kernels(model, False):
-        eager = gradients(loss)
+    def compiled(autocast):
         torch._dynamo.reset()
-        compiled = gradients(torch.compile(loss, dynamic=False))
-    assert set(compiled) == set(eager)
-    for name, grad in eager.items():
-        distance = float((compiled[name] - grad).norm() / grad.norm().clamp_min(1e-12))
-        assert distance < 0.05, f"{name}: compiled gradient {distance:.3g} (relative) from the eager one"
+        return gradients(torch.compile(loss_with(autocast), dynamic=False))
+
+    with attention_kernels(model, False), _float32_matmuls():
+        truth = gradients(loss_with(False))
+        paths = {"fp32": compiled(False), "eager_bf16": gradients(loss_with(True)), "bf16": compiled(True)}
+    assert all(set(grads) == set(truth) for grads in paths.values())
+    return {name: {path: float((grads[name] - truth[name]).norm() / truth[name].norm().clamp_min(1e-12))
+                   for path, grads in paths.items()} for name in truth}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attn, pe", [("asentmax", "nape"), ("assmax", "rope"), ("sentmax", "nape")] + [
+    (name, "none" if name in POSITION_FREE else "rope") for name in ATTENTION.names()
+    if name not in ("asentmax", "assmax", "sentmax")])
+def test_inductor_gradients_match_eager_under_cuda_autocast(attn, pe):
+    """The runner's compiled step (Inductor on CUDA) gives the true gradients, for every mechanism (the scaled
+    ones first). With the adaptive scale written ``log(n + 1) ** gamma``, Inductor's gradient for ``w_gamma`` was
+    15 to 160 times off on the H100/H200 (session 19), and compiled ASEntmax models did not learn or extrapolate.
+
+    Two checks, against the eager float32 gradients. Compiled in float32, every gradient within 1%. Compiled
+    under bf16 autocast, as close as the eager bf16 step (twice its distance, plus 0.02), for every parameter
+    whose eager bf16 gradient is within 0.1 of the true one. The rest are sums that cancel, such as
+    diffsoftmax's lambda vectors (one scalar, summed over every weight of the layer): there bf16 rounding alone
+    puts the eager and the compiled gradients 0.1 to 10 times their norm off, each its own way (session 20, on
+    the CPU and on the H100), and only the float32 check says something."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    for name, distance in compiled_gradient_distances(attn, pe, "cuda").items():
+        assert distance["fp32"] < 0.01, f"{name}: compiled float32 gradient {distance['fp32']:.3g} (relative) off"
+        if distance["eager_bf16"] < NOISY_IN_BF16:
+            assert distance["bf16"] <= 2 * distance["eager_bf16"] + 0.02, (
+                f"{name}: compiled bf16 gradient {distance['bf16']:.3g} (relative) from the float32 one, "
+                f"eager bf16 {distance['eager_bf16']:.3g}")
