@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in session 19, not run yet: the session that runs it moves it to its dated folder.
+# Prepared in session 19; ran in session 20 (2026-11-23), calls 1-6 of README.md beside it.
 # nvidia-h100-x1, carry [".whl", ".carry"]. Session 19's copy of session 18's script, with a `tests` mode:
 #   bash results/gpu/device_output/next/commands.sh tests SECONDS FILE KEXPR
 #       pytest FILE -k KEXPR on the GPU (from /tmp: the repo's conftest and pyproject), log in tests.tar.gz
