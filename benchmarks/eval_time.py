@@ -31,22 +31,10 @@ import pandas as pd
 import torch
 
 from lengthbench.config import build_config
+from lengthbench.errors import UsageError
 from lengthbench.leaderboard import frame_markdown
-from lengthbench.runner import Evaluator, build_model, device_description, load_model
+from lengthbench.runner import Evaluator, build_model, device_description, load_model, newest_trained_run
 from lengthbench.tasks import get_task
-
-
-def trained_run(results: Path, task: str, attn: str, pe: str) -> str:
-    """The run id of the newest finished run of ``task:attn:pe`` in ``results`` that kept its model."""
-    found = []
-    for path in (results / "checkpoints").glob("*/model.pt"):
-        config = torch.load(path, map_location="cpu", weights_only=False)["config"]
-        if (config.get("task"), config.get("attn"), config.get("pe")) == (task, attn, pe):
-            found.append((path.stat().st_mtime, path.parent.name))
-    if not found:
-        print(f"error: no trained {task}:{attn}:{pe} model in {results}/checkpoints", file=sys.stderr)
-        sys.exit(2)
-    return max(found)[1]
 
 
 def synchronize(device: torch.device) -> None:
@@ -55,7 +43,8 @@ def synchronize(device: torch.device) -> None:
 
 
 def measure(task_name: str, attn: str, pe: str, n: int, samples: int, runs: Path | None = None,
-            device: torch.device = torch.device("cuda")) -> dict:
+            device: torch.device = torch.device("cuda"), run_id: str = "") -> dict:
+    """Seconds to score ``samples`` samples at ``n``: the fresh ``paper`` model, or run ``run_id`` of ``runs``."""
     if runs is None:
         task = get_task(task_name)
         config = build_config(task_name, attn, pe, "paper")
@@ -63,7 +52,6 @@ def measure(task_name: str, attn: str, pe: str, n: int, samples: int, runs: Path
         model = build_model(config, task).to(device)
         weights = "fresh"
     else:
-        run_id = trained_run(runs, task_name, attn, pe)
         model, task, config = load_model(runs, run_id, str(device))
         weights = f"trained: {run_id}"
     evaluator = Evaluator(model, task, device, seed=0)
@@ -103,12 +91,16 @@ def main() -> None:
     if len(counts) != len(attns):
         print("error: --samples takes one count or one per mechanism", file=sys.stderr)
         sys.exit(2)
+    entries = [(attn, pe or args.pe) for attn, _, pe in (entry.partition(":") for entry in attns)]
+    try:  # every trained run is found before anything is timed
+        run_ids = [newest_trained_run(args.runs, args.task, attn, pe) if args.runs else "" for attn, pe in entries]
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     rows = []
-    for entry, count in zip(attns, counts, strict=True):
-        attn, _, pe = entry.partition(":")
-        pe = pe or args.pe
+    for (attn, pe), run_id, count in zip(entries, run_ids, counts, strict=True):
         try:
-            row = measure(args.task, attn, pe, args.n, count, args.runs, args.device)
+            row = measure(args.task, attn, pe, args.n, count, args.runs, args.device, run_id)
         except Exception as error:  # noqa: BLE001 - one mechanism's failure must not lose the others' rows
             print(f"{attn:14s} failed: {type(error).__name__}: {error}", flush=True)
             rows.append(dict(task=args.task, attn=attn, pe=pe, n=args.n, samples=count,

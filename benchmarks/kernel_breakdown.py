@@ -7,7 +7,8 @@ and backward, of a mechanism on random inputs, or of one evaluation sample of th
 Random inputs: q, k, v N(0, 1), q and k times ``--scale`` (scores of standard deviation ``scale^2``), B 1,
 ``--heads`` 16, ``--head-dim`` 32, bf16, causal, at ``--length``. ``--model TASK``: instead, the freshly
 initialised ``paper`` model of TASK scoring ``--samples`` samples at ``--length`` through the runner's
-Evaluator (as ``benchmarks/eval_time.py``), its attention's kernels among the rest. For the threshold
+Evaluator (as ``benchmarks/eval_time.py``), its attention's kernels among the rest; with ``--runs DIR``, the
+newest trained model of each ``--attns`` entry (``attn`` or ``attn:pe``) in the results directory DIR. For the threshold
 mechanisms (entmax, sparsemax, sieve and the rescaled entmaxes) the share of rows the list forward finished
 from their candidate lists ("listed") is recorded too. One untimed warm-up first (compilation). Writes
 ``breakdown.parquet`` and ``breakdown.md`` (kernel, calls, total ms, share) under ``--out``.
@@ -16,6 +17,7 @@ from their candidate lists ("listed") is recorded too. One untimed warm-up first
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -23,7 +25,7 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from lengthbench.kernels import entmax
+from lengthbench.errors import UsageError
 from lengthbench.leaderboard import frame_markdown
 
 _LISTED: list[float] = []
@@ -31,6 +33,7 @@ _LISTED: list[float] = []
 
 def _record_lists():
     """Wrap the list forward's first stage so each call records its share of listed rows."""
+    from lengthbench.kernels import entmax  # noqa: PLC0415 - Triton: only where the kernels run
     inner = entmax._lists_start
 
     def wrapped(pb, *args, **kwargs):
@@ -80,17 +83,25 @@ def _random_case(attn, length, heads, head_dim, scale, backward):
     return step
 
 
-def _model_case(task_name, attn, pe, length, samples):
+def _model_case(task_name, attn, pe, length, samples, runs=None, device="cuda"):
+    """A callable that scores ``samples`` samples at ``length``: the fresh ``paper`` model of the task, or the
+    newest trained ``task:attn:pe`` model of the results directory ``runs`` (the name in the second value)."""
     from lengthbench.config import build_config  # noqa: PLC0415
-    from lengthbench.runner import Evaluator, build_model  # noqa: PLC0415
+    from lengthbench.runner import Evaluator, build_model, load_model, newest_trained_run  # noqa: PLC0415
     from lengthbench.tasks import get_task  # noqa: PLC0415
 
-    task = get_task(task_name)
-    config = build_config(task_name, attn, pe, "paper")
-    torch.manual_seed(0)
-    model = build_model(config, task).to("cuda")
-    evaluator = Evaluator(model, task, torch.device("cuda"), seed=0)
-    return lambda: evaluator.score(length, samples)
+    if runs:
+        run_id = newest_trained_run(runs, task_name, attn, pe)
+        model, task, _ = load_model(runs, run_id, device)
+        weights = f"trained: {run_id}"
+    else:
+        task = get_task(task_name)
+        config = build_config(task_name, attn, pe, "paper")
+        torch.manual_seed(0)
+        model = build_model(config, task).to(device)
+        weights = "fresh"
+    evaluator = Evaluator(model, task, torch.device(device), seed=0)
+    return (lambda: evaluator.score(length, samples)), weights
 
 
 def main() -> None:
@@ -102,24 +113,33 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--backward", action="store_true", help="forward and backward (random inputs only)")
     parser.add_argument("--model", default="", help="a task: profile its paper model's evaluation instead")
-    parser.add_argument("--pe", default="none")
+    parser.add_argument("--pe", default="none", help="the model's encoding, unless an --attns entry names it (attn:pe)")
+    parser.add_argument("--runs", default="", help="with --model: a results directory; profile its trained models")
     parser.add_argument("--samples", type=int, default=1)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--out", default="results/kernels/breakdown")
     args = parser.parse_args()
-    _record_lists()
-    device = torch.cuda.get_device_name()
+    if args.runs and not args.model:
+        parser.error("--runs needs --model (the task of the trained runs)")
     rows = []
     cases = []
-    for attn in args.attns.split(","):
+    for entry in args.attns.split(","):
+        attn, _, pe = entry.partition(":")
         if args.model:
-            cases.append((attn, f"{args.model} paper model, pe {args.pe}, {args.samples} sample(s)",
-                          _model_case(args.model, attn, args.pe, args.length, args.samples)))
+            pe = pe or args.pe
+            try:
+                step, weights = _model_case(args.model, attn, pe, args.length, args.samples, args.runs)
+            except UsageError as error:
+                print(f"error: {error}", file=sys.stderr)
+                sys.exit(2)
+            cases.append((attn, f"{args.model} paper model ({weights}), pe {pe}, {args.samples} sample(s)", step))
         else:
             for scale in args.scales.split(","):
                 what = f"random, scale {scale}, {'fwd+bwd' if args.backward else 'fwd'}"
                 cases.append((attn, what, _random_case(attn, args.length, args.heads, args.head_dim,
                                                        float(scale), args.backward)))
+    _record_lists()
+    device = torch.cuda.get_device_name()
     for attn, what, step in cases:
         step()  # warm-up: compilation
         torch.cuda.synchronize()

@@ -770,4 +770,17 @@ def load_model(results: str | Path, run_id: str, device: str = "cpu"):
     return model.to(device).eval(), task, config
 
 
-__all__ = ["Evaluator", "Trainer", "load_model", "load_results", "run_cell", "warm_start"]
+
+def newest_trained_run(results: str | Path, task: str, attn: str, pe: str) -> str:
+    """The run id of the newest run of ``task:attn:pe`` in ``results`` that kept its model (``model.pt``)."""
+    found = []
+    for path in (Path(results) / "checkpoints").glob("*/model.pt"):
+        config = torch.load(path, map_location="cpu", weights_only=False)["config"]
+        if (config.get("task"), config.get("attn"), config.get("pe")) == (task, attn, pe):
+            found.append((path.stat().st_mtime, path.parent.name))
+    if not found:
+        raise UsageError(f"no trained {task}:{attn}:{pe} model in {results}/checkpoints")
+    return max(found)[1]
+
+
+__all__ = ["Evaluator", "Trainer", "load_model", "load_results", "newest_trained_run", "run_cell", "warm_start"]
