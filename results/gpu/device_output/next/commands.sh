@@ -8,6 +8,9 @@
 # ASEntmax + NAPE training step; copies in /work/lengthbench-artifacts/): a seed of that cell then trains and
 # scores in one call (session 20: 530 s). Two invocations can share a call (a cell and tests, session 20's call 6:
 # start the cell first and the tests 25 s later, so that only one of them puts the cache back).
+#   bash results/gpu/device_output/next/commands.sh breakdown SECONDS ATTN:PE
+#       benchmarks/kernel_breakdown.py on one evaluation sample at 65,536 tokens of the trained model in
+#       /tmp/gres (put back from .carry/ckpt-*), then of softmax + RoPE and the same mechanism with fresh weights
 # Otherwise as session 18's:
 # - compile caches that come back: gzipped, in 15 MiB parts (session 18's 44-61 MiB files were over the 16 MiB a
 #   file may have), named ccache-NAME.bin.gz.part-??; put them in .carry/ as they are (a call reassembles them).
@@ -53,6 +56,11 @@ elif [ "$what" = evaltime ]; then
     --out $D > $D/eval_time_trained.txt 2>&1
   timeout $(( $(left) - 10 )) python3 benchmarks/eval_time.py --attns softmax --samples 100 --out $D/softmax \
     > $D/eval_time_softmax.txt 2>&1
+elif [ "$what" = breakdown ]; then  # breakdown SECONDS ATTN:PE: where one evaluation sample's GPU time goes
+  timeout $(( $(left) - 20 )) python3 benchmarks/kernel_breakdown.py --model mqmtar --runs $G --attns $cells \
+    --length 65536 --samples 1 --out $D/trained > $D/breakdown_trained.txt 2>&1
+  timeout $(( $(left) - 10 )) python3 benchmarks/kernel_breakdown.py --model mqmtar --attns softmax:rope,$cells \
+    --length 65536 --samples 1 --out $D/fresh > $D/breakdown_fresh.txt 2>&1
 elif [ "$what" = warm ]; then
   sweep=${4:-sweeps/mqmtar_r6_reference.toml}
   python3 - "$sweep" > /tmp/warm.toml <<'PY'
