@@ -139,9 +139,31 @@ def test_inductor_gradients_match_eager_under_cuda_autocast(attn, pe):
     the CPU and on the H100), and only the float32 check says something."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    for name, distance in compiled_gradient_distances(attn, pe, "cuda").items():
-        assert distance["fp32"] < 0.01, f"{name}: compiled float32 gradient {distance['fp32']:.3g} (relative) off"
-        if distance["eager_bf16"] < NOISY_IN_BF16:
-            assert distance["bf16"] <= 2 * distance["eager_bf16"] + 0.02, (
-                f"{name}: compiled bf16 gradient {distance['bf16']:.3g} (relative) from the float32 one, "
-                f"eager bf16 {distance['eager_bf16']:.3g}")
+    assert gradient_failures(compiled_gradient_distances(attn, pe, "cuda")) == []
+
+
+def gradient_failures(distances: dict[str, dict[str, float]]) -> list[str]:
+    """The parameters whose compiled gradients fail the checks above, each with its distances."""
+    failures = []
+    for name, distance in distances.items():
+        if distance["fp32"] >= 0.01:
+            failures.append(f"{name}: compiled float32 gradient {distance['fp32']:.3g} (relative) off")
+        elif distance["eager_bf16"] < NOISY_IN_BF16 and distance["bf16"] > 2 * distance["eager_bf16"] + 0.02:
+            failures.append(f"{name}: compiled bf16 gradient {distance['bf16']:.3g} (relative) from the float32 "
+                            f"one, eager bf16 {distance['eager_bf16']:.3g}")
+    return failures
+
+
+def test_gradient_checks_catch_the_pow_gradient_and_pass_cancelling_sums():
+    """The GPU test's verdicts: session 19's ``w_gamma`` (compiled 159 times its norm off in the runner's mode,
+    eager bf16 at 4.6e-3) fails, as would a twentieth of that error; diffsoftmax's lambda vectors of layer 1
+    (the bf16 distances measured in session 20 on the H100 and the CPU, the float32 one on the CPU) and a norm
+    gradient at the bf16 level (illustrative figures) pass; a float32 gradient 5% off fails whatever bf16 says."""
+    assert gradient_failures({"blocks.0.attn.w_gamma": dict(fp32=1e-4, eager_bf16=4.6e-3, bf16=159.0)})
+    assert gradient_failures({"blocks.0.attn.w_gamma": dict(fp32=1e-4, eager_bf16=4.6e-3, bf16=159.0 / 20)})
+    assert not gradient_failures({
+        "blocks.1.attn.lambda_q1": dict(fp32=3e-4, eager_bf16=0.616, bf16=2.55),
+        "blocks.1.attn.lambda_k1": dict(fp32=3e-4, eager_bf16=9.78, bf16=0.085),
+        "blocks.0.attn_norm.weight": dict(fp32=1e-6, eager_bf16=0.03, bf16=0.051),
+    })
+    assert gradient_failures({"blocks.0.attn.lambda_q1": dict(fp32=0.05, eager_bf16=9.78, bf16=0.085)})
