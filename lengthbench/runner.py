@@ -770,7 +770,6 @@ def load_model(results: str | Path, run_id: str, device: str = "cpu"):
     return model.to(device).eval(), task, config
 
 
-
 def newest_trained_run(results: str | Path, task: str, attn: str, pe: str) -> str:
     """The run id of the newest run of ``task:attn:pe`` in ``results`` that kept its model (``model.pt``)."""
     found = []
