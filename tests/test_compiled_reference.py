@@ -85,7 +85,10 @@ def _float32_matmuls():
         torch.backends.cuda.matmul.allow_tf32 = before
 
 
-NOISY_IN_BF16 = 0.1  # eager bf16 gradients further than this from the float32 ones say nothing of compiled ones
+# A compiled bf16 gradient fails where it is off by more than its norm and by more than this many times the eager
+# bf16 one (rounding alone: up to 4.4 times, scalable-softpick on the CPU in session 21; session 19's formula error:
+# 80 to 160 norms off where eager bf16 was 0.005 off)
+BF16_FACTOR = 10.0
 
 
 def compiled_gradient_distances(attn: str, pe: str, device: str) -> dict[str, dict[str, float]]:
@@ -131,15 +134,22 @@ def test_inductor_gradients_match_eager_under_cuda_autocast(attn, pe):
     ones first). With the adaptive scale written ``log(n + 1) ** gamma``, Inductor's gradient for ``w_gamma`` was
     15 to 160 times off on the H100/H200 (session 19), and compiled ASEntmax models did not learn or extrapolate.
 
-    Two checks, against the eager float32 gradients. Compiled in float32, every gradient within 1%. Compiled
-    under bf16 autocast, as close as the eager bf16 step (twice its distance, plus 0.02), for every parameter
-    whose eager bf16 gradient is within 0.1 of the true one. The rest are sums that cancel, such as
-    diffsoftmax's lambda vectors (one scalar, summed over every weight of the layer): there bf16 rounding alone
-    puts the eager and the compiled gradients 0.1 to 10 times their norm off, each its own way (session 20, on
-    the CPU and on the H100), and only the float32 check says something."""
+    Two checks, against the eager float32 gradients. Compiled in float32, every gradient within 1%: this one sees
+    any error of the compiled graph that does not depend on the dtype. Compiled under bf16 autocast (the runner's
+    mode), no gradient off by more than its own norm unless the eager bf16 step is off by a tenth of that too:
+    session 19's error put ``w_gamma`` 80 to 160 norms off. The bf16 check cannot be tighter. Inductor keeps
+    intermediates of its fused kernels in float32 where eager rounds each op to bf16, so the two bf16 steps
+    round differently: scalable-softpick's compiled bf16 gradients were up to 4.4 times further from the truth
+    than the eager ones (on the CPU, 0.153 against 0.035 of their norm for layer 1's ``attn_norm.weight``; on
+    the H100 a layer-0 MLP weight, over 0.084 against 0.032; session 21), and with
+    ``torch._inductor.config.emulate_precision_casts`` (eager's rounding) they equal the eager ones on the CPU. Sums that cancel, such as diffsoftmax's lambda vectors (one scalar
+    summed over every weight of the layer), are 0.07 to 10 times their norm off in bf16, eager or compiled, each
+    its own way (sessions 20-21, the CPU and the H100): there only the float32 check says something.
+    """
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    assert gradient_failures(compiled_gradient_distances(attn, pe, "cuda")) == []
+    failures = gradient_failures(compiled_gradient_distances(attn, pe, "cuda"))
+    assert not failures, "; ".join(failures)
 
 
 def gradient_failures(distances: dict[str, dict[str, float]]) -> list[str]:
@@ -148,7 +158,7 @@ def gradient_failures(distances: dict[str, dict[str, float]]) -> list[str]:
     for name, distance in distances.items():
         if distance["fp32"] >= 0.01:
             failures.append(f"{name}: compiled float32 gradient {distance['fp32']:.3g} (relative) off")
-        elif distance["eager_bf16"] < NOISY_IN_BF16 and distance["bf16"] > 2 * distance["eager_bf16"] + 0.02:
+        elif distance["bf16"] > max(1.0, BF16_FACTOR * distance["eager_bf16"]):
             failures.append(f"{name}: compiled bf16 gradient {distance['bf16']:.3g} (relative) from the float32 "
                             f"one, eager bf16 {distance['eager_bf16']:.3g}")
     return failures
@@ -156,14 +166,17 @@ def gradient_failures(distances: dict[str, dict[str, float]]) -> list[str]:
 
 def test_gradient_checks_catch_the_pow_gradient_and_pass_cancelling_sums():
     """The GPU test's verdicts: session 19's ``w_gamma`` (compiled 159 times its norm off in the runner's mode,
-    eager bf16 at 4.6e-3) fails, as would a twentieth of that error; diffsoftmax's lambda vectors of layer 1
-    (the bf16 distances measured in session 20 on the H100 and the CPU, the float32 one on the CPU) and a norm
-    gradient at the bf16 level (illustrative figures) pass; a float32 gradient 5% off fails whatever bf16 says."""
+    eager bf16 at 4.6e-3) fails, as would a twentieth of that error; what bf16 rounding gave pass: diffsoftmax's
+    lambda vectors (session 20, layer 1 on the H100 and the CPU; session 21, layer 0 on the CPU) and
+    scalable-softpick's layer-1 norm and projection (session 21, the CPU); a float32 gradient 5% off fails
+    whatever bf16 says."""
     assert gradient_failures({"blocks.0.attn.w_gamma": dict(fp32=1e-4, eager_bf16=4.6e-3, bf16=159.0)})
     assert gradient_failures({"blocks.0.attn.w_gamma": dict(fp32=1e-4, eager_bf16=4.6e-3, bf16=159.0 / 20)})
     assert not gradient_failures({
         "blocks.1.attn.lambda_q1": dict(fp32=3e-4, eager_bf16=0.616, bf16=2.55),
         "blocks.1.attn.lambda_k1": dict(fp32=3e-4, eager_bf16=9.78, bf16=0.085),
-        "blocks.0.attn_norm.weight": dict(fp32=1e-6, eager_bf16=0.03, bf16=0.051),
+        "blocks.0.attn.lambda_q1": dict(fp32=1.5e-5, eager_bf16=0.144, bf16=0.174),
+        "blocks.1.attn_norm.weight": dict(fp32=3.6e-6, eager_bf16=0.0351, bf16=0.153),
+        "blocks.1.attn.qkv.weight": dict(fp32=3.0e-6, eager_bf16=0.0319, bf16=0.104),
     })
     assert gradient_failures({"blocks.0.attn.lambda_q1": dict(fp32=0.05, eager_bf16=9.78, bf16=0.085)})
