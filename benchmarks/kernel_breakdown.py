@@ -10,13 +10,16 @@ initialised ``paper`` model of TASK scoring ``--samples`` samples at ``--length`
 Evaluator (as ``benchmarks/eval_time.py``), its attention's kernels among the rest; with ``--runs DIR``, the
 newest trained model of each ``--attns`` entry (``attn`` or ``attn:pe``) in the results directory DIR. For the threshold
 mechanisms (entmax, sparsemax, sieve and the rescaled entmaxes) the share of rows the list forward finished
-from their candidate lists ("listed") is recorded too. One untimed warm-up first (compilation). Writes
-``breakdown.parquet`` and ``breakdown.md`` (kernel, calls, total ms, share) under ``--out``.
+from their candidate lists ("listed") is recorded too. ``--entmax-tunings`` profiles each case under each of
+several ``kernels/entmax.py`` settings (``TUNING``), e.g. ``'[null, {"alibi_skip": true}]'``. One untimed
+warm-up first (compilation). Writes ``breakdown.parquet`` and ``breakdown.md`` (kernel, calls, total ms,
+share) under ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -117,8 +120,17 @@ def main() -> None:
     parser.add_argument("--runs", default="", help="with --model: a results directory; profile its trained models")
     parser.add_argument("--samples", type=int, default=1)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--entmax-tunings", default="null",
+                        help='JSON: a list of kernels/entmax.py TUNING values (null: the defaults), each case profiled '
+                             'under each, e.g. \'[null, {"alibi_skip": true}]\'')
     parser.add_argument("--out", default="results/kernels/breakdown")
     args = parser.parse_args()
+    try:
+        tunings = json.loads(args.entmax_tunings)
+    except json.JSONDecodeError as error:
+        print(f"error: --entmax-tunings is not JSON ({error})", file=sys.stderr)
+        sys.exit(2)
+    tunings = tunings if isinstance(tunings, list) else [tunings]
     if args.runs and not args.model:
         parser.error("--runs needs --model (the task of the trained runs)")
     rows = []
@@ -140,7 +152,11 @@ def main() -> None:
                                                        float(scale), args.backward)))
     _record_lists()
     device = torch.cuda.get_device_name()
-    for attn, what, step in cases:
+    from lengthbench.kernels import entmax  # noqa: PLC0415 - Triton: only where the kernels run
+    cases = [(attn, what + (f", entmax tuning {json.dumps(tuning)}" if tuning else ""), step, tuning)
+             for attn, what, step in cases for tuning in tunings]
+    for attn, what, step, tuning in cases:
+        entmax.TUNING = tuning
         step()  # warm-up: compilation
         torch.cuda.synchronize()
         _LISTED.clear()
@@ -154,7 +170,8 @@ def main() -> None:
         for r in table[:args.top]:
             print(f"   {r['ms']:9.2f} ms {100 * r['share']:5.1f}%  x{r['calls']:<4d} {r['kernel']}", flush=True)
         for r in table:
-            rows.append(dict(attn=attn, case=what, length=args.length, listed=listed, device=device,
+            rows.append(dict(attn=attn, case=what, tuning=json.dumps(tuning), length=args.length, listed=listed,
+                             device=device,
                              created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), **r))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

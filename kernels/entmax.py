@@ -46,6 +46,13 @@ what ``RowwiseAttention``'s backward reads, which runs unchanged. In a float64 m
 65,536 (400 rows that see every key, N(0, 1) q and k, D 32) 81% of those rows are listed (82% certified
 without the margin), with supports of 34 keys and 32 candidates on average; q and k times 0.7: 2%.
 
+``alibi_skip`` (off by default until measured on a GPU; session 21): on ALiBi heads the first stage starts
+each query tile past the keys that cannot come within 1 of a row's own score (``_alibi_skip``: a
+Cauchy-Schwarz bound with the head's largest key norm), which lie below ``tau*`` and every subset's support.
+A CPU model of session 20's trained MQMTAR ASEntmax + NAPE model (session 21, at 1,024 tokens) found 78-88%
+of the key tiles of its eight ALiBi heads (slopes 1 to 1/8) below ``X_max - 1`` and none of its NoPE heads';
+the first stage was 54% of the model's evaluation time on the H100 at 65,536 tokens.
+
 Without ``lists`` (or with ``old``, or past 12 bits of key tiles), and always for the gradients, the shared
 pointwise kernels (``_rowwise.py``) compute the output over all keys, the forward also keeping
 ``u_r = sum_j (X_rj - tau_r)_+ v_j`` for the backward: ``dz_rj = s_rj (do_r.v_j - do_r.u_r / sum_j s_rj)``
@@ -219,22 +226,22 @@ def _pack(x, tile, PACK: tl.constexpr, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _column_top(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, STRICT: tl.constexpr,
+def _column_top(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, lo, diag, hi, STRICT: tl.constexpr,
                 HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr, DOT_PREC: tl.constexpr,
                 D: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, SUBSET: tl.constexpr, XS: tl.constexpr,
                 PACK: tl.constexpr, PAIRS: tl.constexpr):
-    """The ``SUBSET`` largest ``X`` of every column ``c`` of the key tiles (keys ``j = c mod BNS``) per row,
-    ``m1 >= .. >= m4`` (``-inf`` where a column has fewer keys); ``PACK`` > 0: of the packed values
-    (``_pack``), which carry their key tile."""
+    """The ``SUBSET`` largest ``X`` of every column ``c`` of the key tiles (keys ``j = c mod BNS``) from key
+    ``lo`` (a multiple of ``2 BNS``, at most ``diag``) per row, ``m1 >= .. >= m4`` (``-inf`` where a column has
+    fewer keys); ``PACK`` > 0: of the packed values (``_pack``), which carry their key tile."""
     m1 = tl.full([BM, BNS], float("-inf"), dtype=tl.float32)
     m2 = m1
     m3 = m1
     m4 = m1
-    start = 0
+    start = lo
     if PAIRS and SUBSET == 4:
         # Two key tiles a step (``_insert_pair``); an odd one left before the diagonal goes alone below.
         start = diag - diag % (2 * BNS)
-        for start_n in range(0, start, 2 * BNS):
+        for start_n in range(lo, start, 2 * BNS):
             x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, False, STRICT,
                         HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BNS, XS)
             y = _x_tile(q, K, base, start_n + BNS, offs_m, offs_d, dmask, T, sm_scale, slope, rs, False, STRICT,
@@ -354,7 +361,7 @@ def _first_stage(q, K, base, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, 
         # Every key left out lies at or below its column's SUBSET-th largest, so where all of those are at or
         # below the subset's threshold (or no key is left out: at most SUBSET per column), no left-out key is
         # in the support and the subset's threshold is tau* itself (the row is certified).
-        m1, m2, m3, m4 = _column_top(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, STRICT,
+        m1, m2, m3, m4 = _column_top(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, 0, diag, hi, STRICT,
                                      HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, SUBSET, XS, 0, PAIRS)
         x_max = tl.max(m1, 1)
         empty = x_max == float("-inf")
@@ -531,11 +538,42 @@ def _store_level(LIST, row_off, m, cand, offset, cols, PACK: tl.constexpr, BNS: 
 
 
 @triton.jit
-def _lists_start_kernel(Q, K, SL, RS, TAU, NCAND, LIST, sm_scale, eps_scale, T, H,
-                        STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr, DOT_PREC: tl.constexpr,
-                        D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr,
-                        SUBSET_ITERS: tl.constexpr, XS: tl.constexpr, PACK: tl.constexpr, C: tl.constexpr,
-                        PAIRS: tl.constexpr):
+def _alibi_skip(q, K, KMAX, base, offs_m, offs_d, row_ok, rmask, bh, diag, sm_scale, slope, rs, D: tl.constexpr,
+                XS: tl.constexpr, STEP: tl.constexpr):
+    """The first key (a multiple of ``STEP``, at most ``diag``) from which a query tile's first stage must
+    look, for an ALiBi head (``slope > 0``; 0 otherwise). The keys below it lie more than 1 below every row's
+    own score ``X_rr`` (and a margin), so below ``X_max - 1``: outside the support, and outside any subset's
+    support too (a set's threshold is at least its largest value minus 1). Left out, they change neither the
+    subset's threshold nor the certificate nor the candidates (``_lists_start_kernel``'s argument, these keys
+    lying below ``tau_sub - 2 eps``). Key ``j`` of row ``r`` has ``X_rj <= XS rs_r (|q_r| K_max sm_scale -
+    slope (r - j))`` (Cauchy-Schwarz; ``KMAX`` the head's largest key norm), below ``X_rr - 1 - margin`` from
+    some distance on; a row with ``rs_r <= 0`` allows no skip. The margin, ``2^-8 (|X_rr| + 1)``, is over six
+    times the packing's ``2 eps`` and covers the rounding of these bounds; one more key is kept for the
+    rounding of the distance."""
+    lo = diag * 0
+    if slope > 0:
+        qf = q.to(tl.float32)
+        kr = tl.load(K + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0).to(tl.float32)
+        scale = XS * rs
+        own = scale * tl.sum(qf * kr, 1) * sm_scale  # X_rr
+        reach = tl.sqrt(tl.sum(qf * qf, 1)) * tl.load(KMAX + bh) * sm_scale
+        bound = own - 1.0 - 0.00390625 * (tl.abs(own) + 1.0)
+        # the distance from which X_rj <= bound: slope d >= reach - bound / scale
+        dist = (reach - bound / tl.where(scale > 0, scale, 1.0)) / slope
+        # per row, keys j <= last may be skipped (none where the scale is not positive; rows past T do not count)
+        last = tl.where(row_ok, tl.where(scale > 0, offs_m.to(tl.float32) - dist, -1.0), float("inf"))
+        # keys 0 .. n_skip - 1: one fewer than j <= last allows
+        n_skip = tl.floor(tl.minimum(tl.maximum(tl.min(last, 0), 0.0), diag.to(tl.float32))).to(tl.int32)
+        lo = (n_skip // STEP) * STEP
+    return lo
+
+
+@triton.jit
+def _lists_start_kernel(Q, K, SL, RS, KMAX, TAU, NCAND, LIST, sm_scale, eps_scale, T, H,
+                        STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
+                        DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
+                        BNS: tl.constexpr, SUBSET_ITERS: tl.constexpr, XS: tl.constexpr, PACK: tl.constexpr,
+                        C: tl.constexpr, PAIRS: tl.constexpr, SKIP: tl.constexpr):
     """The first stage (top 4 of every column, the keys ``j <= r``, or ``j < r`` when ``STRICT``) on packed
     values (``_pack``), and the candidate lists.
 
@@ -561,12 +599,19 @@ def _lists_start_kernel(Q, K, SL, RS, TAU, NCAND, LIST, sm_scale, eps_scale, T, 
       tau_sub - 2 eps``: the candidates (the kept values above that) hold the support, and every other key
       lies at least about ``eps`` below ``tau*``, so the finishing kernel's exact threshold over the
       candidates, from its own scores, is ``tau*``.
+
+    ``SKIP`` (ALiBi heads, not ``STRICT``): the first stage starts at the key ``_alibi_skip`` gives, the keys
+    below it lying below ``tau_sub - 2 eps`` (``KMAX`` the largest key norm of each head).
     """
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     base, offs_m, offs_d, row_ok, dmask, q, slope, rs, diag, hi = _query_tile(
         Q, SL, RS, T, H, pid_m, bh, STRICT, HAS_SLOPES, HAS_RS, D, BD, BM)
-    m1, m2, m3, m4 = _column_top(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, STRICT,
+    lo = diag * 0
+    if SKIP:
+        lo = _alibi_skip(q, K, KMAX, base, offs_m, offs_d, row_ok, row_ok[:, None] & dmask[None, :], bh, diag,
+                         sm_scale, slope, rs, D, XS, 2 * BNS)
+    m1, m2, m3, m4 = _column_top(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, lo, diag, hi, STRICT,
                                  HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, 4, XS, PACK, PAIRS)
     x_max = tl.max(m1, 1)
     empty = x_max == float("-inf")
@@ -786,7 +831,8 @@ def _config(block_d: int) -> dict:
         # ones (``sieve._open_bwd_kernel``: the stick-breaking backward's tiles); these defaults measured in
         # session 13 (``results/kernels/session13/``: the backward 52 ms at L 65,536), no other setting tried.
         config.update(lists=True, list_size=64, finish=(max(1, 128 // block_d), 4), list_backward=(4096, 4),
-                      open_backward=(64, 64, 4, 2) if small else (32, 32, 4, 2))
+                      open_backward=(64, 64, 4, 2) if small else (32, 32, 4, 2),
+                      alibi_skip=False)  # ALiBi heads: the first stage skips the keys below X_rr - 1 (not yet timed)
     return {**config, **tuning}
 
 
@@ -891,10 +937,13 @@ def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40):
     common = dict(STRICT=bool(strict), HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
                   FOLD=bool(config["fold"]) and pb.slopes is None and pb.row_scale is None, DOT_PREC=pb.dot_prec,
                   D=pb.head_dim, BD=pb.block_d, XS=xs)
+    skip = bool(config["alibi_skip"]) and pb.slopes is not None and not strict
+    # the largest key norm of each head, for _alibi_skip's bound
+    kmax = pb.k.float().norm(dim=-1).amax(-1).reshape(-1) if skip else tau
     _lists_start_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
-        pb.q, pb.k, sl, rs, tau, ncand, lists, pb.sm_scale, 2.0 ** (pack - 22) + 2.0 ** -14, pb.tokens, pb.heads,
-        BM=bm, BNS=bns, SUBSET_ITERS=16, PACK=pack, C=size, PAIRS=bool(config["pairs"]), num_warps=config["warps"],
-        num_stages=config["stages"], **common)
+        pb.q, pb.k, sl, rs, kmax, tau, ncand, lists, pb.sm_scale, 2.0 ** (pack - 22) + 2.0 ** -14, pb.tokens,
+        pb.heads, BM=bm, BNS=bns, SUBSET_ITERS=16, PACK=pack, C=size, PAIRS=bool(config["pairs"]), SKIP=skip,
+        num_warps=config["warps"], num_stages=config["stages"], **common)
     rows, count = _open_rows(ncand != 0)
     _newton_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
         pb.q, pb.k, sl, rs, tau, rows, count, pb.sm_scale, pb.tokens, pb.heads, float(tol), int(max_iter),

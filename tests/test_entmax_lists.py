@@ -16,7 +16,8 @@ import os
 import pytest
 import torch
 
-pytest.importorskip("triton")  # CPU-only installs (CI) have no Triton: the kernels do not import there
+triton = pytest.importorskip("triton")  # CPU-only installs (CI) have no Triton: the kernels do not import there
+tl = triton.language
 
 from test_kernels import TOL_GRAD, TOL_OUT, dense_scores, rel_err, tie_rows  # noqa: E402
 
@@ -333,3 +334,74 @@ def test_pair_merges_equal_single_inserts(with_bias, monkeypatch):
     assert listed > 0 and (with_bias or listed < got[0][1].numel()), listed  # both paths (ALiBi lists every row)
     for a, b in zip(*got, strict=True):
         assert torch.equal(a, b)
+
+
+@triton.jit
+def _skip_kernel(Q, K, SL, RS, KMAX, LO, sm_scale, T, H, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
+                 XS: tl.constexpr, STEP: tl.constexpr):
+    """``LO[bh, tile]``: the key where ``entmax._alibi_skip`` starts each query tile's first stage."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    base, offs_m, offs_d, row_ok, dmask, q, slope, rs, diag, hi = entmax._query_tile(
+        Q, SL, RS, T, H, pid_m, bh, False, True, True, D, BD, BM)
+    lo = entmax._alibi_skip(q, K, KMAX, base, offs_m, offs_d, row_ok, row_ok[:, None] & dmask[None, :], bh, diag,
+                            sm_scale, slope, rs, D, XS, STEP)
+    tl.store(LO + bh * tl.num_programs(0) + pid_m, lo)
+
+
+@pytest.mark.parametrize("xs", [0.5, 1.0], ids=["entmax", "sparsemax"])
+def test_alibi_skip_leaves_out_only_keys_far_below_the_row_maximum(xs):
+    """``_alibi_skip`` (the first stage of ALiBi heads starts past the keys that cannot reach within 1 of the row
+    maximum; here one key a step, the kernel's 128): its bound, computed again in float64, to one key; every key
+    it skips lies more than 1 below its row's own score ``X_rr`` in every row of the tile (so below ``X_max - 1
+    <= tau*``), in the float64 scores; steep heads skip most keys, a head without a slope and a tile with a row
+    of negative scale skip none."""
+    heads, tokens, bm = 3, 1000, 64
+    q, k, v = make(1, heads, tokens, 32, torch.float32, seed=61, scale=1.5)
+    slopes = torch.tensor([0.5, 0.05, 0.0], device=DEVICE)
+    gen = torch.Generator(device=DEVICE).manual_seed(2)
+    row_scale = 0.5 + torch.rand(1, heads, tokens, device=DEVICE, generator=gen)
+    row_scale[0, 0, 520:530] = -0.5  # query tile 8 of head 0: no skip
+    sm_scale = 1.0 / math.sqrt(32)
+    tiles = triton.cdiv(tokens, bm)
+    lo = torch.zeros(heads, tiles, dtype=torch.int32, device=DEVICE)
+    kmax = k.float().norm(dim=-1).amax(-1).reshape(-1)
+    _skip_kernel[(tiles, heads)](q, k, slopes, row_scale, kmax, lo, sm_scale, tokens, heads, D=32, BD=32, BM=bm,
+                                 XS=xs, STEP=1)
+    # the bound in float64
+    qd, kd, scale = q[0].double(), k[0].double(), xs * row_scale[0].double()
+    own = scale * (qd * kd).sum(-1) * sm_scale
+    reach = qd.norm(dim=-1) * kd.norm(dim=-1).amax(-1, keepdim=True) * sm_scale
+    bound = own - 1 - 2.0 ** -8 * (own.abs() + 1)
+    last = torch.arange(tokens, device=DEVICE) - (reach - bound / scale) / slopes.double()[:, None]
+    last = torch.where(scale > 0, last, -1.0)
+    x = xs * dense_scores(q.double(), k.double(), sm_scale, slopes.double(), row_scale.double())[0]
+    for h in range(heads):
+        for t in range(tiles):
+            rows = slice(t * bm, min(tokens, (t + 1) * bm))
+            start = int(lo[h, t])
+            want = 0 if slopes[h] == 0 else int(last[h, rows].min().clamp(0, t * bm).floor())
+            assert abs(start - want) <= 1, (h, t, start, want)
+            if start:
+                assert (x[h, rows, :start] < own[h, rows, None] - 1).all(), (h, t, start)
+    assert (lo[2] == 0).all() and lo[0, 8] == 0
+    steep = torch.arange(tiles, device=DEVICE) != 8
+    assert (lo[0, steep] >= torch.arange(tiles, device=DEVICE)[steep] * bm - 200).all(), lo[0]
+    assert 0 < int((lo[1] > 0).sum()) < tiles, lo[1]
+
+
+@pytest.mark.parametrize("name", ["entmax", "sparsemax"])
+def test_alibi_skip_matches_reference(name, monkeypatch):
+    """With ``alibi_skip`` the list forward of ALiBi heads (steep, shallow and none; a negative row scale in
+    some rows) agrees with the float64 reference and with the forward that looks at every key."""
+    q, k, v = make(1, 3, 700, 32, torch.float32, seed=71, scale=1.2)
+    slopes = torch.tensor([0.5, 0.02, 0.0], device=DEVICE)
+    _, row_scale = alibi(3, 1, 700, seed=5)
+    row_scale[0, 0, 300:310] = -0.5
+    outs = []
+    for skip in (True, False):
+        monkeypatch.setattr(entmax, "TUNING", dict(alibi_skip=skip))
+        if skip:
+            check(name, q, k, v, slopes=slopes, row_scale=row_scale, label="alibi_skip")
+        outs.append(op_of(name)(q, k, v, slopes=slopes, row_scale=row_scale))
+    assert rel_err(outs[0], outs[1]) <= 1e-5

@@ -66,3 +66,7 @@ def test_kernel_breakdown_takes_a_trained_model_and_names_a_missing_one(tmp_path
     assert missing.returncode == 2
     assert missing.stderr.strip() == f"error: no trained mqmtar:entmax:rope model in {tmp_path}/checkpoints"
     assert not (tmp_path / "out").exists()
+    bad = subprocess.run([sys.executable, str(BREAKDOWN), "--entmax-tunings", "{alibi_skip: true}",
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --entmax-tunings is not JSON")
+    assert not (tmp_path / "out").exists()
