@@ -22,6 +22,7 @@ without a GPU (the dense references; no peak memory).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from datetime import datetime, timezone
@@ -81,7 +82,18 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=None,
                         help="a results directory: time the trained models of its finished runs (attn or attn:pe)")
     parser.add_argument("--device", default="auto", help="auto (CUDA where there is one), cuda or cpu (small --n only)")
+    parser.add_argument("--entmax-tuning", default="null",
+                        help='JSON: kernels/entmax.py TUNING for every mechanism (null: the defaults), e.g. '
+                             '\'{"alibi_skip": true}\'; kept in the command column')
     args = parser.parse_args()
+    try:
+        tuning = json.loads(args.entmax_tuning)
+    except json.JSONDecodeError as error:
+        print(f"error: --entmax-tuning is not JSON ({error})", file=sys.stderr)
+        sys.exit(2)
+    if tuning is not None:
+        from lengthbench.kernels import entmax  # noqa: PLC0415 - Triton: only where the kernels run
+        entmax.TUNING = tuning
     args.device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                                "cpu" if args.device == "auto" else args.device)
     attns = args.attns.split(",")
