@@ -63,6 +63,9 @@ do_r.u_r / |S_r|)`` with ``u_r = sum_{j in S_r} v_j``. ``row_scale`` and ``slope
 
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -804,6 +807,22 @@ def _check_alpha(alpha) -> float:
 # kept values are the same, bit for bit.
 TUNING: dict | None = None
 _OLD = dict(old=True)
+# ``LENGTHBENCH_ENTMAX_DEFAULTS`` (a JSON object of some of these keys) changes the defaults themselves, under
+# ``TUNING``: to run the GPU tests, which set ``TUNING`` of their own, with a setting that is not yet the default.
+_ENV = "LENGTHBENCH_ENTMAX_DEFAULTS"
+
+
+def _env_defaults() -> dict:
+    text = os.environ.get(_ENV, "").strip()
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{_ENV} is not JSON ({error}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{_ENV} must be a JSON object of entmax tuning keys, got {text!r}")
+    return value
 
 
 def _config(block_d: int) -> dict:
@@ -833,7 +852,11 @@ def _config(block_d: int) -> dict:
         config.update(lists=True, list_size=64, finish=(max(1, 128 // block_d), 4), list_backward=(4096, 4),
                       open_backward=(64, 64, 4, 2) if small else (32, 32, 4, 2),
                       alibi_skip=False)  # ALiBi heads: the first stage skips the keys below X_rr - 1 (not yet timed)
-    return {**config, **tuning}
+    defaults = {} if old else _env_defaults()
+    unknown = sorted(set(defaults) - set(config))
+    if unknown:
+        raise ValueError(f"{_ENV}: unknown keys {unknown}; the keys are {sorted(config)}")
+    return {**config, **defaults, **tuning}
 
 
 def _open_rows(done: torch.Tensor):

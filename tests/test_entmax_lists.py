@@ -405,3 +405,24 @@ def test_alibi_skip_matches_reference(name, monkeypatch):
             check(name, q, k, v, slopes=slopes, row_scale=row_scale, label="alibi_skip")
         outs.append(op_of(name)(q, k, v, slopes=slopes, row_scale=row_scale))
     assert rel_err(outs[0], outs[1]) <= 1e-5
+
+
+def test_env_defaults_change_the_defaults_under_tuning(monkeypatch):
+    """``LENGTHBENCH_ENTMAX_DEFAULTS`` replaces defaults, ``TUNING`` still wins, ``old`` ignores it, bad values
+    fail with one line naming the variable."""
+    monkeypatch.setattr(entmax, "TUNING", None)
+    monkeypatch.delenv(entmax._ENV, raising=False)
+    assert entmax._config(32)["alibi_skip"] is False
+    monkeypatch.setenv(entmax._ENV, '{"alibi_skip": true, "list_size": 32}')
+    config = entmax._config(32)
+    assert config["alibi_skip"] is True and config["list_size"] == 32
+    monkeypatch.setattr(entmax, "TUNING", dict(alibi_skip=False))
+    assert entmax._config(32)["alibi_skip"] is False
+    monkeypatch.setattr(entmax, "TUNING", dict(old=True))
+    assert "alibi_skip" not in entmax._config(32) and entmax._config(32)["lists"] is False
+    monkeypatch.setattr(entmax, "TUNING", None)
+    for bad, words in [("{alibi", "not JSON"), ("[1]", "JSON object"), ('{"alibi_skp": true}', "unknown keys")]:
+        monkeypatch.setenv(entmax._ENV, bad)
+        with pytest.raises(ValueError, match=words) as error:
+            entmax._config(32)
+        assert entmax._ENV in str(error.value) and "\n" not in str(error.value)

@@ -13,6 +13,9 @@
 #       benchmarks/kernel_breakdown.py on one evaluation sample at 65,536 tokens of the trained model in
 #       /tmp/gres (put back from .carry/ckpt-*), then of softmax + RoPE and the same mechanism with fresh weights;
 #       TUNINGS (JSON, default null) is --entmax-tunings, e.g. '[null, {"alibi_skip": true}]'
+# Session 22: TAG=NAME names a run's folder and archive (default: its kind), so that two `tests` share a call;
+# LENGTHBENCH_ENTMAX_DEFAULTS='{"alibi_skip": true}' runs the entmax kernels with the skip on under the tests'
+# own TUNING (kernels/entmax.py), and goes into the header.
 # Otherwise as session 18's:
 # - compile caches that come back: gzipped, in 15 MiB parts (session 18's 44-61 MiB files were over the 16 MiB a
 #   file may have), named ccache-NAME.bin.gz.part-??; put them in .carry/ as they are (a call reassembles them).
@@ -34,8 +37,10 @@ what=$1; limit=$2; cells=$3
 deadline=$(( $(date +%s) + limit ))
 left() { echo $(( deadline - $(date +%s) )); }
 source scripts/device_env.sh || exit 1
-D=$OUT/$what; mkdir -p $D
+tag=${TAG:-$what}  # TAG=NAME: the call's folder and archive (two runs of one kind in a call)
+D=$OUT/$tag; mkdir -p $D
 header "$0 $*" > $D/header.txt
+echo "LENGTHBENCH_ENTMAX_DEFAULTS=${LENGTHBENCH_ENTMAX_DEFAULTS:-}" >> $D/header.txt
 G=/tmp/gres
 mkdir -p $G/checkpoints /tmp/ccache
 export LENGTHBENCH_COMPILE_CACHE=/tmp/ccache
@@ -107,5 +112,5 @@ for f in /tmp/ccache/*.bin; do  # the compile caches this machine holds that wer
 done
 for f in $D/*.txt $D/*.log $D/*.md $D/logs/*.log; do [ -f $f ] && { echo "== $f"; tail -14 $f | cut -c1-220; }; done
 # at most 8 files come back: the folder travels as one archive
-tar czf $OUT/$what.tar.gz -C $OUT $what && rm -rf $D
+tar czf $OUT/$tag.tar.gz -C $OUT $tag && rm -rf $D
 ls -la $OUT | cut -c1-150
