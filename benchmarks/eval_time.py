@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="auto (CUDA where there is one), cuda or cpu (small --n only)")
     parser.add_argument("--entmax-tuning", default="null",
                         help='JSON: kernels/entmax.py TUNING for every mechanism (null: the defaults), e.g. '
-                             '\'{"alibi_skip": true}\'; kept in the command column')
+                             '\'{"alibi_skip": false}\'; kept in the command column')
     args = parser.parse_args()
     try:
         tuning = json.loads(args.entmax_tuning)

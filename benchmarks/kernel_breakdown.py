@@ -11,7 +11,7 @@ Evaluator (as ``benchmarks/eval_time.py``), its attention's kernels among the re
 newest trained model of each ``--attns`` entry (``attn`` or ``attn:pe``) in the results directory DIR. For the threshold
 mechanisms (entmax, sparsemax, sieve and the rescaled entmaxes) the share of rows the list forward finished
 from their candidate lists ("listed") is recorded too. ``--entmax-tunings`` profiles each case under each of
-several ``kernels/entmax.py`` settings (``TUNING``), e.g. ``'[null, {"alibi_skip": true}]'``. One untimed
+several ``kernels/entmax.py`` settings (``TUNING``), e.g. ``'[null, {"alibi_skip": false}]'``. One untimed
 warm-up first (compilation). Writes ``breakdown.parquet`` and ``breakdown.md`` (kernel, calls, total ms,
 share) under ``--out``.
 """
@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--entmax-tunings", default="null",
                         help='JSON: a list of kernels/entmax.py TUNING values (null: the defaults), each case profiled '
-                             'under each, e.g. \'[null, {"alibi_skip": true}]\'')
+                             'under each, e.g. \'[null, {"alibi_skip": false}]\'')
     parser.add_argument("--out", default="results/kernels/breakdown")
     args = parser.parse_args()
     try:

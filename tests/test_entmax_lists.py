@@ -412,12 +412,12 @@ def test_env_defaults_change_the_defaults_under_tuning(monkeypatch):
     fail with one line naming the variable."""
     monkeypatch.setattr(entmax, "TUNING", None)
     monkeypatch.delenv(entmax._ENV, raising=False)
-    assert entmax._config(32)["alibi_skip"] is False
-    monkeypatch.setenv(entmax._ENV, '{"alibi_skip": true, "list_size": 32}')
+    assert entmax._config(32)["alibi_skip"] is True
+    monkeypatch.setenv(entmax._ENV, '{"alibi_skip": false, "list_size": 32}')
     config = entmax._config(32)
-    assert config["alibi_skip"] is True and config["list_size"] == 32
-    monkeypatch.setattr(entmax, "TUNING", dict(alibi_skip=False))
-    assert entmax._config(32)["alibi_skip"] is False
+    assert config["alibi_skip"] is False and config["list_size"] == 32
+    monkeypatch.setattr(entmax, "TUNING", dict(alibi_skip=True))
+    assert entmax._config(32)["alibi_skip"] is True
     monkeypatch.setattr(entmax, "TUNING", dict(old=True))
     assert "alibi_skip" not in entmax._config(32) and entmax._config(32)["lists"] is False
     monkeypatch.setattr(entmax, "TUNING", None)
