@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in session 21, not run yet: the session that runs it moves it to its dated folder.
+# Prepared in session 22 (session 22's script, 2026-11-24-s22-h100/commands.sh), not run yet: the session that runs it moves it to its dated folder.
 # nvidia-h100-x1. Session 21's script (2026-11-23-s21-h100/commands.sh), but `breakdown` takes a fourth argument:
 #   bash results/gpu/device_output/next/commands.sh tests SECONDS "FILE [ABSOLUTE_FILE ...] [-n WORKERS]" KEXPR
 #       pytest on the GPU (from /tmp: the repo's conftest and pyproject), log in tests.tar.gz; a second file
@@ -50,9 +50,11 @@ for first in .carry/ccache-*.part-aa; do
   [ -f /tmp/ccache/$name ] || { cat "${first%aa}"?? | gunzip > /tmp/ccache/$name && echo "cache put back: $name" >> $D/header.txt; }
 done
 ls -la /tmp/ccache >> $D/header.txt
+carried=""  # the runs put back from .carry: not sent back as unfinished cells (session 22's calls 3-4 did)
 for first in .carry/ckpt-*.tar.part-aa; do
   [ -f "$first" ] || continue
   cat "${first%aa}"?? | tar xf - -C $G/checkpoints && echo "put back: $first" >> $D/header.txt
+  carried="$carried $(cat "${first%aa}"?? | tar tf - | head -1 | cut -d/ -f1)"
 done
 before=$(ls $G/runs/*.parquet 2>/dev/null)
 if [ "$what" = tests ]; then
@@ -94,6 +96,7 @@ else
   for dir in $G/checkpoints/*/; do
     run=$(basename $dir)
     [ -f $dir/model.pt ] || continue
+    case " $carried " in *" $run "*) continue;; esac
     cp $dir/eval_rows.json $D/logs/$run.eval_rows.json 2>/dev/null
     if [ -f $G/runs/$run.parquet ]; then
       case "$before" in *$run.parquet*) continue;; esac  # scored in an earlier call
