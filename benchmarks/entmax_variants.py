@@ -9,7 +9,8 @@ settings (``split``: the Newton passes as a second kernel over the open rows onl
 top-16 tile maxima, d the top d of every key column; ``acc``: elementwise partial sums in the Newton passes;
 ``fold``: one scale product; ``lists``: the forward finishes the certified rows from their candidate lists,
 ``list_size`` slots a row, ``finish`` = (rows a program, warps) of the finishing kernel; ``pairs``: the first
-stage merges two key tiles a step, session 15); ``old`` is the
+stage merges two key tiles a step, session 15; ``rescue``: the rows left open with few saturated columns
+scanned into lists, session 22); ``old`` is the
 search and launch before session 11, ``default`` the kernel's defaults (the list forward), ``nolists`` the
 default search followed by the output pass over all keys (the forward before session 12). Random N(0, 1) q, k, v times ``--scale`` (so scores of standard deviation ``scale^2``), B 1, H 16,
 bf16. Times are medians of ``--reps`` runs between CUDA events after ``--warmup`` runs; the first stage's
@@ -60,6 +61,11 @@ VARIANTS = {
     "sub4-bns32": dict(bn_subset=32),
     "nolists": dict(lists=False),
     "nopairs": dict(pairs=False),
+    # session 22: rows not certified, with at most max_sat saturated columns, finished from lists that a scan
+    # of those columns completes (_rescue_kernel); rescue_launch = (rows a program, keys a step, warps)
+    "rescue": dict(rescue=True),
+    "rescue-sat8": dict(rescue=True, max_sat=8),
+    "rescue-r4k128": dict(rescue=True, rescue_launch=(4, 128, 4)),
     "lists-r1": dict(finish=(1, 4)),
     "lists-r2": dict(finish=(2, 4)),
     "lists-r8": dict(finish=(8, 4)),

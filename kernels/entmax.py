@@ -55,6 +55,15 @@ the first stage was 54% of the model's evaluation time on the H100 at 65,536 tok
 H100) the first stage of that model's sample takes 54.0 ms instead of 99.9, the sample 140.3 ms instead of
 185.5, and 1,000 samples 131.3 s (1.56x softmax + RoPE's 84 s, against 2.08x without).
 
+``rescue`` (off by default, not yet timed on a GPU; session 22): a row that is not certified has at most a few
+saturated columns (``m4' + 2 eps > tau_sub``), the only columns whose left-out keys may lie above ``tau_sub -
+eps``. In a numpy model of the first stage (``benchmarks/rescue_model.py``: N(0, 1) scores at L 65,536, D 32)
+15.7% of rows are open, with 1.2 saturated columns on average, and 94% of those have at most 64 candidates
+once every key of their saturated columns above ``tau_sub`` is added (1.9% of the keys scanned). ``_rescue_kernel`` scans those columns (keys
+``j = c mod BNS``) for such rows and completes their lists, so they are finished from their lists instead of
+by the Newton passes and the output pass over all their keys (8.9 of the 34 ms of the forward, session 14).
+With wider supports (scores times 0.7) most open rows overflow the lists and stay open.
+
 Without ``lists`` (or with ``old``, or past 12 bits of key tiles), and always for the gradients, the shared
 pointwise kernels (``_rowwise.py``) compute the output over all keys, the forward also keeping
 ``u_r = sum_j (X_rj - tau_r)_+ v_j`` for the backward: ``dz_rj = s_rj (do_r.v_j - do_r.u_r / sum_j s_rj)``
@@ -574,11 +583,12 @@ def _alibi_skip(q, K, KMAX, base, offs_m, offs_d, row_ok, rmask, bh, diag, sm_sc
 
 
 @triton.jit
-def _lists_start_kernel(Q, K, SL, RS, KMAX, TAU, NCAND, LIST, sm_scale, eps_scale, T, H,
+def _lists_start_kernel(Q, K, SL, RS, KMAX, TAU, NCAND, LIST, SAT, sm_scale, eps_scale, T, H,
                         STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
                         DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
                         BNS: tl.constexpr, SUBSET_ITERS: tl.constexpr, XS: tl.constexpr, PACK: tl.constexpr,
-                        C: tl.constexpr, PAIRS: tl.constexpr, SKIP: tl.constexpr):
+                        C: tl.constexpr, PAIRS: tl.constexpr, SKIP: tl.constexpr, RESCUE: tl.constexpr,
+                        MAX_SAT: tl.constexpr):
     """The first stage (top 4 of every column, the keys ``j <= r``, or ``j < r`` when ``STRICT``) on packed
     values (``_pack``), and the candidate lists.
 
@@ -607,6 +617,13 @@ def _lists_start_kernel(Q, K, SL, RS, KMAX, TAU, NCAND, LIST, sm_scale, eps_scal
 
     ``SKIP`` (ALiBi heads, not ``STRICT``): the first stage starts at the key ``_alibi_skip`` gives, the keys
     below it lying below ``tau_sub - 2 eps`` (``KMAX`` the largest key norm of each head).
+
+    ``RESCUE``: a row whose subset threshold is solved but that is not certified, with at most ``MAX_SAT``
+    saturated columns (``m4' + 2 eps > tau_sub``: the only columns whose left-out keys may lie above
+    ``tau_sub - eps``), is left for ``_rescue_kernel``: the candidates of its other columns go to its list,
+    ``NCAND`` is ``-1 - n`` (``n`` of them), ``SAT`` the bit mask of its saturated columns. Every key left out
+    of the other columns lies at or below ``tau_sub - eps``, so once the rescue adds every key of the saturated
+    columns above ``tau_sub - 2 eps`` the list holds the support, and the argument above carries over.
     """
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -625,25 +642,88 @@ def _lists_start_kernel(Q, K, SL, RS, KMAX, TAU, NCAND, LIST, sm_scale, eps_scal
     low = tau - 2.0 * eps
     certified = solved & (empty == 0) & row_ok & ((tl.max(m4, 1) + 2.0 * eps <= tau) |
                                                   (_n_keys(offs_m, STRICT) <= 4 * BNS))
+    # The columns whose left-out keys may matter, and the rows the rescue may finish (RESCUE).
+    sat = (m4 + 2.0 * eps[:, None] > tau[:, None]) & (certified[:, None] == 0)
+    rescuable = certified != certified  # all False
+    if RESCUE:
+        n_sat = tl.sum(sat.to(tl.int32), 1)
+        rescuable = solved & (empty == 0) & row_ok & (certified == 0) & (n_sat <= MAX_SAT)
+    kept = certified[:, None] | (rescuable[:, None] & (sat == 0))
     # The candidates per level (-inf never passes: ``low`` is finite on a non-empty row), counted first so
     # that a row with more than C of them stores nothing and stays open.
-    c1 = (m1 > low[:, None]) & certified[:, None]
-    c2 = (m2 > low[:, None]) & certified[:, None]
-    c3 = (m3 > low[:, None]) & certified[:, None]
-    c4 = (m4 > low[:, None]) & certified[:, None]
+    c1 = (m1 > low[:, None]) & kept
+    c2 = (m2 > low[:, None]) & kept
+    c3 = (m3 > low[:, None]) & kept
+    c4 = (m4 > low[:, None]) & kept
     total = (tl.sum(c1.to(tl.int32), 1) + tl.sum(c2.to(tl.int32), 1) + tl.sum(c3.to(tl.int32), 1) +
              tl.sum(c4.to(tl.int32), 1))
     listed = certified & (total <= C)
-    if tl.max(listed.to(tl.int32), 0) > 0:
+    pending = rescuable & (total <= C)
+    stored = listed | pending
+    if tl.max(stored.to(tl.int32), 0) > 0:
         cols = tl.arange(0, BNS)
         row_off = (bh * T + offs_m).to(tl.int64) * C
         slot = tl.zeros([BM], dtype=tl.int32)
-        slot = _store_level(LIST, row_off, m1, c1 & listed[:, None], slot, cols, PACK, BNS)
-        slot = _store_level(LIST, row_off, m2, c2 & listed[:, None], slot, cols, PACK, BNS)
-        slot = _store_level(LIST, row_off, m3, c3 & listed[:, None], slot, cols, PACK, BNS)
-        slot = _store_level(LIST, row_off, m4, c4 & listed[:, None], slot, cols, PACK, BNS)
+        slot = _store_level(LIST, row_off, m1, c1 & stored[:, None], slot, cols, PACK, BNS)
+        slot = _store_level(LIST, row_off, m2, c2 & stored[:, None], slot, cols, PACK, BNS)
+        slot = _store_level(LIST, row_off, m3, c3 & stored[:, None], slot, cols, PACK, BNS)
+        slot = _store_level(LIST, row_off, m4, c4 & stored[:, None], slot, cols, PACK, BNS)
     tl.store(TAU + bh * T + offs_m, tl.where(empty, float("inf"), low), mask=row_ok)
-    tl.store(NCAND + bh * T + offs_m, tl.where(listed, total, 0), mask=row_ok)
+    tl.store(NCAND + bh * T + offs_m, tl.where(listed, total, tl.where(pending, -1 - total, 0)), mask=row_ok)
+    if RESCUE:
+        bit = tl.full([BM, BNS], 1, tl.int64) << tl.arange(0, BNS).to(tl.int64)[None, :]
+        tl.store(SAT + bh * T + offs_m, tl.sum(tl.where(sat, bit, 0), 1), mask=row_ok)
+
+
+@triton.jit
+def _rescue_kernel(Q, K, SL, RS, TAU, NCAND, LIST, SAT, ROWS, COUNT, sm_scale, T, H, STRICT: tl.constexpr,
+                   HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                   BNS: tl.constexpr, C: tl.constexpr, XS: tl.constexpr, RB: tl.constexpr, NK: tl.constexpr):
+    """The rows ``_lists_start_kernel`` left to the rescue (``NCAND = -1 - n``; ``ROWS[bh, :COUNT[bh]]``
+    gathered), ``RB`` a program, one at a time: every visible key of each saturated column (``SAT``'s bits;
+    keys ``j = c mod BNS``), ``NK`` at a time, its score computed as ``_list_scores`` does, appended to the
+    row's list where ``X > TAU`` (``tau_sub - 2 eps``). ``NCAND`` becomes the list's length, or 0 (the row
+    stays open for the Newton passes) past ``C``."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    count = tl.load(COUNT + bh)
+    base = bh.to(tl.int64) * T * D
+    offs_d = tl.arange(0, BD)
+    dmask = offs_d < D
+    offs_k = tl.arange(0, NK)
+    slope = head_slope(SL, bh, H, HAS_SLOPES)
+    for i in range(RB):
+        slot = pid * RB + i
+        if slot < count:
+            r = tl.load(ROWS + bh * (T + 1) + slot)
+            q = tl.load(Q + base + r * D + offs_d, mask=dmask, other=0.0).to(tl.float32)
+            low = tl.load(TAU + bh * T + r)
+            n = -1 - tl.load(NCAND + bh * T + r)
+            mask = tl.load(SAT + bh * T + r)
+            rs = 1.0
+            if HAS_RS:
+                rs = tl.load(RS + bh * T + r)
+            n_vis = r + 1
+            if STRICT:
+                n_vis = r
+            row_off = (bh * T + r).to(tl.int64) * C
+            for c in range(BNS):
+                if ((mask >> c) & 1) != 0:
+                    for start in range(0, n_vis, BNS * NK):
+                        idx = start + c + BNS * offs_k
+                        keep = idx < n_vis
+                        k = tl.load(K + base + idx[:, None] * D + offs_d[None, :],
+                                    mask=keep[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+                        z = tl.sum(q[None, :] * k, 1) * sm_scale
+                        if HAS_SLOPES:
+                            z = z - slope * (r - idx).to(tl.float32)
+                        if HAS_RS:
+                            z = z * rs
+                        cand = keep & (z * XS > low)
+                        pos = n + tl.cumsum(cand.to(tl.int32), 0) - 1
+                        tl.store(LIST + row_off + pos, idx, mask=cand & (pos < C))
+                        n += tl.sum(cand.to(tl.int32), 0)
+            tl.store(NCAND + bh * T + r, tl.where(n <= C, n, 0))
 
 
 @triton.jit
@@ -853,7 +933,11 @@ def _config(block_d: int) -> dict:
         # session 13 (``results/kernels/session13/``: the backward 52 ms at L 65,536), no other setting tried.
         config.update(lists=True, list_size=64, finish=(max(1, 128 // block_d), 4), list_backward=(4096, 4),
                       open_backward=(64, 64, 4, 2) if small else (32, 32, 4, 2),
-                      alibi_skip=True)  # ALiBi heads: the first stage skips the keys below X_rr - 1 (session 22)
+                      alibi_skip=True,  # ALiBi heads: the first stage skips the keys below X_rr - 1 (session 22)
+                      # rows not certified with at most max_sat saturated columns: those columns' keys scanned
+                      # into the lists (_rescue_kernel; session 22, not yet timed on a GPU); (rows a program,
+                      # keys a step, warps)
+                      rescue=False, max_sat=4, rescue_launch=(16, 64, 2))
     defaults = {} if old else _env_defaults()
     unknown = sorted(set(defaults) - set(config))
     if unknown:
@@ -965,10 +1049,20 @@ def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40):
     skip = bool(config["alibi_skip"]) and pb.slopes is not None and not strict
     # the largest key norm of each head, for _alibi_skip's bound
     kmax = pb.k.float().norm(dim=-1).amax(-1).reshape(-1) if skip else tau
+    rescue = bool(config["rescue"])
+    sat = torch.empty(pb.bh, pb.tokens, device=tau.device, dtype=torch.int64) if rescue else tau
     _lists_start_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
-        pb.q, pb.k, sl, rs, kmax, tau, ncand, lists, pb.sm_scale, 2.0 ** (pack - 22) + 2.0 ** -14, pb.tokens,
-        pb.heads, BM=bm, BNS=bns, SUBSET_ITERS=16, PACK=pack, C=size, PAIRS=bool(config["pairs"]), SKIP=skip,
-        num_warps=config["warps"], num_stages=config["stages"], **common)
+        pb.q, pb.k, sl, rs, kmax, tau, ncand, lists, sat, pb.sm_scale, 2.0 ** (pack - 22) + 2.0 ** -14,
+        pb.tokens, pb.heads, BM=bm, BNS=bns, SUBSET_ITERS=16, PACK=pack, C=size, PAIRS=bool(config["pairs"]),
+        SKIP=skip, RESCUE=rescue, MAX_SAT=int(config["max_sat"]), num_warps=config["warps"],
+        num_stages=config["stages"], **common)
+    if rescue:
+        rb, nk, rwarps = config["rescue_launch"]
+        pending, n_pending = _open_rows(ncand >= 0)  # the rows left to the rescue (NCAND < 0)
+        _rescue_kernel[(triton.cdiv(pb.tokens, rb), pb.bh)](
+            pb.q, pb.k, sl, rs, tau, ncand, lists, sat, pending, n_pending, pb.sm_scale, pb.tokens, pb.heads,
+            STRICT=bool(strict), HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None, D=pb.head_dim,
+            BD=pb.block_d, BNS=bns, C=size, XS=xs, RB=rb, NK=nk, num_warps=rwarps)
     rows, count = _open_rows(ncand != 0)
     _newton_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
         pb.q, pb.k, sl, rs, tau, rows, count, pb.sm_scale, pb.tokens, pb.heads, float(tol), int(max_iter),

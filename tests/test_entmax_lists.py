@@ -426,3 +426,42 @@ def test_env_defaults_change_the_defaults_under_tuning(monkeypatch):
         with pytest.raises(ValueError, match=words) as error:
             entmax._config(32)
         assert entmax._ENV in str(error.value) and "\n" not in str(error.value)
+
+
+RESCUE_CASES = ["random", "wide", "alibi", "overflow"]
+
+
+@pytest.mark.parametrize("case", RESCUE_CASES)
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
+def test_rescue_lists_more_rows_and_matches_reference(name, case, monkeypatch):
+    """``rescue`` (``_rescue_kernel``): rows not certified, with at most ``max_sat`` saturated columns, are
+    finished from lists that the scan of those columns completes. The output and gradients stay the float64
+    reference's; rows are listed that were open without it (``random``, ``wide``: N(0, 1) scores at 600 keys,
+    and times 0.8; ``alibi``: slopes and row scales), and none is listed that was open with ``max_sat`` 0 or
+    with lists too short for its candidates (``overflow``: 8 slots; such rows stay open)."""
+    scale = {"random": 1.0, "wide": 0.8, "alibi": 0.9, "overflow": 0.8}[case]
+    q, k, v = make(1, 2, 600, 32, torch.float32, seed=3 + len(case), scale=scale)
+    extra = {}
+    if case == "alibi":
+        slopes, row_scale = alibi(2, 1, 600, seed=6)
+        extra = dict(slopes=slopes * 0.05, row_scale=row_scale)
+    size = 8 if case == "overflow" else 64
+    monkeypatch.setattr(entmax, "TUNING", dict(rescue=False, list_size=size))
+    before, total, ncand_before, _ = path_counts(name, q, k, v, **extra)
+    monkeypatch.setattr(entmax, "TUNING", dict(rescue=True, max_sat=0, list_size=size))
+    assert torch.equal(path_counts(name, q, k, v, **extra)[2], ncand_before)
+    monkeypatch.setattr(entmax, "TUNING", dict(rescue=True, list_size=size))
+    after, _, ncand_after, lists = path_counts(name, q, k, v, **extra)
+    # the rows listed before keep their lists' lengths; no row is left pending (NCAND < 0)
+    assert torch.equal(ncand_after[ncand_before > 0], ncand_before[ncand_before > 0])
+    assert int((ncand_after < 0).sum()) == 0 and int(ncand_after.max()) <= size
+    if case == "overflow":
+        assert after >= before, (before, after, total)
+    elif name != "sparsemax":  # sparsemax's supports are narrower: few rows are open at these scales
+        assert after > before, (before, after, total)
+    if lists is not None:  # the rescued lists name distinct keys each row sees
+        rescued = (ncand_after > 0) & (ncand_before == 0)
+        for bh, row in rescued.nonzero().tolist():
+            keys = lists[bh, row, : ncand_after[bh, row]]
+            assert int(keys.min()) >= 0 and int(keys.max()) <= row and keys.unique().numel() == keys.numel()
+    check(name, q, k, v, label=f"rescue {case}", **extra)
