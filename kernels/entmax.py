@@ -59,9 +59,10 @@ H100) the first stage of that model's sample takes 54.0 ms instead of 99.9, the 
 saturated columns (``m4' + 2 eps > tau_sub``), the only columns whose left-out keys may lie above ``tau_sub -
 eps``. In a numpy model of the first stage (``benchmarks/rescue_model.py``: N(0, 1) scores at L 65,536, D 32)
 15.7% of rows are open, with 1.2 saturated columns on average, and 94% of those have at most 64 candidates
-once every key of their saturated columns above ``tau_sub`` is added (1.9% of the keys scanned). ``_rescue_kernel`` scans those columns (keys
-``j = c mod BNS``) for such rows and completes their lists, so they are finished from their lists instead of
-by the Newton passes and the output pass over all their keys (8.9 of the 34 ms of the forward, session 14).
+once every key of their saturated columns above ``tau_sub`` is added (1.9% of the keys scanned).
+``_rescue_kernel`` scans those columns (keys ``j = c mod BNS``) for such rows and completes their lists, so
+they are finished from their lists instead of by the Newton passes and the output pass over all their keys
+(8.9 of the 34 ms of the forward, session 14).
 With wider supports (scores times 0.7) most open rows overflow the lists and stay open.
 
 Without ``lists`` (or with ``old``, or past 12 bits of key tiles), and always for the gradients, the shared
