@@ -63,9 +63,28 @@ VARIANTS = {
     "nopairs": dict(pairs=False),
     # session 22: rows not certified, with at most max_sat saturated columns, finished from lists that a scan
     # of those columns completes (_rescue_kernel); rescue_launch = (rows a program, keys a step, warps)
+    # (the default since session 23)
     "rescue": dict(rescue=True),
+    "norescue": dict(rescue=False),
     "rescue-sat8": dict(rescue=True, max_sat=8),
     "rescue-r4k128": dict(rescue=True, rescue_launch=(4, 128, 4)),
+    # session 23: with the rescue, 1% of the rows stay open at N(0, 1), and their Newton passes and output
+    # pass (2.9 + 1.3 ms) are few programs walking every key: smaller, or deeper-pipelined, query tiles there
+    # (newton = (rows, keys a step, warps, stages), also Sieve's open rows)
+    "open-n32": dict(newton=(32, 32, 4, 2)),
+    "open-n32w2": dict(newton=(32, 32, 2, 2)),
+    "open-n32s3": dict(newton=(32, 32, 4, 3)),
+    "open-n16": dict(newton=(16, 16, 2, 2)),
+    "open-n64s3": dict(newton=(64, 32, 4, 3)),
+    "rescue-c128": dict(list_size=128),
+    # session 23: Sieve's listed rows sorted by key in registers, the stick's suffix sums a cumulative sum
+    "sieve-scan": dict(sieve_scan=True),
+    "sieve-scan-r8": dict(sieve_scan=True, finish=(8, 4)),
+    "scan-open-n32": dict(sieve_scan=True, newton=(32, 32, 4, 2)),
+    "open-n64s4": dict(newton=(64, 32, 4, 4)),
+    "open-n64k64": dict(newton=(64, 64, 4, 3)),
+    "finish-r2": dict(finish=(2, 4)),
+    "finish-r8w8": dict(finish=(8, 8)),
     "lists-r1": dict(finish=(1, 4)),
     "lists-r2": dict(finish=(2, 4)),
     "lists-r8": dict(finish=(8, 4)),

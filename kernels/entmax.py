@@ -55,7 +55,7 @@ the first stage was 54% of the model's evaluation time on the H100 at 65,536 tok
 H100) the first stage of that model's sample takes 54.0 ms instead of 99.9, the sample 140.3 ms instead of
 185.5, and 1,000 samples 131.3 s (1.56x softmax + RoPE's 84 s, against 2.08x without).
 
-``rescue`` (off by default, not yet timed on a GPU; session 22): a row that is not certified has at most a few
+``rescue`` (session 22; the default since session 23): a row that is not certified has at most a few
 saturated columns (``m4' + 2 eps > tau_sub``), the only columns whose left-out keys may lie above ``tau_sub -
 eps``. In a numpy model of the first stage (``benchmarks/rescue_model.py``: N(0, 1) scores at L 65,536, D 32)
 15.7% of rows are open, with 1.2 saturated columns on average, and 94% of those have at most 64 candidates
@@ -63,7 +63,10 @@ once every key of their saturated columns above ``tau_sub`` is added (1.9% of th
 ``_rescue_kernel`` scans those columns (keys ``j = c mod BNS``) for such rows and completes their lists, so
 they are finished from their lists instead of by the Newton passes and the output pass over all their keys
 (8.9 of the 34 ms of the forward, session 14).
-With wider supports (scores times 0.7) most open rows overflow the lists and stay open.
+With wider supports (scores times 0.7) most open rows overflow the lists and stay open. On the H100 (session
+23, L 65,536, D 32, N(0, 1) inputs) 99.0% of rows are listed instead of 86.9%, entmax's forward takes 30.5 ms
+instead of 34.0 (1.53x SDPA's 19.9) and Sieve's 34.7 instead of 50.5; the trained MQMTAR ASEntmax + NAPE
+model's sample 137.0 ms instead of 140.3.
 
 Without ``lists`` (or with ``old``, or past 12 bits of key tiles), and always for the gradients, the shared
 pointwise kernels (``_rowwise.py``) compute the output over all keys, the forward also keeping
@@ -767,13 +770,16 @@ def _list_scores(Q, K, SL, RS, idx, keep, rows_in, sm_scale, T, H, bh, offs_r, r
 @triton.jit
 def _list_rows(Q, K, SL, RS, TAU, LIST, sm_scale, T, H, n_iter, bh, offs_r, row_ok, ncand, listed,
                HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
-               C: tl.constexpr, XS: tl.constexpr):
+               C: tl.constexpr, XS: tl.constexpr, SORT: tl.constexpr = False):
     """The listed rows ``offs_r`` (``ncand > 0`` candidates; shared with Sieve's list kernel):
-    ``(base, offs_d, dmask, keep, idx, gather, gmask, z, x, tau)``: the candidates (``_list_keys``), their
-    scores (``_list_scores``), ``x = XS z`` (``-inf`` off ``keep``) and ``tau`` the threshold over them: the
+    ``(base, offs_d, dmask, keep, idx, gather, gmask, z, x, tau)``: the candidates (``_list_keys``; with
+    ``SORT`` in descending key order, the latest first, the empty slots' -1 last), their scores
+    (``_list_scores``), ``x = XS z`` (``-inf`` off ``keep``) and ``tau`` the threshold over them: the
     exact/Newton steps of the Newton passes from the larger of the two lower bounds ``TAU`` and ``X_max - 1``,
     a row stopping once its exact root is accepted (0 off ``listed``)."""
     keep, idx = _list_keys(LIST, bh, T, offs_r, listed, ncand, C)
+    if SORT:  # keep is the first ncand slots either way: the keys are >= 0, the empty slots -1
+        idx = tl.sort(idx, 1, descending=True)
     base, offs_d, dmask, gather, gmask, q, k, zb, z, rs = _list_scores(
         Q, K, SL, RS, idx, keep, listed, sm_scale, T, H, bh, offs_r, row_ok, HAS_SLOPES, HAS_RS, D, BD, BR)
     x = tl.where(keep, z * XS, float("-inf"))
@@ -810,7 +816,7 @@ def _lists_output_kernel(Q, K, V, Out, U, SL, RS, TAU, M, L, NCAND, LIST, sm_sca
     if tl.max(listed.to(tl.int32), 0) > 0:
         base, offs_d, dmask, keep, idx, gather, gmask, z, x, tau = _list_rows(
             Q, K, SL, RS, TAU, LIST, sm_scale, T, H, n_iter, bh, offs_r, row_ok, ncand, listed, HAS_SLOPES, HAS_RS,
-            D, BD, BR, C, XS)
+            D, BD, BR, C, XS, False)
         s = tl.maximum(x - tau[:, None], 0.0)
         if XS == 1.0:  # sparsemax: the weights are s, the backward's are the support's indicator
             w = s
@@ -920,7 +926,9 @@ def _config(block_d: int) -> dict:
         # Chosen on the H100 by benchmarks/entmax_variants.py (session 11): the four levels of 64 columns
         # spill 16 bytes here, which costs less than 8-warp tiles without spills (21 against 25 ms for the
         # first stage at D 32).
-        config = dict(bm=64, bn=64, bn_subset=64, warps=4, stages=2, newton=(64, 32, 4, 2), split=True, subset=4,
+        # newton: 3 stages since session 23 (the open rows' walks: entmax's forward 30.2 -> 29.0 ms, Sieve's
+        # 34.4 -> 33.1 at L 65,536, D 32; 32-row tiles were slower on a trained model's wider rows)
+        config = dict(bm=64, bn=64, bn_subset=64, warps=4, stages=2, newton=(64, 32, 4, 3), split=True, subset=4,
                       acc=False, fold=True, lean=True, pairs=True)
     else:  # the single-view kernels' tiles, not measured
         config = dict(bm=32, bn=32, bn_subset=32, warps=4, stages=2, newton=(32, 32, 4, 2), split=True, subset=4,
@@ -936,9 +944,14 @@ def _config(block_d: int) -> dict:
                       open_backward=(64, 64, 4, 2) if small else (32, 32, 4, 2),
                       alibi_skip=True,  # ALiBi heads: the first stage skips the keys below X_rr - 1 (session 22)
                       # rows not certified with at most max_sat saturated columns: those columns' keys scanned
-                      # into the lists (_rescue_kernel; session 22, not yet timed on a GPU); (rows a program,
-                      # keys a step, warps)
-                      rescue=False, max_sat=4, rescue_launch=(16, 64, 2))
+                      # into the lists (_rescue_kernel; session 22; the default since session 23: entmax's
+                      # forward 34.0 -> 30.5 ms, Sieve's 50.5 -> 34.7 at L 65,536, D 32 on the H100); (rows a
+                      # program, keys a step, warps)
+                      rescue=True, max_sat=4, rescue_launch=(16, 64, 2),
+                      # Sieve's listed rows: the candidates sorted by key and the stick's suffix sums a
+                      # cumulative sum (``finish`` rows a program) instead of [rows, C, C] comparisons (2 rows a
+                      # program at C 64); session 23: Sieve's forward 34.4 -> 31.9 ms at L 65,536, D 32
+                      sieve_scan=True)
     defaults = {} if old else _env_defaults()
     unknown = sorted(set(defaults) - set(config))
     if unknown:

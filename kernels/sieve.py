@@ -73,12 +73,14 @@ from lengthbench.kernels.stickbreaking import (
 @triton.jit
 def _lists_kernel(Q, K, V, Out, REM, SL, RS, TAU, NCAND, LIST, NSUP, sm_scale, T, H, n_iter,
                   SAVE: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, D: tl.constexpr,
-                  BD: tl.constexpr, BR: tl.constexpr, C: tl.constexpr):
+                  BD: tl.constexpr, BR: tl.constexpr, C: tl.constexpr, SCAN: tl.constexpr):
     """Sieve on the listed rows (``NCAND > 0``, certified by the strict first stage: their support, the keys
     ``j < r`` with ``z / 2 > tau``, lies among their candidates), ``BR`` a program: ``tau`` over the candidates
     (``_list_rows``), then the stick broken over the support from the latest key down, as the stick-breaking
     forward's filtered walk does: ``a_j = exp(z_j - sum_{k in S, k >= j} softplus(z_k))`` (an ``O(C^2)`` suffix
-    sum over the keys' order), remainder ``exp(-sum_S softplus)`` on the diagonal. Writes the output and
+    sum over the keys' order; with ``SCAN`` the candidates sorted in registers, the latest key first, and the
+    sum a cumulative sum over the slots, as in ``_lists_bwd_kernel``), remainder ``exp(-sum_S softplus)`` on
+    the diagonal. Writes the output and
     ``TAU``; with ``SAVE``, for ``_lists_bwd_kernel``, the remainder, the support itself in place of the
     candidates (``LIST[row, :n]``, in the candidates' order) and ``NSUP`` its size ``n`` (-1 on the rows not
     listed). The backward so takes the very support this forward used, whatever its own rounding of the
@@ -93,11 +95,14 @@ def _lists_kernel(Q, K, V, Out, REM, SL, RS, TAU, NCAND, LIST, NSUP, sm_scale, T
     if tl.max(listed.to(tl.int32), 0) > 0:
         base, offs_d, dmask, keep, idx, gather, gmask, z, x, tau = _list_rows(
             Q, K, SL, RS, TAU, LIST, sm_scale, T, H, n_iter, bh, offs_r, row_ok, ncand, listed, HAS_SLOPES, HAS_RS,
-            D, BD, BR, C, 0.5)
+            D, BD, BR, C, 0.5, SCAN)
         support = keep & (z * 0.5 > tau[:, None])  # the filter of the stick-breaking kernels
         sp = tl.where(support, softplus(z), 0.0)
-        later = (idx[:, None, :] >= idx[:, :, None]) & support[:, None, :]  # [row, j, k]: k in S, k >= j
-        suffix = tl.sum(tl.where(later, sp[:, None, :], 0.0), 2)
+        if SCAN:  # the slots in descending key order: the keys k >= j are the slots up to j's
+            suffix = tl.cumsum(sp, 1)
+        else:
+            later = (idx[:, None, :] >= idx[:, :, None]) & support[:, None, :]  # [row, j, k]: k in S, k >= j
+            suffix = tl.sum(tl.where(later, sp[:, None, :], 0.0), 2)
         a = tl.where(support, tl.exp(z - suffix), 0.0)
         v = tl.load(V + base + gather, mask=gmask, other=0.0).to(tl.float32)
         acc = tl.sum(a[:, :, None] * v, 1)
@@ -231,7 +236,9 @@ def _lists_forward(pb: Problem, save: bool):
     nbm, nbn, nwarps, nstages = config["newton"]
     rows_per, finish_warps = config["finish"]
     size = lists.shape[-1]
-    rows_per = max(1, min(rows_per, 8192 // (size * size)))  # the [rows, C, C] suffix sums in registers
+    scan = bool(config["sieve_scan"])
+    if not scan:
+        rows_per = max(1, min(rows_per, 8192 // (size * size)))  # the [rows, C, C] suffix sums in registers
     out = torch.empty_like(pb.q)
     rem = pb.rows() if save else None
     nsup = torch.empty(pb.bh, pb.tokens, device=pb.q.device, dtype=torch.int32) if save else None
@@ -247,7 +254,7 @@ def _lists_forward(pb: Problem, save: bool):
                   BD=pb.block_d)
     _lists_kernel[(triton.cdiv(pb.tokens, rows_per), pb.bh)](
         pb.q, pb.k, pb.v, out, pb.opt(rem), sl, rs, tau, ncand, lists, pb.opt(nsup), pb.sm_scale, pb.tokens,
-        pb.heads, 2 * size + 8, BR=rows_per, C=size, num_warps=finish_warps, **common)
+        pb.heads, 2 * size + 8, BR=rows_per, C=size, SCAN=scan, num_warps=finish_warps, **common)
     _open_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
         pb.q, pb.k, pb.v, out, pb.opt(o32), pb.opt(rem), sl, rs, tau, rows, count, pb.sm_scale, pb.tokens,
         pb.heads, o32_stride, EXIT_AT, SPLIT=pb.q.dtype != torch.float32, DOT_PREC=pb.dot_prec, BM=nbm,

@@ -465,3 +465,26 @@ def test_rescue_lists_more_rows_and_matches_reference(name, case, monkeypatch):
             keys = lists[bh, row, : ncand_after[bh, row]]
             assert int(keys.min()) >= 0 and int(keys.max()) <= row and keys.unique().numel() == keys.numel()
     check(name, q, k, v, label=f"rescue {case}", **extra)
+
+
+@pytest.mark.parametrize("case", ["random", "alibi", "wide"])
+def test_sieve_scan_matches_the_pairwise_sums(case, monkeypatch):
+    """``sieve_scan`` (session 23): Sieve's listed rows with their candidates sorted by key in registers and
+    the stick's suffix sums a cumulative sum. The same rows are listed, the output is the pairwise sums'
+    (to fp32 rounding: the sums run in another order) and the float64 reference's, and so are the gradients
+    (the backward reads the supports this forward kept, now in descending key order)."""
+    scale = {"random": 1.0, "alibi": 0.9, "wide": 0.7}[case]
+    q, k, v = make(1, 2, 300, 32, torch.float32, seed=21 + len(case), scale=scale)
+    extra = {}
+    if case == "alibi":
+        slopes, row_scale = alibi(2, 1, 300, seed=7)
+        extra = dict(slopes=slopes * 0.05, row_scale=row_scale)
+    results = {}
+    for scan in (False, True):
+        monkeypatch.setattr(entmax, "TUNING", dict(sieve_scan=scan))
+        listed, total, ncand, _ = path_counts("sieve", q, k, v, **extra)
+        results[scan] = listed, ncand, sieve.sieve_attention(q, k, v, **extra)
+    assert 0 < results[True][0] < total or case == "random", (results[True][0], total)
+    assert results[True][0] > 0 and torch.equal(results[True][1], results[False][1])
+    torch.testing.assert_close(results[True][2], results[False][2], atol=2e-6, rtol=2e-5)
+    check("sieve", q, k, v, label=f"sieve scan {case}", **extra)

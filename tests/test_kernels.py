@@ -404,7 +404,9 @@ ENTMAX_VARIANTS = {
     "sub2-bm128-w8": dict(subset=2, bm=128, warps=8, newton=(128, 64, 8, 2)),
     "sub1-acc-nofold": dict(subset=1, acc=True, fold=False, newton=(32, 32, 4, 2)),
     "tiny": dict(subset=2, bm=32, bn=16, bn_subset=16, newton=(16, 16, 4, 2)),
-    "rescue": dict(rescue=True),  # session 22: saturated columns scanned into the lists (_rescue_kernel)
+    # session 22: saturated columns scanned into the lists (_rescue_kernel), the default since session 23
+    "norescue": dict(rescue=False),
+    "sieve-scan": dict(sieve_scan=True),  # session 23: Sieve's listed rows sorted, the stick a cumulative sum
     "rescue-c16-all": dict(rescue=True, list_size=16, max_sat=64, rescue_launch=(4, 32, 4)),
 }
 
