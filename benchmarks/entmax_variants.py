@@ -85,6 +85,10 @@ VARIANTS = {
     "open-n64k64": dict(newton=(64, 64, 4, 3)),
     "finish-r2": dict(finish=(2, 4)),
     "finish-r8w8": dict(finish=(8, 8)),
+    # Sieve's open rows' walk on tiles of its own (entmax's Newton passes keep 64 rows)
+    "sieve-open-n32": dict(sieve_open=(32, 32, 4, 3)),
+    "sieve-open-n32s2": dict(sieve_open=(32, 32, 4, 2)),
+    "sieve-open-n16": dict(sieve_open=(16, 16, 2, 3)),
     "lists-r1": dict(finish=(1, 4)),
     "lists-r2": dict(finish=(2, 4)),
     "lists-r8": dict(finish=(8, 4)),

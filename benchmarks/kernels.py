@@ -7,6 +7,11 @@ at the longest length, with the ratios to SDPA against the targets of issue 5). 
 ``triton.testing.do_bench``; peak memory is ``torch.cuda.max_memory_allocated`` over one forward+backward
 step, inputs (q, k, v, the output gradient) included, for both the kernel and SDPA. Random inputs, B=1,
 H=16, bf16 by default.
+
+    python benchmarks/kernels.py --merge NEW_DIR --out results/kernels
+
+(no GPU needed) replaces the rows of the mechanisms that ``NEW_DIR/benchmark.parquet`` measured (a later run
+of some mechanisms) in ``--out``'s, keeps the others, and rewrites both files.
 """
 
 from __future__ import annotations
@@ -19,8 +24,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 import torch.nn.functional as F
-import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+try:  # measuring needs Triton; --merge does not
+    import triton
+except ModuleNotFoundError:  # pragma: no cover - CPU-only installs
+    triton = None
 
 from lengthbench.kernels import get_kernel, kernel_names
 
@@ -95,7 +104,13 @@ def main():
     parser.add_argument("--scale", type=float, default=1.0,
                         help="factor on q and k (not tra/tda's unit inputs): the scores' spread, which sets the "
                              "supports of entmax, sparsemax and sieve (0.1: near-uniform scores, large supports)")
+    parser.add_argument("--merge", default="", help="a directory with a later benchmark.parquet: its mechanisms' "
+                                                       "rows replace theirs in --out's (no measurement)")
     args = parser.parse_args()
+    if args.merge:
+        write(merge(pd.read_parquet(Path(args.out) / "benchmark.parquet"),
+                    pd.read_parquet(Path(args.merge) / "benchmark.parquet")), args.out)
+        return
     dtype = torch.bfloat16
     device = torch.cuda.get_device_name()
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -121,9 +136,18 @@ def main():
     print(report(pd.DataFrame(rows)))
 
 
+def merge(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    """``old`` with the rows of every mechanism ``new`` measured replaced by ``new``'s."""
+    kept = old[~old.mechanism.isin(set(new.mechanism))]
+    return pd.concat([kept, new], ignore_index=True)
+
+
 def save(rows, out_dir):
     """Rewritten after every measurement, so an interrupted run keeps what it measured."""
-    frame = pd.DataFrame(rows)
+    write(pd.DataFrame(rows), out_dir)
+
+
+def write(frame: pd.DataFrame, out_dir):
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out / "benchmark.parquet", index=False)
@@ -132,10 +156,13 @@ def save(rows, out_dir):
 
 def report(frame: pd.DataFrame) -> str:
     longest = frame.seq_len.max()
+    dates = sorted(frame.created_at.unique())
+    when = dates[0] if len(dates) == 1 else (f"between {dates[0]} and {dates[-1]} (each row's `created_at` in the "
+                                              "Parquet; rows of later sessions replace a mechanism's earlier ones)")
     lines = [f"# Fused kernels vs SDPA (flash, causal): {frame.device.iloc[0]}, {frame.dtype.iloc[0]}, "
-             f"B=1, H={frame.heads.iloc[0]}", "", f"Measured {frame.created_at.iloc[0]} by "
+             f"B=1, H={frame.heads.iloc[0]}", "", f"Measured {when} by "
              "`benchmarks/kernels.py`; medians of `triton.testing.do_bench`; peak memory of one fwd+bwd step, "
-             f"inputs included. Inputs N(0, 1), q and k times {frame.get('input_scale', pd.Series([1.0])).iloc[0]:g} "
+             f"inputs included. Inputs N(0, 1), q and k times {_input_scale(frame):g} "
              "(SDPA's: unscaled).", "",
              "| mechanism | L | D | fwd ms | SDPA fwd ms | fwd+bwd ms | SDPA fwd+bwd ms | peak MiB | SDPA peak MiB |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -169,6 +196,12 @@ def report(frame: pd.DataFrame) -> str:
               "lists; tda-2pass is two tra passes, what the module ran before session 10.",
               "- rela has no speed target in issue 5."]
     return "\n".join(lines) + "\n"
+
+
+def _input_scale(frame: pd.DataFrame) -> float:
+    """The runs' ``--scale`` (rows from before the column existed ran at 1)."""
+    scales = frame.get("input_scale", pd.Series(dtype=float)).fillna(1.0)
+    return float(scales.iloc[0]) if len(scales) else 1.0
 
 
 def _target(value: float) -> str:

@@ -951,7 +951,9 @@ def _config(block_d: int) -> dict:
                       # Sieve's listed rows: the candidates sorted by key and the stick's suffix sums a
                       # cumulative sum (``finish`` rows a program) instead of [rows, C, C] comparisons (2 rows a
                       # program at C 64); session 23: Sieve's forward 34.4 -> 31.9 ms at L 65,536, D 32
-                      sieve_scan=True)
+                      sieve_scan=True,
+                      # Sieve's open rows' forward walk (_open_kernel): (bm, bn, warps, stages), None: ``newton``'s
+                      sieve_open=None)
     defaults = {} if old else _env_defaults()
     unknown = sorted(set(defaults) - set(config))
     if unknown:

@@ -233,7 +233,9 @@ def _lists_forward(pb: Problem, save: bool):
     only the open rows' fp32 outputs (the listed rows' backward needs none), kept in the open rows' own unused
     list slots where a row fits in them (``D <= C``: ``o32_stride`` C), else in a ``[BH, T, D]`` buffer."""
     tau, ncand, lists, rows, count, config = _lists_start(pb, 0.5, True)
-    nbm, nbn, nwarps, nstages = config["newton"]
+    nbm, nbn, nwarps, nstages = config["sieve_open"] or config["newton"]
+    if nbm % nbn:
+        raise ValueError(f"sieve lists: bad open-row tiles {config['sieve_open']} (rows a multiple of keys)")
     rows_per, finish_warps = config["finish"]
     size = lists.shape[-1]
     scan = bool(config["sieve_scan"])

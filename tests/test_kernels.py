@@ -406,7 +406,8 @@ ENTMAX_VARIANTS = {
     "tiny": dict(subset=2, bm=32, bn=16, bn_subset=16, newton=(16, 16, 4, 2)),
     # session 22: saturated columns scanned into the lists (_rescue_kernel), the default since session 23
     "norescue": dict(rescue=False),
-    "sieve-scan": dict(sieve_scan=True),  # session 23: Sieve's listed rows sorted, the stick a cumulative sum
+    "pairwise-sieve": dict(sieve_scan=False),  # session 23: Sieve's listed rows' [rows, C, C] suffix sums
+    "sieve-open-n16": dict(sieve_open=(16, 16, 2, 3)),  # Sieve's open rows on tiles of their own
     "rescue-c16-all": dict(rescue=True, list_size=16, max_sat=64, rescue_launch=(4, 32, 4)),
 }
 

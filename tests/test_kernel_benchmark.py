@@ -1,0 +1,37 @@
+"""benchmarks/kernels.py without a GPU: ``--merge`` and the Markdown report (CPU, fast)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import kernels as bench  # noqa: E402
+
+
+def frame(mechanisms, fwd, created, scale=None):
+    rows = [dict(mechanism=name, seq_len=65536, head_dim=32, heads=16, dtype="bfloat16", fwd_ms=fwd,
+                 fwdbwd_ms=2 * fwd, sdpa_fwd_ms=20.0, sdpa_fwdbwd_ms=70.0, peak_mem_bytes=100, sdpa_peak_mem_bytes=100,
+                 device="GPU", created_at=created) for name in mechanisms]
+    out = pd.DataFrame(rows)
+    if scale is not None:
+        out["input_scale"] = scale
+    return out
+
+
+def test_merge_replaces_the_measured_mechanisms_only(tmp_path):
+    bench.write(frame(["entmax", "sieve", "tra"], 100.0, "2026-11-22"), tmp_path / "all")
+    bench.write(frame(["entmax", "sparsemax"], 29.0, "2026-11-24", scale=1.0), tmp_path / "new")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels.py"), "--merge", str(tmp_path / "new"),
+                           "--out", str(tmp_path / "all")], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    merged = pd.read_parquet(tmp_path / "all" / "benchmark.parquet")
+    assert sorted(merged.mechanism) == ["entmax", "sieve", "sparsemax", "tra"]
+    assert merged.set_index("mechanism").fwd_ms.to_dict() == {"entmax": 29.0, "sieve": 100.0, "sparsemax": 29.0,
+                                                              "tra": 100.0}
+    text = (tmp_path / "all" / "benchmark.md").read_text()
+    assert "between 2026-11-22 and 2026-11-24" in text and "times 1 (SDPA" in text
+    assert "| entmax | 1.45 (1.5) | 0.83 (3) | 1.00 | all |" in text
+    assert "| sieve | 5.00 (1.5) | 2.86 (3) | 1.00 | missed: fwd |" in text
