@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in session 22 (session 22's script, 2026-11-24-s22-h100/commands.sh), not run yet: the session that runs it moves it to its dated folder.
+# Session 22's script, run in session 23 (2026-11-24-s23-h100/README.md lists the calls): prepared in session 22, moved here from next/ after its calls.
 # nvidia-h100-x1. Session 21's script (2026-11-23-s21-h100/commands.sh), but `breakdown` takes a fourth argument:
 #   bash results/gpu/device_output/next/commands.sh tests SECONDS "FILE [ABSOLUTE_FILE ...] [-n WORKERS]" KEXPR
 #       pytest on the GPU (from /tmp: the repo's conftest and pyproject), log in tests.tar.gz; a second file
