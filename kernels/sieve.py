@@ -9,7 +9,10 @@ and ``slopes`` receive gradients through the stick-breaking stage.
 
 By candidate lists (where ``entmax._lists_apply``, the default), forward and backward take the rows in two
 sets. The listed rows, certified by entmax's list first stage with their support among at most ``C`` (64)
-candidates, are finished in registers, ``BR`` rows a program (``_lists_kernel``); the forward keeps their
+candidates, are finished in registers, ``BR`` rows a program (``_lists_kernel``; with ``sieve_scan``, the
+default since session 23, their candidates sorted by key and the stick's suffix sums a cumulative sum, as the
+backward does, instead of ``[BR, C, C]`` comparisons: Sieve's forward 34.4 -> 31.9 ms at L 65,536, D 32 on the
+H100; ``sieve_open``, off, gives the open rows' walk tiles of its own); the forward keeps their
 supports in place of the candidates, so the backward (``_lists_bwd_kernel``) takes the very support the
 forward used. The open rows (the others, row 0 among them) are gathered per head and walked over all their
 keys by the filtered stick-breaking kernels (``_open_kernel``, ``_open_bwd_kernel``).
