@@ -235,10 +235,11 @@ def _lists_forward(pb: Problem, save: bool):
     What the backward keeps: the lists, which then hold the listed rows' supports (``_lists_kernel``); and
     only the open rows' fp32 outputs (the listed rows' backward needs none), kept in the open rows' own unused
     list slots where a row fits in them (``D <= C``: ``o32_stride`` C), else in a ``[BH, T, D]`` buffer."""
+    open_tiles = _config(pb.block_d)["sieve_open"]
+    if open_tiles and open_tiles[0] % open_tiles[1]:  # checked before any launch
+        raise ValueError(f"sieve lists: bad open-row tiles {open_tiles} (rows a multiple of keys)")
     tau, ncand, lists, rows, count, config = _lists_start(pb, 0.5, True)
     nbm, nbn, nwarps, nstages = config["sieve_open"] or config["newton"]
-    if nbm % nbn:
-        raise ValueError(f"sieve lists: bad open-row tiles {config['sieve_open']} (rows a multiple of keys)")
     rows_per, finish_warps = config["finish"]
     size = lists.shape[-1]
     scan = bool(config["sieve_scan"])
