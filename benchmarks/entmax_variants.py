@@ -89,6 +89,14 @@ VARIANTS = {
     "sieve-open-n32": dict(sieve_open=(32, 32, 4, 3)),
     "sieve-open-n32s2": dict(sieve_open=(32, 32, 4, 2)),
     "sieve-open-n16": dict(sieve_open=(16, 16, 2, 3)),
+    # session 24: where the open rows are few (``few_open``: at most 256 a multiprocessor, 16,384 tokens or
+    # more), the open rows' kernels on smaller tiles (the last rows' walk is then the critical path)
+    "few-sieve-n16": dict(sieve_open_few=(16, 16, 2, 3)),
+    "few-sieve-n16w1": dict(sieve_open_few=(16, 16, 1, 3)),
+    "few-sieve-n32": dict(sieve_open_few=(32, 32, 4, 3)),
+    "few-newton-n16": dict(newton_few=(16, 16, 2, 3)),
+    "few-newton-n32": dict(newton_few=(32, 32, 4, 3)),
+    "few-n16": dict(newton_few=(16, 16, 2, 3), sieve_open_few=(16, 16, 2, 3)),
     "lists-r1": dict(finish=(1, 4)),
     "lists-r2": dict(finish=(2, 4)),
     "lists-r8": dict(finish=(8, 4)),

@@ -953,12 +953,80 @@ def _config(block_d: int) -> dict:
                       # program at C 64); session 23: Sieve's forward 34.4 -> 31.9 ms at L 65,536, D 32
                       sieve_scan=True,
                       # Sieve's open rows' forward walk (_open_kernel): (bm, bn, warps, stages), None: ``newton``'s
-                      sieve_open=None)
+                      sieve_open=None,
+                      # Few open rows (session 24): where at least ``few_open[1]`` tokens and at most
+                      # ``few_open[0]`` open rows a multiprocessor (all heads together), the open rows' kernels
+                      # take the ``*_few`` tiles (None: their usual ones). A tile's walk over its keys is then the
+                      # critical path (the longest walk, the last rows', alone on its multiprocessor), so
+                      # fewer rows a tile finish sooner; with many open rows larger tiles share each key tile
+                      # among more rows. The count is copied to the host behind the first stage and read
+                      # before the first launch that needs it (``_OpenCount``); None: never read.
+                      few_open=(256, 16384), newton_few=None, sieve_open_few=None)
     defaults = {} if old else _env_defaults()
     unknown = sorted(set(defaults) - set(config))
     if unknown:
         raise ValueError(f"{_ENV}: unknown keys {unknown}; the keys are {sorted(config)}")
     return {**config, **defaults, **tuning}
+
+
+_PINNED: dict = {}  # a pinned host int64 a device, for _OpenCount's copy
+_SMS: dict = {}  # multiprocessors a device
+
+
+class _OpenCount:
+    """Whether a launch's open rows (``count`` [BH], ``_open_rows``) are few (``few_open``): their total is
+    copied to a pinned host buffer behind the kernels queued so far, without waiting, and read at the first
+    :meth:`few`, which waits for that copy only (the kernels queued after it keep the device busy). Never read
+    (always not few) off CUDA, below ``few_open[1]`` tokens, while a CUDA graph is captured, or without
+    ``few_open``."""
+
+    def __init__(self, count: torch.Tensor, tokens: int, config: dict):
+        self._few, self._event, self._limit = False, None, 0
+        setting = config.get("few_open")
+        if not setting or not count.is_cuda or tokens < int(setting[1]):
+            return
+        if torch.cuda.is_current_stream_capturing():
+            return
+        device = count.device
+        if device not in _PINNED:
+            _PINNED[device] = torch.empty((), dtype=torch.int64, pin_memory=True)
+            _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+        self._limit = int(setting[0]) * _SMS[device]
+        self._host = _PINNED[device]
+        self._host.copy_(count.sum(dtype=torch.int64), non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def few(self) -> bool:
+        if self._event is not None:
+            self._event.synchronize()
+            self._few, self._event = int(self._host) <= self._limit, None
+        return self._few
+
+    def tiles(self, config: dict, usual, few_key: str):
+        """The tiles of a launch: ``config[few_key]`` where it is set and the open rows are few, else ``usual``."""
+        few = config.get(few_key)
+        return tuple(few) if few and self.few() else tuple(usual)
+
+
+# _row_cumsum's chunk: one scan along rows this long, one along the chunks' totals
+_SCAN_CHUNK = 256
+
+
+def _row_cumsum(flags: torch.Tensor) -> torch.Tensor:
+    """``torch.cumsum(flags, 1)`` as int32, for ``[BH, T]`` with few rows and long ones: in chunks of
+    ``_SCAN_CHUNK`` and then over the chunks' totals. A scan along a long innermost dimension takes a block a row
+    (84 us for 16 rows of 65,536 on the H100); chunked, the rows' work is spread over many blocks."""
+    heads, tokens = flags.shape
+    if tokens <= 4 * _SCAN_CHUNK:
+        return torch.cumsum(flags, 1, dtype=torch.int32)
+    chunks = -(-tokens // _SCAN_CHUNK)
+    padded = torch.zeros(heads, chunks * _SCAN_CHUNK, device=flags.device, dtype=torch.int32)
+    padded[:, :tokens] = flags
+    inner = torch.cumsum(padded.view(heads, chunks, _SCAN_CHUNK), 2, dtype=torch.int32)
+    totals = inner[:, :, -1]
+    inner += (torch.cumsum(totals, 1, dtype=torch.int32) - totals).unsqueeze(2)  # the chunks before each
+    return inner.view(heads, -1)[:, :tokens]
 
 
 def _open_rows(done: torch.Tensor):
@@ -967,7 +1035,7 @@ def _open_rows(done: torch.Tensor):
     device, no synchronisation."""
     heads, tokens = done.shape
     open_ = done == 0
-    slot = torch.where(open_, torch.cumsum(open_, 1, dtype=torch.int32) - 1, tokens)
+    slot = torch.where(open_, _row_cumsum(open_) - 1, tokens)
     rows = torch.zeros(heads, tokens + 1, device=done.device, dtype=torch.int32)
     order = torch.arange(tokens, device=done.device, dtype=torch.int32).expand(heads, tokens)
     rows.scatter_(1, slot.long(), order)
@@ -1045,15 +1113,18 @@ def _lists_apply(q) -> bool:
 
 def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40):
     """The first stage with the lists and the Newton passes over the open rows (shared with Sieve):
-    ``(tau, ncand, lists, rows, count, config)``, ``tau`` ``[B, H, T]`` final on the open rows and a start
-    below ``tau*`` on the listed ones, ``ncand`` ``[BH, T]`` int32 the number of candidates of the listed rows
-    (0 on the open rows, and the rows that see no key), ``lists`` ``[BH, T, C]`` their keys, ``rows, count``
-    the open rows (``_open_rows``)."""
+    ``(tau, ncand, lists, rows, count, config, opened)``, ``tau`` ``[B, H, T]`` final on the open rows and a
+    start below ``tau*`` on the listed ones, ``ncand`` ``[BH, T]`` int32 the number of candidates of the listed
+    rows (0 on the open rows, and the rows that see no key), ``lists`` ``[BH, T, C]`` their keys, ``rows,
+    count`` the open rows (``_open_rows``), ``opened`` their ``_OpenCount``. Every launch setting is checked
+    before the first launch."""
     config = _config(pb.block_d)
     bm, bns, size = config["bm"], config["bn_subset"], int(config["list_size"])
-    nbm, nbn, nwarps, nstages = config["newton"]
     pack = _pack_launch(_pack_bits(pb.tokens, bns))
-    if bm % bns or nbm % nbn or pack > _PACK_MAX or size & (size - 1):
+    # open-row tiles: (rows, keys a step, warps, stages), the rows a multiple of the keys
+    tiles = [config[key] for key in ("newton", "newton_few", "sieve_open", "sieve_open_few") if config[key]]
+    if (bm % bns or pack > _PACK_MAX or size & (size - 1) or any(len(t) != 4 or t[0] % t[1] for t in tiles)
+            or (config["few_open"] and len(config["few_open"]) != 2)):
         raise ValueError(f"entmax lists: bad launch settings {config} for T {pb.tokens}")
     tau = pb.rows()
     ncand = torch.empty(pb.bh, pb.tokens, device=tau.device, dtype=torch.int32)
@@ -1080,11 +1151,14 @@ def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40):
             STRICT=bool(strict), HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None, D=pb.head_dim,
             BD=pb.block_d, BNS=bns, C=size, XS=xs, RB=rb, NK=nk, num_warps=rwarps)
     rows, count = _open_rows(ncand != 0)
+    wanted = config["newton_few"] or (strict and config["sieve_open_few"])
+    opened = _OpenCount(count, pb.tokens, config if wanted else {})
+    nbm, nbn, nwarps, nstages = opened.tiles(config, config["newton"], "newton_few")
     _newton_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
         pb.q, pb.k, sl, rs, tau, rows, count, pb.sm_scale, pb.tokens, pb.heads, float(tol), int(max_iter),
         ACC=bool(config["acc"]), LEAN=bool(config["lean"]), BM=nbm, BN=nbn, num_warps=nwarps, num_stages=nstages,
         **common)
-    return tau, ncand, lists, rows, count, config
+    return tau, ncand, lists, rows, count, config, opened
 
 
 def _lists_forward(pb: Problem, alpha: float, store_u: bool, tol=1e-6, max_iter=40):
@@ -1097,7 +1171,7 @@ def _lists_forward(pb: Problem, alpha: float, store_u: bool, tol=1e-6, max_iter=
     rows (``_newton_kernel``), the listed rows' threshold and output (``_lists_output_kernel``), the open
     rows' output over all their keys (``_open_output_kernel``). The last two write disjoint rows."""
     xs = _ALPHAS[alpha]
-    tau, ncand, lists, rows, count, config = _lists_start(pb, xs, False, tol, max_iter)
+    tau, ncand, lists, rows, count, config, _ = _lists_start(pb, xs, False, tol, max_iter)
     nbm, nbn, nwarps, nstages = config["newton"]
     rows_per, finish_warps = config["finish"]
     sl, rs = pb.opt(pb.slopes), pb.opt(pb.row_scale)

@@ -235,11 +235,8 @@ def _lists_forward(pb: Problem, save: bool):
     What the backward keeps: the lists, which then hold the listed rows' supports (``_lists_kernel``); and
     only the open rows' fp32 outputs (the listed rows' backward needs none), kept in the open rows' own unused
     list slots where a row fits in them (``D <= C``: ``o32_stride`` C), else in a ``[BH, T, D]`` buffer."""
-    open_tiles = _config(pb.block_d)["sieve_open"]
-    if open_tiles and open_tiles[0] % open_tiles[1]:  # checked before any launch
-        raise ValueError(f"sieve lists: bad open-row tiles {open_tiles} (rows a multiple of keys)")
-    tau, ncand, lists, rows, count, config = _lists_start(pb, 0.5, True)
-    nbm, nbn, nwarps, nstages = config["sieve_open"] or config["newton"]
+    tau, ncand, lists, rows, count, config, opened = _lists_start(pb, 0.5, True)  # checks the settings
+    usual = config["sieve_open"] or config["newton"]
     rows_per, finish_warps = config["finish"]
     size = lists.shape[-1]
     scan = bool(config["sieve_scan"])
@@ -261,6 +258,8 @@ def _lists_forward(pb: Problem, save: bool):
     _lists_kernel[(triton.cdiv(pb.tokens, rows_per), pb.bh)](
         pb.q, pb.k, pb.v, out, pb.opt(rem), sl, rs, tau, ncand, lists, pb.opt(nsup), pb.sm_scale, pb.tokens,
         pb.heads, 2 * size + 8, BR=rows_per, C=size, SCAN=scan, num_warps=finish_warps, **common)
+    # read only now (the lists kernel queued): the few-rows tiles where the open rows are few (``few_open``)
+    nbm, nbn, nwarps, nstages = opened.tiles(config, usual, "sieve_open_few")
     _open_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
         pb.q, pb.k, pb.v, out, pb.opt(o32), pb.opt(rem), sl, rs, tau, rows, count, pb.sm_scale, pb.tokens,
         pb.heads, o32_stride, EXIT_AT, SPLIT=pb.q.dtype != torch.float32, DOT_PREC=pb.dot_prec, BM=nbm,

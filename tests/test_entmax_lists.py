@@ -488,3 +488,70 @@ def test_sieve_scan_matches_the_pairwise_sums(case, monkeypatch):
     assert results[True][0] > 0 and torch.equal(results[True][1], results[False][1])
     torch.testing.assert_close(results[True][2], results[False][2], atol=2e-6, rtol=2e-5)
     check("sieve", q, k, v, label=f"sieve scan {case}", **extra)
+
+
+def test_row_cumsum_matches_torch():
+    """``_row_cumsum`` (the open rows' slots, chunked) equals ``torch.cumsum`` as int32, at lengths around its
+    chunks and with no, few, half and all rows flagged."""
+    gen = torch.Generator(device=DEVICE).manual_seed(9)
+    chunk = entmax._SCAN_CHUNK
+    for heads, tokens in [(1, 1), (3, 4 * chunk), (3, 4 * chunk + 1), (2, 17 * chunk - 5), (16, 8192)]:
+        for share in (0.0, 0.01, 0.5, 1.0):
+            flags = torch.rand(heads, tokens, device=DEVICE, generator=gen) < share
+            got = entmax._row_cumsum(flags)
+            assert got.dtype == torch.int32 and torch.equal(got, torch.cumsum(flags, 1, dtype=torch.int32))
+    done = (torch.rand(2, 3000, device=DEVICE, generator=gen) < 0.9).to(torch.int8)
+    rows, count = entmax._open_rows(done)
+    for bh in range(2):
+        want = (done[bh] == 0).nonzero().flatten()
+        assert int(count[bh]) == want.numel() and torch.equal(rows[bh, : want.numel()].long(), want)
+
+
+def test_bad_open_tiles_fail_before_any_launch(monkeypatch):
+    """An open-row tile setting whose rows are not a multiple of its keys, or a ``few_open`` that is not a pair,
+    is refused with one line before the first stage runs."""
+    q, k, v = make(1, 1, 64, 32, torch.float32, seed=1)
+    launched = []
+
+    class Spy:  # stands for the first stage's kernel: records a launch
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(entmax, "_lists_start_kernel", Spy())
+    for bad in (dict(newton_few=(16, 32, 2, 3)), dict(sieve_open_few=(24, 16, 2, 3)), dict(sieve_open=(16, 32, 2, 3)),
+                dict(few_open=(256,))):
+        monkeypatch.setattr(entmax, "TUNING", bad)
+        for name in ("entmax", "sieve"):
+            with pytest.raises(ValueError, match="bad launch settings") as error:
+                op_of(name)(q, k, v)
+            assert "\n" not in str(error.value)
+    assert not launched
+
+
+@pytest.mark.skipif(not CUDA, reason="the open rows' count is read on CUDA only")
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
+def test_few_open_rows_take_their_tiles(name, monkeypatch):
+    """``few_open`` (session 24): where the open rows are few, the Newton kernel and Sieve's open walk take the
+    ``*_few`` tiles; the output and gradients stay the reference's and the forward equals the usual tiles'
+    (the same rows, walked in other tiles). Wide scores leave many rows open; ``few_open`` ``(0, 0)`` counts
+    them as many, a huge limit as few, and below its token floor the count is never read."""
+    q, k, v = make(1, 2, 700, 32, torch.float32, seed=44, scale=0.6)
+    listed, total, *_ = path_counts(name, q, k, v)
+    assert listed < total
+    verdicts = []
+    real = entmax._OpenCount.few
+    monkeypatch.setattr(entmax._OpenCount, "few", lambda self: verdicts.append(real(self)) or verdicts[-1])
+    tiles = dict(newton_few=(16, 16, 2, 3), sieve_open_few=(16, 16, 2, 3))
+    outs = {}
+    for label, few_open in (("many", (0, 0)), ("few", (1 << 30, 0)), ("short", (1 << 30, 701))):
+        verdicts.clear()
+        monkeypatch.setattr(entmax, "TUNING", dict(few_open=few_open, **tiles))
+        outs[label] = op_of(name)(q, k, v)
+        # one verdict a launch that asks (the Newton kernel; and Sieve's open walk), the count read once
+        want = {"many": False, "few": True, "short": False}[label]
+        assert verdicts == [want] * (2 if name == "sieve" else 1), (label, verdicts)
+    torch.testing.assert_close(outs["few"], outs["many"], atol=2e-6, rtol=2e-5)
+    assert torch.equal(outs["short"], outs["many"])
+    monkeypatch.setattr(entmax, "TUNING", dict(few_open=(1 << 30, 0), **tiles))
+    check(name, q, k, v, seed=44, label="few open rows")

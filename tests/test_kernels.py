@@ -408,6 +408,8 @@ ENTMAX_VARIANTS = {
     "norescue": dict(rescue=False),
     "pairwise-sieve": dict(sieve_scan=False),  # session 23: Sieve's listed rows' [rows, C, C] suffix sums
     "sieve-open-n16": dict(sieve_open=(16, 16, 2, 3)),  # Sieve's open rows on tiles of their own
+    # session 24: the few-open-rows tiles (the count read and found few at any length)
+    "few-open-n16": dict(few_open=(1 << 30, 0), newton_few=(16, 16, 2, 3), sieve_open_few=(16, 16, 2, 3)),
     "rescue-c16-all": dict(rescue=True, list_size=16, max_sat=64, rescue_launch=(4, 32, 4)),
 }
 
