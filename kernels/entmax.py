@@ -961,7 +961,10 @@ def _config(block_d: int) -> dict:
                       # fewer rows a tile finish sooner; with many open rows larger tiles share each key tile
                       # among more rows. The count is copied to the host behind the first stage and read
                       # before the first launch that needs it (``_OpenCount``); None: never read.
-                      few_open=(256, 16384), newton_few=None, sieve_open_few=None)
+                      few_open=(256, 16384), newton_few=None,
+                      # session 24 (benchmarks/entmax_variants.py, L 65,536, D 32): Sieve's forward 30.68 -> 29.26
+                      # ms; 32-row tiles 29.71; the Newton kernel's few-row tiles were slower (30.3-32.4 ms)
+                      sieve_open_few=(16, 16, 2, 3))
     defaults = {} if old else _env_defaults()
     unknown = sorted(set(defaults) - set(config))
     if unknown:
