@@ -10,8 +10,8 @@ H=16, bf16 by default.
 
     python benchmarks/kernels.py --merge NEW_DIR --out results/kernels
 
-(no GPU needed) replaces the rows of the mechanisms that ``NEW_DIR/benchmark.parquet`` measured (a later run
-of some mechanisms) in ``--out``'s, keeps the others, and rewrites both files.
+(no GPU needed) replaces the rows that ``NEW_DIR/benchmark.parquet`` measured again (the same mechanism, length
+and head dim) in ``--out``'s, keeps the others, and rewrites both files.
 """
 
 from __future__ import annotations
@@ -104,8 +104,9 @@ def main():
     parser.add_argument("--scale", type=float, default=1.0,
                         help="factor on q and k (not tra/tda's unit inputs): the scores' spread, which sets the "
                              "supports of entmax, sparsemax and sieve (0.1: near-uniform scores, large supports)")
-    parser.add_argument("--merge", default="", help="a directory with a later benchmark.parquet: its mechanisms' "
-                                                       "rows replace theirs in --out's (no measurement)")
+    parser.add_argument("--merge", default="", help="a directory with a later benchmark.parquet: its rows replace "
+                                                       "--out's of the same mechanism, length and head dim (no "
+                                                       "measurement)")
     args = parser.parse_args()
     if args.merge:
         write(merge(pd.read_parquet(Path(args.out) / "benchmark.parquet"),
@@ -137,9 +138,11 @@ def main():
 
 
 def merge(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
-    """``old`` with the rows of every mechanism ``new`` measured replaced by ``new``'s."""
-    kept = old[~old.mechanism.isin(set(new.mechanism))]
-    return pd.concat([kept, new], ignore_index=True)
+    """``old`` with every row that ``new`` measured again (the same mechanism, length and head dim) replaced by
+    ``new``'s; ``old``'s other rows stay, those of the same mechanism at other shapes too."""
+    keys = ["mechanism", "seq_len", "head_dim"]
+    again = old.set_index(keys).index.isin(new.set_index(keys).index)
+    return pd.concat([old[~again], new], ignore_index=True)
 
 
 def save(rows, out_dir):
@@ -158,7 +161,8 @@ def report(frame: pd.DataFrame) -> str:
     longest = frame.seq_len.max()
     dates = sorted(frame.created_at.unique())
     when = dates[0] if len(dates) == 1 else (f"between {dates[0]} and {dates[-1]} (each row's `created_at` in the "
-                                              "Parquet; rows of later sessions replace a mechanism's earlier ones)")
+                                              "Parquet; a later session's row replaces an earlier one of the same "
+                                              "mechanism, length and head dim)")
     lines = [f"# Fused kernels vs SDPA (flash, causal): {frame.device.iloc[0]}, {frame.dtype.iloc[0]}, "
              f"B=1, H={frame.heads.iloc[0]}", "", f"Measured {when} by "
              "`benchmarks/kernels.py`; medians of `triton.testing.do_bench`; peak memory of one fwd+bwd step, "
@@ -189,8 +193,10 @@ def report(frame: pd.DataFrame) -> str:
               "- entmax, sparsemax and sieve first find the threshold: a pass that keeps the 4 largest scores "
               "of each of the 64 key columns per row (the exact threshold of that subset is a lower bound, and "
               "the threshold itself where no column's 4th largest is above it), then Newton/exact passes over "
-              "the rows left open only; sieve then runs the filtered stick-breaking pass without early exit. "
-              "How many rows stay open depends on the scores (`--scale`).",
+              "the rows left open only. The rows certified with at most 64 candidates (99% here) are finished "
+              "from those candidates' lists; the open ones (sieve: its filtered stick-breaking walk, with "
+              "stickbreaking's 60-nat exit) over all their keys. How many rows stay open depends on the scores "
+              "(`--scale`).",
               "- tda is the one-pass op (both views per key tile; the module runs it) on unit inputs like tra: its "
               "forward is timed without gradients (no activity map), its backward visits only the tiles the map "
               "lists; tda-2pass is two tra passes, what the module ran before session 10.",

@@ -68,6 +68,12 @@ With wider supports (scores times 0.7) most open rows overflow the lists and sta
 instead of 34.0 (1.53x SDPA's 19.9) and Sieve's 34.7 instead of 50.5; the trained MQMTAR ASEntmax + NAPE
 model's sample 137.0 ms instead of 140.3.
 
+``few_open`` (session 24): where the open rows are few (at most 256 a multiprocessor, from 16,384 tokens), a
+launch over them may take tiles of its own (``newton_few``, off; Sieve's ``sieve_open_few``, 16 rows, on). Such
+rows all run at once, and the last rows' walk over every key is then the critical path, which smaller tiles
+shorten; their count comes to the host behind the first stage (``_OpenCount``). Sieve's forward at L 65,536,
+D 32 on the H100: 30.7 -> 29.3 ms. ``_open_rows`` scans in chunks (``_row_cumsum``): 84 -> ~6 us a call.
+
 Without ``lists`` (or with ``old``, or past 12 bits of key tiles), and always for the gradients, the shared
 pointwise kernels (``_rowwise.py``) compute the output over all keys, the forward also keeping
 ``u_r = sum_j (X_rj - tau_r)_+ v_j`` for the backward: ``dz_rj = s_rj (do_r.v_j - do_r.u_r / sum_j s_rj)``

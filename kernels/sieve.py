@@ -12,7 +12,8 @@ sets. The listed rows, certified by entmax's list first stage with their support
 candidates, are finished in registers, ``BR`` rows a program (``_lists_kernel``; with ``sieve_scan``, the
 default since session 23, their candidates sorted by key and the stick's suffix sums a cumulative sum, as the
 backward does, instead of ``[BR, C, C]`` comparisons: Sieve's forward 34.4 -> 31.9 ms at L 65,536, D 32 on the
-H100; ``sieve_open``, off, gives the open rows' walk tiles of its own); the forward keeps their
+H100; ``sieve_open``, off, gives the open rows' walk tiles of its own, and ``sieve_open_few``, on since session
+24, where the open rows are few: ``entmax.few_open``); the forward keeps their
 supports in place of the candidates, so the backward (``_lists_bwd_kernel``) takes the very support the
 forward used. The open rows (the others, row 0 among them) are gathered per head and walked over all their
 keys by the filtered stick-breaking kernels (``_open_kernel``, ``_open_bwd_kernel``).
