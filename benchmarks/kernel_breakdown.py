@@ -12,7 +12,9 @@ newest trained model of each ``--attns`` entry (``attn`` or ``attn:pe``) in the 
 mechanisms (entmax, sparsemax, sieve and the rescaled entmaxes) the share of rows the list forward finished
 from their candidate lists ("listed") is recorded too. ``--entmax-tunings`` profiles each case under each of
 several ``kernels/entmax.py`` settings (``TUNING``), e.g. ``'[null, {"alibi_skip": false}]'``. One untimed
-warm-up first (compilation). Writes ``breakdown.parquet`` and ``breakdown.md`` (kernel, calls, total ms,
+warm-up first (compilation). ``--census N``: after the first setting's profile, one more untimed run in which
+every list forward's rows are sampled, N a head, by ``benchmarks/row_census.py`` (why rows stay open):
+``census.parquet`` (a row per sampled row, ``call`` the list forward's index) and a summary in ``census.md``. Writes ``breakdown.parquet`` and ``breakdown.md`` (kernel, calls, total ms,
 share) under ``--out``.
 """
 
@@ -32,6 +34,7 @@ from lengthbench.errors import UsageError
 from lengthbench.leaderboard import frame_markdown
 
 _LISTED: list[float] = []
+_CENSUS: dict = dict(rows=0, records=[], calls=0)
 
 
 def _record_lists():
@@ -43,11 +46,31 @@ def _record_lists():
         result = inner(pb, *args, **kwargs)
         ncand = result[1]
         _LISTED.append(float((ncand > 0).float().mean()))
+        if _CENSUS["rows"]:
+            from row_census import census  # noqa: PLC0415
+            xs, strict = args[0], args[1]
+            config = result[5]
+            for record in census(pb.q, pb.k, ncand, xs=xs, strict=strict, sm_scale=pb.sm_scale, slopes=pb.slopes,
+                                 row_scale=pb.row_scale, bns=config["bn_subset"], size=int(config["list_size"]),
+                                 max_sat=int(config["max_sat"]), rows=_CENSUS["rows"], seed=_CENSUS["calls"]):
+                _CENSUS["records"].append(dict(call=_CENSUS["calls"], xs=xs, strict=strict, **record))
+            _CENSUS["calls"] += 1
         return result
 
     entmax._lists_start = wrapped
     from lengthbench.kernels import sieve
     sieve._lists_start = wrapped
+
+
+def _run_census(step, rows: int, attn: str, what: str) -> list[dict]:
+    """One more untimed ``step`` with the census on: its records, tagged with the case."""
+    _CENSUS.update(rows=rows, records=[], calls=0)
+    try:
+        step()
+        torch.cuda.synchronize()
+    finally:
+        _CENSUS["rows"] = 0
+    return [dict(attn=attn, case=what, **r) for r in _CENSUS["records"]]
 
 
 def _kernel_table(prof) -> list[dict]:
@@ -123,6 +146,8 @@ def main() -> None:
     parser.add_argument("--entmax-tunings", default="null",
                         help='JSON: a list of kernels/entmax.py TUNING values (null: the defaults), each case profiled '
                              'under each, e.g. \'[null, {"alibi_skip": false}]\'')
+    parser.add_argument("--census", type=int, default=0,
+                        help="sample this many rows a head of every list forward (benchmarks/row_census.py)")
     parser.add_argument("--out", default="results/kernels/breakdown")
     args = parser.parse_args()
     try:
@@ -151,6 +176,9 @@ def main() -> None:
                 cases.append((attn, what, _random_case(attn, args.length, args.heads, args.head_dim,
                                                        float(scale), args.backward)))
     _record_lists()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    census_rows: list[dict] = []
     device = torch.cuda.get_device_name()
     from lengthbench.kernels import entmax  # noqa: PLC0415 - Triton: only where the kernels run
     cases = [(attn, what + (f", entmax tuning {json.dumps(tuning)}" if tuning else ""), step, tuning)
@@ -173,8 +201,20 @@ def main() -> None:
             rows.append(dict(attn=attn, case=what, tuning=json.dumps(tuning), length=args.length, listed=listed,
                              device=device,
                              created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), **r))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+        if args.census and tuning == tunings[0]:
+            census_rows += _run_census(step, args.census, attn, what)
+    if census_rows:
+        from row_census import summary  # noqa: PLC0415
+        frame = pd.DataFrame(census_rows)
+        frame.to_parquet(out / "census.parquet", index=False)
+        text = [f"# Row census: {device}, L {args.length}, {args.census} rows a head a list forward", ""]
+        for (attn, what), part in frame.groupby(["attn", "case"], sort=False):
+            text += [f"## {attn} ({what})", "", "```", summary(part), "```", ""]
+            for call, sub in part.groupby("call"):
+                text += [f"call {call}: listed {sub['listed'].mean():.1%}; open rows' support median "
+                         f"{sub.loc[~sub['listed'], 'support'].median()}", ""]
+        (out / "census.md").write_text("\n".join(text))
+        print("\n".join(text), flush=True)
     frame = pd.DataFrame(rows)
     frame.to_parquet(out / "breakdown.parquet", index=False)
     lines = [f"# Kernel breakdown: {device}, L {args.length}", ""]

@@ -396,18 +396,21 @@ def _first_stage(q, K, base, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, 
 
 
 @triton.jit
-def _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, tau, fixed, tol, max_iter,
-                   STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
+def _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, tau, fixed, tol, it0,
+                   max_iter, STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
                    ACC: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    XS: tl.constexpr, LEAN: tl.constexpr):
     """``tau`` after the Newton passes, which run while a row not ``fixed`` (certified, empty or past ``T``:
     kept as they are) is neither exact nor still. ``ACC``: elementwise ``[BM, BN]`` partial sums, reduced once
     per pass, instead of reducing every key tile. ``LEAN`` (the default): Newton's steps alone, from the two
     sums they need (elementwise), which a pass computes in a quarter of the instructions; a row is done when
-    its step falls below ``tol``, or after 8 passes below ``1e-5`` (rounding noise)."""
+    its step falls below ``tol``, or after 8 passes below ``1e-5`` (rounding noise). ``(tau, done)``: ``done``
+    the rows that ended (or are ``fixed``); the passes count from ``it0`` to ``max_iter`` at most (a later launch
+    of ``newton_phases`` goes on from where an earlier one stopped)."""
     start = tau
     pending = tl.sum((fixed == 0).to(tl.int32), 0)
-    it = 0
+    done = fixed
+    it = it0
     while (it < max_iter) & (pending > 0):
         if LEAN:
             # Only the sums Newton's step needs, elementwise: s1 and s2 (1.5-entmax) or s1 and the count
@@ -482,7 +485,7 @@ def _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, di
             done = exact_ok | (step <= tol * (1.0 + tl.abs(tau))) | fixed
             pending = tl.sum((done == 0).to(tl.int32), 0)
             it += 1
-    return tl.where(fixed, start, tau)
+    return tl.where(fixed, start, tau), done
 
 
 @triton.jit
@@ -500,8 +503,8 @@ def _threshold_kernel(Q, K, SL, RS, TAU, sm_scale, T, H, tol, max_iter,
     tau, empty, certified = _first_stage(q, K, base, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, rs, diag,
                                          hi, STRICT, HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, SUBSET, TOPK,
                                          SUBSET_ITERS, XS, PAIRS)
-    tau = _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, tau,
-                         certified | empty | (row_ok == 0), tol, max_iter, STRICT, HAS_SLOPES, HAS_RS, FOLD, ACC,
+    tau, _ = _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, tau,
+                            certified | empty | (row_ok == 0), tol, 0, max_iter, STRICT, HAS_SLOPES, HAS_RS, FOLD, ACC,
                          DOT_PREC, D, BM, BN, XS, LEAN)
     tau = tl.where(empty, float("inf"), tau)
     tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
@@ -527,13 +530,14 @@ def _start_kernel(Q, K, SL, RS, TAU, DONE, sm_scale, T, H,
 
 
 @triton.jit
-def _newton_kernel(Q, K, SL, RS, TAU, ROWS, COUNT, sm_scale, T, H, tol, max_iter,
+def _newton_kernel(Q, K, SL, RS, TAU, ROWS, COUNT, PEND, sm_scale, T, H, tol, it0, max_iter,
                    STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
                    ACC: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
-                   BN: tl.constexpr, XS: tl.constexpr, LEAN: tl.constexpr):
+                   BN: tl.constexpr, XS: tl.constexpr, LEAN: tl.constexpr, PHASED: tl.constexpr):
     """The Newton passes alone (the split launch) over the rows ``_start_kernel`` left open, gathered:
     ``ROWS[bh, :COUNT[bh]]`` (ascending, ``T + 1`` a head), ``BM`` of them a program; ``TAU`` in place. The
-    keys below the tile's first row are visible to all its rows, the rest up to its last row are masked."""
+    keys below the tile's first row are visible to all its rows, the rest up to its last row are masked.
+    Passes ``it0`` to ``max_iter``; ``PHASED``: ``PEND`` 1 on the rows not done by then, 0 on the others."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     n_open = tl.load(COUNT + bh)
@@ -543,10 +547,12 @@ def _newton_kernel(Q, K, SL, RS, TAU, ROWS, COUNT, sm_scale, T, H, tol, max_iter
         first = tl.min(tl.where(row_ok, offs_m, T), 0)
         last = tl.max(tl.where(row_ok, offs_m, 0), 0)
         tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
-        tau = _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, (first // BN) * BN,
-                             last + 1, tau, row_ok == 0, tol, max_iter, STRICT, HAS_SLOPES, HAS_RS, FOLD, ACC,
-                             DOT_PREC, D, BM, BN, XS, LEAN)
+        tau, done = _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, (first // BN) * BN,
+                                   last + 1, tau, row_ok == 0, tol, it0, max_iter, STRICT, HAS_SLOPES, HAS_RS, FOLD,
+                                   ACC, DOT_PREC, D, BM, BN, XS, LEAN)
         tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
+        if PHASED:
+            tl.store(PEND + bh * T + offs_m, (done == 0).to(tl.int32), mask=row_ok)
 
 
 @triton.jit
@@ -970,7 +976,16 @@ def _config(block_d: int) -> dict:
                       few_open=(256, 16384), newton_few=None,
                       # session 24 (benchmarks/entmax_variants.py, L 65,536, D 32): Sieve's forward 30.68 -> 29.26
                       # ms; 32-row tiles 29.71; the Newton kernel's few-row tiles were slower (30.3-32.4 ms)
-                      sieve_open_few=(16, 16, 2, 3))
+                      sieve_open_few=(16, 16, 2, 3),
+                      # Many open rows (session 25): a tile runs as long as its slowest row, so the open rows are
+                      # gathered again between phases. ``newton_phases``: passes a launch of the Newton kernel
+                      # (``_newton_launch``); ``sieve_phases``: keys a launch of Sieve's open walk
+                      # (``sieve._open_walk``); None: one launch. Not where the open rows are few, nor below
+                      # ``phases_from`` tokens (short rows: a launch more costs more than it saves).
+                      # session 25, a trained MQMTAR Sieve + NoPE model's sample at 65,536 tokens on the H100:
+                      # 206.7 ms -> (2,) 202.2 (the Newton kernel 37.1 -> 31.6 ms); the walk (512, 2048, 8192)
+                      # 167.5 (68.7 -> 28.5 ms); (2,) with (2048, 8192) 163.5
+                      newton_phases=(2,), sieve_phases=(512, 2048, 8192), phases_from=8192)
     defaults = {} if old else _env_defaults()
     unknown = sorted(set(defaults) - set(config))
     if unknown:
@@ -1012,10 +1027,6 @@ class _OpenCount:
             self._few, self._event = int(self._host) <= self._limit, None
         return self._few
 
-    def tiles(self, config: dict, usual, few_key: str):
-        """The tiles of a launch: ``config[few_key]`` where it is set and the open rows are few, else ``usual``."""
-        few = config.get(few_key)
-        return tuple(few) if few and self.few() else tuple(usual)
 
 
 # _row_cumsum's chunk: one scan along rows this long, one along the chunks' totals
@@ -1079,10 +1090,34 @@ def entmax_threshold(q, k, *, slopes=None, row_scale=None, sm_scale=None, strict
     _start_kernel[grid](*args, done, pb.sm_scale, pb.tokens, pb.heads, BM=bm, num_warps=config["warps"],
                         num_stages=config["stages"], **first, **common)
     rows, count = _open_rows(done.view(pb.bh, pb.tokens))
-    _newton_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
-        *args, rows, count, pb.sm_scale, pb.tokens, pb.heads, float(tol), int(max_iter), ACC=bool(config["acc"]),
-        LEAN=bool(config["lean"]), BM=nbm, BN=nbn, num_warps=nwarps, num_stages=nstages, **common)
+    _newton_launch(pb, args, rows, count, tol, max_iter, config, (nbm, nbn, nwarps, nstages), common)
     return tau
+
+
+def _newton_launch(pb: Problem, args, rows, count, tol, max_iter, config, tiles, common):
+    """The Newton passes over the open rows ``rows, count``: one launch, or with ``newton_phases`` (passes a
+    launch) one launch a phase over the rows not yet done, gathered again after each (a tile runs as many
+    passes as its slowest row: regathered, the rows that end early stop taking a tile's passes), the last
+    phase up to ``max_iter``."""
+    nbm, nbn, nwarps, nstages = tiles
+    phases = [int(p) for p in (config.get("newton_phases") or ())]
+    if pb.tokens < int(config.get("phases_from") or 0):
+        phases = []
+    launch = dict(ACC=bool(config["acc"]), LEAN=bool(config["lean"]), BM=nbm, BN=nbn, num_warps=nwarps,
+                  num_stages=nstages, **common)
+    grid = (triton.cdiv(pb.tokens, nbm), pb.bh)
+    pend = torch.zeros(pb.bh, pb.tokens, device=pb.q.device, dtype=torch.int32) if phases else pb.dummy
+    it0 = 0
+    for passes in phases:
+        if it0 >= max_iter:
+            return
+        _newton_kernel[grid](*args, rows, count, pend, pb.sm_scale, pb.tokens, pb.heads, float(tol), it0,
+                             min(it0 + passes, int(max_iter)), PHASED=True, **launch)
+        it0 += passes
+        rows, count = _open_rows(pend == 0)
+    if it0 < max_iter:
+        _newton_kernel[grid](*args, rows, count, pend, pb.sm_scale, pb.tokens, pb.heads, float(tol), it0,
+                             int(max_iter), PHASED=False, **launch)
 
 
 # The packed key-tile index takes at most this many mantissa bits (the margin eps grows as 2^bits: 12 bits is
@@ -1133,7 +1168,8 @@ def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40):
     # open-row tiles: (rows, keys a step, warps, stages), the rows a multiple of the keys
     tiles = [config[key] for key in ("newton", "newton_few", "sieve_open", "sieve_open_few") if config[key]]
     if (bm % bns or pack > _PACK_MAX or size & (size - 1) or any(len(t) != 4 or t[0] % t[1] for t in tiles)
-            or (config["few_open"] and len(config["few_open"]) != 2)):
+            or (config["few_open"] and len(config["few_open"]) != 2)
+            or any(int(p) < 1 for key in ("newton_phases", "sieve_phases") for p in (config[key] or ()))):
         raise ValueError(f"entmax lists: bad launch settings {config} for T {pb.tokens}")
     tau = pb.rows()
     ncand = torch.empty(pb.bh, pb.tokens, device=tau.device, dtype=torch.int32)
@@ -1160,13 +1196,16 @@ def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40):
             STRICT=bool(strict), HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None, D=pb.head_dim,
             BD=pb.block_d, BNS=bns, C=size, XS=xs, RB=rb, NK=nk, num_warps=rwarps)
     rows, count = _open_rows(ncand != 0)
-    wanted = config["newton_few"] or (strict and config["sieve_open_few"])
+    if pb.tokens < int(config["phases_from"]):
+        config = dict(config, newton_phases=None, sieve_phases=None)
+    wanted = config["newton_few"] or config["newton_phases"] or (strict and (config["sieve_open_few"]
+                                                                            or config["sieve_phases"]))
     opened = _OpenCount(count, pb.tokens, config if wanted else {})
-    nbm, nbn, nwarps, nstages = opened.tiles(config, config["newton"], "newton_few")
-    _newton_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
-        pb.q, pb.k, sl, rs, tau, rows, count, pb.sm_scale, pb.tokens, pb.heads, float(tol), int(max_iter),
-        ACC=bool(config["acc"]), LEAN=bool(config["lean"]), BM=nbm, BN=nbn, num_warps=nwarps, num_stages=nstages,
-        **common)
+    # few open rows (read once, where a setting asks): their own tiles, and no phases (they all run at once)
+    few = bool(config["newton_few"] or config["newton_phases"]) and opened.few()
+    tiles = tuple(config["newton_few"] if few and config["newton_few"] else config["newton"])
+    newton_config = dict(config, newton_phases=None) if few else config
+    _newton_launch(pb, (pb.q, pb.k, sl, rs, tau), rows, count, tol, max_iter, newton_config, tiles, common)
     return tau, ncand, lists, rows, count, config, opened
 
 

@@ -562,8 +562,8 @@ def test_few_open_rows_take_their_tiles(name, monkeypatch):
 @pytest.mark.skipif(not CUDA, reason="the open rows' count is read on CUDA only")
 def test_sieve_few_open_rows_by_default():
     """With the defaults, at ``few_open``'s token floor (16,384), N(0, 1) scores leave about 1% of the rows
-    open: few, so Sieve's open walk takes ``sieve_open_few``'s tiles; output and gradients are the float64
-    reference's."""
+    open: few, so Sieve's open walk takes ``sieve_open_few``'s tiles, and neither it nor the Newton kernel runs
+    in phases; output and gradients are the float64 reference's."""
     tokens = entmax._config(32)["few_open"][1]
     q, k, v = make(1, 1, tokens, 32, torch.bfloat16, seed=16)
     verdicts = []
@@ -572,4 +572,56 @@ def test_sieve_few_open_rows_by_default():
         patch.setattr(entmax, "TUNING", None)
         patch.setattr(entmax._OpenCount, "few", lambda self: verdicts.append(real(self)) or verdicts[-1])
         check("sieve", q, k, v, seed=16, label=f"few open rows by default, T {tokens}")
-    assert verdicts == [True], verdicts
+    # one verdict a launch that asks: the Newton kernel (newton_phases), the open walk
+    assert verdicts == [True, True], verdicts
+
+
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
+def test_phases_regather_the_open_rows(name, monkeypatch):
+    """``newton_phases`` and ``sieve_phases`` (session 25): the Newton passes and Sieve's open walk in phases,
+    the open rows still going gathered again after each. Wide scores and lists of 8 slots leave many rows
+    open; after the first phase some are done and some go on (so both paths run); the output equals one
+    launch's (up to the Newton tolerance and the ``e^-60`` of the stick left at an early exit) and the output
+    and gradients the float64 reference's."""
+    q, k, v = make(1, 2, 700, 32, torch.float32, seed=45, scale=0.6)
+    monkeypatch.setattr(entmax, "TUNING", dict(list_size=8, few_open=None))
+    listed, total, *_ = path_counts(name, q, k, v)
+    assert listed < total, (listed, total)
+    single = op_of(name)(q, k, v)
+    counts = []
+    real = entmax._open_rows
+
+    def spy(done):
+        rows, count = real(done)
+        counts.append(int(count.sum()))
+        return rows, count
+
+    monkeypatch.setattr(entmax, "_open_rows", spy)
+    monkeypatch.setattr(sieve, "_open_rows", spy)
+    monkeypatch.setattr(entmax, "TUNING", dict(list_size=8, few_open=None, phases_from=0, newton_phases=(2, 1),
+                                               sieve_phases=(64, 128)))
+    phased = op_of(name)(q, k, v)
+    # _lists_start: the rescue's rows, the open rows, the Newton phases' rows; Sieve: its walk's phases'
+    n_open = counts[1]
+    newton = counts[2:4]
+    assert 0 < newton[0] < n_open and newton[1] <= newton[0], counts
+    if name == "sieve":
+        walk = counts[4:6]
+        assert len(counts) == 6 and 0 < walk[0] < n_open and walk[1] <= walk[0], counts
+    else:
+        assert len(counts) == 4, counts
+    torch.testing.assert_close(phased, single, atol=2e-6, rtol=2e-5)
+    check(name, q, k, v, seed=45, label="phases")
+    # below ``phases_from`` tokens: one launch each
+    counts.clear()
+    monkeypatch.setattr(entmax, "TUNING", dict(list_size=8, few_open=None, phases_from=701, newton_phases=(2, 1),
+                                               sieve_phases=(64, 128)))
+    assert torch.equal(op_of(name)(q, k, v), single) and len(counts) == 2, counts
+
+
+def test_bad_phases_fail_before_any_launch(monkeypatch):
+    q, k, v = make(1, 1, 64, 32, torch.float32, seed=0)
+    for bad in (dict(newton_phases=(0,)), dict(sieve_phases=(64, -1))):
+        monkeypatch.setattr(entmax, "TUNING", bad)
+        with pytest.raises(ValueError, match="bad launch settings"):
+            sieve.sieve_attention(q, k, v)
