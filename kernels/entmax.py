@@ -74,6 +74,17 @@ rows all run at once, and the last rows' walk over every key is then the critica
 shorten; their count comes to the host behind the first stage (``_OpenCount``). Sieve's forward at L 65,536,
 D 32 on the H100: 30.7 -> 29.3 ms. ``_open_rows`` scans in chunks (``_row_cumsum``): 84 -> ~6 us a call.
 
+``newton_phases`` and ``sieve_phases`` (session 25, on by default from ``phases_from``, 8,192 tokens, where the
+open rows are not few): a tile of gathered open rows runs as long as its slowest row, so the rows still going
+are gathered again between launches, the Newton kernel's after 2 passes (``_newton_launch``), Sieve's open walk
+after 512, 2,048 and 8,192 keys (``sieve._open_walk``, the walk's state kept in the row's unused list slots). A
+row census of a trained MQMTAR Sieve + NoPE model (``benchmarks/row_census.py``, H100, 65,536 tokens) found its
+open rows (23%) open for ties: supports of 261 keys (median; 9,011 at p90) with 2 distinct values (a NoPE
+model scores a key by its token alone in its first layer), not certifiable by a column's top 4 and too many for
+the lists; their walks end 2,149 keys back (median) but 35,897 at p90, and every 64-row tile holds such a row.
+With the phases that model's sample takes 163-167 ms instead of 206.7 (open walk 68.7 -> 28.5 ms, Newton 37.1
+-> 31.6 ms) and 1,000 samples 150 s instead of 196 (1.80x softmax + RoPE's).
+
 Without ``lists`` (or with ``old``, or past 12 bits of key tiles), and always for the gradients, the shared
 pointwise kernels (``_rowwise.py``) compute the output over all keys, the forward also keeping
 ``u_r = sum_j (X_rj - tau_r)_+ v_j`` for the backward: ``dz_rj = s_rj (do_r.v_j - do_r.u_r / sum_j s_rj)``

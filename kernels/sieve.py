@@ -16,7 +16,9 @@ H100; ``sieve_open``, off, gives the open rows' walk tiles of its own, and ``sie
 24, where the open rows are few: ``entmax.few_open``); the forward keeps their
 supports in place of the candidates, so the backward (``_lists_bwd_kernel``) takes the very support the
 forward used. The open rows (the others, row 0 among them) are gathered per head and walked over all their
-keys by the filtered stick-breaking kernels (``_open_kernel``, ``_open_bwd_kernel``).
+keys by the filtered stick-breaking kernels (``_open_kernel``, ``_open_bwd_kernel``); where they are many, the
+forward's walk runs in phases (``entmax.sieve_phases``, session 25: ``_open_phase_kernel``), the rows whose stick
+is not yet spent gathered again after each.
 
 The listed rows' gradient: with ``sigma_k = sigmoid(z_k)``, ``a_j = sigma_j prod_{k in S, k > j} (1 -
 sigma_k)`` and ``rem = prod_S (1 - sigma_k)``, ``d log a_j / dz_k = [k = j] - sigma_k [k >= j]`` and ``d log
