@@ -82,8 +82,9 @@ row census of a trained MQMTAR Sieve + NoPE model (``benchmarks/row_census.py``,
 open rows (23%) open for ties: supports of 261 keys (median; 9,011 at p90) with 2 distinct values (a NoPE
 model scores a key by its token alone in its first layer), not certifiable by a column's top 4 and too many for
 the lists; their walks end 2,149 keys back (median) but 35,897 at p90, and every 64-row tile holds such a row.
-With the phases that model's sample takes 163-167 ms instead of 206.7 (open walk 68.7 -> 28.5 ms, Newton 37.1
--> 31.6 ms) and 1,000 samples 150 s instead of 196 (1.80x softmax + RoPE's).
+That model's sample took 206.7 ms in one launch each; 167.5 ms with the walk's phases (the walk 68.7 -> 28.5
+ms), 202.2 with the Newton kernel's (37.1 -> 31.6 ms), 163.5 with both (the walk's (2048, 8192)); 1,000 samples
+with the defaults 150 s instead of 196 (1.80x softmax + RoPE's 83 s).
 
 Without ``lists`` (or with ``old``, or past 12 bits of key tiles), and always for the gradients, the shared
 pointwise kernels (``_rowwise.py``) compute the output over all keys, the forward also keeping
