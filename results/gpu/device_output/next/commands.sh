@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# Prepared in session 24 (session 24's script, 2026-11-24-s24-h100/commands.sh, unchanged), not run yet: the session that runs it moves it to its dated folder.
+# Prepared in session 25 (session 25's script, 2026-11-24-s25-h100/commands.sh, with this line), not run yet: the session that runs it moves it to its dated folder.
+# Session 25: session 24's script (2026-11-24-s24-h100/commands.sh) with one more mode:
+#   bash results/gpu/device_output/next/commands.sh census SECONDS ATTN:PE ROWS [TUNINGS]
+#       benchmarks/kernel_breakdown.py on one evaluation sample at 65,536 tokens of the trained model in /tmp/gres
+#       (put back from .carry/ckpt-*) under each of TUNINGS, and the row census (--census ROWS: ROWS sampled
+#       rows a head of every list forward, benchmarks/row_census.py: why rows stay open)
 # nvidia-h100-x1. Session 21's script (2026-11-23-s21-h100/commands.sh), but `breakdown` takes a fourth argument:
 #   bash results/gpu/device_output/next/commands.sh tests SECONDS "FILE [ABSOLUTE_FILE ...] [-n WORKERS]" KEXPR
 #       pytest on the GPU (from /tmp: the repo's conftest and pyproject), log in tests.tar.gz; a second file
@@ -73,6 +78,10 @@ elif [ "$what" = breakdown ]; then  # breakdown SECONDS ATTN:PE: where one evalu
     --length 65536 --samples 1 --entmax-tunings "$tunings" --out $D/trained > $D/breakdown_trained.txt 2>&1
   timeout $(( $(left) - 10 )) python3 benchmarks/kernel_breakdown.py --model mqmtar --attns softmax:rope,$cells \
     --length 65536 --samples 1 --entmax-tunings "$tunings" --out $D/fresh > $D/breakdown_fresh.txt 2>&1
+elif [ "$what" = census ]; then
+  timeout $(( $(left) - 15 )) python3 benchmarks/kernel_breakdown.py --model mqmtar --runs $G --attns $cells \
+    --length 65536 --samples 1 --census $4 --entmax-tunings "${5:-null}" --out $D/trained > $D/census.txt 2>&1
+  echo "exit: $?" >> $D/census.txt
 elif [ "$what" = warm ]; then
   sweep=${4:-sweeps/mqmtar_r6_reference.toml}
   python3 - "$sweep" > /tmp/warm.toml <<'PY'
