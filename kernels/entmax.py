@@ -1106,15 +1106,21 @@ def entmax_threshold(q, k, *, slopes=None, row_scale=None, sm_scale=None, strict
     return tau
 
 
+def _phases(config: dict, key: str, tokens: int) -> list[int]:
+    """The phases of ``config[key]`` (``newton_phases``, ``sieve_phases``) at ``tokens``: none below
+    ``phases_from`` tokens (short rows: a launch more costs more than it saves)."""
+    if tokens < int(config.get("phases_from") or 0):
+        return []
+    return [int(p) for p in (config.get(key) or ())]
+
+
 def _newton_launch(pb: Problem, args, rows, count, tol, max_iter, config, tiles, common):
     """The Newton passes over the open rows ``rows, count``: one launch, or with ``newton_phases`` (passes a
     launch) one launch a phase over the rows not yet done, gathered again after each (a tile runs as many
     passes as its slowest row: regathered, the rows that end early stop taking a tile's passes), the last
     phase up to ``max_iter``."""
     nbm, nbn, nwarps, nstages = tiles
-    phases = [int(p) for p in (config.get("newton_phases") or ())]
-    if pb.tokens < int(config.get("phases_from") or 0):
-        phases = []
+    phases = _phases(config, "newton_phases", pb.tokens)
     launch = dict(ACC=bool(config["acc"]), LEAN=bool(config["lean"]), BM=nbm, BN=nbn, num_warps=nwarps,
                   num_stages=nstages, **common)
     grid = (triton.cdiv(pb.tokens, nbm), pb.bh)
@@ -1208,13 +1214,11 @@ def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40):
             STRICT=bool(strict), HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None, D=pb.head_dim,
             BD=pb.block_d, BNS=bns, C=size, XS=xs, RB=rb, NK=nk, num_warps=rwarps)
     rows, count = _open_rows(ncand != 0)
-    if pb.tokens < int(config["phases_from"]):
-        config = dict(config, newton_phases=None, sieve_phases=None)
-    wanted = config["newton_few"] or config["newton_phases"] or (strict and (config["sieve_open_few"]
-                                                                            or config["sieve_phases"]))
+    newton_asks = bool(config["newton_few"] or _phases(config, "newton_phases", pb.tokens))
+    wanted = newton_asks or (strict and (config["sieve_open_few"] or _phases(config, "sieve_phases", pb.tokens)))
     opened = _OpenCount(count, pb.tokens, config if wanted else {})
     # few open rows (read once, where a setting asks): their own tiles, and no phases (they all run at once)
-    few = bool(config["newton_few"] or config["newton_phases"]) and opened.few()
+    few = newton_asks and opened.few()
     tiles = tuple(config["newton_few"] if few and config["newton_few"] else config["newton"])
     newton_config = dict(config, newton_phases=None) if few else config
     _newton_launch(pb, (pb.q, pb.k, sl, rs, tau), rows, count, tol, max_iter, newton_config, tiles, common)

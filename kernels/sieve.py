@@ -63,6 +63,7 @@ from lengthbench.kernels.entmax import (
     _lists_apply,
     _lists_start,
     _open_rows,
+    _phases,
     entmax_threshold,
 )
 from lengthbench.kernels.stickbreaking import (
@@ -223,7 +224,7 @@ def _open_walk(pb: Problem, config, tiles, few: bool, out, o32, o32_stride, rem,
                   BD=pb.block_d, SPLIT=pb.q.dtype != torch.float32, DOT_PREC=pb.dot_prec, BM=nbm, BN=nbn,
                   num_warps=nwarps, num_stages=nstages)
     grid = (triton.cdiv(pb.tokens, nbm), pb.bh)
-    phases = [int(p) for p in (config["sieve_phases"] or ())]
+    phases = _phases(config, "sieve_phases", pb.tokens)
     if not phases or few or pb.tokens >= 1 << 24:  # (the keys left are kept as fp32)
         _open_kernel[grid](pb.q, pb.k, pb.v, out, pb.opt(o32), pb.opt(rem), sl, rs, tau, rows, count, pb.sm_scale,
                            pb.tokens, pb.heads, o32_stride, EXIT_AT, **common)
@@ -359,7 +360,7 @@ def _lists_forward(pb: Problem, save: bool):
         pb.q, pb.k, pb.v, out, pb.opt(rem), sl, rs, tau, ncand, lists, pb.opt(nsup), pb.sm_scale, pb.tokens,
         pb.heads, 2 * size + 8, BR=rows_per, C=size, SCAN=scan, num_warps=finish_warps, **common)
     # read only now (the lists kernel queued): the few-rows tiles where the open rows are few (``few_open``)
-    few = bool(config["sieve_open_few"] or config["sieve_phases"]) and opened.few()
+    few = bool(config["sieve_open_few"] or _phases(config, "sieve_phases", pb.tokens)) and opened.few()
     tiles = tuple(config["sieve_open_few"] if few and config["sieve_open_few"] else usual)
     _open_walk(pb, config, tiles, few, out, o32, o32_stride, rem, tau, rows, count, lists, save)
     saved = (rem, tau, lists, nsup, rows, count, o32, o32_stride) if save else None
