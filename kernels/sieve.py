@@ -17,8 +17,8 @@ H100; ``sieve_open``, off, gives the open rows' walk tiles of its own, and ``sie
 supports in place of the candidates, so the backward (``_lists_bwd_kernel``) takes the very support the
 forward used. The open rows (the others, row 0 among them) are gathered per head and walked over all their
 keys by the filtered stick-breaking kernels (``_open_kernel``, ``_open_bwd_kernel``); where they are many, the
-forward's walk runs in phases (``entmax.sieve_phases``, session 25: ``_open_phase_kernel``), the rows whose stick
-is not yet spent gathered again after each.
+forward's walk runs in phases (``entmax.sieve_phases``, session 25), the rows whose stick is not yet spent
+gathered again after each.
 
 The listed rows' gradient: with ``sigma_k = sigmoid(z_k)``, ``a_j = sigma_j prod_{k in S, k > j} (1 -
 sigma_k)`` and ``rem = prod_S (1 - sigma_k)``, ``d log a_j / dz_k = [k = j] - sigma_k [k >= j]`` and ``d log
@@ -73,7 +73,6 @@ from lengthbench.kernels.stickbreaking import (
     _bwd_walk,
     _fwd_store,
     _fwd_walk,
-    _stick,
     grad_buffers,
     param_grads,
 )
@@ -130,37 +129,18 @@ def _lists_kernel(Q, K, V, Out, REM, SL, RS, TAU, NCAND, LIST, NSUP, sm_scale, T
 
 
 @triton.jit
-def _open_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, ROWS, COUNT, sm_scale, T, H, o32_stride, exit_at,
-                 SAVE: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SPLIT: tl.constexpr,
-                 DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def _open_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, ROWS, COUNT, STATE, PEND, sm_scale, T, H, o32_stride,
+                 state_stride, exit_at, max_tiles, SAVE: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+                 SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
+                 BN: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr):
     """Sieve on the rows left open (``ROWS[bh, :COUNT[bh]]``, gathered as in ``entmax._newton_kernel``): the
-    stick-breaking forward's filtered walk (``FILTER`` 1) over the keys before their last row. With ``SAVE``,
-    the remainder and the fp32 output at ``O32 + (bh T + r) o32_stride`` for ``_open_bwd_kernel``."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    n_open = tl.load(COUNT + bh)
-    if pid_m * BM < n_open:
-        base, offs_m, offs_d, row_ok, dmask, rmask, q, slope, rs = gathered_rows(
-            Q, SL, RS, ROWS, n_open, pid_m, bh, T, H, HAS_SLOPES, HAS_RS, D, BD, BM)
-        tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=float("inf"))
-        last = tl.max(tl.where(row_ok, offs_m, 0), 0)
-        acc, lsum = _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau,
-                              tl.cdiv(last, BN), exit_at, 1, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC, D, BD, BM, BN)
-        _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, o32_stride,
-                   1 if SAVE else 0, D)
-
-
-@triton.jit
-def _open_phase_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, ROWS, COUNT, STATE, PEND, sm_scale, T, H, o32_stride,
-                       state_stride, exit_at, max_tiles, SAVE: tl.constexpr, HAS_SLOPES: tl.constexpr,
-                       HAS_RS: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
-                       BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, FIRST: tl.constexpr,
-                       LAST: tl.constexpr):
-    """One phase of ``_open_kernel``'s walk (``sieve_phases``) over the rows ``ROWS[bh, :COUNT[bh]]``: at most
-    ``max_tiles`` key tiles (all that are left where ``LAST``), from the row's diagonal (``FIRST``) or from where
-    its last phase stopped. A row whose stick is spent (``exit_at`` nats) or whose keys are all walked is
-    finished as ``_open_kernel`` finishes it; the others keep ``[acc (D), lsum, keys left]`` at ``STATE + (bh T
-    + r) state_stride`` and ``PEND`` 1 (0 on the rows finished), for the next phase."""
+    stick-breaking forward's filtered walk (``FILTER`` 1) over the keys before each row, in one launch
+    (``FIRST`` and ``LAST``) or a phase of at most ``max_tiles`` key tiles (``sieve_phases``; all that are left
+    where ``LAST``), from the row's diagonal (``FIRST``) or from where its last phase stopped. A row whose stick
+    is spent (``exit_at`` nats) or whose keys are all walked is finished: its output and, with ``SAVE``, the
+    remainder and the fp32 output at ``O32 + (bh T + r) o32_stride`` for ``_open_bwd_kernel``. Where not
+    ``LAST``, the others keep ``[acc (D), lsum, keys left]`` at ``STATE + (bh T + r) state_stride`` and ``PEND``
+    1 (0 on the rows finished), for the next phase."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     n_open = tl.load(COUNT + bh)
@@ -179,33 +159,21 @@ def _open_phase_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, ROWS, COUNT, STATE, 
             upto = tl.load(STATE + srow + D + 1, mask=row_ok, other=0.0).to(tl.int32)
         upto = tl.where(row_ok, upto, 0)
         n_tiles = tl.cdiv(tl.max(upto, 0), BN)
-        lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
-        t = 0
-        while (t < n_tiles) & (lmin < exit_at) & (LAST | (t < max_tiles)):
-            offs_n = (n_tiles - 1 - t) * BN + tl.arange(0, BN)
-            k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :],
-                        mask=(offs_n < T)[:, None] & dmask[None, :], other=0.0)
-            z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-            valid = (offs_n[None, :] < upto[:, None]) & (z * 0.5 > tau[:, None])
-            if tl.max(valid.to(tl.int32)) > 0:
-                v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :],
-                            mask=(offs_n < T)[:, None] & dmask[None, :], other=0.0)
-                sp, a = _stick(z, valid, lsum)
-                if SPLIT:
-                    a_hi = a.to(v.dtype)
-                    acc += tl.dot(a_hi, v)
-                    acc += tl.dot((a - a_hi.to(tl.float32)).to(v.dtype), v)
-                else:
-                    acc += tl.dot(a.to(v.dtype), v, input_precision=DOT_PREC)
-                lsum += tl.sum(sp, 1)
-                lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
-            t += 1
-        upto = tl.minimum(upto, (n_tiles - t) * BN)  # the keys from there on are walked
-        finished = (lsum >= exit_at) | (upto <= 0)
-        _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask & finished[:, None], row_ok & finished,
-                   bh, T, o32_stride, 1 if SAVE else 0, D)
+        limit = max_tiles
+        if LAST:
+            limit = n_tiles
+        acc, lsum, t = _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles,
+                                 exit_at, acc, lsum, upto, limit, 1, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC, D, BD, BM,
+                                 BN)
+        if LAST:  # every row's keys are walked or its stick spent
+            done = row_ok
+        else:
+            upto = tl.minimum(upto, (n_tiles - t) * BN)  # the keys from there on are walked
+            done = row_ok & ((lsum >= exit_at) | (upto <= 0))
+        _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask & done[:, None], done, bh, T,
+                   o32_stride, 1 if SAVE else 0, D)
         if not LAST:
-            left = row_ok & (finished == 0)
+            left = row_ok & (done == 0)
             tl.store(STATE + srow[:, None] + offs_d[None, :], acc, mask=left[:, None] & dmask[None, :])
             tl.store(STATE + srow + D, lsum, mask=left)
             tl.store(STATE + srow + D + 1, upto.to(tl.float32), mask=left)
@@ -214,33 +182,29 @@ def _open_phase_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, ROWS, COUNT, STATE, 
 
 def _open_walk(pb: Problem, config, tiles, few: bool, out, o32, o32_stride, rem, tau, rows, count, lists, save):
     """Sieve's open rows' forward walk: ``_open_kernel`` in one launch, or with ``sieve_phases`` (keys a phase;
-    not where the open rows are ``few``) ``_open_phase_kernel`` a phase, the rows still walking gathered
-    again after each: a tile walks as far as its farthest row, and the rows whose stick is spent early then
-    stop sharing tiles with the far ones. Their state waits in their own unused list slots (``D + 2 <= C``)
-    or in a buffer of its own."""
+    not where the open rows are ``few``) a phase a launch, the rows still walking gathered again after each: a
+    tile walks as far as its farthest row, and the rows whose stick is spent early then stop sharing tiles with
+    the far ones. Their state waits in their own unused list slots (``D + 2 <= C``) or in a buffer of its own."""
     nbm, nbn, nwarps, nstages = tiles
-    sl, rs = pb.opt(pb.slopes), pb.opt(pb.row_scale)
-    common = dict(SAVE=save, HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None, D=pb.head_dim,
-                  BD=pb.block_d, SPLIT=pb.q.dtype != torch.float32, DOT_PREC=pb.dot_prec, BM=nbm, BN=nbn,
-                  num_warps=nwarps, num_stages=nstages)
+    common = dict(SAVE=save, HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
+                  SPLIT=pb.q.dtype != torch.float32, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=nbm,
+                  BN=nbn, num_warps=nwarps, num_stages=nstages)
     grid = (triton.cdiv(pb.tokens, nbm), pb.bh)
     phases = _phases(config, "sieve_phases", pb.tokens)
     if not phases or few or pb.tokens >= 1 << 24:  # (the keys left are kept as fp32)
-        _open_kernel[grid](pb.q, pb.k, pb.v, out, pb.opt(o32), pb.opt(rem), sl, rs, tau, rows, count, pb.sm_scale,
-                           pb.tokens, pb.heads, o32_stride, EXIT_AT, **common)
-        return
-    size = lists.shape[-1]
-    if pb.head_dim + 2 <= size:
-        state, stride = lists.view(torch.float32), size
+        phases, state, stride, pend = [], None, 0, None
+    elif pb.head_dim + 2 <= lists.shape[-1]:
+        state, stride = lists.view(torch.float32), lists.shape[-1]
     else:
         state, stride = torch.empty(pb.bh, pb.tokens, pb.head_dim + 2, device=pb.q.device,
                                     dtype=torch.float32), pb.head_dim + 2
-    pend = torch.zeros(pb.bh, pb.tokens, device=pb.q.device, dtype=torch.int32)
+    if phases:
+        pend = torch.zeros(pb.bh, pb.tokens, device=pb.q.device, dtype=torch.int32)
     for i, keys in enumerate(phases + [0]):
         last = i == len(phases)
-        _open_phase_kernel[grid](pb.q, pb.k, pb.v, out, pb.opt(o32), pb.opt(rem), sl, rs, tau, rows, count, state,
-                                 pend, pb.sm_scale, pb.tokens, pb.heads, o32_stride, stride, EXIT_AT,
-                                 triton.cdiv(keys, nbn), FIRST=i == 0, LAST=last, **common)
+        _open_kernel[grid](pb.q, pb.k, pb.v, out, pb.opt(o32), pb.opt(rem), pb.opt(pb.slopes), pb.opt(pb.row_scale),
+                           tau, rows, count, pb.opt(state), pb.opt(pend), pb.sm_scale, pb.tokens, pb.heads, o32_stride,
+                           stride, EXIT_AT, triton.cdiv(keys, nbn), FIRST=i == 0, LAST=last, **common)
         if not last:
             rows, count = _open_rows(pend == 0)
 

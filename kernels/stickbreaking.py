@@ -34,15 +34,15 @@ EXIT_AT = 60.0
 
 
 @triton.jit
-def _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau, FILTER: tl.constexpr,
+def _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau, upto, FILTER: tl.constexpr,
               HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr):
-    """Loads a key tile; its scores, biased scores, the keys each row breaks the stick over and those whose
-    weights it keeps (``FILTER``: 0 every earlier key; 1 Sieve, both only where ``z / 2 > tau``; 2
+    """Loads a key tile; its scores, biased scores, the keys each row breaks the stick over (those before
+    ``upto``: ``offs_m``, or where a phase of Sieve's open walk stopped) and those whose weights it keeps (``FILTER``: 0 every earlier key; 1 Sieve, both only where ``z / 2 > tau``; 2
     ``sieve-alg1``, the stick over every earlier key, the weights only where ``z / 2 > tau``)."""
     kv_mask = (offs_n < T)[:, None] & dmask[None, :]
     k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
     z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-    valid = offs_n[None, :] < offs_m[:, None]
+    valid = offs_n[None, :] < upto[:, None]
     keep = valid
     if FILTER == 1:
         valid = valid & (z * 0.5 > tau[:, None])
@@ -85,26 +85,27 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, sm_scale, T, H, exit_at,
     if FILTER:
         tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=float("inf"))
     n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
-    acc, lsum = _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles,
-                          exit_at, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC, D, BD, BM, BN)
+    acc, lsum, _ = _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles,
+                             exit_at, tl.zeros([BM, BD], dtype=tl.float32), tl.zeros([BM], dtype=tl.float32), offs_m,
+                             n_tiles, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC, D, BD, BM, BN)
     _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, D, SAVE, D)
 
 
 @triton.jit
-def _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles, exit_at,
-              FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SPLIT: tl.constexpr,
-              DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """``(acc, lsum)``: the weighted values and the softplus sum of the rows ``offs_m`` over the key tiles
-    ``n_tiles - 1`` down to 0, stopping once every row (``row_ok``) has passed ``exit_at`` nats (Sieve's
-    gathered open rows reuse it)."""
-    lsum = tl.zeros([BM], dtype=tl.float32)
-    acc = tl.zeros([BM, BD], dtype=tl.float32)
+def _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles, exit_at, acc,
+              lsum, upto, max_tiles, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+              SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
+              BN: tl.constexpr):
+    """``(acc, lsum, t)``: the weighted values and the softplus sum of the rows ``offs_m``, from ``acc`` and
+    ``lsum``, over their keys before ``upto`` in the key tiles ``n_tiles - 1`` down, stopping once every row
+    (``row_ok``) has passed ``exit_at`` nats, or after ``max_tiles`` tiles; ``t`` the tiles
+    walked (Sieve's gathered open rows reuse it, a phase at a time: ``sieve._open_kernel``)."""
     t = 0
-    lmin = tl.min(tl.zeros([BM], dtype=tl.float32), 0)
-    while (t < n_tiles) & (lmin < exit_at):
+    lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
+    while (t < n_tiles) & (lmin < exit_at) & (t < max_tiles):
         offs_n = (n_tiles - 1 - t) * BN + tl.arange(0, BN)
         k, z, zb, valid, keep = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau,
-                                    FILTER, HAS_SLOPES, HAS_RS, DOT_PREC, D)
+                                          upto, FILTER, HAS_SLOPES, HAS_RS, DOT_PREC, D)
         # Sieve's supports are small: most tiles hold none of them and cost only the score product.
         if tl.max(valid.to(tl.int32)) > 0:
             v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :],
@@ -121,7 +122,7 @@ def _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, 
             lsum += tl.sum(sp, 1)
             lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
         t += 1
-    return acc, lsum
+    return acc, lsum, t
 
 
 @triton.jit
@@ -193,7 +194,7 @@ def _bwd_walk(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_sc
     while (t < n_tiles) & (lmin < exit_at):
         offs_n = (n_tiles - 1 - t) * BN + tl.arange(0, BN)
         k, z, zb, valid, keep = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau,
-                                    FILTER, HAS_SLOPES, HAS_RS, DOT_PREC, D)
+                                          offs_m, FILTER, HAS_SLOPES, HAS_RS, DOT_PREC, D)
         if tl.max(valid.to(tl.int32)) > 0:
             kv_mask = (offs_n < T)[:, None] & dmask[None, :]
             v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Prepared in session 25 (session 25's script, 2026-11-24-s25-h100/commands.sh, with this line), not run yet: the session that runs it moves it to its dated folder.
+# Session 26: session 25's script with one more mode:
+#   bash $S kbench SECONDS MECHANISMS
+#       benchmarks/kernels.py at L 65,536, D 32 (forward, forward+backward, peak memory against SDPA) for the
+#       comma-separated MECHANISMS
 # Session 25: session 24's script (2026-11-24-s24-h100/commands.sh) with one more mode:
 #   bash results/gpu/device_output/next/commands.sh census SECONDS ATTN:PE ROWS [TUNINGS]
 #       benchmarks/kernel_breakdown.py on one evaluation sample at 65,536 tokens of the trained model in /tmp/gres
@@ -78,6 +81,10 @@ elif [ "$what" = breakdown ]; then  # breakdown SECONDS ATTN:PE: where one evalu
     --length 65536 --samples 1 --entmax-tunings "$tunings" --out $D/trained > $D/breakdown_trained.txt 2>&1
   timeout $(( $(left) - 10 )) python3 benchmarks/kernel_breakdown.py --model mqmtar --attns softmax:rope,$cells \
     --length 65536 --samples 1 --entmax-tunings "$tunings" --out $D/fresh > $D/breakdown_fresh.txt 2>&1
+elif [ "$what" = kbench ]; then
+  timeout $(( $(left) - 10 )) python3 benchmarks/kernels.py --lengths 65536 --head-dims 32 --mechanisms $cells \
+    --out $D > $D/kbench.txt 2>&1
+  echo "exit: $?" >> $D/kbench.txt
 elif [ "$what" = census ]; then
   timeout $(( $(left) - 15 )) python3 benchmarks/kernel_breakdown.py --model mqmtar --runs $G --attns $cells \
     --length 65536 --samples 1 --census $4 --entmax-tunings "${5:-null}" --out $D/trained > $D/census.txt 2>&1
