@@ -12,7 +12,13 @@ def _zero_outside(w, keep):
 
 @register_attention("sieve-temp")
 class SieveTemp(AttentionLayer):
-    """Sieve with a wider filter: support of 1.5-entmax(z / T) over j<r, stick over the support."""
+    """Sieve with a wider filter: support of 1.5-entmax(z / T) over j<r, stick over the support. The support of
+    1.5-entmax lies within 2 of the row's maximum (``z / 2 - tau <= 1``), so this one lies within ``2 T`` of it:
+    ``T`` 4 is as wide as ``sieve-alg1``'s eps 8, the width MQRAR's inline variant needs (session 26).
+
+    On CUDA (alpha 1.5) it runs the tested kernels: entmax's threshold of ``z / T`` and the stick-breaking
+    forward and backward with Sieve's filter (``_sieve_temp_op``), so it evaluates at 65,536 tokens; elsewhere
+    its dense reference."""
 
     def __init__(self, d_model, n_heads, pe, T: float = 2.0, alpha: float = 1.5, **params):
         super().__init__(d_model, n_heads, pe, **params)
@@ -24,6 +30,28 @@ class SieveTemp(AttentionLayer):
         diagonal, earlier = diagonal_and_earlier(mask, query_positions)
         keep = sieve_support(z / self.T, earlier, self.alpha)
         return stick_break(z, earlier & keep, diagonal)
+
+    def kernel_names(self):
+        return ("sieve",)  # the ops sieve_temp_op calls are Sieve's: the runner must not compile around them
+
+    def attend(self, q, k, v, x):
+        if q.is_cuda and self.alpha == 1.5 and self.kernel("sieve") is not None:
+            return sieve_temp_op(q, k, v, slopes=self.pe.slopes(), T=self.T)
+        return self.reference_attend(q, k, v, x)
+
+
+@torch.compiler.disable
+def sieve_temp_op(q, k, v, *, slopes=None, T=2.0, sm_scale=None):
+    """``sieve-temp`` through the fused kernels: Sieve's filter is ``z / 2 > tau`` with ``tau`` T times the
+    1.5-entmax threshold of ``z / T`` over ``j < r`` (that support is ``z / (2 T) > tau_T``)."""
+    from lengthbench.kernels.entmax import entmax_threshold
+    from lengthbench.kernels.stickbreaking import StickBreakingAttention
+
+    q, k = q.to(v.dtype), k.to(v.dtype)
+    sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    scaled_slopes = None if slopes is None else slopes / T  # z / T, the ALiBi bias included
+    tau = entmax_threshold(q, k, slopes=scaled_slopes, sm_scale=sm_scale / T, strict=True) * T
+    return StickBreakingAttention.apply(q, k, v, slopes, None, tau, sm_scale, False)
 
 
 @register_attention("sieve-eps")

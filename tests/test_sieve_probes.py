@@ -1,0 +1,104 @@
+"""The Sieve probe plugin ``sieve-temp`` (``benchmarks/sieve_probes/sieve_variants.py``): Sieve with its filter
+on ``z / T``. Its reference against the built-in Sieve and the width bound the docstring states; its fused path
+(entmax's threshold of ``z / T`` and the stick-breaking kernels) against that reference on a CUDA GPU or under
+the Triton interpreter (``TRITON_INTERPRET=1``, fp32)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lengthbench import attention_weights
+from lengthbench.models.attention import ATTENTION, causal_mask
+from lengthbench.models.attention.base import diagonal_and_earlier
+
+CUDA = torch.cuda.is_available()
+PROBES = str(Path(__file__).resolve().parent.parent / "benchmarks" / "sieve_probes")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sieve_variants():
+    """The plugin module, its mechanisms registered for this module's tests only: the other tests (and the
+    sweep workers they start) see the registry as it was."""
+    before = dict(ATTENTION._entries)
+    sys.path.insert(0, PROBES)
+    try:
+        import sieve_variants as module
+
+        yield module
+    finally:
+        sys.path.remove(PROBES)
+        ATTENTION._entries.clear()
+        ATTENTION._entries.update(before)
+
+
+def scores(tokens=40, seed=0, spread=3.0):
+    gen = torch.Generator().manual_seed(seed)
+    return spread * torch.randn(2, 3, tokens, tokens, generator=gen, dtype=torch.float64)
+
+
+def temp_weights(z, T):
+    layer = sys.modules["sieve_variants"].SieveTemp(d_model=32, n_heads=2, pe=None, T=T)
+    mask = causal_mask(torch.arange(z.shape[-1]), z.shape[-1])
+    return layer.weights(z, torch.arange(z.shape[-1]), None), mask
+
+
+def test_the_runner_sees_the_fused_ops_it_calls():
+    """``runner.compiles`` must not compile a model whose layers call fused ops (graph breaks crash torch 2.11):
+    the probe names Sieve's ops, which its fused path calls, and with ``use_kernels`` off it takes none."""
+    layer = sys.modules["sieve_variants"].SieveTemp(d_model=32, n_heads=2, pe=None, T=4.0)
+    assert layer.kernel_names() == ("sieve",)
+    layer.use_kernels = False
+    assert layer.kernel("sieve") is None and not layer.dispatches_to_kernel()
+
+
+def test_temperature_one_is_sieve():
+    z = scores()
+    w, mask = temp_weights(z, 1.0)
+    torch.testing.assert_close(w, attention_weights("sieve", z), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("T", [2.0, 4.0])
+def test_the_filter_lies_within_2T_of_the_row_max_and_widens_with_T(T):
+    z = scores(spread=6.0)
+    w, mask = temp_weights(z, T)
+    diagonal, earlier = diagonal_and_earlier(mask, torch.arange(z.shape[-1]))
+    rowmax = torch.where(earlier, z, torch.tensor(float("-inf"), dtype=z.dtype)).amax(-1, keepdim=True)
+    kept = (w > 0) & earlier
+    assert kept.any()
+    assert (z[kept] > (rowmax - 2 * T).expand_as(z)[kept]).all()
+    narrower, _ = temp_weights(z, 1.0)
+    assert ((narrower > 0) & earlier & ~kept).sum() == 0  # T's support holds T = 1's
+    assert kept.sum() > ((narrower > 0) & earlier).sum()  # and more
+    torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
+
+
+@pytest.mark.skipif(not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
+                    reason="needs a CUDA GPU or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("T", [1.0, 4.0])
+@pytest.mark.parametrize("slopes", [False, True], ids=["nope", "alibi"])
+def test_fused_path_matches_the_reference(T, slopes, sieve_variants):
+    device = "cuda" if CUDA else "cpu"
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 70, 32, generator=gen) for _ in range(3))
+    q = 2.0 * q
+    sl = torch.tensor([0.25, 0.0]) if slopes else None
+    leaves = [t.clone().to(device).requires_grad_() for t in (q, k, v)]
+    out = sieve_variants.sieve_temp_op(*leaves, slopes=None if sl is None else sl.to(device), T=T)
+    grad = torch.randn(out.shape, generator=gen).to(device)
+    (out * grad).sum().backward()
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    z = torch.matmul(ref_leaves[0], ref_leaves[1].transpose(-1, -2)) * 32 ** -0.5
+    if sl is not None:
+        pos = torch.arange(70)
+        z = z - sl.double()[:, None, None] * (pos[:, None] - pos[None, :])
+    w, _ = temp_weights(z, T)
+    ref = torch.matmul(w, ref_leaves[2])
+    (ref * grad.double().cpu()).sum().backward()
+    assert (out.detach().cpu().double() - ref.detach()).abs().max() < 1e-4
+    for mine, theirs in zip(leaves, ref_leaves, strict=True):
+        assert (mine.grad.cpu().double() - theirs.grad).abs().max() < 1e-3
