@@ -10,7 +10,7 @@ reference on a trained model's scores falls on one.
 
 The dense references hold ``[batch, heads, rows, T]`` scores (the Evaluator chunks the rows): keep the
 multipliers small (8x is 8 times the training length). On a CPU both paths are the references. Prints a table
-and writes ``<out>/score_paths-<run>.json``.
+and writes ``<out>/score_paths-<run>.json``. A plugin's mechanism loads as in the CLI: ``LENGTHBENCH_PLUGINS``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from lengthbench.cli import load_plugins
 from lengthbench.errors import UsageError
 from lengthbench.runner import Evaluator, attention_kernels, device_description, load_model
 
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError:
         parser.error(f"--multipliers: comma-separated integers, not {args.multipliers!r}")
     try:
+        load_plugins([])  # LENGTHBENCH_PLUGINS: a plugin's mechanism (e.g. benchmarks/sieve_probes' sieve-temp)
         rows = score_paths(args.results, args.run, multipliers, args.samples, args.device)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)

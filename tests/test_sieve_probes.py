@@ -102,3 +102,45 @@ def test_fused_path_matches_the_reference(T, slopes, sieve_variants):
     assert (out.detach().cpu().double() - ref.detach()).abs().max() < 1e-4
     for mine, theirs in zip(leaves, ref_leaves, strict=True):
         assert (mine.grad.cpu().double() - theirs.grad).abs().max() < 1e-3
+
+
+def test_support_width_finds_each_answers_assignment_and_measures_a_model(sieve_variants):
+    """benchmarks/sieve_probes/support_width.py (session 27): each scored answer's target is the value after
+    its key's most recent assignment, the stale ones its earlier assignments; on a small model every record
+    keeps within the 2 T bound and the eps window holds the filter (it is the wider of the two)."""
+    import numpy as np
+
+    sys.path.insert(0, PROBES)
+    try:
+        import support_width
+    finally:
+        sys.path.remove(PROBES)
+    from lengthbench.config import build_config
+    from lengthbench.runner import build_model
+    from lengthbench.tasks import get_task
+
+    task = get_task("mqrar", layout="inline")
+    batch = task.batch(np.arange(6), 32, "test", 0)
+    sep = task.token_id("<sep>")
+    answers = support_width.targets(batch.input_ids, batch.labels, sep)
+    assert sum(len(rows) for rows in answers) == 6 * task.params.queries
+    for b, rows in enumerate(answers):
+        ids, labels = batch.input_ids[b], batch.labels[b]
+        for row, (key, value), stale in rows:
+            assert ids[key] == ids[row] and value == key + 1 and ids[value] == labels[row]
+            assert all(ids[p] == ids[row] and p < key for p in stale[::2])
+            boundary = int(np.nonzero(ids == sep)[0][0])
+            assert not any(ids[j] == ids[row] for j in range(key + 1, boundary) if (j - 1) % 2 == 0)
+
+    torch.manual_seed(0)
+    config = build_config("mqrar", "sieve-temp", "none", "smoke", d_model=32, n_heads=4, ffn=64, n_layers=2,
+                          attn_params={"T": 2.0}, task_params={"layout": "inline"})
+    model = build_model(config, task).eval()
+    records = support_width.measure(model, task, 32, 4, 0)
+    assert {r["layer"] for r in records} == {0, 1} and len(records) == 2 * 4 * task.params.queries
+    for r in records:
+        assert all(w <= 2 * 2.0 + 1e-5 for w, k in zip(r["width"], r["kept"], strict=True) if k > 0)
+        assert all(e >= k for e, k in zip(r["eps_kept"], r["kept"], strict=True))
+        assert all(eh or not h for eh, h in zip(r["eps_hit"], r["hit"], strict=True))
+    assert "| 1 |" in support_width.summarise(records, [32])
+    assert not any("weights" in vars(layer) for layer in model.attention_layers)  # the recorder is removed

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Prepared in session 26 (session 26's script, 2026-11-24-s26-h100/commands.sh, with this line), not run yet: the session that runs it moves it to its dated folder.
+# Prepared in session 27 (session 27's script, 2026-11-24-s27-h100/commands.sh, with this line), not run yet: the session that runs it moves it to its dated folder.
+# Session 27: session 26's script (2026-11-24-s26-h100/commands.sh); PROBES=1 loads the Sieve probe plugin
+# (benchmarks/sieve_probes/sieve_variants.py: sieve-temp) in the sweep, its workers and score_paths:
+#   PROBES=1 bash $S cell 590 "mqrar:sieve-temp(T=4):none" 0,1 sweeps/mqrar_inline_c12.toml
 # Session 26: session 25's script with one more mode:
 #   bash $S kbench SECONDS MECHANISMS
 #       benchmarks/kernels.py at L 65,536, D 32 (forward, forward+backward, peak memory against SDPA) for the
@@ -46,10 +49,11 @@ what=$1; limit=$2; cells=$3
 deadline=$(( $(date +%s) + limit ))
 left() { echo $(( deadline - $(date +%s) )); }
 source scripts/device_env.sh || exit 1
+[ "${PROBES:-0}" = 1 ] && export PYTHONPATH=$PWD/benchmarks/sieve_probes${PYTHONPATH:+:$PYTHONPATH} LENGTHBENCH_PLUGINS=sieve_variants
 tag=${TAG:-$what}  # TAG=NAME: the call's folder and archive (two runs of one kind in a call)
 D=$OUT/$tag; mkdir -p $D
 header "$0 $*" > $D/header.txt
-echo "LENGTHBENCH_ENTMAX_DEFAULTS=${LENGTHBENCH_ENTMAX_DEFAULTS:-}" >> $D/header.txt
+echo "LENGTHBENCH_ENTMAX_DEFAULTS=${LENGTHBENCH_ENTMAX_DEFAULTS:-} LENGTHBENCH_PLUGINS=${LENGTHBENCH_PLUGINS:-}" >> $D/header.txt
 G=/tmp/gres
 mkdir -p $G/checkpoints /tmp/ccache
 export LENGTHBENCH_COMPILE_CACHE=/tmp/ccache
