@@ -71,6 +71,10 @@ def main(argv: list[str] | None = None) -> None:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except LookupError as error:  # a run of a plugin's mechanism, task or encoding, the plugin not loaded
+        print(f"error: {error.args[0] if error.args else error} (a plugin's? load it: LENGTHBENCH_PLUGINS=MODULE)",
+              file=sys.stderr)
+        sys.exit(2)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         record = {"device": device_description(torch.device(args.device)),

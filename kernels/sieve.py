@@ -417,9 +417,11 @@ def _rowmax_kernel(Q, K, SL, RS, OUT, sm_scale, T, H, HAS_SLOPES: tl.constexpr, 
     tl.store(OUT + bh * T + offs_m, best, mask=row_ok)
 
 
-def sieve_alg1_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=2.0):
+def sieve_alg1_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=2.0, masked=True):
     """Sieve as the seed's Algorithm 1, ``[B, H, T, D]`` causal: stick-breaking over every earlier key, the
-    weights kept where ``z_rj >= max_{k<r} z_rk - eps`` (strictly above, ties at the boundary aside)."""
+    weights kept where ``z_rj >= max_{k<r} z_rk - eps`` (strictly above, ties at the boundary aside).
+    ``masked=False``: the stick broken over the kept keys only, as Sieve's definition breaks it over its filter
+    (the probe ``sieve-eps`` with ``masked=0``, ``benchmarks/sieve_probes/``)."""
     pb = Problem(q, k, v, slopes, row_scale, sm_scale)
     rowmax = pb.rows()
     grid = (triton.cdiv(pb.tokens, pb.fwd_block), pb.bh)
@@ -429,4 +431,4 @@ def sieve_alg1_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None,
                          num_warps=pb.fwd_warps, num_stages=2)
     # the stick-breaking kernels keep the weights where z / 2 > tau; a sliver below eps keeps z = max - eps
     tau = (rowmax - float(eps)) * 0.5 - 1e-6
-    return StickBreakingAttention.apply(q, k, v, slopes, row_scale, tau, sm_scale, True)
+    return StickBreakingAttention.apply(q, k, v, slopes, row_scale, tau, sm_scale, bool(masked))

@@ -144,3 +144,50 @@ def test_support_width_finds_each_answers_assignment_and_measures_a_model(sieve_
         assert all(eh or not h for eh, h in zip(r["eps_hit"], r["hit"], strict=True))
     assert "| 1 |" in support_width.summarise(records, [32])
     assert not any("weights" in vars(layer) for layer in model.attention_layers)  # the recorder is removed
+
+
+def eps_weights(z, eps, masked):
+    layer = sys.modules["sieve_variants"].SieveEps(d_model=32, n_heads=2, pe=None, eps=eps, masked=masked)
+    return layer.weights(z, torch.arange(z.shape[-1]), None)
+
+
+def test_sieve_eps_names_the_op_it_calls_and_its_masked_form_is_sieve_alg1():
+    layer = sys.modules["sieve_variants"].SieveEps(d_model=32, n_heads=2, pe=None, eps=8.0)
+    assert layer.kernel_names() == ("sieve-alg1",)
+    layer.use_kernels = False
+    assert layer.kernel("sieve-alg1") is None and not layer.dispatches_to_kernel()
+    z = scores(spread=4.0)
+    torch.testing.assert_close(eps_weights(z, 3.0, 1.0), attention_weights("sieve-alg1", z, eps=3.0),
+                               rtol=0, atol=0)
+    kept = eps_weights(z, 3.0, 0.0)
+    torch.testing.assert_close(kept.sum(-1), torch.ones_like(kept.sum(-1)))
+    assert ((kept > 0) != (eps_weights(z, 3.0, 1.0) > 0)).sum() == 0  # the same keys keep weight
+
+
+@pytest.mark.skipif(not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
+                    reason="needs a CUDA GPU or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("masked", [0.0, 1.0], ids=["kept-stick", "alg1"])
+@pytest.mark.parametrize("slopes", [False, True], ids=["nope", "alibi"])
+def test_sieve_eps_fused_path_matches_the_reference(masked, slopes, sieve_variants):
+    """``sieve-eps`` on CUDA: ``sieve_alg1_attention(masked=...)`` against the float64 reference."""
+    from lengthbench.kernels.sieve import sieve_alg1_attention
+
+    device = "cuda" if CUDA else "cpu"
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 70, 32, generator=gen) for _ in range(3))
+    q = 2.0 * q
+    sl = torch.tensor([0.25, 0.0]) if slopes else None
+    leaves = [t.clone().to(device).requires_grad_() for t in (q, k, v)]
+    out = sieve_alg1_attention(*leaves, slopes=None if sl is None else sl.to(device), eps=3.0, masked=bool(masked))
+    grad = torch.randn(out.shape, generator=gen).to(device)
+    (out * grad).sum().backward()
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    z = torch.matmul(ref_leaves[0], ref_leaves[1].transpose(-1, -2)) * 32 ** -0.5
+    if sl is not None:
+        pos = torch.arange(70)
+        z = z - sl.double()[:, None, None] * (pos[:, None] - pos[None, :])
+    ref = torch.matmul(eps_weights(z, 3.0, masked), ref_leaves[2])
+    (ref * grad.double().cpu()).sum().backward()
+    assert (out.detach().cpu().double() - ref.detach()).abs().max() < 1e-4
+    for mine, theirs in zip(leaves, ref_leaves, strict=True):
+        assert (mine.grad.cpu().double() - theirs.grad).abs().max() < 1e-3
