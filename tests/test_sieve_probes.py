@@ -77,18 +77,20 @@ def test_the_filter_lies_within_2T_of_the_row_max_and_widens_with_T(T):
     torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
 
 
-@pytest.mark.skipif(not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
-                    reason="needs a CUDA GPU or TRITON_INTERPRET=1")
-@pytest.mark.parametrize("T", [1.0, 4.0])
-@pytest.mark.parametrize("slopes", [False, True], ids=["nope", "alibi"])
-def test_fused_path_matches_the_reference(T, slopes, sieve_variants):
+FUSED = pytest.mark.skipif(not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
+                           reason="needs a CUDA GPU or TRITON_INTERPRET=1")
+
+
+def check_fused_against_reference(op, weights, slopes, seed):
+    """``op(q, k, v, slopes=...)`` against ``weights(z)`` of the float64 scores (ALiBi bias included), output and
+    gradients, at 70 tokens over two heads (the second's slope 0)."""
     device = "cuda" if CUDA else "cpu"
-    gen = torch.Generator().manual_seed(3)
+    gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, 2, 70, 32, generator=gen) for _ in range(3))
     q = 2.0 * q
     sl = torch.tensor([0.25, 0.0]) if slopes else None
     leaves = [t.clone().to(device).requires_grad_() for t in (q, k, v)]
-    out = sieve_variants.sieve_temp_op(*leaves, slopes=None if sl is None else sl.to(device), T=T)
+    out = op(*leaves, slopes=None if sl is None else sl.to(device))
     grad = torch.randn(out.shape, generator=gen).to(device)
     (out * grad).sum().backward()
     ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
@@ -96,12 +98,19 @@ def test_fused_path_matches_the_reference(T, slopes, sieve_variants):
     if sl is not None:
         pos = torch.arange(70)
         z = z - sl.double()[:, None, None] * (pos[:, None] - pos[None, :])
-    w, _ = temp_weights(z, T)
-    ref = torch.matmul(w, ref_leaves[2])
+    ref = torch.matmul(weights(z), ref_leaves[2])
     (ref * grad.double().cpu()).sum().backward()
     assert (out.detach().cpu().double() - ref.detach()).abs().max() < 1e-4
     for mine, theirs in zip(leaves, ref_leaves, strict=True):
         assert (mine.grad.cpu().double() - theirs.grad).abs().max() < 1e-3
+
+
+@FUSED
+@pytest.mark.parametrize("T", [1.0, 4.0])
+@pytest.mark.parametrize("slopes", [False, True], ids=["nope", "alibi"])
+def test_fused_path_matches_the_reference(T, slopes, sieve_variants):
+    check_fused_against_reference(lambda *qkv, slopes: sieve_variants.sieve_temp_op(*qkv, slopes=slopes, T=T),
+                                  lambda z: temp_weights(z, T)[0], slopes, seed=3)
 
 
 def test_support_width_finds_each_answers_assignment_and_measures_a_model(sieve_variants):
@@ -164,30 +173,13 @@ def test_sieve_eps_names_the_op_it_calls_and_its_masked_form_is_sieve_alg1():
     assert ((kept > 0) != (eps_weights(z, 3.0, 1.0) > 0)).sum() == 0  # the same keys keep weight
 
 
-@pytest.mark.skipif(not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
-                    reason="needs a CUDA GPU or TRITON_INTERPRET=1")
+@FUSED
 @pytest.mark.parametrize("masked", [0.0, 1.0], ids=["kept-stick", "alg1"])
 @pytest.mark.parametrize("slopes", [False, True], ids=["nope", "alibi"])
 def test_sieve_eps_fused_path_matches_the_reference(masked, slopes, sieve_variants):
     """``sieve-eps`` on CUDA: ``sieve_alg1_attention(masked=...)`` against the float64 reference."""
     from lengthbench.kernels.sieve import sieve_alg1_attention
 
-    device = "cuda" if CUDA else "cpu"
-    gen = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(1, 2, 70, 32, generator=gen) for _ in range(3))
-    q = 2.0 * q
-    sl = torch.tensor([0.25, 0.0]) if slopes else None
-    leaves = [t.clone().to(device).requires_grad_() for t in (q, k, v)]
-    out = sieve_alg1_attention(*leaves, slopes=None if sl is None else sl.to(device), eps=3.0, masked=bool(masked))
-    grad = torch.randn(out.shape, generator=gen).to(device)
-    (out * grad).sum().backward()
-    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    z = torch.matmul(ref_leaves[0], ref_leaves[1].transpose(-1, -2)) * 32 ** -0.5
-    if sl is not None:
-        pos = torch.arange(70)
-        z = z - sl.double()[:, None, None] * (pos[:, None] - pos[None, :])
-    ref = torch.matmul(eps_weights(z, 3.0, masked), ref_leaves[2])
-    (ref * grad.double().cpu()).sum().backward()
-    assert (out.detach().cpu().double() - ref.detach()).abs().max() < 1e-4
-    for mine, theirs in zip(leaves, ref_leaves, strict=True):
-        assert (mine.grad.cpu().double() - theirs.grad).abs().max() < 1e-3
+    check_fused_against_reference(
+        lambda *qkv, slopes: sieve_alg1_attention(*qkv, slopes=slopes, eps=3.0, masked=bool(masked)),
+        lambda z: eps_weights(z, 3.0, masked), slopes, seed=5)
