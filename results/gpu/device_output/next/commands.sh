@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in session 27 (session 27's script, 2026-11-24-s27-h100/commands.sh, with this line), not run yet: the session that runs it moves it to its dated folder.
+# Prepared in session 28 (session 28's script, 2026-11-24-s28-h100/commands.sh, with this line), not run yet: the session that runs it moves it to its dated folder.
 # Session 27: session 26's script (2026-11-24-s26-h100/commands.sh); PROBES=1 loads the Sieve probe plugin
 # (benchmarks/sieve_probes/sieve_variants.py: sieve-temp) in the sweep, its workers and score_paths:
 #   PROBES=1 bash $S cell 590 "mqrar:sieve-temp(T=4):none" 0,1 sweeps/mqrar_inline_c12.toml
