@@ -298,3 +298,16 @@ def test_a_stage_with_other_mechanism_parameters_names_them(tmp_path):
     board = build_leaderboard(load_store(results)[0])
     protocol = board.loc[board["protocol"].str.contains(" -> "), "protocol"].iloc[0]
     assert protocol.endswith("after mqrar at n 16, 1.28M samples, sieve (alpha=1.1) -> mqrar at n 16, 0.64M samples")
+
+
+def test_a_stage_with_its_own_warm_up_names_it_in_steps(tmp_path):
+    """A stage whose warm-up differs from the final stage's names it in steps, as a run's own warm-up is named."""
+    results = tmp_path / "store"
+    budget = {"batch_size": 128, "lr": 1e-3, "train_length": 16}
+    first = {**budget, "train_samples": 1_280_000, "warmup_steps": 10_000}
+    path = synthetic_run(results, "mqrar", "stickbreaking", "none", 0, {1: 0.9, 2: 0.8}, preset="paper", config=first)
+    final = {**budget, "train_samples": 640_000, "warmup_steps": 1_000, "init_from": path.stem}
+    synthetic_run(results, "mqrar", "stickbreaking", "none", 0, {1: 0.0, 2: 0.0}, preset="paper", config=final)
+    board = build_leaderboard(load_store(results)[0])
+    protocol = board.loc[board["protocol"].str.contains(" after "), "protocol"].iloc[0]
+    assert protocol.endswith("after mqrar at n 16, 1.28M samples, warm-up 10,000 steps")
