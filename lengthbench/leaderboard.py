@@ -161,9 +161,9 @@ def _stage_label(config: dict, final: dict) -> str:
     label = config.get("task", "?") + (" (" + ", ".join(f"{k}={v}" for k, v in sorted(params.items())) + ")"
                                         if params else "")
     label += f" at n {config.get('train_length', '?')}, {_amount(config.get('train_samples', 0))} samples"
-    for key, name in (("batch_size", "batch"), ("lr", "lr"), ("warmup_steps", "warm-up")):
+    for key, shown in (("batch_size", "batch {:g}"), ("lr", "lr {:g}"), ("warmup_steps", "warm-up {:,} steps")):
         if key in config and config[key] != final.get(key):
-            label += f", warm-up {config[key]:,} steps" if key == "warmup_steps" else f", {name} {config[key]:g}"
+            label += ", " + shown.format(config[key])
     attn_params = config.get("attn_params") or {}
     if attn_params != (final.get("attn_params") or {}):  # e.g. a wider Sieve filter in an early stage
         label += ", " + config.get("attn", "?") + " (" + ", ".join(f"{k}={v}" for k, v in sorted(attn_params.items())) + ")"
