@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -30,6 +31,8 @@ from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
 
 from lengthbench.leaderboard import METRIC_NAMES, REACH_THRESHOLD, ROW_KEYS, TABLE_KEYS, board_multipliers  # noqa: E402
 from lengthbench.tasks import multiplier_label  # noqa: E402
+
+TITLE_WIDTH = 100  # characters a line of a curve plot's title
 
 FORMATS = ("png", "svg")
 MANIFEST = ".lengthbench-plots.json"  # the figures the last plot_all wrote in a folder
@@ -120,8 +123,8 @@ def plot_curves(board: pd.DataFrame, out: str | Path) -> list[Path]:
         metric = METRIC_NAMES.get(table["metric"].iloc[0], str(table["metric"].iloc[0]))
         ax.set_ylabel(f"{metric} (%)")
         legend_note = "lines: best seed, bands: mean ± std" if table["seeds"].max() > 1 else "one seed"
-        ax.set_title(f"{_table_label(task, preset, protocol, train_length, several)}: {metric} against length "
-                     f"(preset {preset}; {legend_note})", fontsize=11)
+        ax.set_title(wrap_title(f"{_table_label(task, preset, protocol, train_length, several)}: {metric} against "
+                                f"length (preset {preset}; {legend_note})"), fontsize=11)
         ax.grid(True, which="major", color="0.9", linewidth=0.8)
         ax.spines[["top", "right"]].set_visible(False)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9,
@@ -130,6 +133,12 @@ def plot_curves(board: pd.DataFrame, out: str | Path) -> list[Path]:
             part for part in (f"curves_{task}", preset, _protocol_slug(protocol), f"n{train_length}") if part)
         paths += _save(fig, out, _safe(stem))
     return paths
+
+
+def wrap_title(text: str, width: int = TITLE_WIDTH) -> str:
+    """A figure title in lines of at most `width` characters (a curriculum's label runs to several hundred, and one
+    line that long squeezes the axes to a sliver of the saved figure)."""
+    return "\n".join(textwrap.wrap(text, width=width, break_long_words=False, break_on_hyphens=False)) or text
 
 
 def plot_reach(board: pd.DataFrame, out: str | Path) -> list[Path]:

@@ -126,3 +126,18 @@ def test_a_long_protocol_names_its_figure_within_the_file_systems_limit():
     long_b = long_a.replace("alpha=1.4", "alpha=1.45")
     assert len(_protocol_slug(long_a)) == SLUG_MAX and _protocol_slug(long_a) != _protocol_slug(long_b)
     assert _protocol_slug("8M samples, batch 512, lr 0.001") == "8M_b512_lr0.001"
+
+
+def test_a_long_title_is_wrapped_and_keeps_every_word():
+    """A curriculum's label runs to hundreds of characters: on one line it squeezed the axes of the saved figure to
+    a sliver (session 29's `d29` plots)."""
+    from lengthbench.plots import TITLE_WIDTH, wrap_title
+
+    stages = " -> ".join(f"mqrar (layout=inline) at n 16, 0.96M samples, warm-up 2,000 steps, init torch {i}"
+                         for i in range(4))
+    title = f"mqrar (paper, 0.64M samples, model 3 x d 256, after {stages}, n=64): exact match against length"
+    wrapped = wrap_title(title)
+    lines = wrapped.split("\n")
+    assert len(lines) > 1 and all(len(line) <= TITLE_WIDTH for line in lines)
+    assert wrapped.split() == title.split()
+    assert wrap_title("copy: exact match against length") == "copy: exact match against length"
