@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Prepared in session 28 (session 28's script, 2026-11-24-s28-h100/commands.sh, with this line), not run yet: the session that runs it moves it to its dated folder.
+# Prepared in session 29 (session 29's script, 2026-11-24-s29-h100/commands.sh, with this line), not run yet: the session that runs it moves it to its dated folder.
+# Session 29: session 28's script (2026-11-24-s28-h100/commands.sh), but each TAG has its own results store
+# (/tmp/gres-TAG; /tmp/gres without TAG): sweeps side by side no longer send back each other's checkpoints, and a
+# sweep cut by the limit resumes in the next call under the same TAG.
 # Session 27: session 26's script (2026-11-24-s26-h100/commands.sh); PROBES=1 loads the Sieve probe plugin
 # (benchmarks/sieve_probes/sieve_variants.py: sieve-temp) in the sweep, its workers and score_paths:
 #   PROBES=1 bash $S cell 590 "mqrar:sieve-temp(T=4):none" 0,1 sweeps/mqrar_inline_c12.toml
@@ -54,7 +57,7 @@ tag=${TAG:-$what}  # TAG=NAME: the call's folder and archive (two runs of one ki
 D=$OUT/$tag; mkdir -p $D
 header "$0 $*" > $D/header.txt
 echo "LENGTHBENCH_ENTMAX_DEFAULTS=${LENGTHBENCH_ENTMAX_DEFAULTS:-} LENGTHBENCH_PLUGINS=${LENGTHBENCH_PLUGINS:-}" >> $D/header.txt
-G=/tmp/gres
+G=/tmp/gres${TAG:+-$TAG}
 mkdir -p $G/checkpoints /tmp/ccache
 export LENGTHBENCH_COMPILE_CACHE=/tmp/ccache
 for first in .carry/ccache-*.part-aa; do
