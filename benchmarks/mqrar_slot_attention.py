@@ -8,8 +8,10 @@ each head's attention weight on four positions:
 - ``value``: the value of the most recent assignment of that key (the recall);
 - ``assigned key``: that assignment's key token.
 
-Per layer it reports the head with the largest mean weight on each, that mean, and how often that head's
-largest weight lands on the position (top-1). Session 29 asked whether a 3-layer NoPE model fetches a slot's
+At the query's key token it reads the same heads' weight on the value and its key (``key: value``, ``key:
+assigned key``): a recall made at the key, as in the inline layout, whose result a slot can then fetch. Per layer
+it reports the head with the largest mean weight on each, that mean, and how often that head's largest weight
+lands on the position (top-1). Session 29 asked whether a 3-layer NoPE model fetches a slot's
 query key in a layer of its own before the recall (REPRODUCTION.md, protocol ``d29``).
 
     python benchmarks/mqrar_slot_attention.py --results RESULTS --run RUN_ID [--length 16] [--samples 64]
@@ -19,17 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from lengthbench.inspect import attention_maps, load_run  # noqa: E402
+from lengthbench.inspect import attention_maps, load_run
 
 TARGETS = ("own key", "other keys", "value", "assigned key")
+KEY_TARGETS = ("value", "assigned key")  # read at the query's key token: a recall made there, as inline
 
 
 def slot_positions(input_ids: np.ndarray, n: int, queries: int) -> list[dict]:
@@ -54,31 +54,32 @@ def measure(model, task, config, length: int, samples: int, seed: int | None = N
         raise SystemExit("the seeds' layout with one-token values and an even length only")
     seed = config.seed if seed is None else seed
     batch = task.batch(list(range(samples)), length, "test", seed)
-    weight = None  # [layers, heads, targets] sums
+    weight = None  # [layers, heads, targets] sums; at the slot rows, then (last two) at the query-key rows
     top1 = None
     count = 0
+    columns = TARGETS + tuple(f"key: {name}" for name in KEY_TARGETS)
     for b in range(samples):
         end = int(batch.realised_tokens[b])
         ids = batch.input_ids[b, :end]
         maps, _, _ = attention_maps(model, torch.as_tensor(ids[None]), None, max_tokens=max(512, end))
         layers, heads = len(maps), maps[0].shape[0]
         if weight is None:
-            weight = np.zeros((layers, heads, len(TARGETS)))
+            weight = np.zeros((layers, heads, len(columns)))
             top1 = np.zeros_like(weight)
         for slot in slot_positions(ids, length, params.queries):
-            row = slot["slot"]
             for layer, w in enumerate(maps):
-                rows = np.nan_to_num(w[:, row, :])  # [H, K]
-                best = rows.argmax(axis=1)
-                for t, name in enumerate(TARGETS):
-                    weight[layer, :, t] += rows[:, slot[name]].sum(axis=1)
-                    top1[layer, :, t] += np.isin(best, slot[name])
+                for row, names, offset in ((slot["slot"], TARGETS, 0), (slot["own key"][0], KEY_TARGETS, len(TARGETS))):
+                    rows = np.nan_to_num(w[:, row, :])  # [H, K]
+                    best = rows.argmax(axis=1)
+                    for t, name in enumerate(names, start=offset):
+                        weight[layer, :, t] += rows[:, slot[name]].sum(axis=1)
+                        top1[layer, :, t] += np.isin(best, slot[name])
             count += 1
     weight, top1 = weight / count, top1 / count
     report = {"slots": count, "samples": samples, "length": length, "layers": []}
     for layer in range(weight.shape[0]):
         entry = {}
-        for t, name in enumerate(TARGETS):
+        for t, name in enumerate(columns):
             head = int(weight[layer, :, t].argmax())
             entry[name] = {"head": head, "mean_weight": round(float(weight[layer, head, t]), 4),
                            "top1": round(float(top1[layer, head, t]), 4)}
@@ -87,13 +88,15 @@ def measure(model, task, config, length: int, samples: int, seed: int | None = N
 
 
 def markdown(report: dict, run: str) -> str:
+    columns = list(report["layers"][0])
     lines = [f"`{run}`, n {report['length']}: {report['slots']} answer slots of {report['samples']} test samples. "
              "Per layer, the head with the largest mean weight on each position: that weight, and how often "
-             "the head's largest weight is there (top-1).", "",
-             "| layer | " + " | ".join(TARGETS) + " |", "|---|" + "---|" * len(TARGETS)]
+             "the head's largest weight is there (top-1). Read at the answer slot, and (`key: ...`) at the "
+             "slot's query key.", "",
+             "| layer | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for layer, entry in enumerate(report["layers"], start=1):
         cells = [f"head {entry[t]['head']}: {entry[t]['mean_weight']:.3f} (top-1 {100 * entry[t]['top1']:.1f}%)"
-                 for t in TARGETS]
+                 for t in columns]
         lines.append(f"| {layer} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

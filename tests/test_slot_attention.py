@@ -47,7 +47,7 @@ def test_the_script_measures_a_trained_run(tmp_path):
         report = slot_attention.measure(model, task, config, 16, 3)
     assert report["slots"] == 3 * task.params.queries and len(report["layers"]) == config.n_layers
     for entry in report["layers"]:
-        for name in slot_attention.TARGETS:
+        for name in (*slot_attention.TARGETS, *(f"key: {k}" for k in slot_attention.KEY_TARGETS)):
             assert 0.0 <= entry[name]["mean_weight"] <= (task.params.queries - 1) + 1e-6
             assert 0.0 <= entry[name]["top1"] <= 1.0
     assert slot_attention.main(["--results", str(tmp_path), "--run", run_id, "--samples", "2",
