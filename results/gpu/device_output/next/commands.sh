@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prepared in session 29 (session 29's script, 2026-11-24-s29-h100/commands.sh, with this line), not run yet: the session that runs it moves it to its dated folder.
+# Prepared in session 30 (session 30's script, 2026-11-24-s30-h100/commands.sh, with this line), not run yet: the session that runs it moves it to its dated folder.
+# Session 30: session 29's script unchanged (ran as prepared: 2026-11-24-s30-h100/commands.sh).
 # Session 29: session 28's script (2026-11-24-s28-h100/commands.sh), but each TAG has its own results store
 # (/tmp/gres-TAG; /tmp/gres without TAG): sweeps side by side no longer send back each other's checkpoints, and a
 # sweep cut by the limit resumes in the next call under the same TAG.
