@@ -29,7 +29,8 @@ INIT_PARTS = ("all", "body")
 # take the fused ops either way; models without fused ops are unaffected.
 TRAIN_ATTENTION = ("fused", "reference")
 # Fields added after runs were published: left out of a run's identity while at these defaults.
-LATER_FIELDS = {"init": DEFAULT_INIT, "init_from": "", "init_part": "all", "train_attention": "fused"}
+LATER_FIELDS = {"init": DEFAULT_INIT, "init_from": "", "init_part": "all", "train_attention": "fused",
+                "rescored_from": ""}
 
 
 @dataclass
@@ -57,6 +58,10 @@ class RunConfig:
     # two-token MQMTAR before single-token; its model must have this one's shapes. "" starts from ``init``.
     init_from: str = ""
     init_part: str = "all"  # one of INIT_PARTS
+    # a run of the same store whose trained model this run scores again (``lengthbench rescore``: with other
+    # evaluation samples or lengths); such a run trains nothing, its training fields are that run's. "" for a
+    # run that trained its own model.
+    rescored_from: str = ""
     # training
     train_samples: int = 10_000_000
     batch_size: int = 128

@@ -176,7 +176,8 @@ def protocol_label(config_json, sources: dict[str, str] | None = None) -> str:
 
     A run started from another's weights (``init_from``) names the stages before it, ``", after mqrar
     (layout=inline) at n 16, 1.28M samples -> mqrar at n 16, 0.64M samples"``, where ``sources`` (run id ->
-    its ``config_json``) has them; else the run id it started from."""
+    its ``config_json``) has them; else the run id it started from. A run whose trained model was scored again
+    (``rescored_from``, ``lengthbench rescore``) says so, with its samples per length."""
     config = _config(config_json)
     if not all(key in config for key in ("train_samples", "batch_size", "lr")):
         return ""
@@ -188,6 +189,9 @@ def protocol_label(config_json, sources: dict[str, str] | None = None) -> str:
     # the default init (also that of rows stored before the field existed) goes unnamed
     init = config.get("init", "normal-0.02")
     label = label if init == "normal-0.02" else f"{label}, init {init}"
+    if config.get("rescored_from"):  # its trained model scored again (lengthbench rescore): a table of its own
+        samples = config.get("eval_samples")
+        label += f", rescored on {samples:,} samples per length" if isinstance(samples, int) else ", rescored"
     if not config.get("init_from"):
         return label
     def carried(stage: dict) -> str:  # what a stage took from the one before it

@@ -34,7 +34,7 @@ from lengthbench.data import BatchProducer, TrainStream, default_workers
 from lengthbench.errors import TrainingDiverged, UsageError
 from lengthbench.models.decoder import Decoder, ModelConfig
 from lengthbench.store import atomic_write, atomic_write_text, load_results, run_finished, run_path, write_run
-from lengthbench.tasks import IGNORE_INDEX, eval_lengths, get_task
+from lengthbench.tasks import IGNORE_INDEX, eval_lengths, eval_multipliers, get_task
 
 # --------------------------------------------------------------------------------------------------
 # Devices and small helpers
@@ -683,17 +683,32 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
     atomic_torch_save({"config": config.identity(), "model": model.state_dict(), "state": state},
                       ckpt_dir / "model.pt")
 
-    partial_path = ckpt_dir / "eval_rows.json"
+    common = dict(train_steps=trainer.state.step, train_seconds=round(trainer.state.train_seconds, 3),
+                  best_step=trainer.state.best_step)
+    _score_and_store(config, task, model, torch_device, results, lengths, common, progress, log)
+    trainer.checkpoint_path.unlink(missing_ok=True)  # the run is in the store; model.pt stays for inspect
+    return pd.read_parquet(run_path(results, run_id))
+
+
+def _score_and_store(config: RunConfig, task, model, torch_device: torch.device, results: Path,
+                     lengths: list[tuple[int, int]], common: dict, progress: bool,
+                     log: Callable[[str], None] | None) -> None:
+    """Score ``model`` at every ``(multiplier, n)`` of ``lengths`` and write run ``config.run_id``'s rows.
+
+    Each length's row goes to ``eval_rows.json`` in the run's checkpoint folder as it is scored, so an
+    interrupted scoring resumes at the next length; the store gets the run only once every length is scored."""
+    run_id = config.run_id
+    partial_path = checkpoint_dir(results, run_id) / "eval_rows.json"
     done: dict[int, dict] = {}
     if partial_path.exists():
         done = {row["multiplier"]: row for row in json.loads(partial_path.read_text())}
     evaluator = Evaluator(model, task, torch_device, seed=config.seed, tokens_per_batch=config.eval_tokens_per_batch)
     common = dict(
         run_id=run_id, task=config.task, attn=config.attn, pe=config.pe, seed=config.seed, preset=config.preset,
-        train_length=config.train_length, selection=config.selection, train_steps=trainer.state.step,
-        train_seconds=round(trainer.state.train_seconds, 3), device=device_description(torch_device),
+        train_length=config.train_length, selection=config.selection, train_steps=common["train_steps"],
+        train_seconds=common["train_seconds"], device=device_description(torch_device),
         lengthbench_version=__version__, git_sha=git_sha(), metric=task.metric, config_json=config.to_json(),
-        best_step=trainer.state.best_step,
+        best_step=common["best_step"],
     )
     with _progress(progress) as bar:
         task_id = bar.add_task(f"eval {run_id}", total=len(lengths), completed=len(done), info="")
@@ -725,8 +740,58 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
     rows = [dict(common, **done[m], created_at=created_at) for m, _ in lengths]
     write_run(results, run_id, rows)
     partial_path.unlink(missing_ok=True)
-    trainer.checkpoint_path.unlink(missing_ok=True)  # the run is in the store; model.pt stays for inspect
-    return pd.read_parquet(run_path(results, run_id))
+
+
+def rescore_run(results: str | Path, run_id: str, *, samples: int | None = None, max_multiplier: int | None = None,
+                device: str = "auto", progress: bool = True,
+                log: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Score the trained model of run ``run_id`` again, with ``samples`` per length and/or up to
+    ``max_multiplier``, as a run of its own in the same store.
+
+    Its configuration is the source's with those fields changed and ``rescored_from = run_id`` (so its run id
+    differs from that of a run trained with the same fields); its training fields in the rows (steps, seconds,
+    best step) are the source's. Nothing is trained. An interrupted rescoring resumes at the next length; a
+    finished one is returned as stored. E.g. the seeds' 1,000 samples per length for a run scored on 200."""
+    results = Path(results)
+    path = checkpoint_dir(results, run_id) / "model.pt"
+    if not path.exists():
+        known = sorted(p.parent.name for p in (results / "checkpoints").glob("*/model.pt")) if results.exists() else []
+        raise UsageError(f"no trained model for run {run_id!r} in {results} (a rescored run keeps none: rescore "
+                         "the run it was rescored from)" + (f"; runs with a model: {', '.join(known)}" if known else ""))
+    if samples is None and max_multiplier is None:
+        raise UsageError("nothing to rescore: give --samples, --max-multiplier or both")
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    source = RunConfig.from_dict(saved["config"])
+    state = saved.get("state") or {}
+    if not state or state.get("step", 0) < source.train_steps:
+        raise UsageError(f"run {run_id}'s model.pt is not a finished training (step {state.get('step', 0)} of "
+                         f"{source.train_steps})")
+    changes = {key: value for key, value in (("eval_samples", samples), ("max_multiplier", max_multiplier))
+               if value is not None}
+    if all(getattr(source, key) == value for key, value in changes.items()):
+        raise UsageError(f"nothing to rescore: run {run_id} was scored with {source.eval_samples} samples per "
+                         f"length up to {source.max_multiplier}x already")
+    try:
+        config = dataclasses.replace(source, rescored_from=run_id, **changes)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    eval_multipliers(config.max_multiplier)
+    if run_finished(results, config.run_id):
+        return pd.read_parquet(run_path(results, config.run_id))
+    torch_device = resolve_device(device)
+    task = get_task(config.task, **config.task_params)
+    task.check_length(config.train_length)
+    lengths = eval_lengths(config.train_length, config.max_multiplier, task.extra_multipliers)
+    model = build_model(config, task)
+    model.load_state_dict(saved["model"])
+    model = model.to(torch_device).eval()
+    ckpt_dir = checkpoint_dir(results, config.run_id)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    (ckpt_dir / "config.json").write_text(json.dumps(config.identity(), indent=2, sort_keys=True))
+    common = dict(train_steps=int(state["step"]), train_seconds=round(float(state.get("train_seconds", 0.0)), 3),
+                  best_step=int(state.get("best_step", state["step"])))
+    _score_and_store(config, task, model, torch_device, results, lengths, common, progress, log)
+    return pd.read_parquet(run_path(results, config.run_id))
 
 
 # The parameters that depend on the vocabulary: what ``init_part = "body"`` leaves at their initialisation.
@@ -782,4 +847,5 @@ def newest_trained_run(results: str | Path, task: str, attn: str, pe: str) -> st
     return max(found)[1]
 
 
-__all__ = ["Evaluator", "Trainer", "load_model", "load_results", "newest_trained_run", "run_cell", "warm_start"]
+__all__ = ["Evaluator", "Trainer", "load_model", "load_results", "newest_trained_run", "rescore_run", "run_cell",
+           "warm_start"]

@@ -130,6 +130,33 @@ def register(app: typer.Typer) -> None:
         out.print(f"trained {frame['train_steps'].iloc[0]:,} steps in {frame['train_seconds'].iloc[0]:.1f}s "
                   f"on {frame['device'].iloc[0]}; selection: {best['selection']}")
 
+    @app.command("rescore")
+    def rescore(
+        run_id: str = typer.Argument(..., help="Run id of a trained run in --results (its checkpoints/RUN/model.pt)."),
+        samples: int = typer.Option(None, "--samples", help="Samples per evaluation length (the seeds': 1000)."),
+        max_multiplier: int = typer.Option(None, "--max-multiplier", help="Largest multiplier, a power of 2."),
+        device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+        results: str = typer.Option("runs", "--results", help="Results store folder."),
+        quiet: bool = typer.Option(False, "--quiet", help="No progress bar: a plain line per evaluation length."),
+        plugin: list[str] = typer.Option([], "--plugin", help="Module registering your own task/attn/pe."),
+    ) -> None:
+        """Score a trained run again with other samples or lengths, as a run of its own; nothing is trained."""
+        # The new run's configuration is the old one's with --samples / --max-multiplier and `rescored_from` set;
+        # its training fields are the old run's; the leaderboard says "rescored" in its protocol, so it does not
+        # mix with runs scored the first time. Interrupted, the same command resumes it.
+        from lengthbench.cli import load_plugins
+
+        load_plugins(plugin)
+        from lengthbench.runner import rescore_run
+
+        frame = rescore_run(results, run_id, samples=samples, max_multiplier=max_multiplier, device=device,
+                            progress=not quiet, log=(lambda line: print(line, flush=True)) if quiet else None)
+        new_id = frame["run_id"].iloc[0]
+        config = json.loads(frame["config_json"].iloc[0])
+        out.print(curve_table(frame, f"{new_id}: {run_id} rescored ({config['eval_samples']} samples per length; "
+                                     f"metric: {frame['metric'].iloc[0]})"))
+        out.print(f"on {frame['device'].iloc[0]}; results -> {results}")
+
 
 def _check_model(config) -> None:
     import torch
