@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Prepared in session 30 (session 30's script, 2026-11-24-s30-h100/commands.sh, with this line), not run yet: the session that runs it moves it to its dated folder.
 # Session 30: session 29's script (ran as prepared: 2026-11-24-s30-h100/commands.sh), with one more mode:
-#   bash results/gpu/device_output/next/commands.sh rescore SECONDS RUN[,RUN...] SAMPLES
-#       `lengthbench rescore RUN --samples SAMPLES` for each RUN put back from .carry/ckpt-RUN.tar.part-* into
-#       /tmp/gres (e.g. session 30's best 4-layer MQRAR cells, /work/lengthbench-artifacts/s30/, at the seeds'
-#       1,000 samples per length); the new runs' files and logs come back in the archive
+#   bash results/gpu/device_output/next/commands.sh rescore SECONDS RUN[,RUN...] SAMPLES [MAX_MULTIPLIER]
+#       `lengthbench rescore RUN --samples SAMPLES [--max-multiplier M]` for each RUN put back from
+#       .carry/ckpt-RUN.tar.part-* into /tmp/gres (e.g. session 30's best 4-layer MQRAR cells,
+#       /work/lengthbench-artifacts/s30/, at the seeds' 1,000 samples per length); the new runs' files come back
+#       in the archive, and a cut rescoring's finished lengths (logs/*.eval_rows.json)
 # Session 29: session 28's script (2026-11-24-s28-h100/commands.sh), but each TAG has its own results store
 # (/tmp/gres-TAG; /tmp/gres without TAG): sweeps side by side no longer send back each other's checkpoints, and a
 # sweep cut by the limit resumes in the next call under the same TAG.
@@ -98,11 +99,18 @@ elif [ "$what" = rescore ]; then
   mkdir -p $D/runs
   for run in ${cells//,/ }; do
     [ -f $G/checkpoints/$run/model.pt ] || { echo "no model for $run (carry .carry/ckpt-$run.tar.part-*)" >> $D/rescore.txt; continue; }
-    timeout -s INT $(( $(left) - 15 )) lengthbench rescore $run --results $G --samples $4 --quiet >> $D/rescore.txt 2>&1
+    timeout -s INT $(( $(left) - 15 )) lengthbench rescore $run --results $G --samples $4 ${5:+--max-multiplier $5} \
+      --quiet >> $D/rescore.txt 2>&1
     echo "exit: $? ($run)" >> $D/rescore.txt
   done
   for f in $G/runs/*.parquet; do
     case "$before" in *$(basename $f)*) ;; *) cp $f $D/runs/;; esac
+  done
+  mkdir -p $D/logs
+  for f in $G/checkpoints/*/eval_rows.json; do
+    [ -f $f ] || continue
+    case " $carried " in *" $(basename $(dirname $f)) "*) continue;; esac  # the source's own, carried in
+    cp $f $D/logs/$(basename $(dirname $f)).eval_rows.json
   done
 elif [ "$what" = kbench ]; then
   timeout $(( $(left) - 10 )) python3 benchmarks/kernels.py --lengths 65536 --head-dims 32 --mechanisms $cells \
