@@ -753,14 +753,10 @@ def rescore_run(results: str | Path, run_id: str, *, samples: int | None = None,
     best step) are the source's. Nothing is trained. An interrupted rescoring resumes at the next length; a
     finished one is returned as stored. E.g. the seeds' 1,000 samples per length for a run scored on 200."""
     results = Path(results)
-    path = checkpoint_dir(results, run_id) / "model.pt"
-    if not path.exists():
-        known = sorted(p.parent.name for p in (results / "checkpoints").glob("*/model.pt")) if results.exists() else []
-        raise UsageError(f"no trained model for run {run_id!r} in {results} (a rescored run keeps none: rescore "
-                         "the run it was rescored from)" + (f"; runs with a model: {', '.join(known)}" if known else ""))
     if samples is None and max_multiplier is None:
         raise UsageError("nothing to rescore: give --samples, --max-multiplier or both")
-    saved = torch.load(path, map_location="cpu", weights_only=False)
+    saved = _trained_checkpoint(results, run_id, "cpu",
+                                hint=" (a rescored run keeps none: rescore the run it was rescored from)")
     source = RunConfig.from_dict(saved["config"])
     state = saved.get("state") or {}
     if not state or state.get("step", 0) < source.train_steps:
@@ -820,14 +816,20 @@ def warm_start(results: str | Path, run_id: str, model: torch.nn.Module, device,
     return {key: (mine[key] if key in keep else weights[key]) for key in mine}
 
 
-def load_model(results: str | Path, run_id: str, device: str = "cpu"):
-    """``(model, task, config)`` of a trained run (its selected checkpoint), for inspection."""
+def _trained_checkpoint(results: str | Path, run_id: str, device, hint: str = "") -> dict:
+    """The saved ``model.pt`` of a trained run (config, selected weights, training state), or a one-line
+    :class:`UsageError` naming the runs of ``results`` that have one."""
     path = checkpoint_dir(results, run_id) / "model.pt"
     if not path.exists():
-        known = sorted(p.name for p in (Path(results) / "checkpoints").glob("*")) if Path(results).exists() else []
-        raise UsageError(f"no trained model for run {run_id!r} in {results}"
+        known = sorted(p.parent.name for p in (Path(results) / "checkpoints").glob("*/model.pt"))
+        raise UsageError(f"no trained model for run {run_id!r} in {results}{hint}"
                          + (f"; runs with a model: {', '.join(known)}" if known else ""))
-    saved = torch.load(path, map_location=device, weights_only=False)
+    return torch.load(path, map_location=device, weights_only=False)
+
+
+def load_model(results: str | Path, run_id: str, device: str = "cpu"):
+    """``(model, task, config)`` of a trained run (its selected checkpoint), for inspection."""
+    saved = _trained_checkpoint(results, run_id, device)
     config = RunConfig.from_dict(saved["config"])
     task = get_task(config.task, **config.task_params)
     model = build_model(config, task)
