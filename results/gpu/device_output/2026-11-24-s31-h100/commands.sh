@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in session 30 (session 30's script, 2026-11-24-s30-h100/commands.sh, with this line), not run yet: the session that runs it moves it to its dated folder.
+# Session 31: prepared in session 30 (session 30's script, 2026-11-24-s30-h100/commands.sh), run as prepared.
 # Session 30: session 29's script (ran as prepared: 2026-11-24-s30-h100/commands.sh), with one more mode:
 #   bash results/gpu/device_output/next/commands.sh rescore SECONDS RUN[,RUN...] SAMPLES [MAX_MULTIPLIER]
 #       `lengthbench rescore RUN --samples SAMPLES [--max-multiplier M]` for each RUN put back from
