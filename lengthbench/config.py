@@ -18,6 +18,10 @@ SELECTIONS = ("id", "8x")  # in-distribution validation (default) or the seeds' 
 # leaves a recall probe's plateau within 2,250 steps where "normal-0.02" stays on it for 4,000, but its
 # Copy + NAPE model fails from 2x on where "normal-0.02" holds to 16x-32x.
 INITS = ("normal-0.02", "torch")
+# The decoder's block layout (models/decoder.py): "prenorm" (the default; seed 003's eq. (1): LayerNorm, GELU MLP) or
+# "gemma2", the Gemma 2 layout the seed authors' public code builds its synthetic-task models from (RMSNorm before
+# and after attention and MLP, a GeGLU MLP, no biases, embeddings scaled by sqrt(d_model)).
+ARCHS = ("prenorm", "gemma2")
 DEFAULT_INIT = INITS[0]  # also what configurations stored before the field existed were trained with
 # What --init-from carries over: every weight ("all"), or all but the token embedding and the output layer
 # ("body": those keep their fresh initialisation, so the source run may have another vocabulary).
@@ -29,7 +33,7 @@ INIT_PARTS = ("all", "body")
 # take the fused ops either way; models without fused ops are unaffected.
 TRAIN_ATTENTION = ("fused", "reference")
 # Fields added after runs were published: left out of a run's identity while at these defaults.
-LATER_FIELDS = {"init": DEFAULT_INIT, "init_from": "", "init_part": "all", "train_attention": "fused",
+LATER_FIELDS = {"arch": "prenorm", "init": DEFAULT_INIT, "init_from": "", "init_part": "all", "train_attention": "fused",
                 "rescored_from": ""}
 
 
@@ -54,6 +58,7 @@ class RunConfig:
     n_heads: int = 8
     ffn: int = 512
     init: str = DEFAULT_INIT  # weight initialisation, one of INITS
+    arch: str = "prenorm"  # block layout, one of ARCHS
     # a finished run of the same store (its run id) whose selected weights start this one: a curriculum, e.g.
     # two-token MQMTAR before single-token; its model must have this one's shapes. "" starts from ``init``.
     init_from: str = ""
@@ -95,6 +100,8 @@ class RunConfig:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.init not in INITS:
             raise ValueError(f"unknown init {self.init!r}; choose from: {', '.join(INITS)}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"unknown arch {self.arch!r}; choose from: {', '.join(ARCHS)}")
         if self.init_part not in INIT_PARTS:
             raise ValueError(f"unknown init part {self.init_part!r}; choose from: {', '.join(INIT_PARTS)}")
         if self.init_part != "all" and not self.init_from:

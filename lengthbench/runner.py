@@ -92,7 +92,7 @@ def build_model(config: RunConfig, task) -> Decoder:
     return Decoder(ModelConfig(
         vocab_size=task.vocab_size, d_model=config.d_model, n_layers=config.n_layers, n_heads=config.n_heads,
         ffn=config.ffn, attn=config.attn, pe=config.pe, attn_params=dict(config.attn_params),
-        pe_params=dict(config.pe_params), has_features=task.has_features, init=config.init,
+        pe_params=dict(config.pe_params), has_features=task.has_features, init=config.init, arch=config.arch,
     ))
 
 
@@ -102,7 +102,7 @@ def build_model(config: RunConfig, task) -> Decoder:
 COMPILE_CACHE_ENV = "LENGTHBENCH_COMPILE_CACHE"
 # what the compiled graphs depend on (a seed, learning rate or sample count does not change them)
 _GRAPH_FIELDS = ("task", "task_params", "attn", "attn_params", "pe", "pe_params", "train_length", "d_model",
-                 "n_layers", "n_heads", "ffn", "batch_size", "compile_mode")
+                 "n_layers", "n_heads", "ffn", "batch_size", "compile_mode", "arch")
 
 
 @functools.lru_cache(maxsize=1)

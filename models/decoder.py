@@ -4,8 +4,16 @@
     -> n_layers x [ x + attn(LayerNorm(x)); x + MLP(LayerNorm(x)) ]
     -> LayerNorm -> linear head over the task's vocabulary
 
-as in seed 003, eq. (1). No dropout, no weight tying, no absolute positions: position information
-comes only from the chosen encoding (or, for NoPE, from causality).
+as in seed 003, eq. (1) (``arch = "prenorm"``, the default). ``arch = "gemma2"`` is the Gemma 2 layout that the
+seed authors' public code builds its synthetic-task models from (Hugging Face's Gemma 2 with the attention swapped):
+
+    tokens * sqrt(d_model)
+    -> n_layers x [ x + RMSNorm(attn(RMSNorm(x))); x + RMSNorm(GeGLU(RMSNorm(x))) ]
+    -> RMSNorm -> linear head
+
+with RMSNorm's gain written ``1 + w`` (``w`` starting at 0), a GeGLU MLP (``down(gelu_tanh(gate(x)) * up(x))``)
+and no biases anywhere. No dropout, no weight tying, no absolute positions in either: position information comes
+only from the chosen encoding (or, for NoPE, from causality).
 """
 
 from __future__ import annotations
@@ -32,25 +40,67 @@ class ModelConfig:
     pe_params: dict = field(default_factory=dict)
     has_features: bool = False
     init: str = "normal-0.02"  # N(0, 0.02^2) weights (GPT-2, Hugging Face Llama); "torch": PyTorch's defaults
+    arch: str = "prenorm"  # "prenorm" (seed 003's eq. (1)) or "gemma2" (the seed authors' code)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+ARCHS = ("prenorm", "gemma2")
+
+
+class GemmaRMSNorm(nn.Module):
+    """RMSNorm with the gain ``1 + w``, ``w`` starting at 0 (Gemma's form), eps 1e-6, computed in fp32."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class GeGLU(nn.Module):
+    """``down(gelu_tanh(gate(x)) * up(x))``, no biases (Gemma 2's MLP)."""
+
+    def __init__(self, d_model: int, ffn: int):
+        super().__init__()
+        self.gate = nn.Linear(d_model, ffn, bias=False)
+        self.up = nn.Linear(d_model, ffn, bias=False)
+        self.down = nn.Linear(ffn, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(nn.functional.gelu(self.gate(x), approximate="tanh") * self.up(x))
+
+
 class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer_index: int):
         super().__init__()
+        if config.arch not in ARCHS:
+            raise ValueError(f"unknown arch {config.arch!r}; choose from: {', '.join(ARCHS)}")
         head_dim = config.d_model // config.n_heads
         pe = build_pe(config.pe, config.n_heads, head_dim, **config.pe_params)
-        self.attn_norm = nn.LayerNorm(config.d_model)
         self.attn = ATTENTION.get(config.attn)(config.d_model, config.n_heads, pe, **config.attn_params)
         self.attn.layer_index = layer_index
-        self.mlp_norm = nn.LayerNorm(config.d_model)
-        self.mlp = nn.Sequential(
-            nn.Linear(config.d_model, config.ffn), nn.GELU(), nn.Linear(config.ffn, config.d_model)
-        )
+        self.post_norms = config.arch == "gemma2"
+        if self.post_norms:
+            self.attn_norm, self.attn_post_norm = GemmaRMSNorm(config.d_model), GemmaRMSNorm(config.d_model)
+            self.mlp_norm, self.mlp_post_norm = GemmaRMSNorm(config.d_model), GemmaRMSNorm(config.d_model)
+            self.mlp = GeGLU(config.d_model, config.ffn)
+        else:
+            self.attn_norm = nn.LayerNorm(config.d_model)
+            self.mlp_norm = nn.LayerNorm(config.d_model)
+            self.mlp = nn.Sequential(
+                nn.Linear(config.d_model, config.ffn), nn.GELU(), nn.Linear(config.ffn, config.d_model)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.post_norms:
+            x = x + self.attn_post_norm(self.attn(self.attn_norm(x)))
+            return x + self.mlp_post_norm(self.mlp(self.mlp_norm(x)))
         x = x + self.attn(self.attn_norm(x))
         return x + self.mlp(self.mlp_norm(x))
 
@@ -67,7 +117,9 @@ class Decoder(nn.Module):
             else None
         )
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
-        self.norm = nn.LayerNorm(config.d_model)
+        self.norm = GemmaRMSNorm(config.d_model) if config.arch == "gemma2" else nn.LayerNorm(config.d_model)
+        # Gemma scales the token embeddings by sqrt(d_model) (in the embedding's dtype)
+        self.embed_scale = config.d_model ** 0.5 if config.arch == "gemma2" else None
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.init == "normal-0.02":
             self.apply(_init_weights)
@@ -84,6 +136,8 @@ class Decoder(nn.Module):
 
     def embed_inputs(self, input_ids: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed(input_ids)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
         if self.feature_embed is not None:
             if features is None:
                 features = torch.zeros(input_ids.shape, device=input_ids.device)

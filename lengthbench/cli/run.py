@@ -58,6 +58,9 @@ def register(app: typer.Typer) -> None:
         ffn: int = typer.Option(None, "--ffn"),
         init: str = typer.Option(None, "--init", help="Weight initialisation: normal-0.02 (N(0, 0.02^2), the "
                                  "default) or torch (PyTorch's defaults; faster recall, worse Copy extrapolation)."),
+        arch: str = typer.Option(None, "--arch", help="Block layout: prenorm (LayerNorm, GELU MLP; the default) or "
+                                 "gemma2 (RMSNorm before and after each sublayer, GeGLU, no biases, scaled "
+                                 "embeddings: the seed authors' code)."),
         init_from: str = typer.Option(None, "--init-from",
                                       help="Start from the trained weights of this run id (same --results; its "
                                       "model must have this one's shapes): a curriculum."),
@@ -100,7 +103,7 @@ def register(app: typer.Typer) -> None:
             task, attn, pe, preset, train_length=train_length, max_multiplier=max_multiplier,
             eval_samples=eval_samples, seed=seed, train_samples=train_samples, batch_size=batch_size, lr=lr,
             warmup_steps=warmup_steps, eval_every=eval_every, d_model=d_model, n_layers=layers, n_heads=heads,
-            ffn=ffn, init=init, init_from=init_from, init_part=init_part,
+            ffn=ffn, init=init, arch=arch, init_from=init_from, init_part=init_part,
             selection=selection, compile=compile, compile_mode=compile_mode, train_attention=train_attention,
             diagnostics=diagnostics,
             task_params=task_params,
