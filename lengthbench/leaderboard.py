@@ -1,8 +1,9 @@
 """The leaderboard: the seeds' tables, built from the results store.
 
 Per task (and preset, training protocol and training length, so that runs of different protocols never
-share a table; the protocol is the training budget of ``config_json`` (samples, batch size, learning rate)
-and the task parameters that differ from the defaults):
+share a table; the protocol is the training budget of ``config_json`` (samples, batch size, learning rate),
+the task parameters that differ from the defaults, and a checkpoint selection, block layout, initialisation or
+curriculum other than the default):
 a row per attention x encoding, a column per multiplier, values in % of the task's metric (the
 ``score`` column: exact match, or token accuracy for the classification tasks). A run given mechanism or
 encoding parameters has its own row, named with them: ``entmax (alpha=4)``, ``rope (factor=1)``.
@@ -186,6 +187,12 @@ def protocol_label(config_json, sources: dict[str, str] | None = None) -> str:
     label += "".join(f", {key}={value}" for key, value in sorted(params.items()))
     label += _model_label(config)
     label += _warmup_label(config)
+    # the seeds' checkpoint selection (8x) and another block layout are protocols of their own; the defaults (also
+    # of rows stored before the fields) go unnamed
+    if config.get("selection", "id") != "id":
+        label += f", selection at {config['selection']}"
+    if config.get("arch", "prenorm") != "prenorm":
+        label += f", arch {config['arch']}"
     # the default init (also that of rows stored before the field existed) goes unnamed
     init = config.get("init", "normal-0.02")
     label = label if init == "normal-0.02" else f"{label}, init {init}"

@@ -193,6 +193,27 @@ def test_a_non_default_init_is_part_of_the_protocol():
     assert protocol_label(json.dumps({**budget, "init": "torch"})) == "4M samples, batch 512, lr 0.001, init torch"
 
 
+def test_selection_and_block_layout_are_part_of_the_protocol(tmp_path):
+    """A run selected at 8x (the seeds' rule) or built with the Gemma 2 layout is not another seed of the default
+    protocol's cell: each gets a table of its own, and rows stored before the fields keep theirs."""
+    from lengthbench.leaderboard import protocol_label
+
+    budget = {"train_samples": 2_000_000, "batch_size": 256, "lr": 1e-3}
+    assert protocol_label(json.dumps(budget)) == "2M samples, batch 256, lr 0.001"
+    assert protocol_label(json.dumps({**budget, "selection": "id", "arch": "prenorm"})) == \
+        "2M samples, batch 256, lr 0.001"
+    assert protocol_label(json.dumps({**budget, "selection": "8x", "arch": "gemma2"})) == \
+        "2M samples, batch 256, lr 0.001, selection at 8x, arch gemma2"
+    results = tmp_path / "store"
+    synthetic_run(results, "flipflop-sparse", "softmax", "rope", 0, {1: 1.0, 2: 0.78}, preset="quick", config=budget)
+    synthetic_run(results, "flipflop-sparse", "softmax", "rope", 0, {1: 1.0, 2: 0.9}, preset="quick",
+                  config={**budget, "selection": "8x"})
+    board = build_leaderboard(load_store(results)[0])
+    assert sorted(board["protocol"]) == ["2M samples, batch 256, lr 0.001",
+                                         "2M samples, batch 256, lr 0.001, selection at 8x"]
+    assert to_markdown(board).count("## flipflop-sparse") == 2
+
+
 def test_runs_with_mechanism_or_encoding_parameters_are_rows_of_their_own(tmp_path):
     """Max Retrieval's entmax at alpha 1.5 and 4 (seed 003 Table 5) are two rows, not one best-of pick."""
     from lengthbench.plots import plot_curves
