@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from lengthbench.config import ARCHS
 from lengthbench.models.attention import ATTENTION
 from lengthbench.models.positional import build_pe
 
@@ -44,9 +45,6 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-ARCHS = ("prenorm", "gemma2")
 
 
 class GemmaRMSNorm(nn.Module):
