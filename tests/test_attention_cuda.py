@@ -16,9 +16,20 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("name", ATTENTION.names())
 @pytest.mark.parametrize("tokens", [1, 77, 300])
 def test_fast_path_matches_reference(name, pe, tokens):
+    fast_path_matches_reference(name, pe, tokens)
+
+
+@pytest.mark.parametrize("name", ["ssmax", "assmax", "sentmax", "asentmax", "scalable-softpick"])
+@pytest.mark.parametrize("tokens", [77, 300])
+def test_fast_path_scaled_heads_nope(name, tokens):
+    """``scaled_heads=nope`` under NAPE: the factor reaches the kernels (or SDPA) only on the NoPE heads."""
+    fast_path_matches_reference(name, "nape", tokens, scaled_heads="nope")
+
+
+def fast_path_matches_reference(name, pe, tokens, **params):
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = False
-    layer = ATTENTION.get(name)(64, 4, build_pe(pe, 4, 16)).cuda()
+    layer = ATTENTION.get(name)(64, 4, build_pe(pe, 4, 16), **params).cuda()
     with torch.no_grad():
         for parameter in layer.parameters():
             parameter.add_(0.1 * torch.randn_like(parameter))

@@ -197,6 +197,9 @@ class SEntmaxAttention(_EntmaxKernel, RowScaledAttention):
     def weight_function(self, scores, mask, query_positions, x_rows):
         return sentmax_weights(scores, mask, self.beta, self.gamma, self.delta, self.alpha, query_positions)
 
+    def base_weights(self, z, mask):
+        return entmax_weights(z, mask, self.alpha)
+
 
 @register_attention("asentmax")
 class ASEntmaxAttention(_EntmaxKernel, AdaptiveScaled):
@@ -210,3 +213,6 @@ class ASEntmaxAttention(_EntmaxKernel, AdaptiveScaled):
     def weight_function(self, scores, mask, query_positions, x_rows):
         beta, gamma = self.adaptive_params(x_rows)
         return asentmax_weights(scores, mask, beta, gamma, self.delta, self.alpha, query_positions)
+
+    def base_weights(self, z, mask):
+        return entmax_weights(z, mask, self.alpha)

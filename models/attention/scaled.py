@@ -89,14 +89,53 @@ def adatemp_weights(scores, mask, query_positions=None):
     return safe_softmax(scale_scores(z, theta), mask)
 
 
+SCALED_HEADS = ("all", "nope")
+
+
 class RowScaledAttention(AttentionLayer):
     """A base map applied to ``row_scale * z``. Subclasses give ``weight_function`` and its ``params``,
-    ``row_scale`` (broadcastable to ``[B, H, Lq, 1]``) and the name of the base map's kernel."""
+    ``base_weights`` (the base map alone), ``row_scale`` (``[B or 1, H, Lq, 1]``) and the name of the base
+    map's kernel.
+
+    ``scaled_heads`` says which heads the factor scales. ``"all"`` (the default): every head's scores, an
+    ALiBi head's distance bias included. ``"nope"``: only the heads without an ALiBi slope; the ALiBi heads
+    keep the base map of their unscaled scores. That is how the seed 003 authors' public code combines its
+    scalings with NAPE: it multiplies the queries of the NoPE heads only, and adds the bias after.
+    Under RoPE or NoPE no head has a slope and both values give the same model."""
 
     base_kernel: ClassVar[str] = "softmax"
 
+    def __init__(self, d_model, n_heads, pe, scaled_heads: str = "all", **params):
+        super().__init__(d_model, n_heads, pe, **params)
+        if scaled_heads not in SCALED_HEADS:
+            raise ValueError(f"scaled_heads must be one of {', '.join(SCALED_HEADS)}, got {scaled_heads!r}")
+        self.scaled_heads = scaled_heads
+        # Which heads keep their unscaled scores, decided once here (a check of the slopes in every forward would
+        # sync the GPU and break torch.compile's graph). On the meta device (the sweep's parameter check) the
+        # slopes have no values and no head is set apart; that model never runs.
+        slopes = pe.slopes()
+        self.scales_every_head = True
+        if scaled_heads == "nope" and slopes is not None and not slopes.is_meta:
+            plain = slopes != 0
+            if bool(plain.all()):
+                raise ValueError("scaled_heads=nope scales no head under this encoding: every head has an ALiBi slope")
+            if bool(plain.any()):
+                self.scales_every_head = False
+                self.register_buffer("_unscaled", plain, persistent=False)
+
     def weight_function(self, scores, mask, query_positions, x_rows):
         raise NotImplementedError
+
+    def base_weights(self, z, mask):
+        """The base map of already scaled scores ``z``."""
+        raise NotImplementedError
+
+    def head_factor(self, query_positions, x_rows) -> torch.Tensor:
+        """``row_scale``, set to 1 on the heads that ``scaled_heads`` leaves alone; ``[B or 1, H, Lq, 1]``."""
+        factor = self.row_scale(query_positions, x_rows)
+        if self.scales_every_head:
+            return factor
+        return torch.where(self._unscaled[:, None, None], torch.ones_like(factor), factor)
 
     def row_scale(self, query_positions: torch.Tensor, x_rows: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -111,14 +150,18 @@ class RowScaledAttention(AttentionLayer):
         return (self.base_kernel,) if self.kernel_supported() else ()
 
     def weights(self, scores, query_positions, x_rows):
-        return self.weight_function(scores, causal_mask(query_positions, scores.shape[-1]), query_positions, x_rows)
+        mask = causal_mask(query_positions, scores.shape[-1])
+        if self.scales_every_head:
+            return self.weight_function(scores, mask, query_positions, x_rows)
+        z = as_compute(scores)
+        return self.base_weights(scale_scores(z, self.head_factor(query_positions, x_rows).to(z.dtype)), mask)
 
     def attend(self, q, k, v, x):
         if not (q.is_cuda and self.use_kernels):
             return self.reference_attend(q, k, v, x)
         batch, heads, tokens, _ = q.shape
         positions = torch.arange(tokens, device=q.device)
-        factor = self.row_scale(positions, x)
+        factor = self.head_factor(positions, x)
         if factor.dim() == 4:
             factor = factor.squeeze(-1)
         op = self.kernel(self.base_kernel) if self.kernel_supported() else None
@@ -177,6 +220,9 @@ class SSMaxAttention(LogLengthScaled):
     def weight_function(self, scores, mask, query_positions, x_rows):
         return ssmax_weights(scores, mask, s=self.s, query_positions=query_positions)
 
+    def base_weights(self, z, mask):
+        return safe_softmax(z, mask)
+
 
 @register_attention("assmax")
 class ASSMaxAttention(AdaptiveScaled):
@@ -185,6 +231,9 @@ class ASSMaxAttention(AdaptiveScaled):
     def weight_function(self, scores, mask, query_positions, x_rows):
         beta, gamma = self.adaptive_params(x_rows)
         return assmax_weights(scores, mask, beta=beta, gamma=gamma, delta=self.delta, query_positions=query_positions)
+
+    def base_weights(self, z, mask):
+        return safe_softmax(z, mask)
 
 
 @register_attention("adatemp")

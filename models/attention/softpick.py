@@ -90,6 +90,9 @@ class ScalableSoftpickAttention(LogLengthScaled):
     def weight_function(self, scores, mask, query_positions, x_rows):
         return scalable_softpick_weights(scores, mask, self.s, self.eps, query_positions)
 
+    def base_weights(self, z, mask):
+        return softpick_weights(z, mask, self.eps)
+
 
 @register_attention("rectified")
 class RectifiedAttention(AttentionLayer):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in session 31 (session 31's script, 2026-11-24-s31-h100/commands.sh, with this line), not run yet: the session that runs it moves it to its dated folder.
+# Session 32 ran it (prepared in session 31 as next/commands.sh, which is session 31's script, 2026-11-24-s31-h100/commands.sh).
 # Session 30: session 29's script (ran as prepared: 2026-11-24-s30-h100/commands.sh), with one more mode:
 #   bash results/gpu/device_output/next/commands.sh rescore SECONDS RUN[,RUN...] SAMPLES [MAX_MULTIPLIER]
 #       `lengthbench rescore RUN --samples SAMPLES [--max-multiplier M]` for each RUN put back from

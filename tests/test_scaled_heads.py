@@ -1,0 +1,97 @@
+"""``scaled_heads``: which heads a length-scaled mechanism (SSMax, ASSMax, SEntmax, ASEntmax, scalable-softpick)
+scales. ``all`` (the default) scales every head's scores, an ALiBi head's bias included; ``nope`` scales only
+the heads without an ALiBi slope, as the seed 003 authors' code does under NAPE."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lengthbench.config import RunConfig
+from lengthbench.models.attention import ATTENTION
+from lengthbench.models.attention.base import causal_mask
+from lengthbench.models.positional import build_pe
+from tests.cli_helpers import cli
+
+SCALED = ["ssmax", "assmax", "sentmax", "asentmax", "scalable-softpick"]
+BASE = {"ssmax": "softmax", "assmax": "softmax", "sentmax": "entmax", "asentmax": "entmax",
+        "scalable-softpick": "softpick"}
+
+
+def build(name, pe="nape", scaled_heads="all", n_heads=4, d_model=32, seed=0):
+    torch.manual_seed(seed)
+    layer = ATTENTION.get(name)(d_model, n_heads, build_pe(pe, n_heads, d_model // n_heads),
+                                scaled_heads=scaled_heads)
+    with torch.no_grad():
+        for parameter in layer.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    return layer
+
+
+def maps(layer, tokens=9):
+    x = torch.randn(2, tokens, layer.d_model, generator=torch.Generator().manual_seed(3))
+    return layer.attention_map(x), x
+
+
+@pytest.mark.parametrize("name", SCALED)
+def test_nope_leaves_alibi_heads_to_the_base_map(name):
+    """Under NAPE the last half of the heads are ALiBi: with ``nope`` they are the base map of the unscaled
+    scores (bias included), and the NoPE heads are what ``all`` gives them."""
+    every = build(name, scaled_heads="all")
+    nope = build(name, scaled_heads="nope")
+    nope.load_state_dict(every.state_dict())
+    w_all, x = maps(every)
+    w_nope, _ = maps(nope)
+    alibi = nope.pe.slopes() != 0
+    assert alibi.tolist() == [False, False, True, True]
+    torch.testing.assert_close(w_nope[:, ~alibi], w_all[:, ~alibi])
+    # The base mechanism with the same projections, on the same scores.
+    base = ATTENTION.get(BASE[name])(every.d_model, every.n_heads, build_pe("nape", 4, 8))
+    base.qkv.load_state_dict(every.qkv.state_dict())
+    torch.testing.assert_close(w_nope[:, alibi], base.attention_map(x)[:, alibi])
+    # and the scaling did change those heads under ``all``: the test can fail
+    assert (w_all[:, alibi] - w_nope[:, alibi]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", SCALED)
+@pytest.mark.parametrize("pe", ["none", "rope"])
+def test_nope_is_all_without_alibi_heads(name, pe):
+    every = build(name, pe=pe, scaled_heads="all")
+    nope = build(name, pe=pe, scaled_heads="nope")
+    nope.load_state_dict(every.state_dict())
+    x = torch.randn(2, 9, every.d_model, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(nope(x), every(x))
+
+
+@pytest.mark.parametrize("name", ["ssmax", "asentmax"])
+def test_nope_gradients_and_rows_sum(name):
+    layer = build(name, scaled_heads="nope")
+    x = torch.randn(2, 9, layer.d_model, requires_grad=True)
+    layer(x).square().sum().backward()
+    assert torch.isfinite(x.grad).all()
+    weights, _ = maps(layer)
+    mask = causal_mask(torch.arange(9), 9)
+    assert torch.all(weights[..., ~mask] == 0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights.sum(-1)))
+
+
+def test_bad_values():
+    with pytest.raises(ValueError, match="scaled_heads must be one of"):
+        build("ssmax", scaled_heads="alibi")
+    with pytest.raises(ValueError, match="every head has an ALiBi slope"):
+        build("ssmax", pe="alibi", scaled_heads="nope")
+
+
+def test_run_id_only_when_given():
+    plain = RunConfig(task="copy", attn="ssmax", pe="nape", preset="smoke")
+    nope = RunConfig(task="copy", attn="ssmax", pe="nape", preset="smoke", attn_params={"scaled_heads": "nope"})
+    assert plain.run_id != nope.run_id
+
+
+def test_cli_bad_value_exits_2(tmp_path, monkeypatch, capsys):
+    code = cli(monkeypatch, "run", "--task", "copy", "--attn", "ssmax", "--pe", "nape", "--preset", "smoke",
+               "--attn-param", "scaled_heads=both", "--results", tmp_path, "--device", "cpu")
+    assert code == 2
+    captured = capsys.readouterr()
+    assert "scaled_heads must be one of" in captured.err + captured.out
+    assert not list(tmp_path.rglob("*.parquet"))
