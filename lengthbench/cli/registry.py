@@ -14,6 +14,57 @@ def _first_line(obj) -> str:
     return doc.splitlines()[0] if doc else ""
 
 
+# What each constructor keyword means; "NAME.key" where a key means something else for that mechanism.
+PARAM_NOTES = {
+    "alpha": "alpha of alpha-entmax (1.5: the fused kernels' value; other values run on the dense references)",
+    "sieve.alpha": "alpha of the entmax support that filters the keys (1.5: the fused kernel's value)",
+    "eps": "the epsilon of softpick's denominator",
+    "sieve-alg1.eps": "the filter width: keys within eps of the row's maximum score survive (MQRAR needs 8)",
+    "s_init": "initial per-head s of s * log(n) (Nakanishi's 0.43; the seed 003 authors' code starts at 1.0)",
+    "delta": "the constant delta of the length factor delta + beta * log(n + 1)^gamma",
+    "gamma_scale": "gamma's range: gamma = gamma_scale * tanh(x . w_gamma) (the seed 003 authors' code: 2)",
+    "scaled_heads": "all: the length factor scales every head's scores, an ALiBi bias included; nope: only the "
+                    "heads without an ALiBi slope, as the seed 003 authors' code does under NAPE",
+    "beta": "start of the learnable threshold scale beta in tau = beta * sqrt(2 log((n + 1) / kappa) / d)",
+    "kappa": "kappa in the threshold tau = beta * sqrt(2 log((n + 1) / kappa) / d)",
+    "power": "the power p of (s - tau)_+ ^ p",
+    "lambda_init": "start of TDA's lambda, in (0, 1)",
+    "base": "RoPE's base frequency",
+    "factor": "Llama-3 scaling factor (the seeds: 16)",
+    "low_freq_factor": "Llama-3 scaling: wavelengths above original_context / low_freq_factor are divided by factor",
+    "high_freq_factor": "Llama-3 scaling: wavelengths below original_context / high_freq_factor are kept",
+    "original_context": "Llama-3 scaling: the context length the scaling starts from",
+}
+_STRUCTURAL = {"self", "d_model", "n_heads", "pe", "head_dim"}
+
+
+def constructor_params(cls, base: type) -> dict:
+    """``{key: default}`` of the keyword parameters that ``cls`` and its bases down to ``base`` take (what
+    ``--attn-param`` / ``--pe-param`` accept), the nearest class's default first."""
+    import inspect
+
+    found: dict = {}
+    for klass in cls.__mro__:
+        if not (isinstance(klass, type) and issubclass(klass, base)) or "__init__" not in klass.__dict__:
+            continue
+        for parameter in inspect.signature(klass.__dict__["__init__"]).parameters.values():
+            if parameter.name in _STRUCTURAL or parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
+                continue
+            found.setdefault(parameter.name, parameter.default)
+    return found
+
+
+def _params_table(title: str, name: str, params: dict) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("parameter", "default", "what it does"):
+        table.add_column(column, no_wrap=column != "what it does")
+    for key, default in params.items():
+        table.add_row(key, repr(default), PARAM_NOTES.get(f"{name}.{key}", PARAM_NOTES.get(key, "")))
+    if not params:
+        table.add_row("(none)", "", "")
+    return table
+
+
 def register(app: typer.Typer) -> None:
     attn_app = typer.Typer(help="Attention mechanisms (--attn).", no_args_is_help=True)
     pe_app = typer.Typer(help="Positional encodings (--pe).", no_args_is_help=True)
@@ -28,6 +79,30 @@ def register(app: typer.Typer) -> None:
         for name in ATTENTION.names():
             table.add_row(name, "yes" if get_kernel(name) else "no", _first_line(ATTENTION.get(name)))
         out.print(table)
+
+    @attn_app.command("params")
+    def attn_params(name: str = typer.Argument(..., help="Mechanism (see `lengthbench attn list`).")) -> None:
+        """List a mechanism's parameters (for --attn-param key=value, or name(key=value) in a sweep's cells)."""
+        from lengthbench.errors import UsageError
+        from lengthbench.models.attention import ATTENTION
+        from lengthbench.models.attention.base import AttentionLayer
+
+        if name not in ATTENTION.names():
+            raise UsageError(f"unknown attention {name!r}; choose from: {', '.join(ATTENTION.names())}")
+        out.print(_params_table(f"{name}: --attn-param key=value", name,
+                                constructor_params(ATTENTION.get(name), AttentionLayer)))
+
+    @pe_app.command("params")
+    def pe_params(name: str = typer.Argument(..., help="Encoding (see `lengthbench pe list`).")) -> None:
+        """List an encoding's parameters (for --pe-param key=value)."""
+        from lengthbench.errors import UsageError
+        from lengthbench.models.positional import POSITIONAL_ENCODINGS, PositionalEncoding
+
+        if name not in POSITIONAL_ENCODINGS.names():
+            raise UsageError(f"unknown positional encoding {name!r}; choose from: "
+                             f"{', '.join(POSITIONAL_ENCODINGS.names())}")
+        out.print(_params_table(f"{name}: --pe-param key=value", name,
+                                constructor_params(POSITIONAL_ENCODINGS.get(name), PositionalEncoding)))
 
     @pe_app.command("list")
     def pe_list() -> None:
