@@ -35,6 +35,14 @@ class PositionalEncoding(nn.Module):
         """Per-head ALiBi slopes ``[n_heads]`` (0 for heads without bias), or None if no head has one."""
         return None
 
+    def biased_heads(self) -> tuple[bool, ...]:
+        """Which heads have an ALiBi slope, as plain booleans: known without reading a tensor, so also for a
+        model built on the meta device. Read from ``slopes()`` where an encoding does not say."""
+        slopes = self.slopes()
+        if slopes is None or slopes.is_meta:
+            return (False,) * self.n_heads
+        return tuple(bool(b) for b in (slopes != 0).tolist())
+
 
 register_pe("none", aliases=("nope",))(PositionalEncoding)
 
@@ -116,6 +124,9 @@ class ALiBi(PositionalEncoding):
     def slopes(self):
         return self._slopes
 
+    def biased_heads(self):
+        return (True,) * self.n_heads  # every geometric slope is positive
+
 
 @register_pe("nape")
 class NAPE(PositionalEncoding):
@@ -128,9 +139,13 @@ class NAPE(PositionalEncoding):
         slopes = torch.zeros(n_heads)
         slopes[n_heads - n_alibi :] = 1.0 / torch.arange(1, n_alibi + 1, dtype=torch.float32)
         self.register_buffer("_slopes", slopes, persistent=False)
+        self.n_alibi = n_alibi
 
     def slopes(self):
         return self._slopes
+
+    def biased_heads(self):
+        return (False,) * (self.n_heads - self.n_alibi) + (True,) * self.n_alibi
 
 
 def build_pe(name: str, n_heads: int, head_dim: int, **params) -> PositionalEncoding:

@@ -58,3 +58,15 @@ def test_every_encoding_builds_and_keeps_shapes(name):
 
 def test_nope_alias():
     assert POSITIONAL_ENCODINGS.canonical("nope") == "none"
+
+
+@pytest.mark.parametrize("name", POSITIONAL_ENCODINGS.names())
+@pytest.mark.parametrize("n_heads", [1, 4, 6])
+def test_biased_heads_are_the_nonzero_slopes(name, n_heads):
+    """``biased_heads`` (plain booleans, known on the meta device too) says what ``slopes`` says."""
+    pe = build_pe(name, n_heads, 8)
+    slopes = pe.slopes()
+    expected = (False,) * n_heads if slopes is None else tuple((slopes != 0).tolist())
+    assert pe.biased_heads() == expected
+    with torch.device("meta"):
+        assert build_pe(name, n_heads, 8).biased_heads() == expected

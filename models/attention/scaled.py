@@ -110,18 +110,14 @@ class RowScaledAttention(AttentionLayer):
         if scaled_heads not in SCALED_HEADS:
             raise ValueError(f"scaled_heads must be one of {', '.join(SCALED_HEADS)}, got {scaled_heads!r}")
         self.scaled_heads = scaled_heads
-        # Which heads keep their unscaled scores, decided once here (a check of the slopes in every forward would
-        # sync the GPU and break torch.compile's graph). On the meta device (the sweep's parameter check) the
-        # slopes have no values and no head is set apart; that model never runs.
-        slopes = pe.slopes()
-        self.scales_every_head = True
-        if scaled_heads == "nope" and slopes is not None and not slopes.is_meta:
-            plain = slopes != 0
-            if bool(plain.all()):
+        # Which heads keep their unscaled scores, decided once here from plain booleans (a check of the slopes in
+        # every forward would sync the GPU and break torch.compile's graph).
+        biased = pe.biased_heads()
+        self.scales_every_head = scaled_heads == "all" or not any(biased)
+        if not self.scales_every_head:
+            if all(biased):
                 raise ValueError("scaled_heads=nope scales no head under this encoding: every head has an ALiBi slope")
-            if bool(plain.any()):
-                self.scales_every_head = False
-                self.register_buffer("_unscaled", plain, persistent=False)
+            self.register_buffer("_unscaled", torch.tensor(biased), persistent=False)
 
     def weight_function(self, scores, mask, query_positions, x_rows):
         raise NotImplementedError
