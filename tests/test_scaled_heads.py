@@ -88,21 +88,17 @@ def test_run_id_only_when_given():
     assert plain.run_id != nope.run_id
 
 
-def test_cli_bad_value_exits_2(tmp_path, monkeypatch, capsys):
-    code = cli(monkeypatch, "run", "--task", "copy", "--attn", "ssmax", "--pe", "nape", "--preset", "smoke",
-               "--attn-param", "scaled_heads=both", "--results", tmp_path, "--device", "cpu")
+@pytest.mark.parametrize("pe, value, message", [
+    ("nape", "both", "scaled_heads must be one of"),
+    # under ALiBi every head has a slope: refused by the parameter check on the meta device, before any work
+    ("alibi", "nope", "every head has an ALiBi slope"),
+])
+def test_cli_bad_value_exits_2_before_training(pe, value, message, tmp_path, monkeypatch, capsys):
+    code = cli(monkeypatch, "run", "--task", "copy", "--attn", "ssmax", "--pe", pe, "--preset", "smoke",
+               "--attn-param", f"scaled_heads={value}", "--results", tmp_path, "--device", "cpu")
     assert code == 2
     captured = capsys.readouterr()
-    assert "scaled_heads must be one of" in captured.err + captured.out
-    assert not list(tmp_path.rglob("*.parquet"))
-
-
-def test_cli_nope_under_alibi_exits_2_before_training(tmp_path, monkeypatch, capsys):
-    """Under ALiBi every head has a slope: refused by the parameter check on the meta device, before any work."""
-    code = cli(monkeypatch, "run", "--task", "copy", "--attn", "ssmax", "--pe", "alibi", "--preset", "smoke",
-               "--attn-param", "scaled_heads=nope", "--results", tmp_path, "--device", "cpu")
-    assert code == 2
-    captured = capsys.readouterr()
-    assert "every head has an ALiBi slope" in captured.err + captured.out
+    assert message in captured.err + captured.out
     assert "steps x batch" not in captured.out
+    assert not list(tmp_path.rglob("*.parquet"))
     assert not list(tmp_path.rglob("*"))
