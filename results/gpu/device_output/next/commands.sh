@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Prepared in session 32 (session 32's script, 2026-11-24-s32-h100/commands.sh, with this line and one fix), not run yet: the session that runs it moves it to its dated folder.
-# Session 32's fix: `tests` puts the checkout on PYTHONPATH, so that test files importing `tests.cli_helpers` (test_scaled_heads, test_arch) load from /tmp; a second file still needs an absolute path ($PWD/tests/...).
+# Prepared in session 33 (session 33's script, 2026-11-24-s33-h100/commands.sh, unchanged but for this line), not run yet: the session that runs it moves it to its dated folder.
+# Session 33's fix: `tests` puts a folder holding only a link to tests/ on PYTHONPATH (session 32's put the
+# checkout there, which shadowed the installed package: lengthbench.tasks not found). Session 32's fix: `tests` puts the checkout on PYTHONPATH, so that test files importing `tests.cli_helpers` (test_scaled_heads, test_arch) load from /tmp; a second file still needs an absolute path ($PWD/tests/...).
 # Session 30: session 29's script (ran as prepared: 2026-11-24-s30-h100/commands.sh), with one more mode:
 #   bash results/gpu/device_output/next/commands.sh rescore SECONDS RUN[,RUN...] SAMPLES [MAX_MULTIPLIER]
 #       `lengthbench rescore RUN --samples SAMPLES [--max-multiplier M]` for each RUN put back from
@@ -82,7 +83,10 @@ done
 before=$(ls $G/runs/*.parquet 2>/dev/null)
 if [ "$what" = tests ]; then
   R=$PWD
-  (cd /tmp && PYTHONPATH=$R${PYTHONPATH:+:$PYTHONPATH} timeout $(( $(left) - 15 )) python3 -m pytest $R/$cells -c $R/pyproject.toml -q -p no:cacheprovider \
+  # only the tests folder on the path (for tests.cli_helpers): the checkout itself there would shadow the
+  # installed package, whose lengthbench.tasks/models/kernels map to top-level folders (session 33's call 1)
+  mkdir -p /tmp/tpath && ln -sfn $R/tests /tmp/tpath/tests
+  (cd /tmp && PYTHONPATH=/tmp/tpath${PYTHONPATH:+:$PYTHONPATH} timeout $(( $(left) - 15 )) python3 -m pytest $R/$cells -c $R/pyproject.toml -q -p no:cacheprovider \
     -k "$4" > $D/pytest.txt 2>&1; echo "exit: $?" >> $D/pytest.txt)
 elif [ "$what" = evaltime ]; then
   samples=$4
