@@ -5,13 +5,31 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from lengthbench.tasks import get_task
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
-SELECTIONS = ("id", "8x")  # in-distribution validation (default) or the seeds' accuracy at 8x
+# Checkpoint selection: "id" (in-distribution validation, the default) or "Nx", validation at N times n_train for a
+# power of two N >= 2 ("8x": the seeds' protocol; seed 003 selects its RoPE models at 2x or 4x, by BLEU)
+SELECTIONS = ("id", "2x", "4x", "8x", "16x")  # the usual ones, for messages; any power of two >= 2 is accepted
+# What the selection compares: "task" (the task's own metric, the default), "exact_match", "token_accuracy" or
+# "bleu" (corpus BLEU-4 of the answer tokens, seed 003's intermediate metric where exact match at 2x-8x stays 0)
+SELECTION_METRICS = ("task", "exact_match", "token_accuracy", "bleu")
+
+
+def selection_multiplier(selection: str) -> int:
+    """``"id"`` -> 1, ``"8x"`` -> 8; a one-line ``ValueError`` for anything else."""
+    if selection == "id":
+        return 1
+    match = re.fullmatch(r"([0-9]+)x", selection)
+    factor = int(match.group(1)) if match else 0
+    if factor < 2 or factor & (factor - 1):
+        raise ValueError(f"unknown selection {selection!r}: id, or Nx for a power of two N >= 2 "
+                         f"(e.g. {', '.join(SELECTIONS[1:])})")
+    return factor
 # Weight initialisation of the decoder: "normal-0.02" (the default; GPT-2's and Hugging Face Llama's, likely
 # the seeds') draws every embedding and linear weight from N(0, 0.02^2); "torch" keeps PyTorch's defaults
 # (embeddings N(0, 1), linear layers Kaiming-uniform). Session 5 measured both (REPRODUCTION.md): "torch"
@@ -34,7 +52,7 @@ INIT_PARTS = ("all", "body")
 TRAIN_ATTENTION = ("fused", "reference")
 # Fields added after runs were published: left out of a run's identity while at these defaults.
 LATER_FIELDS = {"arch": "prenorm", "init": DEFAULT_INIT, "init_from": "", "init_part": "all", "train_attention": "fused",
-                "rescored_from": ""}
+                "rescored_from": "", "selection_metric": "task"}
 
 
 @dataclass
@@ -76,6 +94,7 @@ class RunConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     selection: str = "id"
+    selection_metric: str = "task"  # one of SELECTION_METRICS
     eval_every: int = 1000  # steps between checkpoint-selection evaluations
     val_samples: int = 256
     checkpoint_every: int = 500  # steps between resumable checkpoints
@@ -88,8 +107,10 @@ class RunConfig:
     diagnostic_rows: int = 64  # query rows sampled per evaluation length for the attention diagnostics
 
     def __post_init__(self):
-        if self.selection not in SELECTIONS:
-            raise ValueError(f"unknown selection {self.selection!r}; choose from: {', '.join(SELECTIONS)}")
+        selection_multiplier(self.selection)
+        if self.selection_metric not in SELECTION_METRICS:
+            raise ValueError(f"unknown selection metric {self.selection_metric!r}; choose from: "
+                             f"{', '.join(SELECTION_METRICS)}")
         for name in ("train_length", "eval_samples", "train_samples", "batch_size", "d_model", "n_layers",
                      "n_heads", "ffn", "val_samples", "eval_every", "checkpoint_every"):
             if getattr(self, name) < 1:

@@ -191,6 +191,8 @@ def protocol_label(config_json, sources: dict[str, str] | None = None) -> str:
     # of rows stored before the fields) go unnamed
     if config.get("selection", "id") != "id":
         label += f", selection at {config['selection']}"
+    if config.get("selection_metric", "task") != "task":
+        label += f" by {config['selection_metric'].replace('_', ' ')}"
     if config.get("arch", "prenorm") != "prenorm":
         label += f", arch {config['arch']}"
     # the default init (also that of rows stored before the field existed) goes unnamed

@@ -68,7 +68,13 @@ def register(app: typer.Typer) -> None:
                                       "body (all but the token embedding and output layer, which start fresh: "
                                       "the source may have another vocabulary)."),
         selection: str = typer.Option(None, "--selection",
-                                      help="Checkpoint selection: id (in-distribution validation, default) or 8x (the seeds' protocol)."),
+                                      help="Checkpoint selection: id (in-distribution validation, default) or Nx, "
+                                      "validation at N times n_train for a power of two N (8x: the seeds' "
+                                      "protocol; seed 003 selects RoPE models at 2x or 4x)."),
+        selection_metric: str = typer.Option(None, "--selection-metric",
+                                             help="What the selection compares: task (the task's metric, "
+                                             "default), exact_match, token_accuracy or bleu (corpus BLEU-4 of "
+                                             "the answers: seed 003's for models that score 0 at 2x-8x)."),
         compile: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile on CUDA."),
         compile_mode: str = typer.Option(None, "--compile-mode", help="torch.compile mode on CUDA: default, "
                                          "reduce-overhead (CUDA graphs; 1.9x at batch 128 for softmax) or "
@@ -104,7 +110,7 @@ def register(app: typer.Typer) -> None:
             eval_samples=eval_samples, seed=seed, train_samples=train_samples, batch_size=batch_size, lr=lr,
             warmup_steps=warmup_steps, eval_every=eval_every, d_model=d_model, n_layers=layers, n_heads=heads,
             ffn=ffn, init=init, arch=arch, init_from=init_from, init_part=init_part,
-            selection=selection, compile=compile, compile_mode=compile_mode, train_attention=train_attention,
+            selection=selection, selection_metric=selection_metric, compile=compile, compile_mode=compile_mode, train_attention=train_attention,
             diagnostics=diagnostics,
             task_params=task_params,
             attn_params=parse_params(attn_param, "--attn-param"), pe_params=parse_params(pe_param, "--pe-param"),

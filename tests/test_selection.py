@@ -1,0 +1,119 @@
+"""Checkpoint selection at N x n_train (``--selection Nx``) and by another metric (``--selection-metric``), with
+corpus BLEU-4 (seed 003 selects its RoPE models at 2x or 4x by BLEU)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lengthbench.config import build_config, selection_multiplier
+from lengthbench.runner import BleuTally, Evaluator, Trainer
+from lengthbench.tasks import get_task
+from tests.cli_helpers import cli
+
+TINY = dict(d_model=32, n_heads=4, ffn=64, n_layers=1, max_multiplier=4, eval_samples=16, val_samples=8,
+            eval_every=2, checkpoint_every=50, diagnostics=False)
+
+
+def bleu(pairs) -> float:
+    tally = BleuTally()
+    for candidate, reference in pairs:
+        tally.add(candidate, reference)
+    return tally.score()
+
+
+def test_bleu_of_hand_worked_corpora():
+    assert bleu([([1, 2, 3, 4, 5], [1, 2, 3, 4, 5])]) == pytest.approx(1.0)
+    # one wrong last token of six: 1- to 4-gram precisions 5/6, 4/5, 3/4, 2/3, geometric mean (1/3)^(1/4)
+    assert bleu([([1, 2, 3, 4, 5, 7], [1, 2, 3, 4, 5, 6])]) == pytest.approx((1 / 3) ** 0.25)
+    # clipping: four 1s against one 1 match once; no bigram matches, so no smoothing gives 0
+    assert bleu([([1, 1, 1, 1], [1, 2, 3, 4])]) == 0.0
+    # brevity: a perfect prefix of 4 of 6 tokens is penalised by exp(1 - 6 / 4)
+    assert bleu([([1, 2, 3, 4], [1, 2, 3, 4, 5, 6])]) == pytest.approx(math.exp(-0.5))
+    # corpus level: counts are summed over the samples before the mean, not averaged per sample
+    pairs = [([1, 2, 3, 4], [1, 2, 3, 4]), ([5, 6, 7, 9], [5, 6, 7, 8])]
+    expected = ((7 / 8) * (5 / 6) * (3 / 4) * (1 / 2)) ** 0.25
+    assert bleu(pairs) == pytest.approx(expected)
+    # too short for a 4-gram anywhere: 0, as the seeds' metric
+    assert bleu([([1, 2, 3], [1, 2, 3])]) == 0.0
+
+
+@pytest.mark.parametrize("selection, factor", [("id", 1), ("2x", 2), ("4x", 4), ("8x", 8), ("64x", 64)])
+def test_selection_multiplier(selection, factor):
+    assert selection_multiplier(selection) == factor
+
+
+@pytest.mark.parametrize("selection", ["3x", "1x", "0x", "x", "8", "8X", "-2x", "2xx"])
+def test_a_bad_selection_is_refused(selection):
+    with pytest.raises(ValueError, match="unknown selection"):
+        build_config("copy", "softmax", "rope", "smoke", selection=selection)
+
+
+def test_the_default_selection_metric_keeps_run_ids_and_another_changes_them():
+    base = build_config("copy", "softmax", "rope", "smoke")
+    assert "selection_metric" not in base.identity()  # run ids from before the field are unchanged
+    assert build_config("copy", "softmax", "rope", "smoke", selection_metric="task").run_id == base.run_id
+    assert build_config("copy", "softmax", "rope", "smoke", selection_metric="bleu").run_id != base.run_id
+    with pytest.raises(ValueError, match="unknown selection metric"):
+        build_config("copy", "softmax", "rope", "smoke", selection_metric="rouge")
+
+
+def test_evaluator_bleu_is_one_for_a_perfect_model_and_below_for_an_untrained_one():
+    task = get_task("copy")
+    config = build_config("copy", "softmax", "rope", "smoke", **TINY)
+    from lengthbench.runner import build_model
+
+    model = build_model(config, task)
+
+    class Oracle(torch.nn.Module):
+        config = model.config
+
+        def forward(self, input_ids, features=None):
+            return torch.nn.functional.one_hot(torch.roll(input_ids, -1, dims=1), task.vocab_size).float()
+
+        def set_query_chunk(self, chunk):
+            pass
+
+    perfect = Evaluator(Oracle(), task, torch.device("cpu"), seed=0).score(16, 8, bleu=True)
+    assert perfect.bleu == pytest.approx(1.0)
+    untrained = Evaluator(model, task, torch.device("cpu"), seed=0).score(16, 8, bleu=True)
+    assert 0.0 <= untrained.bleu < 0.5
+    assert math.isnan(Evaluator(model, task, torch.device("cpu"), seed=0).score(16, 8).bleu)  # not asked for
+
+
+@pytest.mark.parametrize("selection, metric, length, bleu", [
+    ("id", "task", 16, False), ("2x", "task", 32, False), ("4x", "bleu", 64, True), ("2x", "token_accuracy", 32, False),
+])
+def test_selection_validates_at_its_length_with_its_metric(tmp_path, monkeypatch, selection, metric, length, bleu):
+    seen = []
+    original = Evaluator.score
+
+    def score(self, n, count, split="test", bleu=False):
+        result = original(self, n, count, split=split, bleu=bleu)
+        seen.append((n, split, bleu))
+        # a distinct value per metric, so the test sees which one the selection compared
+        result.exact_match, result.token_accuracy, result.bleu = 0.25, 0.5, 0.75
+        return result
+
+    monkeypatch.setattr(Evaluator, "score", score)
+    config = build_config("copy", "softmax", "rope", "smoke", train_length=16, train_samples=16 * 4,
+                          batch_size=16, selection=selection, selection_metric=metric, **TINY)
+    trainer = Trainer(config, get_task("copy"), torch.device("cpu"), tmp_path, progress=False)
+    trainer.train()
+    assert seen == [(length, "val", bleu)] * 2  # steps 2 and 4
+    expected = {"task": 0.25, "exact_match": 0.25, "token_accuracy": 0.5, "bleu": 0.75}[metric]  # copy: exact match
+    assert trainer.state.best_score == expected
+
+
+def test_cli_refuses_a_bad_selection_with_exit_2(monkeypatch, capsys, tmp_path):
+    code = cli(monkeypatch, "run", "--task", "copy", "--attn", "softmax", "--pe", "rope", "--selection", "3x",
+               "--results", tmp_path, "--dry-run")
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown selection '3x'" in err and len(err.strip().splitlines()) == 1
+    code = cli(monkeypatch, "run", "--task", "copy", "--attn", "softmax", "--pe", "rope", "--selection", "2x",
+               "--selection-metric", "rouge", "--results", tmp_path, "--dry-run")
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown selection metric 'rouge'" in err
+    assert not any(tmp_path.iterdir())  # nothing written
