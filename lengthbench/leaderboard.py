@@ -189,10 +189,10 @@ def protocol_label(config_json, sources: dict[str, str] | None = None) -> str:
     label += _warmup_label(config)
     # the seeds' checkpoint selection (8x) and another block layout are protocols of their own; the defaults (also
     # of rows stored before the fields) go unnamed
-    if config.get("selection", "id") != "id":
-        label += f", selection at {config['selection']}"
-    if config.get("selection_metric", "task") != "task":
-        label += f" by {config['selection_metric'].replace('_', ' ')}"
+    selection, metric = config.get("selection", "id"), config.get("selection_metric", "task")
+    if selection != "id" or metric != "task":
+        label += ", selection" + (f" at {selection}" if selection != "id" else "")
+        label += f" by {metric.replace('_', ' ')}" if metric != "task" else ""
     if config.get("arch", "prenorm") != "prenorm":
         label += f", arch {config['arch']}"
     # the default init (also that of rows stored before the field existed) goes unnamed

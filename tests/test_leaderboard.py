@@ -204,6 +204,12 @@ def test_selection_and_block_layout_are_part_of_the_protocol(tmp_path):
         "2M samples, batch 256, lr 0.001"
     assert protocol_label(json.dumps({**budget, "selection": "8x", "arch": "gemma2"})) == \
         "2M samples, batch 256, lr 0.001, selection at 8x, arch gemma2"
+    assert protocol_label(json.dumps({**budget, "selection": "2x", "selection_metric": "bleu"})) == \
+        "2M samples, batch 256, lr 0.001, selection at 2x by bleu"
+    assert protocol_label(json.dumps({**budget, "selection": "4x", "selection_metric": "task"})) == \
+        "2M samples, batch 256, lr 0.001, selection at 4x"
+    assert protocol_label(json.dumps({**budget, "selection_metric": "token_accuracy"})) == \
+        "2M samples, batch 256, lr 0.001, selection by token accuracy"
     results = tmp_path / "store"
     synthetic_run(results, "flipflop-sparse", "softmax", "rope", 0, {1: 1.0, 2: 0.78}, preset="quick", config=budget)
     synthetic_run(results, "flipflop-sparse", "softmax", "rope", 0, {1: 1.0, 2: 0.9}, preset="quick",
