@@ -102,3 +102,20 @@ def test_cli_bad_value_exits_2_before_training(pe, value, message, tmp_path, mon
     assert "steps x batch" not in captured.out
     assert not list(tmp_path.rglob("*.parquet"))
     assert not list(tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("attn, pe, params, noted", [
+    ("ssmax", "nape", [], True),
+    ("asentmax", "nape", [], True),
+    ("ssmax", "nape", ["--attn-param", "scaled_heads=nope"], False),
+    ("ssmax", "nape", ["--attn-param", "scaled_heads=all"], False),  # chosen: no note
+    ("ssmax", "alibi", [], False),  # every head has a slope: nothing else to choose
+    ("ssmax", "rope", [], False),
+    ("softmax", "nape", [], False),
+])
+def test_run_notes_the_default_scaled_heads_under_nape(monkeypatch, capsys, tmp_path, attn, pe, params, noted):
+    code = cli(monkeypatch, "run", "--task", "copy", "--attn", attn, "--pe", pe, *params, "--results", tmp_path,
+               "--dry-run")
+    out = capsys.readouterr().out
+    assert code == 0 and "dry run: not started" in out
+    assert ("--attn-param scaled_heads=nope" in out) == noted

@@ -120,7 +120,8 @@ def register(app: typer.Typer) -> None:
         eval_multipliers(config.max_multiplier)  # validates before any training
         resolve_device(device)
         # build the model once on the meta device so a bad mechanism/encoding parameter fails now
-        _check_model(config)
+        if note := scaled_heads_note(config, _check_model(config)):
+            out.print(note, highlight=False, soft_wrap=True)
         out.print(f"[bold]{config.run_id}[/]  {config.train_steps:,} steps x batch {config.batch_size}, "
                   f"{config.n_layers} layers x d {config.d_model}, {config.n_heads} heads; results -> {results}")
         if dry_run:
@@ -167,11 +168,29 @@ def register(app: typer.Typer) -> None:
         out.print(f"on {frame['device'].iloc[0]}; results -> {results}")
 
 
-def _check_model(config) -> None:
+def _check_model(config):
+    """The model built on the meta device (no memory, no weights): a bad mechanism or encoding parameter fails
+    here, before any training."""
     import torch
 
     from lengthbench.runner import build_model
     from lengthbench.tasks import get_task
 
     with torch.device("meta"):
-        build_model(config, get_task(config.task, **config.task_params))
+        return build_model(config, get_task(config.task, **config.task_params))
+
+
+def scaled_heads_note(config, model) -> str | None:
+    """A one-line note where a length-scaled mechanism scales every head under an encoding that mixes ALiBi and
+    NoPE heads (NAPE) by default: seed 003's authors scale the NoPE heads only, and the two differ far apart
+    (REPRODUCTION.md, sessions 32-33). None where the user chose, or where there is no such mix."""
+    if "scaled_heads" in config.attn_params:
+        return None
+    attn = model.attention_layers[0] if model.attention_layers else None
+    if getattr(attn, "scaled_heads", None) != "all":
+        return None
+    biased = attn.pe.biased_heads() if hasattr(attn, "pe") else []
+    if not any(biased) or all(biased):
+        return None
+    return (f"note: {config.attn} scales every head here, the ALiBi heads' bias included (scaled_heads=all, the "
+            "default); seed 003's authors scale only the NoPE heads: --attn-param scaled_heads=nope")
