@@ -18,6 +18,7 @@ from lengthbench.data import TrainStream, make_train_batch
 from lengthbench.runner import Evaluator, build_model, learning_rate, load_model, run_cell
 from lengthbench.store import CONTRACT_COLUMNS, load_results
 from lengthbench.tasks import get_task
+from tests.model_helpers import oracle_model
 
 TINY = dict(d_model=32, n_heads=4, ffn=64, n_layers=1, max_multiplier=4, eval_samples=16, val_samples=16,
             eval_every=50, checkpoint_every=50, diagnostics=False)
@@ -92,20 +93,7 @@ def test_evaluator_scores_a_perfect_and_a_wrong_model():
     config = build_config("copy", "softmax", "nape", "smoke", **TINY)
     model = build_model(config, task)
 
-    class Oracle(torch.nn.Module):
-        config = model.config
-
-        def forward(self, input_ids, features=None):
-            target = torch.roll(input_ids, -1, dims=1)
-            return torch.nn.functional.one_hot(target, task.vocab_size).float()
-
-        def set_query_chunk(self, chunk):
-            pass
-
-        def eval(self):
-            return self
-
-    scores = Evaluator(Oracle(), task, torch.device("cpu"), seed=0).score(16, 10)
+    scores = Evaluator(oracle_model(model.config, task.vocab_size), task, torch.device("cpu"), seed=0).score(16, 10)
     assert scores.exact_match == 1.0 and scores.token_accuracy == 1.0 and scores.realised_tokens == 35
     wrong = Evaluator(model, task, torch.device("cpu"), seed=0).score(16, 10)  # untrained
     assert wrong.exact_match == 0.0 and wrong.token_accuracy < 0.5

@@ -12,6 +12,7 @@ from lengthbench.config import build_config, selection_multiplier
 from lengthbench.runner import BleuTally, Evaluator, Trainer
 from lengthbench.tasks import get_task
 from tests.cli_helpers import cli
+from tests.model_helpers import oracle_model
 
 TINY = dict(d_model=32, n_heads=4, ffn=64, n_layers=1, max_multiplier=4, eval_samples=16, val_samples=8,
             eval_every=2, checkpoint_every=50, diagnostics=False)
@@ -67,16 +68,8 @@ def test_evaluator_bleu_is_one_for_a_perfect_model_and_below_for_an_untrained_on
 
     model = build_model(config, task)
 
-    class Oracle(torch.nn.Module):
-        config = model.config
-
-        def forward(self, input_ids, features=None):
-            return torch.nn.functional.one_hot(torch.roll(input_ids, -1, dims=1), task.vocab_size).float()
-
-        def set_query_chunk(self, chunk):
-            pass
-
-    perfect = Evaluator(Oracle(), task, torch.device("cpu"), seed=0).score(16, 8, bleu=True)
+    perfect = Evaluator(oracle_model(model.config, task.vocab_size), task, torch.device("cpu"), seed=0).score(
+        16, 8, bleu=True)
     assert perfect.bleu == pytest.approx(1.0)
     untrained = Evaluator(model, task, torch.device("cpu"), seed=0).score(16, 8, bleu=True)
     assert 0.0 <= untrained.bleu < 0.5
