@@ -30,6 +30,8 @@ def selection_multiplier(selection: str) -> int:
         raise ValueError(f"unknown selection {selection!r}: id, or Nx for a power of two N >= 2 "
                          f"(e.g. {', '.join(SELECTIONS[1:])})")
     return factor
+
+
 # Weight initialisation of the decoder: "normal-0.02" (the default; GPT-2's and Hugging Face Llama's, likely
 # the seeds') draws every embedding and linear weight from N(0, 0.02^2); "torch" keeps PyTorch's defaults
 # (embeddings N(0, 1), linear layers Kaiming-uniform). Session 5 measured both (REPRODUCTION.md): "torch"
