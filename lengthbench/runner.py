@@ -175,6 +175,8 @@ class Scores:
     realised_tokens: float
     per_group: dict = field(default_factory=dict)
     bleu: float = float("nan")  # corpus BLEU-4 of the answer tokens, where asked for (``Evaluator.score(bleu=True)``)
+    # seconds an earlier, interrupted process spent on these samples (``Evaluator.score(partial=...)``)
+    earlier_seconds: float = 0.0
 
     def metric(self, name: str) -> float:
         return getattr(self, name)
@@ -262,18 +264,35 @@ class Evaluator:
         return int(max(16, min(tokens, budget // max(1, per_row))))
 
     @torch.no_grad()
-    def score(self, n: int, count: int, split: str = "test", bleu: bool = False) -> Scores:
+    def score(self, n: int, count: int, split: str = "test", bleu: bool = False, partial: Path | None = None,
+              save_every: float = 30.0) -> Scores:
         """``bleu``: also the corpus BLEU-4 of each sample's predicted answer tokens (the argmax at its scored
-        positions) against its labels, for checkpoint selection by ``selection_metric = "bleu"``."""
+        positions) against its labels, for checkpoint selection by ``selection_metric = "bleu"``.
+
+        ``partial``: a file that keeps the tallies of the samples scored so far (written atomically after a batch,
+        at most every ``save_every`` seconds), so that a process interrupted within one length resumes at the next
+        unscored sample instead of the length's first: 1,000 samples at 65,536 tokens can take longer than a
+        machine is held. A file written for another length, count, split or seed is ignored. Samples are drawn by
+        index, so the resumed tallies equal an uninterrupted pass's whatever the batch sizes. The caller removes
+        the file once the length's row is stored. Not with ``bleu`` (its tally is validation's, never resumed)."""
+        if bleu and partial is not None:
+            raise ValueError("a BLEU score is not resumable: score it without `partial`")
         self.model.eval()
-        tally = BleuTally() if bleu else None
+        bleu_tally = BleuTally() if bleu else None
         width = self.task.max_tokens(n)
         batch_size = int(max(1, min(count, self.tokens_per_batch // width)))
-        correct_samples = correct_tokens = scored_tokens = 0
-        realised = 0
-        group_hits: dict[int, list[int]] = {}
-        start = 0
-        while start < count:
+        key = dict(n=n, count=count, split=split, seed=self.seed)
+        state = dict(start=0, correct_samples=0, correct_tokens=0, scored_tokens=0, realised=0, group_hits={},
+                     seconds=0.0)
+        if partial is not None and partial.exists():
+            saved = json.loads(partial.read_text())
+            if saved.get("key") == key:
+                state.update(saved["state"])
+                state["group_hits"] = {int(g): hits for g, hits in state["group_hits"].items()}
+        earlier_seconds = state["seconds"]
+        started = last_save = time.perf_counter()
+        while state["start"] < count:
+            start = state["start"]
             size = min(batch_size, count - start)
             batch = self.task.batch(np.arange(start, start + size), n, split, self.seed)
             try:
@@ -287,29 +306,35 @@ class Evaluator:
             labels = batch.labels
             scored = labels != IGNORE_INDEX
             hits = (predictions == labels) & scored
-            correct_tokens += int(hits.sum())
-            scored_tokens += int(scored.sum())
-            correct_samples += int((hits.sum(1) == scored.sum(1)).sum())
-            if tally is not None:
+            state["correct_tokens"] += int(hits.sum())
+            state["scored_tokens"] += int(scored.sum())
+            state["correct_samples"] += int((hits.sum(1) == scored.sum(1)).sum())
+            if bleu_tally is not None:
                 for row in range(size):
-                    tally.add(predictions[row][scored[row]], labels[row][scored[row]])
-            realised += int(batch.realised_tokens.sum())
+                    bleu_tally.add(predictions[row][scored[row]], labels[row][scored[row]])
+            state["realised"] += int(batch.realised_tokens.sum())
             if batch.groups is not None:
                 for group in np.unique(batch.groups[scored]):
                     in_group = (batch.groups == group) & scored
                     ok = (hits | ~in_group).all(axis=1)
-                    tally = group_hits.setdefault(int(group), [0, 0])
-                    tally[0] += int(ok.sum())
-                    tally[1] += size
-            start += size
+                    group_tally = state["group_hits"].setdefault(int(group), [0, 0])
+                    group_tally[0] += int(ok.sum())
+                    group_tally[1] += size
+            state["start"] = start + size
+            now = time.perf_counter()
+            if partial is not None and state["start"] < count and now - last_save >= save_every:
+                state["seconds"] = earlier_seconds + now - started
+                atomic_write_text(partial, json.dumps(dict(key=key, state=state)))
+                last_save = now
         self.model.set_query_chunk(None)
         return Scores(
-            exact_match=correct_samples / count,
-            token_accuracy=correct_tokens / max(1, scored_tokens),
+            exact_match=state["correct_samples"] / count,
+            token_accuracy=state["correct_tokens"] / max(1, state["scored_tokens"]),
             n_samples=count,
-            realised_tokens=realised / count,
-            per_group={g: hit / total for g, (hit, total) in sorted(group_hits.items())},
-            bleu=tally.score() if tally is not None else float("nan"),
+            realised_tokens=state["realised"] / count,
+            per_group={g: hit / total for g, (hit, total) in sorted(state["group_hits"].items())},
+            bleu=bleu_tally.score() if bleu_tally is not None else float("nan"),
+            earlier_seconds=earlier_seconds,
         )
 
     def _predict(self, batch) -> np.ndarray:
@@ -746,10 +771,13 @@ def _score_and_store(config: RunConfig, task, model, torch_device: torch.device,
                      log: Callable[[str], None] | None) -> None:
     """Score ``model`` at every ``(multiplier, n)`` of ``lengths`` and write run ``config.run_id``'s rows.
 
-    Each length's row goes to ``eval_rows.json`` in the run's checkpoint folder as it is scored, so an
-    interrupted scoring resumes at the next length; the store gets the run only once every length is scored."""
+    Each length's row goes to ``eval_rows.json`` in the run's checkpoint folder as it is scored, and the tallies
+    of the length being scored to ``eval_samples_partial.json`` every 30 s, so an interrupted scoring resumes at
+    the next unscored sample; the store gets the run only once every length is scored."""
     run_id = config.run_id
     partial_path = checkpoint_dir(results, run_id) / "eval_rows.json"
+    # the samples of the length being scored, so far: an interruption within a length resumes there
+    samples_path = checkpoint_dir(results, run_id) / "eval_samples_partial.json"
     done: dict[int, dict] = {}
     if partial_path.exists():
         done = {row["multiplier"]: row for row in json.loads(partial_path.read_text())}
@@ -767,9 +795,9 @@ def _score_and_store(config: RunConfig, task, model, torch_device: torch.device,
             if multiplier in done:
                 continue
             started = time.perf_counter()
-            scores = evaluator.score(n, config.eval_samples)
+            scores = evaluator.score(n, config.eval_samples, partial=samples_path)
             diagnostics = _diagnostics(model, task, n, config, torch_device)
-            seconds = time.perf_counter() - started
+            seconds = time.perf_counter() - started + scores.earlier_seconds
             done[multiplier] = dict(
                 eval_length=n, multiplier=multiplier, exact_match=scores.exact_match,
                 token_accuracy=scores.token_accuracy, score=scores.metric(task.metric), n_samples=scores.n_samples,
@@ -783,6 +811,7 @@ def _score_and_store(config: RunConfig, task, model, torch_device: torch.device,
                 diagnostics_json=json.dumps(diagnostics.get("per_head", {})) if diagnostics else "",
             )
             atomic_write_text(partial_path, json.dumps(list(done.values())))
+            samples_path.unlink(missing_ok=True)
             bar.update(task_id, advance=1, info=f"{multiplier}x: {scores.metric(task.metric):.3f} in {seconds:.1f}s")
             if log:
                 log(f"{run_id} eval {multiplier}x (n = {n}): {task.metric} {scores.metric(task.metric):.3f} in "

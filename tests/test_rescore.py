@@ -57,11 +57,11 @@ def test_an_interrupted_rescore_resumes_at_the_next_length(trained, monkeypatch)
     calls = []
     real = Evaluator.score
 
-    def failing(self, n, count, split="test"):
+    def failing(self, n, count, split="test", **kwargs):
         calls.append(n)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(self, n, count, split)
+        return real(self, n, count, split, **kwargs)
 
     monkeypatch.setattr(Evaluator, "score", failing)
     with pytest.raises(KeyboardInterrupt):
@@ -73,7 +73,8 @@ def test_an_interrupted_rescore_resumes_at_the_next_length(trained, monkeypatch)
     assert [row["multiplier"] for row in partial] == [1]
     scored = []
     monkeypatch.setattr(Evaluator, "score",
-                        lambda self, n, count, split="test": scored.append(n) or real(self, n, count, split))
+                        lambda self, n, count, split="test", **kwargs: scored.append(n) or real(self, n, count, split,
+                                                                                 **kwargs))
     frame = rescore_run(store, config.run_id, samples=12, device="cpu", progress=False)
     assert len(scored) == 1  # only the length left
     assert sorted(frame["multiplier"]) == [1, 2] and frame["run_id"].iloc[0] == rescored.run_id
