@@ -424,8 +424,13 @@ class Trainer:
         self.dir = checkpoint_dir(results, config.run_id)
         torch.manual_seed(config.seed)
         self.model = build_model(config, task).to(device)
-        if config.init_from:
+        # A run whose training finished here or elsewhere (its own model.pt, e.g. carried to another machine to be
+        # scored) needs no warm start: ``load`` takes its selected weights. Its source's model may be absent then.
+        self.warm_started = False
+        if config.init_from and not (self._finished_model() is not None
+                                     and not (checkpoint_dir(results, config.init_from) / "model.pt").exists()):
             self.model.load_state_dict(warm_start(results, config.init_from, self.model, device, config.init_part))
+            self.warm_started = True
         # torch.compile of a model whose attention calls a fused Triton op (a graph break around an autograd
         # Function) crashed in torch 2.11's AOTAutograd runtime on the H200s, 2026-11-22: a corrupted view
         # shape regenerating an output alias (stick-breaking), a segmentation fault saving the autograd cache
@@ -483,17 +488,24 @@ class Trainer:
         """Take the selected weights of a finished training from ``model.pt`` when ``train.pt`` is gone (it holds
         the optimizer's moments too, three times the size: a run scored elsewhere carries only ``model.pt``).
         The scoring then resumes as if from ``train.pt``; an unfinished or other run's ``model.pt`` is ignored."""
+        saved = self._finished_model()
+        if saved is None:
+            return False
+        self.model.load_state_dict(saved["model"])
+        self.state = TrainState(**saved["state"])
+        self.best_model_state = None  # model.pt holds the selected weights already
+        return True
+
+    def _finished_model(self) -> dict | None:
+        """This run's ``model.pt`` where it holds a finished training of this configuration; else None."""
         path = self.dir / "model.pt"
         if not path.exists():
-            return False
+            return None
         saved = torch.load(path, map_location=self.device, weights_only=False)
         state = saved.get("state")
         if saved.get("config") != self.config.identity() or not state or state["step"] < self.config.train_steps:
-            return False
-        self.model.load_state_dict(saved["model"])
-        self.state = TrainState(**state)
-        self.best_model_state = None  # model.pt holds the selected weights already
-        return True
+            return None
+        return saved
 
     # -- the step ----------------------------------------------------------------------------------
     def _make_step_fn(self):
@@ -745,8 +757,10 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
     if trainer.checkpoint_path.exists() and not resume and not restart:
         raise UsageError(f"run {run_id} has a checkpoint in {ckpt_dir}; pass --resume to continue it "
                          "or --restart to start over")
-    if resume:
-        trainer.load()
+    loaded = trainer.load() if resume else False
+    if config.init_from and not trainer.warm_started and not loaded:
+        raise UsageError(f"run {run_id} has a finished model but no model of its earlier stage {config.init_from}: "
+                         "pass --resume to score it, or --restart to train it again from that stage")
     (ckpt_dir).mkdir(parents=True, exist_ok=True)
     (ckpt_dir / "config.json").write_text(json.dumps(config.identity(), indent=2, sort_keys=True))
 

@@ -140,3 +140,51 @@ def test_a_run_interrupted_within_a_length_resumes_there(tmp_path, monkeypatch):
     model, task, _ = load_model(store, config.run_id)
     for n, value in model_scores.items():
         assert value == Evaluator(model, task, CPU, seed=config.seed).score(n, 12).exact_match
+
+
+def test_a_staged_cell_carried_to_another_store_is_scored_without_its_stages_model(tmp_path, monkeypatch):
+    # session 35: a cell trained on one GPU machine, scored to 512x, its checkpoint carried to another to finish;
+    # there its earlier stage has a run file but no model, and the cell must not need one
+    import shutil
+
+    from lengthbench.errors import UsageError
+    from lengthbench.sweep import add_stages, plan_cells
+
+    cells = plan_cells(["2back:softmax:nape"], [0], "smoke", dict(TINY, train_samples=640))
+    stage, cell = add_stages(cells, [{"train_length": 16}], "smoke", dict(TINY, train_samples=640))
+    first = tmp_path / "first"
+    run_cell(stage, first, device="cpu", progress=False)
+    real = Evaluator.score
+    calls = []
+
+    def interrupted(self, n, count, split="test", bleu=False, partial=None, save_every=30.0):
+        if partial is None:  # validation during training
+            return real(self, n, count, split, bleu, partial, save_every)
+        calls.append(n)
+        if len(calls) == 2:
+            self.model = Counting(self.model, stop=3)
+            self.tokens_per_batch = 2 * self.task.max_tokens(n)
+            save_every = 0
+        return real(self, n, count, split, bleu, partial, save_every)
+
+    monkeypatch.setattr(Evaluator, "score", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_cell(cell, first, device="cpu", progress=False)
+    monkeypatch.setattr(Evaluator, "score", real)
+    for name, resume in (("second", True), ("third", False)):
+        store = tmp_path / name
+        (store / "runs").mkdir(parents=True)
+        shutil.copy(first / "runs" / f"{stage.run_id}.parquet", store / "runs")
+        # what the device script sends back of an unfinished cell: not train.pt (the optimizer's moments too)
+        checkpoint_dir(store, cell.run_id).mkdir(parents=True)
+        for file in ("model.pt", "config.json", "eval_rows.json", "eval_samples_partial.json"):
+            shutil.copy(checkpoint_dir(first, cell.run_id) / file, checkpoint_dir(store, cell.run_id))
+        if not resume:
+            with pytest.raises(UsageError, match="no model of its earlier stage"):
+                run_cell(cell, store, device="cpu", progress=False, resume=False)
+            continue
+        carried = run_cell(cell, store, device="cpu", progress=False)
+    assert not checkpoint_dir(tmp_path / "second", stage.run_id).exists()
+    here = run_cell(cell, first, device="cpu", progress=False)  # finished where it was trained, for comparison
+    columns = ["multiplier", "exact_match", "token_accuracy", "train_steps", "best_step"]
+    assert carried[columns].equals(here[columns])
