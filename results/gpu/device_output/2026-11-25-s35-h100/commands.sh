@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in session 34 (session 34's script, 2026-11-25-s34-h100/commands.sh, unchanged but for this line), not run yet: the session that runs it moves it to its dated folder.
+# Session 35: session 34's script (2026-11-25-s34-h100/commands.sh), unchanged but for this line; prepared as next/commands.sh in session 34.
 # Session 33's fix: `tests` puts a folder holding only a link to tests/ on PYTHONPATH (session 32's put the
 # checkout there, which shadowed the installed package: lengthbench.tasks not found). Session 32's fix: `tests` puts the checkout on PYTHONPATH, so that test files importing `tests.cli_helpers` (test_scaled_heads, test_arch) load from /tmp; a second file still needs an absolute path ($PWD/tests/...).
 # Session 30: session 29's script (ran as prepared: 2026-11-24-s30-h100/commands.sh), with one more mode:
