@@ -265,7 +265,7 @@ class Evaluator:
 
     @torch.no_grad()
     def score(self, n: int, count: int, split: str = "test", bleu: bool = False, partial: Path | None = None,
-              save_every: float = 30.0) -> Scores:
+              save_every: float = 30.0, on_batch: Callable[[int, int], None] | None = None) -> Scores:
         """``bleu``: also the corpus BLEU-4 of each sample's predicted answer tokens (the argmax at its scored
         positions) against its labels, for checkpoint selection by ``selection_metric = "bleu"``.
 
@@ -274,7 +274,10 @@ class Evaluator:
         unscored sample instead of the length's first: 1,000 samples at 65,536 tokens can take longer than a
         machine is held. A file written for another length, count, split or seed is ignored. Samples are drawn by
         index, so the resumed tallies equal an uninterrupted pass's whatever the batch sizes. The caller removes
-        the file once the length's row is stored. Not with ``bleu`` (its tally is validation's, never resumed)."""
+        the file once the length's row is stored. Not with ``bleu`` (its tally is validation's, never resumed).
+
+        ``on_batch(scored, count)``: called after each batch with the number of samples scored so far (a progress
+        bar's; a resumed length starts at its saved count)."""
         if bleu and partial is not None:
             raise ValueError("a BLEU score is not resumable: score it without `partial`")
         self.model.eval()
@@ -321,6 +324,8 @@ class Evaluator:
                     group_tally[0] += int(ok.sum())
                     group_tally[1] += size
             state["start"] = start + size
+            if on_batch is not None:
+                on_batch(state["start"], count)
             now = time.perf_counter()
             if partial is not None and state["start"] < count and now - last_save >= save_every:
                 state["seconds"] = earlier_seconds + now - started
@@ -809,7 +814,10 @@ def _score_and_store(config: RunConfig, task, model, torch_device: torch.device,
             if multiplier in done:
                 continue
             started = time.perf_counter()
-            scores = evaluator.score(n, config.eval_samples, partial=samples_path)
+            def show(scored: int, count: int, multiplier=multiplier) -> None:  # within a length: samples scored
+                bar.update(task_id, info=f"{multiplier}x: {scored:,}/{count:,} samples")
+
+            scores = evaluator.score(n, config.eval_samples, partial=samples_path, on_batch=show)
             diagnostics = _diagnostics(model, task, n, config, torch_device)
             seconds = time.perf_counter() - started + scores.earlier_seconds
             done[multiplier] = dict(

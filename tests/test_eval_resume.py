@@ -60,9 +60,11 @@ def test_an_interrupted_length_resumes_at_its_next_sample_with_the_same_scores(t
     assert saved["key"] == dict(n=n, count=count, split="test", seed=3) and saved["state"]["start"] == 9
     # resumed with another batch size (5): only the 11 samples left are scored, and the tallies equal one pass's
     second = Counting(model)
-    resumed = Evaluator(second, task, CPU, seed=3, tokens_per_batch=5 * width).score(n, count, partial=partial,
-                                                                                        save_every=0)
+    seen = []
+    resumed = Evaluator(second, task, CPU, seed=3, tokens_per_batch=5 * width).score(
+        n, count, partial=partial, save_every=0, on_batch=lambda scored, total: seen.append((scored, total)))
     assert second.samples == count - 9
+    assert seen == [(14, 20), (19, 20), (20, 20)]  # the progress a bar shows: from the saved 9, 5 a batch
     for field in ("exact_match", "token_accuracy", "realised_tokens", "n_samples"):
         assert getattr(resumed, field) == getattr(whole, field), field
     assert resumed.earlier_seconds >= 0.0 and whole.earlier_seconds == 0.0
@@ -105,13 +107,13 @@ def test_a_run_interrupted_within_a_length_resumes_there(tmp_path, monkeypatch):
     real = Evaluator.score
     calls = []
 
-    def interrupted(self, n, count, split="test", bleu=False, partial=None, save_every=30.0):
+    def interrupted(self, n, count, split="test", bleu=False, partial=None, save_every=30.0, on_batch=None):
         calls.append((n, count))
         if len(calls) == 2:  # the second length: score 6 of its samples (saved), then stop
             self.model = Counting(self.model, stop=4)
             self.tokens_per_batch = 2 * self.task.max_tokens(n)
             save_every = 0
-        return real(self, n, count, split, bleu, partial, save_every)
+        return real(self, n, count, split, bleu, partial, save_every, on_batch)
 
     monkeypatch.setattr(Evaluator, "score", interrupted)
     with pytest.raises(KeyboardInterrupt):
@@ -123,9 +125,9 @@ def test_a_run_interrupted_within_a_length_resumes_there(tmp_path, monkeypatch):
     assert json.loads((folder / "eval_samples_partial.json").read_text())["state"]["start"] == 6
     left = []
 
-    def counted(self, n, count, split="test", bleu=False, partial=None, save_every=30.0):
+    def counted(self, n, count, split="test", bleu=False, partial=None, save_every=30.0, on_batch=None):
         self.model = Counting(self.model)
-        result = real(self, n, count, split, bleu, partial, save_every)
+        result = real(self, n, count, split, bleu, partial, save_every, on_batch)
         left.append(self.model.samples)
         return result
 
@@ -157,15 +159,15 @@ def test_a_staged_cell_carried_to_another_store_is_scored_without_its_stages_mod
     real = Evaluator.score
     calls = []
 
-    def interrupted(self, n, count, split="test", bleu=False, partial=None, save_every=30.0):
+    def interrupted(self, n, count, split="test", bleu=False, partial=None, save_every=30.0, on_batch=None):
         if partial is None:  # validation during training
-            return real(self, n, count, split, bleu, partial, save_every)
+            return real(self, n, count, split, bleu, partial, save_every, on_batch)
         calls.append(n)
         if len(calls) == 2:
             self.model = Counting(self.model, stop=3)
             self.tokens_per_batch = 2 * self.task.max_tokens(n)
             save_every = 0
-        return real(self, n, count, split, bleu, partial, save_every)
+        return real(self, n, count, split, bleu, partial, save_every, on_batch)
 
     monkeypatch.setattr(Evaluator, "score", interrupted)
     with pytest.raises(KeyboardInterrupt):
