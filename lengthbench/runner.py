@@ -163,6 +163,34 @@ def checkpoint_dir(results: str | Path, run_id: str) -> Path:
     return Path(results) / "checkpoints" / run_id
 
 
+def run_status(results: str | Path, config: RunConfig) -> str:
+    """Where run ``config`` stands in ``results``, in words (``lengthbench sweep --dry-run``): "in the store",
+    "to run", or what an interrupted run resumes from: its training checkpoint, its trained model, the lengths
+    already scored and the samples of the length it was scoring."""
+    if run_finished(results, config.run_id):
+        return "in the store"
+    folder = checkpoint_dir(results, config.run_id)
+    rows_path, samples_path = folder / "eval_rows.json", folder / "eval_samples_partial.json"
+    if rows_path.exists() or samples_path.exists():
+        try:
+            scored = json.loads(rows_path.read_text()) if rows_path.exists() else []
+            task = get_task(config.task, **config.task_params)
+            total = len(eval_lengths(config.train_length, config.max_multiplier, task.extra_multipliers))
+            words = f"to resume: trained, {len(scored)} of {total} lengths scored"
+            if samples_path.exists():
+                saved = json.loads(samples_path.read_text())
+                multiplier = saved["key"]["n"] // config.train_length
+                words += f", {multiplier}x at {saved['state']['start']:,} of {saved['key']['count']:,} samples"
+            return words
+        except (ValueError, KeyError, OSError):
+            return "to resume: trained (its scoring files are unreadable)"
+    if (folder / "model.pt").exists():
+        return "to resume: trained"
+    if (folder / "train.pt").exists():
+        return "to resume from its training checkpoint"
+    return "to run"
+
+
 # --------------------------------------------------------------------------------------------------
 # Evaluation
 

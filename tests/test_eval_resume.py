@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lengthbench.config import build_config
-from lengthbench.runner import Evaluator, build_model, checkpoint_dir, rescore_run, run_cell
+from lengthbench.runner import Evaluator, build_model, checkpoint_dir, rescore_run, run_cell, run_status
 from lengthbench.store import run_finished
 from tests.model_helpers import oracle_model
 
@@ -181,12 +181,29 @@ def test_a_staged_cell_carried_to_another_store_is_scored_without_its_stages_mod
         checkpoint_dir(store, cell.run_id).mkdir(parents=True)
         for file in ("model.pt", "config.json", "eval_rows.json", "eval_samples_partial.json"):
             shutil.copy(checkpoint_dir(first, cell.run_id) / file, checkpoint_dir(store, cell.run_id))
+        # what `lengthbench sweep --dry-run` says of each
+        assert run_status(store, stage) == "in the store"
+        assert run_status(store, cell) == "to resume: trained, 1 of 2 lengths scored, 2x at 4 of 8 samples"
         if not resume:
             with pytest.raises(UsageError, match="no model of its earlier stage"):
                 run_cell(cell, store, device="cpu", progress=False, resume=False)
             continue
         carried = run_cell(cell, store, device="cpu", progress=False)
     assert not checkpoint_dir(tmp_path / "second", stage.run_id).exists()
+    assert run_status(tmp_path / "second", cell) == "in the store"
     here = run_cell(cell, first, device="cpu", progress=False)  # finished where it was trained, for comparison
     columns = ["multiplier", "exact_match", "token_accuracy", "train_steps", "best_step"]
     assert carried[columns].equals(here[columns])
+
+
+def test_run_status_of_a_run_not_yet_scored(tmp_path):
+    config = build_config("2back", "softmax", "nape", "smoke", **TINY)
+    assert run_status(tmp_path, config) == "to run"
+    folder = checkpoint_dir(tmp_path, config.run_id)
+    folder.mkdir(parents=True)
+    (folder / "train.pt").write_bytes(b"")
+    assert run_status(tmp_path, config) == "to resume from its training checkpoint"
+    (folder / "model.pt").write_bytes(b"")
+    assert run_status(tmp_path, config) == "to resume: trained"
+    (folder / "eval_rows.json").write_text("not json")
+    assert run_status(tmp_path, config) == "to resume: trained (its scoring files are unreadable)"

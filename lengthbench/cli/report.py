@@ -108,6 +108,7 @@ def register(app: typer.Typer) -> None:
             configs = plan_sweep(task_list, attn_list, pe_list, seed_list, preset, overrides)
         stages = settings.get("stages", [])
         configs = add_stages(configs, stages, preset, overrides)
+        from lengthbench.runner import run_status
         from lengthbench.store import run_finished
 
         done_before = sum(run_finished(results, c.run_id) for c in configs)
@@ -134,8 +135,7 @@ def register(app: typer.Typer) -> None:
                 while source in by_id:
                     depth, source = depth + 1, by_id[source].init_from
                 stage = [f"{depth}" if config.run_id in sources else f"{depth} (the cell)"] if stages else []
-                table.add_row(_cell_name(config), *stage, config.run_id,
-                              "in the store" if run_finished(results, config.run_id) else "to run")
+                table.add_row(_cell_name(config), *stage, config.run_id, run_status(results, config))
             out.print(table)
             return
         with _progress(quiet) as progress:
