@@ -179,8 +179,8 @@ def run_status(results: str | Path, config: RunConfig) -> str:
             words = f"to resume: trained, {len(scored)} of {total} lengths scored"
             if samples_path.exists():
                 saved = json.loads(samples_path.read_text())
-                multiplier = saved["key"]["n"] // config.train_length
-                words += f", {multiplier}x at {saved['state']['start']:,} of {saved['key']['count']:,} samples"
+                multiplier = saved["key"]["n"] / config.train_length  # e.g. Reverse's 1.5x
+                words += f", {multiplier:g}x at {saved['state']['start']:,} of {saved['key']['count']:,} samples"
             return words
         except (ValueError, KeyError, OSError):
             return "to resume: trained (its scoring files are unreadable)"
