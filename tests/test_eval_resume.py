@@ -38,6 +38,26 @@ class Counting(torch.nn.Module):
         self.inner.set_query_chunk(chunk)
 
 
+def interrupt_the_second_length(monkeypatch, stop: int):
+    """Patches ``Evaluator.score`` so that the second length a run scores (validation during training aside) is
+    scored in batches of 2 samples, its tallies saved after each, and interrupted on batch ``stop``. Returns the
+    real method."""
+    real = Evaluator.score
+    lengths = []
+
+    def score(self, n, count, split="test", bleu=False, partial=None, save_every=30.0, on_batch=None):
+        if partial is not None:
+            lengths.append(n)
+            if len(lengths) == 2:
+                self.model = Counting(self.model, stop=stop)
+                self.tokens_per_batch = 2 * self.task.max_tokens(n)
+                save_every = 0
+        return real(self, n, count, split, bleu, partial, save_every, on_batch)
+
+    monkeypatch.setattr(Evaluator, "score", score)
+    return real
+
+
 def _untrained(task_name="2back", pe="nape"):
     from lengthbench.tasks import get_task
 
@@ -104,18 +124,7 @@ def test_a_run_interrupted_within_a_length_resumes_there(tmp_path, monkeypatch):
     store = tmp_path / "store"
     config = build_config("2back", "softmax", "nape", "smoke", train_samples=640, **TINY)
     run_cell(config, store, device="cpu", progress=False)
-    real = Evaluator.score
-    calls = []
-
-    def interrupted(self, n, count, split="test", bleu=False, partial=None, save_every=30.0, on_batch=None):
-        calls.append((n, count))
-        if len(calls) == 2:  # the second length: score 6 of its samples (saved), then stop
-            self.model = Counting(self.model, stop=4)
-            self.tokens_per_batch = 2 * self.task.max_tokens(n)
-            save_every = 0
-        return real(self, n, count, split, bleu, partial, save_every, on_batch)
-
-    monkeypatch.setattr(Evaluator, "score", interrupted)
+    real = interrupt_the_second_length(monkeypatch, stop=4)  # 6 of its samples scored (saved), then stopped
     with pytest.raises(KeyboardInterrupt):
         rescore_run(store, config.run_id, samples=12, device="cpu", progress=False)
     rescored_id = build_config("2back", "softmax", "nape", "smoke", train_samples=640,
@@ -156,20 +165,7 @@ def test_a_staged_cell_carried_to_another_store_is_scored_without_its_stages_mod
     stage, cell = add_stages(cells, [{"train_length": 16}], "smoke", dict(TINY, train_samples=640))
     first = tmp_path / "first"
     run_cell(stage, first, device="cpu", progress=False)
-    real = Evaluator.score
-    calls = []
-
-    def interrupted(self, n, count, split="test", bleu=False, partial=None, save_every=30.0, on_batch=None):
-        if partial is None:  # validation during training
-            return real(self, n, count, split, bleu, partial, save_every, on_batch)
-        calls.append(n)
-        if len(calls) == 2:
-            self.model = Counting(self.model, stop=3)
-            self.tokens_per_batch = 2 * self.task.max_tokens(n)
-            save_every = 0
-        return real(self, n, count, split, bleu, partial, save_every, on_batch)
-
-    monkeypatch.setattr(Evaluator, "score", interrupted)
+    real = interrupt_the_second_length(monkeypatch, stop=3)  # 4 of its samples scored (saved), then stopped
     with pytest.raises(KeyboardInterrupt):
         run_cell(cell, first, device="cpu", progress=False)
     monkeypatch.setattr(Evaluator, "score", real)
