@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# Prepared in session 35 (session 35's script, 2026-11-25-s35-h100/commands.sh, with two changes), not run yet: the session that runs it moves it to its dated folder.
+# Session 36 (2026-11-25): session 35's script (2026-11-25-s35-h100/commands.sh) with the changes below, and one of its own:
+# a carried run's scored lengths and the tallies of the length it was scoring (logs/RUN.eval_rows.json,
+# logs/RUN.eval_samples_partial.json) come back too, so that a cell cut on a machine that then goes back can be
+# carried again with them (its model is the one carried in); an unfinished cell's training state (train.pt) comes back
+# with its checkpoint (a training cut when the machine goes back can resume elsewhere); NOCARRY=1 leaves .carry's
+# checkpoints out of that call's store (a sweep run side by side with one that carries a model).
 # Session 35: (1) STAGES=ARCHIVE puts the run files of a committed device archive (ARCHIVE's */runs/*.parquet) into the
 # call's store before `cell` runs its sweep, so a cell whose earlier stages ran on another machine resumes from its
 # carried checkpoint instead of training them again, e.g. session 35's MQRAR cells scored on 1,000 samples to 512x:
@@ -84,7 +89,7 @@ done
 ls -la /tmp/ccache >> $D/header.txt
 carried=""  # the runs put back from .carry: not sent back as unfinished cells (session 22's calls 3-4 did)
 for first in .carry/ckpt-*.tar.part-aa; do
-  [ -f "$first" ] || continue
+  [ -f "$first" ] && [ "${NOCARRY:-0}" != 1 ] || continue  # NOCARRY=1: a sweep side by side with one that carries
   cat "${first%aa}"?? | tar xf - -C $G/checkpoints && echo "put back: $first" >> $D/header.txt
   carried="$carried $(cat "${first%aa}"?? | tar tf - | head -1 | cut -d/ -f1)"
 done
@@ -160,16 +165,17 @@ else
   cp $G/runs/*.parquet $D/runs/ 2>/dev/null; cp $G/logs/*.log $D/logs/ 2>/dev/null
   for dir in $G/checkpoints/*/; do
     run=$(basename $dir)
-    [ -f $dir/model.pt ] || continue
-    case " $carried " in *" $run "*) continue;; esac
+    [ -f $dir/model.pt ] || [ -f $dir/train.pt ] || continue
     cp $dir/eval_rows.json $D/logs/$run.eval_rows.json 2>/dev/null
+    cp $dir/eval_samples_partial.json $D/logs/$run.eval_samples_partial.json 2>/dev/null
+    case " $carried " in *" $run "*) continue;; esac
     if [ -f $G/runs/$run.parquet ]; then
       case "$before" in *$run.parquet*) continue;; esac  # scored in an earlier call
       [ $(left) -gt 90 ] && timeout $(( $(left) - 20 )) python3 benchmarks/score_paths.py --results $G --run $run \
         --multipliers 1,2,4,8 --samples 200 --out $D > $D/score_paths-$run.txt 2>&1
       continue
     fi
-    tar cf - -C $G/checkpoints $(cd $G/checkpoints && ls -d $run/model.pt $run/config.json $run/eval_rows.json $run/eval_samples_partial.json 2>/dev/null) \
+    tar cf - -C $G/checkpoints $(cd $G/checkpoints && ls -d $run/model.pt $run/config.json $run/eval_rows.json $run/eval_samples_partial.json $run/train.pt 2>/dev/null) \
       | split -b 15m - $OUT/ckpt-$run.tar.part-
   done
 fi
