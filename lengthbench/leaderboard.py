@@ -178,7 +178,8 @@ def protocol_label(config_json, sources: dict[str, str] | None = None) -> str:
     A run started from another's weights (``init_from``) names the stages before it, ``", after mqrar
     (layout=inline) at n 16, 1.28M samples -> mqrar at n 16, 0.64M samples"``, where ``sources`` (run id ->
     its ``config_json``) has them; else the run id it started from. A run whose trained model was scored again
-    (``rescored_from``, ``lengthbench rescore``) says so, with its samples per length."""
+    (``rescored_from``, ``lengthbench rescore``) says so, with its samples per length; a run scored on another
+    count than its preset's says ``", scored on N samples per length"``."""
     config = _config(config_json)
     if not all(key in config for key in ("train_samples", "batch_size", "lr")):
         return ""
@@ -199,6 +200,8 @@ def protocol_label(config_json, sources: dict[str, str] | None = None) -> str:
     if config.get("rescored_from"):  # its trained model scored again (lengthbench rescore): a table of its own
         samples = config.get("eval_samples")
         label += f", rescored on {samples:,} samples per length" if isinstance(samples, int) else ", rescored"
+    else:
+        label += _scoring_label(config)
     if not config.get("init_from"):
         return label
     def carried(stage: dict) -> str:  # what a stage took from the one before it
@@ -214,6 +217,19 @@ def protocol_label(config_json, sources: dict[str, str] | None = None) -> str:
         stages.insert(0, current["init_from"] + carried(current))
         return f"{label}, from " + " -> ".join(stages)
     return f"{label}, after " + " -> ".join(stages)
+
+
+def _scoring_label(config: dict) -> str:
+    """", scored on N samples per length" where a run was scored on another count than its preset's (``paper``
+    1,000, ``quick`` 200): runs scored on other counts stand in tables of their own, since the best of seeds
+    would otherwise pick between two scorings of one model; "" for the preset's count and rows without it."""
+    from lengthbench.config import PRESETS
+
+    samples = config.get("eval_samples")
+    default = PRESETS.get(config.get("preset"), {}).get("eval_samples")
+    if not isinstance(samples, int) or default is None or samples == default:
+        return ""
+    return f", scored on {samples:,} samples per length"
 
 
 def _warmup_label(config: dict) -> str:
@@ -342,7 +358,9 @@ def _reach_text(value: float) -> str:
 
 
 def _reach_mean_text(value: float) -> str:
-    return "–" if value is None or math.isnan(value) else f"{value:.3g}×"
+    if value is None or math.isnan(value):
+        return "–"
+    return f"{value:,.0f}×" if value >= 100 else f"{value:.3g}×"  # 1,024×, not 1.02e+03×
 
 
 def _md_table(header: list[str], rows: list[list[str]], align: list[str]) -> str:

@@ -270,6 +270,42 @@ def test_a_warmup_other_than_the_presets_is_part_of_the_protocol():
         ", warm-up 7 steps")
 
 
+def test_a_scoring_count_other_than_the_presets_is_a_table_of_its_own(tmp_path):
+    """Session 36 scored three `paper` cells on the seeds' 1,000 samples per length; session 30's runs of the same
+    cells and seeds had 200. One table would keep, per seed, whichever scoring had the larger AUC."""
+    from lengthbench.config import build_config
+    from lengthbench.leaderboard import protocol_label
+
+    paper = build_config("mqrar", "stickbreaking", "none", "paper", train_samples=640_000)
+    assert protocol_label(paper.to_json()) == "0.64M samples, batch 128, lr 0.001"  # its 1,000
+    fewer = build_config("mqrar", "stickbreaking", "none", "paper", train_samples=640_000, eval_samples=200)
+    assert protocol_label(fewer.to_json()) == "0.64M samples, batch 128, lr 0.001, scored on 200 samples per length"
+    assert protocol_label(build_config("copy", "softmax", "nape", "quick", eval_samples=100).to_json()).endswith(
+        ", scored on 100 samples per length")
+    assert protocol_label(build_config("copy", "softmax", "nape", "quick").to_json()) == "2M samples, batch 256, lr 0.001"
+    # a rescored run names its count once, as rescored
+    rescored = {**json.loads(fewer.to_json()), "rescored_from": "x", "eval_samples": 1000}
+    assert protocol_label(json.dumps(rescored)).endswith("lr 0.001, rescored on 1,000 samples per length")
+
+    results = tmp_path / "store"
+    budget = {"train_samples": 640_000, "batch_size": 128, "lr": 1e-3, "preset": "paper"}
+    synthetic_run(results, "mqrar", "stickbreaking", "none", 5, {1: 1.0, 2: 1.0}, preset="paper",
+                  config={**budget, "eval_samples": 200})
+    synthetic_run(results, "mqrar", "stickbreaking", "none", 5, {1: 1.0, 2: 0.99}, preset="paper",
+                  config={**budget, "eval_samples": 1000})
+    board = build_leaderboard(load_store(results)[0])
+    assert sorted(board["protocol"]) == ["0.64M samples, batch 128, lr 0.001",
+                                         "0.64M samples, batch 128, lr 0.001, scored on 200 samples per length"]
+    assert sorted(board["2x"]) == [99.0, 100.0]
+
+
+def test_mean_reach_is_written_without_an_exponent():
+    from lengthbench.leaderboard import _reach_mean_text
+
+    assert [_reach_mean_text(v) for v in (1024.0, 322.5, 1.33333, 0.0, float("nan"))] == [
+        "1,024×", "322×", "1.33×", "0×", "–"]
+
+
 def test_run_curves_has_one_row_per_run_however_many_distinct_keys(tmp_path):
     """A row per run, also when every run differs in every key (the store's reality: each protocol,
     encoding, seed and length adds values). ``run_curves`` once built the cartesian product of the keys'
