@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Prepared in session 36 (session 36's script, 2026-11-25-s36-h100/commands.sh, unchanged), not run yet: the session that runs it moves it to its dated folder.
+# Prepared in session 36 (session 36's script, 2026-11-25-s36-h100/commands.sh, with one change: an unfinished cell's train.pt
+# comes back only under 40 MB; session 36's call 4 sent a paper MQMTAR checkpoint with it, 9 parts of 15 MB, which did
+# not fit), not run yet: the session that runs it moves it to its dated folder.
 # Session 36's changes:
 # a carried run's scored lengths and the tallies of the length it was scoring (logs/RUN.eval_rows.json,
 # logs/RUN.eval_samples_partial.json) come back too, so that a cell cut on a machine that then goes back can be
@@ -176,7 +178,9 @@ else
         --multipliers 1,2,4,8 --samples 200 --out $D > $D/score_paths-$run.txt 2>&1
       continue
     fi
-    tar cf - -C $G/checkpoints $(cd $G/checkpoints && ls -d $run/model.pt $run/config.json $run/eval_rows.json $run/eval_samples_partial.json $run/train.pt 2>/dev/null) \
+    state=""  # its training state only where it is small enough to come back (Sort 25 MB; a paper MQMTAR's is not)
+    [ -f $dir/train.pt ] && [ $(stat -c %s $dir/train.pt) -lt 40000000 ] && state=$run/train.pt
+    tar cf - -C $G/checkpoints $(cd $G/checkpoints && ls -d $run/model.pt $run/config.json $run/eval_rows.json $run/eval_samples_partial.json $state 2>/dev/null) \
       | split -b 15m - $OUT/ckpt-$run.tar.part-
   done
 fi
