@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Prepared in session 36 (session 36's script, 2026-11-25-s36-h100/commands.sh, with one change: an unfinished cell's train.pt
+# Session 37 (2026-11-25): session 36's next/commands.sh as prepared there, unchanged (an unfinished cell's train.pt
 # comes back only under 40 MB; session 36's call 4 sent a paper MQMTAR checkpoint with it, 9 parts of 15 MB, which did
-# not fit), not run yet: the session that runs it moves it to its dated folder.
+# not fit).
 # Session 36's changes:
 # a carried run's scored lengths and the tallies of the length it was scoring (logs/RUN.eval_rows.json,
 # logs/RUN.eval_samples_partial.json) come back too, so that a cell cut on a machine that then goes back can be
