@@ -35,6 +35,8 @@ SHAPES = [  # few distinct (dtype, head_dim) pairs: each compiles every kernel o
     (333, 128, torch.bfloat16, 1, 2),
     (200, 48, torch.bfloat16, 1, 2),
     (4096, 64, torch.bfloat16, 1, 1),
+    (77, 32, torch.float16, 2, 2),
+    (1000, 64, torch.float16, 1, 2),
 ]
 TOL_OUT = {torch.float32: 2e-3, torch.bfloat16: 2.5e-2, torch.float16: 1e-2}
 TOL_GRAD = {torch.float32: 2e-3, torch.bfloat16: 5e-2, torch.float16: 2e-2}
@@ -167,7 +169,8 @@ def test_kernel_matches_reference(name, shape):
     check(name, q, k, v, seed=tokens, label=f"T={tokens} D={head_dim} {dtype}")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
+                         ids=["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("name", MECHANISMS)
 def test_slopes_and_row_scale(name, dtype):
     batch, heads, tokens, head_dim = 2, 3, 150, 32
