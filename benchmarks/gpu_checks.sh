@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks a kernel or runner change owes, in parts that each fit a ten-minute command:
 #
-#   bash benchmarks/gpu_checks.sh tests OUT       # the GPU tests (kernels and modules), log with device/date
+#   bash benchmarks/gpu_checks.sh tests OUT       # the kernel tests against the float64 references, log with device/date
+#   bash benchmarks/gpu_checks.sh tests-lists OUT # the list forward/backward of entmax, sparsemax and Sieve; Sieve probes
+#   bash benchmarks/gpu_checks.sh tests-modules OUT  # each module's fast path against its reference; compiled references
 #   bash benchmarks/gpu_checks.sh kernels OUT     # kernel benchmark against SDPA (all ops, TDA included)
 #   bash benchmarks/gpu_checks.sh eval OUT        # paper MQMTAR evaluation at 65,536 tokens per mechanism
 #   bash benchmarks/gpu_checks.sh breakdown OUT   # each threshold kernel's share of the forward (torch.profiler)
@@ -10,7 +12,7 @@
 # OUT (default results/gpu_checks) receives the logs and tables; copy them under results/ to commit.
 # Run from the repository root with lengthbench installed (pip install -e . or pip install .).
 set -u -o pipefail
-if [ $# -lt 1 ]; then echo "usage: gpu_checks.sh tests|kernels|eval|breakdown|throughput [OUT]" >&2; exit 2; fi
+if [ $# -lt 1 ]; then echo "usage: gpu_checks.sh tests|tests-lists|tests-modules|kernels|eval|breakdown|throughput [OUT]" >&2; exit 2; fi
 part=$1
 out=${2:-results/gpu_checks}
 mkdir -p "$out"
@@ -24,10 +26,22 @@ header() {
   echo "command: $*"
 }
 case "$part" in
-  tests)
-    # from /tmp, so that the installed (namespaced) package is tested, not the checkout's folders
-    cmd="python3 -m pytest $repo/tests/test_kernels.py $repo/tests/test_attention_cuda.py -c $repo/pyproject.toml -m gpu -q -s -p no:cacheprovider --durations=15"
-    { header "$cmd"; (cd /tmp && LENGTHBENCH_UNVERIFIED_KERNELS=1 $cmd); } 2>&1 | tee "$out/test_log.txt" ;;
+  tests|tests-lists|tests-modules)
+    # Session 37's split (2026-11-26, one H100, 8 workers): about 6, 4 and 6 minutes. The list files skip by a
+    # condition of their own (a GPU, or the Triton interpreter on a CPU), not by the gpu mark, so they run unmarked.
+    case "$part" in
+      tests) files="tests/test_kernels.py"; mark="-m gpu" ;;
+      tests-lists) files="tests/test_entmax_lists.py tests/test_sieve_lists_backward.py tests/test_sieve_probes.py"; mark="" ;;
+      tests-modules) files="tests/test_attention_cuda.py tests/test_compiled_reference.py"; mark="-m gpu" ;;
+    esac
+    paths=$(for f in $files; do printf '%s ' "$repo/$f"; done)
+    # pytest-xdist where it is installed: the float64 references at 4,096 tokens want a GPU of 80 GB for 8 workers
+    workers=""; python3 -c "import xdist" 2>/dev/null && workers="-n ${WORKERS:-8}"
+    # from /tmp, so that the installed (namespaced) package is tested, not the checkout's folders; -rP keeps each
+    # case's printed errors (ERR lines)
+    cmd="python3 -m pytest $paths-c $repo/pyproject.toml $mark $workers -q -rfEP -p no:cacheprovider --durations=15"
+    { header "$cmd"; (cd /tmp && LENGTHBENCH_UNVERIFIED_KERNELS=1 $cmd); } 2>&1 \
+      | tee "$out/test_log_$part.txt" ;;
   kernels)
     python3 benchmarks/kernels.py --out "$out" 2>&1 | tee "$out/benchmark_log.txt" ;;
   eval)
@@ -42,5 +56,5 @@ case "$part" in
     python3 benchmarks/train_throughput.py --task mqmtar --preset paper --pes rope --batch-sizes 1024,2048 \
       --compile-modes reduce-overhead --pad-multiples 8 --steps 150 --out "$out" 2>&1 | tee "$out/throughput_log.txt" ;;
   *)
-    echo "error: unknown part '$part'; choose from: tests, kernels, eval, breakdown, throughput" >&2; exit 2 ;;
+    echo "error: unknown part '$part'; choose from: tests, tests-lists, tests-modules, kernels, eval, breakdown, throughput" >&2; exit 2 ;;
 esac
