@@ -221,6 +221,59 @@ def register(app: typer.Typer) -> None:
         else:
             err.print(f"wrote {out_file} ({len(board)} rows from {runs} runs)", highlight=False)
 
+    @app.command("compare")
+    def compare(
+        results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
+        seed_tables: Path = typer.Option(None, "--seed-tables",
+                                         help="CSV of the seeds' cells (default: lengthbench/seed_tables.csv)."),
+        task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
+        tolerance: float = typer.Option(5.0, "--tolerance", help="Points within which ours agrees with the seed's."),
+        rows: int = typer.Option(3, "--rows", help="Rows of ours per seed cell, closest to the seed first (0: all)."),
+        out_file: Path = typer.Option(None, "--out", help="Write the Markdown here (default: stdout)."),
+        publish: Path = typer.Option(None, "--publish",
+                                     help="Write DIR/seed_comparison.md and DIR/seed_comparison.parquet."),
+        skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
+                                             help="Leave out unreadable result files (with a warning)."),
+    ) -> None:
+        """Our leaderboard beside the seeds' published tables: per seed cell, ours and the difference in points."""
+        from lengthbench.compare import SEED_TABLES, load_seed_tables, to_markdown, write_comparison
+        from lengthbench.compare import compare as compare_store
+        from lengthbench.leaderboard import load_store
+        from lengthbench.sweep import split_list
+
+        if not (tolerance >= 0 and math.isfinite(tolerance)):
+            raise UsageError(f"--tolerance must be a number of points >= 0, got {tolerance}")
+        if rows < 0:
+            raise UsageError(f"--rows must be 0 (all) or more, got {rows}")
+        seeds = load_seed_tables(seed_tables or SEED_TABLES)
+        wanted = split_list(task)
+        unknown = sorted(set(wanted) - set(seeds["task"]))
+        if unknown:
+            raise UsageError(f"no seed table has the task {', '.join(unknown)}; "
+                             f"choose from: {', '.join(sorted(seeds['task'].unique()))}")
+        if wanted:
+            seeds = seeds[seeds["task"].isin(wanted)]
+        frame, notes = load_store(results, skip_unreadable=skip_unreadable)
+        _print_notes(notes)
+        frame = frame[frame["task"].isin(set(seeds["task"]))]
+        if frame.empty:
+            raise UsageError(f"no runs in {results} of the seed tables' tasks "
+                             f"({', '.join(sorted(seeds['task'].unique()))})")
+        long = compare_store(frame, seeds, tolerance=tolerance)
+        command = f"lengthbench compare --results {results}" + (f" --publish {publish}" if publish else "")
+        source = f"Generated from {frame['run_id'].nunique()} runs in `{results}` by `{command}`."
+        markdown = to_markdown(long, rows_per_cell=rows, tolerance=tolerance, source=source)
+        if publish is not None:
+            md_path, parquet_path = write_comparison(long, markdown, Path(publish))
+            err.print(f"wrote {md_path} and {parquet_path}", highlight=False)
+        elif out_file is not None:
+            from lengthbench.store import atomic_write_text
+
+            atomic_write_text(out_file, markdown)
+            err.print(f"wrote {out_file}", highlight=False)
+        else:
+            sys.stdout.write(markdown)
+
     @app.command("plot")
     def plot(
         results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),

@@ -1,0 +1,271 @@
+"""Our leaderboard beside the seeds' published tables (``seed_tables.csv``, transcribed from the papers).
+
+For every cell of a seed table (task x mechanism x encoding), the comparison lists the leaderboard rows of ours
+that stand for the same cell, at the seed's own columns: the seed's value, ours, and the difference in points.
+A leaderboard row is the best of seeds of one protocol (``leaderboard.build_leaderboard``); a cell of ours may
+have several, one per protocol or variant. They are ordered by how many of the seed's columns they scored, then
+by their mean absolute difference from the seed over those columns (closest first).
+
+Which rows stand for a seed's cell:
+
+* the same task with its default task parameters (a named variant such as MQRAR's ``layout=inline`` is another
+  task; a curriculum's earlier stages may have had any) at its default training length (64 for most, Local Count
+  128, Max Retrieval 16), and an encoding of the same name (its parameters, e.g. RoPE's scaling, may differ: a variant);
+* a mechanism of the same name, or one of its :data:`STAND_INS` (``sieve-alg1`` is seed 004's own Algorithm 1
+  for Sieve), whose :data:`IDENTITY_PARAMS` agree with the seed's (entmax at alpha 4 is not entmax at 1.5;
+  softmax at a fixed temperature is not softmax; ``scaled_heads=nope`` or ``s_init=1`` are ways to implement the
+  same mechanism, and ASEntmax's gamma learned or fixed is its own choice: variants).
+
+Verdicts, over the columns both have (a seed column we did not score is left out): ``agrees`` where every
+difference is within the tolerance (default 5 points: about 1.5 standard errors of a proportion near 50% on the
+200 samples per length of our reduced protocols), ``above`` or ``below`` where every difference beyond it has
+that sign, ``mixed`` where both signs occur; ``no common length`` where none is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from lengthbench.errors import UsageError
+from lengthbench.leaderboard import METRIC_NAMES, build_leaderboard
+from lengthbench.tasks import as_multiplier, multiplier_label
+
+SEED_TABLES = Path(__file__).with_name("seed_tables.csv")
+TOLERANCE = 5.0  # points
+STAND_INS = {"sieve": ("sieve-alg1",)}  # seed 004's Algorithm 1 is its own fused form of Sieve
+# parameters that make another mechanism (with each mechanism's default): entmax at alpha 4 is not entmax at 1.5,
+# softmax at a fixed temperature theta (seed 003's Max Retrieval) is not softmax
+IDENTITY_PARAMS = {"alpha": {"entmax": 1.5, "sparsemax": 2.0, "sieve": 1.5, "sentmax": 1.5, "asentmax": 1.5},
+                   "theta": {}}
+SEED_COLUMNS = ["source", "table", "task", "attn", "pe", "multiplier", "value"]
+_LABEL = re.compile(r"^(?P<name>[^ (]+)(?: \((?P<params>.*)\))?$")
+
+
+@dataclass(frozen=True)
+class Label:
+    """A leaderboard label such as ``entmax (alpha=4)`` split into its name and parameters (as text)."""
+
+    name: str
+    params: dict[str, str]
+
+    @classmethod
+    def parse(cls, text: str) -> Label:
+        match = _LABEL.match(str(text).strip())
+        if match is None:
+            raise UsageError(f"cannot read the label {text!r} (expected 'name' or 'name (key=value, ...)')")
+        params = {}
+        for item in filter(None, (part.strip() for part in (match["params"] or "").split(","))):
+            key, _, value = item.partition("=")
+            params[key.strip()] = value.strip()
+        return cls(match["name"], params)
+
+
+def _same(a: str | float | None, b: str | float | None) -> bool:
+    """Two parameter values, numbers compared as numbers ("4" and "4.0"), anything else as text."""
+    try:
+        return math.isclose(float(a), float(b))
+    except (TypeError, ValueError):
+        return a == b
+
+
+def stands_for(ours: str, seeds: str) -> bool:
+    """Whether our mechanism label ``ours`` stands for the seed's ``seeds`` (module docstring)."""
+    mine, theirs = Label.parse(ours), Label.parse(seeds)
+    if mine.name != theirs.name and mine.name not in STAND_INS.get(theirs.name, ()):
+        return False
+    for key, defaults in IDENTITY_PARAMS.items():
+        value = theirs.params.get(key, defaults.get(theirs.name))
+        # a stand-in without a default of its own takes the seed mechanism's (sieve-alg1's filter is Sieve's)
+        mine_value = mine.params.get(key, defaults.get(mine.name, defaults.get(theirs.name)))
+        if not (value is None and mine_value is None) and not _same(value, mine_value):
+            return False
+    return True
+
+
+def load_seed_tables(path: str | Path = SEED_TABLES) -> pd.DataFrame:
+    """The seeds' cells, one row per number: ``source, table, task, attn, pe, multiplier, value``."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"seed table file {path} does not exist")
+    frame = pd.read_csv(path, dtype={"source": str, "table": str, "task": str, "attn": str, "pe": str})
+    missing = [column for column in SEED_COLUMNS if column not in frame.columns]
+    if missing:
+        raise UsageError(f"{path} lacks the columns {', '.join(missing)}")
+    frame["multiplier"] = frame["multiplier"].map(lambda m: as_multiplier(float(m)))
+    frame["value"] = frame["value"].astype(float)
+    return frame[SEED_COLUMNS]
+
+
+def verdict(differences: list[float], tolerance: float = TOLERANCE) -> str:
+    """``agrees``, ``above``, ``below``, ``mixed`` or ``no common length`` (module docstring)."""
+    if not differences:
+        return "no common length"
+    above = any(d > tolerance for d in differences)
+    below = any(d < -tolerance for d in differences)
+    return "mixed" if above and below else "above" if above else "below" if below else "agrees"
+
+
+def _default_task(config_json) -> bool:
+    try:
+        config = json.loads(config_json) if isinstance(config_json, str) else dict(config_json or {})
+    except (TypeError, ValueError):
+        return True
+    return not config.get("task_params")
+
+
+def _train_length(task: str) -> int:
+    from lengthbench.tasks import get_task
+
+    return get_task(task).default_train_length
+
+
+def compare(frame: pd.DataFrame, seeds: pd.DataFrame, *, tolerance: float = TOLERANCE) -> pd.DataFrame:
+    """One row per (seed cell, leaderboard row of ours, seed column): the long form of the comparison.
+
+    ``frame`` is a results store as :func:`lengthbench.leaderboard.load_store` returns it. Columns: the seed
+    cell's ``source, table, task, attn, pe``; ours ``our_attn, our_pe, preset, protocol, train_length, metric,
+    seeds, best_run_id``; ``multiplier, seed_value, our_value, difference`` (points; NaN where we did not score
+    that length); per leaderboard row ``verdict``, ``mean_abs_difference`` and ``rank`` (0 = closest to the
+    seed). A seed cell with no row of ours has one row per column with ``our_attn`` empty and verdict ``no run``.
+    """
+    board = build_leaderboard(frame)
+    configs = frame.drop_duplicates("run_id").set_index("run_id")["config_json"]
+    board = board[[_default_task(configs.get(run_id)) for run_id in board["best_run_id"]]]
+    # the seeds' training length (the task's default: 64, Local Count 128, Max Retrieval 16); a curriculum's stage at
+    # another (MQRAR's at n 16) is not the seeds' task
+    board = board[board["train_length"] == board["task"].map(_train_length)]
+    rows = []
+    for (source, table, task, attn, pe), cell in seeds.groupby(["source", "table", "task", "attn", "pe"], sort=False):
+        cell = cell.sort_values("multiplier")
+        base = dict(source=source, table=table, task=task, attn=attn, pe=pe)
+        candidates = board[(board["task"] == task)
+                           & board["pe"].map(lambda label, pe=pe: Label.parse(label).name == pe)
+                           & board["attn"].map(lambda label, attn=attn: stands_for(label, attn))]
+        if candidates.empty:
+            rows += [dict(base, our_attn="", verdict="no run", multiplier=m, seed_value=v, rank=0)
+                     for m, v in zip(cell["multiplier"], cell["value"], strict=True)]
+            continue
+        compared = []
+        for _, ours in candidates.iterrows():
+            values = [ours.get(f"{multiplier_label(m)}x", math.nan) for m in cell["multiplier"]]
+            differences = [v - s for v, s in zip(values, cell["value"], strict=True) if not pd.isna(v)]
+            closeness = sum(abs(d) for d in differences) / len(differences) if differences else math.inf
+            compared.append((len(values) - len(differences), closeness, ours, values, differences))
+        # rows that scored more of the seed's columns first, then the closest
+        compared.sort(key=lambda item: (item[0], item[1], item[2]["protocol"] or "", item[2]["attn"], item[2]["pe"]))
+        for rank, (_, closeness, ours, values, differences) in enumerate(compared):
+            shared = dict(base, our_attn=ours["attn"], our_pe=ours["pe"], preset=ours["preset"],
+                          protocol=ours["protocol"], train_length=int(ours["train_length"]),
+                          metric=ours["metric"], seeds=int(ours["seeds"]), best_run_id=ours["best_run_id"],
+                          verdict=verdict(differences, tolerance), mean_abs_difference=closeness, rank=rank)
+            for m, seed_value, our_value in zip(cell["multiplier"], cell["value"], values, strict=True):
+                rows.append(dict(shared, multiplier=m, seed_value=seed_value, our_value=our_value,
+                                 difference=our_value - seed_value))
+    return pd.DataFrame(rows)
+
+
+def _value(value) -> str:
+    return "–" if value is None or pd.isna(value) else f"{value:.1f}"
+
+
+def _signed(value) -> str:
+    return "" if value is None or pd.isna(value) else f" ({value:+.1f})"
+
+
+def summary(long: pd.DataFrame) -> pd.DataFrame:
+    """Per seed table and task: its cells, and how many of them the closest row of ours agrees with, is
+    above, below or mixed against, or has no run for."""
+    closest = long[long["rank"] == 0].drop_duplicates(["source", "table", "task", "attn", "pe"])
+    counts = closest.groupby(["source", "table", "task"], sort=True)["verdict"].value_counts().unstack(fill_value=0)
+    columns = ["agrees", "above", "below", "mixed", "no common length", "no run"]
+    counts = counts.reindex(columns=columns, fill_value=0)
+    counts.insert(0, "cells", counts.sum(axis=1))
+    return counts.reset_index()
+
+
+def to_markdown(long: pd.DataFrame, *, rows_per_cell: int = 3, tolerance: float = TOLERANCE,
+                source: str | None = None) -> str:
+    """The comparison as Markdown: a summary, then per seed table and task the seed's row and ours under it."""
+    parts = ["# Our leaderboard beside the seeds' tables", ""]
+    if source:
+        parts += [source, ""]
+    parts += [
+        "Seed numbers: `lengthbench/seed_tables.csv`, transcribed from the papers in `../shared/seeds/`. Ours: "
+        "the leaderboard's best of seeds, one row per protocol or variant of the cell, closest to the seed first "
+        f"(mean absolute difference over the seed's columns we scored); at most {rows_per_cell} a cell "
+        "(`--rows 0` lists all). In brackets: ours minus the seed's, in points. Verdict over the columns both "
+        f"have: **agrees** within {tolerance:g} points at every one, **above** / **below** where every "
+        "difference beyond that has that sign, **mixed** where both do. – : a length we did not score.",
+        "",
+        "## Summary: the closest row of ours per seed cell", "",
+    ]
+    table = summary(long)
+    header = list(table.columns)
+    parts += ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * (len(header) - 3)) + "|"]
+    for _, row in table.iterrows():
+        parts.append("| " + " | ".join(f"seed {row[c]}" if c == "source" else str(row[c]) for c in header) + " |")
+    parts.append("")
+    for (source_id, table_name, task), group in long.groupby(["source", "table", "task"], sort=True):
+        multipliers = sorted(group["multiplier"].unique())
+        metric = group["metric"].dropna()
+        metric_text = METRIC_NAMES.get(metric.iloc[0], metric.iloc[0]) if len(metric) else "the task's metric"
+        parts += [f"## Seed {source_id}, {table_name}: {task}", "",
+                  f"Ours in {metric_text} (%); the seed's as printed.", ""]
+        header = ["cell", "row"] + [f"{multiplier_label(m)}×" for m in multipliers] + ["verdict", "ours: protocol"]
+        parts += ["| " + " | ".join(header) + " |",
+                  "|---|---|" + "---:|" * len(multipliers) + "---|---|"]
+        for (attn, pe), cell in group.groupby(["attn", "pe"], sort=False):
+            seed_values = cell.drop_duplicates("multiplier").set_index("multiplier")["seed_value"]
+            parts.append("| " + " | ".join([f"{attn} + {pe}", f"seed {source_id}"]
+                                            + [_value(seed_values.get(m)) for m in multipliers] + ["", ""]) + " |")
+            ranks = sorted(cell["rank"].unique())
+            shown = ranks if rows_per_cell <= 0 else ranks[:rows_per_cell]
+            for rank in shown:
+                ours = cell[cell["rank"] == rank].set_index("multiplier")
+                first = ours.iloc[0]
+                if first["verdict"] == "no run":
+                    parts.append("| | ours | " + " | ".join("–" for _ in multipliers) + " | no run | |")
+                    continue
+                values = [_value(ours["our_value"].get(m)) + _signed(ours["difference"].get(m))
+                          if m in ours.index else "" for m in multipliers]
+                label = f"{first['our_attn']} + {first['our_pe']}"
+                protocol = f"`{first['preset']}`" + (f", {first['protocol']}" if first["protocol"] else "")
+                seeds = int(first["seeds"])
+                protocol += f"; {seeds} seed{'s' if seeds != 1 else ''}"
+                parts.append("| | " + " | ".join([f"ours: {label}"] + values + [first["verdict"], protocol]) + " |")
+            if len(shown) < len(ranks):
+                parts.append(f"| | ({len(ranks) - len(shown)} more rows of ours) |" + " |" * (len(multipliers) + 2))
+        parts.append("")
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def seed_table_problems(seeds: pd.DataFrame, *, tasks, attns, pes) -> list[str]:
+    """What in the seed tables names no task, mechanism or encoding of ours, or repeats a cell."""
+    problems = []
+    for column, known in (("task", set(tasks)), ("pe", set(pes))):
+        problems += [f"unknown {column} {value!r}" for value in sorted(set(seeds[column]) - known)]
+    names = {Label.parse(label).name for label in seeds["attn"]}
+    problems += [f"unknown attn {name!r}" for name in sorted(names - set(attns))]
+    repeated = seeds.duplicated(["source", "table", "task", "attn", "pe", "multiplier"], keep=False)
+    problems += [f"repeated cell {tuple(row)}" for row in
+                 seeds.loc[repeated, ["source", "table", "task", "attn", "pe", "multiplier"]].itertuples(index=False)]
+    return problems
+
+
+def write_comparison(long: pd.DataFrame, markdown: str, out_dir: Path) -> tuple[Path, Path]:
+    """``out_dir/seed_comparison.md`` and ``.parquet``, each written atomically."""
+    from lengthbench.store import atomic_write_parquet, atomic_write_text
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md_path, parquet_path = out_dir / "seed_comparison.md", out_dir / "seed_comparison.parquet"
+    atomic_write_text(md_path, markdown)
+    frame = long.copy()
+    frame["multiplier"] = frame["multiplier"].astype(float)
+    atomic_write_parquet(frame, parquet_path)
+    return md_path, parquet_path

@@ -1,0 +1,147 @@
+"""``lengthbench compare``: our leaderboard beside the seeds' tables (lengthbench/compare.py)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from test_leaderboard import digest, synthetic_run
+
+from lengthbench.compare import (
+    SEED_TABLES,
+    compare,
+    load_seed_tables,
+    seed_table_problems,
+    stands_for,
+    summary,
+    to_markdown,
+    verdict,
+)
+from lengthbench.leaderboard import load_store
+from tests.cli_helpers import cli
+
+SEEDS_CSV = """source,table,task,attn,pe,multiplier,value
+004,Table 1,copy,sieve,none,1,100.0
+004,Table 1,copy,sieve,none,4,99.8
+004,Table 1,copy,softmax,rope,1,100.0
+004,Table 1,copy,softmax,rope,4,0.0
+003,Table 5,sort,"entmax (alpha=4)",none,1,90.0
+003,Table 5,sort,"entmax (alpha=4)",none,2,80.0
+003,Table 5,maxretrieval,softmax,none,1,98.6
+003,Table 1,reverse,entmax,nape,1,100.0
+003,Table 1,reverse,entmax,nape,1.5,99.0
+"""
+
+
+@pytest.fixture
+def seeds(tmp_path):
+    path = tmp_path / "seeds.csv"
+    path.write_text(SEEDS_CSV)
+    return path
+
+
+@pytest.fixture
+def store(tmp_path):
+    results = tmp_path / "store"
+    budget = {"train_samples": 2_000_000, "batch_size": 256, "lr": 1e-3}
+    synthetic_run(results, "copy", "softmax", "rope", 0, {1: 1.0, 2: 0.1, 4: 0.02}, config=budget)
+    synthetic_run(results, "copy", "softmax", "rope", 1, {1: 0.98, 2: 0.0, 4: 0.0}, config=budget)
+    # Sieve by its definition (far below the seed) and the seed's Algorithm 1 (close to it): both stand for it
+    synthetic_run(results, "copy", "sieve", "none", 0, {1: 0.5, 2: 0.0, 4: 0.0}, config=budget)
+    synthetic_run(results, "copy", "sieve-alg1", "none", 0, {1: 1.0, 2: 0.99, 4: 0.97}, config=budget)
+    # another alpha is another mechanism; another layout is another task; n 16 is a curriculum's stage
+    synthetic_run(results, "copy", "sieve", "none", 1, {1: 1.0, 4: 0.998}, config={**budget, "attn_params": {"alpha": 1.25}})
+    synthetic_run(results, "copy", "softmax", "rope", 2, {1: 1.0, 4: 0.0},
+                  config={**budget, "task_params": {"layout": "other"}})
+    synthetic_run(results, "sort", "entmax", "none", 0, {1: 0.99, 2: 0.95}, config=budget)
+    synthetic_run(results, "sort", "entmax", "none", 0, {1: 0.92, 2: 0.70}, config={**budget, "attn_params": {"alpha": 4.0}})
+    # Max Retrieval's training length is 16: a run at 64 is another protocol than the seed's
+    synthetic_run(results, "maxretrieval", "softmax", "none", 0, {1: 0.99, 2: 0.95}, config=budget)
+    return results
+
+
+def test_stands_for_names_stand_ins_and_identity_parameters():
+    assert stands_for("sieve", "sieve") and stands_for("sieve-alg1 (eps=8)", "sieve")
+    assert not stands_for("sieve (alpha=1.25)", "sieve") and stands_for("sieve (alpha=1.5)", "sieve")
+    assert stands_for("entmax (alpha=4)", "entmax (alpha=4)") and not stands_for("entmax", "entmax (alpha=4)")
+    assert not stands_for("entmax (alpha=16)", "entmax") and not stands_for("asentmax", "entmax")
+    assert stands_for("ssmax (s_init=1, scaled_heads=nope)", "ssmax")  # ways to implement it: variants
+    assert not stands_for("softmax", "softmax (theta=0.1)") and stands_for("softmax (theta=0.1)", "softmax (theta=0.1)")
+    assert stands_for("entmax (alpha=4.0)", "entmax (alpha=4)") and stands_for("asentmax", "asentmax (gamma=1)")
+
+
+@pytest.mark.parametrize("differences, expected", [
+    ([0.0, -4.9, 5.0], "agrees"), ([0.0, 12.0], "above"), ([-6.0, 1.0], "below"), ([-6.0, 6.0], "mixed"),
+    ([], "no common length")])
+def test_verdicts(differences, expected):
+    assert verdict(differences, 5.0) == expected
+
+
+def test_every_seed_cell_gets_the_rows_that_stand_for_it_closest_first(store, seeds):
+    long = compare(load_store(store)[0], load_seed_tables(seeds))
+    sieve = long[(long["attn"] == "sieve") & (long["task"] == "copy")]
+    assert list(sieve.drop_duplicates("rank")["our_attn"]) == ["sieve-alg1", "sieve"]  # alpha 1.25 is left out
+    closest = sieve[sieve["rank"] == 0].set_index("multiplier")
+    assert closest.loc[4, "our_value"] == pytest.approx(97.0) and closest.loc[4, "difference"] == pytest.approx(-2.8)
+    assert set(closest["verdict"]) == {"agrees"}
+    assert set(sieve[sieve["rank"] == 1]["verdict"]) == {"below"}
+    softmax = long[(long["attn"] == "softmax") & (long["task"] == "copy")]
+    # best of seeds by AUC (seed 0), and only the default layout's table
+    assert set(softmax["our_value"]) == {100.0, 2.0} and softmax["seeds"].eq(2).all()
+    assert long[(long["task"] == "sort")].drop_duplicates("rank")["our_attn"].tolist() == ["entmax (alpha=4)"]
+    assert long[(long["task"] == "maxretrieval")]["verdict"].eq("no run").all()
+    reverse = long[long["task"] == "reverse"]
+    assert reverse["verdict"].eq("no run").all() and len(reverse) == 2
+
+
+def test_summary_and_markdown(store, seeds):
+    long = compare(load_store(store)[0], load_seed_tables(seeds))
+    table = summary(long).set_index(["source", "table", "task"])
+    assert table.loc[("004", "Table 1", "copy"), ["cells", "agrees"]].tolist() == [2, 2]
+    assert table.loc[("003", "Table 5", "sort"), "below"] == 1  # 92 / 70 against 90 / 80
+    assert table.loc[("003", "Table 1", "reverse"), "no run"] == 1
+    text = to_markdown(long, rows_per_cell=1)
+    assert "| sieve + none | seed 004 | 100.0 | 99.8 |" in text
+    assert "| | ours: sieve-alg1 + none | 100.0 (+0.0) | 97.0 (-2.8) | agrees |" in text
+    assert "(1 more rows of ours)" in text
+    assert "| | ours | – | – | no run | |" in text
+
+
+def test_cli_writes_markdown_and_parquet_and_leaves_the_store_alone(store, seeds, tmp_path, monkeypatch, capsys):
+    before = digest(store)
+    assert cli(monkeypatch, "compare", "--results", store, "--seed-tables", seeds, "--task", "copy") == 0
+    assert "## Seed 004, Table 1: copy" in capsys.readouterr().out
+    out = tmp_path / "published"
+    assert cli(monkeypatch, "compare", "--results", store, "--seed-tables", seeds, "--publish", out) == 0
+    frame = pd.read_parquet(out / "seed_comparison.parquet")
+    assert {"source", "attn", "our_attn", "multiplier", "seed_value", "our_value", "verdict"} <= set(frame.columns)
+    assert (out / "seed_comparison.md").read_text().startswith("# Our leaderboard beside the seeds' tables")
+    assert digest(store) == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tolerance", "-1"], "--tolerance"), (["--rows", "-2"], "--rows"), (["--task", "nosuch"], "no seed table has"),
+    (["--results", "missing-folder"], "does not exist"), (["--seed-tables", "missing.csv"], "does not exist")])
+def test_cli_bad_input_is_one_line_and_exit_2(args, message, store, seeds, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    base = {"--results": str(store), "--seed-tables": str(seeds)}
+    for key, value in zip(args[::2], args[1::2], strict=True):
+        base[key] = value
+    assert cli(monkeypatch, "compare", *[x for pair in base.items() for x in pair]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_the_shipped_seed_tables_name_our_tasks_mechanisms_and_encodings():
+    import lengthbench.models.attention  # noqa: F401 - registers the mechanisms
+    from lengthbench.models.attention.registry import ATTENTION
+    from lengthbench.models.positional import POSITIONAL_ENCODINGS
+    from lengthbench.tasks import task_names
+
+    seeds = load_seed_tables(SEED_TABLES)
+    assert not seed_table_problems(seeds, tasks=task_names(), attns=ATTENTION.names(),
+                                   pes=POSITIONAL_ENCODINGS.names())
+    assert seeds["value"].between(0, 100).all()
+    # the headline rows of the priority tables (seed 004 Table 1, seed 003 Table 1) are there
+    cells = set(zip(seeds["source"], seeds["task"], seeds["attn"], seeds["pe"], strict=True))
+    assert {("004", "mqrar", "sieve", "none"), ("004", "copy", "stickbreaking", "none"),
+            ("003", "mqmtar", "asentmax", "nape"), ("003", "sort", "ssmax", "rope")} <= cells
