@@ -260,8 +260,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"no runs in {results} of the seed tables' tasks "
                              f"({', '.join(sorted(seeds['task'].unique()))})")
         long = compare_store(frame, seeds, tolerance=tolerance)
-        command = f"lengthbench compare --results {results}" + (f" --publish {publish}" if publish else "")
-        source = f"Generated from {frame['run_id'].nunique()} runs in `{results}` by `{command}`."
+        source = f"Generated from {frame['run_id'].nunique()} runs in `{results}` by `lengthbench compare --results {results}`."
         markdown = to_markdown(long, rows_per_cell=rows, tolerance=tolerance, source=source)
         if publish is not None:
             md_path, parquet_path = write_comparison(long, markdown, Path(publish))
