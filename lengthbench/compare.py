@@ -33,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 
 from lengthbench.errors import UsageError
-from lengthbench.leaderboard import METRIC_NAMES, build_leaderboard
+from lengthbench.leaderboard import METRIC_NAMES, _md_table, build_leaderboard
 from lengthbench.tasks import as_multiplier, multiplier_label
 
 SEED_TABLES = Path(__file__).with_name("seed_tables.csv")
@@ -206,11 +206,8 @@ def to_markdown(long: pd.DataFrame, *, rows_per_cell: int = 3, tolerance: float 
         "## Summary: the closest row of ours per seed cell", "",
     ]
     table = summary(long)
-    header = list(table.columns)
-    parts += ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * (len(header) - 3)) + "|"]
-    for _, row in table.iterrows():
-        parts.append("| " + " | ".join(f"seed {row[c]}" if c == "source" else str(row[c]) for c in header) + " |")
-    parts.append("")
+    rows = [[f"seed {row[c]}" if c == "source" else str(row[c]) for c in table.columns] for _, row in table.iterrows()]
+    parts += [_md_table(list(table.columns), rows, ["l"] * 3 + ["r"] * (len(table.columns) - 3)), ""]
     for (source_id, table_name, task), group in long.groupby(["source", "table", "task"], sort=True):
         multipliers = sorted(group["multiplier"].unique())
         metric = group["metric"].dropna()
@@ -218,30 +215,29 @@ def to_markdown(long: pd.DataFrame, *, rows_per_cell: int = 3, tolerance: float 
         parts += [f"## Seed {source_id}, {table_name}: {task}", "",
                   f"Ours in {metric_text} (%); the seed's as printed.", ""]
         header = ["cell", "row"] + [f"{multiplier_label(m)}×" for m in multipliers] + ["verdict", "ours: protocol"]
-        parts += ["| " + " | ".join(header) + " |",
-                  "|---|---|" + "---:|" * len(multipliers) + "---|---|"]
+        rows = []
         for (attn, pe), cell in group.groupby(["attn", "pe"], sort=False):
             seed_values = cell.drop_duplicates("multiplier").set_index("multiplier")["seed_value"]
-            parts.append("| " + " | ".join([f"{attn} + {pe}", f"seed {source_id}"]
-                                            + [_value(seed_values.get(m)) for m in multipliers] + ["", ""]) + " |")
+            rows.append([f"{attn} + {pe}", f"seed {source_id}"] + [_value(seed_values.get(m)) for m in multipliers]
+                        + ["", ""])
             ranks = sorted(cell["rank"].unique())
             shown = ranks if rows_per_cell <= 0 else ranks[:rows_per_cell]
             for rank in shown:
                 ours = cell[cell["rank"] == rank].set_index("multiplier")
                 first = ours.iloc[0]
                 if first["verdict"] == "no run":
-                    parts.append("| | ours | " + " | ".join("–" for _ in multipliers) + " | no run | |")
+                    rows.append(["", "ours"] + ["–"] * len(multipliers) + ["no run", ""])
                     continue
                 values = [_value(ours["our_value"].get(m)) + _signed(ours["difference"].get(m))
                           if m in ours.index else "" for m in multipliers]
-                label = f"{first['our_attn']} + {first['our_pe']}"
                 protocol = f"`{first['preset']}`" + (f", {first['protocol']}" if first["protocol"] else "")
                 seeds = int(first["seeds"])
                 protocol += f"; {seeds} seed{'s' if seeds != 1 else ''}"
-                parts.append("| | " + " | ".join([f"ours: {label}"] + values + [first["verdict"], protocol]) + " |")
+                rows.append(["", f"ours: {first['our_attn']} + {first['our_pe']}"] + values
+                            + [first["verdict"], protocol])
             if len(shown) < len(ranks):
-                parts.append(f"| | ({len(ranks) - len(shown)} more rows of ours) |" + " |" * (len(multipliers) + 2))
-        parts.append("")
+                rows.append(["", f"({len(ranks) - len(shown)} more rows of ours)"] + [""] * (len(multipliers) + 2))
+        parts += [_md_table(header, rows, ["l", "l"] + ["r"] * len(multipliers) + ["l", "l"]), ""]
     return "\n".join(parts).rstrip() + "\n"
 
 

@@ -101,9 +101,9 @@ def test_summary_and_markdown(store, seeds):
     assert table.loc[("003", "Table 1", "reverse"), "no run"] == 1
     text = to_markdown(long, rows_per_cell=1)
     assert "| sieve + none | seed 004 | 100.0 | 99.8 |" in text
-    assert "| | ours: sieve-alg1 + none | 100.0 (+0.0) | 97.0 (-2.8) | agrees |" in text
+    assert "|  | ours: sieve-alg1 + none | 100.0 (+0.0) | 97.0 (-2.8) | agrees |" in text
     assert "(1 more rows of ours)" in text
-    assert "| | ours | – | – | no run | |" in text
+    assert "|  | ours | – | – | no run |  |" in text
 
 
 def test_cli_writes_markdown_and_parquet_and_leaves_the_store_alone(store, seeds, tmp_path, monkeypatch, capsys):
