@@ -34,7 +34,7 @@ import pandas as pd
 
 from lengthbench.errors import UsageError
 from lengthbench.leaderboard import METRIC_NAMES, _md_table, build_leaderboard
-from lengthbench.tasks import as_multiplier, multiplier_label
+from lengthbench.tasks import as_multiplier, get_task, multiplier_label
 
 SEED_TABLES = Path(__file__).with_name("seed_tables.csv")
 TOLERANCE = 5.0  # points
@@ -120,8 +120,6 @@ def _default_task(config_json) -> bool:
 
 
 def _train_length(task: str) -> int:
-    from lengthbench.tasks import get_task
-
     return get_task(task).default_train_length
 
 
