@@ -31,7 +31,7 @@ import torch
 from lengthbench.config import build_config
 from lengthbench.data import BatchProducer, default_workers
 from lengthbench.leaderboard import frame_markdown
-from lengthbench.runner import Trainer, _to_device, attention_kernels, device_description
+from lengthbench.runner import Trainer, attention_kernels, device_description, to_device
 from lengthbench.tasks import get_task
 
 
@@ -62,8 +62,8 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
             for index, (input_ids, labels, features) in enumerate(producer):
                 tokens += input_ids.shape[1]
                 before = time.perf_counter()
-                trainer.step_fn(_to_device(input_ids, device), _to_device(labels, device),
-                                _to_device(features, device, torch.float32))
+                trainer.step_fn(to_device(input_ids, device), to_device(labels, device),
+                                to_device(features, device, torch.float32))
                 if trace:  # where the warm-up's time goes: each step's width and seconds (compilations stand out)
                     torch.cuda.synchronize()
                     print(f"  warm-up step {first + index}: width {input_ids.shape[1]}, "

@@ -9,9 +9,14 @@ import textwrap
 
 import torch
 
-from lengthbench import runner
+from lengthbench import compile_policy
+from lengthbench.compile_policy import (
+    COMPILE_CACHE_ENV,
+    compile_cache_file,
+    load_compile_cache,
+    save_compile_cache,
+)
 from lengthbench.config import build_config
-from lengthbench.runner import COMPILE_CACHE_ENV, compile_cache_file, load_compile_cache, save_compile_cache
 
 CPU = torch.device("cpu")
 
@@ -29,7 +34,7 @@ def test_the_file_follows_the_graphs_not_the_seed(monkeypatch, tmp_path):
                   dict(attn_params={"alpha": 1.3})):
         assert compile_cache_file(dataclasses.replace(config, **other), CPU) != path
     # other model code, other file (a cache of the old graphs would never be replaced)
-    monkeypatch.setattr(runner, "model_source_digest", lambda: "edited")
+    monkeypatch.setattr(compile_policy, "model_source_digest", lambda: "edited")
     assert compile_cache_file(config, CPU) != path
 
 

@@ -1,0 +1,118 @@
+"""A run's checkpoint folder: its training state, its selected model, warm starts from another run, and
+where an interrupted run stands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from lengthbench.config import RunConfig
+from lengthbench.errors import UsageError
+from lengthbench.models.decoder import Decoder, ModelConfig
+from lengthbench.store import atomic_write, run_finished
+from lengthbench.tasks import eval_lengths, get_task
+
+
+def checkpoint_dir(results: str | Path, run_id: str) -> Path:
+    return Path(results) / "checkpoints" / run_id
+
+
+def atomic_torch_save(obj, path: Path) -> None:
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+def build_model(config: RunConfig, task) -> Decoder:
+    return Decoder(ModelConfig(
+        vocab_size=task.vocab_size, d_model=config.d_model, n_layers=config.n_layers, n_heads=config.n_heads,
+        ffn=config.ffn, attn=config.attn, pe=config.pe, attn_params=dict(config.attn_params),
+        pe_params=dict(config.pe_params), has_features=task.has_features, init=config.init, arch=config.arch,
+    ))
+
+
+def run_status(results: str | Path, config: RunConfig) -> str:
+    """Where run ``config`` stands in ``results``, in words (``lengthbench sweep --dry-run``): "in the store",
+    "to run", or what an interrupted run resumes from: its training checkpoint, its trained model, the lengths
+    already scored and the samples of the length it was scoring."""
+    if run_finished(results, config.run_id):
+        return "in the store"
+    folder = checkpoint_dir(results, config.run_id)
+    rows_path, samples_path = folder / "eval_rows.json", folder / "eval_samples_partial.json"
+    if rows_path.exists() or samples_path.exists():
+        try:
+            scored = json.loads(rows_path.read_text()) if rows_path.exists() else []
+            task = get_task(config.task, **config.task_params)
+            total = len(eval_lengths(config.train_length, config.max_multiplier, task.extra_multipliers))
+            words = f"to resume: trained, {len(scored)} of {total} lengths scored"
+            if samples_path.exists():
+                saved = json.loads(samples_path.read_text())
+                multiplier = saved["key"]["n"] / config.train_length  # e.g. Reverse's 1.5x
+                words += f", {multiplier:g}x at {saved['state']['start']:,} of {saved['key']['count']:,} samples"
+            return words
+        except (ValueError, KeyError, OSError):
+            return "to resume: trained (its scoring files are unreadable)"
+    if (folder / "model.pt").exists():
+        return "to resume: trained"
+    if (folder / "train.pt").exists():
+        return "to resume from its training checkpoint"
+    return "to run"
+
+
+# The parameters that depend on the vocabulary: what ``init_part = "body"`` leaves at their initialisation.
+VOCAB_PARAMETERS = ("embed.weight", "head.weight")
+
+
+def warm_start(results: str | Path, run_id: str, model: torch.nn.Module, device, part: str = "all") -> dict:
+    """The selected weights of the finished run ``run_id`` in ``results``, checked against ``model``'s shapes
+    (``RunConfig.init_from``); with ``part="body"`` all but :data:`VOCAB_PARAMETERS`, which keep ``model``'s
+    fresh values (``RunConfig.init_part``)."""
+    path = checkpoint_dir(results, run_id) / "model.pt"
+    if not path.exists():
+        raise UsageError(f"--init-from {run_id}: no trained model of that run in {results} (run it to the end "
+                         "there first)")
+    weights = torch.load(path, map_location=device, weights_only=False)["model"]
+    mine = model.state_dict()
+    keep = set(VOCAB_PARAMETERS) if part == "body" else set()
+    for key in sorted((set(mine) | set(weights)) - keep):
+        theirs, ours = weights.get(key), mine.get(key)
+        if theirs is None or ours is None or theirs.shape != ours.shape:
+            shapes = " against ".join("missing" if t is None else "x".join(map(str, t.shape)) for t in (theirs, ours))
+            what = ("the model size, mechanism and encoding must match" if keep else
+                    "the vocabulary, model size, mechanism and encoding must match (--init-part body carries "
+                    "all but the embedding and output layer, for another vocabulary)")
+            raise UsageError(f"--init-from {run_id}: its model does not fit this one ({key}: {shapes}); {what}")
+    return {key: (mine[key] if key in keep else weights[key]) for key in mine}
+
+
+def trained_checkpoint(results: str | Path, run_id: str, device, hint: str = "") -> dict:
+    """The saved ``model.pt`` of a trained run (config, selected weights, training state), or a one-line
+    :class:`UsageError` naming the runs of ``results`` that have one."""
+    path = checkpoint_dir(results, run_id) / "model.pt"
+    if not path.exists():
+        known = sorted(p.parent.name for p in (Path(results) / "checkpoints").glob("*/model.pt"))
+        raise UsageError(f"no trained model for run {run_id!r} in {results}{hint}"
+                         + (f"; runs with a model: {', '.join(known)}" if known else ""))
+    return torch.load(path, map_location=device, weights_only=False)
+
+
+def load_model(results: str | Path, run_id: str, device: str = "cpu"):
+    """``(model, task, config)`` of a trained run (its selected checkpoint), for inspection."""
+    saved = trained_checkpoint(results, run_id, device)
+    config = RunConfig.from_dict(saved["config"])
+    task = get_task(config.task, **config.task_params)
+    model = build_model(config, task)
+    model.load_state_dict(saved["model"])
+    return model.to(device).eval(), task, config
+
+
+def newest_trained_run(results: str | Path, task: str, attn: str, pe: str) -> str:
+    """The run id of the newest run of ``task:attn:pe`` in ``results`` that kept its model (``model.pt``)."""
+    found = []
+    for path in (Path(results) / "checkpoints").glob("*/model.pt"):
+        config = torch.load(path, map_location="cpu", weights_only=False)["config"]
+        if (config.get("task"), config.get("attn"), config.get("pe")) == (task, attn, pe):
+            found.append((path.stat().st_mtime, path.parent.name))
+    if not found:
+        raise UsageError(f"no trained {task}:{attn}:{pe} model in {results}/checkpoints")
+    return max(found)[1]

@@ -1,0 +1,130 @@
+"""Which training steps are compiled, on which attention path, and the portable compilation cache.
+
+On CUDA a model whose attention calls no fused Triton op is compiled (``torch.compile``, CUDA graphs with
+``compile_mode = "reduce-overhead"``). A model that calls fused ops trains eagerly on them, or, with
+``train_attention = "reference"``, on the mechanisms' dense references, compiled, where its training batches are
+narrow (:func:`trains_dense`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from lengthbench.config import RunConfig
+from lengthbench.devices import device_description
+from lengthbench.store import atomic_write
+
+# A folder of portable compilation caches (torch.compiler.save_cache_artifacts): a compiled run on a fresh machine
+# loads its model's file and skips Inductor's code generation and Triton's kernel builds (on the H100 the dense
+# references took 148 s to compile), and writes the file where it was missing.
+COMPILE_CACHE_ENV = "LENGTHBENCH_COMPILE_CACHE"
+# what the compiled graphs depend on (a seed, learning rate or sample count does not change them)
+_GRAPH_FIELDS = ("task", "task_params", "attn", "attn_params", "pe", "pe_params", "train_length", "d_model",
+                 "n_layers", "n_heads", "ffn", "batch_size", "compile_mode", "arch")
+
+
+@functools.lru_cache(maxsize=1)
+def model_source_digest() -> str:
+    """A digest of the code the compiled step traces (the models' modules and the training step): a cache file
+    written by other code is another file, not a stale one that shadows the new graphs (a changed formula under
+    an unchanged configuration)."""
+    import lengthbench.models as models
+
+    files = sorted(Path(models.__file__).parent.rglob("*.py")) + [Path(__file__).with_name("training.py")]
+    digest = hashlib.sha1()
+    for path in files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def compile_cache_file(config: RunConfig, device: torch.device) -> Path | None:
+    """The compilation cache file of ``config``'s training step on ``device`` in the folder that
+    ``$LENGTHBENCH_COMPILE_CACHE`` names, or None where it names none."""
+    root = os.environ.get(COMPILE_CACHE_ENV, "")
+    if not root:
+        return None
+    key = [torch.__version__, device_description(device), model_source_digest(),
+           *(getattr(config, name) for name in _GRAPH_FIELDS)]
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return Path(root) / f"{config.task}-{config.attn}-{config.pe}-b{config.batch_size}-{digest}.bin"
+
+
+def load_compile_cache(path: Path | None) -> str:
+    """Load a file of :func:`compile_cache_file` into this process's compilation caches; what happened, in words.
+    A missing, stale or broken file costs only the compilation: it never stops a run."""
+    if path is None or not path.exists():
+        return ""
+    try:  # torch warns and returns None where it cannot read the file (another version's format, corrupted)
+        info = torch.compiler.load_cache_artifacts(path.read_bytes())
+    except Exception as error:  # noqa: BLE001 - whatever the reason, compile as without it
+        info, why = None, f" ({type(error).__name__}: {error})"
+    else:
+        why = ""
+    if info is None:
+        return f"compile cache {path} not loaded{why}; compiling without it"
+    return f"compile cache loaded from {path}"
+
+
+def save_compile_cache(path: Path | None) -> str:
+    """Write what this process compiled to ``path`` where it is missing; what happened, in words."""
+    if path is None or path.exists():
+        return ""
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:
+        return ""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(saved[0]))
+    return f"compile cache written to {path} ({len(saved[0]) / 2**20:.1f} MiB)"
+
+
+def model_dispatches_to_kernels(model) -> bool:
+    """Whether any attention layer of ``model`` may call a fused (Triton) op on this machine."""
+    return any(block.attn.dispatches_to_kernel() for block in model.blocks)
+
+
+# Training batches at most this many tokens wide run the dense reference attention instead of the fused ops
+# (scores ``[batch, heads, T, T]`` in float32: 0.5 GB a layer at batch 128, 16 heads, 256 tokens).
+DENSE_TRAIN_MAX_TOKENS = 256
+
+
+def trains_dense(config: RunConfig, model, device: torch.device, max_tokens: int) -> bool:
+    """Whether the training step runs the attention's dense references, compiled, instead of its fused ops: on
+    CUDA where the config compiles and asks for it (``train_attention = "reference"``; the default is the fused
+    ops), for models with fused ops, when a training batch is at most :data:`DENSE_TRAIN_MAX_TOKENS` tokens wide
+    (``max_tokens``). At the seeds' training lengths (64: 66-131 tokens) a fused op gains nothing, and a model
+    that calls one cannot be compiled (see ``Trainer.__init__``): it trains eagerly, one launch per operation.
+    The references are the same functions, tested against the kernels; validation and scoring still call the
+    fused ops."""
+    return (device.type == "cuda" and config.compile and config.train_attention == "reference"
+            and model_dispatches_to_kernels(model) and max_tokens <= DENSE_TRAIN_MAX_TOKENS)
+
+
+def compiles(config: RunConfig, model, device: torch.device, max_tokens: int) -> bool:
+    """Whether the training step is compiled: on CUDA where the config asks, for models that call no fused op
+    in training (none at all, or the dense references instead: :func:`trains_dense`)."""
+    return device.type == "cuda" and config.compile and (
+        not model_dispatches_to_kernels(model) or trains_dense(config, model, device, max_tokens))
+
+
+@contextlib.contextmanager
+def attention_kernels(model, enabled: bool | list[bool]) -> Iterator[None]:
+    """Set each attention layer's ``use_kernels`` (one flag for all, or one per layer) inside the block and
+    restore the previous flags after it."""
+    layers = [block.attn for block in model.blocks]
+    before = [layer.use_kernels for layer in layers]
+    flags = enabled if isinstance(enabled, list) else [enabled] * len(layers)
+    for layer, flag in zip(layers, flags, strict=True):
+        layer.use_kernels = flag
+    try:
+        yield
+    finally:
+        for layer, flag in zip(layers, before, strict=True):
+            layer.use_kernels = flag

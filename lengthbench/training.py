@@ -1,0 +1,344 @@
+"""Training one cell: AdamW with warm-up and cosine decay, bf16 autocast on CUDA, checkpoint selection on a
+validation split, checkpoints every ``checkpoint_every`` steps, and a guard that stops a diverged run before it
+saves or scores broken weights."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from lengthbench.checkpoints import atomic_torch_save, build_model, checkpoint_dir, warm_start
+from lengthbench.compile_policy import (
+    DENSE_TRAIN_MAX_TOKENS,
+    attention_kernels,
+    compile_cache_file,
+    compiles,
+    load_compile_cache,
+    save_compile_cache,
+    trains_dense,
+)
+from lengthbench.config import RunConfig, selection_multiplier, selection_words
+from lengthbench.data import BatchProducer, TrainStream, default_workers
+from lengthbench.devices import autocast, to_device
+from lengthbench.errors import TrainingDiverged
+from lengthbench.evaluation import Evaluator
+from lengthbench.progress import progress_bar
+from lengthbench.tasks import IGNORE_INDEX
+
+
+def learning_rate(config: RunConfig, step: int) -> float:
+    """Linear warm-up to ``lr``, then cosine decay to ``min_lr_ratio * lr`` at the last step."""
+    total = config.train_steps
+    warmup = min(config.warmup_steps, total)
+    if step < warmup:
+        return config.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine)
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    train_seconds: float = 0.0
+    best_score: float = -1.0
+    best_step: int = -1
+    history: list = field(default_factory=list)  # (step, loss, val_score)
+
+
+class Trainer:
+    # Training batches on a compiled CUDA model are padded up to multiples of ``pad_multiple`` tokens (a few
+    # bucket shapes instead of one worst-case width: MQMTAR's mean padded width falls from 91 to 78; the
+    # multiple doubles until there are at most ``max_widths``), one static graph per width. Models with fused
+    # ops are not compiled (see ``__init__``) and train on the batches as they come.
+    pad_multiple: int = 8
+    max_widths: int = 6
+    compile_dynamic: bool | None = False
+
+    def __init__(self, config: RunConfig, task, device: torch.device, results: Path, progress: bool = True,
+                 log: Callable[[str], None] | None = None):
+        self.config = config
+        self.task = task
+        self.device = device
+        self.progress = progress
+        self.log = log or (lambda line: None)  # plain lines at each validation (logs of sweep workers)
+        self.dir = checkpoint_dir(results, config.run_id)
+        torch.manual_seed(config.seed)
+        self.model = build_model(config, task).to(device)
+        # A run whose training finished here or elsewhere (its own model.pt, e.g. carried to another machine to be
+        # scored) needs no warm start: ``load`` takes its selected weights. Its source's model may be absent then.
+        self.warm_started = False
+        if config.init_from and not (self._finished_model() is not None
+                                     and not (checkpoint_dir(results, config.init_from) / "model.pt").exists()):
+            self.model.load_state_dict(warm_start(results, config.init_from, self.model, device, config.init_part))
+            self.warm_started = True
+        # torch.compile of a model whose attention calls a fused Triton op (a graph break around an autograd
+        # Function) crashed in torch 2.11's AOTAutograd runtime on the H200s, 2026-11-22: a corrupted view
+        # shape regenerating an output alias (stick-breaking), a segmentation fault saving the autograd cache
+        # (ASEntmax + NAPE), both within the first minute. Those models train eagerly on the Triton ops, or, with
+        # ``train_attention = "reference"``, on their dense references, compiled, where the batches are narrow
+        # (trains_dense).
+        max_tokens = task.max_tokens(config.train_length)
+        self.kernel_flags = [block.attn.use_kernels for block in self.model.blocks]
+        self.dense = trains_dense(config, self.model, device, max_tokens)
+        self.compiled = compiles(config, self.model, device, max_tokens)
+        if self.dense:
+            self.log(f"training on the dense reference attention, compiled ({max_tokens} tokens at most); "
+                     "validation and scoring on the fused ops")
+        elif device.type == "cuda" and config.compile and not self.compiled:
+            why = (f"its training batches are wider than {DENSE_TRAIN_MAX_TOKENS} tokens"
+                   if config.train_attention == "reference" else
+                   "training attention is fused (--train-attention reference trains on its compiled references)")
+            self.log(f"torch.compile skipped: the model calls fused Triton ops (graph breaks crash torch 2.11) "
+                     f"and {why}")
+        self.compile_cache = compile_cache_file(config, device) if self.compiled else None
+        if message := load_compile_cache(self.compile_cache):
+            self.log(message)
+        fused = device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                                           fused=fused)
+        self.state = TrainState()
+        self.best_model_state = None
+        self.step_fn = self._make_step_fn()
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.dir / "train.pt"
+
+    def save(self) -> None:
+        atomic_torch_save({
+            "config": self.config.identity(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "state": self.state.__dict__,
+            "best_model": self.best_model_state,
+        }, self.checkpoint_path)
+
+    def load(self) -> bool:
+        if not self.checkpoint_path.exists():
+            return self.load_trained()
+        saved = torch.load(self.checkpoint_path, map_location=self.device, weights_only=False)
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.state = TrainState(**saved["state"])
+        self.best_model_state = saved["best_model"]
+        return True
+
+    def load_trained(self) -> bool:
+        """Take the selected weights of a finished training from ``model.pt`` when ``train.pt`` is gone (it holds
+        the optimizer's moments too, three times the size: a run scored elsewhere carries only ``model.pt``).
+        The scoring then resumes as if from ``train.pt``; an unfinished or other run's ``model.pt`` is ignored."""
+        saved = self._finished_model()
+        if saved is None:
+            return False
+        self.model.load_state_dict(saved["model"])
+        self.state = TrainState(**saved["state"])
+        self.best_model_state = None  # model.pt holds the selected weights already
+        return True
+
+    def _finished_model(self) -> dict | None:
+        """This run's ``model.pt`` where it holds a finished training of this configuration; else None."""
+        path = self.dir / "model.pt"
+        if not path.exists():
+            return None
+        saved = torch.load(path, map_location=self.device, weights_only=False)
+        state = saved.get("state")
+        if saved.get("config") != self.config.identity() or not state or state["step"] < self.config.train_steps:
+            return None
+        return saved
+
+    # -- the step ----------------------------------------------------------------------------------
+    def _make_step_fn(self):
+        model = self.model
+        device = self.device
+
+        def forward_loss(input_ids, labels, features):
+            with autocast(device):
+                logits = model(input_ids, features)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+            scored = labels != IGNORE_INDEX
+            correct = ((logits.argmax(-1) == labels) & scored).sum()
+            return loss, correct, scored.sum()
+
+        if self.compiled:
+            # one graph per padded width (and the validation shapes never go through this function)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * self.max_widths)
+            # "reduce-overhead" adds CUDA graphs (recorded once per padded width)
+            forward_loss = torch.compile(forward_loss, dynamic=self.compile_dynamic, mode=self.compile_mode())
+
+        def step(input_ids, labels, features):
+            loss, correct, scored = forward_loss(input_ids, labels, features)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.grad_clip,
+                                                  foreach=device.type == "cuda")
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            # clone: CUDA-graph outputs are overwritten by the next replay
+            return loss.detach().clone(), correct.clone(), scored.clone(), norm.detach()
+
+        return step
+
+    def compile_mode(self) -> str:
+        """The configured torch.compile mode (only models without fused ops are compiled)."""
+        return self.config.compile_mode
+
+    def train_stream(self) -> TrainStream:
+        """The training batches: padded to bucket widths where the step is compiled for CUDA (one static graph
+        per width), else as they come."""
+        config = self.config
+        padded = self.compiled
+        pad_to = self.task.max_tokens(config.train_length) if padded else None
+        # the dense references compile slowly: Inductor took 75-100 s per width for the paper ASEntmax + NAPE
+        # model on the H100 (softmax's graphs take seconds), so those batches all take the widest
+        multiple = pad_to if padded and self.dense else self.pad_multiple
+        stream = TrainStream(config.task, tuple(sorted(config.task_params.items())), config.seed,
+                             config.batch_size, config.train_length, pad_to, multiple)
+        while padded and len(stream.widths()) > self.max_widths:
+            stream = dataclasses.replace(stream, pad_multiple=2 * stream.pad_multiple)
+        return stream
+
+    def _select(self, evaluator: Evaluator) -> float:
+        config = self.config
+        n = config.train_length * selection_multiplier(config.selection)
+        metric = self.task.metric if config.selection_metric == "task" else config.selection_metric
+        with attention_kernels(self.model, self.kernel_flags):  # the fused ops, as in scoring
+            scores = evaluator.score(n, config.val_samples, split="val", bleu=metric == "bleu")
+        value = scores.metric(metric)
+        if value >= self.state.best_score:
+            self.state.best_score = value
+            self.state.best_step = self.state.step
+            self.best_model_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        self.model.train()
+        return value
+
+    def train(self) -> None:
+        config = self.config
+        total = config.train_steps
+        if self.state.step >= total:
+            return
+        stream = self.train_stream()
+        producer = BatchProducer(stream, self.state.step, total, workers=default_workers(self.device.type))
+        evaluator = Evaluator(self.model, self.task, self.device, seed=config.seed)
+        self.model.train()
+        val_score = float("nan")
+        # the selection's value, named where it is not the default (in distribution, the task's metric)
+        val_label = " ".join(("validation", selection_words(config.selection, config.selection_metric))).strip()
+        window_start, window_samples = time.perf_counter(), 0
+        loss_sum = torch.zeros((), device=self.device)
+        correct_sum = torch.zeros((), device=self.device, dtype=torch.long)
+        scored_sum = torch.zeros((), device=self.device, dtype=torch.long)
+        report_every = 25
+        # the first step whose loss / gradient norm was not finite (-1: none yet), kept on the device so that
+        # the check costs no synchronisation per step; read where the loss is reported and before checkpoints
+        guard = _FiniteGuard(self.state.step, self.device)
+        dense = attention_kernels(self.model, False) if self.dense else contextlib.nullcontext()
+        with progress_bar(self.progress) as progress, dense:
+            task_id = progress.add_task(f"train {config.run_id}", total=total, completed=self.state.step,
+                                        info="")
+            started = time.perf_counter() - self.state.train_seconds
+            process_started, steps_here = time.perf_counter(), 0
+            try:
+                for input_ids, labels, features in producer:
+                    lr = learning_rate(config, self.state.step)
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = lr
+                    loss, correct, scored, grad_norm = self.step_fn(
+                        to_device(input_ids, self.device), to_device(labels, self.device),
+                        to_device(features, self.device, torch.float32),
+                    )
+                    guard.update(loss, grad_norm)
+                    steps_here += 1
+                    if self.compiled and steps_here in (1, 100):  # compilation and CUDA graph capture take the
+                        # first steps' time; say where a compiled run stands before its first validation
+                        loss.item()
+                        self.log(f"{config.run_id} step {self.state.step + 1}/{total}: {steps_here} step(s) in "
+                                 f"{time.perf_counter() - process_started:.1f} s in this process (compilation "
+                                 "included)")
+                        if steps_here == 100 and (message := save_compile_cache(self.compile_cache)):
+                            self.log(message)  # by now every bucket width has come (one for the references)
+                    loss_sum += loss
+                    correct_sum += correct
+                    scored_sum += scored
+                    self.state.step += 1
+                    window_samples += config.batch_size
+                    step = self.state.step
+                    if step % config.eval_every == 0 or step == total:
+                        val_score = self._select(evaluator)
+                        self.log(f"{config.run_id} step {step}/{total}: loss {loss.item():.4f}, {val_label} "
+                                 f"{val_score:.3f} (best {self.state.best_score:.3f} at {self.state.best_step}), "
+                                 f"{step * config.batch_size / max(time.perf_counter() - started, 1e-9):,.0f} "
+                                 "samples/s since start")
+                    if step % report_every == 0 or step == total:
+                        elapsed = time.perf_counter() - window_start
+                        steps_in_window = (step - 1) % report_every + 1
+                        mean_loss = loss_sum.item() / steps_in_window
+                        guard.check(config.run_id, lr)
+                        _check_finite(mean_loss, f"the mean loss of steps {step - steps_in_window + 1}-{step}",
+                                      config.run_id, lr)
+                        accuracy = correct_sum.item() / max(1, scored_sum.item())
+                        self.state.history.append((step, mean_loss, val_score))
+                        progress.update(task_id, completed=step, info=(
+                            f"loss {mean_loss:.4f}  acc {accuracy:.3f}  val {val_score:.3f}  "
+                            f"{window_samples / max(elapsed, 1e-9):,.0f} samples/s"))
+                        loss_sum.zero_()
+                        correct_sum.zero_()
+                        scored_sum.zero_()
+                        window_start, window_samples = time.perf_counter(), 0
+                    if step % config.checkpoint_every == 0 and step < total:
+                        bad_loss = guard.check(config.run_id, lr)  # never save broken weights
+                        if bad_loss >= 0:
+                            _check_finite(float("nan"), f"the loss of step {bad_loss}", config.run_id, lr)
+                        self.state.train_seconds = time.perf_counter() - started
+                        self.save()
+            finally:
+                producer.close()
+            self.state.train_seconds = time.perf_counter() - started
+        self.save()
+
+    def use_best(self) -> None:
+        if self.best_model_state is not None:
+            self.model.load_state_dict(self.best_model_state)
+
+
+def _check_finite(loss: float, what: str, run_id: str, lr: float) -> None:
+    """Stop a run whose loss is NaN or infinite, before it checkpoints or scores the broken weights."""
+    if not math.isfinite(loss):
+        raise TrainingDiverged(f"{run_id}: training diverged: {what} is {loss} (learning rate {lr:g}); no results "
+                               "written, the last checkpoint is from before it. Rerun with a lower --lr")
+
+
+class _FiniteGuard:
+    """The first training step whose loss, and the first whose gradient norm, was not finite, tracked on the
+    device. A gradient norm that overflows while the loss is still finite breaks the weights (the clipped
+    update is NaN) one step before the loss shows it; the two cases call for different cures, so the error
+    says which came first."""
+
+    def __init__(self, step: int, device: torch.device):
+        self.step = torch.full((), step, dtype=torch.long, device=device)
+        self.bad_loss = torch.full((), -1, dtype=torch.long, device=device)
+        self.bad_grad = torch.full((), -1, dtype=torch.long, device=device)
+
+    def update(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        self.step += 1
+        for first, value in ((self.bad_loss, loss), (self.bad_grad, grad_norm)):
+            first.copy_(torch.where((first < 0) & ~torch.isfinite(value), self.step, first))
+
+    def check(self, run_id: str, lr: float) -> int:
+        """Raise if a gradient norm went non-finite before any loss did; else the first step with a
+        non-finite loss (-1: none), for the caller's message."""
+        bad_loss, bad_grad = int(self.bad_loss), int(self.bad_grad)
+        if bad_grad < 0 or (0 <= bad_loss <= bad_grad):
+            return bad_loss
+        raise TrainingDiverged(
+            f"{run_id}: training diverged: the gradient norm of step {bad_grad} is not finite while its loss "
+            f"was (learning rate {lr:g}): the backward overflowed, which a lower --lr may not cure; no results "
+            "written, the last checkpoint is from before it")
