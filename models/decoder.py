@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from lengthbench.config import ARCHS
+from lengthbench.models import ARCHS, INITS
 from lengthbench.models.attention import ATTENTION
 from lengthbench.models.positional import build_pe
 
@@ -121,8 +121,8 @@ class Decoder(nn.Module):
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.init == "normal-0.02":
             self.apply(_init_weights)
-        elif config.init != "torch":
-            raise ValueError(f"unknown init {config.init!r}; choose from: torch, normal-0.02")
+        elif config.init not in INITS:
+            raise ValueError(f"unknown init {config.init!r}; choose from: {', '.join(INITS)}")
 
     @property
     def attention_layers(self):

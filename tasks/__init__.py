@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from lengthbench.models.registry import Registry, UnknownNameError
 from lengthbench.tasks.base import IGNORE_INDEX, SPLITS, Batch, ModelDefaults, Task
+from lengthbench.tasks.registry import Registry, UnknownNameError
 
 TASKS: Registry[type[Task]] = Registry("task")
 
