@@ -1,11 +1,12 @@
 """The attention sublayer every mechanism shares, and its dense, query-chunked reference path.
 
-A mechanism is an :class:`AttentionLayer` subclass registered by name. The simplest ones only give a
+A mechanism is an :class:`AttentionLayer` subclass registered by name with its weight function
+(``register_attention`` in ``registry.py``). The simplest ones only give a
 weight function (``weights``); the layer computes raw scores ``z = q.k / sqrt(d) - slope_h (r - j)``,
 hands each block of query rows to it, and multiplies by the values. Query blocks keep memory at
 O(query_chunk x L), so a CPU can evaluate 65,536-token sequences; the result equals the unchunked path.
 
-Weight functions (``WEIGHT_FUNCTIONS``) have the signature ``fn(scores, mask, **params)``: ``scores``
+Weight functions (the dense references, ``WEIGHT_FUNCTIONS``) have the signature ``fn(scores, mask, **params)``: ``scores``
 ``[..., Lq, Lk]``, ``mask`` the causal visibility ``[Lq, Lk]`` (bool, row r sees keys ``j <= r``).
 Mechanisms whose weights depend on the query's position take an optional ``query_positions`` ``[Lq]``;
 without it the position of row i is read off the mask (its last visible key), which for a square map is
@@ -24,10 +25,8 @@ import torch
 from torch import nn
 
 from lengthbench.models.positional import PositionalEncoding
-from lengthbench.models.registry import Registry
 
 WeightFunction = Callable[..., torch.Tensor]
-WEIGHT_FUNCTIONS: Registry[WeightFunction] = Registry("attention weight function")
 
 
 def causal_mask(query_positions: torch.Tensor, n_keys: int) -> torch.Tensor:
