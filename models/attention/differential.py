@@ -1,4 +1,4 @@
-"""Differential softmax attention (Ye et al. 2025), the baseline of seed 000.
+"""Differential softmax attention (Ye et al. 2025), the baseline of Threshold Differential Attention.
 
 ``softmax(z1) - lambda * softmax(z2)`` with two sets of query/key projections and shared values (the
 layout TDA uses; the original splits one head's projections in halves and doubles the value width).

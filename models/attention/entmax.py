@@ -1,4 +1,4 @@
-"""alpha-entmax attention and its length-scaled variants: entmax, sparsemax, sentmax, asentmax (seed 003).
+"""alpha-entmax attention and its length-scaled variants: entmax, sparsemax, sentmax, asentmax (Long-Context Generalization with Sparse Attention).
 
 ``alpha-entmax(z)_j = [(alpha - 1) z_j - tau]_+ ^ (1 / (alpha - 1))`` with ``tau`` making the row sum to 1,
 computed by the ``entmax`` package: exact sort-based ``entmax15`` (alpha 1.5) and ``sparsemax`` (alpha 2),
@@ -175,7 +175,7 @@ class SparsemaxAttention(AttentionLayer):
 
 @register_attention("sentmax", weights=sentmax_weights)
 class SEntmaxAttention(_EntmaxKernel, RowScaledAttention):
-    """Scalable entmax (seed 003): entmax((delta + beta * log(n_r + 1)^gamma) * z), beta and gamma
+    """Scalable entmax (Long-Context Generalization with Sparse Attention): entmax((delta + beta * log(n_r + 1)^gamma) * z), beta and gamma
     learned per head directly (start: beta = log 2, gamma = 0, as ASEntmax's zero projections)."""
 
     def __init__(self, d_model, n_heads, pe, alpha: float = 1.5, delta: float = 1.0, **params):
@@ -198,7 +198,7 @@ class SEntmaxAttention(_EntmaxKernel, RowScaledAttention):
 
 @register_attention("asentmax", weights=asentmax_weights)
 class ASEntmaxAttention(_EntmaxKernel, AdaptiveScaled):
-    """Adaptive-scalable entmax (seed 003): entmax((delta + beta_r * log(n_r + 1)^gamma_r) * z) with
+    """Adaptive-scalable entmax (Long-Context Generalization with Sparse Attention): entmax((delta + beta_r * log(n_r + 1)^gamma_r) * z) with
     beta_r, gamma_r projected from each query token; log(r + 2) as the authors' code."""
 
     def __init__(self, d_model, n_heads, pe, alpha: float = 1.5, **params):

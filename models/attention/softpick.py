@@ -1,4 +1,4 @@
-"""Softpick and its relatives from seed 002: softpick, scalable-softpick, rectified (ReLU-masked) softmax.
+"""Softpick and its relatives from the paper "Softpick": softpick, scalable-softpick, rectified (ReLU-masked) softmax.
 
 ``softpick(z)_j = ReLU(e^z_j - 1) / (sum_{k <= r} |e^z_k - 1| + eps)``, rows sum to at most one. It is
 computed shifted by ``m = max(0, rowmax)``: ``ReLU(e^(z-m) - e^-m) / (sum |e^(z-m) - e^-m| + eps e^-m)``,
@@ -54,7 +54,7 @@ def rectified_weights(scores, mask, query_positions=None):
 
 @register_attention("softpick", weights=softpick_weights)
 class SoftpickAttention(AttentionLayer):
-    """Softpick (seed 002): rectified softmax that need not sum to one; no attention sink."""
+    """Softpick (the paper "Softpick"): rectified softmax that need not sum to one; no attention sink."""
 
     def __init__(self, d_model, n_heads, pe, eps: float = SOFTPICK_EPS, **params):
         super().__init__(d_model, n_heads, pe, **params)
@@ -72,7 +72,7 @@ class SoftpickAttention(AttentionLayer):
 
 @register_attention("scalable-softpick", weights=scalable_softpick_weights)
 class ScalableSoftpickAttention(LogLengthScaled):
-    """Scalable-softpick (seed 002, App. C): softpick(s * log(n_r) * z), s learnable per head."""
+    """Scalable-softpick (Softpick, Appendix C): softpick(s * log(n_r) * z), s learnable per head."""
 
     base_kernel = "softpick"
 
@@ -92,7 +92,7 @@ class ScalableSoftpickAttention(LogLengthScaled):
 
 @register_attention("rectified", weights=rectified_weights)
 class RectifiedAttention(AttentionLayer):
-    """Rectified-only softmax (seed 002, App. C): softmax over the non-negative scores only."""
+    """Rectified-only softmax (Softpick, Appendix C): softmax over the non-negative scores only."""
 
     def weights(self, scores, query_positions, x_rows):
         return rectified_weights(scores, causal_mask(query_positions, scores.shape[-1]))
