@@ -80,7 +80,7 @@ def sdpa(q, k, v):
 def kernel_fn(name):
     if name == "tda-2pass":
         return tda_two_passes
-    op = get_kernel(name, unverified=True)
+    op = get_kernel(name)
     if name == "tra":
         return lambda q, k, v: op(q, k, v, sm_scale=1.0)
     if name == "tda":  # two views from the same inputs: (q, k) and (k, q)

@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import torch
 
-from lengthbench.models.attention import WEIGHT_FUNCTIONS, AttentionLayer, causal_mask, register_attention
+from lengthbench.models.attention import AttentionLayer, causal_mask, register_attention
 
 
-# The pure map: attention_weights("sigmoid", scores) returns it, and the module below calls it too.
-@WEIGHT_FUNCTIONS.register("sigmoid")
+# The pure map: registered with the module below (which calls it too), attention_weights("sigmoid", scores)
+# returns it.
 def sigmoid_weights(scores: torch.Tensor, mask: torch.Tensor, query_positions=None) -> torch.Tensor:
     positions = mask.sum(-1) - 1 if query_positions is None else query_positions  # row r's position
     bias = -torch.log((positions + 1).to(scores.dtype))[:, None]
     return torch.where(mask, torch.sigmoid(scores + bias), torch.zeros((), dtype=scores.dtype))
 
 
-@register_attention("sigmoid")
+@register_attention("sigmoid", weights=sigmoid_weights)
 class SigmoidAttention(AttentionLayer):
     """Sigmoid attention (Ramapuram et al. 2024): sigmoid(z - log n_r) per key, no normalisation."""
 

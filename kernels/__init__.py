@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 from collections.abc import Callable
 
 # mechanism name -> "module:function" inside this package. Extra parameters: entmax ``alpha`` (1.5 or 2),
@@ -45,13 +44,6 @@ _KERNELS: dict[str, str] = {
 }
 
 
-# Ops written but not yet run against their references on a GPU: the modules do not dispatch to them
-# unless LENGTHBENCH_UNVERIFIED_KERNELS=1; tests and benchmarks reach them with
-# ``get_kernel(name, unverified=True)``. Empty now: tda (results/kernels/test_log_tda.txt), adatemp and
-# sparsemax (results/kernels/session4/) and sieve-alg1 (results/kernels/session5/) have passed theirs.
-UNVERIFIED: frozenset[str] = frozenset()
-
-
 def triton_available() -> bool:
     try:
         import torch
@@ -61,22 +53,22 @@ def triton_available() -> bool:
     return torch.cuda.is_available()
 
 
-def get_kernel(mechanism: str, *, unverified: bool = False) -> Callable | None:
-    """The fused op of ``mechanism``, or None where it cannot run here (or it is in :data:`UNVERIFIED` and
-    neither ``unverified`` nor ``LENGTHBENCH_UNVERIFIED_KERNELS=1`` asks for it)."""
+def get_kernel(mechanism: str) -> Callable | None:
+    """The fused op of ``mechanism``, or None where it cannot run here (no CUDA, no Triton, or no kernel for
+    the mechanism)."""
     target = _KERNELS.get(mechanism)
     if target is None or not triton_available():
         return None
-    if mechanism in UNVERIFIED and not (unverified or os.environ.get("LENGTHBENCH_UNVERIFIED_KERNELS") == "1"):
-        return None
-    return _load(target)
+    return load_op(mechanism)
 
 
 @functools.cache
-def _load(target: str) -> Callable:
+def load_op(mechanism: str) -> Callable:
+    """The fused op of ``mechanism`` wherever Triton imports (on a CPU, under ``TRITON_INTERPRET=1``), without
+    the CUDA check of :func:`get_kernel`; a ``KeyError`` for a mechanism without one."""
     import torch
 
-    module_name, function_name = target.split(":")
+    module_name, function_name = _KERNELS[mechanism].split(":")
     module = importlib.import_module(f"lengthbench.kernels.{module_name}")
     # torch.compile must not trace into the Triton launches (Inductor re-types their constants);
     # a graph break keeps the op an opaque autograd function inside compiled models.

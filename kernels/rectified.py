@@ -1,4 +1,4 @@
-"""Rectified softmax (seed 002, App. C): softmax over the visible scores ``z >= 0``; all-zero rows where none.
+"""Rectified softmax (Softpick, Appendix C): softmax over the visible scores ``z >= 0``; all-zero rows where none.
 
 Online softmax restricted to ``z >= 0`` with the shift ``m = max(0, running max)``; a row whose sum stays 0
 outputs 0 (and gets zero gradients). ``dz = p (do.v_j - do.o)`` on the selected entries, 0 elsewhere (the

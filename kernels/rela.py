@@ -1,4 +1,4 @@
-"""ReLA (seed 000, Zhang et al. 2021): unnormalised ``ReLU(z)`` weights; the module applies the RMSNorm.
+"""ReLA (Zhang et al. 2021; a baseline of "Threshold Differential Attention"): unnormalised ``ReLU(z)`` weights; the module applies the RMSNorm.
 
 Kernels in ``_rowwise.py`` (code ``RELA``): no row statistic at all, ``dz = 1(z > 0) do.v_j``.
 """

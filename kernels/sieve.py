@@ -1,23 +1,22 @@
-"""Sieve attention (seed 004): stick-breaking over the support of 1.5-entmax of the earlier keys.
+"""Sieve attention ("Sieve Attention"): stick-breaking over the support of 1.5-entmax of the earlier keys.
 
-Two stages, as Appendix C: the threshold kernel of ``entmax.py`` finds ``tau_r`` of 1.5-entmax over
+Two stages, as that paper's Appendix C: the threshold search of ``_entmax_search.py`` finds ``tau_r`` of 1.5-entmax over
 ``z_{r, j<r}`` (Newton passes over the key tiles, no score matrix kept); the stick-breaking kernels of
 ``stickbreaking.py`` then run with the filter ``z_rj / 2 > tau_r`` (the support: its weights
 ``(z/2 - tau)_+^2`` are positive exactly there), the remainder on the diagonal. This is the definition
 (Section 3.1), not Algorithm 1's ``z >= rowmax - eps``. No gradient flows through the support; ``row_scale``
 and ``slopes`` receive gradients through the stick-breaking stage.
 
-By candidate lists (where ``entmax._lists_apply``, the default), forward and backward take the rows in two
-sets. The listed rows, certified by entmax's list first stage with their support among at most ``C`` (64)
-candidates, are finished in registers, ``BR`` rows a program (``_lists_kernel``; with ``sieve_scan``, the
-default since session 23, their candidates sorted by key and the stick's suffix sums a cumulative sum, as the
-backward does, instead of ``[BR, C, C]`` comparisons: Sieve's forward 34.4 -> 31.9 ms at L 65,536, D 32 on the
-H100; ``sieve_open``, off, gives the open rows' walk tiles of its own, and ``sieve_open_few``, on since session
-24, where the open rows are few: ``entmax.few_open``); the forward keeps their
-supports in place of the candidates, so the backward (``_lists_bwd_kernel``) takes the very support the
+By candidate lists (where ``_entmax_lists._lists_apply``, the default), forward and backward take the rows
+in two sets. The listed rows, certified by entmax's list first stage with their support among at most ``C``
+(64) candidates, are finished in registers, ``BR`` rows a program (``_lists_kernel``; with ``sieve_scan``, the
+default, their candidates sorted by key and the stick's suffix sums a cumulative sum, as the backward does,
+instead of ``[BR, C, C]`` comparisons: Sieve's forward 34.4 -> 31.9 ms at L 65,536, D 32 on the H100;
+``sieve_open``, off, gives the open rows' walk tiles of its own, and ``sieve_open_few``, on, where the open
+rows are few: ``few_open`` of ``_open_rows.py``); the forward keeps their supports in place of the candidates, so the backward (``_lists_bwd_kernel``) takes the very support the
 forward used. The open rows (the others, row 0 among them) are gathered per head and walked over all their
 keys by the filtered stick-breaking kernels (``_open_kernel``, ``_open_bwd_kernel``); where they are many, the
-forward's walk runs in phases (``entmax.sieve_phases``, session 25), the rows whose stick is not yet spent
+forward's walk runs in phases (``sieve_phases``, ``_open_rows.py``), the rows whose stick is not yet spent
 gathered again after each.
 
 The listed rows' gradient: with ``sigma_k = sigmoid(z_k)``, ``a_j = sigma_j prod_{k in S, k > j} (1 -
@@ -55,17 +54,10 @@ from lengthbench.kernels._common import (
     softplus,
     tile_rows,
 )
-from lengthbench.kernels.entmax import (
-    _config,
-    _list_keys,
-    _list_rows,
-    _list_scores,
-    _lists_apply,
-    _lists_start,
-    _open_rows,
-    _phases,
-    entmax_threshold,
-)
+from lengthbench.kernels._entmax_config import launch_config
+from lengthbench.kernels._entmax_lists import _list_keys, _list_rows, _list_scores, _lists_apply, _lists_start
+from lengthbench.kernels._entmax_search import entmax_threshold
+from lengthbench.kernels._open_rows import _open_rows, _phases
 from lengthbench.kernels.stickbreaking import (
     EXIT_AT,
     StickBreakingAttention,
@@ -133,7 +125,7 @@ def _open_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, ROWS, COUNT, STATE, PEND, 
                  state_stride, exit_at, max_tiles, SAVE: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                  SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
                  BN: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr):
-    """Sieve on the rows left open (``ROWS[bh, :COUNT[bh]]``, gathered as in ``entmax._newton_kernel``): the
+    """Sieve on the rows left open (``ROWS[bh, :COUNT[bh]]``, gathered as in ``_entmax_search._newton_kernel``): the
     stick-breaking forward's filtered walk (``FILTER`` 1) over the keys before each row, in one launch
     (``FIRST`` and ``LAST``) or a phase of at most ``max_tiles`` key tiles (``sieve_phases``; all that are left
     where ``LAST``), from the row's diagonal (``FIRST``) or from where its last phase stopped. A row whose stick
@@ -290,7 +282,7 @@ def _open_bwd_kernel(Q, K, V, DO, DQ, DK, DV, O32, SL, RS, TAU, DRS, DSL, ROWS, 
                    GRAD_RS, GRAD_SL, D)
 
 
-def _lists_forward(pb: Problem, save: bool):
+def _lists_forward(pb: Problem, save: bool, tuning: dict | None = None):
     """Sieve's forward by candidate lists: ``(out, ncand, saved)``, ``ncand`` as ``entmax._lists_forward``'s,
     ``saved`` None unless ``save``, else what ``SieveListsAttention.backward`` reads: ``(rem, tau, lists,
     nsup, rows, count, o32, o32_stride)``. The first stage and the Newton passes of entmax's list forward
@@ -300,7 +292,7 @@ def _lists_forward(pb: Problem, save: bool):
     What the backward keeps: the lists, which then hold the listed rows' supports (``_lists_kernel``); and
     only the open rows' fp32 outputs (the listed rows' backward needs none), kept in the open rows' own unused
     list slots where a row fits in them (``D <= C``: ``o32_stride`` C), else in a ``[BH, T, D]`` buffer."""
-    tau, ncand, lists, rows, count, config, opened = _lists_start(pb, 0.5, True)  # checks the settings
+    tau, ncand, lists, rows, count, config, opened = _lists_start(pb, 0.5, True, tuning=tuning)  # checks them
     usual = config["sieve_open"] or config["newton"]
     rows_per, finish_warps = config["finish"]
     size = lists.shape[-1]
@@ -338,16 +330,16 @@ class SieveListsAttention(torch.autograd.Function):
     v, ``slopes`` and ``row_scale``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, weights_only=False):
+    def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, weights_only=False, tuning=None):
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
         save = any(ctx.needs_input_grad[:5])
-        out, _, saved = _lists_forward(pb, save)
+        out, _, saved = _lists_forward(pb, save, tuning)
         if save:
             rem, tau, lists, nsup, rows, count, o32, o32_stride = saved
             ctx.save_for_backward(pb.q, pb.k, pb.v, pb.slopes, pb.row_scale, rem, tau, lists, nsup, rows,
                                   count, o32)
             ctx.consts = (pb.sm_scale, o32_stride)
-            config = _config(pb.block_d)
+            config = launch_config(pb.block_d, tuning)
             ctx.launch = (config["list_backward"], config["open_backward"])
             ctx.rs_shape = None if row_scale is None else row_scale.shape
         return out
@@ -379,19 +371,20 @@ class SieveListsAttention(torch.autograd.Function):
         dv = dv32.to(v.dtype)
         del dv32
         g_sl, g_rs = param_grads(d_sl, d_rs, ctx.rs_shape)
-        return dq, dk, dv, g_sl, g_rs, None, None, None
+        return dq, dk, dv, g_sl, g_rs, None, None, None, None
 
 
-def sieve_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=1.5):
+def sieve_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=1.5, tuning: dict | None = None):
     """Sieve attention, ``[B, H, T, D]`` causal (``alpha`` must be 1.5). By candidate lists where entmax's
-    list forward applies (``entmax.TUNING``'s ``lists``), else the threshold, then the filtered
-    stick-breaking forward over all keys."""
+    list forward applies (``lists`` of the launch settings, ``_entmax_config.py``; ``tuning`` replaces some of
+    them), else the threshold, then the filtered stick-breaking forward over all keys."""
     if float(alpha) != 1.5:
         raise ValueError(f"the sieve kernel implements alpha = 1.5 only, got {alpha}")
-    if _lists_apply(q):
-        return SieveListsAttention.apply(q, k, v, slopes, row_scale, None, sm_scale, False)
+    if _lists_apply(q, tuning):
+        return SieveListsAttention.apply(q, k, v, slopes, row_scale, None, sm_scale, False, tuning)
     with torch.no_grad():
-        tau = entmax_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, strict=True)
+        tau = entmax_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, strict=True,
+                               tuning=tuning)
     return StickBreakingAttention.apply(q, k, v, slopes, row_scale, tau, sm_scale, False)
 
 
@@ -418,10 +411,10 @@ def _rowmax_kernel(Q, K, SL, RS, OUT, sm_scale, T, H, HAS_SLOPES: tl.constexpr, 
 
 
 def sieve_alg1_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=2.0, masked=True):
-    """Sieve as the seed's Algorithm 1, ``[B, H, T, D]`` causal: stick-breaking over every earlier key, the
+    """Sieve as "Sieve Attention"'s Algorithm 1, ``[B, H, T, D]`` causal: stick-breaking over every earlier key, the
     weights kept where ``z_rj >= max_{k<r} z_rk - eps`` (strictly above, ties at the boundary aside).
-    ``masked=False``: the stick broken over the kept keys only, as Sieve's definition breaks it over its filter
-    (the probe ``sieve-eps`` with ``masked=0``, ``benchmarks/sieve_probes/``)."""
+    ``masked=False``: the stick broken over the kept keys only, as Sieve's definition breaks it over its
+    filter."""
     pb = Problem(q, k, v, slopes, row_scale, sm_scale)
     rowmax = pb.rows()
     grid = (triton.cdiv(pb.tokens, pb.fwd_block), pb.bh)

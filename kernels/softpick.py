@@ -1,4 +1,4 @@
-"""Softpick attention (seed 002): ``ReLU(e^z - 1) / (sum_{j<=r} |e^z - 1| + eps)``.
+"""Softpick attention (the paper "Softpick"): ``ReLU(e^z - 1) / (sum_{j<=r} |e^z - 1| + eps)``.
 
 The FlashAttention-style online form of the paper's Algorithm: with the running shift
 ``m = max(0, max_j z_j)`` both sums are carried as ``sum (e^{z-m} - e^{-m})`` (ReLU'd, and absolute) and

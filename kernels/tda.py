@@ -1,4 +1,4 @@
-"""Threshold differential attention (seed 000), fused: both views in one pass.
+"""Threshold differential attention (Threshold Differential Attention), fused: both views in one pass.
 
 ``o_r = sum_j (a1_rj - lam_h * a2_rj) v_j`` with ``a_i = (z_i - tau_r)_+^power`` the TRA weights of view
 ``i`` (``z_i`` from ``q_i``, ``k_i``: unit-norm, ``sm_scale=1``, the same ALiBi ``slopes``/``row_scale`` and
@@ -24,8 +24,8 @@ The pointwise maps (weights, their derivative, the activity test) are ``_rowwise
 
 Tests against the dense reference (``tests/test_kernels.py``, GPU): fp32/bf16, lengths 1 to 4,096, head dims
 16 to 128, ALiBi, row scale, per-head lam/beta, power 1.5, rows with nothing active, every launch variant
-and the map itself. The TDA module runs this op (before session 10 it ran two ``tra`` passes, faster than
-this op's first, branch-skipping form: ``results/kernels/benchmark_tda_log.txt``).
+and the map itself. The TDA module runs this op rather than two ``tra`` passes (on the H100 at L 65,536, D 32:
+18.2 ms forward and 32.7 ms forward+backward, against 23.9 and 123.0 ms).
 """
 
 from __future__ import annotations
@@ -308,8 +308,7 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STAR
 # inactive tiles by a branch (``skip``) and how it writes the activity map when gradients are needed
 # (``map``: 0 none, 1 in registers, 2 stored per tile; ``fwd_map``: the forward's tiles then). With a map
 # the backward visits only the active tiles; without one it tests every tile by a branch. Without gradients
-# no map is written. Measured on the H100 at L 65,536, H 16, D 32, bf16, unit q/k
-# (results/kernels/session10/): the forward without the skip branch 18.2 ms (with it 32.8; SDPA 19.4); with
+# no map is written. Measured on the H100 at L 65,536, H 16, D 32, bf16, unit q/k: the forward without the skip branch 18.2 ms (with it 32.8; SDPA 19.4); with
 # the register map 30.3 ms at 4 warps (35.8 at 8), the backward over the map's tiles then ~2.5 ms, against
 # 222 ms testing every tile. Two views hold about twice the tiles of ``_rowwise.py``; the tile shapes are
 # those that ptxas compiled for sm_90 without spilling (bf16; at head dim 128 the backward still spills ~88

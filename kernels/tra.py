@@ -1,4 +1,4 @@
-"""Threshold rectified attention (seed 000): ``(s_rj - tau_r)_+^power``, no normaliser.
+"""Threshold rectified attention (Threshold Differential Attention): ``(s_rj - tau_r)_+^power``, no normaliser.
 
 The caller passes unit-norm ``q`` and ``k`` with ``sm_scale=1`` (the module does: its scores are the
 cosine scores). ``tau_r = beta * sqrt(2 * max(0, log((n_r + 1) / kappa)) / d)`` (``n_r = r + 1``, ``d`` the

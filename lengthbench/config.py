@@ -9,14 +9,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from lengthbench.models import ARCHS, INITS
 from lengthbench.tasks import get_task
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 # Checkpoint selection: "id" (in-distribution validation, the default) or "Nx", validation at N times n_train for a
-# power of two N >= 2 ("8x": the seeds' protocol; seed 003 selects its RoPE models at 2x or 4x, by BLEU)
+# power of two N >= 2 ("8x": the seeds' protocol; "Long-Context Generalization with Sparse Attention"
+# selects its RoPE models at 2x or 4x, by BLEU)
 SELECTIONS = ("id", "2x", "4x", "8x", "16x")  # the usual ones, for messages; any power of two >= 2 is accepted
 # What the selection compares: "task" (the task's own metric, the default), "exact_match", "token_accuracy" or
-# "bleu" (corpus BLEU-4 of the answer tokens, seed 003's intermediate metric where exact match at 2x-8x stays 0)
+# "bleu" (corpus BLEU-4 of the answer tokens, the intermediate metric of "Long-Context Generalization with Sparse
+# Attention" where exact match at 2x-8x stays 0)
 SELECTION_METRICS = ("task", "exact_match", "token_accuracy", "bleu")
 
 
@@ -41,16 +44,9 @@ def selection_words(selection: str, metric: str) -> str:
     return words
 
 
-# Weight initialisation of the decoder: "normal-0.02" (the default; GPT-2's and Hugging Face Llama's, likely
-# the seeds') draws every embedding and linear weight from N(0, 0.02^2); "torch" keeps PyTorch's defaults
-# (embeddings N(0, 1), linear layers Kaiming-uniform). Session 5 measured both (REPRODUCTION.md): "torch"
-# leaves a recall probe's plateau within 2,250 steps where "normal-0.02" stays on it for 4,000, but its
-# Copy + NAPE model fails from 2x on where "normal-0.02" holds to 16x-32x.
-INITS = ("normal-0.02", "torch")
-# The decoder's block layout (models/decoder.py): "prenorm" (the default; seed 003's eq. (1): LayerNorm, GELU MLP) or
-# "gemma2", the Gemma 2 layout the seed authors' public code builds its synthetic-task models from (RMSNorm before
-# and after attention and MLP, a GeGLU MLP, no biases, embeddings scaled by sqrt(d_model)).
-ARCHS = ("prenorm", "gemma2")
+# ``INITS``, the decoder's weight initialisations: "normal-0.02" (the default) leaves a recall probe's plateau
+# later than "torch" (4,000 against 2,250 steps) but its Copy + NAPE model holds to 16x-32x where "torch"'s
+# fails from 2x on. ``ARCHS``: the decoder's block layouts ("prenorm", the default, or "gemma2").
 DEFAULT_INIT = INITS[0]  # also what configurations stored before the field existed were trained with
 # What --init-from carries over: every weight ("all"), or all but the token embedding and the output layer
 # ("body": those keep their fresh initialisation, so the source run may have another vocabulary).
@@ -58,13 +54,9 @@ INIT_PARTS = ("all", "body")
 # What the training step of a model with fused ops runs on CUDA: "fused", its Triton ops (eagerly: torch.compile
 # crashed around them); "reference", its dense references, compiled, where the batches are narrow (the runner's
 # ``trains_dense``): 12,400 samples/s alone on an H100 against 5,250 for each of two fused-op cells side by side,
-# but the two models trained so far did not extrapolate (REPRODUCTION.md, session 18). Validation and scoring
-# take the fused ops either way; models without fused ops are unaffected.
+# but the two models trained that way did not extrapolate, hence "fused" by default. Validation and scoring take
+# the fused ops either way; models without fused ops are unaffected.
 TRAIN_ATTENTION = ("fused", "reference")
-# Fields added after runs were published: left out of a run's identity while at these defaults.
-LATER_FIELDS = {"arch": "prenorm", "init": DEFAULT_INIT, "init_from": "", "init_part": "all", "train_attention": "fused",
-                "rescored_from": "", "selection_metric": "task"}
-
 
 @dataclass
 class RunConfig:
@@ -149,11 +141,8 @@ class RunConfig:
         return max(1, -(-self.train_samples // self.batch_size))
 
     def identity(self) -> dict[str, Any]:
-        identity = dataclasses.asdict(self)
-        for name, default in LATER_FIELDS.items():  # so run ids from before the field existed stay the same
-            if identity[name] == default:
-                del identity[name]
-        return identity
+        """What ``run_id`` hashes: every field (rows of the store's schema version 1 hashed fewer)."""
+        return dataclasses.asdict(self)
 
     @property
     def run_id(self) -> str:

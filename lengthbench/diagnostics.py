@@ -3,13 +3,13 @@
 Per layer and head, over the causal part of the weight map (keys ``j <= r`` of query row ``r``, which
 sees ``n_r = r + 1`` keys):
 
-- **sparsity**: exact zeros / causal entries, pooled over rows (seed 000's "> 99 %", seed 002's
+- **sparsity**: exact zeros / causal entries, pooled over rows (Threshold Differential Attention's "> 99 %", Softpick's
   "Spars. %"). For softmax-like maps zeros come only from float32 underflow.
 - **first-token weight**: the mean over query rows of ``w[r, 0]`` (Gu et al. 2024's ``alpha_1``);
   the **sink rate** is the share of all heads of all layers whose first-token weight exceeds 0.3
-  (``sink_rate``), or 0.2 (``sink_rate_0.2``) (seed 002). Signed maps use the signed weight.
+  (``sink_rate``), or 0.2 (``sink_rate_0.2``) (Softpick). Signed maps use the signed weight.
 - **entropy**: the Shannon entropy of each row over its visible keys divided by ``log n_r``, so a
-  uniform row scores 1 and a one-hot row 0 (seed 003), averaged over rows. It is computed on
+  uniform row scores 1 and a one-hot row 0 (Long-Context Generalization with Sparse Attention), averaged over rows. It is computed on
   ``p = |w| / sum |w|``: identical to ``w`` for maps whose rows sum to one, the distribution of
   absolute mass for signed (``tda``, ``diffsoftmax``) and unnormalised (``rela``, ``tra``, ``softpick``)
   maps. Rows with one visible key (``r = 0``; entropy 0/0) and all-zero rows (nothing attended)
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-SINK_THRESHOLD = 0.3  # Gu et al. 2024's epsilon, as in seed 002
+SINK_THRESHOLD = 0.3  # Gu et al. 2024's epsilon, as in Softpick
 SINK_THRESHOLD_LOW = 0.2
 PAD_ID = 0  # every task's <pad> (tasks/base.py)
 HEAD_FIELDS = ("sparsity", "first_token_weight", "entropy", "support")

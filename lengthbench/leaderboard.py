@@ -35,11 +35,20 @@ import pandas as pd
 
 from lengthbench.config import build_config, params_suffix, selection_words
 from lengthbench.errors import UsageError
-from lengthbench.store import StoreError, atomic_write_text, load_results, runs_dir
+from lengthbench.store import (
+    SCHEMA_VERSION,
+    StoreError,
+    atomic_write_text,
+    load_results,
+    runs_dir,
+    with_schema_version,
+)
 from lengthbench.tasks import as_multiplier, multiplier_label
 
 REACH_THRESHOLD = 0.9
-TABLE_KEYS = ["task", "preset", "protocol", "train_length"]  # runs in one table share these
+# runs in one table share these; ``protocol`` also names the store's schema version of rows written under an
+# older one where the store holds rows of several (``schema_label``), so those never share a table
+TABLE_KEYS = ["task", "preset", "protocol", "train_length"]
 ROW_KEYS = ["pe", "attn"]  # the seeds' order: encoding, then mechanism
 METRIC_NAMES = {"exact_match": "exact match", "token_accuracy": "token accuracy"}
 
@@ -85,7 +94,7 @@ def load_store(results: str | Path, *, tasks: Iterable[str] | None = None,
 
 def with_score(frame: pd.DataFrame) -> pd.DataFrame:
     """Fill ``metric``/``score`` where a row lacks them, from the task's registered metric."""
-    frame = frame.copy()
+    frame = with_schema_version(frame)
     if "metric" not in frame.columns:
         frame["metric"] = None
     if "score" not in frame.columns:
@@ -110,6 +119,9 @@ def with_score(frame: pd.DataFrame) -> pd.DataFrame:
     # one curriculum share a table whatever their mechanism or seed.
     sources = {run_id: text for run_id, text in zip(frame["run_id"], configs, strict=True) if run_id is not None}
     frame["protocol"] = configs.map({text: protocol_label(text, sources) for text in parsed})
+    if frame["schema_version"].nunique() > 1:
+        frame["protocol"] = [protocol + schema_label(version) for protocol, version
+                             in zip(frame["protocol"], frame["schema_version"], strict=True)]
     # Runs of one mechanism (or encoding) with other parameters are other rows: "entmax (alpha=4)".
     for column, key in (("attn", "attn_params"), ("pe", "pe_params")):
         suffixes = configs.map({text: params_suffix(config.get(key)) for text, config in parsed.items()})
@@ -120,6 +132,12 @@ def with_score(frame: pd.DataFrame) -> pd.DataFrame:
         synthetic = frame[["task", "attn", "pe", "preset", "seed"]].astype(str).agg("-".join, axis=1)
         frame["run_id"] = frame["run_id"].fillna(synthetic)
     return frame
+
+
+def schema_label(version: int) -> str:
+    """What the protocol of a row written under an older schema of the store says: ``", results schema 1"``
+    (``""`` for the current one)."""
+    return "" if int(version) == SCHEMA_VERSION else f", results schema {int(version)}"
 
 
 def _config(config_json) -> dict:

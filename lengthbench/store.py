@@ -22,8 +22,14 @@ CONTRACT_COLUMNS = [
     "train_seconds", "eval_seconds", "device", "lengthbench_version", "git_sha", "created_at",
     "sparsity", "sink_rate", "entropy",
 ]
-# Beyond the contract: the task's reported metric and its value, and the run's full configuration.
-EXTRA_COLUMNS = ["metric", "score", "config_json"]
+# Beyond the contract: the task's reported metric and its value, the run's full configuration, and the
+# version of the store's schema the row was written under.
+EXTRA_COLUMNS = ["metric", "score", "config_json", "schema_version"]
+# The store's schema version, written into every row. 2: a run id hashes the whole configuration and a task's
+# sample stream is keyed on all of its drawn parameters. Rows without the column are version 1 (run ids and
+# streams that left out fields and task parameters added after the first runs were published, at their
+# defaults); they load as they are and the leaderboard never puts them in a table with rows of another version.
+SCHEMA_VERSION = 2
 
 
 class StoreError(RuntimeError):
@@ -64,6 +70,7 @@ def atomic_write_parquet(frame: pd.DataFrame, path: Path) -> None:
 def write_run(results: str | Path, run_id: str, rows: list[dict]) -> Path:
     """Write the rows of one finished run (replacing an earlier file of the same run)."""
     frame = pd.DataFrame(rows)
+    frame["schema_version"] = SCHEMA_VERSION
     missing = [c for c in CONTRACT_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"rows lack contract columns: {', '.join(missing)}")
@@ -77,6 +84,12 @@ def run_finished(results: str | Path, run_id: str) -> bool:
     return run_path(results, run_id).exists()
 
 
+def with_schema_version(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its ``schema_version`` column an int, 1 where the rows were written without one."""
+    versions = frame["schema_version"] if "schema_version" in frame.columns else pd.Series(1, index=frame.index)
+    return frame.assign(schema_version=versions.fillna(1).astype("int64"))
+
+
 def load_results(results: str | Path, *, strict: bool = False) -> pd.DataFrame:
     """All rows of the store. Unreadable files are skipped with a warning (or raise with ``strict``)."""
     folder = runs_dir(results)
@@ -86,7 +99,7 @@ def load_results(results: str | Path, *, strict: bool = False) -> pd.DataFrame:
     frames = []
     for path in files:
         try:
-            frames.append(pd.read_parquet(path))
+            frames.append(with_schema_version(pd.read_parquet(path)))
         except Exception as error:  # a corrupt or truncated file must not hide the others
             if strict:
                 raise StoreError(f"cannot read {path}: {error}") from error

@@ -4,8 +4,8 @@
     -> n_layers x [ x + attn(LayerNorm(x)); x + MLP(LayerNorm(x)) ]
     -> LayerNorm -> linear head over the task's vocabulary
 
-as in seed 003, eq. (1) (``arch = "prenorm"``, the default). ``arch = "gemma2"`` is the Gemma 2 layout that the
-seed authors' public code builds its synthetic-task models from (Hugging Face's Gemma 2 with the attention swapped):
+as in Long-Context Generalization with Sparse Attention, eq. (1) (``arch = "prenorm"``, the default). ``arch = "gemma2"`` is the Gemma 2 layout that the
+paper's public code builds its synthetic-task models from (Hugging Face's Gemma 2 with the attention swapped):
 
     tokens * sqrt(d_model)
     -> n_layers x [ x + RMSNorm(attn(RMSNorm(x))); x + RMSNorm(GeGLU(RMSNorm(x))) ]
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from lengthbench.config import ARCHS
+from lengthbench.models import ARCHS, INITS
 from lengthbench.models.attention import ATTENTION
 from lengthbench.models.positional import build_pe
 
@@ -41,7 +41,7 @@ class ModelConfig:
     pe_params: dict = field(default_factory=dict)
     has_features: bool = False
     init: str = "normal-0.02"  # N(0, 0.02^2) weights (GPT-2, Hugging Face Llama); "torch": PyTorch's defaults
-    arch: str = "prenorm"  # "prenorm" (seed 003's eq. (1)) or "gemma2" (the seed authors' code)
+    arch: str = "prenorm"  # "prenorm" (Long-Context Generalization with Sparse Attention's eq. (1)) or "gemma2" (that paper's public code)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -121,8 +121,8 @@ class Decoder(nn.Module):
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.init == "normal-0.02":
             self.apply(_init_weights)
-        elif config.init != "torch":
-            raise ValueError(f"unknown init {config.init!r}; choose from: torch, normal-0.02")
+        elif config.init not in INITS:
+            raise ValueError(f"unknown init {config.init!r}; choose from: {', '.join(INITS)}")
 
     @property
     def attention_layers(self):
@@ -160,8 +160,7 @@ class Decoder(nn.Module):
 
 def _init_weights(module: nn.Module) -> None:
     """N(0, 0.02^2) for every linear and embedding weight (``init = "normal-0.02"``, the default). Its
-    embeddings are 50 times smaller than PyTorch's N(0, 1). Session 5 (REPRODUCTION.md): a plain
-    associative-recall probe stays on its plateau with it and leaves it within 2,250 steps with PyTorch's
+    embeddings are 50 times smaller than PyTorch's N(0, 1). A plain associative-recall probe stays on its plateau with it and leaves it within 2,250 steps with PyTorch's
     initialisation (``init = "torch"``), while Copy + NAPE generalises to 16x-32x with it and fails from 2x on
     with PyTorch's."""
     if isinstance(module, nn.Linear):

@@ -130,7 +130,7 @@ class ALiBi(PositionalEncoding):
 
 @register_pe("nape")
 class NAPE(PositionalEncoding):
-    """NoPE + ALiBi (seed 003): the last ``n_heads // 2`` heads are ALiBi with slope ``1 / h`` for the
+    """NoPE + ALiBi (Long-Context Generalization with Sparse Attention): the last ``n_heads // 2`` heads are ALiBi with slope ``1 / h`` for the
     h-th ALiBi head (h = 1, 2, ...), the others have no positional encoding (one head: NoPE)."""
 
     def __init__(self, n_heads: int, head_dim: int):

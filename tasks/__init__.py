@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from lengthbench.models.registry import Registry, UnknownNameError
 from lengthbench.tasks.base import IGNORE_INDEX, SPLITS, Batch, ModelDefaults, Task
+from lengthbench.tasks.registry import Registry, UnknownNameError
 
 TASKS: Registry[type[Task]] = Registry("task")
 
@@ -48,7 +48,7 @@ def eval_lengths(train_length: int, max_multiplier: int,
                  extra: tuple[float, ...] = ()) -> list[tuple[int | float, int]]:
     """``(multiplier, nominal length)`` pairs, the one place evaluation lengths come from: the powers of two
     up to ``max_multiplier``, plus a task's ``extra`` points within that range (Reverse's 1.5x, a column of
-    seed 003), at ``round(train_length * m)``. Integral multipliers are ints, the others floats."""
+    Long-Context Generalization with Sparse Attention), at ``round(train_length * m)``. Integral multipliers are ints, the others floats."""
     points: dict[int | float, int] = {m: train_length * m for m in eval_multipliers(max_multiplier)}
     for m in extra:
         if 1 < m <= max_multiplier and m not in points:

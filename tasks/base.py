@@ -72,9 +72,6 @@ class Task:
     # Parameters that change how a sample is written, not what is drawn: left out of the stream key, so
     # that every setting of them writes the same samples.
     presentation_params: ClassVar[tuple[str, ...]] = ()
-    # Parameters added after a task's samples were published: left out of the stream key while they keep
-    # their default, so the published streams (and every number measured on them) stay as they were.
-    later_params: ClassVar[tuple[str, ...]] = ()
     # evaluation points between the powers of two that a seed reports (multipliers of n_train, e.g. 1.5)
     extra_multipliers: ClassVar[tuple[float, ...]] = ()
 
@@ -138,9 +135,7 @@ class Task:
         return [self._ids[s] for s in symbols]
 
     def key(self, split: str, n: int, seed: int) -> int:
-        defaults = {f.name: f.default for f in dataclasses.fields(self.params)}
-        drawn = {k: v for k, v in dataclasses.asdict(self.params).items() if k not in self.presentation_params
-                 and not (k in self.later_params and v == defaults[k])}
+        drawn = {k: v for k, v in dataclasses.asdict(self.params).items() if k not in self.presentation_params}
         return stream_key(self.name, drawn, split, int(n), int(seed))
 
     def check_length(self, n: int) -> None:

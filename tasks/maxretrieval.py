@@ -1,4 +1,4 @@
-"""Max Retrieval: the class of the item with the highest priority (seed 003, H.3; Velickovic et al. 2024).
+"""Max Retrieval: the class of the item with the highest priority (Long-Context Generalization with Sparse Attention, Appendix H.3; Velickovic et al. 2024).
 
 Worked example (``n = 4`` items; classes "c0".."c9"; priorities in ``Batch.features``)::
 

@@ -56,7 +56,6 @@ class MQMTAR(Task):
     """Multi-query multi-token associative recall: 2-token keys, 2-token values, 4 queries."""
 
     model_defaults = ModelDefaults(layers=4, d_model=512, heads=16, ffn=1024, train_samples=50_000_000)
-    later_params = ("num_keys",)
 
     @dataclass(frozen=True)
     class Params:

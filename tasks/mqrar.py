@@ -60,7 +60,6 @@ class MQRAR(Task):
 
     model_defaults = ModelDefaults(layers=2, d_model=256, heads=16, ffn=1024, train_samples=20_000_000)
     presentation_params = ("layout",)
-    later_params = ("value_tokens",)
 
     @dataclass(frozen=True)
     class Params:

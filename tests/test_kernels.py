@@ -47,7 +47,7 @@ def test_registry_lists_kernels():
     assert kernel_names() == sorted([*MECHANISMS, "tda"])
     assert triton_available()
     for name in kernel_names():
-        assert callable(get_kernel(name, unverified=True))
+        assert callable(get_kernel(name))
 
 
 def reference_params(name: str, head_dim: int) -> dict:
@@ -119,9 +119,11 @@ def rel_err(a, b):
     return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-2)).item()
 
 
-def check(name, q, k, v, *, slopes=None, row_scale=None, seed=0, label=""):
+def check(name, q, k, v, *, slopes=None, row_scale=None, seed=0, label="", tuning=None):
+    """The op against the float64 reference (``tuning``: the entmax family's launch settings, else the
+    defaults)."""
     dtype = q.dtype
-    op = get_kernel(name, unverified=True)
+    op = get_kernel(name) if tuning is None else functools.partial(get_kernel(name), tuning=tuning)
     sm_scale = 1.0 if name == "tra" else 1.0 / math.sqrt(q.shape[-1])
     params = dict(sm_scale=sm_scale)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
@@ -194,7 +196,7 @@ def test_rows_with_nothing_selected(name):
     if name == "tra":
         q, k = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    op = get_kernel(name, unverified=True)
+    op = get_kernel(name)
     out = op(q, k, v, sm_scale=1.0 if name == "tra" else None)
     out.sum().backward()
     assert torch.isfinite(out).all() and all(torch.isfinite(t.grad).all() for t in (q, k, v))
@@ -209,7 +211,7 @@ def test_large_scores_no_nan(name):
     """Scores of magnitude ~50: no overflow in exp/softplus, output and gradients finite."""
     q, k, v = make_inputs(name, 1, 2, 300, 32, torch.bfloat16, seed=5, scale=2.7)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = get_kernel(name, unverified=True)(*leaves, sm_scale=1.0 if name == "tra" else None)
+    out = get_kernel(name)(*leaves, sm_scale=1.0 if name == "tra" else None)
     out.float().square().sum().backward()
     assert torch.isfinite(out).all()
     assert all(torch.isfinite(t.grad).all() for t in leaves)
@@ -219,7 +221,7 @@ def test_no_grad_inference_path():
     q, k, v = make_inputs("stickbreaking", 1, 2, 100, 32, torch.bfloat16, seed=1)
     with torch.no_grad():
         for name in MECHANISMS:
-            out = get_kernel(name, unverified=True)(q, k, v, sm_scale=1.0 if name == "tra" else None)
+            out = get_kernel(name)(q, k, v, sm_scale=1.0 if name == "tra" else None)
             assert torch.isfinite(out).all()
 
 
@@ -261,7 +263,7 @@ def check_tda(tensors, *, lam, beta, power=2.0, slopes=None, row_scale=None, see
         return fn(a["q1"], a["k1"], a["q2"], a["k2"], a["v"], lam=a["lam"], beta=a["beta"], power=power,
                   slopes=a.get("slopes"), row_scale=a.get("row_scale"))
 
-    out = call(functools.partial(get_kernel("tda", unverified=True), sm_scale=1.0), mine)
+    out = call(functools.partial(get_kernel("tda"), sm_scale=1.0), mine)
     assert out.shape == tensors[0].shape and out.dtype == dtype
     assert torch.isfinite(out).all(), "NaN/inf in the output"
     ref_out = call(tda_reference, theirs)
@@ -321,7 +323,7 @@ def test_tda_rows_with_nothing_active():
     leaves = [t.detach().clone().requires_grad_() for t in tensors]
     lam = torch.tensor(0.5, device="cuda", requires_grad=True)
     beta = torch.full_like(beta, 50.0).requires_grad_()
-    out = get_kernel("tda", unverified=True)(*leaves, lam=lam, beta=beta, sm_scale=1.0)
+    out = get_kernel("tda")(*leaves, lam=lam, beta=beta, sm_scale=1.0)
     out.sum().backward()
     assert out.abs().max().item() == 0.0
     for t in [*leaves, lam, beta]:
@@ -331,7 +333,7 @@ def test_tda_rows_with_nothing_active():
 def test_tda_no_grad_inference_path():
     q1, k1, q2, k2, v = make_tda_inputs(1, 2, 100, 32, torch.bfloat16, seed=1)
     with torch.no_grad():
-        out = get_kernel("tda", unverified=True)(q1, k1, q2, k2, v, lam=0.5, beta=0.5, sm_scale=1.0)
+        out = get_kernel("tda")(q1, k1, q2, k2, v, lam=0.5, beta=0.5, sm_scale=1.0)
     assert torch.isfinite(out).all() and out.abs().max().item() > 0.0
 
 
@@ -394,24 +396,24 @@ def test_tda_activity_map_is_exact(mode, monkeypatch):
     assert 0 < want.sum().item() < want.numel()
 
 
-# -- the entmax threshold kernel's variants (kernels/entmax.py, ``TUNING``) -----------------------------------
+# -- the entmax search's variants (kernels/_entmax_config.py, ``tuning``) --------------------------------------
 
-# ``old``: the top-16 tile maxima start, per-tile reductions, two scale products, one kernel, its tiles (the
-# search before session 11); the others: the per-column top-d start (``subset``) with its certificate, the
-# Newton passes over the open rows only (``split``), elementwise partial sums (``acc``), other tiles (tiny
-# ones leave most rows to the Newton passes).
+# ``top16``: the 16 largest tile maxima start, per-tile reductions, two scale products, one kernel, without the
+# candidate lists; the others: the per-column top-d start (``subset``) with its certificate, the Newton passes
+# over the open rows only (``split``), elementwise partial sums (``acc``), other tiles (tiny ones leave most
+# rows to the Newton passes).
+TOP16 = dict(split=False, subset=0, acc=False, fold=False, lists=False, lean=False, pairs=False)
 ENTMAX_VARIANTS = {
-    "old": dict(old=True),
-    "old-split": dict(old=True, split=True),
+    "top16": TOP16,
+    "top16-split": dict(TOP16, split=True),
     "fused-sub3-acc": dict(split=False, subset=3, acc=True),
     "sub2-bm128-w8": dict(subset=2, bm=128, warps=8, newton=(128, 64, 8, 2)),
     "sub1-acc-nofold": dict(subset=1, acc=True, fold=False, newton=(32, 32, 4, 2)),
     "tiny": dict(subset=2, bm=32, bn=16, bn_subset=16, newton=(16, 16, 4, 2)),
-    # session 22: saturated columns scanned into the lists (_rescue_kernel), the default since session 23
-    "norescue": dict(rescue=False),
-    "pairwise-sieve": dict(sieve_scan=False),  # session 23: Sieve's listed rows' [rows, C, C] suffix sums
+    "norescue": dict(rescue=False),  # without the saturated columns' scan into the lists (_rescue_kernel)
+    "pairwise-sieve": dict(sieve_scan=False),  # Sieve's listed rows' [rows, C, C] suffix sums
     "sieve-open-n16": dict(sieve_open=(16, 16, 2, 3)),  # Sieve's open rows on tiles of their own
-    # session 24: the few-open-rows tiles (the count read and found few at any length)
+    # the few-open-rows tiles (the count read and found few at any length)
     "few-open-n16": dict(few_open=(1 << 30, 0), newton_few=(16, 16, 2, 3), sieve_open_few=(16, 16, 2, 3)),
     "rescue-c16-all": dict(rescue=True, list_size=16, max_sat=64, rescue_launch=(4, 32, 4)),
 }
@@ -420,10 +422,7 @@ ENTMAX_VARIANTS = {
 @pytest.mark.parametrize("variant", sorted(ENTMAX_VARIANTS))
 @pytest.mark.parametrize("case", ["entmax-T1000-D32-bf16", "sparsemax-T4096-D32-fp32",
                                   "sieve-T300-D64-bf16-alibi", "entmax-T333-D128-bf16-alibi"])
-def test_entmax_variants_match_reference(variant, case, monkeypatch):
-    from lengthbench.kernels import entmax
-
-    monkeypatch.setattr(entmax, "TUNING", ENTMAX_VARIANTS[variant])
+def test_entmax_variants_match_reference(variant, case):
     name, shape = case.split("-", 1)
     tokens, head_dim, dtype = {"T1000-D32-bf16": (1000, 32, torch.bfloat16),
                                "T4096-D32-fp32": (4096, 32, torch.float32),
@@ -435,13 +434,13 @@ def test_entmax_variants_match_reference(variant, case, monkeypatch):
         gen = torch.Generator(device="cuda").manual_seed(5)
         extra = dict(slopes=torch.tensor([0.25, 0.0], device="cuda"),
                      row_scale=0.5 + torch.rand(1, 2, tokens, device="cuda", generator=gen))
-    check(name, q, k, v, seed=tokens, label=f"{variant} {shape}", **extra)
+    check(name, q, k, v, seed=tokens, label=f"{variant} {shape}", tuning=ENTMAX_VARIANTS[variant], **extra)
 
 
-@pytest.mark.parametrize("variant", sorted([*set(ENTMAX_VARIANTS) - {"old"}, "default"]))
+@pytest.mark.parametrize("variant", sorted([*set(ENTMAX_VARIANTS) - {"top16"}, "default"]))
 @pytest.mark.parametrize("case", ["entmax-bf16", "entmax-fp32-small", "sparsemax-bf16", "sieve-fp32-alibi"])
-def test_entmax_threshold_variants_agree(variant, case, monkeypatch):
-    """Every variant's ``tau`` equals the old search's to rounding (the same root, reached from another start
+def test_entmax_threshold_variants_agree(variant, case):
+    """Every variant's ``tau`` equals the top-16 search's to rounding (the same root, reached from another start
     or summed in another order), with the same rows at ``+inf`` (no visible key)."""
     from lengthbench.kernels import entmax
 
@@ -454,10 +453,8 @@ def test_entmax_threshold_variants_agree(variant, case, monkeypatch):
         gen = torch.Generator(device="cuda").manual_seed(6)
         kwargs.update(slopes=torch.tensor([0.5, 0.0625, 0.0], device="cuda"),
                       row_scale=0.5 + torch.rand(1, 3, tokens, device="cuda", generator=gen))
-    monkeypatch.setattr(entmax, "TUNING", ENTMAX_VARIANTS["old"])
-    want = entmax.entmax_threshold(q, k, **kwargs)
-    monkeypatch.setattr(entmax, "TUNING", ENTMAX_VARIANTS.get(variant))  # default: None, the defaults
-    got = entmax.entmax_threshold(q, k, **kwargs)
+    want = entmax.entmax_threshold(q, k, **kwargs, tuning=TOP16)
+    got = entmax.entmax_threshold(q, k, **kwargs, tuning=ENTMAX_VARIANTS.get(variant))  # default: None
     finite = torch.isfinite(want)
     assert torch.equal(finite, torch.isfinite(got))
     err = ((got - want).abs() / (1 + want.abs()))[finite].max().item()

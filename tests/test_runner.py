@@ -400,7 +400,7 @@ def test_a_run_can_start_from_another_runs_trained_weights(tmp_path):
 
     second = build_config("2back", "softmax", "nape", "smoke", train_samples=640, init_from=first.run_id, **TINY)
     assert second.run_id != build_config("2back", "softmax", "nape", "smoke", train_samples=640, **TINY).run_id
-    assert "init_from" not in first.identity()  # run ids from before the field are unchanged
+    assert first.identity()["init_from"] == ""  # the run id hashes the whole configuration
     trainer = Trainer(second, get_task("2back"), torch.device("cpu"), tmp_path, progress=False)
     for key, tensor in trainer.model.state_dict().items():
         assert torch.equal(tensor, trained[key]), key
@@ -435,7 +435,7 @@ def test_init_part_body_carries_all_but_the_vocabulary_layers_across_tasks(tmp_p
         run_cell(whole, tmp_path, device="cpu", progress=False)
     body = build_config("mqrar", "softmax", "rope", "smoke", train_samples=320, init_from=first.run_id,
                         init_part="body", **TINY)
-    assert "init_part" not in whole.identity() and body.run_id != whole.run_id
+    assert whole.identity()["init_part"] == "all" and body.run_id != whole.run_id
     fresh = Trainer(plain, get_task("mqrar"), torch.device("cpu"), tmp_path, progress=False).model.state_dict()
     started = Trainer(body, get_task("mqrar"), torch.device("cpu"), tmp_path, progress=False).model.state_dict()
     for key, tensor in started.items():

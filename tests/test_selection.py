@@ -59,9 +59,9 @@ def test_selection_words():
     assert selection_words("8x", "task") == "at 8x"
 
 
-def test_the_default_selection_metric_keeps_run_ids_and_another_changes_them():
+def test_the_default_selection_metric_is_the_default_run_and_another_changes_it():
     base = build_config("copy", "softmax", "rope", "smoke")
-    assert "selection_metric" not in base.identity()  # run ids from before the field are unchanged
+    assert base.identity()["selection_metric"] == "task"  # the run id hashes the whole configuration
     assert build_config("copy", "softmax", "rope", "smoke", selection_metric="task").run_id == base.run_id
     assert build_config("copy", "softmax", "rope", "smoke", selection_metric="bleu").run_id != base.run_id
     with pytest.raises(ValueError, match="unknown selection metric"):

@@ -56,8 +56,6 @@ def register(app: typer.Typer) -> None:
             note = notes.get(field.name, "")
             if field.name in cls.presentation_params:
                 note += " (changes how samples are written, not what is drawn)"
-            if field.name in getattr(cls, "later_params", ()):
-                note += " (added later: at its default the published samples are unchanged)"
             kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
             table.add_row(field.name, repr(field.default), kind, note.strip())
         out.print(table)

@@ -1,4 +1,5 @@
-"""Attention mechanisms (``--attn``): each a short module beside its dense reference.
+"""Attention mechanisms (``--attn``): each a short module beside its dense reference, both registered at once
+by ``register_attention(name, weights=...)`` on the module.
 
 | module | mechanisms |
 |---|---|
@@ -14,14 +15,20 @@
 import importlib
 
 from lengthbench.models.attention.base import (
-    WEIGHT_FUNCTIONS,
     AttentionLayer,
     HeadRMSNorm,
     TwoViewAttention,
     causal_mask,
     visible_counts,
 )
-from lengthbench.models.attention.registry import ATTENTION, attention_weights, register_attention
+from lengthbench.models.attention.registry import (
+    ATTENTION,
+    MECHANISMS,
+    WEIGHT_FUNCTIONS,
+    Mechanism,
+    attention_weights,
+    register_attention,
+)
 
 # Importing the modules registers their mechanisms (in this order: `lengthbench attn list` shows it).
 for _module in ("softmax", "scaled", "entmax", "stickbreaking", "softpick", "threshold", "differential"):
@@ -29,6 +36,8 @@ for _module in ("softmax", "scaled", "entmax", "stickbreaking", "softpick", "thr
 
 __all__ = [
     "ATTENTION",
+    "MECHANISMS",
+    "Mechanism",
     "WEIGHT_FUNCTIONS",
     "AttentionLayer",
     "HeadRMSNorm",

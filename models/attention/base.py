@@ -1,11 +1,12 @@
 """The attention sublayer every mechanism shares, and its dense, query-chunked reference path.
 
-A mechanism is an :class:`AttentionLayer` subclass registered by name. The simplest ones only give a
+A mechanism is an :class:`AttentionLayer` subclass registered by name with its weight function
+(``register_attention`` in ``registry.py``). The simplest ones only give a
 weight function (``weights``); the layer computes raw scores ``z = q.k / sqrt(d) - slope_h (r - j)``,
 hands each block of query rows to it, and multiplies by the values. Query blocks keep memory at
 O(query_chunk x L), so a CPU can evaluate 65,536-token sequences; the result equals the unchunked path.
 
-Weight functions (``WEIGHT_FUNCTIONS``) have the signature ``fn(scores, mask, **params)``: ``scores``
+Weight functions (the dense references, ``WEIGHT_FUNCTIONS``) have the signature ``fn(scores, mask, **params)``: ``scores``
 ``[..., Lq, Lk]``, ``mask`` the causal visibility ``[Lq, Lk]`` (bool, row r sees keys ``j <= r``).
 Mechanisms whose weights depend on the query's position take an optional ``query_positions`` ``[Lq]``;
 without it the position of row i is read off the mask (its last visible key), which for a square map is
@@ -15,7 +16,6 @@ float64 when given float64 (so that ``gradcheck`` works), return exact zeros whe
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 from typing import ClassVar
@@ -24,10 +24,8 @@ import torch
 from torch import nn
 
 from lengthbench.models.positional import PositionalEncoding
-from lengthbench.models.registry import Registry
 
 WeightFunction = Callable[..., torch.Tensor]
-WEIGHT_FUNCTIONS: Registry[WeightFunction] = Registry("attention weight function")
 
 
 def causal_mask(query_positions: torch.Tensor, n_keys: int) -> torch.Tensor:
@@ -129,9 +127,6 @@ class AttentionLayer(nn.Module):
     """
 
     name: ClassVar[str] = "abstract"
-    # False: the raw scores' q.k under the caller's autocast (bf16 on CUDA), as before session 18; only
-    # benchmarks/compiled_grads.py sets it, to compare
-    fp32_scores: ClassVar[bool] = True
 
     def __init__(self, d_model: int, n_heads: int, pe: PositionalEncoding, **params):
         super().__init__()
@@ -162,11 +157,10 @@ class AttentionLayer(nn.Module):
     def score_matrix(self, q_rows: torch.Tensor, k: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
         """``score_scale * q.k - slope_h (r - j)`` as ``[B, H, Lq, Lk]`` (float32, or float64)."""
         dtype = compute_dtype(q_rows)
-        # Outside autocast: under the runner's bf16 autocast (CUDA) the product came back rounded to bf16 (a
-        # relative 2^-9), where the fused kernels keep their fp32 accumulator; models training on these
-        # references (``trains_dense``) then learned on coarser scores than they are scored with.
-        outside = torch.autocast(q_rows.device.type, enabled=False) if self.fp32_scores else contextlib.nullcontext()
-        with outside:
+        # Outside autocast: under the runner's bf16 autocast (CUDA) the product would come back rounded to bf16
+        # (a relative 2^-9), where the fused kernels keep their fp32 accumulator; models training on these
+        # references (``trains_dense``) would then learn on coarser scores than they are scored with.
+        with torch.autocast(q_rows.device.type, enabled=False):
             z = torch.matmul(q_rows.to(dtype), k.to(dtype).transpose(-1, -2)) * self.score_scale
         slopes = self.pe.slopes()
         if slopes is not None:

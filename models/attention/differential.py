@@ -1,4 +1,4 @@
-"""Differential softmax attention (Ye et al. 2025), the baseline of seed 000.
+"""Differential softmax attention (Ye et al. 2025), the baseline of Threshold Differential Attention.
 
 ``softmax(z1) - lambda * softmax(z2)`` with two sets of query/key projections and shared values (the
 layout TDA uses; the original splits one head's projections in halves and doubles the value width).
@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from lengthbench.models.attention.base import (
-    WEIGHT_FUNCTIONS,
     HeadRMSNorm,
     TwoViewAttention,
     causal_mask,
@@ -29,7 +28,6 @@ def lambda_init(layer_index: int) -> float:
     return 0.8 - 0.6 * math.exp(-0.3 * layer_index)
 
 
-@WEIGHT_FUNCTIONS.register("diffsoftmax")
 def diffsoftmax_weights(scores, mask, scores2=None, lam=None, query_positions=None):
     """``softmax(scores) - lam * softmax(scores2)`` (``scores2`` required, same shape); ``lam`` defaults
     to the first layer's ``lambda_init`` (0.2)."""
@@ -40,7 +38,7 @@ def diffsoftmax_weights(scores, mask, scores2=None, lam=None, query_positions=No
     return first - per_head(lam, first) * softmax_weights(scores2, mask)
 
 
-@register_attention("diffsoftmax")
+@register_attention("diffsoftmax", weights=diffsoftmax_weights)
 class DiffSoftmaxAttention(TwoViewAttention):
     """Differential softmax attention (Ye et al. 2025): difference of two softmax maps, per-head norm."""
 

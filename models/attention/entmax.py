@@ -1,4 +1,4 @@
-"""alpha-entmax attention and its length-scaled variants: entmax, sparsemax, sentmax, asentmax (seed 003).
+"""alpha-entmax attention and its length-scaled variants: entmax, sparsemax, sentmax, asentmax (Long-Context Generalization with Sparse Attention).
 
 ``alpha-entmax(z)_j = [(alpha - 1) z_j - tau]_+ ^ (1 / (alpha - 1))`` with ``tau`` making the row sum to 1,
 computed by the ``entmax`` package: exact sort-based ``entmax15`` (alpha 1.5) and ``sparsemax`` (alpha 2),
@@ -15,7 +15,6 @@ from entmax.root_finding import EntmaxBisectFunction
 from torch import nn
 
 from lengthbench.models.attention.base import (
-    WEIGHT_FUNCTIONS,
     AttentionLayer,
     as_compute,
     causal_mask,
@@ -100,19 +99,16 @@ def entmax_map(z: torch.Tensor, visible: torch.Tensor, alpha: float = 1.5) -> to
     return torch.where(visible & has_any, p, zero)
 
 
-@WEIGHT_FUNCTIONS.register("entmax")
 def entmax_weights(scores, mask, alpha=1.5, query_positions=None):
     """``alpha-entmax(z)`` over ``j <= r`` (default alpha 1.5)."""
     return entmax_map(scores, mask, alpha)
 
 
-@WEIGHT_FUNCTIONS.register("sparsemax")
 def sparsemax_weights(scores, mask, query_positions=None):
     """sparsemax = 2-entmax over ``j <= r``."""
     return entmax_map(scores, mask, 2.0)
 
 
-@WEIGHT_FUNCTIONS.register("asentmax")
 def asentmax_weights(scores, mask, beta=ASENTMAX_BETA_INIT, gamma=0.0, delta=1.0, alpha=1.5, query_positions=None):
     """``alpha-entmax((delta + beta_r * log(n_r + 1) ** gamma_r) * z)``; ``beta``, ``gamma`` floats or per
     row ``[..., Lq]`` (defaults: a zero-initialised projection, ``beta = log 2``, ``gamma = 0``). Uses
@@ -122,7 +118,6 @@ def asentmax_weights(scores, mask, beta=ASENTMAX_BETA_INIT, gamma=0.0, delta=1.0
                       mask, alpha)
 
 
-@WEIGHT_FUNCTIONS.register("sentmax")
 def sentmax_weights(scores, mask, beta=ASENTMAX_BETA_INIT, gamma=0.0, delta=1.0, alpha=1.5, query_positions=None):
     """``alpha-entmax((delta + beta * log(n_r + 1) ** gamma) * z)`` with ``beta``, ``gamma`` floats or
     per-head ``[H]`` tensors."""
@@ -146,7 +141,7 @@ class _EntmaxKernel:
         return self.alpha == KERNEL_ALPHA
 
 
-@register_attention("entmax")
+@register_attention("entmax", weights=entmax_weights)
 class EntmaxAttention(AttentionLayer):
     """alpha-entmax attention (default alpha 1.5): sparse, sums to one."""
 
@@ -164,7 +159,7 @@ class EntmaxAttention(AttentionLayer):
         return self.reference_attend(q, k, v, x)
 
 
-@register_attention("sparsemax")
+@register_attention("sparsemax", weights=sparsemax_weights)
 class SparsemaxAttention(AttentionLayer):
     """sparsemax attention (alpha-entmax with alpha = 2)."""
 
@@ -178,9 +173,9 @@ class SparsemaxAttention(AttentionLayer):
         return self.reference_attend(q, k, v, x)
 
 
-@register_attention("sentmax")
+@register_attention("sentmax", weights=sentmax_weights)
 class SEntmaxAttention(_EntmaxKernel, RowScaledAttention):
-    """Scalable entmax (seed 003): entmax((delta + beta * log(n_r + 1)^gamma) * z), beta and gamma
+    """Scalable entmax (Long-Context Generalization with Sparse Attention): entmax((delta + beta * log(n_r + 1)^gamma) * z), beta and gamma
     learned per head directly (start: beta = log 2, gamma = 0, as ASEntmax's zero projections)."""
 
     def __init__(self, d_model, n_heads, pe, alpha: float = 1.5, delta: float = 1.0, **params):
@@ -201,9 +196,9 @@ class SEntmaxAttention(_EntmaxKernel, RowScaledAttention):
         return entmax_weights(z, mask, self.alpha)
 
 
-@register_attention("asentmax")
+@register_attention("asentmax", weights=asentmax_weights)
 class ASEntmaxAttention(_EntmaxKernel, AdaptiveScaled):
-    """Adaptive-scalable entmax (seed 003): entmax((delta + beta_r * log(n_r + 1)^gamma_r) * z) with
+    """Adaptive-scalable entmax (Long-Context Generalization with Sparse Attention): entmax((delta + beta_r * log(n_r + 1)^gamma_r) * z) with
     beta_r, gamma_r projected from each query token; log(r + 2) as the authors' code."""
 
     def __init__(self, d_model, n_heads, pe, alpha: float = 1.5, **params):

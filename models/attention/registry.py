@@ -1,21 +1,85 @@
-"""The registry of attention mechanisms (``--attn``) and ``attention_weights``."""
+"""The registry of attention mechanisms (``--attn``): one entry per mechanism, its module and its weights.
+
+A mechanism is registered once, on its module, with its dense weight function::
+
+    @register_attention("softpick", weights=softpick_weights)
+    class SoftpickAttention(AttentionLayer): ...
+
+That one registration makes it a choice of the decoder (``ATTENTION``, ``lengthbench run --attn``) and gives
+``attention_weights`` (``WEIGHT_FUNCTIONS``) its reference, the map every kernel is tested against.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
 import torch
 
-from lengthbench.models.attention.base import WEIGHT_FUNCTIONS, AttentionLayer, causal_mask
-from lengthbench.models.registry import Registry
+from lengthbench.models.attention.base import AttentionLayer, WeightFunction, causal_mask
+from lengthbench.models.registry import Registry, UnknownNameError
 
-ATTENTION: Registry[type[AttentionLayer]] = Registry("attention mechanism")
+T = TypeVar("T")
 
 
-def register_attention(name: str, **kwargs):
-    """Class decorator registering an :class:`AttentionLayer` subclass under ``name``."""
+@dataclass(frozen=True)
+class Mechanism:
+    """A registered attention mechanism: its module (for the decoder) and its dense weight function."""
 
-    def decorator(cls):
+    name: str
+    module: type[AttentionLayer]
+    weights: WeightFunction | None  # None: a plugin's probe without a dense reference (no attention_weights)
+
+
+MECHANISMS: Registry[Mechanism] = Registry("attention mechanism")
+
+
+class _Part(Generic[T]):
+    """One part of the mechanisms (their modules or their weight functions), read like a registry of its own:
+    the mechanisms that have that part."""
+
+    def __init__(self, part: str):
+        self._part = part
+
+    def canonical(self, name: str) -> str:
+        name = MECHANISMS.canonical(name)
+        if getattr(MECHANISMS.get(name), self._part) is None:
+            raise UnknownNameError(f"attention mechanism {name!r} was registered without a weight function; "
+                                   f"those with one: {', '.join(self.names())}")
+        return name
+
+    def get(self, name: str) -> T:
+        return getattr(MECHANISMS.get(self.canonical(name)), self._part)
+
+    def names(self) -> list[str]:
+        return [name for name in MECHANISMS if getattr(MECHANISMS.get(name), self._part) is not None]
+
+    def __contains__(self, name: str) -> bool:
+        return name in MECHANISMS and getattr(MECHANISMS.get(name), self._part) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+
+ATTENTION: _Part[type[AttentionLayer]] = _Part("module")
+WEIGHT_FUNCTIONS: _Part[WeightFunction] = _Part("weights")
+
+
+def register_attention(name: str, *, weights: WeightFunction | None = None, aliases: tuple[str, ...] = (),
+                       replace: bool = False) -> Callable[[type[AttentionLayer]], type[AttentionLayer]]:
+    """Class decorator registering an :class:`AttentionLayer` subclass under ``name`` with ``weights``, its
+    dense weight function ``fn(scores, mask, **params)`` (see ``base.py``). Every mechanism of the package
+    gives one; a plugin's probe may leave it out (then ``attention_weights`` does not know the name)."""
+    if weights is not None and not callable(weights):
+        raise TypeError(f"attention mechanism {name!r}: weights must be its weight function, got {weights!r}")
+
+    def decorator(cls: type[AttentionLayer]) -> type[AttentionLayer]:
+        if not (isinstance(cls, type) and issubclass(cls, AttentionLayer)):
+            raise TypeError(f"attention mechanism {name!r}: {cls!r} is not an AttentionLayer subclass")
+        MECHANISMS.register(name, aliases=aliases, replace=replace)(Mechanism(name, cls, weights))
         cls.name = name
-        return ATTENTION.register(name, **kwargs)(cls)
+        return cls
 
     return decorator
 

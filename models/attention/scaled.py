@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from lengthbench.models.attention.base import (
-    WEIGHT_FUNCTIONS,
     AttentionLayer,
     as_compute,
     causal_mask,
@@ -59,14 +58,12 @@ def adaptive_scale(counts: torch.Tensor, beta, gamma, delta) -> torch.Tensor:
     return delta + per_row(beta, counts) * torch.exp(per_row(gamma, counts) * log_log)
 
 
-@WEIGHT_FUNCTIONS.register("ssmax")
 def ssmax_weights(scores, mask, s=SSMAX_S_INIT, query_positions=None):
     """``softmax(s * log(n_r) * z)``; ``s`` a float or per-head ``[H]`` tensor (default 0.43)."""
     z = as_compute(scores)
     return safe_softmax(scale_scores(z, log_length_scale(s, row_counts(mask, query_positions, z))), mask)
 
 
-@WEIGHT_FUNCTIONS.register("assmax")
 def assmax_weights(scores, mask, beta=ASENTMAX_BETA_INIT, gamma=0.0, delta=1.0, query_positions=None):
     """``softmax((delta + beta_r * log(n_r + 1) ** gamma_r) * z)``; ``beta``, ``gamma`` per row ``[..., Lq]``."""
     z = as_compute(scores)
@@ -74,7 +71,6 @@ def assmax_weights(scores, mask, beta=ASENTMAX_BETA_INIT, gamma=0.0, delta=1.0, 
                         mask)
 
 
-@WEIGHT_FUNCTIONS.register("adatemp")
 def adatemp_weights(scores, mask, query_positions=None):
     """Adaptive temperature (Velickovic et al. 2024): ``softmax(theta * z)``, ``theta = max(1, poly(H))``
     where the entropy ``H`` of ``softmax(z)`` exceeds 0.5, else 1. As in the authors' code, ``H`` uses
@@ -209,7 +205,7 @@ class AdaptiveScaled(RowScaledAttention):
         return adaptive_scale(counts, beta, gamma, self.delta)
 
 
-@register_attention("ssmax")
+@register_attention("ssmax", weights=ssmax_weights)
 class SSMaxAttention(LogLengthScaled):
     """Scalable-Softmax (Nakanishi 2025): softmax(s * log(n_r) * z), s learnable per head."""
 
@@ -220,7 +216,7 @@ class SSMaxAttention(LogLengthScaled):
         return safe_softmax(z, mask)
 
 
-@register_attention("assmax")
+@register_attention("assmax", weights=assmax_weights)
 class ASSMaxAttention(AdaptiveScaled):
     """Adaptive-scalable softmax (seed 003): ASEntmax's per-token scaling applied to softmax."""
 
@@ -232,7 +228,7 @@ class ASSMaxAttention(AdaptiveScaled):
         return safe_softmax(z, mask)
 
 
-@register_attention("adatemp")
+@register_attention("adatemp", weights=adatemp_weights)
 class AdaptiveTemperatureAttention(AttentionLayer):
     """Adaptive temperature softmax (Velickovic et al. 2024): sharpen rows whose entropy exceeds 0.5."""
 

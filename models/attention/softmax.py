@@ -7,7 +7,6 @@ from torch import nn
 
 from lengthbench.kernels._sdpa import SDPA_BIAS_CHUNK, sdpa_attend  # noqa: F401 (re-exported)
 from lengthbench.models.attention.base import (
-    WEIGHT_FUNCTIONS,
     AttentionLayer,
     as_compute,
     causal_mask,
@@ -16,13 +15,12 @@ from lengthbench.models.attention.base import (
 from lengthbench.models.attention.registry import register_attention
 
 
-@WEIGHT_FUNCTIONS.register("softmax")
 def softmax_weights(scores: torch.Tensor, mask: torch.Tensor, query_positions=None) -> torch.Tensor:
     """``softmax(z)`` over ``j <= r``; a row whose visible scores are all ``-inf`` is all zero."""
     return safe_softmax(as_compute(scores), mask)
 
 
-@register_attention("softmax")
+@register_attention("softmax", weights=softmax_weights)
 class SoftmaxAttention(AttentionLayer):
     """Softmax attention (the baseline of every seed); torch SDPA on CUDA."""
 
@@ -36,10 +34,7 @@ class SoftmaxAttention(AttentionLayer):
 
 
 # The gate acts on the head outputs, not on the map: the reference map of `gated` is softmax's.
-WEIGHT_FUNCTIONS.register("gated")(softmax_weights)
-
-
-@register_attention("gated")
+@register_attention("gated", weights=softmax_weights)
 class GatedAttention(SoftmaxAttention):
     """Gated softmax attention (Qiu et al. 2025): head outputs times ``sigmoid(x W_g)``.
 

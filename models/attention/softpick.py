@@ -1,4 +1,4 @@
-"""Softpick and its relatives from seed 002: softpick, scalable-softpick, rectified (ReLU-masked) softmax.
+"""Softpick and its relatives from the paper "Softpick": softpick, scalable-softpick, rectified (ReLU-masked) softmax.
 
 ``softpick(z)_j = ReLU(e^z_j - 1) / (sum_{k <= r} |e^z_k - 1| + eps)``, rows sum to at most one. It is
 computed shifted by ``m = max(0, rowmax)``: ``ReLU(e^(z-m) - e^-m) / (sum |e^(z-m) - e^-m| + eps e^-m)``,
@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 from lengthbench.models.attention.base import (
-    WEIGHT_FUNCTIONS,
     AttentionLayer,
     as_compute,
     causal_mask,
@@ -36,29 +35,26 @@ def softpick_map(z: torch.Tensor, visible: torch.Tensor, eps: float = SOFTPICK_E
     return numerator / denominator
 
 
-@WEIGHT_FUNCTIONS.register("softpick")
 def softpick_weights(scores, mask, eps=SOFTPICK_EPS, query_positions=None):
     """``ReLU(e^z - 1) / (sum_{j<=r} |e^z - 1| + eps)`` (default eps 1e-6)."""
     return softpick_map(scores, mask, eps)
 
 
-@WEIGHT_FUNCTIONS.register("scalable-softpick")
 def scalable_softpick_weights(scores, mask, s=SSMAX_S_INIT, eps=SOFTPICK_EPS, query_positions=None):
     """``softpick(s * log(n_r) * z)``; ``s`` a float or per-head ``[H]`` tensor (default 0.43, as SSMax)."""
     z = as_compute(scores)
     return softpick_map(scale_scores(z, log_length_scale(s, row_counts(mask, query_positions, z))), mask, eps)
 
 
-@WEIGHT_FUNCTIONS.register("rectified")
 def rectified_weights(scores, mask, query_positions=None):
     """Softmax over the visible entries with ``z >= 0``; a row with none is all zero."""
     z = as_compute(scores)
     return safe_softmax(z, mask & (z >= 0))
 
 
-@register_attention("softpick")
+@register_attention("softpick", weights=softpick_weights)
 class SoftpickAttention(AttentionLayer):
-    """Softpick (seed 002): rectified softmax that need not sum to one; no attention sink."""
+    """Softpick (the paper "Softpick"): rectified softmax that need not sum to one; no attention sink."""
 
     def __init__(self, d_model, n_heads, pe, eps: float = SOFTPICK_EPS, **params):
         super().__init__(d_model, n_heads, pe, **params)
@@ -74,9 +70,9 @@ class SoftpickAttention(AttentionLayer):
         return self.reference_attend(q, k, v, x)
 
 
-@register_attention("scalable-softpick")
+@register_attention("scalable-softpick", weights=scalable_softpick_weights)
 class ScalableSoftpickAttention(LogLengthScaled):
-    """Scalable-softpick (seed 002, App. C): softpick(s * log(n_r) * z), s learnable per head."""
+    """Scalable-softpick (Softpick, Appendix C): softpick(s * log(n_r) * z), s learnable per head."""
 
     base_kernel = "softpick"
 
@@ -94,9 +90,9 @@ class ScalableSoftpickAttention(LogLengthScaled):
         return softpick_weights(z, mask, self.eps)
 
 
-@register_attention("rectified")
+@register_attention("rectified", weights=rectified_weights)
 class RectifiedAttention(AttentionLayer):
-    """Rectified-only softmax (seed 002, App. C): softmax over the non-negative scores only."""
+    """Rectified-only softmax (Softpick, Appendix C): softmax over the non-negative scores only."""
 
     def weights(self, scores, query_positions, x_rows):
         return rectified_weights(scores, causal_mask(query_positions, scores.shape[-1]))

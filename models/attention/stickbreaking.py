@@ -1,4 +1,4 @@
-"""Stick-breaking attention (Tan et al. 2025) and Sieve attention (seed 004).
+"""Stick-breaking attention (Tan et al. 2025) and Sieve attention (the paper "Sieve Attention").
 
 Both allocate over the earlier keys ``j < r``, most recent first, and put what is left of the stick on the
 query's own value (the diagonal), so every row sums to one (Tan et al.'s reference; some copies drop the
@@ -12,11 +12,11 @@ Sieve first filters with the support of alpha-entmax over ``z_{j<r}`` (its defin
 Algorithm 1's ``z >= rowmax - eps``) and breaks the stick over that support only; no gradient flows
 through the support.
 
-``sieve-alg1`` is the seed's Algorithm 1 read literally, a separate, named variant: the filter keeps the
+``sieve-alg1`` is that paper's Algorithm 1 read literally, a separate, named variant: the filter keeps the
 earlier keys with ``z >= max_{j<r} z - eps`` (default ``eps = 2``), every earlier key breaks the stick (its
 line 17 accumulates the softplus of all keys), and the weights outside the filter are set to zero (their
 mass is dropped; the remainder ``prod_{j<r} (1 - sigmoid(z_j))`` stays on the diagonal). Unlike ``sieve`` it
-trains as stick-breaking does on our probes (REPRODUCTION.md, session 4).
+trains as stick-breaking does on our recall probes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import torch
 import torch.nn.functional as F
 
 from lengthbench.models.attention.base import (
-    WEIGHT_FUNCTIONS,
     AttentionLayer,
     as_compute,
     causal_mask,
@@ -48,7 +47,6 @@ def stick_break(z: torch.Tensor, active: torch.Tensor, diagonal: torch.Tensor) -
     return weights + torch.where(diagonal, remainder, zero)
 
 
-@WEIGHT_FUNCTIONS.register("stickbreaking")
 def stickbreaking_weights(scores, mask, query_positions=None):
     """Stick-breaking over ``j < r`` with the remainder on ``j = r``; rows sum to one."""
     z = as_compute(scores)
@@ -62,7 +60,6 @@ def sieve_support(z: torch.Tensor, earlier: torch.Tensor, alpha: float = 1.5) ->
         return entmax_map(z.detach(), earlier, alpha) > 0
 
 
-@WEIGHT_FUNCTIONS.register("sieve")
 def sieve_weights(scores, mask, alpha=1.5, query_positions=None):
     """Sieve: stick-breaking over the support of alpha-entmax(z_{j<r}) (default alpha 1.5), remainder on
     ``j = r``, exact zeros outside the support; rows sum to one."""
@@ -71,9 +68,8 @@ def sieve_weights(scores, mask, alpha=1.5, query_positions=None):
     return stick_break(z, earlier & sieve_support(z, earlier, alpha), diagonal)
 
 
-@WEIGHT_FUNCTIONS.register("sieve-alg1")
 def sieve_alg1_weights(scores, mask, eps=2.0, query_positions=None):
-    """Sieve as the seed's Algorithm 1: stick-breaking over all ``j < r``, weights kept where ``z_j >=
+    """Sieve as "Sieve Attention"'s Algorithm 1: stick-breaking over all ``j < r``, weights kept where ``z_j >=
     max_{k<r} z_k - eps`` (no gradient through the filter), the remainder on ``j = r``."""
     z = as_compute(scores)
     diagonal, earlier = diagonal_and_earlier(mask, query_positions)
@@ -85,7 +81,7 @@ def sieve_alg1_weights(scores, mask, eps=2.0, query_positions=None):
     return torch.where(keep, w, torch.zeros((), dtype=w.dtype, device=w.device))
 
 
-@register_attention("stickbreaking")
+@register_attention("stickbreaking", weights=stickbreaking_weights)
 class StickBreakingAttention(AttentionLayer):
     """Stick-breaking attention (Tan et al. 2025): recency-biased, remainder on the query's own value."""
 
@@ -99,9 +95,9 @@ class StickBreakingAttention(AttentionLayer):
         return self.reference_attend(q, k, v, x)
 
 
-@register_attention("sieve")
+@register_attention("sieve", weights=sieve_weights)
 class SieveAttention(AttentionLayer):
-    """Sieve attention (seed 004): entmax-support filter, then stick-breaking over the survivors."""
+    """Sieve attention (the paper "Sieve Attention"): entmax-support filter, then stick-breaking over the survivors."""
 
     def __init__(self, d_model, n_heads, pe, alpha: float = 1.5, **params):
         super().__init__(d_model, n_heads, pe, **params)
@@ -117,9 +113,9 @@ class SieveAttention(AttentionLayer):
         return self.reference_attend(q, k, v, x)
 
 
-@register_attention("sieve-alg1")
+@register_attention("sieve-alg1", weights=sieve_alg1_weights)
 class SieveAlg1Attention(AttentionLayer):
-    """Sieve as the seed's Algorithm 1: keys within eps of the row's max, stick broken by every key."""
+    """Sieve as "Sieve Attention"'s Algorithm 1: keys within eps of the row's max, stick broken by every key."""
 
     def __init__(self, d_model, n_heads, pe, eps: float = 2.0, **params):
         super().__init__(d_model, n_heads, pe, **params)

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from lengthbench.models.attention.base import (
-    WEIGHT_FUNCTIONS,
     AttentionLayer,
     HeadRMSNorm,
     TwoViewAttention,
@@ -35,7 +34,6 @@ from lengthbench.models.attention.base import (
 from lengthbench.models.attention.registry import register_attention
 
 
-@WEIGHT_FUNCTIONS.register("rela")
 def rela_weights(scores, mask, query_positions=None):
     """``ReLU(z)`` over ``j <= r``, unnormalised."""
     return zeros_where_not(torch.relu(as_compute(scores)), mask)
@@ -46,7 +44,6 @@ def tra_threshold(counts: torch.Tensor, head_dim: int, beta=1.0, kappa: float = 
     return per_head(beta, counts) * torch.sqrt(2 * torch.clamp(torch.log((counts + 1) / kappa), min=0) / head_dim)
 
 
-@WEIGHT_FUNCTIONS.register("tra")
 def tra_weights(scores, mask, head_dim=None, beta=1.0, kappa=1.0, power=2.0, query_positions=None):
     """``(s - tau_r)_+ ^ p`` for cosine scores ``s`` over ``j <= r``; ``head_dim`` is required (it sets the
     threshold), ``beta`` (default 1) a float or tensor, ``kappa`` 1, ``power`` 2."""
@@ -57,7 +54,6 @@ def tra_weights(scores, mask, head_dim=None, beta=1.0, kappa=1.0, power=2.0, que
     return zeros_where_not(torch.relu(s - tau) ** power, mask)
 
 
-@WEIGHT_FUNCTIONS.register("tda")
 def tda_weights(scores, mask, scores2=None, head_dim=None, lam=0.5, beta=1.0, kappa=1.0, power=2.0,
                 query_positions=None):
     """``tra(scores) - lam * tra(scores2)``: the effective map of two cosine-score views (``scores2``
@@ -69,7 +65,7 @@ def tda_weights(scores, mask, scores2=None, head_dim=None, lam=0.5, beta=1.0, ka
     return first - per_head(lam, first) * second
 
 
-@register_attention("rela")
+@register_attention("rela", weights=rela_weights)
 class ReLAAttention(AttentionLayer):
     """ReLA (Zhang et al. 2021): ReLU(z) weights, unnormalised, RMSNorm on each head's output."""
 
@@ -111,7 +107,7 @@ def unit(t: torch.Tensor) -> torch.Tensor:
     return F.normalize(t, dim=-1, eps=1e-6)
 
 
-@register_attention("tra")
+@register_attention("tra", weights=tra_weights)
 class TRAAttention(_Thresholded, AttentionLayer):
     """Threshold rectified attention (seed 000): cosine scores above a length-dependent threshold."""
 
@@ -135,7 +131,7 @@ class TRAAttention(_Thresholded, AttentionLayer):
         return self.reference_attend(q, k, v, x)
 
 
-@register_attention("tda")
+@register_attention("tda", weights=tda_weights)
 class TDAAttention(_Thresholded, TwoViewAttention):
     """Threshold differential attention (seed 000): TRA of view 1 minus lambda times TRA of view 2."""
 

@@ -1,0 +1,63 @@
+"""The results store's schema version: written into every row, 1 for rows written without it, and rows of
+different versions never in one leaderboard table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from test_leaderboard import synthetic_run
+
+from lengthbench.config import build_config
+from lengthbench.leaderboard import build_leaderboard, load_store, to_markdown
+from lengthbench.store import SCHEMA_VERSION, load_results, run_path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def downgrade(results: Path, run_id: str) -> None:
+    """Rewrite a run's file as a store of schema version 1 wrote it: without the column."""
+    path = run_path(results, run_id)
+    pd.read_parquet(path).drop(columns="schema_version").to_parquet(path, index=False)
+
+
+def test_every_row_written_carries_the_schema_version(tmp_path):
+    path = synthetic_run(tmp_path, "copy", "softmax", "nape", 0, {1: 1.0, 2: 0.5})
+    assert SCHEMA_VERSION == 2
+    assert list(pd.read_parquet(path)["schema_version"]) == [SCHEMA_VERSION] * 2
+    assert list(load_results(tmp_path)["schema_version"]) == [SCHEMA_VERSION] * 2
+
+
+def test_rows_without_the_column_are_version_1_and_never_share_a_table_with_newer_ones(tmp_path):
+    old = synthetic_run(tmp_path, "copy", "softmax", "nape", 0, {1: 1.0, 2: 0.5}, config={"lr": 1})
+    synthetic_run(tmp_path, "copy", "softmax", "nape", 1, {1: 1.0, 2: 1.0})
+    downgrade(tmp_path, old.stem)
+    frame = load_results(tmp_path)
+    assert sorted(frame.groupby("run_id")["schema_version"].first()) == [1, 2]
+    board = build_leaderboard(load_store(tmp_path)[0])
+    assert len(board) == 2  # one row each: the seeds of two schema versions are not pooled
+    assert sorted(board["seeds"]) == [1, 1]
+    assert list(board["protocol"].str.endswith(", results schema 1")) == [True, False] or \
+        list(board["protocol"].str.endswith(", results schema 1")) == [False, True]
+    text = to_markdown(board)
+    assert text.count("## copy") == 2 and "results schema 1" in text
+    # a store of one version names none
+    synthetic_run(tmp_path / "one", "copy", "softmax", "nape", 0, {1: 1.0})
+    assert "results schema" not in to_markdown(build_leaderboard(load_store(tmp_path / "one")[0]))
+
+
+def test_the_run_id_hashes_every_field():
+    base = build_config("copy", "softmax", "nape", "smoke")
+    assert set(base.identity()) == set(base.__dataclass_fields__)
+    for change in (dict(arch="gemma2"), dict(init="torch"), dict(train_attention="reference"),
+                   dict(selection_metric="bleu"), dict(init_from="x"), dict(rescored_from="y")):
+        assert build_config("copy", "softmax", "nape", "smoke", **change).run_id != base.run_id, change
+
+
+def test_the_committed_store_loads_as_version_1_and_shows_in_the_leaderboard():
+    store = next((p for p in (ROOT / "results" / "runs", ROOT / "results" / "gpu" / "runs") if p.is_dir()), None)
+    assert store is not None, "no committed run store"
+    frame, _ = load_store(store.parent)
+    assert len(frame) > 100 and set(frame["schema_version"]) == {1}
+    board = build_leaderboard(frame)
+    assert len(board) > 10 and set(board["task"]) >= {"mqrar"}
