@@ -30,7 +30,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
 
 from lengthbench.leaderboard import METRIC_NAMES, REACH_THRESHOLD, TABLE_KEYS, board_multipliers  # noqa: E402
-from lengthbench.tasks import multiplier_label  # noqa: E402
+from lengthbench.tasks import get_task, multiplier_label  # noqa: E402
 
 TITLE_WIDTH = 100  # characters a line of a curve plot's title
 
@@ -55,12 +55,21 @@ def _base(name: str) -> str:
     return str(name).split(" (")[0]
 
 
+def _task_variant(protocol: str) -> bool:
+    """Whether a table's runs set task parameters of their own (a named variant such as MQRAR's ``layout=inline``,
+    another task): the leaderboard writes them as ``key=value`` items in the protocol, before any ``", after "``
+    that names a curriculum's earlier stages."""
+    return any("=" in item for item in str(protocol).split(", after ")[0].split(", "))
+
+
 def best_rows(board: pd.DataFrame) -> pd.DataFrame:
-    """Per task, at its longest training length (shorter ones are curriculum stages), the row of each mechanism x
-    encoding (parameters aside) that reaches furthest, then has the largest AUC, over all the task's protocols and
-    variants; ``table_max`` is the largest multiplier that row's table evaluated."""
-    longest = board.groupby("task")["train_length"].transform("max")
-    rows = board[board["train_length"] == longest].copy()
+    """Per task, at its default training length and parameters (a curriculum's stages and named variants are
+    other tasks, as for ``lengthbench compare``), the row of each mechanism x encoding (parameters aside) that
+    reaches furthest, then has the largest AUC, over all the task's protocols and variants of the mechanism;
+    ``table_max`` is the largest multiplier that row's table evaluated."""
+    default_length = board["task"].map(lambda task: get_task(task).default_train_length)
+    variant = board["protocol"].map(_task_variant)
+    rows = board[(board["train_length"] == default_length) & ~variant].copy()
     rows["table_max"] = 0.0
     for _, table in rows.groupby(TABLE_KEYS):
         rows.loc[table.index, "table_max"] = float(max(board_multipliers(table)))

@@ -127,6 +127,15 @@ def test_a_task_with_several_protocols_gets_one_figure_of_its_best_rows(store, t
                            for ext in ("png", "svg"))
 
 
+def test_a_named_variant_of_a_task_is_not_the_task():
+    """MQRAR's inline layout is another task: its rows stay out of MQRAR's figure, a curriculum's stages do not."""
+    from lengthbench.plots import _task_variant
+
+    assert _task_variant("1.28M samples, batch 128, lr 0.0003, layout=inline, selection at 8x")
+    assert not _task_variant("0.64M samples, batch 128, lr 0.001, after mqrar (layout=inline) at n 16, 0.96M samples")
+    assert not _task_variant("4M samples, batch 512, lr 0.001") and not _task_variant("")
+
+
 def test_a_long_title_is_wrapped_and_keeps_every_word():
     """A long label on one line squeezes the axes of the saved figure to a sliver."""
     from lengthbench.plots import TITLE_WIDTH, wrap_title
