@@ -120,6 +120,7 @@ def main() -> None:
         save(rows, args)
         if args.device.type == "cuda":
             torch.cuda.empty_cache()
+    print((Path(args.out) / "eval_time.md").read_text())
 
 
 def save(rows: list[dict], args) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import os
 import shlex
 import subprocess
 import sys
@@ -158,7 +159,11 @@ FILE_STEM = Path("kernels")
 
 
 def git_commit() -> str:
-    """The checkout's short commit, ``+`` when its tracked files differ from it; ``unknown`` outside git."""
+    """The checkout's short commit, ``+`` when its tracked files differ from it; ``LENGTHBENCH_GIT_SHA`` where it is
+    set (a copy of the checkout without ``.git``, as the runner reads it); ``unknown`` otherwise."""
+    if os.environ.get("LENGTHBENCH_GIT_SHA"):
+        return os.environ["LENGTHBENCH_GIT_SHA"]
+
     def git(*args):
         return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent)
     head = git("rev-parse", "--short", "HEAD")

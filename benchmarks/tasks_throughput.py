@@ -130,6 +130,7 @@ def main() -> None:
         note = "" if (group.n == group.point).all() else " (n = 64 point run at its minimum, n = 65)"
         lines.append(f"| {name}{note} | " + " | ".join(cells) + f" | {big_row.seconds * 1000 / big_row.samples:.2f} |")
     (out / "tasks_throughput.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
     print(f"wrote {out / 'tasks_throughput.parquet'} and {out / 'tasks_throughput.md'}")
 
 

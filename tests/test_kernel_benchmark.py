@@ -38,3 +38,13 @@ def test_merge_replaces_the_measured_rows_only(tmp_path):
     assert "between 2026-11-22 and 2026-11-24" in text and "times 1 (SDPA" in text
     assert "| entmax | 1.45 (1.5) | 0.83 (3) | 1.00 | all |" in text
     assert "| sieve | 5.00 (1.5) | 2.86 (3) | 1.00 | missed: fwd |" in text
+
+
+def test_each_row_of_the_report_names_its_date_and_commit(tmp_path):
+    rows = frame(["entmax"], 29.0, "2026-11-24T01:02:03+00:00", scale=1.0).assign(git_sha="abc1234")
+    bench.write(pd.concat([rows, frame(["tra"], 10.0, "2026-11-22")]), tmp_path)
+    text = (tmp_path / "kernels.md").read_text()
+    assert "| date | commit |" in text
+    assert "| entmax | 65536 | 32 | 29.000 |" in text and "| 2026-11-24 | abc1234 |" in text
+    assert "| tra | 65536 | 32 | 10.000 |" in text and "| 2026-11-22 |  |" in text  # a row without a commit says so
+    assert "Again: `python benchmarks/kernels.py --out results/benchmarks`" in text
