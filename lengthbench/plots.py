@@ -62,14 +62,22 @@ def _task_variant(protocol: str) -> bool:
     return any("=" in item for item in str(protocol).split(", after ")[0].split(", "))
 
 
+def _main_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """One task's rows at its default training length (else its longest: a curriculum's stages are shorter) and
+    with its default parameters, where it has such rows (a named variant is another task, as for ``compare``)."""
+    lengths = set(table["train_length"])
+    default = get_task(table["task"].iloc[0]).default_train_length
+    table = table[table["train_length"] == (default if default in lengths else max(lengths))]
+    own = table[~table["protocol"].map(_task_variant)]
+    return own if len(own) else table
+
+
 def best_rows(board: pd.DataFrame) -> pd.DataFrame:
-    """Per task, at its default training length and parameters (a curriculum's stages and named variants are
-    other tasks, as for ``lengthbench compare``), the row of each mechanism x encoding (parameters aside) that
-    reaches furthest, then has the largest AUC, over all the task's protocols and variants of the mechanism;
-    ``table_max`` is the largest multiplier that row's table evaluated."""
-    default_length = board["task"].map(lambda task: get_task(task).default_train_length)
-    variant = board["protocol"].map(_task_variant)
-    rows = board[(board["train_length"] == default_length) & ~variant].copy()
+    """Per task (``_main_rows``), the row of each mechanism x encoding (parameters aside) that reaches furthest,
+    then has the largest AUC, over all the task's protocols and variants of the mechanism; ``table_max`` is the
+    largest multiplier that row's table evaluated."""
+    tables = [_main_rows(table) for _, table in board.groupby("task", sort=True)]
+    rows = pd.concat(tables) if tables else board.copy()
     rows["table_max"] = 0.0
     for _, table in rows.groupby(TABLE_KEYS):
         rows.loc[table.index, "table_max"] = float(max(board_multipliers(table)))
