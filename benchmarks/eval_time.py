@@ -1,7 +1,7 @@
 """Evaluation time at the longest length: the ``paper`` MQMTAR model (4 layers, d 512, 16 heads) scoring
 samples at n = 65,536 through the runner's Evaluator (adaptive batch, fused kernels), per mechanism.
 
-    python benchmarks/eval_time.py --attns softmax,sieve --samples 1000,50 --out results/kernels
+    python benchmarks/eval_time.py --attns softmax,sieve --samples 1000,50 --out results/benchmarks
 
 ``--samples`` gives one count per mechanism (or one for all). The model is freshly initialised: timing does
 not depend on what it learned, except in the sparse kernels, whose work depends on the scores (the entmax
@@ -15,14 +15,13 @@ near-uniform rows, to full passes over their keys). ``--runs RESULTS`` times tra
 Each mechanism gets one untimed warm-up sample first (compilation of the kernels). Rows record the samples
 actually timed; ``s_per_1000`` scales the measured rate to 1,000 samples and ``projected`` says when it is
 such a projection rather than a 1,000-sample run.
-Writes ``<out>/eval_time.parquet`` and ``.md``. ``--device cpu`` with a small ``--n`` checks a setup on a machine
+Writes ``<out>/eval_time.parquet`` and ``.md`` (each row with its device, date, commit and command). ``--device cpu`` with a small ``--n`` checks a setup on a machine
 without a GPU (the dense references; no peak memory).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from datetime import datetime, timezone
@@ -34,7 +33,14 @@ import torch
 from lengthbench.config import build_config
 from lengthbench.errors import UsageError
 from lengthbench.leaderboard import frame_markdown
-from lengthbench.runner import Evaluator, build_model, device_description, load_model, newest_trained_run
+from lengthbench.runner import (
+    Evaluator,
+    build_model,
+    device_description,
+    git_sha,
+    load_model,
+    newest_trained_run,
+)
 from lengthbench.tasks import get_task
 
 
@@ -78,22 +84,11 @@ def main() -> None:
     parser.add_argument("--pe", default="rope", help="positional encoding (none for the position-free mechanisms)")
     parser.add_argument("--n", type=int, default=65_536)
     parser.add_argument("--samples", default="1000", help="samples per mechanism: one count, or one per --attns")
-    parser.add_argument("--out", default="results/kernels")
+    parser.add_argument("--out", default="results/benchmarks")
     parser.add_argument("--runs", type=Path, default=None,
                         help="a results directory: time the trained models of its finished runs (attn or attn:pe)")
     parser.add_argument("--device", default="auto", help="auto (CUDA where there is one), cuda or cpu (small --n only)")
-    parser.add_argument("--entmax-tuning", default="null",
-                        help='JSON: kernels/entmax.py TUNING for every mechanism (null: the defaults), e.g. '
-                             '\'{"alibi_skip": false}\'; kept in the command column')
     args = parser.parse_args()
-    try:
-        tuning = json.loads(args.entmax_tuning)
-    except json.JSONDecodeError as error:
-        print(f"error: --entmax-tuning is not JSON ({error})", file=sys.stderr)
-        sys.exit(2)
-    if tuning is not None:
-        from lengthbench.kernels import entmax  # noqa: PLC0415 - Triton: only where the kernels run
-        entmax.TUNING = tuning
     args.device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                                "cpu" if args.device == "auto" else args.device)
     attns = args.attns.split(",")
@@ -125,6 +120,7 @@ def main() -> None:
         save(rows, args)
         if args.device.type == "cuda":
             torch.cuda.empty_cache()
+    print((Path(args.out) / "eval_time.md").read_text())
 
 
 def save(rows: list[dict], args) -> None:
@@ -136,16 +132,17 @@ def save(rows: list[dict], args) -> None:
     frame["vs_softmax"] = frame["s_per_1000"] / base.iloc[0] if len(base) else float("nan")
     frame["device"] = device_description(args.device)
     frame["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    frame["git_sha"] = git_sha()
     frame["command"] = "python " + " ".join(sys.argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out / "eval_time.parquet", index=False)
     columns = ["attn", "pe", "weights", "tokens", "samples", "seconds", "s_per_1000", "projected", "vs_softmax",
                "peak_mem_gib", "error"]
-    frame = frame.reindex(columns=[*columns, "device", "created_at", "command"])
+    frame = frame.reindex(columns=[*columns, "device", "created_at", "git_sha", "command"])
     (out / "eval_time.md").write_text(
         f"# Evaluation time at n = {args.n:,} ({args.task}, `paper` model)\n\nDevice: {frame['device'].iloc[0]}; "
-        f"{frame['created_at'].iloc[0]}\n\nCommand: `{frame['command'].iloc[0]}`\n\n"
+        f"{frame['created_at'].iloc[0]}; commit {frame['git_sha'].iloc[0]}\n\nCommand: `{frame['command'].iloc[0]}`\n\n"
         + frame_markdown(frame[columns]) + "\n")
 
 if __name__ == "__main__":

@@ -2,19 +2,19 @@
 # The GPU checks a kernel or runner change owes, in parts that each fit a ten-minute command:
 #
 #   bash benchmarks/gpu_checks.sh tests OUT       # the kernel tests against the float64 references, log with device/date
-#   bash benchmarks/gpu_checks.sh tests-lists OUT # the list forward/backward of entmax, sparsemax and Sieve; Sieve probes
+#   bash benchmarks/gpu_checks.sh tests-lists OUT # the list forward/backward of entmax, sparsemax and Sieve
 #   bash benchmarks/gpu_checks.sh tests-modules OUT  # each module's fast path against its reference; compiled references
 #   bash benchmarks/gpu_checks.sh kernels OUT     # kernel benchmark against SDPA (all ops, TDA included)
 #   bash benchmarks/gpu_checks.sh eval OUT        # paper MQMTAR evaluation at 65,536 tokens per mechanism
-#   bash benchmarks/gpu_checks.sh breakdown OUT   # each threshold kernel's share of the forward (torch.profiler)
 #   bash benchmarks/gpu_checks.sh throughput OUT  # training throughput of the paper MQMTAR model
 #
-# OUT (default results/gpu_checks) receives the logs and tables; copy them under results/ to commit.
+# OUT (default ./gpu_checks) receives the logs and tables. The committed tables are results/benchmarks/*:
+# merge new kernel rows with `python benchmarks/kernels.py --merge OUT --out results/benchmarks` (results/README.md).
 # Run from the repository root with lengthbench installed (pip install -e . or pip install .).
 set -u -o pipefail
-if [ $# -lt 1 ]; then echo "usage: gpu_checks.sh tests|tests-lists|tests-modules|kernels|eval|breakdown|throughput [OUT]" >&2; exit 2; fi
+if [ $# -lt 1 ]; then echo "usage: gpu_checks.sh tests|tests-lists|tests-modules|kernels|eval|throughput [OUT]" >&2; exit 2; fi
 part=$1
-out=${2:-results/gpu_checks}
+out=${2:-gpu_checks}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 repo=$(pwd)
@@ -27,11 +27,11 @@ header() {
 }
 case "$part" in
   tests|tests-lists|tests-modules)
-    # Session 37's split (2026-11-26, one H100, 8 workers): about 6, 4 and 6 minutes. The list files skip by a
+    # On one H100 with 8 workers the three parts take about 6, 4 and 6 minutes. The list files skip by a
     # condition of their own (a GPU, or the Triton interpreter on a CPU), not by the gpu mark, so they run unmarked.
     case "$part" in
       tests) files="tests/test_kernels.py"; mark="-m gpu" ;;
-      tests-lists) files="tests/test_entmax_lists.py tests/test_sieve_lists_backward.py tests/test_sieve_probes.py"; mark="" ;;
+      tests-lists) files="tests/test_entmax_lists.py tests/test_sieve_lists_backward.py"; mark="" ;;
       tests-modules) files="tests/test_attention_cuda.py tests/test_compiled_reference.py"; mark="-m gpu" ;;
     esac
     paths=$(for f in $files; do printf '%s ' "$repo/$f"; done)
@@ -49,12 +49,9 @@ case "$part" in
       --samples 1000,50,20,20,20,20,20,20 --out "$out" 2>&1 | tee "$out/eval_time_log.txt"
     python3 benchmarks/eval_time.py --pe none --attns softmax,sieve,stickbreaking --samples 50,10,20 \
       --out "$out/none" 2>&1 | tee "$out/eval_time_none_log.txt" ;;
-  breakdown)
-    python3 benchmarks/kernel_breakdown.py --attns entmax,sieve,sparsemax --scales 1.0,0.2 --out "$out/random" 2>&1 | tee "$out/breakdown_log.txt"
-    python3 benchmarks/kernel_breakdown.py --attns entmax --model mqmtar --pe rope --out "$out/model" 2>&1 | tee -a "$out/breakdown_log.txt" ;;
   throughput)
     python3 benchmarks/train_throughput.py --task mqmtar --preset paper --pes rope --batch-sizes 1024,2048 \
       --compile-modes reduce-overhead --pad-multiples 8 --steps 150 --out "$out" 2>&1 | tee "$out/throughput_log.txt" ;;
   *)
-    echo "error: unknown part '$part'; choose from: tests, tests-lists, tests-modules, kernels, eval, breakdown, throughput" >&2; exit 2 ;;
+    echo "error: unknown part '$part'; choose from: tests, tests-lists, tests-modules, kernels, eval, throughput" >&2; exit 2 ;;
 esac

@@ -1,16 +1,16 @@
 """Fused kernels vs PyTorch SDPA (flash backend, causal): forward and forward+backward time, peak memory.
 
-    python benchmarks/kernels.py --out results/kernels
+    python benchmarks/kernels.py --out results/benchmarks
 
-Writes ``benchmark.parquet`` (one row per mechanism, length and head dim) and ``benchmark.md`` (the table
-at the longest length, with the ratios to SDPA against the targets of issue 5). Times are medians of
+Writes ``kernels.parquet`` (one row per mechanism, length and head dim, each with its date, device, commit and
+command: ``created_at``, ``device``, ``git_sha``, ``command``) and ``kernels.md`` (the table, and at the longest length the ratios to SDPA against the targets below). Times are medians of
 ``triton.testing.do_bench``; peak memory is ``torch.cuda.max_memory_allocated`` over one forward+backward
 step, inputs (q, k, v, the output gradient) included, for both the kernel and SDPA. Random inputs, B=1,
 H=16, bf16 by default.
 
-    python benchmarks/kernels.py --merge NEW_DIR --out results/kernels
+    python benchmarks/kernels.py --merge NEW_DIR --out results/benchmarks
 
-(no GPU needed) replaces the rows that ``NEW_DIR/benchmark.parquet`` measured again (the same mechanism, length
+(no GPU needed) replaces the rows that ``NEW_DIR/kernels.parquet`` measured again (the same mechanism, length
 and head dim) in ``--out``'s, keeps the others, and rewrites both files.
 """
 
@@ -19,6 +19,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import os
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -33,7 +37,7 @@ except ModuleNotFoundError:  # pragma: no cover - CPU-only installs
 
 from lengthbench.kernels import get_kernel, kernel_names
 
-# issue 5: fwd within FWD_TARGET x SDPA and fwd+bwd within FWDBWD_TARGET x; tra/tda at least as fast.
+# The targets: fwd within FWD_TARGET x SDPA and fwd+bwd within FWDBWD_TARGET x; tra/tda at least as fast.
 FWD_TARGET = {"stickbreaking": 1.5, "sieve": 1.5, "softpick": 1.5, "rectified": 1.5, "entmax": 1.5,
               "tra": 1.0, "tda": 1.0}
 FWDBWD_TARGET = {"stickbreaking": 3.0, "sieve": 3.0, "softpick": 3.0, "rectified": 3.0, "entmax": 3.0,
@@ -89,14 +93,14 @@ def kernel_fn(name):
 
 
 def tda_two_passes(q, k, v):
-    """TDA as two tra passes (same views as ``tda``): what the TDA module ran before session 10."""
+    """TDA as two tra passes (same views as ``tda``), the baseline the one-pass op is measured against."""
     op = get_kernel("tra")
     return op(q, k, v, sm_scale=1.0) - 0.5 * op(k, q, v, sm_scale=1.0)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="results/kernels")
+    parser.add_argument("--out", default="results/benchmarks")
     parser.add_argument("--lengths", default="1024,4096,16384,65536")
     parser.add_argument("--head-dims", default="32,64")
     parser.add_argument("--heads", type=int, default=16)
@@ -104,17 +108,18 @@ def main():
     parser.add_argument("--scale", type=float, default=1.0,
                         help="factor on q and k (not tra/tda's unit inputs): the scores' spread, which sets the "
                              "supports of entmax, sparsemax and sieve (0.1: near-uniform scores, large supports)")
-    parser.add_argument("--merge", default="", help="a directory with a later benchmark.parquet: its rows replace "
+    parser.add_argument("--merge", default="", help="a directory with a later kernels.parquet: its rows replace "
                                                        "--out's of the same mechanism, length and head dim (no "
                                                        "measurement)")
     args = parser.parse_args()
     if args.merge:
-        write(merge(pd.read_parquet(Path(args.out) / "benchmark.parquet"),
-                    pd.read_parquet(Path(args.merge) / "benchmark.parquet")), args.out)
+        write(merge(pd.read_parquet(Path(args.out) / FILE_STEM.with_suffix(".parquet")),
+                    pd.read_parquet(Path(args.merge) / FILE_STEM.with_suffix(".parquet"))), args.out)
         return
     dtype = torch.bfloat16
     device = torch.cuda.get_device_name()
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    commit, command = git_commit(), shlex.join(["python", "benchmarks/kernels.py", *sys.argv[1:]])
     rows = []
     for head_dim in [int(x) for x in args.head_dims.split(",")]:
         for tokens in [int(x) for x in args.lengths.split(",")]:
@@ -129,7 +134,7 @@ def main():
                                  dtype=str(dtype).removeprefix("torch."), fwd_ms=fwd, fwdbwd_ms=fwdbwd,
                                  sdpa_fwd_ms=base[0], sdpa_fwdbwd_ms=base[1], peak_mem_bytes=peak,
                                  sdpa_peak_mem_bytes=base[2], device=device, created_at=created,
-                                 input_scale=args.scale))
+                                 input_scale=args.scale, git_sha=commit, command=command))
                 print(f"{name:14s} L={tokens:6d} D={head_dim:3d} fwd {fwd:9.3f} ms ({fwd / base[0]:5.2f}x) "
                       f"fwd+bwd {fwdbwd:9.3f} ms ({fwdbwd / base[1]:5.2f}x) "
                       f"mem {peak / 2**20:8.1f} MiB ({peak / base[2]:4.2f}x)", flush=True)
@@ -150,31 +155,53 @@ def save(rows, out_dir):
     write(pd.DataFrame(rows), out_dir)
 
 
+FILE_STEM = Path("kernels")
+
+
+def git_commit() -> str:
+    """The checkout's short commit, ``+`` when its tracked files differ from it; ``LENGTHBENCH_GIT_SHA`` where it is
+    set (a copy of the checkout without ``.git``, as the runner reads it); ``unknown`` otherwise."""
+    if os.environ.get("LENGTHBENCH_GIT_SHA"):
+        return os.environ["LENGTHBENCH_GIT_SHA"]
+
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent)
+    head = git("rev-parse", "--short", "HEAD")
+    if head.returncode != 0:
+        return "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return head.stdout.strip() + ("+" if dirty else "")
+
+
 def write(frame: pd.DataFrame, out_dir):
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    frame.to_parquet(out / "benchmark.parquet", index=False)
-    (out / "benchmark.md").write_text(report(frame))
+    frame.to_parquet(out / FILE_STEM.with_suffix(".parquet"), index=False)
+    (out / FILE_STEM.with_suffix(".md")).write_text(report(frame))
 
 
 def report(frame: pd.DataFrame) -> str:
     longest = frame.seq_len.max()
     dates = sorted(frame.created_at.unique())
-    when = dates[0] if len(dates) == 1 else (f"between {dates[0]} and {dates[-1]} (each row's `created_at` in the "
-                                              "Parquet; a later session's row replaces an earlier one of the same "
-                                              "mechanism, length and head dim)")
+    when = dates[0] if len(dates) == 1 else (f"between {dates[0]} and {dates[-1]} (each row's date and commit "
+                                              "below; a later row replaces an earlier one of the same mechanism, "
+                                              "length and head dim: `--merge`)")
     lines = [f"# Fused kernels vs SDPA (flash, causal): {frame.device.iloc[0]}, {frame.dtype.iloc[0]}, "
              f"B=1, H={frame.heads.iloc[0]}", "", f"Measured {when} by "
              "`benchmarks/kernels.py`; medians of `triton.testing.do_bench`; peak memory of one fwd+bwd step, "
              f"inputs included. Inputs N(0, 1), q and k times {_input_scale(frame):g} "
              "(SDPA's: unscaled).", "",
-             "| mechanism | L | D | fwd ms | SDPA fwd ms | fwd+bwd ms | SDPA fwd+bwd ms | peak MiB | SDPA peak MiB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in frame.sort_values(["head_dim", "mechanism", "seq_len"]).itertuples():
+             "Again: `python benchmarks/kernels.py --out results/benchmarks` on one GPU (every kernel, L 1,024 to "
+             "65,536, D 32 and 64; each row's own command is in the Parquet's `command`).", "",
+             "| mechanism | L | D | fwd ms | SDPA fwd ms | fwd+bwd ms | SDPA fwd+bwd ms | peak MiB | SDPA peak MiB "
+             "| date | commit |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    commits = frame["git_sha"] if "git_sha" in frame else pd.Series("", index=frame.index)
+    for r in frame.assign(git_sha=commits.fillna("")).sort_values(["head_dim", "mechanism", "seq_len"]).itertuples():
         lines.append(f"| {r.mechanism} | {r.seq_len} | {r.head_dim} | {r.fwd_ms:.3f} | {r.sdpa_fwd_ms:.3f} | "
                      f"{r.fwdbwd_ms:.3f} | {r.sdpa_fwdbwd_ms:.3f} | {r.peak_mem_bytes / 2**20:.1f} | "
-                     f"{r.sdpa_peak_mem_bytes / 2**20:.1f} |")
-    lines += ["", f"## Ratios to SDPA at L={longest}, D=32 (targets of issue 5)", "",
+                     f"{r.sdpa_peak_mem_bytes / 2**20:.1f} | {str(r.created_at)[:10]} | {r.git_sha} |")
+    lines += ["", f"## Ratios to SDPA at L={longest}, D=32 (against the targets)", "",
               "| mechanism | fwd / SDPA (target) | fwd+bwd / SDPA (target) | peak mem / SDPA (target 1.5) | met |",
               "|---|---:|---:|---:|---|"]
     at = frame[(frame.seq_len == longest) & (frame.head_dim == 32)]
@@ -199,8 +226,8 @@ def report(frame: pd.DataFrame) -> str:
               "(`--scale`).",
               "- tda is the one-pass op (both views per key tile; the module runs it) on unit inputs like tra: its "
               "forward is timed without gradients (no activity map), its backward visits only the tiles the map "
-              "lists; tda-2pass is two tra passes, what the module ran before session 10.",
-              "- rela has no speed target in issue 5."]
+              "lists; tda-2pass is two tra passes, for comparison.",
+              "- rela has no speed target."]
     return "\n".join(lines) + "\n"
 
 

@@ -1,11 +1,11 @@
 """Generation throughput of every registered task, on one CPU core.
 
-    python benchmarks/tasks_throughput.py [--tasks copy,mqmtar] [--repeats 3] [--out results/tasks]
+    python benchmarks/tasks_throughput.py [--tasks copy,mqmtar] [--repeats 3] [--out results/benchmarks]
 
 For each task: samples/s and tokens/s (realised tokens, padding excluded) at n = 64 (one batch of
 512), n = 4,096 (512 samples in chunks) and n = 65,536 (1,000 samples in chunks of ``--chunk-tokens``
 tokens). The target (TASKS.md, "Throughput"): 1,000 samples at n = 65,536 in under 5 s on one core.
-Writes ``throughput.parquet`` and ``throughput.md`` (machine, date, command) under ``--out``; the best
+Writes ``tasks_throughput.parquet`` and ``.md`` (each row with its device, date, commit and command) under ``--out``; the best
 of ``--repeats`` timings is kept, each timed from a fresh stream position.
 """
 
@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--tasks", default="", help="comma-separated task names (default: all)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chunk-tokens", type=int, default=1 << 18, help="tokens per call beyond n = 64")
-    parser.add_argument("--out", default="results/tasks")
+    parser.add_argument("--out", default="results/benchmarks")
     args = parser.parse_args()
 
     pinned = pin_to_one_core()
@@ -96,13 +96,13 @@ def main() -> None:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
         sha = "unknown"
-    frame["machine"], frame["date"], frame["git_sha"] = machine(), now, sha
+    command = "python " + " ".join([sys.argv[0], *sys.argv[1:]])
+    frame["device"], frame["created_at"], frame["git_sha"], frame["command"] = machine(), now, sha, command
     frame["load_average"] = f"{load_before} / {load_after}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    frame.to_parquet(out / "throughput.parquet", index=False)
+    frame.to_parquet(out / "tasks_throughput.parquet", index=False)
 
-    command = "python " + " ".join([sys.argv[0], *sys.argv[1:]])
     big = frame[frame.point == 65_536]
     missing = big[big.seconds > TARGET_SECONDS].task.tolist()
     lines = [
@@ -129,8 +129,9 @@ def main() -> None:
         big_row = group[group.point == 65_536].iloc[0]
         note = "" if (group.n == group.point).all() else " (n = 64 point run at its minimum, n = 65)"
         lines.append(f"| {name}{note} | " + " | ".join(cells) + f" | {big_row.seconds * 1000 / big_row.samples:.2f} |")
-    (out / "throughput.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out / 'throughput.parquet'} and {out / 'throughput.md'}")
+    (out / "tasks_throughput.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {out / 'tasks_throughput.parquet'} and {out / 'tasks_throughput.md'}")
 
 
 if __name__ == "__main__":

@@ -1,20 +1,20 @@
 """Figures from the leaderboard: extrapolation curves per task and a heat map of reach.
 
-``plot_curves`` draws, per task (and preset, training length), the score against length on a log2
-axis labelled by multiplier and token count, a line per attention x encoding: the best-of-seeds run
-(the leaderboard's row) as the line, the mean +- std over seeds as a faint band where there are
-several seeds. Colour encodes the mechanism and marker + line style the encoding, so a line can be
-read without the legend's colours alone. ``plot_reach`` draws reach (the largest multiplier scoring at
-least 90%) over tasks x (attention, encoding). Both write PNG and SVG; matplotlib runs headless (Agg).
+``plot_curves`` draws, per task, the score against length on a log2 axis labelled by multiplier and token
+count, a line per mechanism x encoding: its best row over the task's protocols (``best_rows``: furthest reach,
+then largest AUC; the leaderboard keeps each protocol's own table), the best-of-seeds run as the line and the
+mean +- std over seeds as a faint band where there are several seeds. Colour encodes the mechanism and marker +
+line style the encoding, so a line can be read without the legend's colours alone. ``plot_reach`` draws reach
+(the largest multiplier scoring at least 90%) over tasks x (mechanism, encoding) from the same rows. Both write
+PNG and SVG; matplotlib runs headless (Agg).
 
 ``prune_stale`` keeps the folder in step with the board: it removes the figures an earlier ``plot_all`` wrote
-there (listed in ``MANIFEST``) that this one did not, e.g. ``curves_<task>.*`` once the task has several tables
-and its figures are named per table. Files it did not write are never touched.
+there (listed in ``MANIFEST``) that this one did not, e.g. ``curves_<task>.*`` of a task no longer in the store.
+Files it did not write are never touched.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import textwrap
@@ -29,8 +29,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
 
-from lengthbench.leaderboard import METRIC_NAMES, REACH_THRESHOLD, ROW_KEYS, TABLE_KEYS, board_multipliers  # noqa: E402
-from lengthbench.tasks import multiplier_label  # noqa: E402
+from lengthbench.leaderboard import METRIC_NAMES, REACH_THRESHOLD, TABLE_KEYS, board_multipliers  # noqa: E402
+from lengthbench.tasks import get_task, multiplier_label  # noqa: E402
 
 TITLE_WIDTH = 100  # characters a line of a curve plot's title
 
@@ -50,28 +50,40 @@ def _style_maps(board: pd.DataFrame) -> tuple[dict[str, object], dict[str, tuple
     return colours, styles
 
 
-def _table_label(task: str, preset: str, protocol: str, train_length: int, several: bool) -> str:
-    if not several:
-        return task
-    return f"{task} ({preset}{', ' + protocol if protocol else ''}, n={train_length})"
+def _base(name: str) -> str:
+    """``"ssmax (scaled_heads=nope)"`` -> ``"ssmax"``: a mechanism or encoding without its parameters."""
+    return str(name).split(" (")[0]
 
 
-SLUG_MAX = 120  # file systems allow 255 bytes per name; a long curriculum's protocol exceeds that
+def _task_variant(protocol: str) -> bool:
+    """Whether a table's runs set task parameters of their own (a named variant such as MQRAR's ``layout=inline``,
+    another task): the leaderboard writes them as ``key=value`` items in the protocol, before any ``", after "``
+    that names a curriculum's earlier stages."""
+    return any("=" in item for item in str(protocol).split(", after ")[0].split(", "))
 
 
-def _protocol_slug(protocol: str) -> str:
-    """``"8M samples, batch 512, lr 0.001"`` -> ``"8M_b512_lr0.001"``; one longer than ``SLUG_MAX`` is cut and
-    ends in a hash of the whole protocol, so distinct protocols keep distinct names."""
-    slug = (protocol.replace(" samples, batch ", "_b").replace(", lr ", "_lr").replace(", ", "_")
-            .replace("=", "-").replace(",", ""))
-    if len(slug) <= SLUG_MAX:
-        return slug
-    return f"{slug[:SLUG_MAX - 9]}_{hashlib.sha1(protocol.encode()).hexdigest()[:8]}"
+def _main_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """One task's rows at its default training length (else its longest: a curriculum's stages are shorter) and
+    with its default parameters, where it has such rows (a named variant is another task, as for ``compare``)."""
+    lengths = set(table["train_length"])
+    default = get_task(table["task"].iloc[0]).default_train_length
+    table = table[table["train_length"] == (default if default in lengths else max(lengths))]
+    own = table[~table["protocol"].map(_task_variant)]
+    return own if len(own) else table
 
 
-def _several(board: pd.DataFrame) -> dict[str, bool]:
-    """Per task: whether its runs make more than one table (then labels and file names say which)."""
-    return {task: len(table.groupby(TABLE_KEYS[1:])) > 1 for task, table in board.groupby("task")}
+def best_rows(board: pd.DataFrame) -> pd.DataFrame:
+    """Per task (``_main_rows``), the row of each mechanism x encoding (parameters aside) that reaches furthest,
+    then has the largest AUC, over all the task's protocols and variants of the mechanism; ``table_max`` is the
+    largest multiplier that row's table evaluated."""
+    tables = [_main_rows(table) for _, table in board.groupby("task", sort=True)]
+    rows = pd.concat(tables) if tables else board.copy()
+    rows["table_max"] = 0.0
+    for _, table in rows.groupby(TABLE_KEYS):
+        rows.loc[table.index, "table_max"] = float(max(board_multipliers(table)))
+    rows["attn_base"], rows["pe_base"] = rows["attn"].map(_base), rows["pe"].map(_base)
+    rows = rows.sort_values(["reach", "auc", "attn", "pe", "protocol"], ascending=[False, False, True, True, True])
+    return rows.drop_duplicates(["task", "attn_base", "pe_base"]).sort_values(["task", "pe_base", "attn_base"])
 
 
 def _save(fig, out: Path, stem: str) -> list[Path]:
@@ -88,50 +100,47 @@ def _save(fig, out: Path, stem: str) -> list[Path]:
 
 
 def plot_curves(board: pd.DataFrame, out: str | Path) -> list[Path]:
-    """One figure per table of the leaderboard: ``curves_<task>.{png,svg}``, or where a task has several
-    tables ``curves_<task>_<preset>[_<protocol>]_n<n>.{png,svg}``."""
+    """One figure per task, ``curves_<task>.{png,svg}``: a line per mechanism x encoding, its best row over the
+    task's protocols (``best_rows``; the leaderboard has every protocol's own table)."""
     out = Path(out)
-    colours, styles = _style_maps(board)
-    tables = list(board.groupby(TABLE_KEYS, sort=True))
-    several_tables = _several(board)
+    colours, styles = _style_maps(board.assign(attn=board["attn"].map(_base), pe=board["pe"].map(_base)))
     paths: list[Path] = []
-    for (task, preset, protocol, train_length), table in tables:
-        several = bool(several_tables[task])
-        multipliers = board_multipliers(table)
-        x = np.log2(multipliers)
+    for task, rows in best_rows(board).groupby("task", sort=True):
+        train_length = int(rows["train_length"].iloc[0])
+        multipliers = sorted({m for _, row in rows.iterrows() for m in board_multipliers(row.to_frame().T)})
         fig, ax = plt.subplots(figsize=(8.5, 4.8))
-        for _, row in table.sort_values(ROW_KEYS).iterrows():
-            marker, linestyle = styles[row["pe"]]
-            best = np.array([row[f"{m}x"] for m in multipliers], dtype=float)
+        for _, row in rows.iterrows():
+            marker, linestyle = styles[row["pe_base"]]
+            own = board_multipliers(row.to_frame().T)
+            x = np.log2(own)
+            best = np.array([row[f"{m}x"] for m in own], dtype=float)
             label = f"{row['attn']} + {row['pe']}"
             if row["seeds"] > 1:
                 label += f" (best of {row['seeds']})"
-                mean = np.array([row[f"{m}x_mean"] for m in multipliers], dtype=float)
-                std = np.nan_to_num(np.array([row[f"{m}x_std"] for m in multipliers], dtype=float))
+                mean = np.array([row[f"{m}x_mean"] for m in own], dtype=float)
+                std = np.nan_to_num(np.array([row[f"{m}x_std"] for m in own], dtype=float))
                 ax.fill_between(x, np.clip(mean - std, 0, 100), np.clip(mean + std, 0, 100),
-                                color=colours[row["attn"]], alpha=0.12, linewidth=0)
-            ax.plot(x, best, color=colours[row["attn"]], marker=marker, linestyle=linestyle, linewidth=1.8,
+                                color=colours[row["attn_base"]], alpha=0.12, linewidth=0)
+            ax.plot(x, best, color=colours[row["attn_base"]], marker=marker, linestyle=linestyle, linewidth=1.8,
                     markersize=6, label=label, clip_on=False, zorder=3)
+        x = np.log2(multipliers)
         ax.axhline(100 * REACH_THRESHOLD, color="0.6", linewidth=0.8, linestyle=(0, (2, 2)), zorder=1)
         ax.set_xticks(x)
-        ax.set_xticklabels([f"{m}×\n{round(m * int(train_length))}" for m in multipliers], fontsize=9)
+        ax.set_xticklabels([f"{multiplier_label(m)}×\n{round(m * train_length)}" for m in multipliers], fontsize=8)
         ax.set_xlim(x[0] - 0.2, x[-1] + 0.2)
         ax.set_ylim(-2, 102)
         ax.set_yticks([0, 20, 40, 60, 80, 100 * REACH_THRESHOLD, 100])
         ax.set_yticklabels(["0", "20", "40", "60", "80", f"{100 * REACH_THRESHOLD:.0f} (reach)", "100"])
         ax.set_xlabel(f"evaluation length: multiplier of n={train_length} (top), nominal length n (bottom), log2 scale")
-        metric = METRIC_NAMES.get(table["metric"].iloc[0], str(table["metric"].iloc[0]))
+        metric = METRIC_NAMES.get(rows["metric"].iloc[0], str(rows["metric"].iloc[0]))
         ax.set_ylabel(f"{metric} (%)")
-        legend_note = "lines: best seed, bands: mean ± std" if table["seeds"].max() > 1 else "one seed"
-        ax.set_title(wrap_title(f"{_table_label(task, preset, protocol, train_length, several)}: {metric} against "
-                                f"length (preset {preset}; {legend_note})"), fontsize=11)
+        ax.set_title(wrap_title(f"{task}: {metric} against length, the best row of each mechanism + encoding over "
+                                "the leaderboard's protocols (lines: best seed; bands: mean ± std)"), fontsize=10)
         ax.grid(True, which="major", color="0.9", linewidth=0.8)
         ax.spines[["top", "right"]].set_visible(False)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9,
-                  title="attention + encoding", title_fontsize=9)
-        stem = f"curves_{task}" if not several else "_".join(
-            part for part in (f"curves_{task}", preset, _protocol_slug(protocol), f"n{train_length}") if part)
-        paths += _save(fig, out, _safe(stem))
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8,
+                  title="attention + encoding", title_fontsize=8)
+        paths += _save(fig, out, _safe(f"curves_{task}"))
     return paths
 
 
@@ -142,21 +151,18 @@ def wrap_title(text: str, width: int = TITLE_WIDTH) -> str:
 
 
 def plot_reach(board: pd.DataFrame, out: str | Path) -> list[Path]:
-    """A heat map of reach, tasks x (attention, encoding): ``reach_heatmap.{png,svg}``."""
+    """A heat map of reach, tasks x (mechanism, encoding), each cell the best row over the task's protocols
+    (``best_rows``): ``reach_heatmap.{png,svg}``."""
     out = Path(out)
-    several_tables = _several(board)
-    row_keys = sorted(board.groupby(TABLE_KEYS).groups)
-    row_labels = [_table_label(t, p, r, n, bool(several_tables[t])) for t, p, r, n in row_keys]
-    columns = sorted(board.groupby(ROW_KEYS).groups)  # (pe, attn)
-    column_labels = [f"{attn}\n{pe}" for pe, attn in columns]
-    grid = np.full((len(row_keys), len(columns)), np.nan)
-    largest = {key: max(board_multipliers(table)) for key, table in board.groupby(TABLE_KEYS)}
+    rows = best_rows(board)
+    tasks = sorted(rows["task"].unique())
+    columns = sorted(set(zip(rows["pe_base"], rows["attn_base"], strict=True)))  # (pe, attn)
+    grid = np.full((len(tasks), len(columns)), np.nan)
     whole_range = np.zeros_like(grid, dtype=bool)
-    for _, row in board.iterrows():
-        i = row_keys.index((row["task"], row["preset"], row["protocol"], row["train_length"]))
-        j = columns.index((row["pe"], row["attn"]))
+    for _, row in rows.iterrows():
+        i, j = tasks.index(row["task"]), columns.index((row["pe_base"], row["attn_base"]))
         grid[i, j] = row["reach"]
-        whole_range[i, j] = row["reach"] >= largest[row_keys[i]]
+        whole_range[i, j] = row["reach"] >= row["table_max"]
     top = int(max(1, np.nanmax(grid) if np.isfinite(grid).any() else 1))
     levels = int(math.log2(top)) + 2  # "none" plus 1x .. top
     # Colour index: 0 = no multiplier reaches 90%, k = reach 2^(k-1).
@@ -164,32 +170,31 @@ def plot_reach(board: pd.DataFrame, out: str | Path) -> list[Path]:
     colours = ["#d9d9d9"] + [plt.get_cmap("viridis")(v) for v in np.linspace(0.15, 0.95, levels - 1)]
     cmap = ListedColormap(colours).with_extremes(bad="white")
     norm = BoundaryNorm(np.arange(-0.5, levels + 0.5), cmap.N)
-    width = max(5.0, 1.0 + 0.9 * len(columns))
-    height = max(2.5, 1.4 + 0.55 * len(row_keys))
+    width = min(16.0, max(5.0, 2.0 + 0.5 * len(columns)))
+    height = min(9.0, max(2.5, 1.6 + 0.4 * len(tasks)))
     fig, ax = plt.subplots(figsize=(width, height))
     image = ax.imshow(np.ma.masked_invalid(index), cmap=cmap, norm=norm, aspect="auto")
-    for i in range(len(row_keys)):
+    for i in range(len(tasks)):
         for j in range(len(columns)):
             if np.isnan(grid[i, j]):
-                ax.text(j, i, "not run", ha="center", va="center", fontsize=7, color="0.5")
-                continue
+                continue  # not run: the cell stays white
             value = grid[i, j]
-            text = (f"{multiplier_label(value)}×" + ("+" if whole_range[i, j] else "")) if value else "–"
+            text = (f"{multiplier_label(value)}" + ("+" if whole_range[i, j] else "")) if value else "–"
             shade = cmap(norm(index[i, j]))
             luminance = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2]
-            ax.text(j, i, text, ha="center", va="center", fontsize=9,
+            ax.text(j, i, text, ha="center", va="center", fontsize=7,
                     color="black" if luminance > 0.5 else "white")
     ax.set_xticks(range(len(columns)))
-    ax.set_xticklabels(column_labels, fontsize=9)
-    ax.set_yticks(range(len(row_keys)))
-    ax.set_yticklabels(row_labels, fontsize=9)
-    ax.set_xlabel("attention mechanism / positional encoding")
-    ax.set_title(f"Reach: largest multiplier with score ≥ {100 * REACH_THRESHOLD:.0f}% (best of seeds)\n"
-                 "+: the whole evaluated range; –: not even 1×", fontsize=10)
+    ax.set_xticklabels([f"{attn} + {pe}" for pe, attn in columns], fontsize=7, rotation=60, ha="right",
+                       rotation_mode="anchor")
+    ax.set_yticks(range(len(tasks)))
+    ax.set_yticklabels(tasks, fontsize=8)
+    ax.set_title(f"Reach: largest multiplier with score ≥ {100 * REACH_THRESHOLD:.0f}% (best row over protocols)\n"
+                 "+: the whole evaluated range; –: not even 1×; white: not run", fontsize=9)
     ticks = list(range(levels))
-    bar = fig.colorbar(image, ax=ax, ticks=ticks, fraction=0.046, pad=0.03)
-    bar.ax.set_yticklabels(["none"] + [f"{2 ** (k - 1)}×" for k in ticks[1:]], fontsize=8)
-    bar.set_label("reach", fontsize=9)
+    bar = fig.colorbar(image, ax=ax, ticks=ticks, fraction=0.03, pad=0.02)
+    bar.ax.set_yticklabels(["none"] + [f"{2 ** (k - 1)}×" for k in ticks[1:]], fontsize=7)
+    bar.set_label("reach", fontsize=8)
     return _save(fig, out, "reach_heatmap")
 
 

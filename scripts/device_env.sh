@@ -1,4 +1,4 @@
-# Sourced by the GPU device scripts (results/gpu/device_output/*/commands.sh from session 17 on): installs the
+# Sourced by scripts that run the benchmarks and GPU tests on a GPU machine without network access: installs the
 # carried wheels (.whl) and this checkout on the device machine, and defines `header`, the lines that open
 # every log there (device, date, commit, torch and triton versions, the command).
 #   source scripts/device_env.sh || exit 1

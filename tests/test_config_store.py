@@ -89,9 +89,8 @@ def test_init_default_and_legacy_rows_read_back():
     import pandas as pd
 
     assert build_config("copy", "softmax", "nape", "smoke").init == "normal-0.02"
-    root = Path(__file__).resolve().parents[1] / "results"
-    stored = sorted(glob.glob(str(root / "gpu" / "runs" / "*.parquet")) + glob.glob(str(root / "runs" / "*.parquet")))
-    assert stored, "no stored GPU rows to check against"
+    stored = sorted(glob.glob(str(Path(__file__).resolve().parents[1] / "results" / "runs" / "*.parquet")))
+    assert stored, "no stored rows to check against"
     rows = [with_schema_version(pd.read_parquet(path, columns=["run_id", "config_json"])).iloc[0] for path in stored]
     legacy = [row for row in rows if "init" not in json.loads(row["config_json"])]
     assert len(legacy) >= 5, "the store should still hold rows from before the init field"

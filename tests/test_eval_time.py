@@ -40,33 +40,3 @@ def test_frame_markdown_needs_no_tabulate():
     assert frame_markdown(frame).splitlines() == [
         "| attn | ms | n |", "|:---|---:|---:|", "| softmax | 1.235 | 1 |", "| entmax |  | 2 |"]
 
-
-BREAKDOWN = SCRIPT.parent / "kernel_breakdown.py"
-
-
-def test_kernel_breakdown_takes_a_trained_model_and_names_a_missing_one(tmp_path):
-    """``benchmarks/kernel_breakdown.py --model TASK --runs DIR``: the trained model of DIR scores through the
-    runner's Evaluator (profiled on a GPU only; here its scoring step on the CPU), a missing one exits 2."""
-    import importlib.util  # noqa: PLC0415
-
-    config = build_config("mqmtar", "entmax", "nape", "smoke", train_samples=64, batch_size=16, d_model=32,
-                          n_heads=4, ffn=64, n_layers=1, max_multiplier=1, eval_samples=4, val_samples=4,
-                          eval_every=2, checkpoint_every=2, diagnostics=False)
-    run_cell(config, tmp_path, device="cpu", progress=False)
-    spec = importlib.util.spec_from_file_location("kernel_breakdown", BREAKDOWN)
-    breakdown = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(breakdown)
-    step, weights = breakdown._model_case("mqmtar", "entmax", "nape", 128, 2, runs=tmp_path, device="cpu")
-    assert weights == f"trained: {config.run_id}"
-    scores = step()
-    assert scores.n_samples == 2 and scores.realised_tokens > 128
-    missing = subprocess.run([sys.executable, str(BREAKDOWN), "--model", "mqmtar", "--runs", str(tmp_path),
-                              "--attns", "entmax:rope", "--length", "128", "--out", str(tmp_path / "out")],
-                             capture_output=True, text=True, timeout=300)
-    assert missing.returncode == 2
-    assert missing.stderr.strip() == f"error: no trained mqmtar:entmax:rope model in {tmp_path}/checkpoints"
-    assert not (tmp_path / "out").exists()
-    bad = subprocess.run([sys.executable, str(BREAKDOWN), "--entmax-tunings", "{alibi_skip: true}",
-                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and bad.stderr.startswith("error: --entmax-tunings is not JSON")
-    assert not (tmp_path / "out").exists()

@@ -28,13 +28,23 @@ def test_merge_replaces_the_measured_rows_only(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels.py"), "--merge", str(tmp_path / "new"),
                            "--out", str(tmp_path / "all")], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
-    merged = pd.read_parquet(tmp_path / "all" / "benchmark.parquet")
+    merged = pd.read_parquet(tmp_path / "all" / "kernels.parquet")
     assert sorted(merged.mechanism) == ["entmax", "entmax", "sieve", "sieve", "sparsemax", "tra"]
     longest = merged[merged.seq_len == 65536]
     assert longest.set_index("mechanism").fwd_ms.to_dict() == {"entmax": 29.0, "sieve": 100.0, "sparsemax": 29.0,
                                                                "tra": 100.0}
     assert merged[merged.seq_len == 1024].fwd_ms.tolist() == [1.0, 1.0]
-    text = (tmp_path / "all" / "benchmark.md").read_text()
+    text = (tmp_path / "all" / "kernels.md").read_text()
     assert "between 2026-11-22 and 2026-11-24" in text and "times 1 (SDPA" in text
     assert "| entmax | 1.45 (1.5) | 0.83 (3) | 1.00 | all |" in text
     assert "| sieve | 5.00 (1.5) | 2.86 (3) | 1.00 | missed: fwd |" in text
+
+
+def test_each_row_of_the_report_names_its_date_and_commit(tmp_path):
+    rows = frame(["entmax"], 29.0, "2026-11-24T01:02:03+00:00", scale=1.0).assign(git_sha="abc1234")
+    bench.write(pd.concat([rows, frame(["tra"], 10.0, "2026-11-22")]), tmp_path)
+    text = (tmp_path / "kernels.md").read_text()
+    assert "| date | commit |" in text
+    assert "| entmax | 65536 | 32 | 29.000 |" in text and "| 2026-11-24 | abc1234 |" in text
+    assert "| tra | 65536 | 32 | 10.000 |" in text and "| 2026-11-22 |  |" in text  # a row without a commit says so
+    assert "Again: `python benchmarks/kernels.py --out results/benchmarks`" in text

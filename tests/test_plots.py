@@ -85,52 +85,59 @@ def test_the_same_board_gives_byte_identical_figures(store, tmp_path):
     assert first == second
 
 
-def test_plot_removes_the_figures_of_tables_the_board_no_longer_has(store, tmp_path, monkeypatch, capsys):
-    """Session 9: once MQMTAR had a second protocol its figures were named per table, and the old
-    `curves_mqmtar.*` stayed behind in results/plots, looking current."""
+def test_plot_removes_the_figures_of_tasks_the_board_no_longer_has(store, tmp_path, monkeypatch, capsys):
+    """A task whose runs leave the store loses its figures at the next full plot, so none stays behind looking
+    current; a plot of some tasks only removes nothing, and the user's own files stay."""
     from cli_helpers import cli
 
     figures = tmp_path / "figures"
     figures.mkdir()
     (figures / "notes.png").write_bytes(b"the user's own file")
     assert cli(monkeypatch, "plot", "--results", store, "--out", figures) == 0
-    assert (figures / "curves_copy.png").exists()
-    # a second copy table (another preset) renames copy's figures per table
-    synthetic_run(store, "copy", "softmax", "rope", 0, {1: 1.0, 2: 0.5})
-    run_id = "copy-softmax-rope-smoke-s0-synthetic"
-    path = next((store / "runs").glob(f"{run_id}*.parquet"))
-    import pandas as pd
-
-    frame = pd.read_parquet(path).assign(preset="quick", run_id="copy-softmax-rope-quick-s0-synthetic")
-    write_run(store, "copy-softmax-rope-quick-s0-synthetic", frame.to_dict("records"))
+    assert (figures / "curves_2back.png").exists()
+    for path in (store / "runs").glob("2back-*.parquet"):
+        path.unlink()
     capsys.readouterr()
-    # a plot of some tasks only removes nothing
-    assert cli(monkeypatch, "plot", "--results", store, "--out", figures, "--task", "2back") == 0
-    assert (figures / "curves_copy.png").exists()
+    assert cli(monkeypatch, "plot", "--results", store, "--out", figures, "--task", "copy") == 0
+    assert (figures / "curves_2back.png").exists()
     assert cli(monkeypatch, "plot", "--results", store, "--out", figures) == 0
     names = {p.name for p in figures.iterdir()}
-    assert "curves_copy.png" not in names and "curves_copy.svg" not in names
-    assert any(name.startswith("curves_copy_quick") for name in names)
-    assert "curves_2back.png" in names and "reach_heatmap.svg" in names
+    assert "curves_2back.png" not in names and "curves_2back.svg" not in names
+    assert "curves_copy.png" in names and "reach_heatmap.svg" in names
     assert (figures / "notes.png").read_bytes() == b"the user's own file"
     assert "removed" in capsys.readouterr().err
 
 
-def test_a_long_protocol_names_its_figure_within_the_file_systems_limit():
-    """A curriculum's protocol names every stage; its figure's name is cut, with a hash that keeps two such
-    protocols apart."""
-    from lengthbench.plots import SLUG_MAX, _protocol_slug
+def test_a_task_with_several_protocols_gets_one_figure_of_its_best_rows(store, tmp_path):
+    """A second protocol of copy adds no figure: each mechanism x encoding keeps its furthest-reaching row."""
+    import pandas as pd
 
-    stages = " -> ".join(f"mqrar (layout=inline) at n 16, 0.64M samples, sieve (alpha=1.{i})" for i in range(5))
-    long_a = f"1.28M samples, batch 128, lr 0.001, after {stages}"
-    long_b = long_a.replace("alpha=1.4", "alpha=1.45")
-    assert len(_protocol_slug(long_a)) == SLUG_MAX and _protocol_slug(long_a) != _protocol_slug(long_b)
-    assert _protocol_slug("8M samples, batch 512, lr 0.001") == "8M_b512_lr0.001"
+    from lengthbench.plots import best_rows
+
+    path = next((store / "runs").glob("copy-softmax-rope-smoke-s0-*.parquet"))
+    frame = pd.read_parquet(path).assign(preset="quick", run_id="copy-softmax-rope-quick-s0-synthetic",
+                                         exact_match=1.0, score=1.0)
+    write_run(store, "copy-softmax-rope-quick-s0-synthetic", frame.to_dict("records"))
+    board = build_leaderboard(load_store(store)[0])
+    rows = best_rows(board)
+    softmax_rope = rows[(rows.task == "copy") & (rows.attn == "softmax") & (rows.pe == "rope")]
+    assert len(softmax_rope) == 1 and softmax_rope.iloc[0]["preset"] == "quick" and softmax_rope.iloc[0]["reach"] == 4
+    names = sorted(p.name for p in plot_all(board, tmp_path / "figures"))
+    assert names == sorted(f"{stem}.{ext}" for stem in ("curves_copy", "curves_2back", "reach_heatmap")
+                           for ext in ("png", "svg"))
+
+
+def test_a_named_variant_of_a_task_is_not_the_task():
+    """MQRAR's inline layout is another task: its rows stay out of MQRAR's figure, a curriculum's stages do not."""
+    from lengthbench.plots import _task_variant
+
+    assert _task_variant("1.28M samples, batch 128, lr 0.0003, layout=inline, selection at 8x")
+    assert not _task_variant("0.64M samples, batch 128, lr 0.001, after mqrar (layout=inline) at n 16, 0.96M samples")
+    assert not _task_variant("4M samples, batch 512, lr 0.001") and not _task_variant("")
 
 
 def test_a_long_title_is_wrapped_and_keeps_every_word():
-    """A curriculum's label runs to hundreds of characters: on one line it squeezed the axes of the saved figure to
-    a sliver (session 29's `d29` plots)."""
+    """A long label on one line squeezes the axes of the saved figure to a sliver."""
     from lengthbench.plots import TITLE_WIDTH, wrap_title
 
     stages = " -> ".join(f"mqrar (layout=inline) at n 16, 0.96M samples, warm-up 2,000 steps, init torch {i}"
