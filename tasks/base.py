@@ -75,6 +75,9 @@ class Task:
     # Parameters added after a task's samples were published: left out of the stream key while they keep
     # their default, so the published streams (and every number measured on them) stay as they were.
     later_params: ClassVar[tuple[str, ...]] = ()
+    # Parameters whose default changed, with the value they had before: left out of the stream key while they
+    # hold that earlier value, so the samples measured under the earlier default can be drawn again.
+    earlier_defaults: ClassVar[dict[str, Any]] = {}
     # evaluation points between the powers of two that a seed reports (multipliers of n_train, e.g. 1.5)
     extra_multipliers: ClassVar[tuple[float, ...]] = ()
 
@@ -140,7 +143,8 @@ class Task:
     def key(self, split: str, n: int, seed: int) -> int:
         defaults = {f.name: f.default for f in dataclasses.fields(self.params)}
         drawn = {k: v for k, v in dataclasses.asdict(self.params).items() if k not in self.presentation_params
-                 and not (k in self.later_params and v == defaults[k])}
+                 and not (k in self.later_params and v == defaults[k])
+                 and not (k in self.earlier_defaults and v == self.earlier_defaults[k])}
         return stream_key(self.name, drawn, split, int(n), int(seed))
 
     def check_length(self, n: int) -> None:
