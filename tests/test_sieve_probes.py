@@ -59,7 +59,7 @@ def test_the_runner_sees_the_fused_ops_it_calls():
 def test_temperature_one_is_sieve():
     z = scores()
     w, mask = temp_weights(z, 1.0)
-    torch.testing.assert_close(w, attention_weights("sieve", z), rtol=0, atol=0)
+    torch.testing.assert_close(w, attention_weights("sieve-entmax", z), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("T", [2.0, 4.0])
