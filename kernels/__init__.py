@@ -26,13 +26,14 @@ import importlib
 from collections.abc import Callable
 
 # mechanism name -> "module:function" inside this package. Extra parameters: entmax ``alpha`` (1.5 or 2),
-# sieve ``alpha`` (1.5 only), softpick ``eps``, tra ``beta``/``kappa``/``power`` (unit q, k and ``sm_scale=1`` from the
+# sieve ``eps``, sieve-entmax ``alpha`` (1.5 only), softpick ``eps``, tra ``beta``/``kappa``/``power`` (unit q, k and ``sm_scale=1`` from the
 # module), tda those of tra plus ``lam``. All ops give gradients to q, k, v, ``row_scale`` and ``slopes`` (and
 # tra's and tda's ``beta``, tda's ``lam``).
 _KERNELS: dict[str, str] = {
     "stickbreaking": "stickbreaking:stickbreaking_attention",
-    "sieve": "sieve:sieve_attention",
+    "sieve": "sieve:sieve_alg1_attention",
     "sieve-alg1": "sieve:sieve_alg1_attention",
+    "sieve-entmax": "sieve:sieve_attention",
     "entmax": "entmax:entmax_attention",
     "sparsemax": "entmax:sparsemax_attention",
     "adatemp": "adatemp:adatemp_attention",

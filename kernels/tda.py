@@ -1,8 +1,8 @@
-"""Threshold differential attention (Threshold Differential Attention), fused: both views in one pass.
+"""Threshold differential attention (Threshold Differential Attention, Section 4.2), fused: both views in one pass.
 
 ``o_r = sum_j (a1_rj - lam_h * a2_rj) v_j`` with ``a_i = (z_i - tau_r)_+^power`` the TRA weights of view
 ``i`` (``z_i`` from ``q_i``, ``k_i``: unit-norm, ``sm_scale=1``, the same ALiBi ``slopes``/``row_scale`` and
-the same threshold ``tau_r`` of ``tra.tra_threshold`` for both views), shared values ``v``, no normaliser.
+the same threshold ``tau_r`` of ``tra.tra_threshold``, its ``tau_index`` convention included, for both views), shared values ``v``, no normaliser.
 The RMSNorm on the output is the module's (``models/attention/threshold.py``).
 
 Three kernels, each visiting a (query tile, key tile) pair once for both views:
@@ -24,8 +24,9 @@ The pointwise maps (weights, their derivative, the activity test) are ``_rowwise
 
 Tests against the dense reference (``tests/test_kernels.py``, GPU): fp32/bf16, lengths 1 to 4,096, head dims
 16 to 128, ALiBi, row scale, per-head lam/beta, power 1.5, rows with nothing active, every launch variant
-and the map itself. The TDA module runs this op rather than two ``tra`` passes (on the H100 at L 65,536, D 32:
-18.2 ms forward and 32.7 ms forward+backward, against 23.9 and 123.0 ms).
+and the map itself; both ``tau_index`` conventions under the Triton interpreter on CPU
+(``tests/test_fidelity.py``). The TDA module runs this op rather than two ``tra`` passes (on the H100 at L 65,536,
+D 32: 18.2 ms forward and 32.7 ms forward+backward, against 23.9 and 123.0 ms).
 """
 
 from __future__ import annotations
@@ -433,7 +434,7 @@ class TDAAttention(torch.autograd.Function):
 
 
 def tda_attention(q1, k1, q2, k2, v, *, lam=0.5, slopes=None, row_scale=None, sm_scale=1.0, beta=1.0,
-                  kappa=1.0, power=2.0):
+                  kappa=1.0, power=2.0, tau_index="alg1"):
     """TDA, ``[B, H, T, D]`` causal: ``tra(q1, k1, v) - lam * tra(q2, k2, v)`` in one pass; ``q_i``, ``k_i``
     unit-norm (cosine scores with ``sm_scale=1``). ``lam`` and ``beta``: float, 0-d or ``[H]`` tensor."""
     if sm_scale is None:
@@ -441,7 +442,7 @@ def tda_attention(q1, k1, q2, k2, v, *, lam=0.5, slopes=None, row_scale=None, sm
     if not math.isfinite(float(power)) or float(power) <= 0:
         raise ValueError(f"tda power must be positive, got {power}")
     heads = q1.shape[1]
-    tau = tra_threshold(q1.shape[-2], q1.shape[-1], beta, float(kappa), q1.device)
+    tau = tra_threshold(q1.shape[-2], q1.shape[-1], beta, float(kappa), q1.device, tau_index)
     if torch.is_tensor(lam):
         lam_h = lam.to(q1.device, torch.float32).expand(heads)
     else:

@@ -11,8 +11,8 @@ Which rows stand for a seed's cell:
 * the same task with its default task parameters (a named variant such as MQRAR's ``layout=inline`` is another
   task; a curriculum's earlier stages may have had any) at its default training length (64 for most, Local Count
   128, Max Retrieval 16), and an encoding of the same name (its parameters, e.g. RoPE's scaling, may differ: a variant);
-* a mechanism of the same name, or one of its :data:`STAND_INS` (``sieve-alg1`` is seed 004's own Algorithm 1
-  for Sieve), whose :data:`IDENTITY_PARAMS` agree with the seed's (entmax at alpha 4 is not entmax at 1.5;
+* a mechanism of the same name, or one of its :data:`STAND_INS` (``sieve-alg1``, the earlier name of ``sieve``, and
+  ``sieve-entmax``, Sieve Attention's Section 3 text, stand in for Sieve), whose :data:`IDENTITY_PARAMS` agree with the seed's (entmax at alpha 4 is not entmax at 1.5;
   softmax at a fixed temperature is not softmax; ``scaled_heads=nope`` or ``s_init=1`` are ways to implement the
   same mechanism, and ASEntmax's gamma learned or fixed is its own choice: variants).
 
@@ -38,10 +38,11 @@ from lengthbench.tasks import as_multiplier, get_task, multiplier_label
 
 SEED_TABLES = Path(__file__).with_name("seed_tables.csv")
 TOLERANCE = 5.0  # points
-STAND_INS = {"sieve": ("sieve-alg1",)}  # seed 004's Algorithm 1 is its own fused form of Sieve
+STAND_INS = {"sieve": ("sieve-alg1", "sieve-entmax")}  # Sieve's earlier name and its Section 3 form
 # parameters that make another mechanism (with each mechanism's default): entmax at alpha 4 is not entmax at 1.5,
 # softmax at a fixed temperature theta (seed 003's Max Retrieval) is not softmax
-IDENTITY_PARAMS = {"alpha": {"entmax": 1.5, "sparsemax": 2.0, "sieve": 1.5, "sentmax": 1.5, "asentmax": 1.5},
+IDENTITY_PARAMS = {"alpha": {"entmax": 1.5, "sparsemax": 2.0, "sieve": 1.5, "sieve-entmax": 1.5, "sentmax": 1.5,
+                             "asentmax": 1.5},
                    "theta": {}}
 SEED_COLUMNS = ["source", "table", "task", "attn", "pe", "multiplier", "value"]
 _LABEL = re.compile(r"^(?P<name>[^ (]+)(?: \((?P<params>.*)\))?$")

@@ -1,32 +1,45 @@
-"""MQMTAR: multi-query multi-token associative recall (seed 003, Appendix G).
+"""MQMTAR: multi-query multi-token associative recall (Long-Context Generalization with Sparse Attention,
+Appendix G; its authors' generator, deep-spin/asentmax ``scripts/generate_data.py``, decides what the text leaves
+open).
 
-Worked example (sample 0 of the test stream, seed 0, ``n = 14``: one pair and 8 filler spaces; keys and
+Worked example (sample 3 of the test stream, seed 0, ``n = 20``: two pairs in two blocks of 10 tokens; keys and
 values of 2 tokens over "0".."255"; ``queries = 2`` to keep it short, the default is 4)::
 
-    input_ids  <bos> <space> <space> <space> 194 148 <kv> 33 171 <space> <space> <space> <space> <space> <space>
-               <q> 194 148 <q> 194 148 <sep> <q> 33  171 <q> 33  171   <eos>
-    labels     -100 at <bos> and the 14 prefix positions, then
-               -   -   -   -   -   -   <q>   33  171 <q> 33  171 <eos> -
+    input_ids  <bos> <space> <space> <space> <space> 27 234 <kv> 182 120 <space> <space> <space>
+                     126 136 <kv> 164 203 <space> <space> <space>
+               <q> 126 136 <q> 27 234 <sep> <q> 164 203 <q> 182 120 <eos>
+    labels     -100 at <bos>, the 20 prefix positions and the queries, then
+               <q> 164 203 <q> 182 120 <eos> -   (the targets of the positions from <sep> on)
 
-The prefix (``n`` tokens) holds ``num_kv = max(1, floor(density * n / 6))`` pairs, each written
-``k1 k2 <kv> v1 v2 <space>``; keys are distinct within a sample, values are uniform (repeats allowed).
-The remaining ``n - 6 num_kv`` filler ``<space>`` tokens go to the ``num_kv + 1`` gaps (before the
-first pair, between pairs, after the last), each one independently to a uniform gap. Then
-``queries`` queries ``<q> k1 k2``, keys drawn with replacement from the pairs present; then
-``<sep>`` and the answer ``<q> v1 v2`` per query, then ``<eos>``. Scored as next-token targets: the
-``3 * queries`` answer tokens (the ``<q>`` separators included, as in the seed's target) and ``<eos>``.
-A sample has ``n + 6 * queries + 3`` tokens.
+As the authors' generator: ``num_kv = int(n * density // 6)`` pairs (``density`` 0.8; a pair is ``k1 k2 <kv> v1
+v2 <space>``, the "+2 for sep and bound" of their code), keys distinct and values distinct within a sample (drawn
+without replacement), each pair inside its own block of ``n // num_kv`` tokens, the block's other
+``n // num_kv - 6`` tokens ``<space>``: the pair sits centred in a row of ``2 (n // num_kv + 1)`` slots and that
+many of the other slots, chosen uniformly, are kept, so a pair has a random number of spaces before it. The
+prefix is ``num_kv * (n // num_kv)`` tokens: 64 at ``n = 64`` (8 blocks of 8: 2 extra spaces a pair), 952 at
+1,024 and 61,166 at 65,536 (blocks of 7: 1 extra space a pair). Then ``queries`` queries ``<q> k1 k2``, keys
+drawn with replacement from the pairs present; then ``<sep>`` and the answer ``<q> v1 v2`` per query, then
+``<eos>`` (their ``{bos} src {sep}`` / ``trg {eos}`` patterns). Scored as next-token targets: the
+``3 * queries`` answer tokens (the ``<q>`` separators included, as in their target) and ``<eos>``. A sample has
+``num_kv * (n // num_kv) + 6 * queries + 3`` tokens (``max_tokens``), the same for every sample of a length.
+
+``spacing="random"`` (the earlier default) makes the prefix exactly ``n`` tokens: ``num_kv = max(1,
+floor(density * n / 6))``, and the ``n - 6 num_kv`` filler ``<space>`` tokens go to the ``num_kv + 1`` gaps
+(before the first pair, between pairs, after the last), each one independently to a uniform gap.
+``values="uniform"`` (the earlier default) draws values independently (repeats allowed). Together they give the
+earlier layout (rows of the store's schema version 1 were drawn with it).
 
 ``num_keys = k`` (default 0: distinct keys) draws each pair's key from ``k`` distinct keys of the sample, so
 keys are re-assigned and each answer is the value of the asked key's most recent pair; queries pick a pair
-uniformly (so a key by how often it is assigned). Not the seed's task: MQRAR's recency in MQMTAR's format and
-vocabulary, a stage of the curriculum of REPRODUCTION.md.
+uniformly (so a key by how often it is assigned). Not the paper's task: MQRAR's recency in MQMTAR's format and
+vocabulary, a curriculum stage before MQRAR (docs/reproduction.md).
 
-Choices the seed leaves open (ours): the gap distribution of the filler (independent uniform gaps);
-distinct keys drawn as the first ``num_kv`` outputs of a per-sample pseudo-random permutation of the
-``alphabet ** key_tokens`` keys (an 8-round Feistel network with random round tables, cycle-walked;
-vectorised and O(num_kv)); ``n`` below one pair (``6``) is rejected; more pairs than distinct keys
-(``n`` of 491,528 and more at the defaults) is rejected.
+Choices neither the paper nor its code makes (ours): the authors draw each sample's keys and values from a
+fixed pool of 10,000 of the ``256 ** 2`` key and value combinations (``vocab_size``, drawn once per data set);
+here the pool is every combination; distinct codes are the first ``num_kv`` outputs of a per-sample
+pseudo-random permutation (an 8-round Feistel network with random round tables, cycle-walked; vectorised and
+O(num_kv)); ``n`` below one pair (``6``) is rejected, and below ``8`` (where the authors' ``num_kv`` is 0) one
+pair is placed; more pairs than distinct keys or values (``n`` of 491,528 and more at the defaults) is rejected.
 """
 
 from __future__ import annotations
@@ -45,11 +58,24 @@ from lengthbench.tasks.base import (
     distinct_integers,
     full_batch,
     next_token_labels,
+    random_lanes,
     uniform_integers,
 )
 from lengthbench.tasks.rng import SampleRandom
 
 SPECIALS = ["<pad>", "<bos>", "<sep>", "<eos>", "<space>", "<kv>", "<q>"]
+
+SPACINGS = ("blocks", "random")
+VALUE_DRAWS = ("distinct", "uniform")
+
+
+def spell(codes: np.ndarray, alphabet: int, tokens: int) -> np.ndarray:
+    """Codes ``[batch, count]`` written in base ``alphabet``, most significant token first: ``[batch, count, tokens]``."""
+    out = np.empty(codes.shape + (tokens,), dtype=np.int64)
+    for t in range(tokens - 1, -1, -1):
+        codes, out[..., t] = np.divmod(codes, alphabet)
+    return out
+
 
 @register_task("mqmtar")
 class MQMTAR(Task):
@@ -68,6 +94,8 @@ class MQMTAR(Task):
         # so keys are re-assigned and a query's answer is the value of its key's most recent pair (MQRAR's
         # recency in MQMTAR's format and vocabulary: a curriculum stage, not the seed's task).
         num_keys: int = 0
+        spacing: str = "blocks"  # "blocks": one pair per block of n // num_kv tokens (the authors'); "random": n exactly
+        values: str = "distinct"  # "distinct" within a sample (the authors'); "uniform": repeats allowed
 
     def build_vocab(self) -> list[str]:
         p = self.params
@@ -77,6 +105,10 @@ class MQMTAR(Task):
             raise ValueError(f"density must be in (0, 1], got {p.density}")
         if not 0 <= p.num_keys <= p.alphabet**p.key_tokens:
             raise ValueError(f"num_keys must be in [0, {p.alphabet**p.key_tokens}] (0: distinct keys), got {p.num_keys}")
+        if p.spacing not in SPACINGS:
+            raise ValueError(f"spacing must be one of {', '.join(SPACINGS)}, got {p.spacing!r}")
+        if p.values not in VALUE_DRAWS:
+            raise ValueError(f"values must be one of {', '.join(VALUE_DRAWS)}, got {p.values!r}")
         return SPECIALS + [str(i) for i in range(p.alphabet)]
 
     @property
@@ -84,14 +116,23 @@ class MQMTAR(Task):
         return self.params.key_tokens + self.params.value_tokens + 2
 
     def num_pairs(self, n: int) -> int:
+        if self.params.spacing == "blocks":  # the authors' int(seq_len * num_kv // (k_len + v_len + 2))
+            return max(1, int(n * self.params.density // self.pair_tokens))
         return max(1, math.floor(self.params.density * n / self.pair_tokens + 1e-9))
+
+    def prefix_tokens(self, n: int) -> int:
+        """Tokens between ``<bos>`` and the queries: ``num_kv * (n // num_kv)`` in blocks, else ``n``."""
+        if self.params.spacing == "blocks":
+            pairs = self.num_pairs(n)
+            return pairs * (n // pairs)
+        return n
 
     def min_length(self) -> int:
         return self.pair_tokens
 
     def max_tokens(self, n: int) -> int:
         p = self.params
-        return 1 + n + p.queries * (p.key_tokens + 1) + 1 + p.queries * (p.value_tokens + 1) + 1
+        return 1 + self.prefix_tokens(n) + p.queries * (p.key_tokens + 1) + 1 + p.queries * (p.value_tokens + 1) + 1
 
     def check_length(self, n: int) -> None:
         if n < self.min_length():
@@ -100,6 +141,8 @@ class MQMTAR(Task):
             )
         if not self.params.num_keys and self.num_pairs(n) > self.params.alphabet**self.params.key_tokens:
             raise ValueError(f"task {self.name!r}: length {n} needs more distinct keys than the alphabet has")
+        if self.params.values == "distinct" and self.num_pairs(n) > self.params.alphabet**self.params.value_tokens:
+            raise ValueError(f"task {self.name!r}: length {n} needs more distinct values than the alphabet has")
 
     def generate(self, rng: SampleRandom, n: int) -> Batch:
         p = self.params
@@ -115,28 +158,31 @@ class MQMTAR(Task):
             codes = active[rows, uniform_integers(rng, 4, pairs, 0, p.num_keys)]
         else:
             codes = distinct_integers(rng, 0, pairs, p.alphabet**p.key_tokens)
-        pair_codes = codes.copy()
-        keys = np.empty((batch_size, pairs, p.key_tokens), dtype=np.int64)
-        for t in range(p.key_tokens - 1, -1, -1):
-            codes, keys[:, :, t] = np.divmod(codes, p.alphabet)
-        keys += first_symbol
-        values = uniform_integers(rng, 1, pairs * p.value_tokens, 0, p.alphabet).reshape(batch_size, pairs, -1)
+        pair_codes = codes
+        keys = spell(codes, p.alphabet, p.key_tokens) + first_symbol
+        if p.values == "distinct":
+            values = spell(distinct_integers(rng, 5, pairs, p.alphabet**p.value_tokens), p.alphabet, p.value_tokens)
+        else:
+            values = uniform_integers(rng, 1, pairs * p.value_tokens, 0, p.alphabet).reshape(batch_size, pairs, -1)
         values += first_symbol
 
-        # Filler: each extra <space> picks one of the pairs + 1 gaps.
-        extra = n - pairs * width
-        gaps = np.zeros((batch_size, pairs + 1), dtype=np.int64)
-        if extra:
-            slot = uniform_integers(rng, 2, extra, 0, pairs + 1) + rows * (pairs + 1)
-            gaps = np.bincount(slot.ravel(), minlength=batch_size * (pairs + 1)).reshape(batch_size, -1)
-        starts = 1 + np.cumsum(gaps[:, :pairs], axis=1) + width * np.arange(pairs)  # in input_ids
+        prefix = self.prefix_tokens(n)
+        if p.spacing == "blocks":
+            starts = 1 + (n // pairs) * np.arange(pairs) + self.spaces_before(rng, n)
+        else:  # each extra <space> picks one of the pairs + 1 gaps
+            extra = n - pairs * width
+            gaps = np.zeros((batch_size, pairs + 1), dtype=np.int64)
+            if extra:
+                slot = uniform_integers(rng, 2, extra, 0, pairs + 1) + rows * (pairs + 1)
+                gaps = np.bincount(slot.ravel(), minlength=batch_size * (pairs + 1)).reshape(batch_size, -1)
+            starts = 1 + np.cumsum(gaps[:, :pairs], axis=1) + width * np.arange(pairs)  # in input_ids
 
         records = np.concatenate(
             [keys, np.full((batch_size, pairs, 1), kv), values, np.full((batch_size, pairs, 1), space)], axis=2
         )
         answer_len = p.queries * (p.value_tokens + 1) + 1
         query_len = p.queries * (p.key_tokens + 1)
-        input_ids = np.full((batch_size, n + query_len + 1 + answer_len + 1), space, dtype=np.int64)
+        input_ids = np.full((batch_size, prefix + query_len + 1 + answer_len + 1), space, dtype=np.int64)
         input_ids[:, 0] = bos
         flat = (starts + rows * input_ids.shape[1])[:, :, None] + np.arange(width)
         input_ids.reshape(-1)[flat.reshape(-1)] = records.reshape(-1)
@@ -148,9 +194,27 @@ class MQMTAR(Task):
             answered = pairs - 1 - same[:, ::-1, :].argmax(axis=1)
         query_block = np.concatenate([np.full((batch_size, p.queries, 1), q), keys[rows, asked]], axis=2)
         answer_block = np.concatenate([np.full((batch_size, p.queries, 1), q), values[rows, answered]], axis=2)
-        input_ids[:, n + 1 :] = np.concatenate(
+        input_ids[:, prefix + 1 :] = np.concatenate(
             [query_block.reshape(batch_size, -1), column(batch_size, sep),
              answer_block.reshape(batch_size, -1), column(batch_size, eos)], axis=1,
         )
-        sep_at = n + 1 + query_len
+        sep_at = prefix + 1 + query_len
         return full_batch(input_ids, next_token_labels(input_ids, sep_at, sep_at + answer_len), n)
+
+    def spaces_before(self, rng: SampleRandom, n: int) -> np.ndarray:
+        """``[batch, pairs]``: the ``<space>`` tokens before each pair inside its block.
+
+        As the authors' generator: a block of ``n // num_kv`` tokens holds the pair's ``width`` tokens (its
+        trailing ``<space>`` included) centred in a row of ``2 (n // num_kv + 1)`` slots; ``n // num_kv - width``
+        of the other slots, chosen uniformly, stay as extra ``<space>`` tokens; those before the pair are counted.
+        """
+        pairs, width = self.num_pairs(n), self.pair_tokens
+        block = n // pairs
+        extra = block - width
+        if extra == 0:
+            return np.zeros((rng.batch_size, pairs), dtype=np.int64)
+        slots_before = block + 1 - (width - 1) // 2
+        free = 2 * (block + 1) - width
+        rank_keys = random_lanes(rng, 6, pairs * free, 32).reshape(rng.batch_size, pairs, free)
+        kept = np.argsort(rank_keys, axis=-1, kind="stable")[..., :extra]
+        return (kept < slots_before).sum(axis=-1).astype(np.int64)

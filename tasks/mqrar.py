@@ -1,4 +1,4 @@
-"""MQRAR: multi-query repeated associative recall (seed 004, after Tan et al. 2025).
+"""MQRAR: multi-query repeated associative recall (Sieve Attention, Section 4; after Tan et al. 2025).
 
 Worked example (sample 1 of the test stream, seed 0, ``n = 8``: 4 assignments; ``num_keys = 3`` and
 ``queries = 2`` to keep it short, the defaults are 16 and 4)::
@@ -17,18 +17,26 @@ tokens (``n`` even) or one more filler token (``n`` odd).
 ``layout="inline"`` (a parameter; the default is the layout above) asks and answers each query in place,
 as in Zoology's MQAR: ``<bos> prefix <sep> <q> k9 v106 <q> k19 v78 <eos>``, scored: each answer (at its
 key) and ``<eos>``; ``n + 3 * queries + 3`` tokens. An answer then needs one hop less (no query to locate by
-position); seed 004's text ("a series of queries ... output the most recent value assigned to each queried
+position); Sieve Attention's text ("a series of queries ... output the most recent value assigned to each queried
 key") fits both.
 
 ``value_tokens = 2`` (default 1) makes each value two symbols: assignments ``k v v'`` (``n // 3`` of them, the
-remainder of ``n`` as leading ``<space>``) and answers ``<q> a a'``, each symbol scored. Not the seeds' task:
+remainder of ``n`` as leading ``<space>``) and answers ``<q> a a'``, each symbol scored. Not the paper's task:
 it is the first stage of a curriculum (the second answer symbol is a plain induction step, copying what
-followed the first), whose trained weights then start the seeds' MQRAR (``lengthbench run --init-from``);
+followed the first), whose trained weights then start the paper's MQRAR (``lengthbench run --init-from``);
 the vocabulary is the same.
 
-Choices the seeds leave open (ours): for odd ``n`` the prefix starts with one ``<space>`` so that it
+The model: 4 layers (d 256, 16 heads). Sieve Attention's Table 1 heads its MQRAR columns "MQRAR (L = 4)" while
+its Table 3 gives 2 layers; here no 2-layer position-free model learns the separate layout (0 of 3 seeds), while
+4-layer stick-breaking and ``sieve`` + NoPE models learn it and hold it to 1024x (REPRODUCTION.md, the MQRAR depth
+sweeps ``sweeps/mqrar_depth_l{2,3,4}.toml``). Why depth: the answer slots after ``<sep>`` share one input
+token (``<q>``), and without positions a first layer's scores depend on content only, so no slot can pick its
+own query's key in layer 1; one layer recalls each query key's value, a later one lets each slot fetch it
+(``benchmarks/mqrar_slot_attention.py``).
+
+Choices the paper leaves open (ours): for odd ``n`` the prefix starts with one ``<space>`` so that it
 is ``n`` tokens; "keys present" is uniform over distinct present keys (not weighted by how often a
-key is assigned); the feed-forward width of the model (1024) is not given by seed 004.
+key is assigned); the feed-forward width of the model (1024) is not given by Sieve Attention.
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ LAYOUTS = ("separate", "inline")
 class MQRAR(Task):
     """Multi-query repeated associative recall: answer the most recent value of each queried key."""
 
-    model_defaults = ModelDefaults(layers=2, d_model=256, heads=16, ffn=1024, train_samples=20_000_000)
+    model_defaults = ModelDefaults(layers=4, d_model=256, heads=16, ffn=1024, train_samples=20_000_000)
     presentation_params = ("layout",)
 
     @dataclass(frozen=True)
@@ -68,7 +76,7 @@ class MQRAR(Task):
         num_keys: int = 16  # distinct active keys per sample
         queries: int = 4
         layout: str = "separate"  # "separate": queries, <sep>, then the answers; "inline": <q> k a per query
-        value_tokens: int = 1  # symbols per value (a curriculum's first stage uses 2; the seeds' task has 1)
+        value_tokens: int = 1  # symbols per value (a curriculum's first stage uses 2; the paper's task has 1)
 
     def build_vocab(self) -> list[str]:
         p = self.params

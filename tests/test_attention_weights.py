@@ -22,7 +22,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 SUM_TO_ONE = {"softmax", "gated", "ssmax", "assmax", "adatemp", "entmax", "sparsemax", "sentmax", "asentmax",
-              "stickbreaking", "sieve"}
+              "stickbreaking", "sieve-entmax"}
 NON_NEGATIVE = SUM_TO_ONE | {"softpick", "scalable-softpick", "rectified", "rela", "tra"}
 HEAD_DIM = 4
 
@@ -83,7 +83,7 @@ def test_edge_cases_no_nan(name, case):
     assert not torch.isnan(w).any() and torch.isfinite(w).all()
     assert w.dtype == (torch.float64 if case == "float64" else torch.float32)
     assert (w[~causal_mask(torch.arange(len(w)), len(w))] == 0).all()
-    if name in {"stickbreaking", "sieve"} or (name in SUM_TO_ONE and case != "minus_inf"):
+    if name in {"stickbreaking", "sieve-entmax"} or (name in SUM_TO_ONE and case != "minus_inf"):
         torch.testing.assert_close(w.sum(-1), torch.ones(len(w), dtype=w.dtype))
 
 
@@ -130,12 +130,16 @@ def test_softmax_formula():
 
 
 def test_ssmax_formula():
+    """``s * log(r + 2)`` by default (the sparse-attention authors' code); ``log_offset=0``: Nakanishi's log(r + 1)."""
     z = random_scores(5, 5)
-    w = weights("ssmax", z, s=torch.tensor(0.9))
-    for r in range(5):
-        factor = 0.9 * math.log(r + 1)
-        torch.testing.assert_close(w[r, : r + 1], torch.tensor(naive_softmax([factor * v for v in z[r, : r + 1].tolist()])))
-    assert w[0, 0] == 1  # log(1) = 0: one key, weight one
+    for offset in (1, 0):
+        w = weights("ssmax", z, s=torch.tensor(0.9), log_offset=offset)
+        for r in range(5):
+            factor = 0.9 * math.log(r + 1 + offset)
+            expected = torch.tensor(naive_softmax([factor * v for v in z[r, : r + 1].tolist()]))
+            torch.testing.assert_close(w[r, : r + 1], expected)
+        assert w[0, 0] == 1  # one key, weight one
+    torch.testing.assert_close(weights("ssmax", z), weights("ssmax", z, s=1.0, log_offset=1))
 
 
 @pytest.mark.parametrize("name", ["assmax", "asentmax", "sentmax"])
@@ -239,9 +243,9 @@ def test_stickbreaking_is_stable_in_log_space():
     torch.testing.assert_close(w[-1, -2], torch.tensor(sigmoid(30.0)))
 
 
-def test_sieve_formula_and_support():
+def test_sieve_entmax_formula_and_support():
     z = random_scores(7, 7, scale=3.0)
-    w = weights("sieve", z)
+    w = weights("sieve-entmax", z)
     for r in range(7):
         if r == 0:
             torch.testing.assert_close(w[0, :1], torch.ones(1))
@@ -253,17 +257,17 @@ def test_sieve_formula_and_support():
         assert (w[r, outside] == 0).all(), "zero outside the entmax support"
 
 
-def test_sieve_hand_case():
+def test_sieve_entmax_hand_case():
     # Row 3 sees keys 0, 1, 2 with scores 4, -4, 3.5: entmax keeps keys 0 and 2 only.
     z = torch.zeros(4, 4)
     z[3, :3] = torch.tensor([4.0, -4.0, 3.5])
-    w = weights("sieve", z)[3]
+    w = weights("sieve-entmax", z)[3]
     a2 = sigmoid(3.5)
     a0 = sigmoid(4.0) * (1 - sigmoid(3.5))
     torch.testing.assert_close(w, torch.tensor([a0, 0.0, a2, (1 - sigmoid(4.0)) * (1 - sigmoid(3.5))]))
-    # Equal scores keep every key in the support: sieve equals stick-breaking.
+    # Equal scores keep every key in the support: sieve-entmax equals stick-breaking.
     flat = torch.full((5, 5), 0.3)
-    torch.testing.assert_close(weights("sieve", flat), weights("stickbreaking", flat))
+    torch.testing.assert_close(weights("sieve-entmax", flat), weights("stickbreaking", flat))
 
 
 def test_sieve_alg1_is_masked_stick_breaking():
@@ -289,11 +293,11 @@ def test_sieve_alg1_is_masked_stick_breaking():
     assert hand.grad[3, 1] != 0  # key 1 is filtered out but breaks the stick: it gets a gradient
 
 
-def test_sieve_support_has_no_gradient():
+def test_sieve_entmax_support_has_no_gradient():
     z = torch.zeros(3, 3)
     z[2, :2] = torch.tensor([3.0, -3.0])  # key 1 is outside the support of row 2
     z.requires_grad_()
-    weights("sieve", z)[2].sum().backward()
+    weights("sieve-entmax", z)[2].sum().backward()
     assert z.grad[2, 1] == 0
 
 
@@ -333,22 +337,28 @@ def test_rela_formula():
     torch.testing.assert_close(weights("rela", z), torch.relu(z).tril())
 
 
-def tra_naive(s, r, head_dim=HEAD_DIM, beta=1.0, kappa=1.0, power=2.0):
-    tau = beta * math.sqrt(2 * max(0.0, math.log((r + 2) / kappa)) / head_dim)
+def tra_naive(s, r, head_dim=HEAD_DIM, beta=1.0, kappa=1.0, power=2.0, offset=0):
+    """``offset`` 0: Algorithm 1's log((r + 1) / kappa) for 0-based row r; 1: Eq. 1's log((r + 2) / kappa)."""
+    tau = beta * math.sqrt(2 * max(0.0, math.log((r + 1 + offset) / kappa)) / head_dim)
     return max(s - tau, 0.0) ** power
 
 
 def test_tra_formula():
     s = torch.rand(6, 6) * 2 - 1
-    for beta, kappa, power in [(1.0, 1.0, 2.0), (0.5, 3.0, 1.0)]:
-        w = weights("tra", s, beta=beta, kappa=kappa, power=power)
-        expected = torch.tensor([[tra_naive(s[r, j].item(), r, HEAD_DIM, beta, kappa, power) if j <= r else 0.0
-                                  for j in range(6)] for r in range(6)])
-        torch.testing.assert_close(w, expected)
-    # Row 0 (n = 1): tau = sqrt(2 log 2 / d); a cosine of 1 survives, 0.5 does not (d = 4: tau = 0.59).
-    w = weights("tra", torch.tensor([[1.0, 0], [0.5, 0.5]]))
+    for tau_index, offset in (("alg1", 0), ("eq1", 1)):
+        for beta, kappa, power in [(1.0, 1.0, 2.0), (0.5, 3.0, 1.0)]:
+            w = weights("tra", s, beta=beta, kappa=kappa, power=power, tau_index=tau_index)
+            expected = torch.tensor([[tra_naive(s[r, j].item(), r, HEAD_DIM, beta, kappa, power, offset)
+                                      if j <= r else 0.0 for j in range(6)] for r in range(6)])
+            torch.testing.assert_close(w, expected)
+    torch.testing.assert_close(weights("tra", s), weights("tra", s, tau_index="alg1"))
+    # Row 0 (n = 1) under Eq. 1: tau = sqrt(2 log 2 / d); a cosine of 1 survives, 0.5 does not (d = 4: tau = 0.59).
+    w = weights("tra", torch.tensor([[1.0, 0], [0.5, 0.5]]), tau_index="eq1")
     torch.testing.assert_close(w[0, 0], torch.tensor((1 - math.sqrt(2 * math.log(2) / 4)) ** 2))
     assert w[1, 0] == 0
+    # Under Algorithm 1 row 0's threshold is 0 (log 1) and row 1's sqrt(2 log 2 / d).
+    w = weights("tra", torch.tensor([[1.0, 0], [0.5, 0.5]]))
+    assert w[0, 0] == 1 and w[1, 0] == 0
 
 
 def test_tra_needs_head_dim():

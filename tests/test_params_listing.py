@@ -25,7 +25,7 @@ def test_attn_params_are_accepted_and_explained(name):
 def test_listing_finds_the_inherited_ones():
     assert set(constructor_params(ATTENTION.get("asentmax"), AttentionLayer)) == {
         "alpha", "delta", "gamma_scale", "scaled_heads"}
-    assert set(constructor_params(ATTENTION.get("ssmax"), AttentionLayer)) == {"s_init", "scaled_heads"}
+    assert set(constructor_params(ATTENTION.get("ssmax"), AttentionLayer)) == {"s_init", "log_offset", "scaled_heads"}
     assert constructor_params(ATTENTION.get("softmax"), AttentionLayer) == {}
 
 

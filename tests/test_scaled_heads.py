@@ -1,6 +1,6 @@
 """``scaled_heads``: which heads a length-scaled mechanism (SSMax, ASSMax, SEntmax, ASEntmax, scalable-softpick)
-scales. ``all`` (the default) scales every head's scores, an ALiBi head's bias included; ``nope`` scales only
-the heads without an ALiBi slope, as the seed 003 authors' code does under NAPE."""
+scales. ``all`` scales every head's scores, an ALiBi head's bias included; ``nope`` (the default of SSMax, ASSMax and
+ASEntmax) scales only the heads without an ALiBi slope under NAPE, as the sparse-attention authors' code does."""
 
 from __future__ import annotations
 
@@ -78,8 +78,18 @@ def test_nope_gradients_and_rows_sum(name):
 def test_bad_values():
     with pytest.raises(ValueError, match="scaled_heads must be one of"):
         build("ssmax", scaled_heads="alibi")
-    with pytest.raises(ValueError, match="every head has an ALiBi slope"):
-        build("ssmax", pe="alibi", scaled_heads="nope")
+
+
+@pytest.mark.parametrize("name", ["ssmax", "asentmax"])
+def test_nope_scales_every_head_where_every_head_has_a_slope(name):
+    """Under ALiBi no head is position-free: ``nope`` (the default) scales every head, as ``all``, as the
+    sparse-attention authors' code scales every head without NAPE."""
+    every = build(name, pe="alibi", scaled_heads="all")
+    nope = build(name, pe="alibi", scaled_heads="nope")
+    assert nope.scales_every_head and build(name, pe="alibi").scales_every_head
+    nope.load_state_dict(every.state_dict())
+    x = torch.randn(2, 9, every.d_model, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(nope(x), every(x))
 
 
 def test_run_id_only_when_given():
@@ -90,8 +100,6 @@ def test_run_id_only_when_given():
 
 @pytest.mark.parametrize("pe, value, message", [
     ("nape", "both", "scaled_heads must be one of"),
-    # under ALiBi every head has a slope: refused by the parameter check on the meta device, before any work
-    ("alibi", "nope", "every head has an ALiBi slope"),
 ])
 def test_cli_bad_value_exits_2_before_training(pe, value, message, tmp_path, monkeypatch, capsys):
     code = cli(monkeypatch, "run", "--task", "copy", "--attn", "ssmax", "--pe", pe, "--preset", "smoke",
@@ -105,8 +113,9 @@ def test_cli_bad_value_exits_2_before_training(pe, value, message, tmp_path, mon
 
 
 @pytest.mark.parametrize("attn, pe, params, noted", [
-    ("ssmax", "nape", [], True),
-    ("asentmax", "nape", [], True),
+    ("ssmax", "nape", [], False),  # their default is the authors' nope
+    ("asentmax", "nape", [], False),
+    ("sentmax", "nape", [], True),  # its default scales every head
     ("ssmax", "nape", ["--attn-param", "scaled_heads=nope"], False),
     ("ssmax", "nape", ["--attn-param", "scaled_heads=all"], False),  # chosen: no note
     ("ssmax", "alibi", [], False),  # every head has a slope: nothing else to choose

@@ -54,12 +54,24 @@ def check_seq2seq(task, batch, b, n):
 
 def check_mqmtar(task, batch, b, n):
     p = task.params
+    width = p.key_tokens + p.value_tokens + 2
     sym, ids, labels = unpack(task, batch, b)
     assert sym[0] == "<bos>"
-    prefix, rest = sym[1 : n + 1], sym[n + 1 :]
+    if p.spacing == "blocks":  # the authors' num_kv, blocks of n // num_kv tokens
+        pairs = max(1, int(n * p.density // width))
+        block = n // pairs
+        prefix_len = pairs * block
+    else:
+        pairs = max(1, int(p.density * n / width + 1e-9))
+        prefix_len = n
+    assert task.num_pairs(n) == pairs and task.prefix_tokens(n) == prefix_len
+    prefix, rest = sym[1 : prefix_len + 1], sym[prefix_len + 1 :]
     kv_at = [i for i, s in enumerate(prefix) if s == "<kv>"]
-    assert len(kv_at) == task.num_pairs(n) == max(1, int(p.density * n / (p.key_tokens + p.value_tokens + 2) + 1e-9))
-    memory, covered = {}, set()
+    assert len(kv_at) == pairs
+    if p.spacing == "blocks":  # one pair inside each block, whole
+        assert [i // block for i in kv_at] == list(range(pairs))
+        assert all((i - p.key_tokens) // block == (i + 1 + p.value_tokens) // block == i // block for i in kv_at)
+    memory, covered, values = {}, set(), []
     for i in kv_at:
         key = tuple(prefix[i - p.key_tokens : i])
         value = tuple(prefix[i + 1 : i + 1 + p.value_tokens])
@@ -67,8 +79,11 @@ def check_mqmtar(task, batch, b, n):
         assert all(not s.startswith("<") for s in key + value)
         assert p.num_keys or key not in memory, "keys must be distinct"
         memory[key] = value  # the most recent pair of a key wins (keys repeat only with num_keys)
+        values.append(value)
         covered.update(range(i - p.key_tokens, i + 2 + p.value_tokens))
-    assert all(prefix[i] == "<space>" for i in range(n) if i not in covered)
+    if p.values == "distinct":
+        assert len(set(values)) == len(values), "values must be distinct"
+    assert all(prefix[i] == "<space>" for i in range(prefix_len) if i not in covered)
     if p.num_keys:
         assert len(memory) <= p.num_keys
     query_len = p.queries * (p.key_tokens + 1)
@@ -80,7 +95,7 @@ def check_mqmtar(task, batch, b, n):
         assert block[0] == "<q>"
         expected += ["<q>", *memory[tuple(block[1:])]]
     assert answer == expected
-    sep_at = n + 1 + query_len
+    sep_at = prefix_len + 1 + query_len
     assert_next_token_labels(ids, labels, sep_at, len(sym) - 1)
 
 
@@ -121,8 +136,9 @@ def check_mqrar(task, batch, b, n):
 
 def check_flipflop(task, batch, b, n):
     sym, ids, labels = unpack(task, batch, b)
-    steps = n // 2
-    assert sym[0] == "<bos>" and sym[-3] == "<sep>" and sym[-1] == "<eos>" and len(sym) == 2 * steps + 3
+    steps, with_sep = n // 2, int(task.params.sep)
+    assert sym[0] == "<bos>" and sym[-1] == "<eos>" and len(sym) == 2 * steps + 2 + with_sep
+    assert (sym[-3] == "<sep>") if with_sep else (sym[-3] == "r" and "<sep>" not in sym)
     body = sym[1 : 2 * steps - 1]
     assert sym[2 * steps - 1] == "r" and body[0] == "w"
     ops, bits = body[0::2], body[1::2]
@@ -160,14 +176,19 @@ def check_2back(task, batch, b, n):
 def check_localcount(task, batch, b, n):
     p = task.params
     sym, ids, labels = unpack(task, batch, b)
-    assert sym[0] == "<bos>" and sym[-1] == "<eos>" and len(sym) == n + 2
+    size = len(sym) - 2
+    assert sym[0] == "<bos>" and sym[-1] == "<eos>"
     source = np.array([int(s) for s in sym[1:-1]])
     assert ((0 <= source) & (source < p.symbols)).all()
     # Maximal runs of one symbol are the generator's runs, since neighbouring runs differ.
     starts = np.flatnonzero(np.r_[True, source[1:] != source[:-1]])
-    lengths = np.diff(np.r_[starts, n])
-    assert (lengths[:-1] >= p.min_run).all() and (lengths <= p.max_run).all()
-    index = np.arange(n) - np.repeat(starts, lengths)
+    lengths = np.diff(np.r_[starts, size])
+    if p.runs == "whole":  # the authors' count of whole runs, none cut
+        assert len(lengths) == max(1, int(n // ((p.min_run + p.max_run) / 2))) and (lengths >= p.min_run).all()
+    else:
+        assert size == n and (lengths[:-1] >= p.min_run).all()
+    assert (lengths <= p.max_run).all()
+    index = np.arange(size) - np.repeat(starts, lengths)
     assert label_symbols(task, labels) == [None, *[f"#{k}" for k in index], None]
 
 
@@ -296,13 +317,15 @@ def test_uniform_symbols_and_depths():
     assert spread.min() < 0.05 and spread.max() > 0.95 and 0.4 < np.median(spread) < 0.6
 
 
-def test_localcount_run_lengths_cover_the_range():
-    task = get_task("localcount")
-    source = task.batch(range(4), 8192, "test").input_ids[:, 1:-1]
+@pytest.mark.parametrize("runs", ["whole", "cut"])
+def test_localcount_run_lengths_cover_the_range(runs):
+    task = get_task("localcount", runs=runs)
+    batch = task.batch(range(4), 8192, "test")
     lengths = []
-    for row in source:
-        starts = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
-        lengths += list(np.diff(starts))
+    for b in range(4):
+        row = np.array(batch.sample(b)["input_ids"][1:-1])
+        starts = np.flatnonzero(np.r_[True, row[1:] != row[:-1], True])
+        lengths += list(np.diff(starts)[:-1] if runs == "cut" else np.diff(starts))  # cut: the last run is cut
     assert min(lengths) == 2 and max(lengths) == 48
     assert abs(np.mean(lengths) - 25) < 1.0
 
@@ -334,13 +357,14 @@ def test_seq2seq_properties(name, symbols, n, index):
 
 @FAST
 @given(alphabet=st.integers(2, 40), key_tokens=st.integers(1, 3), value_tokens=st.integers(1, 3),
-       queries=st.integers(1, 6), density=st.floats(0.05, 1.0), n=st.integers(0, 400), index=st.integers(0, 2**40))
-def test_mqmtar_properties(alphabet, key_tokens, value_tokens, queries, density, n, index):
+       queries=st.integers(1, 6), density=st.floats(0.05, 1.0), n=st.integers(0, 400), index=st.integers(0, 2**40),
+       spacing=st.sampled_from(["blocks", "random"]), values=st.sampled_from(["distinct", "uniform"]))
+def test_mqmtar_properties(alphabet, key_tokens, value_tokens, queries, density, n, index, spacing, values):
     task = get_task("mqmtar", alphabet=alphabet, key_tokens=key_tokens, value_tokens=value_tokens,
-                    queries=queries, density=density)
+                    queries=queries, density=density, spacing=spacing, values=values)
     n = max(n, task.min_length())
-    if task.num_pairs(n) > alphabet**key_tokens:
-        with pytest.raises(ValueError, match="distinct keys"):
+    if task.num_pairs(n) > alphabet**key_tokens or (values == "distinct" and task.num_pairs(n) > alphabet**value_tokens):
+        with pytest.raises(ValueError, match="distinct (keys|values)"):
             task.batch([index], n)
         return
     check(task, n, [index, index + 1])
@@ -357,7 +381,8 @@ def test_mqrar_properties(num_keys, values, queries, n, index):
 
 @pytest.mark.parametrize("n", [4, 64, 1000, 65_536])
 def test_mqmtar_repeated_keys_answer_the_most_recent_pair(n):
-    task = get_task("mqmtar", key_tokens=1, value_tokens=1, num_keys=16)
+    # one-token values: 256 of them, too few to be distinct at 65,536
+    task = get_task("mqmtar", key_tokens=1, value_tokens=1, num_keys=16, values="uniform")
     check(task, n, range(4))
     batch = task.batch(range(64), 64)
     prefix = batch.input_ids[:, 1:65]
@@ -395,6 +420,7 @@ def test_mqrar_layouts_ask_the_same_questions():
 @given(p=st.floats(0.0, 1.0), n=st.integers(4, 400), index=st.integers(0, 2**40))
 def test_flipflop_properties(p, n, index):
     check(get_task("flipflop-sparse", p_write=p), n, [index])
+    check(get_task("flipflop-sparse", p_write=p, sep=True), n, [index])
     check(get_task("flipflop-liu", p_ignore=p), n, [index])
 
 
@@ -406,9 +432,10 @@ def test_2back_properties(symbols, back, n, index):
 
 @FAST
 @given(symbols=st.integers(2, 20), min_run=st.integers(1, 10), extra=st.integers(0, 60), n=st.integers(1, 600),
-       index=st.integers(0, 2**40))
-def test_localcount_properties(symbols, min_run, extra, n, index):
-    check(get_task("localcount", symbols=symbols, min_run=min_run, max_run=min_run + extra), n, [index, index + 3])
+       index=st.integers(0, 2**40), runs=st.sampled_from(["whole", "cut"]))
+def test_localcount_properties(symbols, min_run, extra, n, index, runs):
+    check(get_task("localcount", symbols=symbols, min_run=min_run, max_run=min_run + extra, runs=runs), n,
+          [index, index + 3])
 
 
 @FAST
@@ -453,7 +480,7 @@ def test_rarely_taken_paths_keep_meaning_and_determinism(monkeypatch):
     monkeypatch.setattr(LocalCount, "runs_per_block", lambda self, n: 3)
     monkeypatch.setattr(MQRAR, "tail_window", 0)
     for name, n in [("localcount", 500), ("mqrar", 300)]:
-        task = get_task(name)
+        task = get_task(name, **({"runs": "cut"} if name == "localcount" else {}))
         whole = task.batch(range(16), n, "test")
         for b in range(16):
             CHECKERS[name](task, whole, b, n)

@@ -113,12 +113,12 @@ GOLDEN = {
     "copy": ["733e5c70e3cb918f", "74a357bee0f1544e", "e2f1c775f921fbd1"],
     "reverse": ["f2d22aac536abc97", "9d3a911066df6cec", "e32183bafeacd699"],
     "sort": ["de6802325e3d4fa8", "428779ba9a5fb44c", "d13ceed4dbc5cc04"],
-    "flipflop-sparse": ["227a5837a7e21409", "657e902f67d7ef20", "13a87278951ff9d3"],
-    "flipflop-dense": ["75ecef0579bbe26f", "f12ec0c6bf8fd106", "4791d7eeee86510a"],
+    "flipflop-sparse": ["5ba570a51b554d18", "04cebec1000fe19d", "c74f5d5488fb5f70"],
+    "flipflop-dense": ["3366a15ce4018e17", "7c390e15147cd6e6", "a34d46c855503899"],
     "flipflop-liu": ["b750a64e87d4726a", "54b75e46ecce0d89", "14b47aa33977f792"],
-    "localcount": ["b1104c061a10dfc6", "0babcca2b91142c2", "dc543cab3cd5353e"],
+    "localcount": ["7c9099e5f6930949", "d850e6d2402e9779", "cc89110612d5a685"],
     "maxretrieval": ["e27977e979932e68", "3e21675039f9688e", "a0e830daff9114ea"],
-    "mqmtar": ["7ac876a2cf2c9db2", "38871646f8ddc03e", "2ccfa594524eb410"],  # schema 2: keyed on num_keys too
+    "mqmtar": ["51466516081e3e0d", "72f6242dcd47b327", "8467506a63ee881f"],  # schema 2: the authors' layout, keyed on every parameter
     "mqrar": ["1f43169c19fc321e", "eb89b57f43e01c6f", "5867d27ce52c5cb1"],  # schema 2: keyed on value_tokens too
     "2back": ["a55174bf15a650d9", "8fccd0339f81bc53", "7e45dbe8c2a7e2a1"],
     "passkey": ["22287aa78b3f4bf3", "b6febe903d735666", "05415ea0eb514f74"],

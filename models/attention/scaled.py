@@ -3,11 +3,18 @@
 The entmax and softpick families (``entmax.py``, ``softpick.py``) reuse :class:`RowScaledAttention`: on
 CUDA it hands the per-row factor to the base map's fused kernel as ``row_scale`` ``[B, H, T]``.
 
-Length factors. SSMax and scalable-softpick use ``log(n_r)`` as Nakanishi (2025) writes it (row 0 gets
-factor 0, harmless: it sees one key). The adaptive family (assmax, sentmax, asentmax) uses
-``log(n_r + 1) = log(r + 2)``, as the ASEntmax authors' code does, instead of the paper's ``log n``: with
-``log n`` the first row has ``log 1 = 0`` and ``0 ** gamma`` is infinite for a negative ``gamma`` (which
-the paper allows and reports, Table 7) and has no gradient in ``gamma``.
+Defaults follow the code of "Long-Context Generalization with Sparse Attention" (deep-spin/asentmax
+``synthetic/src/models/architectures/sparse_gemma.py``) where its text is silent; the other forms stay
+parameter values:
+
+- the length term ``log(n_r + 1) = log(r + 2)`` (its ``log_position``, "offset by 2") for SSMax, ASSMax, SEntmax
+  and ASEntmax, not the ``log n`` of the text: with ``log n`` the first row has ``log 1 = 0``, and ``0 ** gamma``
+  is infinite for a negative ``gamma`` (which the paper allows and reports, Table 7). SSMax's ``log_offset=0``
+  gives Nakanishi (2025)'s ``log(n_r)``; scalable-softpick keeps that one (Softpick's form);
+- SSMax's ``s`` starts at 1 (its ``"nakanishi"`` scale: ``normal(1.0, 0.01)``); ``s_init=0.43`` is Nakanishi's;
+- under NAPE only the NoPE heads are scaled (``scaled_heads="nope"``, its ``num_scaled_heads``) for SSMax, ASSMax
+  and ASEntmax; ``"all"`` scales every head, an ALiBi head's bias included;
+- ASEntmax's and ASSMax's ``gamma`` range is 2 (``attn_scale_gamma_range``); ``gamma_scale=1`` the narrower one.
 """
 
 from __future__ import annotations
@@ -31,7 +38,10 @@ from lengthbench.models.attention.base import (
 from lengthbench.models.attention.registry import register_attention
 from lengthbench.models.attention.softmax import sdpa_attend
 
-SSMAX_S_INIT = 0.43  # Nakanishi (2025)'s initial s
+SSMAX_S_INIT = 0.43  # Nakanishi (2025)'s initial s (scalable-softpick's; SSMax's with s_init=0.43)
+SSMAX_S_INIT_AUTHORS = 1.0  # the sparse-attention authors' initial s: SSMax's default
+SSMAX_LOG_OFFSET = 1  # SSMax's length term log(n_r + 1) = log(r + 2), as the sparse-attention authors' code
+ADAPTIVE_GAMMA_SCALE = 2.0  # gamma's range in the sparse-attention authors' code (attn_scale_gamma_range)
 ASENTMAX_BETA_INIT = math.log(2.0)  # softplus(0): beta of a zero-initialised w_beta
 ADATEMP_POLY = (-0.037, 0.481, -2.3, 4.917, -1.791)  # Velickovic et al. (2024), highest degree first
 
@@ -42,9 +52,9 @@ def scale_scores(z: torch.Tensor, factor) -> torch.Tensor:
     return torch.where(finite, torch.where(finite, z, torch.zeros((), dtype=z.dtype, device=z.device)) * factor, z)
 
 
-def log_length_scale(s, counts: torch.Tensor) -> torch.Tensor:
-    """SSMax's factor ``s * log(n_r)``; ``s`` a float or per-head ``[H]`` tensor; ``counts`` ``[Lq, 1]``."""
-    return per_head(s, counts) * torch.log(counts)
+def log_length_scale(s, counts: torch.Tensor, log_offset: int = 0) -> torch.Tensor:
+    """The factor ``s * log(n_r + log_offset)``; ``s`` a float or per-head ``[H]`` tensor; ``counts`` ``[Lq, 1]``."""
+    return per_head(s, counts) * torch.log(counts + log_offset)
 
 
 def adaptive_scale(counts: torch.Tensor, beta, gamma, delta) -> torch.Tensor:
@@ -52,16 +62,18 @@ def adaptive_scale(counts: torch.Tensor, beta, gamma, delta) -> torch.Tensor:
 
     The power is written ``exp(gamma * log(log(n_r + 1)))`` (``log(n_r + 1) >= log 2 > 0``): the same value, but
     ``pow`` with a tensor exponent got a wrong gradient for ``gamma`` from Inductor on CUDA (torch 2.11; tens
-    to a hundred times the eager one, session 19, ``benchmarks/compiled_grads.py``), which broke the
+    to a hundred times the eager one, ``benchmarks/compiled_grads.py``), which broke the
     compiled training of ASEntmax and ASSMax models."""
     log_log = torch.log(torch.log(counts + 1))
     return delta + per_row(beta, counts) * torch.exp(per_row(gamma, counts) * log_log)
 
 
-def ssmax_weights(scores, mask, s=SSMAX_S_INIT, query_positions=None):
-    """``softmax(s * log(n_r) * z)``; ``s`` a float or per-head ``[H]`` tensor (default 0.43)."""
+def ssmax_weights(scores, mask, s=SSMAX_S_INIT_AUTHORS, query_positions=None, log_offset=SSMAX_LOG_OFFSET):
+    """``softmax(s * log(n_r + log_offset) * z)``; ``s`` a float or per-head ``[H]`` tensor (default 1),
+    ``log_offset`` 1 (0: Nakanishi's ``log(n_r)``)."""
     z = as_compute(scores)
-    return safe_softmax(scale_scores(z, log_length_scale(s, row_counts(mask, query_positions, z))), mask)
+    factor = log_length_scale(s, row_counts(mask, query_positions, z), log_offset)
+    return safe_softmax(scale_scores(z, factor), mask)
 
 
 def assmax_weights(scores, mask, beta=ASENTMAX_BETA_INIT, gamma=0.0, delta=1.0, query_positions=None):
@@ -93,11 +105,13 @@ class RowScaledAttention(AttentionLayer):
     ``base_weights`` (the base map alone), ``row_scale`` (``[B or 1, H, Lq, 1]``) and the name of the base
     map's kernel.
 
-    ``scaled_heads`` says which heads the factor scales. ``"all"`` (the default): every head's scores, an
-    ALiBi head's distance bias included. ``"nope"``: only the heads without an ALiBi slope; the ALiBi heads
-    keep the base map of their unscaled scores. That is how the seed 003 authors' public code combines its
-    scalings with NAPE: it multiplies the queries of the NoPE heads only, and adds the bias after.
-    Under RoPE or NoPE no head has a slope and both values give the same model."""
+    ``scaled_heads`` says which heads the factor scales. ``"all"``: every head's scores, an ALiBi head's
+    distance bias included. ``"nope"``: under an encoding that mixes ALiBi and NoPE heads (NAPE), only the heads
+    without a slope; the ALiBi heads keep the base map of their unscaled scores. That is how the code of
+    "Long-Context Generalization with Sparse Attention" combines its scalings with NAPE (``sparse_gemma.py``: it
+    multiplies the queries of the NoPE heads only, and adds the bias after), and it scales every head without
+    NAPE; so ``"nope"`` scales every head where all heads or none have a slope, and both values give the same
+    model there. The default is ``"all"`` here, ``"nope"`` for SSMax, ASSMax and ASEntmax."""
 
     base_kernel: ClassVar[str] = "softmax"
 
@@ -109,10 +123,8 @@ class RowScaledAttention(AttentionLayer):
         # Which heads keep their unscaled scores, decided once here from plain booleans (a check of the slopes in
         # every forward would sync the GPU and break torch.compile's graph).
         biased = pe.biased_heads()
-        self.scales_every_head = scaled_heads == "all" or not any(biased)
+        self.scales_every_head = scaled_heads == "all" or not any(biased) or all(biased)
         if not self.scales_every_head:
-            if all(biased):
-                raise ValueError("scaled_heads=nope scales no head under this encoding: every head has an ALiBi slope")
             self.register_buffer("_unscaled", torch.tensor(biased), persistent=False)
 
     def weight_function(self, scores, mask, query_positions, x_rows):
@@ -168,24 +180,29 @@ class RowScaledAttention(AttentionLayer):
 
 
 class LogLengthScaled(RowScaledAttention):
-    """``s_h * log(n_r)`` with ``s`` learnable per head (SSMax, scalable-softpick)."""
+    """``s_h * log(n_r + log_offset)`` with ``s`` learnable per head (SSMax, scalable-softpick)."""
+
+    log_offset: int = 0
 
     def __init__(self, d_model, n_heads, pe, s_init: float = SSMAX_S_INIT, **params):
         super().__init__(d_model, n_heads, pe, **params)
         self.s = nn.Parameter(torch.full((n_heads,), float(s_init)))
 
     def row_scale(self, query_positions, x_rows):
-        counts = (query_positions + 1).to(torch.float32)[:, None]
-        return log_length_scale(self.s.float(), counts)[None]
+        dtype = torch.promote_types(self.s.dtype, torch.float32)  # float64 stays float64 (gradcheck)
+        counts = (query_positions + 1).to(dtype)[:, None]
+        return log_length_scale(self.s.to(dtype), counts, self.log_offset)[None]
 
 
 class AdaptiveScaled(RowScaledAttention):
     """``delta + beta_r * log(n_r + 1) ** gamma_r`` with ``beta_r = softplus(x_r . w_beta)`` and
     ``gamma_r = gamma_scale * tanh(x_r . w_gamma)`` per head and query token (ASEntmax, ASSMax).
-    The projections start at zero, as in the authors' code: ``beta = log 2``, ``gamma = 0``."""
+    The projections start at zero: ``beta = log 2``, ``gamma = 0``. ``gamma_scale`` 2 and ``scaled_heads="nope"``
+    by default, as the sparse-attention authors' code."""
 
-    def __init__(self, d_model, n_heads, pe, delta: float = 1.0, gamma_scale: float = 1.0, **params):
-        super().__init__(d_model, n_heads, pe, **params)
+    def __init__(self, d_model, n_heads, pe, delta: float = 1.0, gamma_scale: float = ADAPTIVE_GAMMA_SCALE,
+                 scaled_heads: str = "nope", **params):
+        super().__init__(d_model, n_heads, pe, scaled_heads=scaled_heads, **params)
         self.delta = float(delta)
         self.gamma_scale = float(gamma_scale)
         # Parameters, not nn.Linear: the decoder's initialiser would overwrite a zero start.
@@ -207,10 +224,17 @@ class AdaptiveScaled(RowScaledAttention):
 
 @register_attention("ssmax", weights=ssmax_weights)
 class SSMaxAttention(LogLengthScaled):
-    """Scalable-Softmax (Nakanishi 2025): softmax(s * log(n_r) * z), s learnable per head."""
+    """Scalable-Softmax (Nakanishi 2025): softmax(s * log(n_r + 1) * z), s learnable per head (start 1)."""
+
+    def __init__(self, d_model, n_heads, pe, s_init: float = SSMAX_S_INIT_AUTHORS,
+                 log_offset: int = SSMAX_LOG_OFFSET, scaled_heads: str = "nope", **params):
+        super().__init__(d_model, n_heads, pe, s_init=s_init, scaled_heads=scaled_heads, **params)
+        if log_offset not in (0, 1):
+            raise ValueError(f"log_offset must be 0 (log n_r) or 1 (log(n_r + 1)), got {log_offset!r}")
+        self.log_offset = int(log_offset)
 
     def weight_function(self, scores, mask, query_positions, x_rows):
-        return ssmax_weights(scores, mask, s=self.s, query_positions=query_positions)
+        return ssmax_weights(scores, mask, s=self.s, query_positions=query_positions, log_offset=self.log_offset)
 
     def base_weights(self, z, mask):
         return safe_softmax(z, mask)
@@ -218,7 +242,8 @@ class SSMaxAttention(LogLengthScaled):
 
 @register_attention("assmax", weights=assmax_weights)
 class ASSMaxAttention(AdaptiveScaled):
-    """Adaptive-scalable softmax (seed 003): ASEntmax's per-token scaling applied to softmax."""
+    """Adaptive-scalable softmax (Long-Context Generalization with Sparse Attention): ASEntmax's per-token
+    scaling applied to softmax."""
 
     def weight_function(self, scores, mask, query_positions, x_rows):
         beta, gamma = self.adaptive_params(x_rows)

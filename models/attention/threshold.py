@@ -1,14 +1,19 @@
-"""Rectified attention without normalisation: ReLA (Zhang et al. 2021), TRA and TDA (seed 000).
+"""Rectified attention without normalisation: ReLA (Zhang et al. 2021), TRA and TDA (Threshold Differential
+Attention, Sections 4.1-4.2).
 
 All three leave the weights unnormalised and put an RMSNorm on each head's output instead. TRA and TDA
-follow the paper, not the authors' released kernel (which has neither kappa nor the norm and uses raw
-scores): cosine scores ``s = <q/|q|, k/|k|>`` (minus the ALiBi distance bias where the encoding has one),
-the length-dependent threshold
+follow the paper (its Eq. 1 and Section 4.2): cosine scores ``s = <q/|q|, k/|k|>`` (minus the ALiBi distance
+bias where the encoding has one), the length-dependent threshold
 
-    tau_r = beta * sqrt(2 * max(0, log((n_r + 1) / kappa)) / d),   a_rj = (s_rj - tau_r)_+ ^ p   (j <= r)
+    tau_r = beta * sqrt(2 * max(0, log((n_r + c) / kappa)) / d),   a_rj = (s_rj - tau_r)_+ ^ p   (j <= r)
 
-with ``beta`` learnable (a scalar per layer, start 1), ``kappa = 1``, ``p = 2``, and RMSNorm on the head
-output. TDA subtracts ``lambda`` times a second view's TRA weights (its own q/k projections, shared
+with ``n_r = r + 1`` the keys row ``r`` sees, ``beta`` learnable (a scalar per layer, start 1), ``kappa = 1``,
+``p = 2``, and RMSNorm on the head output. The row index ``c``: ``tau_index="alg1"`` (the default, ``c = 0``)
+is the paper's Algorithm 1 (``log((m + i + 1) / kappa)`` for 0-based row ``m + i``) and the authors' kernel
+(snap-research/TDA ``triton_threshold_attention.py``: ``log(offs_m + 1)``), the form that produced the
+published numbers; ``"eq1"`` (``c = 1``) is the paper's Eq. 1, ``log((i + 1) / kappa)`` for 1-based row
+``i``: a higher threshold, by up to 0.5 in the first rows' weights. The authors' TDA normalises q and k by
+default (``normalize=True``), as here; their kernel has neither kappa nor the output norm. TDA subtracts ``lambda`` times a second view's TRA weights (its own q/k projections, shared
 values); ``lambda = sigmoid(lambda_logit)`` stays in (0, 1). The paper writes TDA's views without the power;
 its experiments set ``p = 2`` for TRA and TDA alike, and so do we.
 """
@@ -39,29 +44,39 @@ def rela_weights(scores, mask, query_positions=None):
     return zeros_where_not(torch.relu(as_compute(scores)), mask)
 
 
-def tra_threshold(counts: torch.Tensor, head_dim: int, beta=1.0, kappa: float = 1.0) -> torch.Tensor:
-    """``tau_r = beta * sqrt(2 * max(0, log((n_r + 1) / kappa)) / d)``; ``counts`` ``[Lq, 1]``."""
-    return per_head(beta, counts) * torch.sqrt(2 * torch.clamp(torch.log((counts + 1) / kappa), min=0) / head_dim)
+TAU_INDEX_OFFSET = {"alg1": 0, "eq1": 1}  # added to n_r inside tau's log
 
 
-def tra_weights(scores, mask, head_dim=None, beta=1.0, kappa=1.0, power=2.0, query_positions=None):
+def tra_threshold(counts: torch.Tensor, head_dim: int, beta=1.0, kappa: float = 1.0,
+                  tau_index: str = "alg1") -> torch.Tensor:
+    """``tau_r = beta * sqrt(2 * max(0, log((n_r + c) / kappa)) / d)``, ``c`` 0 (``"alg1"``) or 1 (``"eq1"``);
+    ``counts`` ``[Lq, 1]``."""
+    if tau_index not in TAU_INDEX_OFFSET:
+        raise ValueError(f"tau_index must be one of {', '.join(TAU_INDEX_OFFSET)}, got {tau_index!r}")
+    log_count = torch.log((counts + TAU_INDEX_OFFSET[tau_index]) / kappa)
+    return per_head(beta, counts) * torch.sqrt(2 * torch.clamp(log_count, min=0) / head_dim)
+
+
+
+def tra_weights(scores, mask, head_dim=None, beta=1.0, kappa=1.0, power=2.0, query_positions=None,
+                tau_index="alg1"):
     """``(s - tau_r)_+ ^ p`` for cosine scores ``s`` over ``j <= r``; ``head_dim`` is required (it sets the
-    threshold), ``beta`` (default 1) a float or tensor, ``kappa`` 1, ``power`` 2."""
+    threshold), ``beta`` (default 1) a float or tensor, ``kappa`` 1, ``power`` 2, ``tau_index`` ``"alg1"``."""
     if head_dim is None:
         raise TypeError("tra weights need head_dim (the threshold scales with 1/sqrt(head_dim))")
     s = as_compute(scores)
-    tau = tra_threshold(row_counts(mask, query_positions, s), head_dim, beta, kappa)
+    tau = tra_threshold(row_counts(mask, query_positions, s), head_dim, beta, kappa, tau_index)
     return zeros_where_not(torch.relu(s - tau) ** power, mask)
 
 
 def tda_weights(scores, mask, scores2=None, head_dim=None, lam=0.5, beta=1.0, kappa=1.0, power=2.0,
-                query_positions=None):
+                query_positions=None, tau_index="alg1"):
     """``tra(scores) - lam * tra(scores2)``: the effective map of two cosine-score views (``scores2``
     required, same shape); ``lam`` in (0, 1), default 0.5."""
     if scores2 is None:
         raise TypeError("tda weights need scores2, the cosine scores of the inhibitory view")
-    first = tra_weights(scores, mask, head_dim, beta, kappa, power, query_positions)
-    second = tra_weights(scores2, mask, head_dim, beta, kappa, power, query_positions)
+    first = tra_weights(scores, mask, head_dim, beta, kappa, power, query_positions, tau_index)
+    second = tra_weights(scores2, mask, head_dim, beta, kappa, power, query_positions, tau_index)
     return first - per_head(lam, first) * second
 
 
@@ -87,17 +102,20 @@ class ReLAAttention(AttentionLayer):
 
 
 class _Thresholded:
-    """Shared by TRA and TDA: cosine scores (unit q and k, ``score_scale`` 1), beta, kappa, power."""
+    """Shared by TRA and TDA: cosine scores (unit q and k, ``score_scale`` 1), beta, kappa, power, tau_index."""
 
-    def _init_threshold(self, beta: float, kappa: float, power: float):
+    def _init_threshold(self, beta: float, kappa: float, power: float, tau_index: str):
+        if tau_index not in TAU_INDEX_OFFSET:
+            raise ValueError(f"tau_index must be one of {', '.join(TAU_INDEX_OFFSET)}, got {tau_index!r}")
         self.score_scale = 1.0
         self.beta = nn.Parameter(torch.tensor(float(beta)))
         self.kappa = float(kappa)
         self.power = float(power)
+        self.tau_index = tau_index
         self.head_norm = HeadRMSNorm(self.n_heads, self.head_dim)
 
     def threshold_params(self) -> dict:
-        return dict(beta=self.beta, kappa=self.kappa, power=self.power)
+        return dict(beta=self.beta, kappa=self.kappa, power=self.power, tau_index=self.tau_index)
 
     def finish_heads(self, heads, x):
         return self.head_norm(heads)
@@ -109,11 +127,13 @@ def unit(t: torch.Tensor) -> torch.Tensor:
 
 @register_attention("tra", weights=tra_weights)
 class TRAAttention(_Thresholded, AttentionLayer):
-    """Threshold rectified attention (seed 000): cosine scores above a length-dependent threshold."""
+    """Threshold rectified attention (Threshold Differential Attention, Section 4.1): cosine scores above a
+    length-dependent threshold."""
 
-    def __init__(self, d_model, n_heads, pe, beta: float = 1.0, kappa: float = 1.0, power: float = 2.0, **params):
+    def __init__(self, d_model, n_heads, pe, beta: float = 1.0, kappa: float = 1.0, power: float = 2.0,
+                 tau_index: str = "alg1", **params):
         AttentionLayer.__init__(self, d_model, n_heads, pe, **params)
-        self._init_threshold(beta, kappa, power)
+        self._init_threshold(beta, kappa, power, tau_index)
 
     def project(self, x):
         q, k, v = AttentionLayer.project(self, x)
@@ -133,12 +153,13 @@ class TRAAttention(_Thresholded, AttentionLayer):
 
 @register_attention("tda", weights=tda_weights)
 class TDAAttention(_Thresholded, TwoViewAttention):
-    """Threshold differential attention (seed 000): TRA of view 1 minus lambda times TRA of view 2."""
+    """Threshold differential attention (Threshold Differential Attention, Section 4.2): TRA of view 1 minus
+    lambda times TRA of view 2."""
 
     def __init__(self, d_model, n_heads, pe, beta: float = 1.0, kappa: float = 1.0, power: float = 2.0,
-                 lambda_init: float = 0.5, **params):
+                 lambda_init: float = 0.5, tau_index: str = "alg1", **params):
         TwoViewAttention.__init__(self, d_model, n_heads, pe, **params)
-        self._init_threshold(beta, kappa, power)
+        self._init_threshold(beta, kappa, power, tau_index)
         if not 0 < lambda_init < 1:
             raise ValueError(f"tda lambda_init must lie in (0, 1), got {lambda_init}")
         self.lambda_logit = nn.Parameter(torch.tensor(math.log(lambda_init / (1 - lambda_init))))
@@ -161,9 +182,7 @@ class TDAAttention(_Thresholded, TwoViewAttention):
         if not q.is_cuda:
             return self.reference_attend(q, k, v, x)
         (q1, q2), (k1, k2) = self.split(q), self.split(k)
-        # The one-pass op (both views per tile; its backward visits only the tiles with an active entry):
-        # on the H100 at L 65,536, D 32 it took 18.2 ms forward and 32.7 ms forward+backward, against two
-        # tra passes' 23.9 / 123.0 (results/kernels/session10/).
+        # The one-pass op: both views per tile; its backward visits only the tiles with an active entry.
         op = self.kernel("tda")
         if op is not None:
             return op(q1.contiguous(), k1.contiguous(), q2.contiguous(), k2.contiguous(), v, lam=self.lam,
