@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lengthbench.models.attention import ATTENTION
+from lengthbench.models.attention import MECHANISMS
 from lengthbench.tasks import TASKS
 
 PROBES = str(Path(__file__).resolve().parent.parent / "benchmarks" / "copy_probes")
@@ -19,7 +19,7 @@ PROBES = str(Path(__file__).resolve().parent.parent / "benchmarks" / "copy_probe
 @pytest.fixture(scope="module")
 def plugins():
     """Both plugin modules, registered for this module's tests only."""
-    attention, tasks = dict(ATTENTION._entries), dict(TASKS._entries)
+    attention, tasks = dict(MECHANISMS._entries), dict(TASKS._entries)
     sys.path.insert(0, PROBES)
     try:
         import copy_variants
@@ -28,7 +28,7 @@ def plugins():
         yield sb_variants, copy_variants
     finally:
         sys.path.remove(PROBES)
-        for registry, before in ((ATTENTION, attention), (TASKS, tasks)):
+        for registry, before in ((MECHANISMS, attention), (TASKS, tasks)):
             registry._entries.clear()
             registry._entries.update(before)
 

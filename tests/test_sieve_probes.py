@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lengthbench import attention_weights
-from lengthbench.models.attention import ATTENTION, causal_mask
+from lengthbench.models.attention import MECHANISMS, causal_mask
 from lengthbench.models.attention.base import diagonal_and_earlier
 
 CUDA = torch.cuda.is_available()
@@ -24,7 +24,7 @@ PROBES = str(Path(__file__).resolve().parent.parent / "benchmarks" / "sieve_prob
 def sieve_variants():
     """The plugin module, its mechanisms registered for this module's tests only: the other tests (and the
     sweep workers they start) see the registry as it was."""
-    before = dict(ATTENTION._entries)
+    before = dict(MECHANISMS._entries)
     sys.path.insert(0, PROBES)
     try:
         import sieve_variants as module
@@ -32,8 +32,8 @@ def sieve_variants():
         yield module
     finally:
         sys.path.remove(PROBES)
-        ATTENTION._entries.clear()
-        ATTENTION._entries.update(before)
+        MECHANISMS._entries.clear()
+        MECHANISMS._entries.update(before)
 
 
 def scores(tokens=40, seed=0, spread=3.0):
