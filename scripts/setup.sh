@@ -24,6 +24,8 @@ if ! python -c "import torch" >/dev/null 2>&1; then
   # shellcheck disable=SC2086
   python -m pip install -q $spec
 fi
+# dev: the test tools, Triton among them (tests/test_kernels_interpreter.py runs the kernels on the CPU under
+# its interpreter); cuda: Triton for the GPU where torch does not bring it
 extras="dev"
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && extras="dev,cuda"
 python -m pip install -q -e ".[$extras]"

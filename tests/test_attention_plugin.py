@@ -63,3 +63,39 @@ def test_lengthbench_run_with_a_plugin_mechanism(tmp_path):
                              timeout=120)
     assert missing.returncode == 2 and "no_such_module" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_one_registration_gives_module_and_weights(monkeypatch):
+    """A mechanism is registered once, on its module, with its weight function: both registries read it, and
+    the old second registration of the weight function alone says what to do instead."""
+    import pytest
+
+    from lengthbench.models.attention import MECHANISMS, WEIGHT_FUNCTIONS, AttentionLayer, register_attention
+
+    builtin = ["softmax", "gated", "ssmax", "assmax", "adatemp", "entmax", "sparsemax", "sentmax", "asentmax",
+               "stickbreaking", "sieve", "sieve-alg1", "softpick", "scalable-softpick", "rectified", "rela", "tra",
+               "tda", "diffsoftmax"]
+    assert ATTENTION.names() == MECHANISMS.names() and set(builtin) <= set(WEIGHT_FUNCTIONS.names())
+    for name in ATTENTION.names():
+        entry = MECHANISMS.get(name)
+        assert ATTENTION.get(name) is entry.module and entry.module.name == name
+        if name in builtin:
+            assert WEIGHT_FUNCTIONS.get(name) is entry.weights is not None
+    monkeypatch.setattr(MECHANISMS, "_entries", dict(MECHANISMS._entries))  # the registration below is undone
+
+    def doubled(scores, mask, query_positions=None):
+        return 2 * attention_weights("softmax", scores)
+
+    @register_attention("test-doubled", weights=doubled)
+    class Doubled(AttentionLayer):
+        pass
+
+    scores = torch.randn(4, 4)
+    torch.testing.assert_close(attention_weights("test-doubled", scores), 2 * attention_weights("softmax", scores))
+    assert ATTENTION.get("test-doubled") is Doubled and "test-doubled" in WEIGHT_FUNCTIONS
+    with pytest.raises(TypeError, match="weights="):
+        WEIGHT_FUNCTIONS.register("other")
+    with pytest.raises(TypeError, match="not an AttentionLayer"):
+        register_attention("not-a-layer", weights=doubled)(doubled)
+    with pytest.raises(ValueError, match="already registered"):
+        register_attention("test-doubled", weights=doubled)(Doubled)

@@ -61,6 +61,10 @@ class _Part(Generic[T]):
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
+    def register(self, name: str, **_):
+        raise TypeError(f"register {name!r} once, on its module: @register_attention({name!r}, weights=its_weight_fn) "
+                        "gives both its module and its weight function")
+
 
 ATTENTION: _Part[type[AttentionLayer]] = _Part("module")
 WEIGHT_FUNCTIONS: _Part[WeightFunction] = _Part("weights")

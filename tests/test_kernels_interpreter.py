@@ -1,0 +1,220 @@
+"""Every fused op in ``kernels/`` against its float64 dense reference, on the CPU under the Triton interpreter.
+
+Small shapes (T = 1, 17, 33; head dims 16 and 32; fp32; ALiBi slopes and a row scale at T = 17), output and
+every gradient (q, k, v, ``slopes``, ``row_scale``; TDA's two views, ``lam`` and ``beta``), so a change that
+breaks a kernel's numerics fails here, without a GPU. Sieve and entmax also run their other launch paths
+(``tuning``: without the candidate lists; lists of 8 slots, which fill up and leave rows open). The GPU tests
+(``test_kernels.py``) cover the longer shapes, bf16 and fp16.
+
+``TRITON_INTERPRET=1`` must be set before Triton is imported, so the ops run in worker processes (this file
+run as a script); the tests read their errors. Skipped where Triton is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# (tokens, head_dim, extras): extras "alibi" adds slopes and a row scale (both get gradients)
+SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, ""), (33, 16, ""), (17, 16, "alibi")]
+# per op: (label, tuning) of the launch paths to run besides the defaults, and on which shapes
+VARIANTS = {
+    # Sieve's list path sorts its candidates (``tl.sort``), which the interpreter runs slowly: the defaults
+    # (64 slots) at T = 1 only, 8 slots at T = 33 and with ALiBi; and the path without lists everywhere
+    "sieve": [("lists-8", dict(list_size=8)), ("no-lists", dict(lists=False))],
+    "entmax": [("no-lists", dict(lists=False)), ("lists-8", dict(list_size=8))],
+    "sparsemax": [("no-lists", dict(lists=False))],
+}
+OPS = ["adatemp", "entmax", "rectified", "rela", "sieve", "sieve-alg1", "softpick", "sparsemax",
+       "stickbreaking", "tda", "tra"]
+TOLERANCE = 1e-4  # max |kernel - reference| / max(max |reference|, 0.01), per tensor (fp32 rounding: ~1e-6)
+TIE = 2e-5
+
+
+def cases() -> list[tuple[str, int, int, str, str]]:
+    """``(op, tokens, head_dim, extras, variant)`` of every run."""
+    out = []
+    for op in OPS:
+        for tokens, head_dim, extras in SHAPES:
+            if op == "tra" and extras:
+                continue  # cosine scores with sm_scale 1: the module gives tra no ALiBi or row scale
+            if not (op == "sieve" and tokens > 1):  # (see VARIANTS)
+                out.append((op, tokens, head_dim, extras, "default"))
+            for label, _ in VARIANTS.get(op, []):
+                if label != "lists-8" or (tokens, extras) in ((33, ""), (17, "alibi")):  # (the slowest path)
+                    out.append((op, tokens, head_dim, extras, label))
+    return out
+
+
+def case_id(case) -> str:
+    op, tokens, head_dim, extras, variant = case
+    return f"{op}-T{tokens}-D{head_dim}{'-' + extras if extras else ''}-{variant}"
+
+
+# -- the worker (this file run as a script, TRITON_INTERPRET=1) ----------------------------------------------
+
+def rel_err(a, b) -> float:
+    if b.numel() == 0:
+        return 0.0
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-2)).item()
+
+
+def run_case(case) -> dict:
+    import torch
+
+    from lengthbench import attention_weights
+    from lengthbench.kernels import load_op
+
+    op_name, tokens, head_dim, extras, variant = case
+    tuning = dict(VARIANTS.get(op_name, [])).get(variant)
+    gen = torch.Generator().manual_seed(1000 * tokens + head_dim)
+    batch, heads = 1, 2
+    two_views = op_name == "tda"
+    tensors = [torch.randn(batch, heads, tokens, head_dim, generator=gen) for _ in range(5 if two_views else 3)]
+    cosine = op_name in ("tra", "tda")
+    if cosine:
+        tensors[:-1] = [torch.nn.functional.normalize(t, dim=-1) for t in tensors[:-1]]
+    sm_scale = 1.0 if cosine else 1.0 / math.sqrt(head_dim)
+    named = dict(zip(["q1", "k1", "q2", "k2", "v"] if two_views else ["q", "k", "v"], tensors, strict=True))
+    params = {}
+    if two_views:
+        params = dict(lam=torch.tensor(0.3), beta=torch.tensor(0.5))
+    if extras == "alibi":
+        params.update(slopes=torch.tensor([0.5, 0.0625]), row_scale=0.5 + torch.rand(batch, heads, tokens, generator=gen))
+    mine = {key: t.clone().requires_grad_() for key, t in {**named, **params}.items()}
+    theirs = {key: t.double().requires_grad_() for key, t in {**named, **params}.items()}
+
+    def scores(q, k, a):
+        z = torch.matmul(q, k.transpose(-1, -2)) * sm_scale
+        if "slopes" in a:
+            pos = torch.arange(tokens)
+            z = z - a["slopes"][:, None, None] * (pos[:, None] - pos[None, :]).to(z.dtype)
+        if "row_scale" in a:
+            z = z * a["row_scale"][..., None]
+        return z
+
+    if two_views:
+        z1, z2 = scores(theirs["q1"], theirs["k1"], theirs), scores(theirs["q2"], theirs["k2"], theirs)
+        w = attention_weights("tda", z1, scores2=z2, head_dim=head_dim, lam=theirs["lam"], beta=theirs["beta"])
+        z = z1
+    else:
+        z = scores(theirs["q"], theirs["k"], theirs)
+        w = attention_weights(op_name, z, **({"head_dim": head_dim} if op_name == "tra" else {}))
+    ref = torch.matmul(w, theirs["v"])
+
+    op = load_op(op_name)
+    kwargs = {key: mine[key] for key in params}
+    if tuning is not None:
+        kwargs["tuning"] = tuning
+    started = time.perf_counter()
+    out = op(*(mine[key] for key in named), sm_scale=sm_scale, **kwargs)
+    # rows whose selection is a near-tie (a score within TIE of 0 or of the threshold) may flip on rounding
+    keep = ~near_ties(op_name, z.detach(), tokens)
+    dout = torch.randn(out.shape, generator=gen, dtype=torch.float64) * keep[..., None]
+    (out.double() * dout).sum().backward()
+    seconds = time.perf_counter() - started
+    (ref * dout).sum().backward()
+    errors = {"out": rel_err(out.detach()[keep], ref.detach()[keep])}
+    for key in mine:
+        grad = mine[key].grad
+        errors[f"d{key}"] = float("nan") if grad is None or not torch.isfinite(grad).all() else rel_err(
+            grad, theirs[key].grad)
+    return dict(errors=errors, ties=int((~keep).sum()), seconds=seconds, finite=bool(torch.isfinite(out).all()))
+
+
+def near_ties(name, z, tokens):
+    import torch
+
+    pos = torch.arange(tokens)
+    none = torch.zeros(z.shape[:-1], dtype=torch.bool)
+    if name == "rectified":
+        return ((z.abs() < TIE) & (pos[None, :] <= pos[:, None])).any(-1)
+    if name == "sieve-alg1":
+        earlier = pos[None, :] < pos[:, None]
+        rowmax = torch.where(earlier, z, torch.full_like(z, float("-inf"))).amax(-1, keepdim=True)
+        return (((z - (rowmax - 2.0)).abs() < TIE * (1 + rowmax.abs())) & earlier).any(-1)
+    if name in ("sieve", "sparsemax"):
+        alpha = 2.0 if name == "sparsemax" else 1.5
+        visible = pos[None, :] < pos[:, None] if name == "sieve" else pos[None, :] <= pos[:, None]
+        x = z * (alpha - 1)
+        tau = _threshold(torch.where(visible, x, torch.full_like(x, float("-inf"))), alpha)
+        return (((x - tau[..., None]).abs() < TIE * (1 + tau.abs()[..., None])) & visible).any(-1)
+    return none
+
+
+def _threshold(x, alpha):
+    """The alpha-entmax threshold of each row of ``x`` (float64, bisection; ``-inf`` entries left out)."""
+    import torch
+
+    power = 1.0 / (alpha - 1.0)
+    finite = torch.isfinite(x)
+    top = torch.where(finite, x, torch.full_like(x, -1e300)).amax(-1)
+    lo, hi = top - 1.0, top
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        mass = torch.where(finite, torch.clamp(x - mid[..., None], min=0) ** power, torch.zeros_like(x)).sum(-1)
+        lo, hi = torch.where(mass >= 1, mid, lo), torch.where(mass >= 1, hi, mid)
+    return torch.where(finite.any(-1), lo, torch.zeros_like(lo))
+
+
+def worker(indices: list[int]) -> None:
+    all_cases = cases()
+    for index in indices:
+        result = run_case(all_cases[index])
+        print(json.dumps({"case": index, **result}), flush=True)
+
+
+# -- the tests ----------------------------------------------------------------------------------------------
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="Triton is not installed (scripts/setup.sh installs it)")
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[int, dict]:
+    """Every case's errors: two worker processes (the CPU's two cores), half of the cases each."""
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    count = len(cases())
+    halves = [list(range(0, count, 2)), list(range(1, count, 2))]
+    workers = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), ",".join(map(str, half))], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for half in halves]
+    results = {}
+    for process in workers:
+        stdout, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, stderr[-4000:]
+        for line in stdout.splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                results[record.pop("case")] = record
+    return results
+
+
+@needs_triton
+@pytest.mark.parametrize("index", range(len(cases())), ids=[case_id(c) for c in cases()])
+def test_kernel_matches_float64_reference(index, measured):
+    result = measured[index]
+    print(f"{case_id(cases()[index])}: {result['seconds']:.1f}s ties={result['ties']} "
+          + " ".join(f"{key}={value:.1e}" for key, value in result["errors"].items()))
+    assert result["finite"], "NaN/inf in the output"
+    assert result["ties"] <= 1
+    for key, value in result["errors"].items():
+        assert value <= TOLERANCE, (key, result["errors"])
+
+
+def test_every_op_is_covered():
+    from lengthbench.kernels import kernel_names
+
+    assert sorted(OPS) == kernel_names()
+    assert {c[0] for c in cases()} == set(OPS)
+
+
+if __name__ == "__main__":
+    worker([int(i) for i in sys.argv[1].split(",") if i])
