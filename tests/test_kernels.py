@@ -422,10 +422,10 @@ ENTMAX_VARIANTS = {
 
 
 @pytest.mark.parametrize("variant", sorted(ENTMAX_VARIANTS))
-@pytest.mark.parametrize("case", ["entmax-T1000-D32-bf16", "sparsemax-T4096-D32-fp32",
-                                  "sieve-T300-D64-bf16-alibi", "entmax-T333-D128-bf16-alibi"])
+@pytest.mark.parametrize("case", ["entmax:T1000-D32-bf16", "sparsemax:T4096-D32-fp32",
+                                  "sieve-entmax:T300-D64-bf16-alibi", "entmax:T333-D128-bf16-alibi"])
 def test_entmax_variants_match_reference(variant, case):
-    name, shape = case.split("-", 1)
+    name, shape = case.split(":")
     tokens, head_dim, dtype = {"T1000-D32-bf16": (1000, 32, torch.bfloat16),
                                "T4096-D32-fp32": (4096, 32, torch.float32),
                                "T300-D64-bf16-alibi": (300, 64, torch.bfloat16),
@@ -440,7 +440,7 @@ def test_entmax_variants_match_reference(variant, case):
 
 
 @pytest.mark.parametrize("variant", sorted([*set(ENTMAX_VARIANTS) - {"top16"}, "default"]))
-@pytest.mark.parametrize("case", ["entmax-bf16", "entmax-fp32-small", "sparsemax-bf16", "sieve-fp32-alibi"])
+@pytest.mark.parametrize("case", ["entmax-bf16", "entmax-fp32-small", "sparsemax-bf16", "sieveentmax-fp32-alibi"])
 def test_entmax_threshold_variants_agree(variant, case):
     """Every variant's ``tau`` equals the top-16 search's to rounding (the same root, reached from another start
     or summed in another order), with the same rows at ``+inf`` (no visible key)."""
@@ -450,7 +450,7 @@ def test_entmax_threshold_variants_agree(variant, case):
     tokens, scale = (2048, 0.5) if "small" in rest else (4096, 1.0)  # small scores: wide supports, more passes
     q, k, _ = make_inputs("entmax", 1, 3, tokens, 32, {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype],
                           seed=17, scale=scale)
-    kwargs = dict(alpha=2.0 if name == "sparsemax" else 1.5, strict=name == "sieve")
+    kwargs = dict(alpha=2.0 if name == "sparsemax" else 1.5, strict=name == "sieveentmax")  # Sieve's j < r
     if "alibi" in rest:
         gen = torch.Generator(device="cuda").manual_seed(6)
         kwargs.update(slopes=torch.tensor([0.5, 0.0625, 0.0], device="cuda"),

@@ -29,11 +29,11 @@ SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, ""), (33, 16, ""), (17, 16, "alibi
 VARIANTS = {
     # Sieve's list path sorts its candidates (``tl.sort``), which the interpreter runs slowly: the defaults
     # (64 slots) at T = 1 only, 8 slots at T = 33 and with ALiBi; and the path without lists everywhere
-    "sieve": [("lists-8", dict(list_size=8)), ("no-lists", dict(lists=False))],
+    "sieve-entmax": [("lists-8", dict(list_size=8)), ("no-lists", dict(lists=False))],
     "entmax": [("no-lists", dict(lists=False)), ("lists-8", dict(list_size=8))],
     "sparsemax": [("no-lists", dict(lists=False))],
 }
-OPS = ["adatemp", "entmax", "rectified", "rela", "sieve", "sieve-alg1", "softpick", "sparsemax",
+OPS = ["adatemp", "entmax", "rectified", "rela", "sieve", "sieve-alg1", "sieve-entmax", "softpick", "sparsemax",
        "stickbreaking", "tda", "tra"]
 TOLERANCE = 1e-4  # max |kernel - reference| / max(max |reference|, 0.01), per tensor (fp32 rounding: ~1e-6)
 TIE = 2e-5
@@ -46,7 +46,7 @@ def cases() -> list[tuple[str, int, int, str, str]]:
         for tokens, head_dim, extras in SHAPES:
             if op == "tra" and extras:
                 continue  # cosine scores with sm_scale 1: the module gives tra no ALiBi or row scale
-            if not (op == "sieve" and tokens > 1):  # (see VARIANTS)
+            if not (op == "sieve-entmax" and tokens > 1):  # (see VARIANTS)
                 out.append((op, tokens, head_dim, extras, "default"))
             for label, _ in VARIANTS.get(op, []):
                 if label != "lists-8" or (tokens, extras) in ((33, ""), (17, "alibi")):  # (the slowest path)
@@ -112,6 +112,8 @@ def run_case(case) -> dict:
 
     op = load_op(op_name)
     kwargs = {key: mine[key] for key in params}
+    if op_name == "sieve":  # the op's default eps is sieve-alg1's 2; the module passes sieve's 8, as the reference
+        kwargs["eps"] = 8.0
     if tuning is not None:
         kwargs["tuning"] = tuning
     started = time.perf_counter()
@@ -137,13 +139,14 @@ def near_ties(name, z, tokens):
     none = torch.zeros(z.shape[:-1], dtype=torch.bool)
     if name == "rectified":
         return ((z.abs() < TIE) & (pos[None, :] <= pos[:, None])).any(-1)
-    if name == "sieve-alg1":
+    if name in ("sieve", "sieve-alg1"):  # Algorithm 1's filter: eps 8 (sieve), 2 (sieve-alg1)
+        eps = 8.0 if name == "sieve" else 2.0
         earlier = pos[None, :] < pos[:, None]
         rowmax = torch.where(earlier, z, torch.full_like(z, float("-inf"))).amax(-1, keepdim=True)
-        return (((z - (rowmax - 2.0)).abs() < TIE * (1 + rowmax.abs())) & earlier).any(-1)
-    if name in ("sieve", "sparsemax"):
+        return (((z - (rowmax - eps)).abs() < TIE * (1 + rowmax.abs())) & earlier).any(-1)
+    if name in ("sieve-entmax", "sparsemax"):
         alpha = 2.0 if name == "sparsemax" else 1.5
-        visible = pos[None, :] < pos[:, None] if name == "sieve" else pos[None, :] <= pos[:, None]
+        visible = pos[None, :] < pos[:, None] if name == "sieve-entmax" else pos[None, :] <= pos[:, None]
         x = z * (alpha - 1)
         tau = _threshold(torch.where(visible, x, torch.full_like(x, float("-inf"))), alpha)
         return (((x - tau[..., None]).abs() < TIE * (1 + tau.abs()[..., None])) & visible).any(-1)
