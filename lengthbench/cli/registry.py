@@ -20,11 +20,14 @@ PARAM_NOTES = {
     "sieve.alpha": "alpha of the entmax support that filters the keys (1.5: the fused kernel's value)",
     "eps": "the epsilon of softpick's denominator",
     "sieve-alg1.eps": "the filter width: keys within eps of the row's maximum score survive (MQRAR needs 8)",
-    "s_init": "initial per-head s of s * log(n) (Nakanishi's 0.43; the seed 003 authors' code starts at 1.0)",
+    "s_init": "initial per-head s of s * log(n) (Nakanishi's 0.43; the code of Long-Context Generalization with "
+              "Sparse Attention starts at 1.0)",
     "delta": "the constant delta of the length factor delta + beta * log(n + 1)^gamma",
-    "gamma_scale": "gamma's range: gamma = gamma_scale * tanh(x . w_gamma) (the seed 003 authors' code: 2)",
+    "gamma_scale": "gamma's range: gamma = gamma_scale * tanh(x . w_gamma) (the code of Long-Context "
+                   "Generalization with Sparse Attention: 2)",
     "scaled_heads": "all: the length factor scales every head's scores, an ALiBi bias included; nope: only the "
-                    "heads without an ALiBi slope, as the seed 003 authors' code does under NAPE",
+                    "heads without an ALiBi slope, as the code of Long-Context Generalization with Sparse "
+                    "Attention does under NAPE",
     "beta": "start of the learnable threshold scale beta in tau = beta * sqrt(2 log((n + 1) / kappa) / d)",
     "kappa": "kappa in the threshold tau = beta * sqrt(2 log((n + 1) / kappa) / d)",
     "power": "the power p of (s - tau)_+ ^ p",
@@ -41,17 +44,9 @@ _STRUCTURAL = {"self", "d_model", "n_heads", "pe", "head_dim"}
 def constructor_params(cls, base: type) -> dict:
     """``{key: default}`` of the keyword parameters that ``cls`` and its bases down to ``base`` take (what
     ``--attn-param`` / ``--pe-param`` accept), the nearest class's default first."""
-    import inspect
+    from lengthbench.validation import constructor_params as params
 
-    found: dict = {}
-    for klass in cls.__mro__:
-        if not (isinstance(klass, type) and issubclass(klass, base)) or "__init__" not in klass.__dict__:
-            continue
-        for parameter in inspect.signature(klass.__dict__["__init__"]).parameters.values():
-            if parameter.name in _STRUCTURAL or parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
-                continue
-            found.setdefault(parameter.name, parameter.default)
-    return found
+    return params(cls, base, frozenset(_STRUCTURAL))
 
 
 def _params_table(title: str, name: str, params: dict) -> Table:
