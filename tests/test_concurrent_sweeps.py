@@ -108,10 +108,26 @@ def test_a_live_claim_is_reported_running_elsewhere(tmp_path, monkeypatch, capsy
             claim.release()
 
 
-def _sweep(store, log):
-    # -P: the installed package, as the sweep's own workers import it
-    return subprocess.Popen([sys.executable, "-m", "lengthbench.cli", "sweep", *GRID, "--results", str(store)],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200"})
+# a tiny grid of cheap cells: 2 steps, 4 validation and 4 evaluation samples, lengths 1x and 2x
+SWEEP_FILE = """tasks = ["2back"]
+attns = ["softmax"]
+pes = ["nape", "none"]
+seeds = "0-1"
+device = "cpu"
+[overrides]
+train_samples = 64
+eval_samples = 4
+val_samples = 4
+max_multiplier = 2
+diagnostics = false
+"""
+
+
+def _sweep(sweep_file, store, log):
+    # one thread each, as this test process runs (conftest): the rows are compared with a sweep run here
+    return subprocess.Popen([sys.executable, "-m", "lengthbench.cli", "sweep", "--config", str(sweep_file), "--quiet",
+                             "--results", str(store)], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "COLUMNS": "200", "OMP_NUM_THREADS": "1"})
 
 
 def _rows(store):
@@ -120,18 +136,22 @@ def _rows(store):
     return frame.drop(columns=drop).sort_values(["run_id", "multiplier"]).reset_index(drop=True)
 
 
-def test_two_concurrent_sweeps_train_each_cell_once(tmp_path):
-    shared, alone = tmp_path / "shared", tmp_path / "alone"
+def test_two_concurrent_sweeps_train_each_cell_once(tmp_path, monkeypatch):
+    from cli_helpers import cli
+
+    sweep_file = tmp_path / "grid.toml"
+    sweep_file.write_text(SWEEP_FILE)
+    shared = tmp_path / "shared"
     logs = [open(tmp_path / f"sweep{i}.log", "w") for i in range(2)]  # noqa: SIM115
     try:
-        processes = [_sweep(shared, log) for log in logs]
-        codes = [process.wait(timeout=240) for process in processes]
+        processes = [_sweep(sweep_file, shared, log) for log in logs]
+        codes = [process.wait(timeout=300) for process in processes]
     finally:
         for log in logs:
             log.close()
     outputs = [(tmp_path / f"sweep{i}.log").read_text() for i in range(2)]
     assert codes == [0, 0], outputs
-    # each cell trained (and scored at 1x) once: its log has one "eval 1x" line, whoever ran it
+    # each cell trained (and scored at 1x) once: its log has one "eval 1x" line, whichever sweep ran it
     cell_logs = sorted((shared / "logs").glob("*.log"))
     assert len(cell_logs) == 4
     for log in cell_logs:
@@ -139,6 +159,7 @@ def test_two_concurrent_sweeps_train_each_cell_once(tmp_path):
     ran = [int(out.split(" cells: ")[1].split(" ran")[0]) for out in outputs]
     assert sum(ran) == 4, outputs
     assert not list((shared / "claims").glob("*.json"))  # every claim released
-    assert subprocess.run([sys.executable, "-m", "lengthbench.cli", "sweep", *GRID, "--results", str(alone)],
-                          capture_output=True, timeout=240).returncode == 0
+    # the rows are those of one sweep alone
+    alone = tmp_path / "alone"
+    assert cli(monkeypatch, "sweep", "--config", sweep_file, "--quiet", "--results", alone) == 0
     pd.testing.assert_frame_equal(_rows(shared), _rows(alone))
