@@ -34,7 +34,6 @@ REQUIRED_COLUMNS = [c for c in CONTRACT_COLUMNS if c not in DIAGNOSTIC_COLUMNS]
 NUMERIC_COLUMNS = ["seed", "train_length", "eval_length", "multiplier", "exact_match", "token_accuracy",
                    "n_samples", "realised_tokens", "train_steps", "train_seconds", "eval_seconds",
                    *DIAGNOSTIC_COLUMNS, "score"]
-TEXT_COLUMNS = ["run_id", "task", "attn", "pe", "preset"]
 
 
 class StoreError(RuntimeError):
@@ -100,10 +99,6 @@ def schema_problem(frame: pd.DataFrame) -> str | None:
         if column in frame.columns and not pd.api.types.is_numeric_dtype(frame[column]) \
                 and not frame[column].isna().all():
             return f"column {column} holds {frame[column].dtype} values, not numbers"
-    for column in TEXT_COLUMNS:
-        values = frame[column]
-        if values.isna().any() or not all(isinstance(v, str) for v in values):
-            return f"column {column} holds values that are not names"
     return None
 
 

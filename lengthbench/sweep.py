@@ -153,6 +153,8 @@ def check_sweep_settings(data: dict[str, Any], where: str) -> None:
     if seeds is not None and not isinstance(seeds, str | int | list) or isinstance(seeds, bool):
         fail(f"seeds must be a list of integers or a string like \"0-4\", got {seeds!r}")
     if "per_gpu" in data:
+        if isinstance(data["per_gpu"], bool) or not isinstance(data["per_gpu"], int):
+            fail(f"per_gpu must be a whole number, got {data['per_gpu']!r}")
         try:
             validation.check_int("per_gpu", data["per_gpu"], 1, 64)
         except UsageError as error:

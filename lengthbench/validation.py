@@ -224,7 +224,7 @@ def check_component_params(kind: str, name: str, params: Mapping[str, Any]) -> N
     accepted = constructor_params(registry.get(canonical), base)
     for key, value in params.items():
         if key not in accepted:
-            raise UsageError(f"--{kind}-param: {words} {canonical!r} takes no parameter {key!r}; its parameters: "
+            raise UsageError(f"{words} {canonical!r} takes no parameter {key!r}; its parameters: "
                              f"{', '.join(accepted) or 'none'}")
         check_param(f"--{kind}-param", key, value, accepted[key], owner=canonical)
 
@@ -327,14 +327,28 @@ def check_memory(what: str, needed: int, device: str = "cpu") -> None:
         raise UsageError(f"{what} needs about {human_bytes(needed)}, more than the {human_bytes(total)} of {kind} here")
 
 
+def parameter_count(d_model: int, n_layers: int, vocab: int, ffn: int) -> int:
+    """About the decoder's weights: attention and MLP per layer, embedding and output layer."""
+    return n_layers * (4 * d_model * d_model + 2 * d_model * ffn) + 2 * vocab * d_model
+
+
 def check_run_memory(config, device: str = "cpu") -> None:
-    """A run's longest evaluation length: one sample's forward pass must fit (:func:`forward_bytes`)."""
+    """A run must fit: its training (weights, gradients and Adam's two moments, 16 bytes a weight, and a
+    batch's forward pass at n_train) and one sample's forward pass at its longest evaluation length
+    (:func:`forward_bytes`)."""
     from lengthbench.tasks import get_task
 
     task = get_task(config.task, **config.task_params)
+    vocab = len(task.vocab)
+    weights = 16 * parameter_count(config.d_model, config.n_layers, vocab, config.ffn)
+    train_tokens = task.max_tokens(config.train_length)
+    training = weights + config.batch_size * forward_bytes(train_tokens, config.d_model, config.n_layers, vocab,
+                                                           config.ffn)
+    check_memory(f"training ({parameter_count(config.d_model, config.n_layers, vocab, config.ffn):,} weights, "
+                 f"batch {config.batch_size} x {train_tokens:,} tokens)", training, device)
     n = config.train_length * config.max_multiplier
     tokens = task.max_tokens(n)
-    needed = forward_bytes(tokens, config.d_model, config.n_layers, len(task.vocab), config.ffn)
+    needed = weights // 4 + forward_bytes(tokens, config.d_model, config.n_layers, vocab, config.ffn)
     check_memory(f"evaluating at n = {n:,} ({tokens:,} tokens)", needed, device)
 
 

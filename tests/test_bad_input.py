@@ -49,6 +49,8 @@ def places(tmp_path):
     (tmp_path / "bigseed.toml").write_text('tasks = "copy"\nattns = "softmax"\npes = "rope"\nper_gpu = 0\n')
     cell = {"task": "copy", "attn": "softmax", "pe": "rope", "overrides": {"train_samples": 64},
             "curve": {"1": 1.0, "2": 1.0}}
+    (tmp_path / "seeds.csv").write_text("source,table,task,attn,pe,multiplier,value\n"
+                                        "Sieve Attention,1,copy,softmax,rope,1,abc\n")
     (tmp_path / "base.json").write_text(json.dumps({"cells": [cell]}))
     (tmp_path / "badbase.json").write_text(json.dumps({"cells": [{**cell, "overrides": {"eval_samples": "many"}}]}))
     return tmp_path
@@ -133,6 +135,9 @@ CASES = [
     ("train samples -5", [*B[:8], "-5", *B[9:]], "--train-samples must be in [1"),
     ("heads 0", [*B, "--heads", "0"], "--heads must be in [1"),
     ("resume and restart", [*B, "--resume", "--restart"], "not both"),
+    ("model too large for memory", [*B, "--d-model", "65536", "--layers", "1024", "--heads", "1", "--ffn", "262144",
+                                    "--dry-run"], "needs about"),
+    ("d-model not divisible by heads", [*B, "--d-model", "30", "--heads", "4", "--dry-run"], "not divisible"),
     ("task sample length 10**12", ["tasks", "sample", "copy", "--length", str(10**12)], "--length must be in"),
     ("task sample length 0", ["tasks", "sample", "copy", "--length", "0"], "--length must be in"),
     ("task sample count 0", ["tasks", "sample", "copy", "--count", "0"], "--count must be in"),
@@ -170,6 +175,19 @@ CASES = [
      "per_gpu must be in [1"),
     ("check baseline eval_samples many", ["check", "--baseline", "{tmp}/badbase.json"],
      "eval_samples must be an integer, got 'many'"),
+    ("leaderboard results empty", ["leaderboard", "--results", ""], "--results is empty"),
+    ("plot results empty", ["plot", "--results", "", "--out", "{tmp}/p"], "--results is empty"),
+    ("inspect diagnostics results empty", ["inspect", "diagnostics", "--results", "", "--out", "{tmp}/d"],
+     "--results is empty"),
+    ("inspect maps results empty", ["inspect", "maps", "--run", "r", "--length", "64", "--results", "",
+                                    "--out", "{tmp}/m"], "--results is empty"),
+    ("sweep config empty", ["sweep", "--config", "", "--dry-run"], "--config is empty"),
+    ("check baseline empty", ["check", "--baseline", ""], "--baseline is empty"),
+    ("check results empty", ["check", "--baseline", "{tmp}/base.json", "--results", ""], "--results is empty"),
+    ("compare seed table value not a number", ["compare", "--results", "{tmp}/good", "--seed-tables",
+                                               "{tmp}/seeds.csv"], "the value of row 2 is not a number, got 'abc'"),
+    ("compare seed tables is a folder", ["compare", "--results", "{tmp}/good", "--seed-tables", "{tmp}"],
+     "is not a file"),
     ("check tolerance nan", ["check", "--baseline", "{tmp}/base.json", "--tolerance", "nan"], "--tolerance"),
     ("compare tolerance -1", ["compare", "--results", "{tmp}/good", "--tolerance", "-1"], "--tolerance"),
     # -- every command: unknown names, missing folders, parser errors --------------------------------------

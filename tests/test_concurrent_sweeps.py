@@ -11,6 +11,7 @@ import threading
 import time
 
 import pandas as pd
+import pytest
 
 from lengthbench import claims
 
@@ -136,6 +137,7 @@ def _rows(store):
     return frame.drop(columns=drop).sort_values(["run_id", "multiplier"]).reset_index(drop=True)
 
 
+@pytest.mark.slow  # two sweep processes, each importing torch: a minute on 2 cores
 def test_two_concurrent_sweeps_train_each_cell_once(tmp_path, monkeypatch):
     from cli_helpers import cli
 

@@ -13,6 +13,12 @@ from lengthbench.errors import UsageError
 out = Console()
 
 
+def _results_folder(results: str) -> Path:
+    if not results.strip():
+        raise UsageError("--results is empty: give the results folder (e.g. --results runs)")
+    return Path(results)
+
+
 def register(app: typer.Typer) -> None:
     inspect_app = typer.Typer(help="Attention maps of a trained run; attention diagnostics against length.",
                               no_args_is_help=True)
@@ -21,8 +27,8 @@ def register(app: typer.Typer) -> None:
     def maps(
         run: str = typer.Option(..., "--run", help="Run id (see the run_id column of the results store)."),
         length: int = typer.Option(..., "--length", "-n", help="Nominal length n of the task sample."),
-        out_dir: Path = typer.Option(Path("inspect"), "--out", help="Folder for the PNG files."),
-        results: Path = typer.Option(Path("runs"), "--results", help="Results folder of the run."),
+        out_dir: str = typer.Option("inspect", "--out", help="Folder for the PNG files."),
+        results: str = typer.Option("runs", "--results", help="Results folder of the run."),
         sample: int = typer.Option(0, "--sample", help="Index of the sample in the test stream."),
         seed: int = typer.Option(None, "--seed", help="Test stream seed (default: the run's seed)."),
         max_tokens: int = typer.Option(512, "--max-tokens",
@@ -39,7 +45,8 @@ def register(app: typer.Typer) -> None:
         if seed is not None:
             validation.check_seed(seed)
         validation.check_int("--max-tokens", max_tokens, 2, 4096)
-        validation.check_writable(out_dir, "--out")
+        out_dir = validation.check_writable(out_dir, "--out")
+        results = _results_folder(results)
         model, task, config = load_run(results, run)
         validation.check_length(length, task=task)
         tokens = task.max_tokens(length)
@@ -53,12 +60,12 @@ def register(app: typer.Typer) -> None:
 
     @inspect_app.command("diagnostics")
     def diagnostics(
-        results: Path = typer.Option(Path("runs"), "--results", help="Results folder."),
+        results: str = typer.Option("runs", "--results", help="Results folder."),
         task: str = typer.Option(None, "--task", help="Task to plot (default: every stored task)."),
         attn: list[str] = typer.Option([], "--attn", help="Only these mechanisms (repeatable)."),
         pe: list[str] = typer.Option([], "--pe", help="Only these encodings (repeatable)."),
         run: list[str] = typer.Option([], "--run", help="Only these run ids (repeatable)."),
-        out_dir: Path = typer.Option(Path("inspect"), "--out", help="Folder for the PNG files."),
+        out_dir: str = typer.Option("inspect", "--out", help="Folder for the PNG files."),
     ) -> None:
         """Sparsity, sink rate, entropy and support against length, from the stored rows: a PNG per task."""
         import warnings
@@ -67,7 +74,8 @@ def register(app: typer.Typer) -> None:
         from lengthbench.store import StoreError, load_results
         from lengthbench.validation import check_writable
 
-        check_writable(out_dir, "--out")
+        out_dir = check_writable(out_dir, "--out")
+        results = _results_folder(results)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:

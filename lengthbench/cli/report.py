@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
                                   "task:attn:pe, e.g. copy:softmax:rope,copy:sieve:none."),
         seeds: str = typer.Option(None, "--seeds", help="Seeds: 0,1,2 or 0-2 (default 0)."),
         preset: str = typer.Option(None, "--preset", help="smoke, quick or paper (default smoke)."),
-        config_file: Path = typer.Option(None, "--config", help="Sweep file (TOML or JSON); flags override it."),
+        config_file: str = typer.Option(None, "--config", help="Sweep file (TOML or JSON); flags override it."),
         results: str = typer.Option(None, "--results", help=f"Results store folder (default {DEFAULT_RESULTS})."),
         device: str = typer.Option(None, "--device", help="auto (default), cpu or cuda."),
         train_samples: int = typer.Option(None, "--train-samples", help="Override the preset's training samples."),
@@ -91,6 +91,8 @@ def register(app: typer.Typer) -> None:
             split_list,
         )
 
+        if config_file is not None and not config_file.strip():
+            raise UsageError("--config is empty: give a sweep file")
         settings = read_sweep_file(config_file) if config_file else {}
         overrides = dict(settings.get("overrides", {}))
         flags = dict(train_samples=train_samples, max_multiplier=max_multiplier, eval_samples=eval_samples,
@@ -210,9 +212,9 @@ def register(app: typer.Typer) -> None:
     def leaderboard(
         results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
         fmt: str = typer.Option("markdown", "--format", help="markdown, parquet or csv."),
-        out_file: Path = typer.Option(None, "--out", help="Write here (default: stdout; parquet needs it)."),
+        out_file: str = typer.Option(None, "--out", help="Write here (default: stdout; parquet needs it)."),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
-        publish: Path = typer.Option(None, "--publish",
+        publish: str = typer.Option(None, "--publish",
                                      help="Write DIR/leaderboard.md and DIR/leaderboard.parquet (the committed pair)."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning) instead of stopping."),
@@ -226,9 +228,9 @@ def register(app: typer.Typer) -> None:
         if fmt not in FORMATS:
             raise UsageError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
         if publish is not None:
-            check_writable(publish, "--publish")
+            publish = check_writable(publish, "--publish")
         if out_file is not None:
-            check_writable(out_file, "--out", folder=False)
+            out_file = check_writable(out_file, "--out", folder=False)
         frame, notes = load_store(results, tasks=split_list(task), skip_unreadable=skip_unreadable)
         _print_notes(notes)
         board = build_leaderboard(frame)
@@ -252,13 +254,13 @@ def register(app: typer.Typer) -> None:
     @app.command("compare")
     def compare(
         results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
-        seed_tables: Path = typer.Option(None, "--seed-tables",
+        seed_tables: str = typer.Option(None, "--seed-tables",
                                          help="CSV of the seeds' cells (default: lengthbench/seed_tables.csv)."),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
         tolerance: float = typer.Option(5.0, "--tolerance", help="Points within which ours agrees with the seed's."),
         rows: int = typer.Option(3, "--rows", help="Rows of ours per seed cell, closest to the seed first (0: all)."),
-        out_file: Path = typer.Option(None, "--out", help="Write the Markdown here (default: stdout)."),
-        publish: Path = typer.Option(None, "--publish",
+        out_file: str = typer.Option(None, "--out", help="Write the Markdown here (default: stdout)."),
+        publish: str = typer.Option(None, "--publish",
                                      help="Write DIR/seed_comparison.md and DIR/seed_comparison.parquet."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning)."),
@@ -276,9 +278,11 @@ def register(app: typer.Typer) -> None:
         from lengthbench.validation import check_writable
 
         if publish is not None:
-            check_writable(publish, "--publish")
+            publish = check_writable(publish, "--publish")
         if out_file is not None:
-            check_writable(out_file, "--out", folder=False)
+            out_file = check_writable(out_file, "--out", folder=False)
+        if seed_tables is not None and not seed_tables.strip():
+            raise UsageError("--seed-tables is empty: give a CSV file")
         seeds = load_seed_tables(seed_tables or SEED_TABLES)
         wanted = split_list(task)
         unknown = sorted(set(wanted) - set(seeds["task"]))
@@ -310,7 +314,7 @@ def register(app: typer.Typer) -> None:
     @app.command("plot")
     def plot(
         results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
-        out_dir: Path = typer.Option(Path("plots"), "--out", help="Folder for the figures."),
+        out_dir: str = typer.Option("plots", "--out", help="Folder for the figures."),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning)."),
@@ -321,7 +325,7 @@ def register(app: typer.Typer) -> None:
         from lengthbench.sweep import split_list
         from lengthbench.validation import check_writable
 
-        check_writable(out_dir, "--out")
+        out_dir = check_writable(out_dir, "--out")
         frame, notes = load_store(results, tasks=split_list(task), skip_unreadable=skip_unreadable)
         _print_notes(notes)
         paths = plot_all(build_leaderboard(frame), out_dir)
@@ -333,7 +337,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("check")
     def check(
-        baseline: Path = typer.Option(..., "--baseline", help="Baseline JSON file (see docs/reporting.md)."),
+        baseline: str = typer.Option(..., "--baseline", help="Baseline JSON file (see docs/reporting.md)."),
         tolerance: float = typer.Option(0.05, "--tolerance", help="Allowed fall per point, a fraction (0.05 = 5 points)."),
         update: bool = typer.Option(False, "--update", help="Rewrite the baseline from the new runs."),
         results: str = typer.Option(None, "--results", help="Scratch store (default: a temporary folder, removed after)."),
@@ -349,6 +353,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"unknown device {device!r}; choose from: auto, cpu, cuda")
         from lengthbench.validation import check_results_writable, check_writable
 
+        if not baseline.strip():
+            raise UsageError("--baseline is empty: give a baseline JSON file")
         base = load_baseline(baseline, need_curves=not update)
         if results is not None:
             check_results_writable(results)
