@@ -124,6 +124,24 @@ diagnostics = false
 """
 
 
+def test_a_run_claimed_elsewhere_is_refused(tmp_path, monkeypatch, capsys):
+    from cli_helpers import cli
+
+    from lengthbench.config import build_config
+
+    store = tmp_path / "store"
+    config = build_config("2back", "softmax", "nape", "smoke", train_length=64, train_samples=64, eval_samples=4,
+                          max_multiplier=2)
+    held = claims.take(store, config.run_id)
+    try:
+        assert cli(monkeypatch, "run", "--task", "2back", "--attn", "softmax", "--pe", "nape", "--train-samples",
+                   "64", "--eval-samples", "4", "--max-multiplier", "2", "--results", store, "--quiet") == 2
+        assert "is running elsewhere" in capsys.readouterr().err
+    finally:
+        held.release()
+    assert not (store / "runs").exists()
+
+
 def _sweep(sweep_file, store, log):
     # one thread each, as this test process runs (conftest): the rows are compared with a sweep run here
     return subprocess.Popen([sys.executable, "-m", "lengthbench.cli", "sweep", "--config", str(sweep_file), "--quiet",

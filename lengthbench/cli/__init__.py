@@ -1,8 +1,9 @@
 """The ``lengthbench`` command: typer + rich.
 
 Each command group lives in its own module with a ``register(app)`` function; ``COMMAND_MODULES``
-lists them. Bad input (unknown names, impossible arguments, missing folders) ends in a one-line error
-and exit code 2, never a traceback.
+lists them. Bad input (unknown names, numbers out of range, folders that are missing, are files or cannot
+be written) ends in a one-line error and exit code 2, never a traceback; commands check the folders they
+write before any work starts (``lengthbench.validation``).
 """
 
 from __future__ import annotations

@@ -150,8 +150,14 @@ def register(app: typer.Typer) -> None:
                      else "not started")
             out.print(f"dry run: {state}")
             return
-        frame = run_cell(config, results, device=device, resume=resume, restart=restart, progress=not quiet,
-                         log=(lambda line: print(line, flush=True)) if quiet else None)
+        from lengthbench.claims import claim, holder
+
+        with claim(results, config.run_id) as got:  # the claim a sweep takes: one process trains a run at a time
+            if not got:
+                raise UsageError(f"run {config.run_id} is running elsewhere ({holder(results, config.run_id)}) in "
+                                 f"{results}; run this again once it ends")
+            frame = run_cell(config, results, device=device, resume=resume, restart=restart, progress=not quiet,
+                             log=(lambda line: print(line, flush=True)) if quiet else None)
         cell = config.cell_name().rsplit(" / s", 1)[0]  # "task / attn (params) + pe"
         out.print(curve_table(frame, f"{cell} (seed {config.seed}, {config.preset}; metric: {frame['metric'].iloc[0]})"))
         stored = json.loads(frame["config_json"].iloc[0])
