@@ -370,7 +370,8 @@ class CellOutcome:
     slot: str = ""
 
 
-Event = Callable[[str, RunConfig, "CellOutcome | None", str], None]  # (kind, config, outcome, slot)
+# (kind, config, outcome, slot); kind: start, done, skipped, failed, elsewhere, or waiting (for a sweep elsewhere)
+Event = Callable[[str, RunConfig, "CellOutcome | None", str], None]
 
 
 def _outcome_curve(frame) -> dict[int, float]:
@@ -413,6 +414,8 @@ def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "a
                 emit("elsewhere", config, outcomes[config.run_id], "")
             break
         if pending:
+            for config in pending:
+                emit("waiting", config, None, "")
             time.sleep(poll)
     return [outcomes[c.run_id] for c in configs]
 

@@ -159,14 +159,12 @@ def register(app: typer.Typer) -> None:
         with _progress(quiet) as progress:
             bar = progress.add_task("cells", total=len(configs), info="")
             running: dict[str, str] = {}
-            counted: set[str] = set()
 
             def on_event(kind, config, outcome, slot) -> None:
                 if kind == "start":
                     running[config.run_id] = _cell_name(config) + (f" (gpu {slot})" if slot else "")
-                elif kind == "skipped" and config.run_id not in counted:
-                    counted.add(config.run_id)
-                    progress.advance(bar)
+                elif kind == "waiting":
+                    running[config.run_id] = _cell_name(config) + " (running elsewhere)"
                 else:
                     running.pop(config.run_id, None)
                     progress.advance(bar)
