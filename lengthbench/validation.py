@@ -159,10 +159,10 @@ def check_length(value: Any, name: str = "--length", task=None) -> int:
     """A nominal length within the design limit and, given ``task``, the task's own range."""
     check_int(name, value, 1, MAX_LENGTH)
     if task is not None:
-        low, high = task.min_length(), task.max_length()
-        if value < low or (high is not None and value > high):
-            raise UsageError(f"{name}: task {task.name!r} takes lengths "
-                             f"{_range_words(low, high) if high is not None else f'>= {low}'}, got {value:,}")
+        try:
+            task.check_length(value)
+        except ValueError as error:  # the task's own range: "needs a length of at least 6"
+            raise UsageError(f"{name}: {error}") from error
     return value
 
 
