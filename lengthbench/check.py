@@ -145,6 +145,7 @@ def _parse_cell(path: Path, index: int, raw: Any, need_curves: bool) -> Cell:
     from lengthbench.models.registry import UnknownNameError
     from lengthbench.sweep import default_train_length
     from lengthbench.tasks import TASKS, eval_multipliers
+    from lengthbench.validation import check_config, check_overrides, check_task_params, field
 
     if not isinstance(raw, dict):
         raise _fail(path, f"cell {index} is not a JSON object")
@@ -167,12 +168,16 @@ def _parse_cell(path: Path, index: int, raw: Any, need_curves: bool) -> Cell:
             unknown = sorted(set(overrides) - known)
             if unknown:
                 raise ValueError(f"unknown configuration field {unknown[0]!r}")
+            check_overrides({**overrides, "seed": raw.get("seed", 0)}, field)
+            check_task_params(names["task"], overrides.get("task_params") or {})
             config = build_config(names["task"], names["attn"], names["pe"], raw.get("preset", "smoke"),
                                   seed=raw.get("seed", 0), **{**default_train_length(names["task"], overrides),
                                                              **overrides})
+        check_config(config, name=field)
         eval_multipliers(config.max_multiplier)
     except (UnknownNameError, ValueError, TypeError) as error:
-        raise _fail(path, f"{where}: {str(error).strip(chr(34) + chr(39))}") from error
+        message = str(error).strip("'\"") if isinstance(error, UnknownNameError) else str(error)  # (a LookupError)
+        raise _fail(path, f"{where}: {message}") from error
     curve_raw = raw.get("curve") or {}
     if not isinstance(curve_raw, dict):
         raise _fail(path, f"{where}: \"curve\" must map multipliers to scores")
@@ -260,7 +265,7 @@ def run_check(baseline: Baseline, *, tolerance: float = DEFAULT_TOLERANCE, resul
             try:
                 frame = run(cell.config, scratch, device=device, resume=True, progress=False)
                 curve, metric = curve_of(frame), str(frame["metric"].iloc[0])
-            except (KeyboardInterrupt, UsageError):
+            except (KeyboardInterrupt, UsageError, OSError):  # (a store that cannot be written is no regression)
                 raise
             except Exception as exc:  # a crashing cell is a regression, reported with the others
                 error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"

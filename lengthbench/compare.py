@@ -94,10 +94,20 @@ def load_seed_tables(path: str | Path = SEED_TABLES) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise UsageError(f"seed table file {path} does not exist")
-    frame = pd.read_csv(path, dtype={"source": str, "table": str, "task": str, "attn": str, "pe": str})
+    if not path.is_file():
+        raise UsageError(f"seed table file {path} is not a file")
+    try:
+        frame = pd.read_csv(path, dtype={"source": str, "table": str, "task": str, "attn": str, "pe": str})
+    except (ValueError, UnicodeDecodeError) as error:  # pandas' parser errors are ValueErrors
+        raise UsageError(f"seed table file {path} is not a readable CSV file: {str(error).splitlines()[0]}") from error
     missing = [column for column in SEED_COLUMNS if column not in frame.columns]
     if missing:
         raise UsageError(f"{path} lacks the columns {', '.join(missing)}")
+    for column in ("multiplier", "value"):
+        numbers = pd.to_numeric(frame[column], errors="coerce")
+        if numbers.isna().any():
+            row = int(numbers.isna().to_numpy().argmax())
+            raise UsageError(f"{path}: the {column} of row {row + 2} is not a number, got {frame[column].iloc[row]!r}")
     frame["multiplier"] = frame["multiplier"].map(lambda m: as_multiplier(float(m)))
     frame["value"] = frame["value"].astype(float)
     return frame[SEED_COLUMNS]

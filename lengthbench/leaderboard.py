@@ -62,6 +62,8 @@ def load_store(results: str | Path, *, tasks: Iterable[str] | None = None,
     Bad input becomes a one-line :class:`UsageError`: a missing folder, a store with no runs, an
     unreadable file (unless ``skip_unreadable``), a task not in the store. Nothing is written.
     """
+    if not str(results).strip():
+        raise UsageError("--results is empty: give the results folder (e.g. --results runs)")
     path = Path(results)
     if not path.exists():
         raise UsageError(f"results folder {path} does not exist (create it with `lengthbench sweep --results {path} ...`)")

@@ -2,7 +2,8 @@
 
 One file per run makes every write atomic (write a temporary file, then ``os.replace``) and keeps the
 store readable while other runs append; a run killed at any moment leaves at most its own rows
-unwritten. ``load_results`` concatenates the files and reports (not raises on) unreadable ones.
+unwritten. ``load_results`` concatenates the files and reports (not raises on) unreadable ones and
+ones without the contract's columns (:data:`REQUIRED_COLUMNS`), naming each.
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ EXTRA_COLUMNS = ["metric", "score", "config_json", "schema_version"]
 # streams that left out fields and task parameters added after the first runs were published, at their
 # defaults); they load as they are and the leaderboard never puts them in a table with rows of another version.
 SCHEMA_VERSION = 2
+
+
+# What a run file must hold to be read: the contract's columns (the attention diagnostics only where measured),
+# and numbers where numbers are expected.
+DIAGNOSTIC_COLUMNS = ["sparsity", "sink_rate", "entropy"]
+REQUIRED_COLUMNS = [c for c in CONTRACT_COLUMNS if c not in DIAGNOSTIC_COLUMNS]
+NUMERIC_COLUMNS = ["seed", "train_length", "eval_length", "multiplier", "exact_match", "token_accuracy",
+                   "n_samples", "realised_tokens", "train_steps", "train_seconds", "eval_seconds",
+                   *DIAGNOSTIC_COLUMNS, "score"]
 
 
 class StoreError(RuntimeError):
@@ -88,22 +98,59 @@ def with_schema_version(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` with its ``schema_version`` column an int, 1 where the rows were written without one."""
     versions = frame["schema_version"] if "schema_version" in frame.columns else pd.Series(1, index=frame.index)
     return frame.assign(schema_version=versions.fillna(1).astype("int64"))
+def schema_problem(frame: pd.DataFrame) -> str | None:
+    """What makes ``frame`` (one run file) unusable as store rows, in a few words; None if nothing does."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        return f"lacks the column{'s' if len(missing) > 1 else ''} {shown}"
+    if frame.empty:
+        return "holds no rows"
+    for column in NUMERIC_COLUMNS:
+        if column in frame.columns and not pd.api.types.is_numeric_dtype(frame[column]) \
+                and not frame[column].isna().all():
+            return f"column {column} holds {frame[column].dtype} values, not numbers"
+    return None
+
+
+def read_run_file(path: Path) -> pd.DataFrame:
+    """The rows of one run file, its schema checked; a :class:`StoreError` says what is wrong with it."""
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as error:  # a corrupt or truncated file, or no permission to read it
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise StoreError(f"cannot read {path}: {reason}") from error
+    problem = schema_problem(frame)
+    if problem:
+        raise StoreError(f"results file {path} {problem}; it is not a lengthbench run file")
+    return frame
 
 
 def load_results(results: str | Path, *, strict: bool = False) -> pd.DataFrame:
-    """All rows of the store. Unreadable files are skipped with a warning (or raise with ``strict``)."""
+    """All rows of the store. A file that cannot be read or lacks the contract's columns is skipped with a
+    warning naming it and why (or raises :class:`StoreError` with ``strict``)."""
     folder = runs_dir(results)
+    if str(results).strip() == "":
+        raise StoreError("the results folder name is empty")
     if not Path(results).exists():
         raise StoreError(f"results folder {results} does not exist")
-    files = sorted(folder.glob("*.parquet")) if folder.exists() else []
+    if not Path(results).is_dir():
+        raise StoreError(f"results path {results} is not a folder")
+    if folder.exists() and not folder.is_dir():
+        raise StoreError(f"{folder} is a file, not the folder of run files")
+    try:
+        files = sorted(folder.glob("*.parquet")) if folder.exists() else []
+    except OSError as error:
+        raise StoreError(f"cannot list {folder}: {error.strerror or error}") from error
     frames = []
     for path in files:
         try:
-            frames.append(with_schema_version(pd.read_parquet(path)))
-        except Exception as error:  # a corrupt or truncated file must not hide the others
+            frames.append(with_schema_version(read_run_file(path)))
+        except StoreError as error:  # a corrupt or foreign file must not hide the others
             if strict:
-                raise StoreError(f"cannot read {path}: {error}") from error
-            warnings.warn(f"skipping unreadable results file {path}: {error}", stacklevel=2)
+                raise
+            warnings.warn(f"skipping {str(error).replace('cannot read ', 'unreadable results file ', 1)}",
+                          stacklevel=2)
     if not frames:
         return pd.DataFrame(columns=CONTRACT_COLUMNS + EXTRA_COLUMNS)
     return pd.concat(frames, ignore_index=True)

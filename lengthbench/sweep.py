@@ -6,6 +6,10 @@ GPUs each cell runs in a worker process that sees one GPU (``CUDA_VISIBLE_DEVICE
 goes to ``<results>/logs/<run_id>.log``; on one GPU or CPU the cells run one after another in this
 process, each writing the same plain lines (validation points, evaluation lengths) to that log.
 
+Several sweeps over one grid and one store (or cluster workers) share the work: each cell is claimed
+before it runs (``<results>/claims/<run_id>.json``, :mod:`lengthbench.claims`), a cell claimed by a live
+sweep elsewhere is passed over, and at the end a sweep waits for those ("running elsewhere").
+
 A sweep file (TOML; JSON also works) holds the same settings as the flags, which override it::
 
     tasks = ["copy", "2back"]
@@ -47,6 +51,7 @@ from typing import Any
 
 from lengthbench.config import RunConfig, build_config
 from lengthbench.errors import UsageError, interrupted
+from lengthbench.validation import MAX_CELLS, check_config, check_task_params
 
 SWEEP_KEYS = ("tasks", "attns", "pes", "cells", "seeds", "preset", "results", "device", "per_gpu", "overrides",
               "stages")
@@ -63,17 +68,36 @@ def split_list(text: str | Iterable | None) -> list[str]:
     return [item.strip() for item in items if str(item).strip()]
 
 
-def parse_seeds(text: str | Iterable | None) -> list[int]:
-    """``"0,1,2"`` or ``"0-4"`` (inclusive) or a list of ints."""
+def parse_seeds(text: str | int | Iterable | None) -> list[int]:
+    """``"0,1,2"`` or ``"0-4"`` (inclusive) or a list of ints; at most :data:`~lengthbench.validation.MAX_SEEDS`
+    seeds, each in 0 .. 2**63 - 1 (a huge range is refused before it is expanded)."""
+    from lengthbench.validation import MAX_SEED, MAX_SEEDS
+
+    if isinstance(text, int) and not isinstance(text, bool):
+        text = [text]
+    if isinstance(text, Iterable) and not isinstance(text, str):
+        for item in text:
+            if isinstance(item, bool) or not isinstance(item, int | str):
+                raise UsageError(f"seeds must be integers, got {item!r}")
     seeds: list[int] = []
     for item in split_list(text):
         span = re.fullmatch(r"(\d+)-(\d+)", item)
         if span:
-            seeds += list(range(int(span[1]), int(span[2]) + 1))
+            first, last = int(span[1]), int(span[2])
+            if last < first:
+                raise UsageError(f"--seeds range {item!r} is empty: write it low-high")
+            if last - first + 1 + len(seeds) > MAX_SEEDS:
+                raise UsageError(f"--seeds {item!r} is {last - first + 1:,} seeds; a sweep takes at most "
+                                 f"{MAX_SEEDS:,}")
+            seeds += list(range(first, last + 1))
         elif re.fullmatch(r"\d+", item):
             seeds.append(int(item))
         else:
             raise UsageError(f"--seeds takes non-negative integers like 0,1,2 or 0-4, got {item!r}")
+        if seeds and seeds[-1] > MAX_SEED:
+            raise UsageError(f"--seeds: a seed must be at most 2**63 - 1, got {seeds[-1]}")
+    if len(seeds) > MAX_SEEDS:
+        raise UsageError(f"--seeds lists {len(seeds):,} seeds; a sweep takes at most {MAX_SEEDS:,}")
     return list(dict.fromkeys(seeds))
 
 
@@ -103,7 +127,46 @@ def read_sweep_file(path: str | Path) -> dict[str, Any]:
     stages = data.get("stages", [])
     if not isinstance(stages, list) or not all(isinstance(stage, dict) for stage in stages):
         raise UsageError(f"sweep file {path}: stages must be [[stages]] tables of RunConfig fields")
+    check_sweep_settings(data, f"sweep file {path}")
     return data
+
+
+def check_sweep_settings(data: dict[str, Any], where: str) -> None:
+    """The types of a sweep file's settings and the ranges of its numbers, each problem one line naming the
+    key: ``eval_samples must be an integer, got 'many'``."""
+    from lengthbench import validation
+
+    def fail(message: str) -> None:
+        raise UsageError(f"{where}: {message}")
+
+    for key in ("tasks", "attns", "pes", "cells"):
+        value = data.get(key)
+        if value is not None and not (isinstance(value, str) or (
+                isinstance(value, list) and all(isinstance(item, str) for item in value))):
+            fail(f"{key} must be a list of names (or one comma-separated string), got {value!r}")
+    for key in ("preset", "results", "device"):
+        if key in data and not isinstance(data[key], str):
+            fail(f"{key} must be a string, got {data[key]!r}")
+    if "results" in data and not data["results"].strip():
+        fail("results is empty: give a folder name")
+    seeds = data.get("seeds")
+    if seeds is not None and not isinstance(seeds, str | int | list) or isinstance(seeds, bool):
+        fail(f"seeds must be a list of integers or a string like \"0-4\", got {seeds!r}")
+    if "per_gpu" in data:
+        if isinstance(data["per_gpu"], bool) or not isinstance(data["per_gpu"], int):
+            fail(f"per_gpu must be a whole number, got {data['per_gpu']!r}")
+        try:
+            validation.check_int("per_gpu", data["per_gpu"], 1, 64)
+        except UsageError as error:
+            fail(str(error))
+    for label, table in [("", data.get("overrides", {}))] + [
+            (f"stage {number}: ", stage) for number, stage in enumerate(data.get("stages", []), 1)]:
+        try:
+            validation.check_overrides(table, validation.field)
+        except UsageError as error:
+            fail(f"{label}{error}")
+
+
 
 
 def add_stages(configs: list[RunConfig], stages: list[dict[str, Any]], preset: str = "smoke",
@@ -134,12 +197,17 @@ def add_stages(configs: list[RunConfig], stages: list[dict[str, Any]], preset: s
                 task_params = {**(overrides.get("task_params") or {}), **task_params}
             merged = {**overrides, **stage, "task_params": task_params}
             try:
+                check_task_params(task, task_params)
+            except UsageError as error:
+                raise UsageError(f"stage {number} of {cell.task}:{cell.attn}:{cell.pe}: {error}") from error
+            try:
                 fields = {**default_train_length(task, merged), **merged, "seed": cell.seed,
                           "attn_params": attn_params, "pe_params": cell.pe_params, "init_from": previous}
                 config = build_config(task, cell.attn, cell.pe, preset, **fields)
             except (LookupError, ValueError, TypeError) as error:
                 message = str(error).splitlines()[0].strip("'\"")
                 raise UsageError(f"stage {number} of {cell.task}:{cell.attn}:{cell.pe}: {message}") from error
+            check_config(config, f"stage {number} of {cell.task}:{cell.attn}:{cell.pe}")
             if config.attn_params or config.pe_params or config.task_params:
                 _check_parameters(config, f"stage {number} of {cell.task}:{cell.attn}:{cell.pe}")
             chained.setdefault(config.run_id, config)
@@ -165,6 +233,10 @@ def plan_sweep(tasks: list[str], attns: list[str], pes: list[str], seeds: list[i
     unknown = sorted(set(overrides) - set(RunConfig.__dataclass_fields__))
     if unknown:
         raise UsageError(f"unknown configuration field {unknown[0]!r} in overrides")
+    if len(tasks) * len(attns) * len(pes) * len(seeds) > MAX_CELLS:
+        raise UsageError(f"the sweep has {len(tasks) * len(attns) * len(pes) * len(seeds):,} runs; at most "
+                         f"{MAX_CELLS:,}")
+    check_task_params_of(tasks, overrides)
     try:
         for registry, names in ((TASKS, tasks), (ATTENTION, attns), (POSITIONAL_ENCODINGS, pes)):
             for name in names:
@@ -176,6 +248,7 @@ def plan_sweep(tasks: list[str], attns: list[str], pes: list[str], seeds: list[i
                     for seed in seeds:
                         config = build_config(task, attn, pe, preset,
                                               **{**default_train_length(task, overrides), **overrides, "seed": seed})
+                        check_config(config, f"{task}:{attn}:{pe}")
                         eval_multipliers(config.max_multiplier)
                         if config.attn_params or config.pe_params or config.task_params:
                             _check_parameters(config)
@@ -246,6 +319,15 @@ def plan_cells(cells: list[str], seeds: list[int], preset: str = "smoke",
     return list(configs.values())
 
 
+def check_task_params_of(tasks: list[str], overrides: dict[str, Any]) -> None:
+    """The overrides' task parameters, before a task is built with them (a huge alphabet would hang there)."""
+    params = overrides.get("task_params") or {}
+    if not isinstance(params, dict):
+        raise UsageError(f"task_params must be a table of key = value, got {params!r}")
+    for task in tasks:
+        check_task_params(task, params)
+
+
 def default_train_length(task: str, overrides: dict[str, Any]) -> dict[str, int]:
     """The task's own n_train where the settings give none (as ``lengthbench run`` does)."""
     if overrides.get("train_length") is not None:
@@ -258,8 +340,9 @@ def default_train_length(task: str, overrides: dict[str, Any]) -> dict[str, int]
 def gpu_slots(device: str, per_gpu: int = 1) -> list[str]:
     """The worker slots to spread cells over: ``"GPU"`` or ``"GPU.i"`` for the i-th extra cell sharing that GPU
     (its ``CUDA_VISIBLE_DEVICES`` is the part before the dot); empty: run in this process."""
-    if per_gpu < 1:
-        raise UsageError(f"per-gpu must be at least 1, got {per_gpu}")
+    from lengthbench.validation import check_int
+
+    check_int("--per-gpu", per_gpu, 1, 64)
     if device == "cpu":
         return []
     import torch
@@ -280,14 +363,15 @@ def slot_gpu(slot: str) -> str:
 @dataclass
 class CellOutcome:
     config: RunConfig
-    status: str  # done, skipped, failed
+    status: str  # done, skipped (in the store), failed, elsewhere (claimed by a live sweep elsewhere)
     seconds: float = 0.0
     curve: dict[int, float] = field(default_factory=dict)
     error: str = ""
     slot: str = ""
 
 
-Event = Callable[[str, RunConfig, "CellOutcome | None", str], None]  # (kind, config, outcome, slot)
+# (kind, config, outcome, slot); kind: start, done, skipped, failed, elsewhere, or waiting (for a sweep elsewhere)
+Event = Callable[[str, RunConfig, "CellOutcome | None", str], None]
 
 
 def _outcome_curve(frame) -> dict[int, float]:
@@ -296,70 +380,114 @@ def _outcome_curve(frame) -> dict[int, float]:
 
 def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "auto",
               on_event: Event | None = None, slots: list[str] | None = None,
-              worker_command: Callable[[RunConfig, Path], list[str]] | None = None) -> list[CellOutcome]:
+              worker_command: Callable[[RunConfig, Path], list[str]] | None = None, wait: bool = True,
+              poll: float = 2.0) -> list[CellOutcome]:
     """Run every unfinished cell; return one outcome per cell in ``configs`` order.
+
+    Each cell is claimed before it runs (:mod:`lengthbench.claims`), so several sweeps over one store share
+    the grid: a cell claimed by a live sweep elsewhere is passed over, and at the end, with ``wait``, this
+    sweep waits (looking every ``poll`` seconds) until those are in the store, running any whose claim is
+    given up unfinished; without ``wait`` they end as ``elsewhere`` ("running elsewhere").
 
     ``slots`` (default: :func:`gpu_slots`) with more than one entry runs a worker process per slot;
     ``worker_command`` replaces the worker's command line (tests).
     """
-    import pandas as pd
-
-    from lengthbench.store import run_finished, run_path
+    from lengthbench.claims import holder
 
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
     emit = on_event or (lambda *args: None)
     outcomes: dict[str, CellOutcome] = {}
-    pending = []
-    for config in configs:
-        if run_finished(results, config.run_id):
-            curve, note = {}, ""
-            try:
-                curve = _outcome_curve(pd.read_parquet(run_path(results, config.run_id)))
-            except Exception:  # an unreadable file is left as it is (never rewritten); say so
-                note = f"unreadable run file {config.run_id}.parquet, left as it is"
-            outcomes[config.run_id] = CellOutcome(config, "skipped", curve=curve, error=note)
-            emit("skipped", config, outcomes[config.run_id], "")
-        else:
-            pending.append(config)
+    pending = [config for config in configs if not _skip_finished(config, results, outcomes, emit)]
     slots = gpu_slots(device) if slots is None else slots
-    if len(slots) > 1:
-        _run_parallel(pending, results, slots, outcomes, emit, worker_command or _worker_command)
-    else:
-        _run_sequential(pending, results, device, outcomes, emit)
+    while pending:
+        if len(slots) > 1:
+            elsewhere = _run_parallel(pending, results, slots, outcomes, emit, worker_command or _worker_command)
+        else:
+            elsewhere = _run_sequential(pending, results, device, outcomes, emit)
+        pending = [config for config in elsewhere if not _skip_finished(config, results, outcomes, emit)]
+        if pending and not wait:
+            for config in pending:
+                held_by = holder(results, config.run_id)
+                outcomes[config.run_id] = CellOutcome(
+                    config, "elsewhere", error=f"running elsewhere ({held_by})" if held_by else "running elsewhere")
+                emit("elsewhere", config, outcomes[config.run_id], "")
+            break
+        if pending:
+            for config in pending:
+                emit("waiting", config, None, "")
+            time.sleep(poll)
     return [outcomes[c.run_id] for c in configs]
 
 
-def _run_sequential(pending, results: Path, device: str, outcomes, emit) -> None:
+def _skip_finished(config: RunConfig, results: Path, outcomes: dict[str, CellOutcome], emit) -> bool:
+    """Whether ``config`` is in the store already (its outcome ``skipped``, its curve read back)."""
+    import pandas as pd
+
+    from lengthbench.store import run_finished, run_path
+
+    if not run_finished(results, config.run_id):
+        return False
+    curve, note = {}, ""
+    try:
+        curve = _outcome_curve(pd.read_parquet(run_path(results, config.run_id)))
+    except Exception:  # an unreadable file is left as it is (never rewritten); say so
+        note = f"unreadable run file {config.run_id}.parquet, left as it is"
+    outcomes[config.run_id] = CellOutcome(config, "skipped", curve=curve, error=note)
+    emit("skipped", config, outcomes[config.run_id], "")
+    return True
+
+
+def _waits_on_elsewhere(config: RunConfig, elsewhere: list[RunConfig]) -> bool:
+    """Whether ``config``'s earlier stage is running in another sweep (then it waits for it too)."""
+    return bool(config.init_from) and any(c.run_id == config.init_from for c in elsewhere)
+
+
+def _run_sequential(pending, results: Path, device: str, outcomes, emit) -> list[RunConfig]:
+    """Run ``pending`` in this process, one after another; return those claimed by a live sweep elsewhere."""
+    from lengthbench.claims import claim
     from lengthbench.runner import resolve_device, run_cell
+    from lengthbench.store import run_finished
 
     if pending:
         resolve_device(device)
         (results / "logs").mkdir(parents=True, exist_ok=True)
+    elsewhere: list[RunConfig] = []
     for config in pending:
         if _stage_failed(config, outcomes, emit):
             continue
-        emit("start", config, None, "")
-        started = time.perf_counter()
-        try:
-            # the worker pool's log of the cell, here too: a quiet sweep otherwise says nothing until a cell ends
-            with open(results / "logs" / f"{config.run_id}.log", "a", encoding="utf-8") as log_file:
-                def log(line: str, log_file=log_file) -> None:
-                    log_file.write(line + "\n")
-                    log_file.flush()
+        if _waits_on_elsewhere(config, elsewhere):
+            elsewhere.append(config)
+            continue
+        with claim(results, config.run_id) as got:
+            if not got:
+                elsewhere.append(config)
+                continue
+            if run_finished(results, config.run_id):  # finished elsewhere since we looked
+                _skip_finished(config, results, outcomes, emit)
+                continue
+            emit("start", config, None, "")
+            started = time.perf_counter()
+            try:
+                # the worker pool's log of the cell, here too: a quiet sweep otherwise says nothing until it ends
+                with open(results / "logs" / f"{config.run_id}.log", "a", encoding="utf-8") as log_file:
+                    def log(line: str, log_file=log_file) -> None:
+                        log_file.write(line + "\n")
+                        log_file.flush()
 
-                frame = run_cell(config, results, device=device, resume=True, progress=False, log=log)
-            outcome = CellOutcome(config, "done", time.perf_counter() - started, curve=_outcome_curve(frame))
-        except (KeyboardInterrupt, UsageError):
-            raise
-        except Exception as error:  # one broken cell must not stop the others
-            if interrupted(error):  # an interrupt inside a compiled step surfaces as another error
-                raise KeyboardInterrupt from error
-            message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            outcome = CellOutcome(config, "failed", time.perf_counter() - started,
-                                  error=f"{type(error).__name__}: {message}")
+                    frame = run_cell(config, results, device=device, resume=True, progress=False, log=log)
+                outcome = CellOutcome(config, "done", time.perf_counter() - started, curve=_outcome_curve(frame))
+            except (KeyboardInterrupt, UsageError):
+                raise
+            except Exception as error:  # one broken cell must not stop the others
+                if interrupted(error):  # an interrupt inside a compiled step surfaces as another error
+                    raise KeyboardInterrupt from error
+                message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                outcome = CellOutcome(config, "failed", time.perf_counter() - started,
+                                      error=f"{type(error).__name__}: {message}")
         outcomes[config.run_id] = outcome
         emit(outcome.status, config, outcome, "")
+    return elsewhere
 
 
 def _stage_failed(config: RunConfig, outcomes: dict[str, CellOutcome], emit) -> bool:
@@ -396,16 +524,38 @@ def _worker_command(config: RunConfig, results: Path) -> list[str]:
             ",".join(plugin_modules())]
 
 
-def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, command) -> None:
+def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, command) -> list[RunConfig]:
+    """Run ``pending`` in worker processes, one per slot, each cell claimed (by this process) while its worker
+    runs; return those claimed by a live sweep elsewhere."""
+    from lengthbench.claims import take
+    from lengthbench.store import run_finished
+
     log_dir = results / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     queue = list(pending)
-    running: dict[str, tuple[subprocess.Popen, RunConfig, float, Any]] = {}
+    elsewhere: list[RunConfig] = []
+    running: dict[str, tuple[subprocess.Popen, RunConfig, float, Any, Any]] = {}
     try:
         while queue or running:
             for slot in slots:
-                busy = {entry[1].run_id for entry in running.values()}
-                config = _next_runnable(queue, outcomes, busy, emit) if slot not in running else None
+                config, held = None, None
+                while slot not in running and config is None:
+                    busy = {entry[1].run_id for entry in running.values()}
+                    config = _next_runnable(queue, outcomes, busy, emit)
+                    if config is None:
+                        break
+                    if _waits_on_elsewhere(config, elsewhere):
+                        elsewhere.append(config)
+                        config = None
+                        continue
+                    held = take(results, config.run_id)
+                    if held is None or run_finished(results, config.run_id):
+                        if held is None:
+                            elsewhere.append(config)
+                        else:
+                            held.release()
+                            _skip_finished(config, results, outcomes, emit)
+                        config = None
                 if config is not None:
                     log = open(log_dir / f"{config.run_id}.log", "ab")  # noqa: SIM115 (closed when it ends)
                     # Cells sharing the machine share its cores for their data workers too.
@@ -414,12 +564,13 @@ def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, comm
                                LENGTHBENCH_DATA_WORKERS=os.environ.get("LENGTHBENCH_DATA_WORKERS", str(workers)))
                     process = subprocess.Popen(command(config, results), stdout=log, stderr=subprocess.STDOUT,
                                                env=env)
-                    running[slot] = (process, config, time.perf_counter(), log)
+                    running[slot] = (process, config, time.perf_counter(), log, held)
                     emit("start", config, None, slot)
-            for slot, (process, config, started, log) in list(running.items()):
+            for slot, (process, config, started, log, held) in list(running.items()):
                 if process.poll() is None:
                     continue
                 log.close()
+                held.release()
                 del running[slot]
                 seconds = time.perf_counter() - started
                 outcome = _finished_outcome(config, results, process.returncode, seconds, log_dir)
@@ -428,15 +579,17 @@ def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, comm
                 emit(outcome.status, config, outcome, slot)
             time.sleep(0.2)
     except BaseException:
-        for process, _config, _started, _log in running.values():
+        for process, _config, _started, _log, _held in running.values():
             process.terminate()
-        for process, _config, _started, log in running.values():
+        for process, _config, _started, log, held in running.values():
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
             log.close()
+            held.release()
         raise
+    return elsewhere
 
 
 def _next_runnable(queue: list[RunConfig], outcomes: dict[str, CellOutcome], busy: set[str],

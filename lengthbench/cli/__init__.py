@@ -1,8 +1,9 @@
 """The ``lengthbench`` command: typer + rich.
 
 Each command group lives in its own module with a ``register(app)`` function; ``COMMAND_MODULES``
-lists them. Bad input (unknown names, impossible arguments, missing folders) ends in a one-line error
-and exit code 2, never a traceback.
+lists them. Bad input (unknown names, numbers out of range, folders that are missing, are files or cannot
+be written) ends in a one-line error and exit code 2, never a traceback; commands check the folders they
+write before any work starts (``lengthbench.validation``).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from lengthbench.errors import TrainingDiverged, UsageError, interrupted
 from lengthbench.models.registry import UnknownNameError
+from lengthbench.store import StoreError
 
 console = Console(stderr=True)
 app = typer.Typer(
@@ -57,7 +60,8 @@ for _name in COMMAND_MODULES:
 
 
 def fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    message = " ".join(line.strip() for line in str(message).splitlines() if line.strip()) or "failed"
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise SystemExit(2)
 
 
@@ -81,8 +85,14 @@ def main() -> None:
         fail(str(error))
     except ValueError as error:  # impossible arguments found by the configuration or a generator
         fail(str(error))
-    except FileNotFoundError as error:
+    except OSError as error:  # a folder that is a file, no permission, a name too long, a full disk...
+        from lengthbench.validation import os_error_message
+
+        fail(os_error_message(error) if error.errno is not None else str(error))
+    except StoreError as error:  # a results folder that cannot be used
         fail(str(error))
+    except (OverflowError, MemoryError) as error:  # a number too large for what it feeds
+        fail(f"a value is too large: {error}" if str(error) else "a value is too large for memory")
     except TrainingDiverged as error:
         console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
         raise SystemExit(1) from None

@@ -44,17 +44,9 @@ _STRUCTURAL = {"self", "d_model", "n_heads", "pe", "head_dim"}
 def constructor_params(cls, base: type) -> dict:
     """``{key: default}`` of the keyword parameters that ``cls`` and its bases down to ``base`` take (what
     ``--attn-param`` / ``--pe-param`` accept), the nearest class's default first."""
-    import inspect
+    from lengthbench.validation import constructor_params as params
 
-    found: dict = {}
-    for klass in cls.__mro__:
-        if not (isinstance(klass, type) and issubclass(klass, base)) or "__init__" not in klass.__dict__:
-            continue
-        for parameter in inspect.signature(klass.__dict__["__init__"]).parameters.values():
-            if parameter.name in _STRUCTURAL or parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
-                continue
-            found.setdefault(parameter.name, parameter.default)
-    return found
+    return params(cls, base, frozenset(_STRUCTURAL))
 
 
 def _params_table(title: str, name: str, params: dict) -> Table:

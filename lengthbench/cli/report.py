@@ -41,6 +41,12 @@ def _summary_numbers(curve: dict[int, float]) -> tuple[str, str]:
     return (f"{value}x" if value else "-"), f"{auc(series):.3f}"
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _print_notes(notes: list[str]) -> None:
     for note in notes:
         err.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
@@ -56,7 +62,7 @@ def register(app: typer.Typer) -> None:
                                   "task:attn:pe, e.g. copy:softmax:rope,copy:sieve:none."),
         seeds: str = typer.Option(None, "--seeds", help="Seeds: 0,1,2 or 0-2 (default 0)."),
         preset: str = typer.Option(None, "--preset", help="smoke, quick or paper (default smoke)."),
-        config_file: Path = typer.Option(None, "--config", help="Sweep file (TOML or JSON); flags override it."),
+        config_file: str = typer.Option(None, "--config", help="Sweep file (TOML or JSON); flags override it."),
         results: str = typer.Option(None, "--results", help=f"Results store folder (default {DEFAULT_RESULTS})."),
         device: str = typer.Option(None, "--device", help="auto (default), cpu or cuda."),
         train_samples: int = typer.Option(None, "--train-samples", help="Override the preset's training samples."),
@@ -67,8 +73,12 @@ def register(app: typer.Typer) -> None:
                                     "for small models that leave a GPU idle between kernel launches."),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the cells and what is done; run nothing."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+        wait: bool = typer.Option(True, "--wait/--no-wait", help="At the end, wait for cells another sweep on "
+                                  "the same store is running (default), or report them as running elsewhere."),
     ) -> None:
-        """Run every cell of tasks x attns x pes x seeds that is not in the store yet."""
+        """Run every cell of tasks x attns x pes x seeds that is not in the store yet (several sweeps on one
+        store share the cells: each is claimed before it runs)."""
+        from lengthbench import validation
         from lengthbench.sweep import (
             add_stages,
             gpu_slots,
@@ -81,18 +91,21 @@ def register(app: typer.Typer) -> None:
             split_list,
         )
 
+        if config_file is not None and not config_file.strip():
+            raise UsageError("--config is empty: give a sweep file")
         settings = read_sweep_file(config_file) if config_file else {}
         overrides = dict(settings.get("overrides", {}))
-        for key, value in (("train_samples", train_samples), ("max_multiplier", max_multiplier),
-                           ("eval_samples", eval_samples), ("train_length", train_length)):
-            if value is not None:
-                overrides[key] = value
+        flags = dict(train_samples=train_samples, max_multiplier=max_multiplier, eval_samples=eval_samples,
+                     train_length=train_length)
+        validation.check_overrides(flags)
+        overrides.update({key: value for key, value in flags.items() if value is not None})
         task_list = split_list(tasks if tasks is not None else settings.get("tasks"))
         attn_list = split_list(attns if attns is not None else settings.get("attns"))
         pe_list = split_list(pes if pes is not None else settings.get("pes"))
         seed_list = parse_seeds(seeds if seeds is not None else settings.get("seeds", "0"))
         preset = preset or settings.get("preset", "smoke")
-        results = results or settings.get("results", DEFAULT_RESULTS)
+        results = results if results is not None else settings.get("results", DEFAULT_RESULTS)
+        validation.check_results_writable(results)
         device = device or settings.get("device", "auto")
         if device not in ("auto", "cpu", "cuda"):
             raise UsageError(f"unknown device {device!r}; choose from: auto, cpu, cuda")
@@ -113,8 +126,13 @@ def register(app: typer.Typer) -> None:
 
         done_before = sum(run_finished(results, c.run_id) for c in configs)
         per_gpu = per_gpu if per_gpu is not None else settings.get("per_gpu", 1)
-        if not isinstance(per_gpu, int) or isinstance(per_gpu, bool):
-            raise UsageError(f"per_gpu must be a whole number, got {per_gpu!r}")
+        validation.check_int("--per-gpu", per_gpu, 1, 64)
+        memory_device = "cuda" if device != "cpu" and _cuda_available() else "cpu"
+        for config in configs:
+            try:
+                validation.check_run_memory(config, memory_device)
+            except UsageError as error:
+                raise UsageError(f"{config.task}:{config.attn}:{config.pe}: {error}") from error
         slots = [] if dry_run else gpu_slots(device, per_gpu)
         gpus = len({slot_gpu(s) for s in slots})
         where = (f"{gpus} GPUs x {len(slots) // gpus} cells" if len(slots) > 1 else
@@ -145,6 +163,8 @@ def register(app: typer.Typer) -> None:
             def on_event(kind, config, outcome, slot) -> None:
                 if kind == "start":
                     running[config.run_id] = _cell_name(config) + (f" (gpu {slot})" if slot else "")
+                elif kind == "waiting":
+                    running[config.run_id] = _cell_name(config) + " (running elsewhere)"
                 else:
                     running.pop(config.run_id, None)
                     progress.advance(bar)
@@ -154,7 +174,7 @@ def register(app: typer.Typer) -> None:
                 progress.update(bar, info=("running: " + "; ".join(running.values())) if running else "")
 
             try:
-                outcomes = run_sweep(configs, results, device=device, on_event=on_event, slots=slots)
+                outcomes = run_sweep(configs, results, device=device, on_event=on_event, slots=slots, wait=wait)
             except KeyboardInterrupt:
                 progress.stop()
                 err.print("interrupted: run the same command again to finish the sweep (finished cells are kept, "
@@ -166,20 +186,23 @@ def register(app: typer.Typer) -> None:
         show_note = any(o.error for o in outcomes)
         if show_note:
             table.add_column("note", overflow="fold")
-        colours = {"done": "green", "skipped": "dim", "failed": "red"}
+        colours = {"done": "green", "skipped": "dim", "failed": "red", "elsewhere": "yellow"}
+        words = {"done": "ran", "skipped": "in store", "failed": "failed", "elsewhere": "running elsewhere"}
         for outcome in outcomes:
             c = outcome.config
             reach_text, auc_text = _summary_numbers(outcome.curve)
-            status = "ran" if outcome.status == "done" else ("in store" if outcome.status == "skipped" else "failed")
+            status = words[outcome.status]
             table.add_row(c.task, c.attn + params_suffix(c.attn_params), c.pe + params_suffix(c.pe_params), str(c.seed),
                           f"[{colours[outcome.status]}]{status}[/]",
-                          f"{outcome.seconds:.1f}" if outcome.status != "skipped" else "", reach_text, auc_text,
+                          f"{outcome.seconds:.1f}" if outcome.status in ("done", "failed") else "", reach_text, auc_text,
                           *([outcome.error] if show_note else []))
         # a log file (no terminal) gets the whole row rather than rich's 80 columns, which cut the last ones
         out.print(table, width=None if out.is_terminal else max(out.width, 160))
-        counts = {k: sum(o.status == k for o in outcomes) for k in ("done", "skipped", "failed")}
+        counts = {k: sum(o.status == k for o in outcomes) for k in ("done", "skipped", "failed", "elsewhere")}
+        elsewhere = f", {counts['elsewhere']} running elsewhere" if counts["elsewhere"] else ""
         out.print(f"{len(outcomes)} cells: {counts['done']} ran, {counts['skipped']} already in the store, "
-                  f"{counts['failed']} failed. Next: lengthbench leaderboard --results {results}", highlight=False)
+                  f"{counts['failed']} failed{elsewhere}. Next: lengthbench leaderboard --results {results}",
+                  highlight=False)
         if counts["failed"]:
             raise SystemExit(1)  # typer.Exit(1) would be lost: main() runs click in non-standalone mode
 
@@ -187,9 +210,9 @@ def register(app: typer.Typer) -> None:
     def leaderboard(
         results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
         fmt: str = typer.Option("markdown", "--format", help="markdown, parquet or csv."),
-        out_file: Path = typer.Option(None, "--out", help="Write here (default: stdout; parquet needs it)."),
+        out_file: str = typer.Option(None, "--out", help="Write here (default: stdout; parquet needs it)."),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
-        publish: Path = typer.Option(None, "--publish",
+        publish: str = typer.Option(None, "--publish",
                                      help="Write DIR/leaderboard.md and DIR/leaderboard.parquet (the committed pair)."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning) instead of stopping."),
@@ -198,9 +221,14 @@ def register(app: typer.Typer) -> None:
         """Per task, the seeds' table: a row per attention x encoding, a column per multiplier (%)."""
         from lengthbench.leaderboard import FORMATS, build_leaderboard, load_store, write_leaderboard
         from lengthbench.sweep import split_list
+        from lengthbench.validation import check_writable
 
         if fmt not in FORMATS:
             raise UsageError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
+        if publish is not None:
+            publish = check_writable(publish, "--publish")
+        if out_file is not None:
+            out_file = check_writable(out_file, "--out", folder=False)
         frame, notes = load_store(results, tasks=split_list(task), skip_unreadable=skip_unreadable)
         _print_notes(notes)
         board = build_leaderboard(frame)
@@ -224,13 +252,13 @@ def register(app: typer.Typer) -> None:
     @app.command("compare")
     def compare(
         results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
-        seed_tables: Path = typer.Option(None, "--seed-tables",
+        seed_tables: str = typer.Option(None, "--seed-tables",
                                          help="CSV of the seeds' cells (default: lengthbench/seed_tables.csv)."),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
         tolerance: float = typer.Option(5.0, "--tolerance", help="Points within which ours agrees with the seed's."),
         rows: int = typer.Option(3, "--rows", help="Rows of ours per seed cell, closest to the seed first (0: all)."),
-        out_file: Path = typer.Option(None, "--out", help="Write the Markdown here (default: stdout)."),
-        publish: Path = typer.Option(None, "--publish",
+        out_file: str = typer.Option(None, "--out", help="Write the Markdown here (default: stdout)."),
+        publish: str = typer.Option(None, "--publish",
                                      help="Write DIR/seed_comparison.md and DIR/seed_comparison.parquet."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning)."),
@@ -245,6 +273,14 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--tolerance must be a number of points >= 0, got {tolerance}")
         if rows < 0:
             raise UsageError(f"--rows must be 0 (all) or more, got {rows}")
+        from lengthbench.validation import check_writable
+
+        if publish is not None:
+            publish = check_writable(publish, "--publish")
+        if out_file is not None:
+            out_file = check_writable(out_file, "--out", folder=False)
+        if seed_tables is not None and not seed_tables.strip():
+            raise UsageError("--seed-tables is empty: give a CSV file")
         seeds = load_seed_tables(seed_tables or SEED_TABLES)
         wanted = split_list(task)
         unknown = sorted(set(wanted) - set(seeds["task"]))
@@ -276,7 +312,7 @@ def register(app: typer.Typer) -> None:
     @app.command("plot")
     def plot(
         results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
-        out_dir: Path = typer.Option(Path("plots"), "--out", help="Folder for the figures."),
+        out_dir: str = typer.Option("plots", "--out", help="Folder for the figures."),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning)."),
@@ -285,7 +321,9 @@ def register(app: typer.Typer) -> None:
         from lengthbench.leaderboard import build_leaderboard, load_store
         from lengthbench.plots import plot_all, prune_stale
         from lengthbench.sweep import split_list
+        from lengthbench.validation import check_writable
 
+        out_dir = check_writable(out_dir, "--out")
         frame, notes = load_store(results, tasks=split_list(task), skip_unreadable=skip_unreadable)
         _print_notes(notes)
         paths = plot_all(build_leaderboard(frame), out_dir)
@@ -297,7 +335,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("check")
     def check(
-        baseline: Path = typer.Option(..., "--baseline", help="Baseline JSON file (see docs/reporting.md)."),
+        baseline: str = typer.Option(..., "--baseline", help="Baseline JSON file (see docs/reporting.md)."),
         tolerance: float = typer.Option(0.05, "--tolerance", help="Allowed fall per point, a fraction (0.05 = 5 points)."),
         update: bool = typer.Option(False, "--update", help="Rewrite the baseline from the new runs."),
         results: str = typer.Option(None, "--results", help="Scratch store (default: a temporary folder, removed after)."),
@@ -311,9 +349,15 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--tolerance is a fraction in [0, 1], got {tolerance}")
         if device not in ("auto", "cpu", "cuda"):
             raise UsageError(f"unknown device {device!r}; choose from: auto, cpu, cuda")
+        from lengthbench.validation import check_results_writable, check_writable
+
+        if not baseline.strip():
+            raise UsageError("--baseline is empty: give a baseline JSON file")
         base = load_baseline(baseline, need_curves=not update)
-        if results is not None and Path(results).exists() and not Path(results).is_dir():
-            raise UsageError(f"--results {results} is not a folder")
+        if results is not None:
+            check_results_writable(results)
+        if update:
+            check_writable(baseline, "--baseline", folder=False)
         err.print(f"[bold]check[/]: {len(base.cells)} cells of {baseline}, tolerance {tolerance:g}, device {device}"
                   + (f", store {results}" if results else ""), highlight=False)
         with _progress(quiet) as progress:

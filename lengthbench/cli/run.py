@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lengthbench.config import parse_params, selection_words
+from lengthbench.errors import UsageError
 from lengthbench.tasks import multiplier_label
 
 out = Console()
@@ -60,7 +61,7 @@ def register(app: typer.Typer) -> None:
                                  "default) or torch (PyTorch's defaults; faster recall, worse Copy extrapolation)."),
         arch: str = typer.Option(None, "--arch", help="Block layout: prenorm (LayerNorm, GELU MLP; the default) or "
                                  "gemma2 (RMSNorm before and after each sublayer, GeGLU, no biases, scaled "
-                                 "embeddings: the seed authors' code)."),
+                                 "embeddings: the Sparse Attention authors' code)."),
         init_from: str = typer.Option(None, "--init-from",
                                       help="Start from the trained weights of this run id (same --results; its "
                                       "model must have this one's shapes): a curriculum."),
@@ -69,12 +70,14 @@ def register(app: typer.Typer) -> None:
                                       "the source may have another vocabulary)."),
         selection: str = typer.Option(None, "--selection",
                                       help="Checkpoint selection: id (in-distribution validation, default) or Nx, "
-                                      "validation at N times n_train for a power of two N (8x: the seeds' "
-                                      "protocol; seed 003 selects RoPE models at 2x or 4x)."),
+                                      "validation at N times n_train for a power of two N (8x: the papers' "
+                                      "protocol; Long-Context Generalization with Sparse Attention selects "
+                                      "RoPE models at 2x or 4x)."),
         selection_metric: str = typer.Option(None, "--selection-metric",
                                              help="What the selection compares: task (the task's metric, "
                                              "default), exact_match, token_accuracy or bleu (corpus BLEU-4 of "
-                                             "the answers: seed 003's for models that score 0 at 2x-8x)."),
+                                             "the answers: Long-Context Generalization with Sparse Attention's for "
+                                             "models that score 0 at 2x-8x)."),
         compile: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile on CUDA."),
         compile_mode: str = typer.Option(None, "--compile-mode", help="torch.compile mode on CUDA: default, "
                                          "reduce-overhead (CUDA graphs; 1.9x at batch 128 for softmax) or "
@@ -82,8 +85,8 @@ def register(app: typer.Typer) -> None:
         train_attention: str = typer.Option(None, "--train-attention", help="What models with fused ops train "
                                             "on, on CUDA: fused (their Triton ops, eagerly; the default) or "
                                             "reference (their dense references, compiled, where batches are at "
-                                            "most 256 tokens wide: faster; see REPRODUCTION.md, "
-                                            "session 18, before relying on it). Scoring is on the fused ops."),
+                                            "most 256 tokens wide: faster, but the models trained this way so "
+                                            "far did not extrapolate). Scoring is on the fused ops."),
         diagnostics: bool = typer.Option(None, "--diagnostics/--no-diagnostics", help="Measure sparsity, sink rate, entropy."),
         param: list[str] = typer.Option([], "--param", help="Task parameter key=value (repeatable)."),
         attn_param: list[str] = typer.Option([], "--attn-param", help="Mechanism parameter key=value."),
@@ -98,11 +101,24 @@ def register(app: typer.Typer) -> None:
         from lengthbench.cli import load_plugins
 
         load_plugins(plugin)
+        from lengthbench import validation
         from lengthbench.config import build_config
         from lengthbench.runner import resolve_device, run_cell
         from lengthbench.tasks import get_task
 
+        if resume and restart:
+            raise UsageError("give --resume or --restart, not both: --resume continues the checkpoint, "
+                             "--restart discards it")
+        validation.check_results_writable(results)
+        numbers = dict(seed=seed, train_length=train_length, max_multiplier=max_multiplier,
+                       eval_samples=eval_samples, train_samples=train_samples, batch_size=batch_size, lr=lr,
+                       warmup_steps=warmup_steps, eval_every=eval_every, d_model=d_model, n_layers=layers,
+                       n_heads=heads, ffn=ffn)
+        validation.check_overrides(numbers)
         task_params = parse_params(param)
+        attn_params = parse_params(attn_param, "--attn-param")
+        pe_params = parse_params(pe_param, "--pe-param")
+        validation.check_task_params(task, task_params)
         if train_length is None:
             train_length = type(get_task(task, **task_params)).default_train_length
         config = build_config(
@@ -110,15 +126,17 @@ def register(app: typer.Typer) -> None:
             eval_samples=eval_samples, seed=seed, train_samples=train_samples, batch_size=batch_size, lr=lr,
             warmup_steps=warmup_steps, eval_every=eval_every, d_model=d_model, n_layers=layers, n_heads=heads,
             ffn=ffn, init=init, arch=arch, init_from=init_from, init_part=init_part,
-            selection=selection, selection_metric=selection_metric, compile=compile, compile_mode=compile_mode, train_attention=train_attention,
-            diagnostics=diagnostics,
-            task_params=task_params,
-            attn_params=parse_params(attn_param, "--attn-param"), pe_params=parse_params(pe_param, "--pe-param"),
+            selection=selection, selection_metric=selection_metric, compile=compile, compile_mode=compile_mode,
+            train_attention=train_attention, diagnostics=diagnostics,
+            task_params=task_params, attn_params=attn_params, pe_params=pe_params,
         )
+        validation.check_config(config)
+        get_task(config.task, **config.task_params).check_length(config.train_length)
         from lengthbench.tasks import eval_multipliers
 
         eval_multipliers(config.max_multiplier)  # validates before any training
-        resolve_device(device)
+        torch_device = resolve_device(device)
+        validation.check_run_memory(config, torch_device.type)
         # build the model once on the meta device so a bad mechanism/encoding parameter fails now
         if note := scaled_heads_note(config, _check_model(config)):
             out.print(note, highlight=False, soft_wrap=True)
@@ -132,8 +150,14 @@ def register(app: typer.Typer) -> None:
                      else "not started")
             out.print(f"dry run: {state}")
             return
-        frame = run_cell(config, results, device=device, resume=resume, restart=restart, progress=not quiet,
-                         log=(lambda line: print(line, flush=True)) if quiet else None)
+        from lengthbench.claims import claim, holder
+
+        with claim(results, config.run_id) as got:  # the claim a sweep takes: one process trains a run at a time
+            if not got:
+                raise UsageError(f"run {config.run_id} is running elsewhere ({holder(results, config.run_id)}) in "
+                                 f"{results}; run this again once it ends")
+            frame = run_cell(config, results, device=device, resume=resume, restart=restart, progress=not quiet,
+                             log=(lambda line: print(line, flush=True)) if quiet else None)
         cell = config.cell_name().rsplit(" / s", 1)[0]  # "task / attn (params) + pe"
         out.print(curve_table(frame, f"{cell} (seed {config.seed}, {config.preset}; metric: {frame['metric'].iloc[0]})"))
         stored = json.loads(frame["config_json"].iloc[0])
@@ -161,7 +185,14 @@ def register(app: typer.Typer) -> None:
         from lengthbench.cli import load_plugins
 
         load_plugins(plugin)
+        from lengthbench import validation
         from lengthbench.runner import rescore_run
+
+        validation.check_results_writable(results)
+        if samples is not None:
+            validation.check_int("--samples", samples, *validation.RUN_RANGES["eval_samples"])
+        if max_multiplier is not None:
+            validation.check_max_multiplier(max_multiplier)
 
         frame = rescore_run(results, run_id, samples=samples, max_multiplier=max_multiplier, device=device,
                             progress=not quiet, log=(lambda line: print(line, flush=True)) if quiet else None)
@@ -180,14 +211,17 @@ def _check_model(config):
     from lengthbench.runner import build_model
     from lengthbench.tasks import get_task
 
-    with torch.device("meta"):
-        return build_model(config, get_task(config.task, **config.task_params))
+    try:
+        with torch.device("meta"):
+            return build_model(config, get_task(config.task, **config.task_params))
+    except (TypeError, ValueError) as error:  # a parameter the mechanism or encoding refuses
+        raise UsageError(f"{config.attn} + {config.pe}: {str(error).splitlines()[0]}") from error
 
 
 def scaled_heads_note(config, model) -> str | None:
     """A one-line note where a length-scaled mechanism scales every head under an encoding that mixes ALiBi and
-    NoPE heads (NAPE) by default: seed 003's authors scale the NoPE heads only, and the two differ far apart
-    (REPRODUCTION.md, sessions 32-33). None where the user chose, or where there is no such mix."""
+    NoPE heads (NAPE) by default: the code of Long-Context Generalization with Sparse Attention scales the NoPE
+    heads only, and the two differ far apart. None where the user chose, or where there is no such mix."""
     if "scaled_heads" in config.attn_params:
         return None
     attn = model.attention_layers[0] if model.attention_layers else None
@@ -197,4 +231,5 @@ def scaled_heads_note(config, model) -> str | None:
     if not any(biased) or all(biased):
         return None
     return (f"note: {config.attn} scales every head here, the ALiBi heads' bias included (scaled_heads=all, the "
-            "default); seed 003's authors scale only the NoPE heads: --attn-param scaled_heads=nope")
+            "default); the code of Long-Context Generalization with Sparse Attention scales only the NoPE heads: "
+            "--attn-param scaled_heads=nope")

@@ -71,13 +71,19 @@ def register(app: typer.Typer) -> None:
         param: list[str] = typer.Option([], "--param", help="Task parameter key=value (repeatable)."),
     ) -> None:
         """Print samples as JSON Lines: {"input_ids": [...], "labels": [...]} (+ "features", "groups")."""
+        from lengthbench import validation
         from lengthbench.tasks import get_task
 
-        if count < 1:
-            raise UsageError(f"--count must be at least 1, got {count}")
-        if start < 0:
-            raise UsageError(f"--start must be non-negative, got {start}")
-        task_obj = get_task(task, **parse_params(param))
+        validation.check_int("--count", count, 1, validation.MAX_COUNT)
+        validation.check_int("--start", start, 0, validation.MAX_SEED - count)
+        validation.check_seed(seed)
+        params = parse_params(param)
+        validation.check_task_params(task, params)
+        task_obj = get_task(task, **params)
+        validation.check_length(length, task=task_obj)
+        # one sample's arrays (ids, labels, features: int64) and its JSON line
+        validation.check_memory(f"--length {length:,} ({task_obj.max_tokens(length):,} tokens a sample)",
+                                64 * task_obj.max_tokens(length))
         chunk = max(1, min(count, 1_000_000 // max(1, task_obj.max_tokens(length))))
         for first in range(start, start + count, chunk):
             indices = range(first, min(start + count, first + chunk))
@@ -92,8 +98,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Print the id -> symbol map as JSON."""
         from lengthbench.tasks import get_task
+        from lengthbench.validation import check_task_params
 
-        task_obj = get_task(task, **parse_params(param))
+        params = parse_params(param)
+        check_task_params(task, params)
+        task_obj = get_task(task, **params)
         sys.stdout.write(json.dumps({str(i): s for i, s in enumerate(task_obj.vocab)}) + "\n")
 
     app.add_typer(tasks_app, name="tasks")

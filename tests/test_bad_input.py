@@ -1,0 +1,271 @@
+"""Bad input never reaches a traceback: every command, every failure class, one line on stderr and exit 2.
+
+The table runs each case in-process through the ``lengthbench`` entry point (``cli_helpers.cli``); every
+case fails before any training or scoring. Tests run as root here, and root writes through ``chmod``:
+an unwritable place is made another way (a path under a regular file, a file where a folder is expected,
+a name longer than 255 bytes), and the permission case patches ``os.access`` to say "no" for one folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pandas as pd
+import pytest
+from cli_helpers import cli
+
+from lengthbench.store import CONTRACT_COLUMNS, write_run
+
+LONG = "x" * 300  # longer than any file system's name limit (255 bytes)
+B = ["run", "--task", "2back", "--attn", "softmax", "--pe", "nape", "--train-samples", "64", "--eval-samples", "4",
+     "--max-multiplier", "2", "--quiet", "--results", "{tmp}/store"]
+
+
+def _row(run_id: str, multiplier: int) -> dict:
+    row = {column: 0.0 for column in CONTRACT_COLUMNS}
+    row.update(run_id=run_id, task="copy", attn="softmax", pe="rope", seed=0, preset="smoke", train_length=64,
+               eval_length=64 * multiplier, multiplier=multiplier, exact_match=1.0 / multiplier,
+               token_accuracy=1.0, n_samples=4, selection="id", train_steps=2, device="cpu",
+               lengthbench_version="0", git_sha="0", created_at="2026-01-01T00:00:00+00:00", metric="exact_match",
+               score=1.0 / multiplier, config_json="")
+    return row
+
+
+@pytest.fixture
+def places(tmp_path):
+    """A regular file, a good store, a store with only a foreign Parquet file, a store whose runs/ is a file,
+    a sweep file with a bad value, baselines and seed tables."""
+    (tmp_path / "file.txt").write_text("not a folder\n")
+    write_run(tmp_path / "good", "copy-softmax-rope-smoke-s0-aaaa", [_row("copy-softmax-rope-smoke-s0-aaaa", m)
+                                                                      for m in (1, 2)])
+    foreign = tmp_path / "foreign" / "runs"
+    foreign.mkdir(parents=True)
+    pd.DataFrame({"task": ["copy"], "attn": ["softmax"]}).to_parquet(foreign / "partial.parquet")
+    (tmp_path / "filerun").mkdir()
+    (tmp_path / "filerun" / "runs").write_text("a file where the runs folder belongs\n")
+    (tmp_path / "many.toml").write_text('tasks = ["copy"]\nattns = ["softmax"]\npes = ["rope"]\n'
+                                        '[overrides]\neval_samples = "many"\n')
+    (tmp_path / "bigseed.toml").write_text('tasks = "copy"\nattns = "softmax"\npes = "rope"\nper_gpu = 0\n')
+    cell = {"task": "copy", "attn": "softmax", "pe": "rope", "overrides": {"train_samples": 64},
+            "curve": {"1": 1.0, "2": 1.0}}
+    (tmp_path / "seeds.csv").write_text("source,table,task,attn,pe,multiplier,value\n"
+                                        "Sieve Attention,1,copy,softmax,rope,1,abc\n")
+    (tmp_path / "base.json").write_text(json.dumps({"cells": [cell]}))
+    (tmp_path / "badbase.json").write_text(json.dumps({"cells": [{**cell, "overrides": {"eval_samples": "many"}}]}))
+    return tmp_path
+
+
+# (id, arguments, the words the one line must hold). {tmp} is the test's folder (see ``places``).
+CASES = [
+    # -- 1. filesystem errors: checked before any work ---------------------------------------------
+    ("run results is a file", [*B[:-1], "{tmp}/file.txt"], "is a file, not a folder"),
+    ("run results under a file", [*B[:-1], "{tmp}/file.txt/store"], "is a file, so nothing can be created"),
+    ("run results name too long", [*B[:-1], "{tmp}/" + LONG], "longer than 255 bytes"),
+    ("run results empty", [*B[:-1], ""], "--results is empty"),
+    ("run runs/ is a file", [*B[:-1], "{tmp}/filerun"], "runs is a file, not a folder"),
+    ("run runs/ unwritable", [*B[:-1], "{tmp}/good"], "no permission to write in"),
+    ("sweep results is a file", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--results",
+                                 "{tmp}/file.txt"], "is a file, not a folder"),
+    ("sweep results empty", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--results", ""],
+     "--results is empty"),
+    ("sweep runs/ unwritable", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--results",
+                                "{tmp}/good"], "no permission to write in"),
+    ("rescore results under a file", ["rescore", "some-run", "--samples", "8", "--results", "{tmp}/file.txt/x"],
+     "is a file, so nothing can be created"),
+    ("rescore runs/ unwritable", ["rescore", "some-run", "--samples", "8", "--results", "{tmp}/good"],
+     "no permission to write in"),
+    ("leaderboard out is a folder", ["leaderboard", "--results", "{tmp}/good", "--out", "{tmp}"],
+     "is a folder, not a file"),
+    ("leaderboard out under a file", ["leaderboard", "--results", "{tmp}/good", "--out", "{tmp}/file.txt/lb.md"],
+     "is a file, so nothing can be created"),
+    ("leaderboard publish is a file", ["leaderboard", "--results", "{tmp}/good", "--publish", "{tmp}/file.txt"],
+     "is a file, not a folder"),
+    ("leaderboard out name too long", ["leaderboard", "--results", "{tmp}/good", "--out", "{tmp}/" + LONG],
+     "longer than 255 bytes"),
+    ("leaderboard results is a file", ["leaderboard", "--results", "{tmp}/file.txt"], "is not a folder"),
+    ("compare out is a folder", ["compare", "--results", "{tmp}/good", "--out", "{tmp}"], "is a folder, not a file"),
+    ("compare publish under a file", ["compare", "--results", "{tmp}/good", "--publish", "{tmp}/file.txt/p"],
+     "is a file, so nothing can be created"),
+    ("plot out is a file", ["plot", "--results", "{tmp}/good", "--out", "{tmp}/file.txt"], "is a file, not a folder"),
+    ("plot out name too long", ["plot", "--results", "{tmp}/good", "--out", "{tmp}/" + LONG], "longer than 255"),
+    ("inspect maps out is a file", ["inspect", "maps", "--run", "r", "--length", "64", "--results", "{tmp}/good",
+                                    "--out", "{tmp}/file.txt"], "is a file, not a folder"),
+    ("inspect diagnostics out under a file", ["inspect", "diagnostics", "--results", "{tmp}/good", "--out",
+                                              "{tmp}/file.txt/d"], "is a file, so nothing can be created"),
+    ("check results is a file", ["check", "--baseline", "{tmp}/base.json", "--results", "{tmp}/file.txt"],
+     "is a file, not a folder"),
+    ("check results unwritable", ["check", "--baseline", "{tmp}/base.json", "--results", "{tmp}/good"],
+     "no permission to write in"),
+    ("check update baseline is a folder", ["check", "--baseline", "{tmp}/base.json", "--update", "--results",
+                                           "{tmp}/scratch", "--baseline", "{tmp}"], "baseline"),
+    # -- 2. a store whose files lack the contract's columns ------------------------------------------
+    ("leaderboard foreign file", ["leaderboard", "--results", "{tmp}/foreign"], "lacks the columns"),
+    ("leaderboard foreign file skipped, nothing left", ["leaderboard", "--results", "{tmp}/foreign",
+                                                        "--skip-unreadable"], "the store is empty"),
+    ("compare foreign file", ["compare", "--results", "{tmp}/foreign"], "lacks the columns"),
+    ("plot foreign file", ["plot", "--results", "{tmp}/foreign", "--out", "{tmp}/plots"], "lacks the columns"),
+    ("inspect diagnostics foreign file", ["inspect", "diagnostics", "--results", "{tmp}/foreign", "--out",
+                                          "{tmp}/d"], "lacks the columns"),
+    ("leaderboard runs/ is a file", ["leaderboard", "--results", "{tmp}/filerun"], "is a file, not the folder"),
+    # -- 3. parameters --------------------------------------------------------------------------------
+    ("pe-param unknown key", [*B, "--pe-param", "nope=1"], "takes no parameter 'nope'"),
+    ("pe-param wrong type", [*B[:6], "rope", *B[7:], "--pe-param", "base=abc"], "must be a number"),
+    ("attn-param unknown key", [*B, "--attn-param", "alpha=2"], "takes no parameter 'alpha'"),
+    ("batch size 0", [*B, "--batch-size", "0"], "--batch-size must be in [1"),
+    ("task param wrong type", [*B, "--param", "symbols=many"], "--param symbols"),
+    ("param without =", [*B, "--param", "symbols"], "key=value"),
+    # -- 4. ranges ------------------------------------------------------------------------------------
+    ("seed -1", [*B, "--seed", "-1"], "--seed must be in [0"),
+    ("seed beyond 64 bits", [*B, "--seed", str(2**64)], "--seed must be in [0"),
+    ("max multiplier 2**40", [*B[:12], str(2**40), *B[13:]], "--max-multiplier must be in [1, 1,024]"),
+    ("max multiplier not a power of two", [*B[:12], "3", *B[13:]], "power of two"),
+    ("train length 10**9", [*B, "--train-length", str(10**9), "--dry-run"], "--train-length must be in"),
+    ("train length x multiplier", [*B[:12], "1024", *B[13:], "--train-length", "4096", "--dry-run"],
+     "longest evaluation length"),
+    ("alpha NaN", [*B[:4], "entmax", *B[5:], "--attn-param", "alpha=NaN"], "finite"),
+    ("alpha 1", [*B[:4], "entmax", *B[5:], "--attn-param", "alpha=1"], "alpha must be in (1"),
+    ("factor Infinity", [*B[:6], "rope", *B[7:], "--pe-param", "factor=Infinity"], "finite"),
+    ("base 0", [*B[:6], "rope", *B[7:], "--pe-param", "base=0"], "base must be > 1"),
+    ("eps -3", [*B[:4], "softpick", *B[5:], "--attn-param", "eps=-3"], "eps must be > 0"),
+    ("lr inf", [*B, "--lr", "inf"], "--lr must be a finite number"),
+    ("lr 0", [*B, "--lr", "0"], "--lr must be in (0"),
+    ("warmup -1", [*B, "--warmup-steps", "-1"], "--warmup-steps must be in [0"),
+    ("eval samples 0", [*B[:10], "0", *B[11:]], "--eval-samples must be in [1"),
+    ("train samples -5", [*B[:8], "-5", *B[9:]], "--train-samples must be in [1"),
+    ("heads 0", [*B, "--heads", "0"], "--heads must be in [1"),
+    ("resume and restart", [*B, "--resume", "--restart"], "not both"),
+    ("model too large for memory", [*B, "--d-model", "65536", "--layers", "1024", "--heads", "1", "--ffn", "262144",
+                                    "--dry-run"], "needs about"),
+    ("d-model not divisible by heads", [*B, "--d-model", "30", "--heads", "4", "--dry-run"], "not divisible"),
+    ("task sample length 10**12", ["tasks", "sample", "copy", "--length", str(10**12)], "--length must be in"),
+    ("task sample length 0", ["tasks", "sample", "copy", "--length", "0"], "--length must be in"),
+    ("task sample count 0", ["tasks", "sample", "copy", "--count", "0"], "--count must be in"),
+    ("task sample count huge", ["tasks", "sample", "copy", "--count", str(10**12)], "--count must be in"),
+    ("task sample symbols 10**11", ["tasks", "sample", "copy", "--param", f"symbols={10**11}"],
+     "--param symbols must be in"),
+    ("task sample seed -1", ["tasks", "sample", "copy", "--seed", "-1"], "--seed must be in"),
+    ("task sample probability 2", ["tasks", "sample", "flipflop", "--param", "p_write=2"], "p_write must be in"),
+    ("task vocab symbols 10**11", ["tasks", "vocab", "copy", "--param", f"symbols={10**11}"], "symbols must be in"),
+    ("inspect maps length 10**9", ["inspect", "maps", "--run", "r", "--length", str(10**9), "--results",
+                                   "{tmp}/good"], "--length must be in"),
+    ("inspect maps sample -1", ["inspect", "maps", "--run", "r", "--length", "64", "--sample", "-1"],
+     "--sample must be in"),
+    ("sweep seeds 0-100000000", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--seeds",
+                                 "0-100000000", "--dry-run", "--results", "{tmp}/s"], "a sweep takes at most"),
+    ("sweep seeds backwards", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--seeds", "5-1",
+                               "--dry-run", "--results", "{tmp}/s"], "is empty"),
+    ("sweep seed beyond 64 bits", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--seeds",
+                                   str(2**64), "--dry-run", "--results", "{tmp}/s"], "at most 2**63 - 1"),
+    ("sweep per-gpu 0", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--per-gpu", "0",
+                         "--results", "{tmp}/s"], "--per-gpu must be in [1"),
+    ("sweep max multiplier 3", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope",
+                                "--max-multiplier", "3", "--dry-run", "--results", "{tmp}/s"], "power of two"),
+    ("sweep cell alpha NaN", ["sweep", "--cells", "copy:entmax(alpha=NaN):rope", "--dry-run", "--results",
+                              "{tmp}/s"], "finite"),
+    ("sweep cell pe param unknown", ["sweep", "--cells", "copy:softmax:rope(nope=1)", "--dry-run", "--results",
+                                     "{tmp}/s"], "takes no parameter 'nope'"),
+    ("rescore samples 0", ["rescore", "r", "--samples", "0", "--results", "{tmp}/good"], "--samples must be in"),
+    ("rescore max multiplier 5", ["rescore", "r", "--max-multiplier", "5", "--results", "{tmp}/good"],
+     "power of two"),
+    # -- 6. messages that name the problem --------------------------------------------------------------
+    ("sweep file eval_samples many", ["sweep", "--config", "{tmp}/many.toml", "--dry-run", "--results", "{tmp}/s"],
+     "eval_samples must be an integer, got 'many'"),
+    ("sweep file per_gpu 0", ["sweep", "--config", "{tmp}/bigseed.toml", "--dry-run", "--results", "{tmp}/s"],
+     "per_gpu must be in [1"),
+    ("check baseline eval_samples many", ["check", "--baseline", "{tmp}/badbase.json"],
+     "eval_samples must be an integer, got 'many'"),
+    ("leaderboard results empty", ["leaderboard", "--results", ""], "--results is empty"),
+    ("plot results empty", ["plot", "--results", "", "--out", "{tmp}/p"], "--results is empty"),
+    ("inspect diagnostics results empty", ["inspect", "diagnostics", "--results", "", "--out", "{tmp}/d"],
+     "--results is empty"),
+    ("inspect maps results empty", ["inspect", "maps", "--run", "r", "--length", "64", "--results", "",
+                                    "--out", "{tmp}/m"], "--results is empty"),
+    ("sweep config empty", ["sweep", "--config", "", "--dry-run"], "--config is empty"),
+    ("check baseline empty", ["check", "--baseline", ""], "--baseline is empty"),
+    ("check results empty", ["check", "--baseline", "{tmp}/base.json", "--results", ""], "--results is empty"),
+    ("compare seed table value not a number", ["compare", "--results", "{tmp}/good", "--seed-tables",
+                                               "{tmp}/seeds.csv"], "the value of row 2 is not a number, got 'abc'"),
+    ("compare seed tables is a folder", ["compare", "--results", "{tmp}/good", "--seed-tables", "{tmp}"],
+     "is not a file"),
+    ("check tolerance nan", ["check", "--baseline", "{tmp}/base.json", "--tolerance", "nan"], "--tolerance"),
+    ("compare tolerance -1", ["compare", "--results", "{tmp}/good", "--tolerance", "-1"], "--tolerance"),
+    # -- every command: unknown names, missing folders, parser errors --------------------------------------
+    ("run unknown task", [*B[:2], "nosuch", *B[3:]], "unknown task"),
+    ("run int option not a number", [*B, "--batch-size", "abc"], "valid integer"),
+    ("rescore missing run", ["rescore", "nosuch", "--samples", "8", "--results", "{tmp}/good"],
+     "no trained model for run 'nosuch'"),
+    ("leaderboard missing store", ["leaderboard", "--results", "{tmp}/missing"], "does not exist"),
+    ("leaderboard unknown format", ["leaderboard", "--results", "{tmp}/good", "--format", "xml"], "unknown format"),
+    ("compare missing store", ["compare", "--results", "{tmp}/missing"], "does not exist"),
+    ("plot missing store", ["plot", "--results", "{tmp}/missing", "--out", "{tmp}/p"], "does not exist"),
+    ("check missing baseline", ["check", "--baseline", "{tmp}/missing.json"], "does not exist"),
+    ("check baseline is a folder", ["check", "--baseline", "{tmp}"], "baseline"),
+    ("inspect maps missing run", ["inspect", "maps", "--run", "nosuch", "--length", "64", "--results", "{tmp}/good",
+                                  "--out", "{tmp}/m"], "nosuch"),
+    ("inspect diagnostics missing store", ["inspect", "diagnostics", "--results", "{tmp}/missing"],
+     "does not exist"),
+    ("inspect diagnostics no diagnostics", ["inspect", "diagnostics", "--results", "{tmp}/good", "--out",
+                                            "{tmp}/d", "--task", "2back"], "no stored rows with task"),
+    ("tasks list extra argument", ["tasks", "list", "extra"], "unexpected extra argument"),
+    ("tasks params unknown", ["tasks", "params", "nosuch"], "unknown task"),
+    ("tasks sample unknown split", ["tasks", "sample", "copy", "--split", "dev"], "unknown split"),
+    ("tasks vocab unknown", ["tasks", "vocab", "nosuch"], "unknown task"),
+    ("attn list extra argument", ["attn", "list", "extra"], "unexpected extra argument"),
+    ("attn params unknown", ["attn", "params", "nosuch"], "unknown attention"),
+    ("pe list extra argument", ["pe", "list", "extra"], "unexpected extra argument"),
+    ("pe params unknown", ["pe", "params", "nosuch"], "unknown positional encoding"),
+    ("unknown command", ["nosuch"], "No such command"),
+]
+# Cases whose folder is unwritable by permission: ``os.access`` says no for paths ending so.
+NO_PERMISSION = {"run runs/ unwritable": "runs", "sweep runs/ unwritable": "runs", "rescore runs/ unwritable": "runs",
+                 "check results unwritable": "good"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
+def test_bad_input_is_one_line_and_exit_2(case, places, monkeypatch, capsys):
+    name, args, words = case
+    if name in NO_PERMISSION:  # root writes everywhere: say "no" for this folder only
+        real_access, suffix = os.access, NO_PERMISSION[name]
+        monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if str(path).endswith(suffix)
+                            else real_access(path, mode, **kw))
+    monkeypatch.chdir(places)
+    code = cli(monkeypatch, *[arg.replace("{tmp}", str(places)) for arg in args])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, (code, err)
+    assert "Traceback" not in err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    assert words.lower() in lines[0].lower(), (words, err)
+
+
+def test_the_table_covers_every_command():
+    firsts = {tuple(args[:2]) if args[0] in ("inspect", "tasks", "attn", "pe") else (args[0],)
+              for _, args, _ in CASES}
+    for command in [("run",), ("sweep",), ("rescore",), ("leaderboard",), ("compare",), ("plot",), ("check",),
+                    ("inspect", "maps"), ("inspect", "diagnostics"), ("tasks", "list"), ("tasks", "params"),
+                    ("tasks", "sample"), ("tasks", "vocab"), ("attn", "list"), ("attn", "params"), ("pe", "list"),
+                    ("pe", "params")]:
+        assert command in firsts, command
+
+
+def test_a_foreign_file_is_skipped_with_its_name_and_the_good_rows_stay(places, monkeypatch, capsys):
+    # a partial-column file beside a good run: --skip-unreadable leaves it out by name; the board counts one run
+    foreign = places / "good" / "runs" / "partial.parquet"
+    pd.DataFrame({"task": ["copy"], "attn": ["softmax"], "multiplier": [1]}).to_parquet(foreign)
+    assert cli(monkeypatch, "leaderboard", "--results", places / "good", "--skip-unreadable") == 0
+    captured = capsys.readouterr()
+    assert "partial.parquet" in captured.err and "lacks the columns" in captured.err
+    assert "from 1 runs" in captured.out
+    assert cli(monkeypatch, "leaderboard", "--results", places / "good") == 2  # without: it stops, naming it
+    assert "partial.parquet" in capsys.readouterr().err
+
+
+def test_no_work_starts_when_the_store_cannot_be_written(places, monkeypatch):
+    # the run is refused before the runner is reached
+    import lengthbench.runner
+
+    monkeypatch.setattr(lengthbench.runner, "run_cell", lambda *a, **k: pytest.fail("run_cell was called"))
+    args = [arg.replace("{tmp}", str(places)) for arg in B[:-1]] + [str(places / "filerun")]
+    assert cli(monkeypatch, *args) == 2
