@@ -296,11 +296,13 @@ def _outcome_curve(frame) -> dict[int, float]:
 
 def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "auto",
               on_event: Event | None = None, slots: list[str] | None = None,
-              worker_command: Callable[[RunConfig, Path], list[str]] | None = None) -> list[CellOutcome]:
+              worker_command: Callable[[RunConfig, Path], list[str]] | None = None,
+              track: str | None = None) -> list[CellOutcome]:
     """Run every unfinished cell; return one outcome per cell in ``configs`` order.
 
     ``slots`` (default: :func:`gpu_slots`) with more than one entry runs a worker process per slot;
-    ``worker_command`` replaces the worker's command line (tests).
+    ``worker_command`` replaces the worker's command line (tests). ``track`` (``tensorboard`` or ``wandb``)
+    logs each cell's training to that tracker (:mod:`lengthbench.tracking`).
     """
     import pandas as pd
 
@@ -324,14 +326,15 @@ def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "a
             pending.append(config)
     slots = gpu_slots(device) if slots is None else slots
     if len(slots) > 1:
-        _run_parallel(pending, results, slots, outcomes, emit, worker_command or _worker_command)
+        command = worker_command or (lambda config, results: _worker_command(config, results, track))
+        _run_parallel(pending, results, slots, outcomes, emit, command)
     else:
-        _run_sequential(pending, results, device, outcomes, emit)
+        _run_sequential(pending, results, device, outcomes, emit, track)
     return [outcomes[c.run_id] for c in configs]
 
 
-def _run_sequential(pending, results: Path, device: str, outcomes, emit) -> None:
-    from lengthbench.runner import resolve_device, run_cell
+def _run_sequential(pending, results: Path, device: str, outcomes, emit, track: str | None = None) -> None:
+    from lengthbench.runner import resolve_device
 
     if pending:
         resolve_device(device)
@@ -348,7 +351,7 @@ def _run_sequential(pending, results: Path, device: str, outcomes, emit) -> None
                     log_file.write(line + "\n")
                     log_file.flush()
 
-                frame = run_cell(config, results, device=device, resume=True, progress=False, log=log)
+                frame = run_pending_cell(config, results, device=device, log=log, track=track)
             outcome = CellOutcome(config, "done", time.perf_counter() - started, curve=_outcome_curve(frame))
         except (KeyboardInterrupt, UsageError):
             raise
@@ -360,6 +363,22 @@ def _run_sequential(pending, results: Path, device: str, outcomes, emit) -> None
                                   error=f"{type(error).__name__}: {message}")
         outcomes[config.run_id] = outcome
         emit(outcome.status, config, outcome, "")
+
+
+def run_pending_cell(config: RunConfig, results: str | Path, *, device: str = "auto",
+                     log: Callable[[str], None] | None = None, track: str | None = None):
+    """Run one cell of a sweep and return its rows: the one way every executor runs a cell (this process, the
+    GPU worker pool, a SLURM job, a Ray task). A cell in the store comes back as stored; an interrupted one
+    resumes from its checkpoint (``run --resume``). ``track`` logs its training (:mod:`lengthbench.tracking`)."""
+    from lengthbench import runner
+    from lengthbench.tracking import tracking
+
+    with tracking(track, config, results) as tracker:
+        extra = {"on_metrics": tracker} if tracker is not None else {}
+        frame = runner.run_cell(config, results, device=device, resume=True, progress=False, log=log, **extra)
+        if tracker is not None:
+            tracker.log_curve(frame)
+    return frame
 
 
 def _stage_failed(config: RunConfig, outcomes: dict[str, CellOutcome], emit) -> bool:
@@ -388,12 +407,12 @@ def plugin_modules() -> list[str]:
     return sorted(modules)
 
 
-def _worker_command(config: RunConfig, results: Path) -> list[str]:
+def _worker_command(config: RunConfig, results: Path, track: str | None = None) -> list[str]:
     # -P: no current directory on sys.path, where a checkout's lengthbench/ folder would shadow the
     # installed (namespaced) package
     safe = ["-P"] if sys.version_info >= (3, 11) else []
     return [sys.executable, *safe, "-m", "lengthbench.sweep", "--worker", str(results), config.to_json(),
-            ",".join(plugin_modules())]
+            ",".join(plugin_modules()), track or ""]
 
 
 def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, command) -> None:
@@ -470,15 +489,14 @@ def _finished_outcome(config: RunConfig, results: Path, returncode: int, seconds
 
 
 def _worker_main(argv: list[str]) -> int:
-    """``python -m lengthbench.sweep --worker RESULTS CONFIG_JSON [PLUGINS]``: run one cell."""
+    """``python -m lengthbench.sweep --worker RESULTS CONFIG_JSON [PLUGINS] [TRACK]``: run one cell."""
     results, config_json = argv[0], argv[1]
     for module in split_list(argv[2] if len(argv) > 2 else ""):
         __import__(module)
-    from lengthbench.runner import run_cell
-
+    track = argv[3] if len(argv) > 3 and argv[3] else None
     config = RunConfig.from_dict(json.loads(config_json))
     try:
-        run_cell(config, results, device="auto", resume=True, progress=False, log=lambda line: print(line, flush=True))
+        run_pending_cell(config, results, log=lambda line: print(line, flush=True), track=track)
     except BaseException as error:  # the sweep (or a timeout) stopped it: one line in the cell's log, no traceback
         if not interrupted(error):  # (inside a compiled step the interrupt can surface as another error)
             raise

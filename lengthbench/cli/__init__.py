@@ -13,6 +13,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from lengthbench.errors import TrainingDiverged, UsageError, interrupted
 from lengthbench.models.registry import UnknownNameError
@@ -57,7 +58,8 @@ for _name in COMMAND_MODULES:
 
 
 def fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # escaped: a message's own brackets ("pip install 'lengthbench[ray]'", "[overrides]") are text, not markup
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise SystemExit(2)
 
 
