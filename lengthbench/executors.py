@@ -227,8 +227,12 @@ class _Backend:
     """Submits cells and says when each has ended; :func:`_drive` does the rest."""
 
     name = ""
+    chains = False  # whether a job can wait in the queue for another job to succeed (``submit_after``)
 
     def submit(self, configs: list[RunConfig]) -> list[tuple[Any, str]]:  # (handle, job id) per config
+        raise NotImplementedError
+
+    def submit_after(self, config: RunConfig, job_id: str) -> tuple[Any, str]:
         raise NotImplementedError
 
     def ended(self, handles: list[Any], timeout: float) -> list[Any]:
@@ -250,26 +254,45 @@ class _SubmititBackend(_Backend):
     def __init__(self, results: Path, options: SlurmOptions, track: str | None):
         submitit = require("submitit", "slurm", "--executor slurm")
         self.results, self.options, self.track = results, options, track
+        self.submitit = submitit
         folder = Path(options.folder) if options.folder else results / "slurm"
         self.folder = folder.expanduser().absolute()
-        self.executor = submitit.AutoExecutor(folder=str(self.folder / "%j"), cluster=options.cluster)
-        parameters = dict(name="lengthbench", timeout_min=options.timeout_min, gpus_per_node=options.gpus_per_node,
-                          cpus_per_task=options.cpus_per_task, slurm_array_parallelism=options.array_parallelism)
+        # a later stage waits in SLURM's queue for its earlier stage's job (afterok); submitit's local cluster
+        # has no queue, so there a sweep with stages follows its jobs (--wait) or runs again
+        self.chains = options.cluster == "slurm"
+        self.parameters = dict(name="lengthbench", timeout_min=options.timeout_min,
+                               gpus_per_node=options.gpus_per_node, cpus_per_task=options.cpus_per_task,
+                               slurm_array_parallelism=options.array_parallelism)
         if options.mem_gb is not None:
-            parameters["mem_gb"] = options.mem_gb
+            self.parameters["mem_gb"] = options.mem_gb
         if options.partition:
-            parameters["slurm_partition"] = options.partition
-        self.executor.update_parameters(**parameters)
+            self.parameters["slurm_partition"] = options.partition
+        self.executor = self._executor()
+
+    def _executor(self, **extra: Any):
+        executor = self.submitit.AutoExecutor(folder=str(self.folder / "%j"), cluster=self.options.cluster)
+        executor.update_parameters(**self.parameters, **extra)
+        return executor
+
+    def _record(self, config: RunConfig, job, token: str) -> tuple[Any, str]:
+        write_submission(self.results, config, "slurm", job.job_id, token, cluster=self.options.cluster,
+                         folder=str(self.folder))
+        return job, str(job.job_id)
 
     def submit(self, configs):
         tokens = [uuid.uuid4().hex for _ in configs]
         with self.executor.batch():  # one job array (on SLURM; the local cluster starts one process per job)
             jobs = [self.executor.submit(CellJob(), *_job_args(config, self.results, self.track, token))
                     for config, token in zip(configs, tokens, strict=True)]
-        for config, job, token in zip(configs, jobs, tokens, strict=True):
-            write_submission(self.results, config, "slurm", job.job_id, token, cluster=self.options.cluster,
-                             folder=str(self.folder))
-        return [(job, str(job.job_id)) for job in jobs]
+        return [self._record(config, job, token) for config, job, token in zip(configs, jobs, tokens, strict=True)]
+
+    def submit_after(self, config, job_id):
+        token = uuid.uuid4().hex
+        # kill_on_invalid_dep: a failed earlier stage cancels this job rather than leaving it queued forever
+        executor = self._executor(slurm_additional_parameters={"dependency": f"afterok:{job_id}",
+                                                               "kill_on_invalid_dep": "yes"})
+        return self._record(config, executor.submit(CellJob(), *_job_args(config, self.results, self.track, token)),
+                            token)
 
     def ended(self, handles, timeout):
         deadline = time.monotonic() + timeout
@@ -320,10 +343,11 @@ class _RayBackend(_Backend):
 
 
 def _drive(pending: list[RunConfig], results: Path, backend: _Backend, emit: Event, outcomes: dict,
-           poll_seconds: float, follow: bool) -> list[RunConfig]:
+           poll_seconds: float, follow: bool, live_jobs: dict[str, str] | None = None) -> list[RunConfig]:
     """Submit every cell whose earlier stage is neither pending nor running, then (with ``follow``) wait for
-    them, submitting later stages as theirs reach the store. Returns the cells left unsubmitted (without
-    ``follow``: those whose earlier stage has not run yet)."""
+    them, submitting later stages as theirs reach the store. Without ``follow``, a later stage is submitted to
+    wait in the queue for its earlier stage's job (``live_jobs``: run id -> job id of jobs still queued or
+    running) where the backend can. Returns the cells left unsubmitted."""
     import pandas as pd
 
     from lengthbench.store import run_finished, run_path
@@ -337,7 +361,8 @@ def _drive(pending: list[RunConfig], results: Path, backend: _Backend, emit: Eve
         for config in list(waiting):
             if _stage_failed(config, outcomes, emit):
                 waiting.remove(config)
-            elif not config.init_from or config.init_from not in unfinished:
+            elif (not config.init_from or run_finished(results, config.init_from)
+                  or config.init_from not in unfinished | set(live_jobs or {})):
                 ready.append(config)
                 waiting.remove(config)
         if ready:
@@ -345,8 +370,17 @@ def _drive(pending: list[RunConfig], results: Path, backend: _Backend, emit: Eve
                 running[handle] = (config, time.perf_counter(), job_id)
                 emit("start", config, None, job_id)
         if not follow:
+            job_ids = dict(live_jobs or {}) | {entry[0].run_id: entry[2] for entry in running.values()}
+            chained = backend.chains
+            while chained and waiting:
+                chained = [config for config in waiting if config.init_from in job_ids]
+                for config in chained:  # in stage order: a stage's job id is known before its next stage's turn
+                    _handle, job_id = backend.submit_after(config, job_ids[config.init_from])
+                    waiting.remove(config)
+                    job_ids[config.run_id] = job_id
+                    emit("start", config, None, job_id)
             return waiting
-        if not running:  # (cannot happen: a waiting cell's earlier stage is waiting or running)
+        if not running:  # the cells left wait for an earlier stage queued or running in an earlier sweep's job
             break
         for handle in backend.ended(list(running), poll_seconds):
             config, started, job_id = running.pop(handle)
@@ -369,9 +403,11 @@ def run_on_cluster(configs: list[RunConfig], results: str | Path, executor: str,
                    on_event: Event | None = None, poll_seconds: float = 5.0):
     """Run (``ray``; ``slurm`` with ``wait``) or submit (``slurm``) every cell of ``configs`` not in the store.
 
-    Returns ``(outcomes, submitted, unsubmitted)``: one :class:`~lengthbench.sweep.CellOutcome` per cell in
-    ``configs`` order where the cells were followed to their end (else only the skipped ones are final), the
-    cells submitted, and those left for a later run (an earlier stage still to come, without ``wait``)."""
+    Returns ``(outcomes, submitted, unsubmitted)``: per cell in ``configs`` order its
+    :class:`~lengthbench.sweep.CellOutcome` (done, failed, skipped: in the store, or queued: its job, or its
+    earlier stage's, is queued or running from an earlier sweep), or None for a cell submitted and not
+    followed (``slurm`` without ``wait``); the cells submitted; and those left for a later run (an earlier stage
+    still to come, where the jobs cannot wait for it in the queue)."""
     from lengthbench.sweep import CellOutcome
 
     if executor not in ("slurm", "ray"):
@@ -388,8 +424,8 @@ def run_on_cluster(configs: list[RunConfig], results: str | Path, executor: str,
             outcomes[config.run_id] = CellOutcome(config, "skipped")
             emit("skipped", config, outcomes[config.run_id], "")
         elif state.state in ("queued", "running") and state.live:
-            outcomes[config.run_id] = CellOutcome(config, "skipped", error=f"{state.state} as job {state.job_id}")
-            emit("skipped", config, outcomes[config.run_id], state.job_id)
+            outcomes[config.run_id] = CellOutcome(config, "queued", error=f"{state.state} as job {state.job_id}")
+            emit("queued", config, outcomes[config.run_id], state.job_id)
         else:
             pending.append(config)
     if executor == "slurm":
@@ -406,7 +442,13 @@ def run_on_cluster(configs: list[RunConfig], results: str | Path, executor: str,
             submitted.append(config)
         emit(kind, config, outcome, slot)
 
-    left = _drive(pending, results, backend, record, outcomes, poll_seconds, follow) if pending else []
+    live_jobs = {run_id: state.job_id for run_id, state in states.items() if state.live}
+    left = _drive(pending, results, backend, record, outcomes, poll_seconds, follow, live_jobs) if pending else []
+    if follow:
+        for config in left:
+            outcomes[config.run_id] = CellOutcome(config, "queued", error=f"not submitted: its earlier stage "
+                                                  f"{config.init_from} is queued or running; run again once it ends")
+            emit("queued", config, outcomes[config.run_id], "")
     return [outcomes.get(c.run_id) for c in configs], submitted, left
 
 
@@ -461,6 +503,8 @@ def cell_states(configs: list[RunConfig], results: str | Path) -> dict[str, Cell
         elif reported == "running":
             states[run_id] = CellState(config, "running", note=f"on {job.get('host', '?')} since "
                                        f"{job.get('started_at', '?')}", live=live, **common)
+        elif scheduler.startswith("RUNNING"):  # started, its job's record not written yet
+            states[run_id] = CellState(config, "running", note="SLURM: RUNNING", live=live, **common)
         elif reported in ("", "interrupted"):  # submitted, not started (or requeued after a preemption)
             note = "requeued after an interruption" if reported else f"submitted {submission.get('submitted_at', '')}"
             states[run_id] = CellState(config, "queued", note=note, live=live, **common)

@@ -280,7 +280,7 @@ def slot_gpu(slot: str) -> str:
 @dataclass
 class CellOutcome:
     config: RunConfig
-    status: str  # done, skipped, failed
+    status: str  # done, skipped, failed; on a cluster also queued (its job is queued or running)
     seconds: float = 0.0
     curve: dict[int, float] = field(default_factory=dict)
     error: str = ""

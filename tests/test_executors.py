@@ -181,3 +181,40 @@ def test_ray_gives_the_local_rows_and_tracks_each_cell(tmp_path, monkeypatch, ca
     # a cell asking for GPUs this Ray cluster lacks would wait forever: one line instead
     assert cli(monkeypatch, "sweep", "--cells", "2back:softmax:alibi", "--results", store, "--executor", "ray") == 2
     assert "--ray-gpus-per-cell 0" in capsys.readouterr().err
+
+
+def test_slurm_submits_an_array_and_later_stages_wait_in_the_queue(tmp_path, monkeypatch, capsys):
+    """Against submitit's own stand-in for sbatch and sacct: the ready cells go in one job array with the
+    requested resources; each later stage waits in the queue for its earlier stage's job (afterok); a second
+    sweep submits nothing while those jobs live; --status reads SLURM's states."""
+    mocked = pytest.importorskip("submitit.slurm.test_slurm")
+    import submitit
+
+    store = tmp_path / "store"
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"cells": CELLS, "seeds": [0], "results": str(store), "overrides": TINY,
+                                "stages": [{"train_length": 16}]}))
+    args = ["sweep", "--config", path, "--quiet", "--executor", "slurm", "--slurm-partition", "gpu",
+            "--gpus-per-node", "1", "--cpus-per-task", "4", "--mem", "16G", "--time", "2:00:00"]
+    with mocked.mocked_slurm() as mock:
+        assert cli(monkeypatch, *args) == 0
+        assert "4 cells: 4 submitted" in capsys.readouterr().out
+        # (submitit keeps a copy of the array's script in each of its tasks' folders)
+        scripts = sorted({script.read_text() for script in (store / "slurm").rglob("*.sh")})
+        array = [script for script in scripts if "--array" in script]
+        assert len(scripts) == 3 and len(array) == 1
+        for flag in ("--array=0-1%2", "--partition=gpu", "--gpus-per-node=1", "--cpus-per-task=4", "--mem=16GB",
+                     "--time=120"):
+            assert flag in array[0], flag
+        chained = sorted(line for script in scripts for line in script.splitlines() if "--dependency" in line)
+        assert chained == ["#SBATCH --dependency=afterok:12_0", "#SBATCH --dependency=afterok:12_1"]
+        assert all("--kill-on-invalid-dep=yes" in script for script in scripts if "--dependency" in script)
+        sbatch_calls = mock.job_count
+        assert cli(monkeypatch, *args) == 0  # every job is live: nothing is submitted twice
+        assert "4 cells: 0 submitted, 4 in the store or queued already" in capsys.readouterr().out
+        assert mock.job_count == sbatch_calls
+        mock.set_job_state("12", "FAILED", array=2)
+        submitit.SlurmJob.watcher.clear()
+        assert cli(monkeypatch, "sweep", "--config", path, "--status") == 0
+        out = capsys.readouterr().out
+        assert "4 cells: 0 in store, 2 running, 0 queued, 2 failed, 0 to run" in out and "SLURM: FAILED" in out

@@ -71,7 +71,7 @@ def _print_submitted(configs, results: str, submitted, unsubmitted, outcomes) ->
     for config in submitted:
         table.add_row(_cell_name(config), config.run_id, f"job {states[config.run_id].job_id}")
     out.print(table, width=None if out.is_terminal else max(out.width, 160))
-    skipped = sum(o is not None and o.status == "skipped" for o in outcomes)
+    skipped = sum(o is not None and o.status in ("skipped", "queued") for o in outcomes)
     later = (f"; {len(unsubmitted)} wait for an earlier stage: run the same command again once it is in the "
              "store, or use --wait" if unsubmitted else "")
     out.print(f"{len(configs)} cells: {len(submitted)} submitted, {skipped} in the store or queued already{later}. "
@@ -258,20 +258,22 @@ def register(app: typer.Typer) -> None:
         show_note = any(o.error for o in outcomes)
         if show_note:
             table.add_column("note", overflow="fold")
-        colours = {"done": "green", "skipped": "dim", "failed": "red"}
+        colours = {"done": "green", "skipped": "dim", "failed": "red", "queued": "blue"}
         for outcome in outcomes:
             c = outcome.config
             reach_text, auc_text = _summary_numbers(outcome.curve)
-            status = "ran" if outcome.status == "done" else ("in store" if outcome.status == "skipped" else "failed")
+            status = {"done": "ran", "skipped": "in store"}.get(outcome.status, outcome.status)
             table.add_row(c.task, c.attn + params_suffix(c.attn_params), c.pe + params_suffix(c.pe_params), str(c.seed),
                           f"[{colours[outcome.status]}]{status}[/]",
                           f"{outcome.seconds:.1f}" if outcome.status != "skipped" else "", reach_text, auc_text,
                           *([outcome.error] if show_note else []))
         # a log file (no terminal) gets the whole row rather than rich's 80 columns, which cut the last ones
         out.print(table, width=None if out.is_terminal else max(out.width, 160))
-        counts = {k: sum(o.status == k for o in outcomes) for k in ("done", "skipped", "failed")}
+        counts = {k: sum(o.status == k for o in outcomes) for k in ("done", "skipped", "failed", "queued")}
+        queued = f", {counts['queued']} queued or running in earlier jobs" if counts["queued"] else ""
         out.print(f"{len(outcomes)} cells: {counts['done']} ran, {counts['skipped']} already in the store, "
-                  f"{counts['failed']} failed. Next: lengthbench leaderboard --results {results}", highlight=False)
+                  f"{counts['failed']} failed{queued}. Next: lengthbench leaderboard --results {results}",
+                  highlight=False)
         if counts["failed"]:
             raise SystemExit(1)  # typer.Exit(1) would be lost: main() runs click in non-standalone mode
 
