@@ -157,7 +157,7 @@ def write_job_state(results: str | Path, run_id: str, token: str, state: str, er
 
 # -- the job of one cell, on any executor ------------------------------------------------------------------------
 def run_cell_job(config_json: str, results: str, plugins: str = "", track: str | None = None,
-                 token: str = "") -> str:
+                 token: str = "", device: str = "auto") -> str:
     """Run one cell where a cluster put it: import the sweep's plugins, record that the job runs, run the cell
     through :func:`lengthbench.sweep.run_pending_cell` (it resumes from the cell's checkpoint), append its plain
     lines to ``<results>/logs/<run_id>.log``, record how it ended. Returns the run id; raises what the cell
@@ -176,7 +176,7 @@ def run_cell_job(config_json: str, results: str, plugins: str = "", track: str |
                 log_file.write(line + "\n")
                 log_file.flush()
 
-            run_pending_cell(config, results, log=log, track=track)
+            run_pending_cell(config, results, device=device, log=log, track=track)
     except BaseException as error:
         # SystemExit: submitit's preemption handler, after it requeued the job; the requeued job resumes the cell
         state = "failed" if isinstance(error, Exception) else "interrupted"
@@ -205,8 +205,8 @@ class CellJob:
     on disk (every ``checkpoint_every`` steps), so there is no state to carry in the pickle."""
 
     def __call__(self, config_json: str, results: str, plugins: str = "", track: str | None = None,
-                 token: str = "") -> str:
-        return run_cell_job(config_json, results, plugins, track, token)
+                 token: str = "", device: str = "auto") -> str:
+        return run_cell_job(config_json, results, plugins, track, token, device)
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         from submitit.helpers import DelayedSubmission
@@ -242,18 +242,18 @@ class _Backend:
         raise NotImplementedError
 
 
-def _job_args(config: RunConfig, results: Path, track: str | None, token: str) -> tuple:
+def _job_args(config: RunConfig, results: Path, track: str | None, token: str, device: str) -> tuple:
     from lengthbench.sweep import plugin_modules
 
-    return config.to_json(), str(results), ",".join(plugin_modules()), track, token
+    return config.to_json(), str(results), ",".join(plugin_modules()), track, token, device
 
 
 class _SubmititBackend(_Backend):
     name = "slurm"
 
-    def __init__(self, results: Path, options: SlurmOptions, track: str | None):
+    def __init__(self, results: Path, options: SlurmOptions, track: str | None, device: str):
         submitit = require("submitit", "slurm", "--executor slurm")
-        self.results, self.options, self.track = results, options, track
+        self.results, self.options, self.track, self.device = results, options, track, device
         self.submitit = submitit
         folder = Path(options.folder) if options.folder else results / "slurm"
         self.folder = folder.expanduser().absolute()
@@ -282,7 +282,7 @@ class _SubmititBackend(_Backend):
     def submit(self, configs):
         tokens = [uuid.uuid4().hex for _ in configs]
         with self.executor.batch():  # one job array (on SLURM; the local cluster starts one process per job)
-            jobs = [self.executor.submit(CellJob(), *_job_args(config, self.results, self.track, token))
+            jobs = [self.executor.submit(CellJob(), *_job_args(config, self.results, self.track, token, self.device))
                     for config, token in zip(configs, tokens, strict=True)]
         return [self._record(config, job, token) for config, job, token in zip(configs, jobs, tokens, strict=True)]
 
@@ -291,8 +291,8 @@ class _SubmititBackend(_Backend):
         # kill_on_invalid_dep: a failed earlier stage cancels this job rather than leaving it queued forever
         executor = self._executor(slurm_additional_parameters={"dependency": f"afterok:{job_id}",
                                                                "kill_on_invalid_dep": "yes"})
-        return self._record(config, executor.submit(CellJob(), *_job_args(config, self.results, self.track, token)),
-                            token)
+        job = executor.submit(CellJob(), *_job_args(config, self.results, self.track, token, self.device))
+        return self._record(config, job, token)
 
     def ended(self, handles, timeout):
         deadline = time.monotonic() + timeout
@@ -310,9 +310,9 @@ class _SubmititBackend(_Backend):
 class _RayBackend(_Backend):
     name = "ray"
 
-    def __init__(self, results: Path, options: RayOptions, track: str | None):
+    def __init__(self, results: Path, options: RayOptions, track: str | None, device: str):
         self.ray = require("ray", "ray", "--executor ray")
-        self.results, self.options, self.track = results, options, track
+        self.results, self.options, self.track, self.device = results, options, track, device
         if not self.ray.is_initialized():
             self.ray.init(address=options.address, include_dashboard=False, log_to_driver=False)
         gpus = self.ray.cluster_resources().get("GPU", 0)
@@ -326,7 +326,7 @@ class _RayBackend(_Backend):
         handles = []
         for config in configs:
             token = uuid.uuid4().hex
-            ref = self.task.remote(*_job_args(config, self.results, self.track, token))
+            ref = self.task.remote(*_job_args(config, self.results, self.track, token, self.device))
             write_submission(self.results, config, "ray", ref.hex(), token)
             handles.append((ref, ref.hex()))
         return handles
@@ -400,7 +400,7 @@ def _drive(pending: list[RunConfig], results: Path, backend: _Backend, emit: Eve
 
 def run_on_cluster(configs: list[RunConfig], results: str | Path, executor: str, *,
                    slurm: SlurmOptions | None = None, ray: RayOptions | None = None, track: str | None = None,
-                   on_event: Event | None = None, poll_seconds: float = 5.0):
+                   device: str = "auto", on_event: Event | None = None, poll_seconds: float = 5.0):
     """Run (``ray``; ``slurm`` with ``wait``) or submit (``slurm``) every cell of ``configs`` not in the store.
 
     Returns ``(outcomes, submitted, unsubmitted)``: per cell in ``configs`` order its
@@ -430,10 +430,10 @@ def run_on_cluster(configs: list[RunConfig], results: str | Path, executor: str,
             pending.append(config)
     if executor == "slurm":
         options = slurm or SlurmOptions()
-        backend: _Backend = _SubmititBackend(results, options, track)
+        backend: _Backend = _SubmititBackend(results, options, track, device)
         follow = options.wait
     else:
-        backend = _RayBackend(results, ray or RayOptions(), track)
+        backend = _RayBackend(results, ray or RayOptions(), track, device)
         follow = True  # a Ray task ends with the driver that submitted it
     submitted: list[RunConfig] = []
 

@@ -100,7 +100,7 @@ class WandbTracker:
         configured = os.environ.get("WANDB_MODE") or os.environ.get("WANDB_API_KEY")
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "lengthbench"), id=config.run_id,
                               name=config.cell_name(), dir=str(folder), config=config.identity(),
-                              mode=None if configured else "offline", resume="allow", reinit=True)
+                              mode=None if configured else "offline", resume="allow")
 
     def __call__(self, kind: str, step: int, values: dict[str, float]) -> None:
         self.run.log({f"{kind}/{name}": value for name, value in values.items()}, step=step)

@@ -106,7 +106,7 @@ def test_a_preempted_job_is_requeued_with_the_same_call_and_says_so(tmp_path, mo
     from lengthbench import sweep
 
     config = plan_cells(CELLS[:1], [0], "smoke", TINY)[0]
-    args = (config.to_json(), str(tmp_path), "", None, "token-1")
+    args = (config.to_json(), str(tmp_path), "", None, "token-1", "cpu")
     requeued = executors.CellJob().checkpoint(*args)
     assert isinstance(requeued.function, executors.CellJob) and requeued.args == args
 

@@ -243,7 +243,7 @@ def register(app: typer.Typer) -> None:
                 else:
                     outcomes, submitted, unsubmitted = executors.run_on_cluster(
                         configs, results, executor, slurm=slurm_options, ray=ray_options, track=track,
-                        on_event=on_event)
+                        device=device, on_event=on_event)
             except KeyboardInterrupt:
                 progress.stop()
                 err.print("interrupted: run the same command again to finish the sweep (finished cells are kept, "
