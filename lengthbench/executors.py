@@ -314,7 +314,11 @@ class _RayBackend(_Backend):
         self.ray = require("ray", "ray", "--executor ray")
         self.results, self.options, self.track, self.device = results, options, track, device
         if not self.ray.is_initialized():
-            self.ray.init(address=options.address, include_dashboard=False, log_to_driver=False)
+            try:
+                self.ray.init(address=options.address, include_dashboard=False, log_to_driver=False)
+            except Exception as error:  # ConnectionError, Ray's AuthenticationError, ...: the address or its token
+                where = f"the Ray cluster at {options.address}" if options.address else "a local Ray instance"
+                raise UsageError(f"cannot start or reach {where}: {_one_line(error)}") from error
         gpus = self.ray.cluster_resources().get("GPU", 0)
         if options.gpus_per_cell > gpus:
             raise UsageError(f"each cell asks for {options.gpus_per_cell:g} GPU(s) but this Ray cluster has "
