@@ -214,6 +214,17 @@ class CellJob:
         return DelayedSubmission(self, *args, **kwargs)
 
 
+def check_ray_address(address: str | None) -> None:
+    """A ``HOST:PORT`` where nothing listens fails here in seconds (Ray itself retries for minutes)."""
+    match = re.fullmatch(r"([^:/\s]+):(\d+)", address or "")
+    if not match:  # none (a local instance), "auto", ray://...: Ray's own checks
+        return
+    try:
+        socket.create_connection((match[1], int(match[2])), timeout=10).close()
+    except OSError as error:
+        raise UsageError(f"no Ray cluster answers at {address}: {error}") from error
+
+
 def _one_line(error: BaseException) -> str:
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
@@ -314,6 +325,7 @@ class _RayBackend(_Backend):
         self.ray = require("ray", "ray", "--executor ray")
         self.results, self.options, self.track, self.device = results, options, track, device
         if not self.ray.is_initialized():
+            check_ray_address(options.address)
             try:
                 self.ray.init(address=options.address, include_dashboard=False, log_to_driver=False)
             except Exception as error:  # ConnectionError, Ray's AuthenticationError, ...: the address or its token

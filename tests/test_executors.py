@@ -127,6 +127,14 @@ def test_slurm_time_limits(text, minutes):
     assert executors.parse_minutes(text) == minutes
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def test_bad_options_are_one_line_errors(tmp_path, monkeypatch, capsys):
     assert executors.parse_memory_gb("32G") == 32 and executors.parse_memory_gb("2048M") == 2
     for bad in (lambda: executors.parse_memory_gb("lots"), lambda: executors.parse_minutes("4h"),
@@ -138,7 +146,8 @@ def test_bad_options_are_one_line_errors(tmp_path, monkeypatch, capsys):
     for extra, message in ((["--executor", "kubernetes"], "unknown executor 'kubernetes'"),
                            (["--wait"], "--wait is for --executor slurm"),
                            (["--executor", "slurm", "--time", "soon"], "--time takes minutes"),
-                           (["--track", "mlflow"], "unknown tracker 'mlflow'")):
+                           (["--track", "mlflow"], "unknown tracker 'mlflow'"),
+                           (["--executor", "ray", "--ray-address", f"127.0.0.1:{free_port()}"], "no Ray cluster answers")):
         assert cli(monkeypatch, *base, *extra) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and err.count("\n") == 0

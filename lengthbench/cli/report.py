@@ -191,6 +191,7 @@ def register(app: typer.Typer) -> None:
                 array_parallelism=slurm_array_parallelism, folder=slurm_folder, cluster=slurm_cluster, wait=wait)
         elif executor == "ray" and not (dry_run or status):
             executors.require("ray", "ray", "--executor ray")
+            executors.check_ray_address(ray_address)
             ray_options = executors.RayOptions(address=ray_address, gpus_per_cell=ray_gpus_per_cell,
                                                cpus_per_cell=ray_cpus_per_cell, max_retries=ray_max_retries)
         if status:
