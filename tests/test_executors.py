@@ -168,7 +168,8 @@ def ray_instance():
 
     threads = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # the workers inherit it: they compute as this process does
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # address "local": a new instance even where `ray start` left one on this machine
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
     if threads is None:
