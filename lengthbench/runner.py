@@ -72,12 +72,14 @@ def _diagnostics(model, task, n: int, config: RunConfig, device: torch.device) -
 
 def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", resume: bool = True,
              progress: bool = True, restart: bool = False,
-             log: Callable[[str], None] | None = None) -> pd.DataFrame:
+             log: Callable[[str], None] | None = None,
+             on_metrics: Callable[[str, int, dict[str, float]], None] | None = None) -> pd.DataFrame:
     """Train and evaluate one cell; write its rows to the store and return them.
 
     A cell already in the store is returned as stored. With ``resume`` a cell interrupted earlier
     continues from its checkpoint; without it (and without ``restart``) an existing checkpoint is an
-    error, so that no training is thrown away by accident.
+    error, so that no training is thrown away by accident. ``on_metrics`` gets the training's metrics
+    (:class:`lengthbench.training.Trainer`), e.g. a :mod:`lengthbench.tracking` tracker.
     """
     results = Path(results)
     run_id = config.run_id
@@ -91,7 +93,7 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
     if restart and ckpt_dir.exists():
         for path in ckpt_dir.glob("*"):
             path.unlink()
-    trainer = Trainer(config, task, torch_device, results, progress=progress, log=log)
+    trainer = Trainer(config, task, torch_device, results, progress=progress, log=log, on_metrics=on_metrics)
     if trainer.checkpoint_path.exists() and not resume and not restart:
         raise UsageError(f"run {run_id} has a checkpoint in {ckpt_dir}; pass --resume to continue it "
                          "or --restart to start over")

@@ -363,7 +363,8 @@ def slot_gpu(slot: str) -> str:
 @dataclass
 class CellOutcome:
     config: RunConfig
-    status: str  # done, skipped (in the store), failed, elsewhere (claimed by a live sweep elsewhere)
+    status: str  # done, skipped (in the store), failed, elsewhere (claimed by a live sweep elsewhere); on a
+    # cluster also queued (its job is queued or running)
     seconds: float = 0.0
     curve: dict[int, float] = field(default_factory=dict)
     error: str = ""
@@ -381,7 +382,7 @@ def _outcome_curve(frame) -> dict[int, float]:
 def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "auto",
               on_event: Event | None = None, slots: list[str] | None = None,
               worker_command: Callable[[RunConfig, Path], list[str]] | None = None, wait: bool = True,
-              poll: float = 2.0) -> list[CellOutcome]:
+              poll: float = 2.0, track: str | None = None) -> list[CellOutcome]:
     """Run every unfinished cell; return one outcome per cell in ``configs`` order.
 
     Each cell is claimed before it runs (:mod:`lengthbench.claims`), so several sweeps over one store share
@@ -390,7 +391,8 @@ def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "a
     given up unfinished; without ``wait`` they end as ``elsewhere`` ("running elsewhere").
 
     ``slots`` (default: :func:`gpu_slots`) with more than one entry runs a worker process per slot;
-    ``worker_command`` replaces the worker's command line (tests).
+    ``worker_command`` replaces the worker's command line (tests). ``track`` (``tensorboard`` or ``wandb``)
+    logs each cell's training to that tracker (:mod:`lengthbench.tracking`).
     """
     from lengthbench.claims import holder
 
@@ -402,9 +404,10 @@ def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "a
     slots = gpu_slots(device) if slots is None else slots
     while pending:
         if len(slots) > 1:
-            elsewhere = _run_parallel(pending, results, slots, outcomes, emit, worker_command or _worker_command)
+            command = worker_command or (lambda config, results: _worker_command(config, results, track))
+            elsewhere = _run_parallel(pending, results, slots, outcomes, emit, command)
         else:
-            elsewhere = _run_sequential(pending, results, device, outcomes, emit)
+            elsewhere = _run_sequential(pending, results, device, outcomes, emit, track)
         pending = [config for config in elsewhere if not _skip_finished(config, results, outcomes, emit)]
         if pending and not wait:
             for config in pending:
@@ -443,10 +446,10 @@ def _waits_on_elsewhere(config: RunConfig, elsewhere: list[RunConfig]) -> bool:
     return bool(config.init_from) and any(c.run_id == config.init_from for c in elsewhere)
 
 
-def _run_sequential(pending, results: Path, device: str, outcomes, emit) -> list[RunConfig]:
+def _run_sequential(pending, results: Path, device: str, outcomes, emit, track: str | None = None) -> list[RunConfig]:
     """Run ``pending`` in this process, one after another; return those claimed by a live sweep elsewhere."""
     from lengthbench.claims import claim
-    from lengthbench.runner import resolve_device, run_cell
+    from lengthbench.runner import resolve_device
     from lengthbench.store import run_finished
 
     if pending:
@@ -475,7 +478,7 @@ def _run_sequential(pending, results: Path, device: str, outcomes, emit) -> list
                         log_file.write(line + "\n")
                         log_file.flush()
 
-                    frame = run_cell(config, results, device=device, resume=True, progress=False, log=log)
+                    frame = run_pending_cell(config, results, device=device, log=log, track=track)
                 outcome = CellOutcome(config, "done", time.perf_counter() - started, curve=_outcome_curve(frame))
             except (KeyboardInterrupt, UsageError):
                 raise
@@ -488,6 +491,22 @@ def _run_sequential(pending, results: Path, device: str, outcomes, emit) -> list
         outcomes[config.run_id] = outcome
         emit(outcome.status, config, outcome, "")
     return elsewhere
+
+
+def run_pending_cell(config: RunConfig, results: str | Path, *, device: str = "auto",
+                     log: Callable[[str], None] | None = None, track: str | None = None):
+    """Run one cell of a sweep and return its rows: the one way every executor runs a cell (this process, the
+    GPU worker pool, a SLURM job, a Ray task). A cell in the store comes back as stored; an interrupted one
+    resumes from its checkpoint (``run --resume``). ``track`` logs its training (:mod:`lengthbench.tracking`)."""
+    from lengthbench import runner
+    from lengthbench.tracking import tracking
+
+    with tracking(track, config, results) as tracker:
+        extra = {"on_metrics": tracker} if tracker is not None else {}
+        frame = runner.run_cell(config, results, device=device, resume=True, progress=False, log=log, **extra)
+        if tracker is not None:
+            tracker.log_curve(frame)
+    return frame
 
 
 def _stage_failed(config: RunConfig, outcomes: dict[str, CellOutcome], emit) -> bool:
@@ -516,12 +535,12 @@ def plugin_modules() -> list[str]:
     return sorted(modules)
 
 
-def _worker_command(config: RunConfig, results: Path) -> list[str]:
+def _worker_command(config: RunConfig, results: Path, track: str | None = None) -> list[str]:
     # -P: no current directory on sys.path, where a checkout's lengthbench/ folder would shadow the
     # installed (namespaced) package
     safe = ["-P"] if sys.version_info >= (3, 11) else []
     return [sys.executable, *safe, "-m", "lengthbench.sweep", "--worker", str(results), config.to_json(),
-            ",".join(plugin_modules())]
+            ",".join(plugin_modules()), track or ""]
 
 
 def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, command) -> list[RunConfig]:
@@ -623,15 +642,14 @@ def _finished_outcome(config: RunConfig, results: Path, returncode: int, seconds
 
 
 def _worker_main(argv: list[str]) -> int:
-    """``python -m lengthbench.sweep --worker RESULTS CONFIG_JSON [PLUGINS]``: run one cell."""
+    """``python -m lengthbench.sweep --worker RESULTS CONFIG_JSON [PLUGINS] [TRACK]``: run one cell."""
     results, config_json = argv[0], argv[1]
     for module in split_list(argv[2] if len(argv) > 2 else ""):
         __import__(module)
-    from lengthbench.runner import run_cell
-
+    track = argv[3] if len(argv) > 3 and argv[3] else None
     config = RunConfig.from_dict(json.loads(config_json))
     try:
-        run_cell(config, results, device="auto", resume=True, progress=False, log=lambda line: print(line, flush=True))
+        run_pending_cell(config, results, log=lambda line: print(line, flush=True), track=track)
     except BaseException as error:  # the sweep (or a timeout) stopped it: one line in the cell's log, no traceback
         if not interrupted(error):  # (inside a compiled step the interrupt can surface as another error)
             raise

@@ -64,12 +64,15 @@ class Trainer:
     compile_dynamic: bool | None = False
 
     def __init__(self, config: RunConfig, task, device: torch.device, results: Path, progress: bool = True,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None,
+                 on_metrics: Callable[[str, int, dict[str, float]], None] | None = None):
         self.config = config
         self.task = task
         self.device = device
         self.progress = progress
         self.log = log or (lambda line: None)  # plain lines at each validation (logs of sweep workers)
+        # ("train" | "validation", step, values) where the progress bar updates and at each validation: a tracker
+        self.on_metrics = on_metrics or (lambda kind, step, values: None)
         self.dir = checkpoint_dir(results, config.run_id)
         torch.manual_seed(config.seed)
         self.model = build_model(config, task).to(device)
@@ -277,6 +280,7 @@ class Trainer:
                                  f"{val_score:.3f} (best {self.state.best_score:.3f} at {self.state.best_step}), "
                                  f"{step * config.batch_size / max(time.perf_counter() - started, 1e-9):,.0f} "
                                  "samples/s since start")
+                        self.on_metrics("validation", step, {"score": val_score, "best_score": self.state.best_score})
                     if step % report_every == 0 or step == total:
                         elapsed = time.perf_counter() - window_start
                         steps_in_window = (step - 1) % report_every + 1
@@ -286,9 +290,12 @@ class Trainer:
                                       config.run_id, lr)
                         accuracy = correct_sum.item() / max(1, scored_sum.item())
                         self.state.history.append((step, mean_loss, val_score))
+                        samples_per_second = window_samples / max(elapsed, 1e-9)
                         progress.update(task_id, completed=step, info=(
                             f"loss {mean_loss:.4f}  acc {accuracy:.3f}  val {val_score:.3f}  "
-                            f"{window_samples / max(elapsed, 1e-9):,.0f} samples/s"))
+                            f"{samples_per_second:,.0f} samples/s"))
+                        self.on_metrics("train", step, {"loss": mean_loss, "accuracy": accuracy, "learning_rate": lr,
+                                                        "samples_per_second": samples_per_second})
                         loss_sum.zero_()
                         correct_sum.zero_()
                         scored_sum.zero_()

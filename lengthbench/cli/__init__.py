@@ -61,6 +61,7 @@ for _name in COMMAND_MODULES:
 
 def fail(message: str) -> None:
     message = " ".join(line.strip() for line in str(message).splitlines() if line.strip()) or "failed"
+    # escaped: a message's own brackets ("pip install 'lengthbench[ray]'", "[overrides]") are text, not markup
     console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise SystemExit(2)
 

@@ -52,6 +52,38 @@ def _print_notes(notes: list[str]) -> None:
         err.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
 
 
+def _print_status(configs, results: str) -> None:
+    """``sweep --status``: a row per cell, from the store and the records of its jobs."""
+    from lengthbench.executors import CELL_STATES, cell_states
+
+    states = cell_states(configs, results)
+    colours = {"in store": "green", "running": "cyan", "queued": "blue", "failed": "red", "to run": "dim"}
+    table = Table("cell", "run id", "state", "job", "note", title=f"sweep status ({results})", title_justify="left")
+    for config in configs:
+        state = states[config.run_id]
+        table.add_row(_cell_name(config), config.run_id, f"[{colours[state.state]}]{state.state}[/]",
+                      f"{state.executor} {state.job_id}".strip(), state.note)
+    out.print(table, width=None if out.is_terminal else max(out.width, 160))
+    counts = [f"{sum(s.state == name for s in states.values())} {name}" for name in CELL_STATES]
+    out.print(f"{len(configs)} cells: " + ", ".join(counts), highlight=False)
+
+
+def _print_submitted(configs, results: str, submitted, unsubmitted, outcomes) -> None:
+    by_id = {c.run_id: c for c in submitted}
+    table = Table("cell", "run id", "submitted", title=f"sweep submitted ({results})", title_justify="left")
+    from lengthbench.executors import cell_states
+
+    states = cell_states(list(by_id.values()), results)
+    for config in submitted:
+        table.add_row(_cell_name(config), config.run_id, f"job {states[config.run_id].job_id}")
+    out.print(table, width=None if out.is_terminal else max(out.width, 160))
+    skipped = sum(o is not None and o.status in ("skipped", "queued") for o in outcomes)
+    later = (f"; {len(unsubmitted)} wait for an earlier stage: run the same command again once it is in the "
+             "store, or use --wait" if unsubmitted else "")
+    out.print(f"{len(configs)} cells: {len(submitted)} submitted, {skipped} in the store or queued already{later}. "
+              f"Next: the same command with --status", highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("sweep")
     def sweep(
@@ -73,8 +105,35 @@ def register(app: typer.Typer) -> None:
                                     "for small models that leave a GPU idle between kernel launches."),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the cells and what is done; run nothing."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
-        wait: bool = typer.Option(True, "--wait/--no-wait", help="At the end, wait for cells another sweep on "
-                                  "the same store is running (default), or report them as running elsewhere."),
+        executor: str = typer.Option("local", "--executor", help="local (this machine), slurm (a job per cell "
+                                     "through submitit) or ray (a task per cell); see docs/clusters.md."),
+        status: bool = typer.Option(False, "--status", help="Where each cell stands (in store, running, queued, "
+                                    "failed, to run), from the store and the jobs' records; run nothing."),
+        wait: bool | None = typer.Option(None, "--wait/--no-wait", help="local: at the end, wait for the cells another "
+                                  "sweep on the same store is running (the default), or report them as running "
+                                  "elsewhere; slurm: follow the jobs to their end (else return once they are "
+                                  "submitted, the default; `--status` reports)."),
+        slurm_partition: str = typer.Option(None, "--slurm-partition", help="slurm: the partition."),
+        gpus_per_node: int = typer.Option(1, "--gpus-per-node", help="slurm: GPUs per cell's job."),
+        cpus_per_task: int = typer.Option(8, "--cpus-per-task", help="slurm: CPU cores per cell's job."),
+        mem: str = typer.Option(None, "--mem", help="slurm: memory per job, e.g. 32G (default: the partition's)."),
+        time_limit: str = typer.Option("240", "--time", help="slurm: time limit per job, minutes or [D-]HH:MM:SS; "
+                                       "a job that reaches it is requeued and resumes from its checkpoint."),
+        slurm_array_parallelism: int = typer.Option(256, "--slurm-array-parallelism",
+                                                    help="slurm: cells of the job array running at once."),
+        slurm_folder: str = typer.Option(None, "--slurm-folder", help="slurm: submitit's job files and logs "
+                                         "(default RESULTS/slurm)."),
+        slurm_cluster: str = typer.Option("slurm", "--slurm-cluster", help="slurm: slurm, or local (submitit's "
+                                          "local executor: the same jobs as processes here, to try a sweep out)."),
+        ray_address: str = typer.Option(None, "--ray-address", help="ray: the cluster (default: a Ray instance "
+                                        "on this machine)."),
+        ray_gpus_per_cell: float = typer.Option(1.0, "--ray-gpus-per-cell", help="ray: GPUs per cell (0 on CPUs; "
+                                                "0.25 puts four cells on a GPU)."),
+        ray_cpus_per_cell: float = typer.Option(1.0, "--ray-cpus-per-cell", help="ray: CPU cores per cell."),
+        ray_max_retries: int = typer.Option(3, "--ray-max-retries", help="ray: reruns of a failed cell's task "
+                                            "(each resumes from the cell's checkpoint)."),
+        track: str = typer.Option(None, "--track", help="Log each cell's training and curve to tensorboard or "
+                                  "wandb, under RESULTS/tracking/RUN_ID/."),
     ) -> None:
         """Run every cell of tasks x attns x pes x seeds that is not in the store yet (several sweeps on one
         store share the cells: each is claimed before it runs)."""
@@ -133,10 +192,35 @@ def register(app: typer.Typer) -> None:
                 validation.check_run_memory(config, memory_device)
             except UsageError as error:
                 raise UsageError(f"{config.task}:{config.attn}:{config.pe}: {error}") from error
-        slots = [] if dry_run else gpu_slots(device, per_gpu)
+        from lengthbench import executors
+        from lengthbench.tracking import check_tracker
+
+        if executor not in executors.EXECUTORS:
+            raise UsageError(f"unknown executor {executor!r}; choose from: {', '.join(executors.EXECUTORS)}")
+        if wait is None:  # local waits for cells running elsewhere; slurm returns once its jobs are submitted
+            wait = executor != "slurm"
+        check_tracker(track)
+        slurm_options = ray_options = None
+        if executor == "slurm" and not (dry_run or status):
+            executors.require("submitit", "slurm", "--executor slurm")
+            slurm_options = executors.SlurmOptions(
+                partition=slurm_partition, gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task,
+                mem_gb=executors.parse_memory_gb(mem), timeout_min=executors.parse_minutes(time_limit),
+                array_parallelism=slurm_array_parallelism, folder=slurm_folder, cluster=slurm_cluster, wait=wait)
+        elif executor == "ray" and not (dry_run or status):
+            executors.require("ray", "ray", "--executor ray")
+            executors.check_ray_address(ray_address)
+            ray_options = executors.RayOptions(address=ray_address, gpus_per_cell=ray_gpus_per_cell,
+                                               cpus_per_cell=ray_cpus_per_cell, max_retries=ray_max_retries)
+        if status:
+            _print_status(configs, results)
+            return
+        slots = [] if dry_run or executor != "local" else gpu_slots(device, per_gpu)
         gpus = len({slot_gpu(s) for s in slots})
         where = (f"{gpus} GPUs x {len(slots) // gpus} cells" if len(slots) > 1 else
                  ("this process" if not dry_run else ""))
+        if executor != "local" and not dry_run:
+            where = {"slurm": f"SLURM jobs (submitit, cluster {slurm_cluster})", "ray": "Ray tasks"}[executor]
         shape = (f"{len(cell_list)} listed x {len(seed_list)} seeds" if cell_list else
                  f"{len(task_list)} tasks x {len(attn_list)} attns x {len(pe_list)} pes x {len(seed_list)} seeds")
         if stages:
@@ -162,7 +246,8 @@ def register(app: typer.Typer) -> None:
 
             def on_event(kind, config, outcome, slot) -> None:
                 if kind == "start":
-                    running[config.run_id] = _cell_name(config) + (f" (gpu {slot})" if slot else "")
+                    where = "gpu" if executor == "local" else "job"
+                    running[config.run_id] = _cell_name(config) + (f" ({where} {slot})" if slot else "")
                 elif kind == "waiting":
                     running[config.run_id] = _cell_name(config) + " (running elsewhere)"
                 else:
@@ -174,34 +259,44 @@ def register(app: typer.Typer) -> None:
                 progress.update(bar, info=("running: " + "; ".join(running.values())) if running else "")
 
             try:
-                outcomes = run_sweep(configs, results, device=device, on_event=on_event, slots=slots, wait=wait)
+                if executor == "local":
+                    outcomes = run_sweep(configs, results, device=device, on_event=on_event, slots=slots, wait=wait,
+                                         track=track)
+                else:
+                    outcomes, submitted, unsubmitted = executors.run_on_cluster(
+                        configs, results, executor, slurm=slurm_options, ray=ray_options, track=track,
+                        device=device, on_event=on_event)
             except KeyboardInterrupt:
                 progress.stop()
                 err.print("interrupted: run the same command again to finish the sweep (finished cells are kept, "
                           "the interrupted one resumes from its checkpoint)")
                 raise SystemExit(130) from None
+        if executor == "slurm" and not wait:
+            _print_submitted(configs, results, submitted, unsubmitted, outcomes)
+            return
         table = Table(title=f"sweep summary ({results})", title_justify="left")
         for column in ("task", "attn", "pe", "seed", "status", "seconds", "reach", "AUC"):
             table.add_column(column, no_wrap=True, justify="right" if column in ("seconds", "AUC") else "left")
         show_note = any(o.error for o in outcomes)
         if show_note:
             table.add_column("note", overflow="fold")
-        colours = {"done": "green", "skipped": "dim", "failed": "red", "elsewhere": "yellow"}
-        words = {"done": "ran", "skipped": "in store", "failed": "failed", "elsewhere": "running elsewhere"}
+        colours = {"done": "green", "skipped": "dim", "failed": "red", "elsewhere": "yellow", "queued": "blue"}
+        words = {"done": "ran", "skipped": "in store", "elsewhere": "running elsewhere"}
         for outcome in outcomes:
             c = outcome.config
             reach_text, auc_text = _summary_numbers(outcome.curve)
-            status = words[outcome.status]
+            status = words.get(outcome.status, outcome.status)
             table.add_row(c.task, c.attn + params_suffix(c.attn_params), c.pe + params_suffix(c.pe_params), str(c.seed),
                           f"[{colours[outcome.status]}]{status}[/]",
                           f"{outcome.seconds:.1f}" if outcome.status in ("done", "failed") else "", reach_text, auc_text,
                           *([outcome.error] if show_note else []))
         # a log file (no terminal) gets the whole row rather than rich's 80 columns, which cut the last ones
         out.print(table, width=None if out.is_terminal else max(out.width, 160))
-        counts = {k: sum(o.status == k for o in outcomes) for k in ("done", "skipped", "failed", "elsewhere")}
+        counts = {k: sum(o.status == k for o in outcomes) for k in ("done", "skipped", "failed", "elsewhere", "queued")}
         elsewhere = f", {counts['elsewhere']} running elsewhere" if counts["elsewhere"] else ""
+        queued = f", {counts['queued']} queued or running in earlier jobs" if counts["queued"] else ""
         out.print(f"{len(outcomes)} cells: {counts['done']} ran, {counts['skipped']} already in the store, "
-                  f"{counts['failed']} failed{elsewhere}. Next: lengthbench leaderboard --results {results}",
+                  f"{counts['failed']} failed{elsewhere}{queued}. Next: lengthbench leaderboard --results {results}",
                   highlight=False)
         if counts["failed"]:
             raise SystemExit(1)  # typer.Exit(1) would be lost: main() runs click in non-standalone mode

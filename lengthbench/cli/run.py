@@ -96,6 +96,8 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", help="No progress bars: a plain line at each validation and "
                                    "evaluation length instead (for logs)."),
         plugin: list[str] = typer.Option([], "--plugin", help="Module registering your own task/attn/pe."),
+        track: str = typer.Option(None, "--track", help="Log training and the curve to tensorboard or wandb "
+                                  "(offline unless configured), under RESULTS/tracking/RUN_ID/."),
     ) -> None:
         """Train one model at n_train and evaluate it at every multiplier up to --max-multiplier."""
         from lengthbench.cli import load_plugins
@@ -137,6 +139,9 @@ def register(app: typer.Typer) -> None:
         eval_multipliers(config.max_multiplier)  # validates before any training
         torch_device = resolve_device(device)
         validation.check_run_memory(config, torch_device.type)
+        from lengthbench.tracking import check_tracker, tracking
+
+        check_tracker(track)
         # build the model once on the meta device so a bad mechanism/encoding parameter fails now
         if note := scaled_heads_note(config, _check_model(config)):
             out.print(note, highlight=False, soft_wrap=True)
@@ -156,8 +161,11 @@ def register(app: typer.Typer) -> None:
             if not got:
                 raise UsageError(f"run {config.run_id} is running elsewhere ({holder(results, config.run_id)}) in "
                                  f"{results}; run this again once it ends")
-            frame = run_cell(config, results, device=device, resume=resume, restart=restart, progress=not quiet,
-                             log=(lambda line: print(line, flush=True)) if quiet else None)
+            with tracking(track, config, results) as tracker:
+                frame = run_cell(config, results, device=device, resume=resume, restart=restart, progress=not quiet,
+                                 log=(lambda line: print(line, flush=True)) if quiet else None, on_metrics=tracker)
+                if tracker is not None:
+                    tracker.log_curve(frame)
         cell = config.cell_name().rsplit(" / s", 1)[0]  # "task / attn (params) + pe"
         out.print(curve_table(frame, f"{cell} (seed {config.seed}, {config.preset}; metric: {frame['metric'].iloc[0]})"))
         stored = json.loads(frame["config_json"].iloc[0])
