@@ -1,7 +1,10 @@
-"""Which training steps are compiled, on which attention path, and the portable compilation cache.
+"""Which training steps run in one CUDA graph, which are compiled, on which attention path, and the portable
+compilation cache.
 
-On CUDA a model whose attention calls no fused Triton op is compiled (``torch.compile``, CUDA graphs with
-``compile_mode = "reduce-overhead"``). A model that calls fused ops trains eagerly on them, or, with
+On CUDA the training step runs in one CUDA graph by default (``train_step = "graph"``,
+:func:`trains_in_graph`, ``lengthbench/graph_step.py``). With ``train_step = "compiled"`` a model whose
+attention calls no fused Triton op is compiled (``torch.compile``, CUDA graphs with ``compile_mode =
+"reduce-overhead"``). A model that calls fused ops trains eagerly on them, or, with
 ``train_attention = "reference"``, on the mechanisms' dense references, compiled, where its training batches are
 narrow (:func:`trains_dense`).
 """
@@ -95,6 +98,12 @@ def model_dispatches_to_kernels(model) -> bool:
 DENSE_TRAIN_MAX_TOKENS = 256
 
 
+def trains_in_graph(config: RunConfig, device: torch.device) -> bool:
+    """Whether the whole training step is captured in one CUDA graph (:class:`lengthbench.graph_step.GraphStep`):
+    on CUDA unless the config asks for the ``compiled`` step."""
+    return device.type == "cuda" and config.train_step == "graph"
+
+
 def trains_dense(config: RunConfig, model, device: torch.device, max_tokens: int) -> bool:
     """Whether the training step runs the attention's dense references, compiled, instead of its fused ops: on
     CUDA where the config compiles and asks for it (``train_attention = "reference"``; the default is the fused
@@ -103,14 +112,15 @@ def trains_dense(config: RunConfig, model, device: torch.device, max_tokens: int
     that calls one cannot be compiled (see ``Trainer.__init__``): it trains eagerly, one launch per operation.
     The references are the same functions, tested against the kernels; validation and scoring still call the
     fused ops."""
-    return (device.type == "cuda" and config.compile and config.train_attention == "reference"
+    return (not trains_in_graph(config, device) and device.type == "cuda" and config.compile
+            and config.train_attention == "reference"
             and model_dispatches_to_kernels(model) and max_tokens <= DENSE_TRAIN_MAX_TOKENS)
 
 
 def compiles(config: RunConfig, model, device: torch.device, max_tokens: int) -> bool:
     """Whether the training step is compiled: on CUDA where the config asks, for models that call no fused op
     in training (none at all, or the dense references instead: :func:`trains_dense`)."""
-    return device.type == "cuda" and config.compile and (
+    return not trains_in_graph(config, device) and device.type == "cuda" and config.compile and (
         not model_dispatches_to_kernels(model) or trains_dense(config, model, device, max_tokens))
 
 

@@ -61,9 +61,14 @@ INIT_PARTS = ("all", "body")
 # but the two models trained so far did not extrapolate (REPRODUCTION.md, session 18). Validation and scoring
 # take the fused ops either way; models without fused ops are unaffected.
 TRAIN_ATTENTION = ("fused", "reference")
+# How a training step runs on CUDA: "graph" (the default), the whole step (forward, backward, clipping, AdamW) in
+# one CUDA graph at the task's widest training width, the attention on its dense references (torch SDPA where the
+# mechanism has it), see lengthbench/graph_step.py; "compiled", torch.compile where the model allows (see
+# ``compile``, ``compile_mode``, ``train_attention``), else eagerly. A CPU always trains eagerly.
+TRAIN_STEPS = ("graph", "compiled")
 # Fields added after runs were published: left out of a run's identity while at these defaults.
 LATER_FIELDS = {"arch": "prenorm", "init": DEFAULT_INIT, "init_from": "", "init_part": "all", "train_attention": "fused",
-                "rescored_from": "", "selection_metric": "task"}
+                "train_step": "graph", "rescored_from": "", "selection_metric": "task"}
 
 
 @dataclass
@@ -112,6 +117,7 @@ class RunConfig:
     compile: bool = True  # torch.compile on CUDA
     compile_mode: str = "default"  # torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune
     train_attention: str = "fused"  # one of TRAIN_ATTENTION
+    train_step: str = "graph"  # one of TRAIN_STEPS
     # evaluation
     eval_tokens_per_batch: int = 0  # 0: adapt to free memory
     diagnostics: bool = True
@@ -141,6 +147,8 @@ class RunConfig:
         if self.train_attention not in TRAIN_ATTENTION:
             raise ValueError(f"unknown train attention {self.train_attention!r}; choose from: "
                              f"{', '.join(TRAIN_ATTENTION)}")
+        if self.train_step not in TRAIN_STEPS:
+            raise ValueError(f"unknown train step {self.train_step!r}; choose from: {', '.join(TRAIN_STEPS)}")
         if self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"unknown compile mode {self.compile_mode!r}; choose from: {', '.join(COMPILE_MODES)}")
 
