@@ -142,7 +142,7 @@ def main() -> None:
                                 rows.append(row)
                                 gc.collect()
                                 torch.cuda.empty_cache()
-                                label = train_step if train_step == "graph" else f"{train_step}/{mode}/pad {pad}"
+                                label = train_step if train_step != "compiled" else f"{train_step}/{mode}/pad {pad}"
                                 print(f"{task:7s} {attn:13s} {pe:5s} {label:24s} batch {batch_size:4d}: "
                                       f"{row['samples_per_s']:9,.0f} samples/s ({row['step_ms']:.2f} ms/step, "
                                       f"mean width {row['mean_padded_width']:.1f}, warm-up {row['warmup_s']:.1f} s"

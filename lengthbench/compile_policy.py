@@ -101,7 +101,7 @@ DENSE_TRAIN_MAX_TOKENS = 256
 def trains_in_graph(config: RunConfig, device: torch.device) -> bool:
     """Whether the whole training step is captured in one CUDA graph (:class:`lengthbench.graph_step.GraphStep`):
     on CUDA unless the config asks for the ``compiled`` step."""
-    return device.type == "cuda" and config.train_step == "graph"
+    return device.type == "cuda" and config.train_step in ("graph", "graph-compiled")
 
 
 def trains_dense(config: RunConfig, model, device: torch.device, max_tokens: int) -> bool:

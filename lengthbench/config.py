@@ -63,9 +63,10 @@ INIT_PARTS = ("all", "body")
 TRAIN_ATTENTION = ("fused", "reference")
 # How a training step runs on CUDA: "graph" (the default), the whole step (forward, backward, clipping, AdamW) in
 # one CUDA graph at the task's widest training width, the attention on its dense references (torch SDPA where the
-# mechanism has it), see lengthbench/graph_step.py; "compiled", torch.compile where the model allows (see
+# mechanism has it), see lengthbench/graph_step.py; "graph-compiled", the same with the forward and backward
+# compiled by Inductor (at one width) inside the graph; "compiled", torch.compile where the model allows (see
 # ``compile``, ``compile_mode``, ``train_attention``), else eagerly. A CPU always trains eagerly.
-TRAIN_STEPS = ("graph", "compiled")
+TRAIN_STEPS = ("graph", "graph-compiled", "compiled")
 # Fields added after runs were published: left out of a run's identity while at these defaults.
 LATER_FIELDS = {"arch": "prenorm", "init": DEFAULT_INIT, "init_from": "", "init_part": "all", "train_attention": "fused",
                 "train_step": "graph", "rescored_from": "", "selection_metric": "task"}

@@ -49,7 +49,8 @@ class GraphStep:
     eager_steps: int = 3
 
     def __init__(self, model, optimizer: torch.optim.Optimizer, grad_clip: float, width: int,
-                 fallback: Callable[..., StepOutputs] | None = None, log: Callable[[str], None] | None = None):
+                 fallback: Callable[..., StepOutputs] | None = None, log: Callable[[str], None] | None = None,
+                 compile_forward: bool = False):
         for group in optimizer.param_groups:
             if not (group.get("capturable") and group.get("fused")):
                 raise ValueError("GraphStep needs a fused, capturable AdamW (graph_optimizer)")
@@ -68,18 +69,25 @@ class GraphStep:
         self.static: dict[str, torch.Tensor | None] = {}
         self.outputs: StepOutputs | None = None
         self.side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # Inductor's kernels for the forward and its backward (fused elementwise work), compiled at the one width
+        # in the first eager step; the graph then records them like any other launch
+        self.forward_loss = torch.compile(self._forward_loss, dynamic=False) if compile_forward else self._forward_loss
 
     # -- the step's body, the same eagerly and in the capture ------------------------------------------------
-    def _body(self, input_ids, labels, features) -> StepOutputs:
+    def _forward_loss(self, input_ids, labels, features):
         with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):  # no weight cache in a graph
             logits = self.model(input_ids, features)
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
         scored = labels != IGNORE_INDEX
         correct = ((logits.argmax(-1) == labels) & scored).sum()
+        return loss, correct, scored.sum()
+
+    def _body(self, input_ids, labels, features) -> StepOutputs:
+        loss, correct, scored = self.forward_loss(input_ids, labels, features)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip, foreach=True)
         self.optimizer.step()
-        return loss.detach(), correct, scored.sum(), norm.detach()
+        return loss.detach(), correct, scored, norm.detach()
 
     def _pad(self, input_ids, labels, features):
         """Right-pad a batch to ``width`` tokens (labels ignored there); a wider batch is a caller's error."""
@@ -118,8 +126,8 @@ class GraphStep:
         stream = self.side_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream), attention_kernels(self.model, self.flags):
+            self.optimizer.zero_grad(set_to_none=True)  # before, not after: the step's gradients stay readable
             outputs = self._body(input_ids, labels, features)
-            self.optimizer.zero_grad(set_to_none=True)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         return outputs
 

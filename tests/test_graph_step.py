@@ -84,7 +84,7 @@ def test_the_graph_step_is_the_default_on_cuda_only():
 
 
 def test_an_unknown_train_step_is_refused_in_one_line():
-    with pytest.raises(ValueError, match=r"^unknown train step 'fast'; choose from: graph, compiled$"):
+    with pytest.raises(ValueError, match=r"^unknown train step 'fast'; choose from: graph, graph-compiled, compiled$"):
         build_config("mqrar", "softmax", "rope", "smoke", train_step="fast")
 
 
