@@ -24,9 +24,16 @@ from lengthbench.training import Trainer
 MECHANISMS = ("softmax", "ssmax", "entmax", "asentmax", "stickbreaking", "sieve", "sieve-alg1", "softpick", "tra",
               "tda")
 ENCODINGS = ("rope", "nape")
-# bf16 autocast against float64, per parameter: measured up to about 1e-2 on the H100 (the weights perturbed so
-# that no gradient is zero by symmetry); a gradient 15 times too large has a relative error of 14
+# bf16 autocast against float64, per parameter (the weights perturbed so that no gradient is zero by symmetry):
+# measured up to 4.5e-2 on an H200 (softpick's attn_norm), 1e-2 to 3e-2 for most. TRA and TDA are the exception:
+# their cosine scores come from bf16 queries and keys (2^-9 relative), and ``(s - tau)_+^2`` near the threshold
+# multiplies that error: 0.12 to 0.51 measured (beta, lambda_logit, the attention's out and norm weights). A
+# gradient 15 times too large has a relative error of 14, far above either bound.
 GRAD_TOLERANCE = 0.05
+BF16_THRESHOLD_TOLERANCE = 1.0
+TOLERANCE = {"tra": BF16_THRESHOLD_TOLERANCE, "tda": BF16_THRESHOLD_TOLERANCE}
+# the captured step against the same step outside the graph, on the same batch: the same kernels
+CAPTURE_TOLERANCE = 1e-3
 
 
 def relative_errors(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -64,11 +71,14 @@ def reference_gradients(model, input_ids, labels, features) -> dict[str, torch.T
     return {name: p.grad for name, p in reference.named_parameters()}
 
 
-def step_gradients(task_name: str, attn: str, pe: str, device: torch.device, tmp_path: Path, batch_size: int = 16):
-    """``(trainer, [(batch, grads), ...])``: the Trainer's step run with learning rate 0 over six batches (the
-    graph's eager warm-up, its capture and replays), each batch's gradients as the step left them."""
+def step_gradients(task_name: str, attn: str, pe: str, device: torch.device, tmp_path: Path, batch_size: int = 16,
+                   train_step: str = "graph"):
+    """``(trainer, [(batch, grads), ...], eager_grads)``: the Trainer's step run with learning rate 0 over six
+    batches (the graph's eager warm-up, its capture and replays), each batch's gradients as the step left them,
+    and the last batch's gradients from the same step outside the graph."""
     task = get_task(task_name)
-    config = build_config(task_name, attn, pe, "paper", batch_size=batch_size, grad_clip=1e9, train_samples=10**6)
+    config = build_config(task_name, attn, pe, "paper", batch_size=batch_size, grad_clip=1e9, train_samples=10**6,
+                          train_step=train_step)
     trainer = Trainer(config, task, device, tmp_path, progress=False)
     perturb(trainer.model, seed=1)
     stream = trainer.train_stream()
@@ -83,7 +93,10 @@ def step_gradients(task_name: str, attn: str, pe: str, device: torch.device, tmp
         torch.cuda.synchronize()
         grads = {name: p.grad.detach().clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
         results.append(((input_ids, labels, features), grads))
-    return trainer, results
+    trainer.step_fn._eager(*results[-1][0])  # last: the graph's gradient buffers are no longer the .grad after it
+    torch.cuda.synchronize()
+    eager = {name: p.grad.detach().clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
+    return trainer, results, eager
 
 
 def test_relative_errors_catch_one_gradient_fifteen_times_too_large():
@@ -98,23 +111,31 @@ def test_relative_errors_catch_one_gradient_fifteen_times_too_large():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("train_step", ["graph", pytest.param("graph-compiled", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("pe", ENCODINGS)
 @pytest.mark.parametrize("attn", MECHANISMS)
-def test_training_step_gradients_match_float64_per_parameter(attn, pe, tmp_path):
+def test_training_step_gradients_match_float64_per_parameter(attn, pe, train_step, tmp_path):
     device = torch.device("cuda")
-    trainer, results = step_gradients("mqrar", attn, pe, device, tmp_path)
+    trainer, results, eager = step_gradients("mqrar", attn, pe, device, tmp_path, train_step=train_step)
     assert trainer.graph and trainer.step_fn.graph is not None, trainer.step_fn.failed
+    tolerance = TOLERANCE.get(attn, GRAD_TOLERANCE)
     for index, (batch, grads) in enumerate(results):
         errors = relative_errors(grads, reference_gradients(trainer.model, *batch))
         worst = max(errors, key=errors.get)
-        print(f"{attn} + {pe} step {index}: worst {worst} {errors[worst]:.2e}")
-        assert errors[worst] < GRAD_TOLERANCE, (index, worst, errors[worst])
+        print(f"{train_step} {attn} + {pe} step {index}: worst {worst} {errors[worst]:.2e}")
+        assert errors[worst] < tolerance, (index, worst, errors[worst])
+    captured = relative_errors(results[-1][1], eager)
+    worst = max(captured, key=captured.get)
+    print(f"{train_step} {attn} + {pe} captured vs eager: worst {worst} {captured[worst]:.2e}")
+    assert captured[worst] < CAPTURE_TOLERANCE, (worst, captured[worst])
 
 
 @pytest.mark.gpu
-def test_asentmax_w_gamma_gradient_of_the_graph_step(tmp_path):
+@pytest.mark.parametrize("train_step", ["graph", pytest.param("graph-compiled", marks=pytest.mark.slow)])
+def test_asentmax_w_gamma_gradient_of_the_graph_step(train_step, tmp_path):
     """The gradient that a compiled path once got wrong, on the MQMTAR paper model (4 layers)."""
-    trainer, results = step_gradients("mqmtar", "asentmax", "nape", torch.device("cuda"), tmp_path, batch_size=8)
+    trainer, results, _ = step_gradients("mqmtar", "asentmax", "nape", torch.device("cuda"), tmp_path, batch_size=8,
+                                         train_step=train_step)
     batch, grads = results[-1]
     errors = relative_errors(grads, reference_gradients(trainer.model, *batch))
     gammas = {name: error for name, error in errors.items() if name.endswith("w_gamma")}
