@@ -7,9 +7,9 @@ warm-up, and each row's ratio to the fastest softmax + RoPE row of its task and 
     python benchmarks/train_throughput.py --tasks mqmtar,mqrar,copy --preset paper --batch-sizes 128,512 \
         --attns softmax,entmax,asentmax --pes rope,nape --train-steps graph,compiled --out results/benchmarks
 
-``--train-steps``: ``graph`` (the default step: the whole step in one CUDA graph, lengthbench/graph_step.py),
-``compiled`` (torch.compile where the model has no fused op, with ``--compile-modes``; else the fused ops,
-eagerly). For ``compiled``, ``--pad-multiples`` sets the bucket widths and ``--compile-modes eager`` gives the
+``--train-steps``: ``graph-compiled`` (the default step: the whole step in one CUDA graph with Inductor's kernels,
+lengthbench/graph_step.py), ``graph`` (the same with eager kernels), ``compiled`` (torch.compile per bucket width
+where the model has no fused op, with ``--compile-modes``; else the fused ops, eagerly). For ``compiled``, ``--pad-multiples`` sets the bucket widths and ``--compile-modes eager`` gives the
 eager step.
 
 Writes ``<out>/train_throughput.parquet`` and ``.md`` with the device, date, commit and command.
@@ -39,7 +39,7 @@ from lengthbench.tasks import get_task
 
 def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile_mode: str, steps: int,
             warmup: int, pad_multiple: int, dynamic: str, trace: bool = False, train_attention: str = "fused",
-            train_step: str = "graph") -> dict:
+            train_step: str = "graph-compiled") -> dict:
     built = time.perf_counter()
     config = build_config(task, attn, pe, preset, batch_size=batch_size, compile=compile_mode != "eager",
                           train_attention=train_attention, train_step=train_step,
@@ -106,8 +106,9 @@ def main() -> None:
     parser.add_argument("--pes", default="rope,nape")
     parser.add_argument("--preset", default="paper")
     parser.add_argument("--batch-sizes", default="128,512")
-    parser.add_argument("--train-steps", default="graph", help="graph (one CUDA graph a step, the default) and/or "
-                        "compiled (torch.compile where the model allows, else eager)")
+    parser.add_argument("--train-steps", default="graph-compiled", help="graph-compiled (one CUDA graph a step, "
+                        "Inductor's kernels in it: the default), graph (eager kernels in it), compiled (torch.compile "
+                        "per bucket width where the model allows, else the fused ops eagerly)")
     parser.add_argument("--compile-modes", default="default", help="for --train-steps compiled")
     parser.add_argument("--pad-multiples", default="8", help="bucket widths for --train-steps compiled (0: pad "
                         "every batch to the widest)")

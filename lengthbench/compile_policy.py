@@ -1,7 +1,7 @@
 """Which training steps run in one CUDA graph, which are compiled, on which attention path, and the portable
 compilation cache.
 
-On CUDA the training step runs in one CUDA graph by default (``train_step = "graph"``,
+On CUDA the training step runs in one CUDA graph by default (``train_step = "graph-compiled"`` or ``"graph"``,
 :func:`trains_in_graph`, ``lengthbench/graph_step.py``). With ``train_step = "compiled"`` a model whose
 attention calls no fused Triton op is compiled (``torch.compile``, CUDA graphs with ``compile_mode =
 "reduce-overhead"``). A model that calls fused ops trains eagerly on them, or, with

@@ -61,15 +61,17 @@ INIT_PARTS = ("all", "body")
 # but the two models trained so far did not extrapolate (REPRODUCTION.md, session 18). Validation and scoring
 # take the fused ops either way; models without fused ops are unaffected.
 TRAIN_ATTENTION = ("fused", "reference")
-# How a training step runs on CUDA: "graph" (the default), the whole step (forward, backward, clipping, AdamW) in
-# one CUDA graph at the task's widest training width, the attention on its dense references (torch SDPA where the
-# mechanism has it), see lengthbench/graph_step.py; "graph-compiled", the same with the forward and backward
-# compiled by Inductor (at one width) inside the graph; "compiled", torch.compile where the model allows (see
-# ``compile``, ``compile_mode``, ``train_attention``), else eagerly. A CPU always trains eagerly.
-TRAIN_STEPS = ("graph", "graph-compiled", "compiled")
+# How a training step runs on CUDA: "graph-compiled" (the default), the whole step (forward, backward, clipping,
+# AdamW) in one CUDA graph at the task's widest training width, the attention on its dense references (torch SDPA
+# where the mechanism has it), the forward and backward compiled by Inductor at that one width (not with
+# ``compile = False``), see lengthbench/graph_step.py; "graph", the same without Inductor (eager kernels in the
+# graph: no compilation, slower steps); "compiled", torch.compile per bucket width where the model allows (see
+# ``compile``, ``compile_mode``, ``train_attention``), else the fused ops eagerly. A CPU always trains eagerly.
+# Measured side by side: results/benchmarks/train_throughput.md.
+TRAIN_STEPS = ("graph-compiled", "graph", "compiled")
 # Fields added after runs were published: left out of a run's identity while at these defaults.
 LATER_FIELDS = {"arch": "prenorm", "init": DEFAULT_INIT, "init_from": "", "init_part": "all", "train_attention": "fused",
-                "train_step": "graph", "rescored_from": "", "selection_metric": "task"}
+                "train_step": "graph-compiled", "rescored_from": "", "selection_metric": "task"}
 
 
 @dataclass
@@ -118,7 +120,7 @@ class RunConfig:
     compile: bool = True  # torch.compile on CUDA
     compile_mode: str = "default"  # torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune
     train_attention: str = "fused"  # one of TRAIN_ATTENTION
-    train_step: str = "graph"  # one of TRAIN_STEPS
+    train_step: str = "graph-compiled"  # one of TRAIN_STEPS
     # evaluation
     eval_tokens_per_batch: int = 0  # 0: adapt to free memory
     diagnostics: bool = True

@@ -6,8 +6,11 @@ the step. :class:`GraphStep` records the step once, at one padded width per mode
 padded on the right to the task's widest sample; under causal attention the padding changes nothing for the
 real tokens, and its labels are ignored), and replays it for every later batch: one launch a step.
 
-Inside the graph the attention runs the mechanisms' dense references eagerly (no Inductor: a capture takes
-seconds), except where a module calls torch SDPA (softmax, SSMax), which is capturable. The references are
+Inside the graph the attention runs the mechanisms' dense references, except where a module calls torch SDPA
+(softmax, SSMax), which is capturable. With ``compile_forward`` (``train_step = "graph-compiled"``, the default)
+the forward and its backward are Inductor's fused kernels, compiled once at the one width in the first eager step
+(seconds for softmax and stick-breaking, minutes for the entmax family); without it they run eagerly, one
+kernel per operation (a capture takes under a second). The references are
 host-sync free (no ``.item()``, no data-dependent shapes; ``tests/test_graph_step.py`` checks each one under
 fake tensors), so they record into a graph as they are. The optimizer is AdamW with ``capturable=True`` and
 ``fused=True``; its learning rate is a device tensor that the replay reads, filled from the parameter group's
@@ -122,12 +125,22 @@ class GraphStep:
         return tuple(t.clone() for t in self.outputs)
 
     def _eager(self, input_ids, labels, features) -> StepOutputs:
-        """One step outside the graph, on the side stream (as a capture's warm-up must be)."""
+        """One step outside the graph, on the side stream (as a capture's warm-up must be). Where Inductor fails
+        on the forward (it compiles in the first of these), the step goes on with the plain one."""
         stream = self.side_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream), attention_kernels(self.model, self.flags):
             self.optimizer.zero_grad(set_to_none=True)  # before, not after: the step's gradients stay readable
-            outputs = self._body(input_ids, labels, features)
+            try:
+                outputs = self._body(input_ids, labels, features)
+            except Exception as error:  # noqa: BLE001 - the optimizer has not stepped: redo the batch uncompiled
+                if self.forward_loss == self._forward_loss:
+                    raise
+                self.log(f"torch.compile of the training forward failed ({type(error).__name__}); the CUDA graph "
+                         "records the uncompiled step")
+                self.forward_loss = self._forward_loss
+                self.optimizer.zero_grad(set_to_none=True)
+                outputs = self._body(input_ids, labels, features)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         return outputs
 

@@ -171,7 +171,7 @@ class Trainer:
         # an eager step on the same fused-op path is the fallback where the capture fails
         return GraphStep(self.model, self.optimizer, self.config.grad_clip,
                          self.task.max_tokens(self.config.train_length), fallback=step, log=self.log,
-                         compile_forward=self.config.train_step == "graph-compiled")
+                         compile_forward=self.config.train_step == "graph-compiled" and self.config.compile)
 
     def _make_plain_step_fn(self):
         model = self.model

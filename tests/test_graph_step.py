@@ -72,7 +72,7 @@ def test_every_encoding_is_covered_by_the_capture_check():
 def test_the_graph_step_is_the_default_on_cuda_only():
     task = get_task("mqrar")
     config = build_config("mqrar", "entmax", "nape", "paper")
-    assert config.train_step == "graph"
+    assert config.train_step == "graph-compiled"
     assert "train_step" not in config.identity()  # run ids of the default step are those of before it existed
     model = _tiny_model("entmax", "nape")
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
@@ -84,7 +84,7 @@ def test_the_graph_step_is_the_default_on_cuda_only():
 
 
 def test_an_unknown_train_step_is_refused_in_one_line():
-    with pytest.raises(ValueError, match=r"^unknown train step 'fast'; choose from: graph, graph-compiled, compiled$"):
+    with pytest.raises(ValueError, match=r"^unknown train step 'fast'; choose from: graph-compiled, graph, compiled$"):
         build_config("mqrar", "softmax", "rope", "smoke", train_step="fast")
 
 
