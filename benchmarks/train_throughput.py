@@ -123,8 +123,14 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true", help="print each warm-up step's width and time")
     parser.add_argument("--stacks-after", type=float, default=0, help="print every thread's stack after this "
                         "many seconds and exit (a warm-up that hangs shows where)")
+    parser.add_argument("--merge", default="", help="comma-separated parquet files of earlier runs: write them "
+                        "together to --out (each row keeps its device, date, commit and command) and measure nothing")
     parser.add_argument("--out", default="results/throughput")
     args = parser.parse_args()
+    if args.merge:
+        frame = pd.concat([pd.read_parquet(path) for path in args.merge.split(",")], ignore_index=True)
+        write_frame(frame, Path(args.out))
+        return
     if args.stacks_after > 0:
         faulthandler.dump_traceback_later(args.stacks_after, exit=True)
     rows = []
@@ -154,31 +160,42 @@ def main() -> None:
 
 def with_ratios(frame: pd.DataFrame) -> pd.DataFrame:
     """``vs_softmax_rope``: each row's samples/s over the fastest softmax + RoPE row of its task and batch size
-    (NaN where the run has none)."""
-    baseline = frame[(frame["attn"] == "softmax") & (frame["pe"] == "rope")].groupby(
-        ["task", "batch_size"])["samples_per_s"].max().rename("softmax_rope_samples_per_s")
+    measured by the same command (side by side in one process; NaN where it measured none)."""
+    keys = ["command", "task", "batch_size"]
+    baseline = frame[(frame["attn"] == "softmax") & (frame["pe"] == "rope")].groupby(keys)[
+        "samples_per_s"].max().rename("softmax_rope_samples_per_s")
     frame = frame.drop(columns=["softmax_rope_samples_per_s", "vs_softmax_rope"], errors="ignore")
-    frame = frame.join(baseline, on=["task", "batch_size"])
+    frame = frame.join(baseline, on=keys)
     frame["vs_softmax_rope"] = frame["samples_per_s"] / frame["softmax_rope_samples_per_s"]
     return frame
 
 
 def write(rows: list[dict], out: Path) -> None:
-    frame = with_ratios(pd.DataFrame(rows))
+    frame = pd.DataFrame(rows)
     frame["device"] = device_description(torch.device("cuda"))
     frame["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     frame["commit"] = git_sha()
     frame["command"] = "python " + " ".join(sys.argv)
+    write_frame(frame, out)
+
+
+def write_frame(frame: pd.DataFrame, out: Path) -> None:
+    """``<out>/train_throughput.parquet`` and ``.md``: every row, its ratio to softmax + RoPE, and per command
+    the device, date and commit it ran with."""
+    frame = with_ratios(frame)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out / "train_throughput.parquet", index=False)
-    columns = ["task", "attn", "pe", "batch_size", "train_step", "compile_mode", "pad_multiple", "captured",
-               "samples_per_s", "vs_softmax_rope", "step_ms", "mean_padded_width", "warmup_s", "parameters"]
+    commands = frame.drop_duplicates("command")
+    frame["run"] = frame["command"].map({command: index + 1 for index, command in enumerate(commands["command"])})
+    runs = "\n".join(f"{index + 1}. {row.device}, {row.created_at}, commit {row.commit}: `{row.command}`"
+                     for index, row in enumerate(commands.itertuples()))
+    columns = ["run", "task", "attn", "pe", "batch_size", "train_step", "compile_mode", "captured", "samples_per_s",
+               "vs_softmax_rope", "step_ms", "mean_padded_width", "warmup_s"]
     (out / "train_throughput.md").write_text(
-        f"# Training throughput\n\nDevice: {frame['device'].iloc[0]}; {frame['created_at'].iloc[0]}; commit "
-        f"{frame['commit'].iloc[0]}\n\nCommand: `{frame['command'].iloc[0]}`\n\n"
-        "`vs_softmax_rope`: samples/s over the fastest softmax + RoPE row of the same task and batch size in this "
-        "run. `warmup_s`: the model's construction and the untimed first steps (compilation, graph capture).\n\n"
-        + frame_markdown(frame[columns], ".2f") + "\n")
+        "# Training throughput\n\nRuns (device, date, commit, command):\n\n" + runs + "\n\n"
+        "`vs_softmax_rope`: samples/s over the fastest softmax + RoPE row of the same task and batch size measured "
+        "by the same run. `warmup_s`: the model's construction and the untimed first steps (compilation, graph "
+        "capture).\n\n" + frame_markdown(frame[columns], ".2f") + "\n")
 
 
 if __name__ == "__main__":
