@@ -1,18 +1,19 @@
 """The whole training step in one CUDA graph: forward, backward, gradient clipping and AdamW.
 
 At the seeds' training lengths a step's attention is tiny (at most a few hundred tokens), and a step of the
-paper models is a few hundred small kernels: launched one by one from Python, their launch costs are most of
-the step. :class:`GraphStep` records the step once, at one padded width per model (every training batch is
-padded on the right to the task's widest sample; under causal attention the padding changes nothing for the
-real tokens, and its labels are ignored), and replays it for every later batch: one launch a step.
+paper models is hundreds of small kernels. :class:`GraphStep` records the step once, at one padded width per
+model (every training batch is padded on the right to the task's widest sample; under causal attention the
+padding changes nothing for the real tokens, and its labels are ignored), and replays it for every later batch:
+one launch a step, the clipping and the optimizer included.
 
 Inside the graph the attention runs the mechanisms' dense references, except where a module calls torch SDPA
 (softmax, SSMax), which is capturable. With ``compile_forward`` (``train_step = "graph-compiled"``, the default)
 the forward and its backward are Inductor's fused kernels, compiled once at the one width in the first eager step
-(seconds for softmax and stick-breaking, minutes for the entmax family); without it they run eagerly, one
-kernel per operation (a capture takes under a second). The references are
-host-sync free (no ``.item()``, no data-dependent shapes; ``tests/test_graph_step.py`` checks each one under
-fake tensors), so they record into a graph as they are. The optimizer is AdamW with ``capturable=True`` and
+(13-27 s for softmax, stick-breaking and sieve-alg1 on the MQMTAR paper model, 146 s for ASEntmax, on an H200);
+without it they run eagerly, one kernel per operation (a capture takes under a second, but the unfused kernels
+cost time of their own: 7.1 ms against 3.9 ms a step for that softmax model at batch 128; every number in
+results/benchmarks/train_throughput.md). The references are host-sync free (no ``.item()``, no data-dependent
+shapes; ``tests/test_graph_step.py`` checks each one under fake tensors), so they record into a graph as they are. The optimizer is AdamW with ``capturable=True`` and
 ``fused=True``; its learning rate is a device tensor that the replay reads, filled from the parameter group's
 float before each replay (the schedule stays :func:`lengthbench.training.learning_rate`).
 
