@@ -100,7 +100,8 @@ DENSE_TRAIN_MAX_TOKENS = 256
 
 def trains_in_graph(config: RunConfig, device: torch.device) -> bool:
     """Whether the whole training step is captured in one CUDA graph (:class:`lengthbench.graph_step.GraphStep`):
-    on CUDA unless the config asks for the ``compiled`` step."""
+    on CUDA unless the config asks for the ``compiled`` step. :func:`compiles` and :func:`trains_dense` say what
+    the ``compiled`` step does; the Trainer asks them only where this is False."""
     return device.type == "cuda" and config.train_step in ("graph", "graph-compiled")
 
 
@@ -112,15 +113,14 @@ def trains_dense(config: RunConfig, model, device: torch.device, max_tokens: int
     that calls one cannot be compiled (see ``Trainer.__init__``): it trains eagerly, one launch per operation.
     The references are the same functions, tested against the kernels; validation and scoring still call the
     fused ops."""
-    return (not trains_in_graph(config, device) and device.type == "cuda" and config.compile
-            and config.train_attention == "reference"
+    return (device.type == "cuda" and config.compile and config.train_attention == "reference"
             and model_dispatches_to_kernels(model) and max_tokens <= DENSE_TRAIN_MAX_TOKENS)
 
 
 def compiles(config: RunConfig, model, device: torch.device, max_tokens: int) -> bool:
     """Whether the training step is compiled: on CUDA where the config asks, for models that call no fused op
     in training (none at all, or the dense references instead: :func:`trains_dense`)."""
-    return not trains_in_graph(config, device) and device.type == "cuda" and config.compile and (
+    return device.type == "cuda" and config.compile and (
         not model_dispatches_to_kernels(model) or trains_dense(config, model, device, max_tokens))
 
 

@@ -91,8 +91,8 @@ class Trainer:
         max_tokens = task.max_tokens(config.train_length)
         self.kernel_flags = [block.attn.use_kernels for block in self.model.blocks]
         self.graph = trains_in_graph(config, device)
-        self.dense = trains_dense(config, self.model, device, max_tokens)
-        self.compiled = compiles(config, self.model, device, max_tokens)
+        self.dense = not self.graph and trains_dense(config, self.model, device, max_tokens)
+        self.compiled = not self.graph and compiles(config, self.model, device, max_tokens)
         if self.graph:
             self.log(f"training step in one CUDA graph at {max_tokens} tokens (dense reference attention); "
                      "validation and scoring on the fused ops")
