@@ -1,18 +1,18 @@
-"""Training throughput (samples/s) of the runner's train step for a task's model, on one GPU.
+"""Training throughput (samples/s) of the runner's train step for the tasks' models, on one GPU.
 
-Runs the real pipeline (background data workers -> device -> compiled step with bf16 autocast, fused
-AdamW, clipping) for a few hundred steps per variant and records samples/s after warm-up:
+Runs the real pipeline (background data workers -> device -> the Trainer's step with bf16 autocast, fused
+AdamW, clipping) for each task x mechanism x encoding x batch size x step kind and records samples/s after
+warm-up, and each row's ratio to the fastest softmax + RoPE row of its task and batch size in the same run:
 
-    python benchmarks/train_throughput.py --task mqmtar --preset paper --batch-sizes 128,512,1024 \
-        --pes rope,nape --pad-multiples 0,8 --compile-modes default,reduce-overhead --out results/throughput
+    python benchmarks/train_throughput.py --tasks mqmtar,mqrar,copy --preset paper --batch-sizes 128,512 \
+        --attns softmax,entmax,asentmax --pes rope,nape --train-steps graph,compiled --out results/benchmarks
 
-Models with fused ops (entmax, Sieve, stick-breaking...) train on their dense references, compiled, where the
-batches are narrow (``lengthbench.runner.trains_dense``); ``--compile-modes eager`` gives the fused ops, eagerly:
+``--train-steps``: ``graph-compiled`` (the default step: the whole step in one CUDA graph with Inductor's kernels,
+lengthbench/graph_step.py), ``graph`` (the same with eager kernels), ``compiled`` (torch.compile per bucket width
+where the model has no fused op, with ``--compile-modes``; else the fused ops, eagerly). For ``compiled``, ``--pad-multiples`` sets the bucket widths and ``--compile-modes eager`` gives the
+eager step.
 
-    python benchmarks/train_throughput.py --attns entmax,asentmax --pes rope,nape --batch-sizes 128 \
-        --compile-modes eager,reduce-overhead
-
-Writes ``<out>/train_throughput.parquet`` and ``.md`` with the device, date and command.
+Writes ``<out>/train_throughput.parquet`` and ``.md`` with the device, date, commit and command.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import gc
 import sys
 import time
 from datetime import datetime, timezone
@@ -30,15 +31,18 @@ import torch
 
 from lengthbench.config import build_config
 from lengthbench.data import BatchProducer, default_workers
+from lengthbench.devices import git_sha
 from lengthbench.leaderboard import frame_markdown
 from lengthbench.runner import Trainer, attention_kernels, device_description, to_device
 from lengthbench.tasks import get_task
 
 
 def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile_mode: str, steps: int,
-            warmup: int, pad_multiple: int, dynamic: str, trace: bool = False, train_attention: str = "fused") -> dict:
+            warmup: int, pad_multiple: int, dynamic: str, trace: bool = False, train_attention: str = "fused",
+            train_step: str = "graph-compiled") -> dict:
+    built = time.perf_counter()
     config = build_config(task, attn, pe, preset, batch_size=batch_size, compile=compile_mode != "eager",
-                          train_attention=train_attention,
+                          train_attention=train_attention, train_step=train_step,
                           compile_mode=compile_mode if compile_mode != "eager" else "default",
                           train_samples=batch_size * (steps + warmup), eval_every=10**9, checkpoint_every=10**9)
     task_obj = get_task(task)
@@ -47,8 +51,11 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
     Trainer.max_widths = 64  # the multiple as asked (the runner doubles it past 6 widths)
     Trainer.compile_dynamic = {"auto": None, "static": False, "dynamic": True}[dynamic]
     torch._dynamo.reset()
-    trainer = Trainer(config, task_obj, device, Path("/tmp/throughput"), progress=False)
+    trainer = Trainer(config, task_obj, device, Path("/tmp/throughput"), progress=False,
+                      log=lambda line: print("  " + line, flush=True))
+    trainer_compiled, trainer_dense = trainer.compiled, trainer.dense
     stream = trainer.train_stream()
+    started_at = time.perf_counter()
     widths = stream.widths()
 
     def run(first: int, count: int, trace: bool = False) -> tuple[float, float]:
@@ -72,13 +79,20 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
         producer.close()
         return time.perf_counter() - started, tokens / count
 
-    # Warm-up: compile (and record CUDA graphs for) every padded width before timing.
+    # Warm-up: compile (and record CUDA graphs for) every padded width before timing; the model's construction
+    # counts in it (a fresh cell pays both)
     compile_seconds, _ = run(0, warmup, trace)
+    compile_seconds += started_at - built
     seconds, mean_width = run(warmup, steps)
     params = sum(p.numel() for p in trainer.model.parameters())
-    return dict(task=task, attn=attn, pe=pe, preset=preset, batch_size=batch_size, compile_mode=compile_mode,
-                pad_multiple=pad_multiple, dynamic=dynamic, compiled=trainer.compiled,
-                dense_attention=trainer.dense, steps=steps, samples_per_s=steps * batch_size / seconds,
+    captured = getattr(trainer.step_fn, "graph", None) is not None
+    failed = getattr(trainer.step_fn, "failed", "")
+    trainer.step_fn = None  # the captured graph's memory goes with it
+    return dict(task=task, attn=attn, pe=pe, preset=preset, batch_size=batch_size, train_step=train_step,
+                captured=captured, capture_error=failed,
+                compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
+                dynamic=dynamic, compiled=trainer_compiled, dense_attention=trainer_dense, steps=steps,
+                samples_per_s=steps * batch_size / seconds,
                 step_ms=1000 * seconds / steps, warmup_s=compile_seconds, parameters=params,
                 tokens_per_sample=task_obj.max_tokens(config.train_length), mean_padded_width=mean_width,
                 widths=",".join(map(str, widths)), layers=config.n_layers, d_model=config.d_model,
@@ -87,54 +101,101 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default="mqmtar")
+    parser.add_argument("--tasks", "--task", default="mqmtar")
     parser.add_argument("--attns", default="softmax")
     parser.add_argument("--pes", default="rope,nape")
     parser.add_argument("--preset", default="paper")
-    parser.add_argument("--batch-sizes", default="128,512,1024")
-    parser.add_argument("--compile-modes", default="default")
-    parser.add_argument("--pad-multiples", default="8", help="bucket widths (0: pad every batch to the widest)")
+    parser.add_argument("--batch-sizes", default="128,512")
+    parser.add_argument("--train-steps", default="graph-compiled", help="graph-compiled (one CUDA graph a step, "
+                        "Inductor's kernels in it: the default), graph (eager kernels in it), compiled (torch.compile "
+                        "per bucket width where the model allows, else the fused ops eagerly)")
+    parser.add_argument("--compile-modes", default="default", help="for --train-steps compiled")
+    parser.add_argument("--pad-multiples", default="8", help="bucket widths for --train-steps compiled (0: pad "
+                        "every batch to the widest)")
     parser.add_argument("--dynamic", default="static", help="torch.compile shapes: static (the runner's), auto "
                         "or dynamic")
     parser.add_argument("--train-attention", default="fused", choices=["fused", "reference"],
-                        help="models with fused ops: train on them (eagerly) or on their compiled dense references")
+                        help="compiled step, models with fused ops: train on them (eagerly) or on their compiled "
+                        "dense references")
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=60, help="untimed steps first (compiles every width)")
+    parser.add_argument("--warmup", type=int, default=60, help="untimed steps first (compiles every width, "
+                        "captures the graph)")
     parser.add_argument("--trace", action="store_true", help="print each warm-up step's width and time")
     parser.add_argument("--stacks-after", type=float, default=0, help="print every thread's stack after this "
                         "many seconds and exit (a warm-up that hangs shows where)")
+    parser.add_argument("--merge", default="", help="comma-separated parquet files of earlier runs: write them "
+                        "together to --out (each row keeps its device, date, commit and command) and measure nothing")
     parser.add_argument("--out", default="results/throughput")
     args = parser.parse_args()
+    if args.merge:
+        frame = pd.concat([pd.read_parquet(path) for path in args.merge.split(",")], ignore_index=True)
+        write_frame(frame, Path(args.out))
+        return
     if args.stacks_after > 0:
         faulthandler.dump_traceback_later(args.stacks_after, exit=True)
     rows = []
-    for attn in args.attns.split(","):
-        for pe in args.pes.split(","):
-            for mode in args.compile_modes.split(","):
-                for pad in (int(p) for p in args.pad_multiples.split(",")):
-                    for batch_size in (int(b) for b in args.batch_sizes.split(",")):
-                        row = measure(args.task, attn, pe, args.preset, batch_size, mode, args.steps, args.warmup,
-                                      pad, args.dynamic, args.trace, args.train_attention)
-                        rows.append(row)
-                        print(f"{attn:13s} {pe:5s} {mode:15s} pad {pad:2d} batch {batch_size:5d}: "
-                              f"{row['samples_per_s']:10,.0f} samples/s ({row['step_ms']:.2f} ms/step, mean width "
-                              f"{row['mean_padded_width']:.1f}, warm-up {row['warmup_s']:.0f} s"
-                              f"{', dense references' if row['dense_attention'] else ''})", flush=True)
-                        write(rows, Path(args.out))  # after every row: a run cut short keeps what it measured
+    for task in args.tasks.split(","):
+        for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+            for train_step in args.train_steps.split(","):
+                modes = args.compile_modes.split(",") if train_step == "compiled" else ["default"]
+                pads = [int(p) for p in args.pad_multiples.split(",")] if train_step == "compiled" else [0]
+                for attn in args.attns.split(","):
+                    for pe in args.pes.split(","):
+                        for mode in modes:
+                            for pad in pads:
+                                row = measure(task, attn, pe, args.preset, batch_size, mode, args.steps,
+                                              args.warmup, pad, args.dynamic, args.trace, args.train_attention,
+                                              train_step)
+                                rows.append(row)
+                                gc.collect()
+                                torch.cuda.empty_cache()
+                                label = train_step if train_step != "compiled" else f"{train_step}/{mode}/pad {pad}"
+                                print(f"{task:7s} {attn:13s} {pe:5s} {label:24s} batch {batch_size:4d}: "
+                                      f"{row['samples_per_s']:9,.0f} samples/s ({row['step_ms']:.2f} ms/step, "
+                                      f"mean width {row['mean_padded_width']:.1f}, warm-up {row['warmup_s']:.1f} s"
+                                      f"{', not captured: ' + row['capture_error'] if row['capture_error'] else ''})",
+                                      flush=True)
+                                write(rows, Path(args.out))  # after every row: a run cut short keeps what it has
+
+
+def with_ratios(frame: pd.DataFrame) -> pd.DataFrame:
+    """``vs_softmax_rope``: each row's samples/s over the fastest softmax + RoPE row of its task and batch size
+    measured by the same command (side by side in one process; NaN where it measured none)."""
+    keys = ["command", "task", "batch_size"]
+    baseline = frame[(frame["attn"] == "softmax") & (frame["pe"] == "rope")].groupby(keys)[
+        "samples_per_s"].max().rename("softmax_rope_samples_per_s")
+    frame = frame.drop(columns=["softmax_rope_samples_per_s", "vs_softmax_rope"], errors="ignore")
+    frame = frame.join(baseline, on=keys)
+    frame["vs_softmax_rope"] = frame["samples_per_s"] / frame["softmax_rope_samples_per_s"]
+    return frame
 
 
 def write(rows: list[dict], out: Path) -> None:
     frame = pd.DataFrame(rows)
     frame["device"] = device_description(torch.device("cuda"))
     frame["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    frame["commit"] = git_sha()
     frame["command"] = "python " + " ".join(sys.argv)
+    write_frame(frame, out)
+
+
+def write_frame(frame: pd.DataFrame, out: Path) -> None:
+    """``<out>/train_throughput.parquet`` and ``.md``: every row, its ratio to softmax + RoPE, and per command
+    the device, date and commit it ran with."""
+    frame = with_ratios(frame)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out / "train_throughput.parquet", index=False)
-    columns = ["task", "attn", "pe", "batch_size", "compile_mode", "compiled", "dense_attention", "pad_multiple",
-               "dynamic", "samples_per_s", "step_ms", "mean_padded_width", "warmup_s", "parameters"]
+    commands = frame.drop_duplicates("command")
+    frame["run"] = frame["command"].map({command: index + 1 for index, command in enumerate(commands["command"])})
+    runs = "\n".join(f"{index + 1}. {row.device}, {row.created_at}, commit {row.commit}: `{row.command}`"
+                     for index, row in enumerate(commands.itertuples()))
+    columns = ["run", "task", "attn", "pe", "batch_size", "train_step", "compile_mode", "captured", "samples_per_s",
+               "vs_softmax_rope", "step_ms", "mean_padded_width", "warmup_s"]
     (out / "train_throughput.md").write_text(
-        f"# Training throughput\n\nDevice: {frame['device'].iloc[0]}; {frame['created_at'].iloc[0]}\n\n"
-        f"Command: `{frame['command'].iloc[0]}`\n\n" + frame_markdown(frame[columns], ".2f") + "\n")
+        "# Training throughput\n\nRuns (device, date, commit, command):\n\n" + runs + "\n\n"
+        "`vs_softmax_rope`: samples/s over the fastest softmax + RoPE row of the same task and batch size measured "
+        "by the same run. `warmup_s`: the model's construction and the untimed first steps (compilation, graph "
+        "capture).\n\n" + frame_markdown(frame[columns], ".2f") + "\n")
 
 
 if __name__ == "__main__":

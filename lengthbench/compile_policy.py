@@ -1,7 +1,10 @@
-"""Which training steps are compiled, on which attention path, and the portable compilation cache.
+"""Which training steps run in one CUDA graph, which are compiled, on which attention path, and the portable
+compilation cache.
 
-On CUDA a model whose attention calls no fused Triton op is compiled (``torch.compile``, CUDA graphs with
-``compile_mode = "reduce-overhead"``). A model that calls fused ops trains eagerly on them, or, with
+On CUDA the training step runs in one CUDA graph by default (``train_step = "graph-compiled"`` or ``"graph"``,
+:func:`trains_in_graph`, ``lengthbench/graph_step.py``). With ``train_step = "compiled"`` a model whose
+attention calls no fused Triton op is compiled (``torch.compile``, CUDA graphs with ``compile_mode =
+"reduce-overhead"``). A model that calls fused ops trains eagerly on them, or, with
 ``train_attention = "reference"``, on the mechanisms' dense references, compiled, where its training batches are
 narrow (:func:`trains_dense`).
 """
@@ -93,6 +96,13 @@ def model_dispatches_to_kernels(model) -> bool:
 # Training batches at most this many tokens wide run the dense reference attention instead of the fused ops
 # (scores ``[batch, heads, T, T]`` in float32: 0.5 GB a layer at batch 128, 16 heads, 256 tokens).
 DENSE_TRAIN_MAX_TOKENS = 256
+
+
+def trains_in_graph(config: RunConfig, device: torch.device) -> bool:
+    """Whether the whole training step is captured in one CUDA graph (:class:`lengthbench.graph_step.GraphStep`):
+    on CUDA unless the config asks for the ``compiled`` step. :func:`compiles` and :func:`trains_dense` say what
+    the ``compiled`` step does; the Trainer asks them only where this is False."""
+    return device.type == "cuda" and config.train_step in ("graph", "graph-compiled")
 
 
 def trains_dense(config: RunConfig, model, device: torch.device, max_tokens: int) -> bool:

@@ -57,6 +57,18 @@ INIT_PARTS = ("all", "body")
 # but the two models trained that way did not extrapolate, hence "fused" by default. Validation and scoring take
 # the fused ops either way; models without fused ops are unaffected.
 TRAIN_ATTENTION = ("fused", "reference")
+# How a training step runs on CUDA: "graph-compiled" (the default), the whole step (forward, backward, clipping,
+# AdamW) in one CUDA graph at the task's widest training width, the attention on its dense references (torch SDPA
+# where the mechanism has it), the forward and backward compiled by Inductor at that one width (not with
+# ``compile = False``), see lengthbench/graph_step.py; "graph", the same without Inductor (eager kernels in the
+# graph: no compilation, slower steps); "compiled", torch.compile per bucket width where the model allows (see
+# ``compile``, ``compile_mode``, ``train_attention``), else the fused ops eagerly. A CPU always trains eagerly.
+# Measured side by side: results/benchmarks/train_throughput.md.
+TRAIN_STEPS = ("graph-compiled", "graph", "compiled")
+# What a stored configuration that lacks a field (written before the field existed) ran with, where that is not
+# the field's default: the configurations of the store's schema version 1 trained on the compiled step.
+ABSENT_FIELDS = {"train_step": "compiled"}
+
 
 @dataclass
 class RunConfig:
@@ -104,6 +116,7 @@ class RunConfig:
     compile: bool = True  # torch.compile on CUDA
     compile_mode: str = "default"  # torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune
     train_attention: str = "fused"  # one of TRAIN_ATTENTION
+    train_step: str = "graph-compiled"  # one of TRAIN_STEPS
     # evaluation
     eval_tokens_per_batch: int = 0  # 0: adapt to free memory
     diagnostics: bool = True
@@ -133,6 +146,8 @@ class RunConfig:
         if self.train_attention not in TRAIN_ATTENTION:
             raise ValueError(f"unknown train attention {self.train_attention!r}; choose from: "
                              f"{', '.join(TRAIN_ATTENTION)}")
+        if self.train_step not in TRAIN_STEPS:
+            raise ValueError(f"unknown train step {self.train_step!r}; choose from: {', '.join(TRAIN_STEPS)}")
         if self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"unknown compile mode {self.compile_mode!r}; choose from: {', '.join(COMPILE_MODES)}")
 
@@ -160,7 +175,7 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{**ABSENT_FIELDS, **{k: v for k, v in data.items() if k in known}})
 
 
 # Presets: what they change relative to the task's seed model (``Task.model_defaults``).

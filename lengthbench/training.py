@@ -24,12 +24,14 @@ from lengthbench.compile_policy import (
     load_compile_cache,
     save_compile_cache,
     trains_dense,
+    trains_in_graph,
 )
 from lengthbench.config import RunConfig, selection_multiplier, selection_words
 from lengthbench.data import BatchProducer, TrainStream, default_workers
 from lengthbench.devices import autocast, to_device
 from lengthbench.errors import TrainingDiverged
 from lengthbench.evaluation import Evaluator
+from lengthbench.graph_step import GraphStep, graph_optimizer
 from lengthbench.progress import progress_bar
 from lengthbench.tasks import IGNORE_INDEX
 
@@ -91,9 +93,13 @@ class Trainer:
         # (trains_dense).
         max_tokens = task.max_tokens(config.train_length)
         self.kernel_flags = [block.attn.use_kernels for block in self.model.blocks]
-        self.dense = trains_dense(config, self.model, device, max_tokens)
-        self.compiled = compiles(config, self.model, device, max_tokens)
-        if self.dense:
+        self.graph = trains_in_graph(config, device)
+        self.dense = not self.graph and trains_dense(config, self.model, device, max_tokens)
+        self.compiled = not self.graph and compiles(config, self.model, device, max_tokens)
+        if self.graph:
+            self.log(f"training step in one CUDA graph at {max_tokens} tokens (dense reference attention); "
+                     "validation and scoring on the fused ops")
+        elif self.dense:
             self.log(f"training on the dense reference attention, compiled ({max_tokens} tokens at most); "
                      "validation and scoring on the fused ops")
         elif device.type == "cuda" and config.compile and not self.compiled:
@@ -106,8 +112,9 @@ class Trainer:
         if message := load_compile_cache(self.compile_cache):
             self.log(message)
         fused = device.type == "cuda"
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
-                                           fused=fused)
+        self.optimizer = (graph_optimizer(self.model, config.lr, config.weight_decay) if self.graph else
+                          torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                                            fused=fused))
         self.state = TrainState()
         self.best_model_state = None
         self.step_fn = self._make_step_fn()
@@ -161,6 +168,15 @@ class Trainer:
 
     # -- the step ----------------------------------------------------------------------------------
     def _make_step_fn(self):
+        step = self._make_plain_step_fn()
+        if not self.graph:
+            return step
+        # an eager step on the same fused-op path is the fallback where the capture fails
+        return GraphStep(self.model, self.optimizer, self.config.grad_clip,
+                         self.task.max_tokens(self.config.train_length), fallback=step, log=self.log,
+                         compile_forward=self.config.train_step == "graph-compiled" and self.config.compile)
+
+    def _make_plain_step_fn(self):
         model = self.model
         device = self.device
 
@@ -196,13 +212,13 @@ class Trainer:
 
     def train_stream(self) -> TrainStream:
         """The training batches: padded to bucket widths where the step is compiled for CUDA (one static graph
-        per width), else as they come."""
+        per width), to the widest where it runs in one CUDA graph, else as they come."""
         config = self.config
-        padded = self.compiled
+        padded = self.compiled or self.graph
         pad_to = self.task.max_tokens(config.train_length) if padded else None
         # the dense references compile slowly: Inductor took 75-100 s per width for the paper ASEntmax + NAPE
         # model on the H100 (softmax's graphs take seconds), so those batches all take the widest
-        multiple = pad_to if padded and self.dense else self.pad_multiple
+        multiple = pad_to if padded and (self.dense or self.graph) else self.pad_multiple
         stream = TrainStream(config.task, tuple(sorted(config.task_params.items())), config.seed,
                              config.batch_size, config.train_length, pad_to, multiple)
         while padded and len(stream.widths()) > self.max_widths:
