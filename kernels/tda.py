@@ -313,14 +313,13 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STAR
 # the register map 30.3 ms at 4 warps (35.8 at 8), the backward over the map's tiles then ~2.5 ms, against
 # 222 ms testing every tile. Two views hold about twice the tiles of ``_rowwise.py``; the tile shapes are
 # those that ptxas compiled for sm_90 without spilling (bf16; at head dim 128 the backward still spills ~88
-# bytes). ``TUNING`` (None, or a dict of the same form) overrides them: for benchmarks and tests.
-TUNING: dict | None = None
+# bytes). ``tda_attention(tuning=...)`` (a dict of the same form) overrides them: for benchmarks and tests.
 MAX_MAP_TILES = 8192  # key tiles of MAP_N a register map covers (T up to 524,288); beyond, map 2
 
 
-def _config(block_d: int) -> dict:
-    if TUNING is not None:
-        return {"fwd_map": TUNING["fwd"], **TUNING}
+def _config(block_d: int, tuning: dict | None = None) -> dict:
+    if tuning is not None:
+        return {"fwd_map": tuning["fwd"], **tuning}
     if block_d <= 32:
         return dict(fwd=(128, 64, 8), fwd_map=(128, 64, 4), dq=(64, 64, 4), dkdv=(64, 64, 4), skip=False, map=1)
     if block_d <= 64:  # at D 64: 24.6 / 42.8 ms against 26.0 / 75.4 with the BN 32, 8-warp tiles
@@ -364,13 +363,13 @@ class TDAAttention(torch.autograd.Function):
     ``slopes``."""
 
     @staticmethod
-    def forward(ctx, q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h, sm_scale, power, want_map=True):
+    def forward(ctx, q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h, sm_scale, power, want_map=True, tuning=None):
         pb = Problem(q1, k1, v, slopes, row_scale, sm_scale)
         q2, k2 = _second_view(pb, q2, k2)
         out = torch.empty_like(pb.q)
         tau_rows = tau.detach().to(torch.float32).expand(pb.batch, pb.heads, pb.tokens).contiguous()
         lam_rows = lam_h.detach().to(q1.device, torch.float32).contiguous()
-        config = _config(pb.block_d)
+        config = _config(pb.block_d, tuning)
         mode = config["map"] if want_map else 0
         bm, bn, warps = config["fwd_map" if mode else "fwd"]
         if mode and not _map_fits(config):
@@ -434,9 +433,10 @@ class TDAAttention(torch.autograd.Function):
 
 
 def tda_attention(q1, k1, q2, k2, v, *, lam=0.5, slopes=None, row_scale=None, sm_scale=1.0, beta=1.0,
-                  kappa=1.0, power=2.0, tau_index="alg1"):
+                  kappa=1.0, power=2.0, tau_index="alg1", tuning: dict | None = None):
     """TDA, ``[B, H, T, D]`` causal: ``tra(q1, k1, v) - lam * tra(q2, k2, v)`` in one pass; ``q_i``, ``k_i``
-    unit-norm (cosine scores with ``sm_scale=1``). ``lam`` and ``beta``: float, 0-d or ``[H]`` tensor."""
+    unit-norm (cosine scores with ``sm_scale=1``). ``lam`` and ``beta``: float, 0-d or ``[H]`` tensor.
+    ``tuning``: launch settings in place of :func:`_config`'s (benchmarks, tests)."""
     if sm_scale is None:
         sm_scale = 1.0
     if not math.isfinite(float(power)) or float(power) <= 0:
@@ -450,4 +450,5 @@ def tda_attention(q1, k1, q2, k2, v, *, lam=0.5, slopes=None, row_scale=None, sm
     # The activity map costs the forward time; it is only written when a backward may follow.
     want_map = torch.is_grad_enabled() and any(
         torch.is_tensor(t) and t.requires_grad for t in (q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h))
-    return TDAAttention.apply(q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h, sm_scale, float(power), want_map)
+    return TDAAttention.apply(q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h, sm_scale, float(power), want_map,
+                              tuning)

@@ -339,7 +339,7 @@ def test_tda_no_grad_inference_path():
     assert torch.isfinite(out).all() and out.abs().max().item() > 0.0
 
 
-# The one-pass TDA op's launch variants (kernels/tda.py, ``TUNING``): the activity map kept in registers (1)
+# The one-pass TDA op's launch variants (kernels/tda.py, ``tuning``): the activity map kept in registers (1)
 # or stored per tile (2), with and without the forward's skip branch, and the old branch-only path (map 0).
 TDA_VARIANTS = {
     "map1": dict(fwd=(128, 64, 8), dq=(64, 64, 4), dkdv=(64, 64, 4), skip=False, map=1),
@@ -354,7 +354,8 @@ TDA_VARIANTS = {
 def test_tda_variants_match_reference(variant, case, monkeypatch):
     from lengthbench.kernels import tda
 
-    monkeypatch.setattr(tda, "TUNING", TDA_VARIANTS[variant])
+    real = tda._config  # the op's launch settings, replaced by the variant's (``tda_attention(tuning=...)``)
+    monkeypatch.setattr(tda, "_config", lambda block_d, tuning=None: real(block_d, TDA_VARIANTS[variant]))
     tokens, head_dim, dtype = {"T1000-D32-bf16": (1000, 32, torch.bfloat16), "T4096-D32-fp32": (4096, 32, torch.float32),
                                "T300-D64-bf16-alibi": (300, 64, torch.bfloat16)}[case]
     tensors = make_tda_inputs(1, 2, tokens, head_dim, dtype, seed=tokens)
@@ -373,7 +374,9 @@ def test_tda_activity_map_is_exact(mode, monkeypatch):
     entry above its row's threshold (computed densely here)."""
     from lengthbench.kernels import tda
 
-    monkeypatch.setattr(tda, "TUNING", dict(TDA_VARIANTS["map1" if mode == 1 else "map2-bm128"]))
+    real = tda._config
+    variant = dict(TDA_VARIANTS["map1" if mode == 1 else "map2-bm128"])
+    monkeypatch.setattr(tda, "_config", lambda block_d, tuning=None: real(block_d, variant))
     seen = {}
     lists = tda._tile_lists
     monkeypatch.setattr(tda, "_tile_lists", lambda amap: seen.setdefault("map", amap.clone()) is not None

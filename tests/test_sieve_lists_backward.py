@@ -1,6 +1,6 @@
 """Sieve's backward by candidate lists (``kernels/sieve.py``: ``_lists_bwd_kernel`` on the listed rows,
 ``_open_bwd_kernel`` on the open ones): dq, dk, dv, d slopes and d row_scale against the float64 dense
-reference, against the old backward (``TUNING={"lists": False}``: the threshold, then the filtered
+reference, against the backward without lists (``tuning={"lists": False}``: the threshold, then the filtered
 stick-breaking kernels over all keys), with rows on both paths, and the supports the forward keeps for it.
 
 Runs as ``test_entmax_lists.py`` does: on a CUDA GPU (fp32 and bf16) or on the CPU under the Triton
@@ -21,7 +21,7 @@ from test_entmax_lists import CUDA, DEVICE, DTYPES, alibi, check, make, path_cou
 from test_kernels import dense_scores, rel_err, tie_rows  # noqa: E402
 
 from lengthbench import attention_weights  # noqa: E402
-from lengthbench.kernels import entmax, sieve  # noqa: E402
+from lengthbench.kernels import sieve  # noqa: E402
 from lengthbench.kernels._common import Problem  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
@@ -34,9 +34,9 @@ if CUDA:
                (4096, 32), (4096, 64), (333, 128)]
 
 
-def backward_paths(q, k, v, slopes=None, row_scale=None):
+def backward_paths(q, k, v, slopes=None, row_scale=None, tuning=None):
     """``(listed, open)`` rows of the list forward (the backward takes the same split)."""
-    listed, total, *_ = path_counts("sieve-entmax", q, k, v, slopes, row_scale)
+    listed, total, *_ = path_counts("sieve-entmax", q, k, v, slopes, row_scale, tuning=tuning)
     return listed, total - listed
 
 
@@ -53,16 +53,17 @@ def test_backward_matches_reference(shape, dtype):
 
 
 @pytest.mark.parametrize("list_size,head_dim", [(8, 32), (16, 16), (16, 24)])
-def test_backward_on_both_paths(list_size, head_dim, monkeypatch):
+def test_backward_on_both_paths(list_size, head_dim):
     """Short lists: rows of more candidates are left open, so both backward kernels run, with the open rows'
     fp32 outputs in a buffer of their own (``D > C``) or in their unused list slots (``D <= C``)."""
     tokens = 200
     q, k, v = make(1, 2, tokens, head_dim, torch.float32, seed=21, scale=0.6)
     slopes, row_scale = alibi(2, 1, tokens, seed=5)
-    monkeypatch.setattr(entmax, "TUNING", dict(list_size=list_size))
-    listed, open_ = backward_paths(q, k, v, slopes, row_scale)
+    tuning = dict(list_size=list_size)
+    listed, open_ = backward_paths(q, k, v, slopes, row_scale, tuning=tuning)
     assert min(listed, open_) >= 0.05 * (listed + open_), (listed, open_)
-    check("sieve-entmax", q, k, v, slopes=slopes, row_scale=row_scale, seed=21, label=f"lists of {list_size}")
+    check("sieve-entmax", q, k, v, slopes=slopes, row_scale=row_scale, seed=21, label=f"lists of {list_size}",
+          tuning=tuning)
 
 
 def test_backward_one_key_supports():
@@ -90,7 +91,7 @@ def test_backward_near_uniform_scores():
 
 
 @pytest.mark.parametrize("tokens,head_dim,list_size", [(257, 32, 64), (200, 16, 8)])
-def test_backward_agrees_with_old(tokens, head_dim, list_size, monkeypatch):
+def test_backward_agrees_with_old(tokens, head_dim, list_size):
     """The list backward's gradients equal the old backward's to rounding (near-tie rows aside). The slopes'
     gradient within 1e-3: the old backward's ``C_r - sum_{j >= k} c_j`` cancels for the keys far from the
     diagonal, which the slope weighs by ``r - j`` (3e-4 from the float64 reference at T 300 under the
@@ -101,9 +102,8 @@ def test_backward_agrees_with_old(tokens, head_dim, list_size, monkeypatch):
     keep = ~tie_rows("sieve-entmax", z, q, k, None, slopes, row_scale)[..., None]
     results = []
     for tuning in (dict(list_size=list_size), dict(lists=False)):
-        monkeypatch.setattr(entmax, "TUNING", tuning)
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, slopes, row_scale)]
-        out = sieve.sieve_attention(*leaves[:3], slopes=leaves[3], row_scale=leaves[4])
+        out = sieve.sieve_attention(*leaves[:3], slopes=leaves[3], row_scale=leaves[4], tuning=tuning)
         gen = torch.Generator(device=DEVICE).manual_seed(1)
         (out * torch.randn(out.shape, device=DEVICE, generator=gen) * keep).sum().backward()
         results.append([out.detach() * keep] + [t.grad for t in leaves])
