@@ -429,7 +429,7 @@ class TDAAttention(torch.autograd.Function):
         g_rs = _sum_to(d_rs, ctx.rs_shape) if grad_rs else None
         g_tau = _sum_to(d_tau, ctx.tau_shape) if grad_tau else None
         g_lam = d_lam.sum(dim=(0, 2)) if grad_lam else None
-        return dq1, dk1, dq2, dk2, dv, g_sl, g_rs, g_tau, g_lam, None, None, None
+        return dq1, dk1, dq2, dk2, dv, g_sl, g_rs, g_tau, g_lam, None, None, None, None
 
 
 def tda_attention(q1, k1, q2, k2, v, *, lam=0.5, slopes=None, row_scale=None, sm_scale=1.0, beta=1.0,
