@@ -164,10 +164,9 @@ def run_cell_job(config_json: str, results: str, plugins: str = "", track: str |
     through :func:`lengthbench.sweep.run_pending_cell` (it resumes from the cell's checkpoint), append its plain
     lines to ``<results>/logs/<run_id>.log``, record how it ended. Returns the run id; raises what the cell
     raised (Ray retries it, submitit reports it)."""
-    from lengthbench.sweep import run_pending_cell, split_list
+    from lengthbench.sweep import import_plugins, run_pending_cell
 
-    for module in split_list(plugins):
-        importlib.import_module(module)
+    import_plugins(plugins)
     config = RunConfig.from_dict(json.loads(config_json))
     write_job_state(results, config.run_id, token, "running")
     log_path = Path(results) / "logs" / f"{config.run_id}.log"

@@ -521,7 +521,9 @@ def _stage_failed(config: RunConfig, outcomes: dict[str, CellOutcome], emit) -> 
 
 
 def plugin_modules() -> list[str]:
-    """Modules outside lengthbench that registered a task, mechanism or encoding (workers import them)."""
+    """Modules outside lengthbench that registered a task, mechanism or encoding, for the processes that run a
+    sweep's cells to import (:func:`import_plugins`): ``module`` or, for a module loaded from a file,
+    ``module@folder``, so a worker finds it whatever its working directory and ``sys.path``."""
     from lengthbench.models.attention import ATTENTION
     from lengthbench.models.positional import POSITIONAL_ENCODINGS
     from lengthbench.tasks import TASKS
@@ -531,8 +533,20 @@ def plugin_modules() -> list[str]:
         for name in registry.names():
             module = getattr(registry.get(name), "__module__", "") or ""
             if module and not module.startswith("lengthbench") and module != "__main__":
-                modules.add(module)
+                path = getattr(sys.modules.get(module), "__file__", None)
+                top_level = "." not in module and path and Path(path).name != "__init__.py"
+                modules.add(f"{module}@{Path(path).resolve().parent}" if top_level else module)
     return sorted(modules)
+
+
+def import_plugins(spec: str) -> None:
+    """Import the modules of :func:`plugin_modules`' comma-separated ``spec``, a ``module@folder`` from its
+    folder."""
+    for entry in split_list(spec):
+        module, _, folder = entry.partition("@")
+        if folder and folder not in sys.path:
+            sys.path.insert(0, folder)
+        __import__(module)
 
 
 def _worker_command(config: RunConfig, results: Path, track: str | None = None) -> list[str]:
@@ -644,8 +658,7 @@ def _finished_outcome(config: RunConfig, results: Path, returncode: int, seconds
 def _worker_main(argv: list[str]) -> int:
     """``python -m lengthbench.sweep --worker RESULTS CONFIG_JSON [PLUGINS] [TRACK]``: run one cell."""
     results, config_json = argv[0], argv[1]
-    for module in split_list(argv[2] if len(argv) > 2 else ""):
-        __import__(module)
+    import_plugins(argv[2] if len(argv) > 2 else "")
     track = argv[3] if len(argv) > 3 and argv[3] else None
     config = RunConfig.from_dict(json.loads(config_json))
     try:
