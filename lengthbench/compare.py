@@ -34,6 +34,7 @@ import pandas as pd
 
 from lengthbench.errors import UsageError
 from lengthbench.leaderboard import METRIC_NAMES, _md_table, build_leaderboard
+from lengthbench.store import SCHEMA_1_TASK_PARAMS
 from lengthbench.tasks import as_multiplier, get_task, multiplier_label
 
 SEED_TABLES = Path(__file__).with_name("seed_tables.csv")
@@ -127,7 +128,10 @@ def _default_task(config_json) -> bool:
         config = json.loads(config_json) if isinstance(config_json, str) else dict(config_json or {})
     except (TypeError, ValueError):
         return True
-    return not config.get("task_params")
+    # the task's earlier layout (schema-1 rows, e.g. MQMTAR's random spacing) stands for it, its parameters named in
+    # the protocol column; another named variant (MQRAR's inline layout) does not
+    earlier = SCHEMA_1_TASK_PARAMS.get(config.get("task"), {})
+    return all(earlier.get(key, object()) == value for key, value in (config.get("task_params") or {}).items())
 
 
 def _train_length(task: str) -> int:
@@ -198,10 +202,22 @@ def summary(long: pd.DataFrame) -> pd.DataFrame:
     return counts.reset_index()
 
 
+# The papers behind ``seed_tables.csv``'s ``source`` codes, by title.
+PAPERS = {"000": "Threshold Differential Attention", "002": "Softpick",
+          "003": "Long-Context Generalization with Sparse Attention", "004": "Sieve Attention"}
+SHORT_TITLES = {"003": "Sparse Attention"}  # where a table cell has no room for the whole title
+
+
+def paper_title(source, short: bool = False) -> str:
+    """The title of the paper behind a ``source`` code (its short form in table cells)."""
+    code = str(source).zfill(3)
+    return (SHORT_TITLES.get(code) if short else None) or PAPERS.get(code, f"paper {code}")
+
+
 def to_markdown(long: pd.DataFrame, *, rows_per_cell: int = 3, tolerance: float = TOLERANCE,
                 source: str | None = None) -> str:
     """The comparison as Markdown: a summary, then per seed table and task the seed's row and ours under it."""
-    parts = ["# Our leaderboard beside the seeds' tables", ""]
+    parts = ["# Our leaderboard beside the papers' tables", ""]
     if source:
         parts += [source, ""]
     parts += [
@@ -215,19 +231,20 @@ def to_markdown(long: pd.DataFrame, *, rows_per_cell: int = 3, tolerance: float 
         "## Summary: the closest row of ours per seed cell", "",
     ]
     table = summary(long)
-    rows = [[f"seed {row[c]}" if c == "source" else str(row[c]) for c in table.columns] for _, row in table.iterrows()]
+    rows = [[paper_title(row[c], short=True) if c == "source" else str(row[c]) for c in table.columns]
+            for _, row in table.iterrows()]
     parts += [_md_table(list(table.columns), rows, ["l"] * 3 + ["r"] * (len(table.columns) - 3)), ""]
     for (source_id, table_name, task), group in long.groupby(["source", "table", "task"], sort=True):
         multipliers = sorted(group["multiplier"].unique())
         metric = group["metric"].dropna()
         metric_text = METRIC_NAMES.get(metric.iloc[0], metric.iloc[0]) if len(metric) else "the task's metric"
-        parts += [f"## Seed {source_id}, {table_name}: {task}", "",
+        parts += [f"## {paper_title(source_id)}, {table_name}: {task}", "",
                   f"Ours in {metric_text} (%); the seed's as printed.", ""]
         header = ["cell", "row"] + [f"{multiplier_label(m)}×" for m in multipliers] + ["verdict", "ours: protocol"]
         rows = []
         for (attn, pe), cell in group.groupby(["attn", "pe"], sort=False):
             seed_values = cell.drop_duplicates("multiplier").set_index("multiplier")["seed_value"]
-            rows.append([f"{attn} + {pe}", f"seed {source_id}"] + [_value(seed_values.get(m)) for m in multipliers]
+            rows.append([f"{attn} + {pe}", paper_title(source_id, short=True)] + [_value(seed_values.get(m)) for m in multipliers]
                         + ["", ""])
             ranks = sorted(cell["rank"].unique())
             shown = ranks if rows_per_cell <= 0 else ranks[:rows_per_cell]

@@ -8,6 +8,7 @@ ones without the contract's columns (:data:`REQUIRED_COLUMNS`), naming each.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import warnings
@@ -94,10 +95,52 @@ def run_finished(results: str | Path, run_id: str) -> bool:
     return run_path(results, run_id).exists()
 
 
+# What a configuration of schema version 1 left to defaults that version 2 changed (the defaults of the papers'
+# public code, docs/conventions.md): read into its rows, so that they say what they ran. ``sieve`` was the
+# entmax-support form, now ``sieve-entmax``.
+SCHEMA_1_RENAMED = {"sieve": "sieve-entmax"}
+SCHEMA_1_ATTN_PARAMS = {
+    "ssmax": {"s_init": 0.43, "log_offset": 0, "scaled_heads": "all"},
+    "assmax": {"gamma_scale": 1.0, "scaled_heads": "all"},
+    "asentmax": {"gamma_scale": 1.0, "scaled_heads": "all"},
+    "tra": {"tau_index": "eq1"},
+    "tda": {"tau_index": "eq1"},
+}
+SCHEMA_1_TASK_PARAMS = {
+    "mqmtar": {"spacing": "random", "values": "uniform"},
+    "localcount": {"runs": "cut"},
+    "flipflop-sparse": {"sep": True},
+    "flipflop-dense": {"sep": True},
+}
+
+
+def _schema_1_config(config_json: str) -> str:
+    """A schema-1 ``config_json`` with the earlier defaults written out (and ``sieve`` renamed)."""
+    try:
+        config = json.loads(config_json)
+    except (TypeError, ValueError):
+        return config_json
+    if not isinstance(config, dict):
+        return config_json
+    attn = SCHEMA_1_RENAMED.get(config.get("attn"), config.get("attn"))
+    config["attn"] = attn
+    config["attn_params"] = {**SCHEMA_1_ATTN_PARAMS.get(attn, {}), **(config.get("attn_params") or {})}
+    config["task_params"] = {**SCHEMA_1_TASK_PARAMS.get(config.get("task"), {}), **(config.get("task_params") or {})}
+    return json.dumps(config, sort_keys=True)
+
+
 def with_schema_version(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with its ``schema_version`` column an int, 1 where the rows were written without one."""
+    """``frame`` with its ``schema_version`` column an int, 1 where the rows were written without one; rows of
+    version 1 read in version 2's terms (:data:`SCHEMA_1_RENAMED`, the earlier defaults written out)."""
     versions = frame["schema_version"] if "schema_version" in frame.columns else pd.Series(1, index=frame.index)
-    return frame.assign(schema_version=versions.fillna(1).astype("int64"))
+    frame = frame.assign(schema_version=versions.fillna(1).astype("int64"))
+    old = frame["schema_version"] == 1
+    if old.any():
+        frame = frame.copy()
+        frame.loc[old, "attn"] = frame.loc[old, "attn"].replace(SCHEMA_1_RENAMED)
+        if "config_json" in frame.columns:
+            frame.loc[old, "config_json"] = frame.loc[old, "config_json"].map(_schema_1_config)
+    return frame
 def schema_problem(frame: pd.DataFrame) -> str | None:
     """What makes ``frame`` (one run file) unusable as store rows, in a few words; None if nothing does."""
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]

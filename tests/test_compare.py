@@ -100,7 +100,7 @@ def test_summary_and_markdown(store, seeds):
     assert table.loc[("003", "Table 5", "sort"), "below"] == 1  # 92 / 70 against 90 / 80
     assert table.loc[("003", "Table 1", "reverse"), "no run"] == 1
     text = to_markdown(long, rows_per_cell=1)
-    assert "| sieve + none | seed 004 | 100.0 | 99.8 |" in text
+    assert "| sieve + none | Sieve Attention | 100.0 | 99.8 |" in text
     assert "|  | ours: sieve-alg1 + none | 100.0 (+0.0) | 97.0 (-2.8) | agrees |" in text
     assert "(1 more rows of ours)" in text
     assert "|  | ours | – | – | no run |  |" in text
@@ -109,12 +109,12 @@ def test_summary_and_markdown(store, seeds):
 def test_cli_writes_markdown_and_parquet_and_leaves_the_store_alone(store, seeds, tmp_path, monkeypatch, capsys):
     before = digest(store)
     assert cli(monkeypatch, "compare", "--results", store, "--seed-tables", seeds, "--task", "copy") == 0
-    assert "## Seed 004, Table 1: copy" in capsys.readouterr().out
+    assert "## Sieve Attention, Table 1: copy" in capsys.readouterr().out
     out = tmp_path / "published"
     assert cli(monkeypatch, "compare", "--results", store, "--seed-tables", seeds, "--publish", out) == 0
     frame = pd.read_parquet(out / "seed_comparison.parquet")
     assert {"source", "attn", "our_attn", "multiplier", "seed_value", "our_value", "verdict"} <= set(frame.columns)
-    assert (out / "seed_comparison.md").read_text().startswith("# Our leaderboard beside the seeds' tables")
+    assert (out / "seed_comparison.md").read_text().startswith("# Our leaderboard beside the papers' tables")
     assert digest(store) == before
 
 

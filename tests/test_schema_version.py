@@ -61,3 +61,30 @@ def test_the_committed_store_loads_as_version_1_and_shows_in_the_leaderboard():
     assert len(frame) > 100 and set(frame["schema_version"]) == {1}
     board = build_leaderboard(frame)
     assert len(board) > 10 and set(board["task"]) >= {"mqrar"}
+
+
+def test_schema_1_rows_read_with_the_earlier_defaults_written_out():
+    """A version-1 row names what it ran: ``sieve`` was the entmax-support form, and the defaults that version 2
+    changed (SSMax's, MQMTAR's layout, TRA's row index) are written into its configuration; version 2 rows are
+    read as they are."""
+    import json
+
+    import pandas as pd
+
+    from lengthbench.store import with_schema_version
+
+    rows = pd.DataFrame({
+        "attn": ["sieve", "ssmax", "sieve"],
+        "config_json": [json.dumps({"task": "mqrar", "attn": "sieve", "attn_params": {}, "task_params": {}}),
+                        json.dumps({"task": "mqmtar", "attn": "ssmax", "attn_params": {"s_init": 1.0},
+                                    "task_params": {}}),
+                        json.dumps({"task": "mqrar", "attn": "sieve", "attn_params": {}, "task_params": {}})],
+        "schema_version": [None, None, 2],
+    })
+    read = with_schema_version(rows)
+    assert list(read["attn"]) == ["sieve-entmax", "ssmax", "sieve"]
+    first, second, third = (json.loads(c) for c in read["config_json"])
+    assert first["attn"] == "sieve-entmax"
+    assert second["attn_params"] == {"s_init": 1.0, "log_offset": 0, "scaled_heads": "all"}  # set values kept
+    assert second["task_params"] == {"spacing": "random", "values": "uniform"}
+    assert third == {"task": "mqrar", "attn": "sieve", "attn_params": {}, "task_params": {}}
