@@ -5,11 +5,11 @@ open).
 Worked example (sample 3 of the test stream, seed 0, ``n = 20``: two pairs in two blocks of 10 tokens; keys and
 values of 2 tokens over "0".."255"; ``queries = 2`` to keep it short, the default is 4)::
 
-    input_ids  <bos> <space> <space> <space> <space> 27 234 <kv> 182 120 <space> <space> <space>
-                     126 136 <kv> 164 203 <space> <space> <space>
-               <q> 126 136 <q> 27 234 <sep> <q> 164 203 <q> 182 120 <eos>
+    input_ids  <bos> <space> <space> <space> 5 211 <kv> 243 16 <space> <space> <space> <space>
+                     <space> 53 30 <kv> 77 15 <space> <space>
+               <q> 53 30 <q> 5 211 <sep> <q> 77 15 <q> 243 16 <eos>
     labels     -100 at <bos>, the 20 prefix positions and the queries, then
-               <q> 164 203 <q> 182 120 <eos> -   (the targets of the positions from <sep> on)
+               <q> 77 15 <q> 243 16 <eos> -   (the targets of the positions from <sep> on)
 
 As the authors' generator: ``num_kv = int(n * density // 6)`` pairs (``density`` 0.8; a pair is ``k1 k2 <kv> v1
 v2 <space>``, the "+2 for sep and bound" of their code), keys distinct and values distinct within a sample (drawn

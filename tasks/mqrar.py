@@ -3,10 +3,10 @@
 Worked example (sample 1 of the test stream, seed 0, ``n = 8``: 4 assignments; ``num_keys = 3`` and
 ``queries = 2`` to keep it short, the defaults are 16 and 4)::
 
-    input_ids  <bos> k19 v48 k19 v78 k9 v95 k9 v106 <q> k9 <q> k19 <sep> <q>  v106 <q> v78   <eos>
-    labels     -     -   -   -   -   -  -   -  -    -   -  -   -   -     v106 -    v78 <eos> -
+    input_ids  <bos> k53 v29 k117 v6 k106 v56 k53 v94 <q> k53 <q> k106 <sep> <q> v94 <q> v56 <eos>
+    labels     -     -   -   -    -  -    -   -   -   -   -   -   -    -     v94 -   v56 <eos> -
 
-``k19`` and ``k9`` are assigned twice; the answers are their most recent values. The prefix of ``n`` tokens
+``k53`` is assigned twice; the answer to ``<q> k53`` is its most recent value, ``v94``. The prefix of ``n`` tokens
 holds ``n // 2`` assignments ``k v``: keys drawn with replacement from ``num_keys`` distinct active
 keys of the sample (out of ``keys``), values uniform over ``values``. Then ``queries`` queries
 ``<q> k``, keys drawn with replacement, uniform over the keys present in the prefix; then ``<sep>``
@@ -15,7 +15,7 @@ and ``<q> a`` per query, then ``<eos>``. Scored as next-token targets: the answe
 tokens (``n`` even) or one more filler token (``n`` odd).
 
 ``layout="inline"`` (a parameter; the default is the layout above) asks and answers each query in place,
-as in Zoology's MQAR: ``<bos> prefix <sep> <q> k9 v106 <q> k19 v78 <eos>``, scored: each answer (at its
+as in Zoology's MQAR: ``<bos> prefix <sep> <q> k53 v94 <q> k106 v56 <eos>``, scored: each answer (at its
 key) and ``<eos>``; ``n + 3 * queries + 3`` tokens. An answer then needs one hop less (no query to locate by
 position); Sieve Attention's text ("a series of queries ... output the most recent value assigned to each queried
 key") fits both.

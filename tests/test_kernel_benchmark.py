@@ -22,22 +22,22 @@ def frame(mechanisms, fwd, created, scale=None):
 
 
 def test_merge_replaces_the_measured_rows_only(tmp_path):
-    short = frame(["entmax", "sieve"], 1.0, "2026-11-22").assign(seq_len=1024)  # not measured again: kept
-    bench.write(pd.concat([frame(["entmax", "sieve", "tra"], 100.0, "2026-11-22"), short]), tmp_path / "all")
+    short = frame(["entmax", "sieve-entmax"], 1.0, "2026-11-22").assign(seq_len=1024)  # not measured again: kept
+    bench.write(pd.concat([frame(["entmax", "sieve-entmax", "tra"], 100.0, "2026-11-22"), short]), tmp_path / "all")
     bench.write(frame(["entmax", "sparsemax"], 29.0, "2026-11-24", scale=1.0), tmp_path / "new")
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels.py"), "--merge", str(tmp_path / "new"),
                            "--out", str(tmp_path / "all")], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     merged = pd.read_parquet(tmp_path / "all" / "kernels.parquet")
-    assert sorted(merged.mechanism) == ["entmax", "entmax", "sieve", "sieve", "sparsemax", "tra"]
+    assert sorted(merged.mechanism) == ["entmax", "entmax", "sieve-entmax", "sieve-entmax", "sparsemax", "tra"]
     longest = merged[merged.seq_len == 65536]
-    assert longest.set_index("mechanism").fwd_ms.to_dict() == {"entmax": 29.0, "sieve": 100.0, "sparsemax": 29.0,
+    assert longest.set_index("mechanism").fwd_ms.to_dict() == {"entmax": 29.0, "sieve-entmax": 100.0, "sparsemax": 29.0,
                                                                "tra": 100.0}
     assert merged[merged.seq_len == 1024].fwd_ms.tolist() == [1.0, 1.0]
     text = (tmp_path / "all" / "kernels.md").read_text()
     assert "between 2026-11-22 and 2026-11-24" in text and "times 1 (SDPA" in text
     assert "| entmax | 1.45 (1.5) | 0.83 (3) | 1.00 | all |" in text
-    assert "| sieve | 5.00 (1.5) | 2.86 (3) | 1.00 | missed: fwd |" in text
+    assert "| sieve-entmax | 5.00 (1.5) | 2.86 (3) | 1.00 | missed: fwd |" in text
 
 
 def test_each_row_of_the_report_names_its_date_and_commit(tmp_path):
