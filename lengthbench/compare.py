@@ -41,7 +41,7 @@ SEED_TABLES = Path(__file__).with_name("seed_tables.csv")
 TOLERANCE = 5.0  # points
 STAND_INS = {"sieve": ("sieve-alg1", "sieve-entmax")}  # Sieve's earlier name and its Section 3 form
 # parameters that make another mechanism (with each mechanism's default): entmax at alpha 4 is not entmax at 1.5,
-# softmax at a fixed temperature theta (seed 003's Max Retrieval) is not softmax
+# softmax at a fixed temperature theta (the sparse-attention paper's Max Retrieval, Table 5) is not softmax
 IDENTITY_PARAMS = {"alpha": {"entmax": 1.5, "sparsemax": 2.0, "sieve": 1.5, "sieve-entmax": 1.5, "sentmax": 1.5,
                              "asentmax": 1.5},
                    "theta": {}}

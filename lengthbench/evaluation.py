@@ -38,8 +38,8 @@ class BleuTally:
     """Corpus BLEU-4 (Papineni et al., 2002) of predicted against reference token sequences: clipped n-gram
     matches and candidate n-gram counts summed over the corpus for n = 1..4, their geometric mean with uniform
     weights, times the brevity penalty exp(1 - r / c) where the candidates are shorter (c < r). No smoothing: a
-    corpus without a matching 4-gram scores 0. Seed 003 selects the checkpoints of models that do not reach 8x
-    by this metric at 2x or 4x (its appendix)."""
+    corpus without a matching 4-gram scores 0. Long-Context Generalization with Sparse Attention selects the
+    checkpoints of models that do not reach 8x by this metric at 2x or 4x (its appendix)."""
 
     def __init__(self, max_n: int = 4):
         self.max_n = max_n

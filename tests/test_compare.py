@@ -141,7 +141,7 @@ def test_the_shipped_seed_tables_name_our_tasks_mechanisms_and_encodings():
     assert not seed_table_problems(seeds, tasks=task_names(), attns=ATTENTION.names(),
                                    pes=POSITIONAL_ENCODINGS.names())
     assert seeds["value"].between(0, 100).all()
-    # the headline rows of the priority tables (seed 004 Table 1, seed 003 Table 1) are there
+    # the headline rows of the priority tables (Sieve Attention Table 1, Sparse Attention Table 1) are there
     cells = set(zip(seeds["source"], seeds["task"], seeds["attn"], seeds["pe"], strict=True))
     assert {("004", "mqrar", "sieve", "none"), ("004", "copy", "stickbreaking", "none"),
             ("003", "mqmtar", "asentmax", "nape"), ("003", "sort", "ssmax", "rope")} <= cells

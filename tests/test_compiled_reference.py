@@ -86,7 +86,7 @@ def _float32_matmuls():
 
 
 # A compiled bf16 gradient fails where it is off by more than its norm and by more than this many times the eager
-# bf16 one (rounding alone: up to 4.4 times, scalable-softpick on the CPU in session 21; session 19's formula error:
+# bf16 one (rounding alone: up to 4.4 times, scalable-softpick on the CPU; the earlier formula's error:
 # 80 to 160 norms off where eager bf16 was 0.005 off)
 BF16_FACTOR = 10.0
 
@@ -132,16 +132,16 @@ def compiled_gradient_distances(attn: str, pe: str, device: str) -> dict[str, di
 def test_inductor_gradients_match_eager_under_cuda_autocast(attn, pe):
     """The runner's compiled step (Inductor on CUDA) gives the true gradients, for every mechanism (the scaled
     ones first). With the adaptive scale written ``log(n + 1) ** gamma``, Inductor's gradient for ``w_gamma`` was
-    15 to 160 times off on the H100/H200 (session 19), and compiled ASEntmax models did not learn or extrapolate.
+    15 to 160 times off on the H100/H200, and compiled ASEntmax models did not learn or extrapolate.
 
     Two checks, against the eager float32 gradients. Compiled in float32, every gradient within 1%: this one sees
     any error of the compiled graph that does not depend on the dtype. Compiled under bf16 autocast (the runner's
     mode), no gradient off by more than its own norm unless the eager bf16 step is off by a tenth of that too:
-    session 19's error put ``w_gamma`` 80 to 160 norms off. The bf16 check cannot be tighter. Inductor keeps
+    the earlier formula's error put ``w_gamma`` 80 to 160 norms off. The bf16 check cannot be tighter. Inductor keeps
     intermediates of its fused kernels in float32 where eager rounds each op to bf16, so the two bf16 steps
     round differently: scalable-softpick's compiled bf16 gradients were up to 4.4 times further from the truth
     than the eager ones (on the CPU, 0.153 against 0.035 of their norm for layer 1's ``attn_norm.weight``; on
-    the H100 a layer-0 MLP weight, over 0.084 against 0.032; session 21), and with
+    the H100 a layer-0 MLP weight, over 0.084 against 0.032), and with
     ``torch._inductor.config.emulate_precision_casts`` (eager's rounding) they equal the eager ones on the CPU. Sums that cancel, such as diffsoftmax's lambda vectors (one scalar
     summed over every weight of the layer), are 0.07 to 10 times their norm off in bf16, eager or compiled, each
     its own way (sessions 20-21, the CPU and the H100): there only the float32 check says something.
@@ -165,10 +165,10 @@ def gradient_failures(distances: dict[str, dict[str, float]]) -> list[str]:
 
 
 def test_gradient_checks_catch_the_pow_gradient_and_pass_cancelling_sums():
-    """The GPU test's verdicts: session 19's ``w_gamma`` (compiled 159 times its norm off in the runner's mode,
+    """The GPU test's verdicts: the earlier formula's ``w_gamma`` (compiled 159 times its norm off in the runner's mode,
     eager bf16 at 4.6e-3) fails, as would a twentieth of that error; what bf16 rounding gave pass: diffsoftmax's
-    lambda vectors (session 20, layer 1 on the H100 and the CPU; session 21, layer 0 on the CPU) and
-    scalable-softpick's layer-1 norm and projection (session 21, the CPU); a float32 gradient 5% off fails
+    lambda vectors (layer 1 on the H100 and the CPU; layer 0 on the CPU) and
+    scalable-softpick's layer-1 norm and projection (the CPU); a float32 gradient 5% off fails
     whatever bf16 says."""
     assert gradient_failures({"blocks.0.attn.w_gamma": dict(fp32=1e-4, eager_bf16=4.6e-3, bf16=159.0)})
     assert gradient_failures({"blocks.0.attn.w_gamma": dict(fp32=1e-4, eager_bf16=4.6e-3, bf16=159.0 / 20)})

@@ -44,7 +44,7 @@ def test_bad_configurations_are_value_errors():
 def test_multipliers_are_powers_of_two_up_to_the_maximum():
     assert eval_multipliers(1024) == [2**k for k in range(11)]
     assert eval_lengths(64, 1024)[-1] == (1024, 65_536)
-    # a task's extra points (Reverse: 1.5x, seed 003's column) within range, in order; ints stay ints
+    # a task's extra points (Reverse: 1.5x, the sparse-attention paper's column) within range, in order; ints stay ints
     assert eval_lengths(64, 8, (1.5,)) == [(1, 64), (1.5, 96), (2, 128), (4, 256), (8, 512)]
     assert eval_lengths(64, 1, (1.5,)) == [(1, 64)] and eval_lengths(64, 4, (3.0, 2)) == [
         (1, 64), (2, 128), (3, 192), (4, 256)]

@@ -154,7 +154,7 @@ def test_a_run_interrupted_within_a_length_resumes_there(tmp_path, monkeypatch):
 
 
 def test_a_staged_cell_carried_to_another_store_is_scored_without_its_stages_model(tmp_path, monkeypatch):
-    # session 35: a cell trained on one GPU machine, scored to 512x, its checkpoint carried to another to finish;
+    # a cell trained on one GPU machine, scored to 512x, its checkpoint carried to another to finish;
     # there its earlier stage has a run file but no model, and the cell must not need one
     import shutil
 

@@ -62,7 +62,7 @@ def test_sdpa_attend_row_scale_and_slopes_match_softmax_of_the_scaled_scores():
 def test_sdpa_attend_keeps_a_sample_independent_factor_and_its_bias_at_batch_one(monkeypatch):
     """SSMax's factor depends on the position only: given as ``[1, H, T]`` it gives the same output and
     gradients as the factor expanded to every sample, and the ALiBi bias handed to SDPA stays at batch 1
-    (session 6 measured ssmax + NAPE evaluating 3.7x slower than softmax + NAPE with a per-sample bias)."""
+    (measured: ssmax + NAPE evaluating 3.7x slower than softmax + NAPE with a per-sample bias)."""
     from lengthbench.kernels import _sdpa
 
     gen = torch.Generator().manual_seed(1)

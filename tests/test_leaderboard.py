@@ -223,7 +223,7 @@ def test_selection_and_block_layout_are_part_of_the_protocol(tmp_path):
 
 
 def test_runs_with_mechanism_or_encoding_parameters_are_rows_of_their_own(tmp_path):
-    """Max Retrieval's entmax at alpha 1.5 and 4 (seed 003 Table 5) are two rows, not one best-of pick."""
+    """Max Retrieval's entmax at alpha 1.5 and 4 (Sparse Attention, Table 5) are two rows, not one best-of pick."""
     from lengthbench.plots import plot_curves
 
     results = tmp_path / "store"
@@ -243,7 +243,7 @@ def test_runs_with_mechanism_or_encoding_parameters_are_rows_of_their_own(tmp_pa
 
 
 def test_a_model_other_than_the_presets_is_part_of_the_protocol():
-    """Session 7 trained MQRAR with seed 003's MQMTAR model (4 x d 512): not the same table as the seeds' model."""
+    """An MQRAR run with the sparse-attention paper's MQMTAR model (4 x d 512): not the same table as the seeds' model."""
     from lengthbench.config import build_config
     from lengthbench.leaderboard import protocol_label
 
@@ -258,7 +258,7 @@ def test_a_model_other_than_the_presets_is_part_of_the_protocol():
 
 
 def test_a_warmup_other_than_the_presets_is_part_of_the_protocol():
-    """Session 10's curriculum stages took 1,000 warm-up steps on the `paper` preset (10,000): another table."""
+    """Curriculum stages that took 1,000 warm-up steps on the `paper` preset (10,000): another table."""
     from lengthbench.config import build_config
     from lengthbench.leaderboard import protocol_label
 
@@ -273,7 +273,7 @@ def test_a_warmup_other_than_the_presets_is_part_of_the_protocol():
 
 
 def test_a_scoring_count_other_than_the_presets_is_a_table_of_its_own(tmp_path):
-    """Session 36 scored three `paper` cells on the seeds' 1,000 samples per length; session 30's runs of the same
+    """Three `paper` cells scored on the papers' 1,000 samples per length; runs of the same
     cells and seeds had 200. One table would keep, per seed, whichever scoring had the larger AUC."""
     from lengthbench.config import build_config
     from lengthbench.leaderboard import protocol_label

@@ -228,7 +228,7 @@ def test_feature_task_runs_end_to_end_and_the_model_reads_the_features(tmp_path)
     ("ssmax", "nape", None, False),            # row-scaled softmax: SDPA too
     ("sieve", "none", "sieve", True),          # fused op: trains on the dense reference at short lengths
     ("asentmax", "nape", "entmax", True),      # reuses the entmax op
-    ("tda", "rope", "tda", True),              # the one-pass op (since session 10)
+    ("tda", "rope", "tda", True),              # the one-pass op
     ("tda", "rope", "tra", False),             # two tra passes are no longer what the module calls
 ])
 def test_compiled_training_and_dense_references(monkeypatch, attn, pe, kernel, dense):
@@ -352,7 +352,7 @@ def test_a_diverged_run_stops_with_its_last_good_checkpoint_and_writes_no_rows(t
 
 
 def test_a_gradient_that_overflows_before_the_loss_is_named_as_such(tmp_path, monkeypatch):
-    """Entmax at alpha 64 overflowed its backward at step 1 with a finite loss (session 8): the NaN loss came a
+    """Entmax at alpha 64 overflowed its backward at step 1 with a finite loss (measured): the NaN loss came a
     step later and the error advised a lower learning rate. The error now says the gradient came first."""
 
     @contextlib.contextmanager
@@ -370,7 +370,7 @@ def test_a_gradient_that_overflows_before_the_loss_is_named_as_such(tmp_path, mo
 
 
 def test_reverse_is_scored_at_its_extra_point_and_the_tables_show_it(tmp_path):
-    """Seed 003 reports Reverse at 1.5x: the run scores n = 96, the store keeps multiplier 1.5, and the
+    """Long-Context Generalization with Sparse Attention reports Reverse at 1.5x: the run scores n = 96, the store keeps multiplier 1.5, and the
     leaderboard, the check's curve and the run's table label it "1.5x", between 1x and 2x."""
     from lengthbench.check import curve_of
     from lengthbench.cli.run import curve_table

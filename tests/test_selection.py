@@ -1,5 +1,5 @@
 """Checkpoint selection at N x n_train (``--selection Nx``) and by another metric (``--selection-metric``), with
-corpus BLEU-4 (seed 003 selects its RoPE models at 2x or 4x by BLEU)."""
+corpus BLEU-4 (Long-Context Generalization with Sparse Attention selects its RoPE models at 2x or 4x by BLEU)."""
 
 from __future__ import annotations
 

@@ -206,7 +206,7 @@ def test_sweep_file_per_gpu_must_be_a_number(tmp_path, monkeypatch, capsys):
 
 
 def _interrupt_inside_a_compiled_step():
-    """What `timeout -s INT` raised through a torch.compile'd step on the H100 (session 9): a SystemError whose
+    """What `timeout -s INT` raised through a torch.compile'd step on the H100: a SystemError whose
     context is the KeyboardInterrupt."""
     try:
         raise KeyboardInterrupt
@@ -264,7 +264,7 @@ def test_an_error_that_is_not_an_interrupt_keeps_its_traceback(tmp_path, monkeyp
 
 
 def test_a_cell_may_carry_its_mechanisms_and_encodings_parameters(tmp_path, monkeypatch, capsys):
-    """Seed 003's Max Retrieval table has entmax at six alphas: one sweep file, not one file per alpha."""
+    """the sparse-attention paper's Max Retrieval table has entmax at six alphas: one sweep file, not one file per alpha."""
     from lengthbench.sweep import plan_cells
 
     configs = plan_cells(["maxretrieval:entmax(alpha=4):none", "maxretrieval:entmax:none",
