@@ -228,7 +228,7 @@ def to_markdown(long: pd.DataFrame, *, rows_per_cell: int = 3, tolerance: float 
         f"have: **agrees** within {tolerance:g} points at every one, **above** / **below** where every "
         "difference beyond that has that sign, **mixed** where both do. – : a length we did not score.",
         "",
-        "## Summary: the closest row of ours per seed cell", "",
+        "## Summary: the closest row of ours per paper cell", "",
     ]
     table = summary(long)
     rows = [[paper_title(row[c], short=True) if c == "source" else str(row[c]) for c in table.columns]
@@ -239,7 +239,7 @@ def to_markdown(long: pd.DataFrame, *, rows_per_cell: int = 3, tolerance: float 
         metric = group["metric"].dropna()
         metric_text = METRIC_NAMES.get(metric.iloc[0], metric.iloc[0]) if len(metric) else "the task's metric"
         parts += [f"## {paper_title(source_id)}, {table_name}: {task}", "",
-                  f"Ours in {metric_text} (%); the seed's as printed.", ""]
+                  f"Ours in {metric_text} (%); the paper's as printed.", ""]
         header = ["cell", "row"] + [f"{multiplier_label(m)}×" for m in multipliers] + ["verdict", "ours: protocol"]
         rows = []
         for (attn, pe), cell in group.groupby(["attn", "pe"], sort=False):

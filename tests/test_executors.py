@@ -144,7 +144,6 @@ def test_bad_options_are_one_line_errors(tmp_path, monkeypatch, capsys):
             bad()
     base = ["sweep", "--cells", CELLS[0], "--results", tmp_path / "store"]
     for extra, message in ((["--executor", "kubernetes"], "unknown executor 'kubernetes'"),
-                           (["--wait"], "--wait is for --executor slurm"),
                            (["--executor", "slurm", "--time", "soon"], "--time takes minutes"),
                            (["--track", "mlflow"], "unknown tracker 'mlflow'"),
                            (["--executor", "ray", "--ray-address", f"127.0.0.1:{free_port()}"], "no Ray cluster answers")):
