@@ -137,7 +137,8 @@ def with_schema_version(frame: pd.DataFrame) -> pd.DataFrame:
     old = frame["schema_version"] == 1
     if old.any():
         frame = frame.copy()
-        frame.loc[old, "attn"] = frame.loc[old, "attn"].replace(SCHEMA_1_RENAMED)
+        if "attn" in frame.columns:
+            frame.loc[old, "attn"] = frame.loc[old, "attn"].replace(SCHEMA_1_RENAMED)
         if "config_json" in frame.columns:
             frame.loc[old, "config_json"] = frame.loc[old, "config_json"].map(_schema_1_config)
     return frame
