@@ -13,47 +13,7 @@ and it is then available to ``lengthbench run --attn theirs`` (load the module w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+# One registry class for every part: the one of ``tasks/``, the lowest part (it imports nothing else of lengthbench).
+from lengthbench.tasks.registry import Registry, UnknownNameError
 
-T = TypeVar("T")
-
-
-class UnknownNameError(LookupError):
-    """An unknown registry name; the message names the valid choices."""
-
-
-class Registry(Generic[T]):
-    def __init__(self, kind: str):
-        self.kind = kind
-        self._entries: dict[str, T] = {}
-        self._aliases: dict[str, str] = {}
-
-    def register(self, name: str, *, aliases: tuple[str, ...] = (), replace: bool = False) -> Callable[[T], T]:
-        def decorator(entry: T) -> T:
-            if name in self._entries and not replace:
-                raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._entries[name] = entry
-            for alias in aliases:
-                self._aliases[alias] = name
-            return entry
-
-        return decorator
-
-    def canonical(self, name: str) -> str:
-        name = self._aliases.get(name, name)
-        if name not in self._entries:
-            raise UnknownNameError(f"unknown {self.kind} {name!r}; choose from: {', '.join(self.names())}")
-        return name
-
-    def get(self, name: str) -> T:
-        return self._entries[self.canonical(name)]
-
-    def names(self) -> list[str]:
-        return list(self._entries)
-
-    def __contains__(self, name: str) -> bool:
-        return self._aliases.get(name, name) in self._entries
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
+__all__ = ["Registry", "UnknownNameError"]

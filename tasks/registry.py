@@ -1,7 +1,7 @@
 """The registry of task families (``--task``), by name.
 
-``tasks/`` imports nothing else of lengthbench (not even ``lengthbench.models``, whose registries have the
-same interface), so it has its own.
+``tasks/`` imports nothing else of lengthbench, so the one registry class lives here; ``lengthbench.models``
+uses it for mechanisms and encodings.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ T = TypeVar("T")
 
 
 class UnknownNameError(LookupError, ValueError):
-    """An unknown task name; the message names the valid choices. A ``ValueError`` too, so that the harness's
+    """An unknown registry name; the message names the valid choices. A ``ValueError`` too, so that the harness's
     handling of bad arguments reports it as one line."""
 
 

@@ -1,5 +1,5 @@
-"""Parts import downward only: ``tasks/`` imports nothing else of lengthbench, ``models/`` only ``kernels/``,
-``kernels/`` nothing; none of them the harness (every other ``lengthbench.*`` module). Read from the source
+"""Parts import downward only: ``tasks/`` imports nothing else of lengthbench, ``models/`` only ``kernels/``
+and ``tasks/`` (the registry class), ``kernels/`` nothing; none of them the harness (every other ``lengthbench.*`` module). Read from the source
 (``ast``), so an import inside a function counts too."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # part (its folder, installed as lengthbench.<part>) -> the parts it may import besides itself
-ALLOWED = {"tasks": set(), "models": {"kernels"}, "kernels": set()}
+ALLOWED = {"tasks": set(), "models": {"kernels", "tasks"}, "kernels": set()}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
