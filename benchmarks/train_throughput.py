@@ -89,6 +89,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
     failed = getattr(trainer.step_fn, "failed", "")
     trainer.step_fn = None  # the captured graph's memory goes with it
     return dict(task=task, attn=attn, pe=pe, preset=preset, batch_size=batch_size, train_step=train_step,
+                train_attention=train_attention,
                 captured=captured, capture_error=failed,
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
                 dynamic=dynamic, compiled=trainer_compiled, dense_attention=trainer_dense, steps=steps,
@@ -114,9 +115,9 @@ def main() -> None:
                         "every batch to the widest)")
     parser.add_argument("--dynamic", default="static", help="torch.compile shapes: static (the runner's), auto "
                         "or dynamic")
-    parser.add_argument("--train-attention", default="fused", choices=["fused", "reference"],
-                        help="compiled step, models with fused ops: train on them (eagerly) or on their compiled "
-                        "dense references")
+    parser.add_argument("--train-attentions", "--train-attention", default="fused",
+                        help="models with fused ops: train on them (fused, the default) or on their dense references "
+                        "(reference); comma-separated for both side by side")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=60, help="untimed steps first (compiles every width, "
                         "captures the graph)")
@@ -139,23 +140,23 @@ def main() -> None:
             for train_step in args.train_steps.split(","):
                 modes = args.compile_modes.split(",") if train_step == "compiled" else ["default"]
                 pads = [int(p) for p in args.pad_multiples.split(",")] if train_step == "compiled" else [0]
-                for attn in args.attns.split(","):
-                    for pe in args.pes.split(","):
-                        for mode in modes:
-                            for pad in pads:
-                                row = measure(task, attn, pe, args.preset, batch_size, mode, args.steps,
-                                              args.warmup, pad, args.dynamic, args.trace, args.train_attention,
-                                              train_step)
-                                rows.append(row)
-                                gc.collect()
-                                torch.cuda.empty_cache()
-                                label = train_step if train_step != "compiled" else f"{train_step}/{mode}/pad {pad}"
-                                print(f"{task:7s} {attn:13s} {pe:5s} {label:24s} batch {batch_size:4d}: "
-                                      f"{row['samples_per_s']:9,.0f} samples/s ({row['step_ms']:.2f} ms/step, "
-                                      f"mean width {row['mean_padded_width']:.1f}, warm-up {row['warmup_s']:.1f} s"
-                                      f"{', not captured: ' + row['capture_error'] if row['capture_error'] else ''})",
-                                      flush=True)
-                                write(rows, Path(args.out))  # after every row: a run cut short keeps what it has
+                cells = [(attn, pe, mode, pad, path) for attn in args.attns.split(",") for pe in args.pes.split(",")
+                         for mode in modes for pad in pads for path in args.train_attentions.split(",")]
+                for attn, pe, mode, pad, path in cells:
+                    if path not in ("fused", "reference"):
+                        sys.exit(f"--train-attentions: unknown path {path!r}; choose from fused, reference")
+                    row = measure(task, attn, pe, args.preset, batch_size, mode, args.steps, args.warmup, pad,
+                                  args.dynamic, args.trace, path, train_step)
+                    rows.append(row)
+                    gc.collect()
+                    torch.cuda.empty_cache()
+                    label = train_step if train_step != "compiled" else f"{train_step}/{mode}/pad {pad}"
+                    print(f"{task:7s} {attn:13s} {pe:5s} {label:24s} {path:9s} batch {batch_size:4d}: "
+                          f"{row['samples_per_s']:9,.0f} samples/s ({row['step_ms']:.2f} ms/step, "
+                          f"mean width {row['mean_padded_width']:.1f}, warm-up {row['warmup_s']:.1f} s"
+                          f"{', not captured: ' + row['capture_error'] if row['capture_error'] else ''})",
+                          flush=True)
+                    write(rows, Path(args.out))  # after every row: a run cut short keeps what it has
 
 
 def with_ratios(frame: pd.DataFrame) -> pd.DataFrame:
@@ -189,7 +190,10 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
     frame["run"] = frame["command"].map({command: index + 1 for index, command in enumerate(commands["command"])})
     runs = "\n".join(f"{index + 1}. {row.device}, {row.created_at}, commit {row.commit}: `{row.command}`"
                      for index, row in enumerate(commands.itertuples()))
-    columns = ["run", "task", "attn", "pe", "batch_size", "train_step", "compile_mode", "captured", "samples_per_s",
+    if "train_attention" not in frame:  # rows measured before the column: the graph steps ran the references
+        frame["train_attention"] = None
+    columns = ["run", "task", "attn", "pe", "batch_size", "train_step", "train_attention", "compile_mode", "captured",
+               "samples_per_s",
                "vs_softmax_rope", "step_ms", "mean_padded_width", "warmup_s"]
     (out / "train_throughput.md").write_text(
         "# Training throughput\n\nRuns (device, date, commit, command):\n\n" + runs + "\n\n"

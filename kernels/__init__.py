@@ -54,26 +54,42 @@ def triton_available() -> bool:
     return torch.cuda.is_available()
 
 
-def get_kernel(mechanism: str) -> Callable | None:
+# The launch settings under which an op decides nothing on the host from its data (no host sync, no launch
+# sized by a count on the device), so that a CUDA graph can record it (the training step of
+# lengthbench/graph_step.py): entmax's threshold in one kernel and its output over all keys (no candidate
+# lists, no gathered open rows), TDA without its activity map. The ops not named here record as they are.
+CAPTURE_TUNING: dict[str, dict] = {
+    "entmax": {"lists": False, "split": False},
+    "sparsemax": {"lists": False, "split": False},
+    "sieve-entmax": {"lists": False, "split": False},
+    "tda": {"map": 0},
+}
+
+
+def get_kernel(mechanism: str, capturable: bool = False) -> Callable | None:
     """The fused op of ``mechanism``, or None where it cannot run here (no CUDA, no Triton, or no kernel for
-    the mechanism)."""
+    the mechanism). ``capturable``: the op with the launch settings a CUDA graph can record
+    (:data:`CAPTURE_TUNING`)."""
     target = _KERNELS.get(mechanism)
     if target is None or not triton_available():
         return None
-    return load_op(mechanism)
+    return load_op(mechanism, capturable)
 
 
 @functools.cache
-def load_op(mechanism: str) -> Callable:
+def load_op(mechanism: str, capturable: bool = False) -> Callable:
     """The fused op of ``mechanism`` wherever Triton imports (on a CPU, under ``TRITON_INTERPRET=1``), without
     the CUDA check of :func:`get_kernel`; a ``KeyError`` for a mechanism without one."""
     import torch
 
     module_name, function_name = _KERNELS[mechanism].split(":")
     module = importlib.import_module(f"lengthbench.kernels.{module_name}")
+    op = getattr(module, function_name)
+    if capturable and mechanism in CAPTURE_TUNING:
+        op = functools.partial(op, tuning=CAPTURE_TUNING[mechanism])
     # torch.compile must not trace into the Triton launches (Inductor re-types their constants);
     # a graph break keeps the op an opaque autograd function inside compiled models.
-    return torch.compiler.disable(_same_dtype(getattr(module, function_name)))
+    return torch.compiler.disable(_same_dtype(op))
 
 
 def _same_dtype(op: Callable) -> Callable:

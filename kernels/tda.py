@@ -318,13 +318,21 @@ MAX_MAP_TILES = 8192  # key tiles of MAP_N a register map covers (T up to 524,28
 
 
 def _config(block_d: int, tuning: dict | None = None) -> dict:
-    if tuning is not None:
-        return {"fwd_map": tuning["fwd"], **tuning}
+    """The launch settings for head-dim block ``block_d``, ``tuning``'s keys replacing the defaults' (a
+    ``fwd`` without ``fwd_map`` sets both)."""
     if block_d <= 32:
-        return dict(fwd=(128, 64, 8), fwd_map=(128, 64, 4), dq=(64, 64, 4), dkdv=(64, 64, 4), skip=False, map=1)
-    if block_d <= 64:  # at D 64: 24.6 / 42.8 ms against 26.0 / 75.4 with the BN 32, 8-warp tiles
-        return dict(fwd=(128, 64, 4), fwd_map=(128, 64, 4), dq=(64, 64, 4), dkdv=(64, 64, 4), skip=False, map=1)
-    return dict(fwd=(32, 32, 8), fwd_map=(32, 32, 8), dq=(32, 32, 8), dkdv=(32, 32, 8), skip=True, map=0)
+        config = dict(fwd=(128, 64, 8), fwd_map=(128, 64, 4), dq=(64, 64, 4), dkdv=(64, 64, 4), skip=False, map=1)
+    elif block_d <= 64:  # at D 64: 24.6 / 42.8 ms against 26.0 / 75.4 with the BN 32, 8-warp tiles
+        config = dict(fwd=(128, 64, 4), fwd_map=(128, 64, 4), dq=(64, 64, 4), dkdv=(64, 64, 4), skip=False, map=1)
+    else:
+        config = dict(fwd=(32, 32, 8), fwd_map=(32, 32, 8), dq=(32, 32, 8), dkdv=(32, 32, 8), skip=True, map=0)
+    tuning = dict(tuning or {})
+    unknown = sorted(set(tuning) - set(config))
+    if unknown:
+        raise ValueError(f"tda tuning: unknown keys {unknown}; the keys are {sorted(config)}")
+    if "fwd" in tuning and "fwd_map" not in tuning:
+        tuning["fwd_map"] = tuning["fwd"]
+    return {**config, **tuning}
 
 
 def _map_fits(config: dict) -> bool:

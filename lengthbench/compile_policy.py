@@ -125,16 +125,19 @@ def compiles(config: RunConfig, model, device: torch.device, max_tokens: int) ->
 
 
 @contextlib.contextmanager
-def attention_kernels(model, enabled: bool | list[bool]) -> Iterator[None]:
-    """Set each attention layer's ``use_kernels`` (one flag for all, or one per layer) inside the block and
-    restore the previous flags after it."""
+def attention_kernels(model, enabled: bool | list[bool], capturable: bool | None = None) -> Iterator[None]:
+    """Set each attention layer's ``use_kernels`` (one flag for all, or one per layer) and, where given,
+    ``capturable`` (the fused ops' launch settings that a CUDA graph records) inside the block, and restore the
+    previous flags after it."""
     layers = [block.attn for block in model.blocks]
-    before = [layer.use_kernels for layer in layers]
+    before = [(layer.use_kernels, layer.capturable) for layer in layers]
     flags = enabled if isinstance(enabled, list) else [enabled] * len(layers)
     for layer, flag in zip(layers, flags, strict=True):
         layer.use_kernels = flag
+        if capturable is not None:
+            layer.capturable = capturable
     try:
         yield
     finally:
-        for layer, flag in zip(layers, before, strict=True):
-            layer.use_kernels = flag
+        for layer, (flag, capture) in zip(layers, before, strict=True):
+            layer.use_kernels, layer.capturable = flag, capture

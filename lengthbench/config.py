@@ -51,19 +51,18 @@ DEFAULT_INIT = INITS[0]  # also what configurations stored before the field exis
 # What --init-from carries over: every weight ("all"), or all but the token embedding and the output layer
 # ("body": those keep their fresh initialisation, so the source run may have another vocabulary).
 INIT_PARTS = ("all", "body")
-# What the training step of a model with fused ops runs on CUDA: "fused", its Triton ops (eagerly: torch.compile
-# crashed around them); "reference", its dense references, compiled, where the batches are narrow (the runner's
-# ``trains_dense``): 12,400 samples/s alone on an H100 against 5,250 for each of two fused-op cells side by side,
-# but the two models trained that way did not extrapolate, hence "fused" by default. Validation and scoring take
-# the fused ops either way; models without fused ops are unaffected.
+# What the training step of a model with fused ops runs on CUDA: "fused", its Triton ops, the ones validation and
+# scoring call; "reference", its dense references (the ``compiled`` step: compiled where the batches are narrow,
+# the runner's ``trains_dense``). Two models trained on the references under the ``compiled`` step did not
+# extrapolate, hence "fused" by default. Models without fused ops are unaffected.
 TRAIN_ATTENTION = ("fused", "reference")
 # How a training step runs on CUDA: "graph-compiled" (the default), the whole step (forward, backward, clipping,
-# AdamW) in one CUDA graph at the task's widest training width, the attention on its dense references (torch SDPA
-# where the mechanism has it), the forward and backward compiled by Inductor at that one width (not with
-# ``compile = False``), see lengthbench/graph_step.py; "graph", the same without Inductor (eager kernels in the
-# graph: no compilation, slower steps); "compiled", torch.compile per bucket width where the model allows (see
-# ``compile``, ``compile_mode``, ``train_attention``), else the fused ops eagerly. A CPU always trains eagerly.
-# Measured side by side: results/benchmarks/train_throughput.md.
+# AdamW) in one CUDA graph at the task's widest training width, the attention on the ``train_attention`` path
+# (fused ops with the launch settings a graph records, or dense references), the rest of the forward and backward
+# compiled by Inductor at that one width (not with ``compile = False``), see lengthbench/graph_step.py; "graph",
+# the same without Inductor (eager kernels in the graph: no compilation, slower steps); "compiled", torch.compile
+# per bucket width where the model allows (see ``compile``, ``compile_mode``, ``train_attention``), else the fused
+# ops eagerly. A CPU always trains eagerly. Measured side by side: results/benchmarks/train_throughput.md.
 TRAIN_STEPS = ("graph-compiled", "graph", "compiled")
 # What a stored configuration that lacks a field (written before the field existed) ran with, where that is not
 # the field's default: the configurations of the store's schema version 1 trained on the compiled step.

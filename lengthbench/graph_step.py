@@ -6,14 +6,16 @@ model (every training batch is padded on the right to the task's widest sample; 
 padding changes nothing for the real tokens, and its labels are ignored), and replays it for every later batch:
 one launch a step, the clipping and the optimizer included.
 
-Inside the graph the attention runs the mechanisms' dense references, except where a module calls torch SDPA
-(softmax, SSMax), which is capturable. With ``compile_forward`` (``train_step = "graph-compiled"``, the default)
-the forward and its backward are Inductor's fused kernels, compiled once at the one width in the first eager step
-(13-27 s for softmax, stick-breaking and sieve-alg1 on the MQMTAR paper model, 146 s for ASEntmax, on an H200);
-without it they run eagerly, one kernel per operation (a capture takes under a second, but the unfused kernels
-cost time of their own: 7.1 ms against 3.9 ms a step for that softmax model at batch 128; every number in
-results/benchmarks/train_throughput.md). The references are host-sync free (no ``.item()``, no data-dependent
-shapes; ``tests/test_graph_step.py`` checks each one under fake tensors), so they record into a graph as they are. The optimizer is AdamW with ``capturable=True`` and
+Inside the graph the attention runs the mechanisms' fused ops (``fused``, the default: ``train_attention =
+"fused"``) with the launch settings a graph can record (``lengthbench.kernels.CAPTURE_TUNING``: no host sync, no
+launch sized on the device), the same ops that validation and scoring call; or, with ``fused`` False
+(``train_attention = "reference"``), their dense references, except where a module calls torch SDPA (softmax,
+SSMax). The references are host-sync free too (no ``.item()``, no data-dependent shapes;
+``tests/test_graph_step.py`` checks each one under fake tensors). With ``compile_forward`` (``train_step =
+"graph-compiled"``, the default) the rest of the forward and its backward are Inductor's fused kernels, compiled
+once at the one width in the first eager step (a fused op is a graph break: Inductor compiles the pieces between
+them); without it they run eagerly, one kernel per operation (a capture takes under a second, but the unfused
+kernels cost time of their own). Every number: results/benchmarks/train_throughput.md. The optimizer is AdamW with ``capturable=True`` and
 ``fused=True``; its learning rate is a device tensor that the replay reads, filled from the parameter group's
 float before each replay (the schedule stays :func:`lengthbench.training.learning_rate`).
 
@@ -41,8 +43,8 @@ def graph_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> t
 
 
 def reference_flags(model) -> list[bool]:
-    """Each attention layer's ``use_kernels`` inside the graph: off where the layer would call a fused Triton op
-    (those launch with host-side decisions and run their dense reference instead), on elsewhere (torch SDPA)."""
+    """Each attention layer's ``use_kernels`` inside a graph on the dense references: off where the layer would
+    call a fused Triton op (it runs its dense reference instead), on elsewhere (torch SDPA)."""
     return [block.attn.use_kernels and not block.attn.dispatches_to_kernel() for block in model.blocks]
 
 
@@ -54,7 +56,7 @@ class GraphStep:
 
     def __init__(self, model, optimizer: torch.optim.Optimizer, grad_clip: float, width: int,
                  fallback: Callable[..., StepOutputs] | None = None, log: Callable[[str], None] | None = None,
-                 compile_forward: bool = False):
+                 compile_forward: bool = False, fused: bool = True):
         for group in optimizer.param_groups:
             if not (group.get("capturable") and group.get("fused")):
                 raise ValueError("GraphStep needs a fused, capturable AdamW (graph_optimizer)")
@@ -65,7 +67,8 @@ class GraphStep:
         self.fallback = fallback
         self.log = log or (lambda line: None)
         self.device = next(model.parameters()).device
-        self.flags = reference_flags(model)
+        self.fused = bool(fused)
+        self.flags = [block.attn.use_kernels for block in model.blocks] if self.fused else reference_flags(model)
         self.lr = torch.zeros((), device=self.device, dtype=torch.float32)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.failed = ""  # why the capture failed ("" while it has not)
@@ -130,7 +133,7 @@ class GraphStep:
         on the forward (it compiles in the first of these), the step goes on with the plain one."""
         stream = self.side_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), attention_kernels(self.model, self.flags):
+        with torch.cuda.stream(stream), attention_kernels(self.model, self.flags, self.fused):
             self.optimizer.zero_grad(set_to_none=True)  # before, not after: the step's gradients stay readable
             try:
                 outputs = self._body(input_ids, labels, features)
@@ -164,7 +167,7 @@ class GraphStep:
         for group in groups:
             group["lr"] = self.lr  # the captured update reads the device learning rate
         try:
-            with attention_kernels(self.model, self.flags), torch.cuda.graph(graph):
+            with attention_kernels(self.model, self.flags, self.fused), torch.cuda.graph(graph):
                 self.outputs = self._body(self.static["input_ids"], self.static["labels"], self.static["features"])
         except Exception as error:  # noqa: BLE001 - any failure: train on without the graph, and say why
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"

@@ -97,8 +97,9 @@ class Trainer:
         self.dense = not self.graph and trains_dense(config, self.model, device, max_tokens)
         self.compiled = not self.graph and compiles(config, self.model, device, max_tokens)
         if self.graph:
-            self.log(f"training step in one CUDA graph at {max_tokens} tokens (dense reference attention); "
-                     "validation and scoring on the fused ops")
+            on = ("the fused ops" if config.train_attention == "fused" else
+                  "dense reference attention; validation and scoring on the fused ops")
+            self.log(f"training step in one CUDA graph at {max_tokens} tokens ({on})")
         elif self.dense:
             self.log(f"training on the dense reference attention, compiled ({max_tokens} tokens at most); "
                      "validation and scoring on the fused ops")
@@ -174,7 +175,8 @@ class Trainer:
         # an eager step on the same fused-op path is the fallback where the capture fails
         return GraphStep(self.model, self.optimizer, self.config.grad_clip,
                          self.task.max_tokens(self.config.train_length), fallback=step, log=self.log,
-                         compile_forward=self.config.train_step == "graph-compiled" and self.config.compile)
+                         compile_forward=self.config.train_step == "graph-compiled" and self.config.compile,
+                         fused=self.config.train_attention == "fused")
 
     def _make_plain_step_fn(self):
         model = self.model

@@ -33,6 +33,11 @@ VARIANTS = {
     "entmax": [("no-lists", dict(lists=False)), ("lists-8", dict(list_size=8))],
     "sparsemax": [("no-lists", dict(lists=False))],
 }
+# and the settings a CUDA graph records (the training step's: lengthbench.kernels.CAPTURE_TUNING)
+CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=False, split=False),
+           "sieve-entmax": dict(lists=False, split=False), "tda": dict(map=0)}
+for _name, _tuning in CAPTURE.items():
+    VARIANTS[_name] = [*VARIANTS.get(_name, []), ("capture", _tuning)]
 OPS = ["adatemp", "entmax", "rectified", "rela", "sieve", "sieve-alg1", "sieve-entmax", "softpick", "sparsemax",
        "stickbreaking", "tda", "tra"]
 TOLERANCE = 1e-4  # max |kernel - reference| / max(max |reference|, 0.01), per tensor (fp32 rounding: ~1e-6)
@@ -217,6 +222,12 @@ def test_every_op_is_covered():
 
     assert sorted(OPS) == kernel_names()
     assert {c[0] for c in cases()} == set(OPS)
+
+
+def test_capture_settings_are_the_ones_tested():
+    from lengthbench.kernels import CAPTURE_TUNING
+
+    assert CAPTURE == CAPTURE_TUNING
 
 
 if __name__ == "__main__":

@@ -82,13 +82,13 @@ def reference_gradients(model, input_ids, labels, features) -> dict[str, torch.T
 
 
 def step_gradients(task_name: str, attn: str, pe: str, device: torch.device, tmp_path: Path, batch_size: int = 16,
-                   train_step: str = "graph"):
+                   train_step: str = "graph", train_attention: str = "fused"):
     """``(trainer, [(batch, grads), ...], eager_grads)``: the Trainer's step run with learning rate 0 over six
     batches (the graph's eager warm-up, its capture and replays), each batch's gradients as the step left them,
     and the last batch's gradients from the same step outside the graph."""
     task = get_task(task_name)
     config = build_config(task_name, attn, pe, "paper", batch_size=batch_size, grad_clip=1e9, train_samples=10**6,
-                          train_step=train_step)
+                          train_step=train_step, train_attention=train_attention)
     trainer = Trainer(config, task, device, tmp_path, progress=False)
     perturb(trainer.model, seed=1)
     stream = trainer.train_stream()
@@ -121,21 +121,23 @@ def test_relative_errors_catch_one_gradient_fifteen_times_too_large():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("train_attention", ["fused", pytest.param("reference", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("train_step", ["graph", pytest.param("graph-compiled", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("pe", ENCODINGS)
 @pytest.mark.parametrize("attn", MECHANISMS)
-def test_training_step_gradients_match_float64_per_parameter(attn, pe, train_step, tmp_path):
+def test_training_step_gradients_match_float64_per_parameter(attn, pe, train_step, train_attention, tmp_path):
     device = torch.device("cuda")
-    trainer, results, eager = step_gradients("mqrar", attn, pe, device, tmp_path, train_step=train_step)
+    trainer, results, eager = step_gradients("mqrar", attn, pe, device, tmp_path, train_step=train_step,
+                                             train_attention=train_attention)
     assert trainer.graph and trainer.step_fn.graph is not None, trainer.step_fn.failed
     for index, (batch, grads) in enumerate(results):
         errors = relative_errors(grads, reference_gradients(trainer.model, *batch))
         worst = max(errors, key=lambda name: errors[name] / tolerance(attn, name))
-        print(f"{train_step} {attn} + {pe} step {index}: worst {worst} {errors[worst]:.2e}")
+        print(f"{train_step}/{train_attention} {attn} + {pe} step {index}: worst {worst} {errors[worst]:.2e}")
         assert errors[worst] < tolerance(attn, worst), (index, worst, errors[worst])
     captured = relative_errors(results[-1][1], eager)
     worst = max(captured, key=captured.get)
-    print(f"{train_step} {attn} + {pe} captured vs eager: worst {worst} {captured[worst]:.2e}")
+    print(f"{train_step}/{train_attention} {attn} + {pe} captured vs eager: worst {worst} {captured[worst]:.2e}")
     assert captured[worst] < CAPTURE_TOLERANCE, (worst, captured[worst])
 
 

@@ -123,7 +123,7 @@ class AttentionLayer(nn.Module):
     Subclasses set ``name`` (by registering) and override ``weights`` (a map of one score matrix), or
     ``scores``/``attend`` where the mechanism needs more (two views, an output norm, a gate).
     ``query_chunk`` (None: all rows at once) bounds the memory of the reference path; ``use_kernels``
-    lets a mechanism call its fused kernel on CUDA.
+    lets a mechanism call its fused kernel on CUDA, ``capturable`` with the launch settings a CUDA graph records.
     """
 
     name: ClassVar[str] = "abstract"
@@ -142,6 +142,9 @@ class AttentionLayer(nn.Module):
         self.out = nn.Linear(d_model, d_model, bias=False)
         self.query_chunk: int | None = None
         self.use_kernels = True
+        # The fused ops with launch settings a CUDA graph can record (lengthbench.kernels.CAPTURE_TUNING): set
+        # while a training step is recorded (lengthbench/graph_step.py).
+        self.capturable = False
         # Multiplies q.k in the raw scores; cosine-score mechanisms (tra, tda) set 1.
         self.score_scale = 1.0 / math.sqrt(self.head_dim)
 
@@ -192,7 +195,7 @@ class AttentionLayer(nn.Module):
             return None
         from lengthbench.kernels import get_kernel
 
-        return get_kernel(name or self.name)
+        return get_kernel(name or self.name, capturable=self.capturable)
 
     def kernel_names(self) -> tuple[str, ...]:
         """The fused ops this module may call on CUDA (each call is a graph break in a compiled model)."""
