@@ -87,9 +87,38 @@ def load_op(mechanism: str, capturable: bool = False) -> Callable:
     op = getattr(module, function_name)
     if capturable and mechanism in CAPTURE_TUNING:
         op = functools.partial(op, tuning=CAPTURE_TUNING[mechanism])
+    if capturable and mechanism in NARROW_OPS:
+        op = _narrow_or(mechanism, op)
     # torch.compile must not trace into the Triton launches (Inductor re-types their constants);
     # a graph break keeps the op an opaque autograd function inside compiled models.
     return torch.compiler.disable(_same_dtype(op))
+
+
+# The training-width ops (``narrow.py``, every row's keys in registers): taken on the capturable path where the
+# rows are at most ``narrow.NARROW_MAX_TOKENS`` wide and the parameters are theirs (alpha 1.5, Sieve's masked
+# weights); the op of ``_KERNELS`` elsewhere.
+NARROW_OPS: dict[str, str] = {
+    "stickbreaking": "narrow_stickbreaking",
+    "sieve": "narrow_sieve_alg1",
+    "sieve-alg1": "narrow_sieve_alg1",
+    "sieve-entmax": "narrow_sieve_entmax",
+    "entmax": "narrow_entmax",
+}
+
+
+def _narrow_or(mechanism: str, wide: Callable) -> Callable:
+    """``mechanism``'s training-width op where the call fits it, else ``wide``."""
+    from lengthbench.kernels import narrow
+
+    op = getattr(narrow, NARROW_OPS[mechanism])
+
+    @functools.wraps(wide)
+    def call(*tensors, **kwargs):
+        fits = (tensors[0].shape[-2] <= narrow.NARROW_MAX_TOKENS and float(kwargs.get("alpha", 1.5)) == 1.5
+                and kwargs.get("masked", True))
+        return op(*tensors, **kwargs) if fits else wide(*tensors, **kwargs)
+
+    return call
 
 
 def _same_dtype(op: Callable) -> Callable:

@@ -1,0 +1,315 @@
+"""Training-width kernels: stick-breaking (with Sieve's filters) and 1.5-entmax over rows of at most
+:data:`NARROW_MAX_TOKENS` keys, each row's keys whole in registers.
+
+At the seeds' training lengths (64: 66-131 tokens a sample) a training batch is thousands of short heads
+(``batch x heads``, 2,048 at the MQMTAR paper model's batch 128). The long-context ops (``stickbreaking.py``,
+``entmax.py``) walk key tiles with early exits and search thresholds over tiles they never hold at once; on
+such heads their per-program overheads dominate (on an H200, MQMTAR paper model, batch 128, 91 tokens: the
+stick-breaking forward 165 us and backward 306 us a layer; entmax's threshold search alone 192 us). Here one
+program takes one head: the keys and values of the head stay in registers, and the query rows go through in
+blocks of ``BM`` against all ``TP`` (the width rounded up to a power of two) keys at once, so that
+
+- a row's stick-breaking suffix sums are one reverse cumulative sum over the whole row, and Sieve's filters
+  (Algorithm 1's window below the row's maximum, or the 1.5-entmax support of Section 3) are computed on the
+  row in place;
+- 1.5-entmax's threshold is found on the row itself: Newton's steps on ``||(X - tau)_+||_2 = 1`` from
+  ``max X - 1`` (below the root: convex and decreasing, so the steps rise to it without overshooting), then
+  the exact root on the support they found;
+- the backward accumulates ``dk`` and ``dv`` of the head in registers over the row blocks: no atomics, no
+  buffers to zero, and every launch is sized by the shapes alone (a CUDA graph records it).
+
+The forward keeps one fp32 number per row for the backward (``tau``: the entmax threshold, or Sieve's filter
+threshold); everything else is recomputed. Gradients (as the long-context ops'): with ``g_j = do_r.v_j``,
+
+- stick-breaking, weights ``a_j`` over the active keys and the remainder on the diagonal: ``c_j = (g_j - g_r)
+  a_j`` where the weights and the remainder sum to one (no filter, and Sieve's Section 3 filter, which breaks
+  the stick over its support only), else (Algorithm 1: the stick broken by every earlier key, the weights kept in
+  the window) ``c_j = g_j a_j`` over the kept keys with ``rem g_r`` added to the prefix; then ``dz_k = c_k (1 -
+  sigma_k) - sigma_k P_k``, ``P_k`` the sum of ``c_j`` over ``j < k`` (an exclusive cumulative sum);
+- 1.5-entmax, ``s = (z / 2 - tau)_+``, ``w = s^2``: ``dz = s (g - sum(s g) / sum(s))``;
+
+and ``dq = sm_scale rs dz k``, ``dk = sm_scale sum_r rs_r dz_r q_r``, ``dv = w^T do``; ``row_scale`` and the
+ALiBi slopes take ``dz`` times the biased score and ``-rs (r - j)``.
+
+The long-context ops stay what validation and scoring call; these are taken where the training step is recorded
+into a CUDA graph (``lengthbench.kernels.get_kernel(..., capturable=True)``) and the rows are narrow.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from lengthbench.kernels._common import Problem, reduce_slopes, score_tile, softplus
+
+# The widest rows these kernels take: a [BM, TP] fp32 tile a tensor, BM * TP = 4,096 elements.
+NARROW_MAX_TOKENS = 256
+STICK, ENTMAX15 = 0, 1
+NEWTON_STEPS = 12
+
+
+def _row_block(width: int) -> int:
+    """Query rows a block for ``width`` padded keys: 4,096 scores a tile, 16 rows at least."""
+    return max(16, min(64, 4096 // width))
+
+
+@triton.jit
+def _entmax_tau(x, visible):
+    """The 1.5-entmax threshold of each row of ``x`` (``X = z / 2``) over its ``visible`` entries: ``tau`` with
+    ``sum (X - tau)_+^2 = 1``; ``+inf`` for a row with none visible."""
+    xm = tl.where(visible, x, float("-inf"))
+    top = tl.max(xm, 1)
+    some = top > float("-inf")
+    tau = tl.where(some, top - 1.0, 0.0)
+    for _ in tl.static_range(NEWTON_STEPS):
+        s = tl.where(visible, tl.maximum(x - tau[:, None], 0.0), 0.0)
+        s1 = tl.sum(s, 1)
+        s2 = tl.sum(s * s, 1)
+        tau = tau + tl.where(some & (s1 > 0), (s2 - tl.sqrt(s2)) / tl.where(s1 > 0, s1, 1.0), 0.0)
+    # the exact root on the support found (kept where it leaves no element of the support below it)
+    sup = visible & (x > tau[:, None])
+    cnt = tl.sum(sup.to(tl.float32), 1)
+    xs = tl.where(sup, x, 0.0)
+    s1 = tl.sum(xs, 1)
+    s2 = tl.sum(xs * xs, 1)
+    disc = s1 * s1 - cnt * (s2 - 1.0)
+    exact = (s1 - tl.sqrt(tl.maximum(disc, 0.0))) / tl.where(cnt > 0, cnt, 1.0)
+    low = tl.min(tl.where(sup, x, float("inf")), 1)
+    good = some & (cnt > 0) & (disc >= 0) & (exact < low) & (exact >= tau - 1e-3)
+    tau = tl.where(good, exact, tau)
+    return tl.where(some, tau, float("inf"))
+
+
+@triton.jit
+def _row_weights(z, offs_m, offs_n, T, eps, tau_in, FROM_TAU: tl.constexpr, MECH: tl.constexpr,
+                 FILTER: tl.constexpr):
+    """``(w, a, sig, active, keep, rem, tau)`` of a row block against all keys: ``w`` the weights the output
+    uses (the diagonal's remainder included for stick-breaking), ``tau`` the row statistic the backward reads
+    (taken from ``tau_in`` where ``FROM_TAU``, else computed). For stick-breaking ``a`` the weights of the
+    keys before the diagonal, ``sig`` their sigmoids, ``active`` the keys that break the stick, ``keep`` those
+    whose weights count, ``rem`` the remainder; for entmax ``a`` holds ``s = (z / 2 - tau)_+``."""
+    in_row = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T)
+    earlier = (offs_n[None, :] < offs_m[:, None]) & (offs_n[None, :] < T)
+    diag = offs_n[None, :] == offs_m[:, None]
+    tau = tau_in
+    if MECH == 1:
+        x = z * 0.5
+        if not FROM_TAU:
+            tau = _entmax_tau(x, in_row)
+        s = tl.where(in_row, tl.maximum(x - tau[:, None], 0.0), 0.0)
+        w = s * s
+        den = tl.sum(w, 1)
+        w = w / tl.where(den > 0, den, 1.0)[:, None]
+        return w, s, s, in_row, in_row, den, tau
+    active = earlier
+    keep = earlier
+    if FILTER == 1:  # Section 3: the 1.5-entmax support of the earlier keys; the stick broken over it only
+        if not FROM_TAU:
+            tau = _entmax_tau(z * 0.5, earlier)
+        active = earlier & (z * 0.5 > tau[:, None])
+        keep = active
+    elif FILTER == 2:  # Algorithm 1: every earlier key breaks the stick, the weights kept within eps of the max
+        if not FROM_TAU:
+            tau = tl.max(tl.where(earlier, z, float("-inf")), 1) - eps
+        keep = earlier & (z >= tau[:, None])
+    zs = tl.where(active, z, 0.0)
+    sp = tl.where(active, softplus(zs), 0.0)
+    suffix = tl.cumsum(sp, 1, reverse=True)
+    a = tl.where(keep, tl.exp(zs - suffix), 0.0)
+    rem = tl.exp(-tl.sum(sp, 1))
+    w = tl.where(diag, rem[:, None], a)
+    sig = tl.sigmoid(zs)
+    return w, a, sig, active, keep, rem, tau
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, sm_scale, eps, T, H, MECH: tl.constexpr, FILTER: tl.constexpr,
+                HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SAVE: tl.constexpr, DOT_PREC: tl.constexpr,
+                D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
+    bh = tl.program_id(0)
+    base = bh.to(tl.int64) * T * D
+    offs_n = tl.arange(0, TP)
+    offs_d = tl.arange(0, BD)
+    dmask = offs_d < D
+    kv_mask = (offs_n < T)[:, None] & dmask[None, :]
+    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+    slope = 0.0
+    if HAS_SLOPES:
+        slope = tl.load(SL + bh % H)
+    for start in range(0, T, BM):
+        offs_m = start + tl.arange(0, BM)
+        row_ok = offs_m < T
+        rmask = row_ok[:, None] & dmask[None, :]
+        q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
+        rs = tl.full([BM], 1.0, dtype=tl.float32)
+        if HAS_RS:
+            rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
+        z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+        w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, rs, False, MECH, FILTER)
+        if DOT_PREC == "ieee":
+            acc = tl.dot(w, v.to(tl.float32), input_precision=DOT_PREC)
+        else:  # the weights in two halves (hi + lo): the output as accurate as fp32 weights give it
+            w_hi = w.to(v.dtype)
+            acc = tl.dot(w_hi, v) + tl.dot((w - w_hi.to(tl.float32)).to(v.dtype), v)
+        tl.store(Out + base + offs_m[:, None] * D + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=rmask)
+        if SAVE:
+            tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
+
+
+@triton.jit
+def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, eps, T, H, MECH: tl.constexpr,
+                FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
+                GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                BM: tl.constexpr, TP: tl.constexpr):
+    bh = tl.program_id(0)
+    base = bh.to(tl.int64) * T * D
+    offs_n = tl.arange(0, TP)
+    offs_d = tl.arange(0, BD)
+    dmask = offs_d < D
+    kv_mask = (offs_n < T)[:, None] & dmask[None, :]
+    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+    slope = 0.0
+    if HAS_SLOPES:
+        slope = tl.load(SL + bh % H)
+    dk = tl.zeros([TP, BD], dtype=tl.float32)
+    dv = tl.zeros([TP, BD], dtype=tl.float32)
+    for start in range(0, T, BM):
+        offs_m = start + tl.arange(0, BM)
+        row_ok = offs_m < T
+        rmask = row_ok[:, None] & dmask[None, :]
+        q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
+        do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
+        rs = tl.full([BM], 1.0, dtype=tl.float32)
+        if HAS_RS:
+            rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
+        tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
+        z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+        w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, tau, True, MECH, FILTER)
+        g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+        if MECH == 1:
+            s_sum = tl.sum(a, 1)
+            mean = tl.sum(a * g, 1) / tl.where(s_sum > 0, s_sum, 1.0)
+            dz = tl.where(active, a * (g - mean[:, None]), 0.0)
+        else:
+            diag = offs_n[None, :] == offs_m[:, None]
+            g_r = tl.sum(tl.where(diag, g, 0.0), 1)
+            if FILTER == 2:
+                c = tl.where(keep, g * a, 0.0)
+                prefix = tl.cumsum(c, 1) - c + (rem * g_r)[:, None]
+            else:
+                c = tl.where(keep, (g - g_r[:, None]) * a, 0.0)
+                prefix = tl.cumsum(c, 1) - c
+            dz = tl.where(active, c * (1.0 - sig) - sig * prefix, 0.0)
+        dz = tl.where(row_ok[:, None], dz, 0.0)
+        dzs = dz * rs[:, None]
+        if DOT_PREC == "ieee":
+            dq = tl.dot(dzs, k.to(tl.float32), input_precision=DOT_PREC)
+            dk += tl.dot(tl.trans(dzs), q.to(tl.float32), input_precision=DOT_PREC)
+            dv += tl.dot(tl.trans(tl.where(row_ok[:, None], w, 0.0)), do.to(tl.float32), input_precision=DOT_PREC)
+        else:
+            dq = tl.dot(dzs.to(k.dtype), k)
+            dk += tl.dot(tl.trans(dzs).to(q.dtype), q)
+            dv += tl.dot(tl.trans(tl.where(row_ok[:, None], w, 0.0)).to(do.dtype), do)
+        tl.store(DQ + base + offs_m[:, None] * D + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty),
+                 mask=rmask)
+        if GRAD_RS:
+            tl.store(DRS + bh * T + offs_m, tl.sum(dz * zb, 1), mask=row_ok)
+        if GRAD_SL:
+            dist = (offs_m[:, None] - offs_n[None, :]).to(tl.float32)
+            tl.store(DSL + bh * T + offs_m, -tl.sum(dz * dist, 1) * rs, mask=row_ok)
+    tl.store(DK + base + offs_n[:, None] * D + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
+             mask=kv_mask)
+    tl.store(DV + base + offs_n[:, None] * D + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+def _launch(pb: Problem, tuning: dict | None) -> dict:
+    width = max(16, triton.next_power_of_2(pb.tokens))
+    config = dict(bm=_row_block(width), warps=4)
+    tuning = dict(tuning or {})
+    unknown = sorted(set(tuning) - set(config))
+    if unknown:
+        raise ValueError(f"narrow kernels: unknown tuning keys {unknown}; the keys are {sorted(config)}")
+    config.update(tuning)
+    return dict(BM=int(config["bm"]), TP=width, num_warps=int(config["warps"]))
+
+
+class NarrowAttention(torch.autograd.Function):
+    """Stick-breaking (``mech`` STICK, ``filter`` 0 none, 1 Sieve's entmax support, 2 Algorithm 1's window of
+    ``eps``) or 1.5-entmax (ENTMAX15) over rows of at most :data:`NARROW_MAX_TOKENS` keys. Gradients flow to q,
+    k, v, ``slopes`` and ``row_scale``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, slopes, row_scale, sm_scale, mech, filter_mode, eps, tuning):
+        pb = Problem(q, k, v, slopes, row_scale, sm_scale)
+        if pb.tokens > NARROW_MAX_TOKENS:
+            raise ValueError(f"the narrow kernels take at most {NARROW_MAX_TOKENS} tokens, got {pb.tokens}")
+        launch = _launch(pb, tuning)
+        save = any(ctx.needs_input_grad[:5])
+        out = torch.empty_like(pb.q)
+        tau = pb.rows()
+        common = dict(MECH=mech, FILTER=filter_mode, HAS_SLOPES=pb.slopes is not None,
+                      HAS_RS=pb.row_scale is not None, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d)
+        _fwd_kernel[(pb.bh,)](pb.q, pb.k, pb.v, out, tau, pb.opt(pb.slopes), pb.opt(pb.row_scale), pb.sm_scale,
+                              float(eps), pb.tokens, pb.heads, SAVE=save, **common, **launch)
+        if save:
+            ctx.save_for_backward(pb.q, pb.k, pb.v, tau, pb.slopes, pb.row_scale)
+            ctx.consts = (pb.sm_scale, float(eps), common, launch)
+            ctx.rs_shape = None if row_scale is None else row_scale.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, tau, slopes, row_scale = ctx.saved_tensors
+        sm_scale, eps, common, launch = ctx.consts
+        pb = Problem(q, k, v, slopes, row_scale, sm_scale)
+        grad_sl = slopes is not None and ctx.needs_input_grad[3]
+        grad_rs = row_scale is not None and ctx.needs_input_grad[4]
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        d_sl = pb.rows() if grad_sl else None
+        d_rs = pb.rows() if grad_rs else None
+        _bwd_kernel[(pb.bh,)](q, k, v, dout.contiguous(), dq, dk, dv, tau, pb.opt(slopes), pb.opt(row_scale),
+                              pb.opt(d_rs), pb.opt(d_sl), sm_scale, eps, pb.tokens, pb.heads, GRAD_RS=grad_rs,
+                              GRAD_SL=grad_sl, **common, **launch)
+        g_sl = reduce_slopes(d_sl) if grad_sl else None
+        g_rs = None
+        if grad_rs:
+            g_rs = d_rs
+            while g_rs.dim() > len(ctx.rs_shape):
+                g_rs = g_rs.sum(0)
+            g_rs = g_rs.sum_to_size(ctx.rs_shape)
+        return dq, dk, dv, g_sl, g_rs, None, None, None, None, None
+
+
+def narrow_stickbreaking(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, tuning: dict | None = None):
+    """Stick-breaking attention over at most :data:`NARROW_MAX_TOKENS` tokens, ``[B, H, T, D]`` causal."""
+    return NarrowAttention.apply(q, k, v, slopes, row_scale, sm_scale, STICK, 0, 0.0, tuning)
+
+
+def narrow_sieve_alg1(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=2.0, masked=True,
+                      tuning: dict | None = None):
+    """Sieve as Algorithm 1 (``sieve_alg1_attention``) over at most :data:`NARROW_MAX_TOKENS` tokens."""
+    if not masked:
+        raise ValueError("the narrow kernels implement Algorithm 1 with masked weights only")
+    if not math.isfinite(float(eps)):
+        raise ValueError(f"sieve eps must be finite, got {eps}")
+    return NarrowAttention.apply(q, k, v, slopes, row_scale, sm_scale, STICK, 2, float(eps), tuning)
+
+
+def narrow_sieve_entmax(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=1.5,
+                        tuning: dict | None = None):
+    """Sieve by its Section 3 (``sieve_attention``) over at most :data:`NARROW_MAX_TOKENS` tokens."""
+    if float(alpha) != 1.5:
+        raise ValueError(f"the narrow kernels implement alpha = 1.5 only, got {alpha}")
+    return NarrowAttention.apply(q, k, v, slopes, row_scale, sm_scale, STICK, 1, 0.0, tuning)
+
+
+def narrow_entmax(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=1.5, tuning: dict | None = None):
+    """1.5-entmax attention over at most :data:`NARROW_MAX_TOKENS` tokens, ``[B, H, T, D]`` causal."""
+    if float(alpha) != 1.5:
+        raise ValueError(f"the narrow kernels implement alpha = 1.5 only, got {alpha}")
+    return NarrowAttention.apply(q, k, v, slopes, row_scale, sm_scale, ENTMAX15, 0, 0.0, tuning)

@@ -1,0 +1,180 @@
+"""The training-width kernels (``kernels/narrow.py``) against the float64 dense references, on the CPU under the
+Triton interpreter: output and every gradient (q, k, v, ``slopes``, ``row_scale``) of stick-breaking, Sieve
+(Algorithm 1 with eps 8 and 2, Section 3's entmax support) and 1.5-entmax, on random scores and on long walks
+(every score shifted down by 8, so that the stick is broken over the whole row), one row block and several
+(``bm`` 16), with ALiBi slopes and a row scale. On a GPU (``gpu`` mark) the same comparison at the training
+widths (17 to 256 tokens), head dims 32 and 64, in fp32 and bf16 (the tolerances of ``test_kernels.py``).
+
+``TRITON_INTERPRET=1`` must be set before Triton is imported: the cases run in a worker process (this file run
+as a script). Skipped where Triton is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# (op, reference name, reference params, op params)
+OPS = {
+    "stickbreaking": ("stickbreaking", {}, {}),
+    "sieve": ("sieve", {"eps": 8.0}, {"eps": 8.0}),
+    "sieve-alg1": ("sieve-alg1", {}, {"eps": 2.0}),
+    "sieve-entmax": ("sieve-entmax", {}, {}),
+    "entmax": ("entmax", {}, {}),
+}
+# (tokens, head_dim, extras): "alibi" adds slopes and a row scale; "walk" shifts every score by -8; "bm16" runs
+# the rows in blocks of 16
+SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, "alibi"), (40, 16, "walk"), (40, 16, "bm16"), (33, 32, "walk-alibi-bm16")]
+TOLERANCE = 1e-4
+TIE = 2e-5
+
+
+def cases():
+    return [(op, *shape) for op in OPS for shape in SHAPES]
+
+
+def case_id(case) -> str:
+    op, tokens, head_dim, extras = case
+    return f"{op}-T{tokens}-D{head_dim}{'-' + extras if extras else ''}"
+
+
+def rel_err(a, b) -> float:
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-2)).item()
+
+
+def run_case(case, device="cpu", dtype=None) -> dict:
+    import torch
+
+    from lengthbench import attention_weights
+    from lengthbench.kernels import NARROW_OPS, narrow
+
+    op_name, tokens, head_dim, extras = case
+    ref_name, ref_params, op_params = OPS[op_name]
+    dtype = dtype or torch.float32
+    gen = torch.Generator().manual_seed(100 * tokens + head_dim)
+    batch, heads = 2, 2
+    q, k, v = (torch.randn(batch, heads, tokens, head_dim, generator=gen) for _ in range(3))
+    sm_scale = 1.0 / math.sqrt(head_dim)
+    if "walk" in extras:  # one constant component of q and k moves every score by -8
+        q[..., 0] = 1.0
+        k[..., 0] = -8.0 / sm_scale
+    tensors = {"q": q, "k": k, "v": v}
+    if "alibi" in extras:
+        tensors["slopes"] = torch.tensor([0.5, 0.0625])
+        tensors["row_scale"] = 0.5 + torch.rand(batch, heads, tokens, generator=gen)
+    low = {key: t.to(dtype) if key in "qkv" else t for key, t in tensors.items()}  # the reference sees the rounded
+    mine = {key: t.to(device).clone().requires_grad_() for key, t in low.items()}
+    theirs = {key: t.double().clone().requires_grad_() for key, t in low.items()}
+    z = torch.matmul(theirs["q"], theirs["k"].transpose(-1, -2)) * sm_scale
+    if "slopes" in theirs:
+        pos = torch.arange(tokens)
+        z = z - theirs["slopes"][:, None, None] * (pos[:, None] - pos[None, :]).double()
+        z = z * theirs["row_scale"][..., None]
+    ref = torch.matmul(attention_weights(ref_name, z, **ref_params), theirs["v"])
+    op = getattr(narrow, NARROW_OPS[op_name])
+    tuning = {"bm": 16} if "bm16" in extras else None
+    out = op(mine["q"], mine["k"], mine["v"], slopes=mine.get("slopes"), row_scale=mine.get("row_scale"),
+             sm_scale=sm_scale, tuning=tuning, **op_params)
+    keep = ~near_ties(op_name, z.detach(), tokens, op_params)
+    dout = torch.randn(out.shape, generator=gen, dtype=torch.float64) * keep[..., None]
+    (out.double().cpu() * dout).sum().backward()
+    (ref * dout).sum().backward()
+    errors = {"out": rel_err(out.detach().cpu()[keep], ref.detach()[keep])}
+    for key in mine:
+        grad = mine[key].grad
+        errors[f"d{key}"] = float("nan") if grad is None or not torch.isfinite(grad).all() else rel_err(
+            grad.cpu(), theirs[key].grad)
+    return dict(errors=errors, ties=int((~keep).sum()), finite=bool(torch.isfinite(out).all()))
+
+
+def near_ties(name, z, tokens, params):
+    """Rows whose selection is a near-tie (a score within TIE of the filter's edge), which rounding may flip."""
+    import torch
+
+    pos = torch.arange(tokens)
+    earlier = pos[None, :] < pos[:, None]
+    if name in ("sieve", "sieve-alg1"):
+        rowmax = torch.where(earlier, z, torch.full_like(z, float("-inf"))).amax(-1, keepdim=True)
+        return (((z - (rowmax - params["eps"])).abs() < TIE * (1 + rowmax.abs())) & earlier).any(-1)
+    if name in ("sieve-entmax", "entmax"):
+        visible = earlier if name == "sieve-entmax" else pos[None, :] <= pos[:, None]
+        x = torch.where(visible, z / 2, torch.full_like(z, float("-inf")))
+        top = torch.where(visible, x, torch.full_like(x, -1e300)).amax(-1)
+        lo, hi = top - 1.0, top
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            mass = torch.where(visible, torch.clamp(x - mid[..., None], min=0) ** 2, torch.zeros_like(x)).sum(-1)
+            lo, hi = torch.where(mass >= 1, mid, lo), torch.where(mass >= 1, hi, mid)
+        return (((x - lo[..., None]).abs() < TIE * (1 + lo.abs()[..., None])) & visible).any(-1)
+    return torch.zeros(z.shape[:-1], dtype=torch.bool)
+
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="Triton is not installed (scripts/setup.sh installs it)")
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[int, dict]:
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    count = len(cases())
+    halves = [list(range(0, count, 2)), list(range(1, count, 2))]
+    workers = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), ",".join(map(str, half))], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for half in halves]
+    results = {}
+    for process in workers:
+        stdout, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, stderr[-4000:]
+        for line in stdout.splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                results[record.pop("case")] = record
+    return results
+
+
+@needs_triton
+@pytest.mark.parametrize("index", range(len(cases())), ids=[case_id(c) for c in cases()])
+def test_narrow_kernel_matches_float64_reference(index, measured):
+    result = measured[index]
+    print(case_id(cases()[index]), " ".join(f"{key}={value:.1e}" for key, value in result["errors"].items()))
+    assert result["finite"], "NaN/inf in the output"
+    assert result["ties"] <= 1
+    for key, value in result["errors"].items():
+        assert value <= TOLERANCE, (key, result["errors"])
+
+
+GPU_SHAPES = [(17, 32, ""), (64, 32, "alibi"), (91, 32, "walk"), (131, 64, "alibi"), (256, 32, "walk-alibi"),
+              (200, 64, "bm16")]
+GPU_TOLERANCE = {"float32": (2e-3, 2e-3), "bfloat16": (2.5e-2, 5e-2)}  # (output, gradients), test_kernels.py's
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: f"T{s[0]}-D{s[1]}{'-' + s[2] if s[2] else ''}")
+@pytest.mark.parametrize("op", list(OPS))
+def test_narrow_kernel_on_the_gpu(op, shape, dtype):
+    import torch
+
+    result = run_case((op, *shape), device="cuda", dtype=getattr(torch, dtype))
+    print(op, shape, dtype, " ".join(f"{key}={value:.1e}" for key, value in result["errors"].items()))
+    out_tol, grad_tol = GPU_TOLERANCE[dtype]
+    assert result["finite"] and result["ties"] <= 2
+    for key, value in result["errors"].items():
+        assert value <= (out_tol if key == "out" else grad_tol), (key, result["errors"])
+
+
+def test_every_narrow_op_is_covered():
+    from lengthbench.kernels import NARROW_OPS
+
+    assert set(OPS) == set(NARROW_OPS)
+
+
+if __name__ == "__main__":
+    for index in [int(i) for i in sys.argv[1].split(",") if i]:
+        print(json.dumps({"case": index, **run_case(cases()[index])}), flush=True)
