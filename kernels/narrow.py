@@ -15,8 +15,10 @@ blocks of ``BM`` against all ``TP`` (the width rounded up to a power of two) key
 - 1.5-entmax's threshold is found on the row itself: Newton's steps on ``||(X - tau)_+||_2 = 1`` from
   ``max X - 1`` (below the root: convex and decreasing, so the steps rise to it without overshooting), then
   the exact root on the support they found;
-- the backward accumulates ``dk`` and ``dv`` of the head in registers over the row blocks: no atomics, no
-  buffers to zero, and every launch is sized by the shapes alone (a CUDA graph records it).
+- a program takes one row block of one head (``BM`` rows: 2,048 scores a tile, kept in registers without
+  spilling), so that a batch is thousands of short programs; the backward adds each block's share of ``dk``
+  and ``dv`` to fp32 buffers (atomic adds); every launch is sized by the shapes alone (a CUDA graph records
+  it).
 
 The forward keeps one fp32 number per row for the backward (``tau``: the entmax threshold, or Sieve's filter
 threshold); everything else is recomputed. Gradients (as the long-context ops'): with ``g_j = do_r.v_j``,
@@ -48,12 +50,13 @@ from lengthbench.kernels._common import Problem, reduce_slopes, score_tile, soft
 # The widest rows these kernels take: a [BM, TP] fp32 tile a tensor, BM * TP = 4,096 elements.
 NARROW_MAX_TOKENS = 256
 STICK, ENTMAX15 = 0, 1
-NEWTON_STEPS = 12
+NEWTON_STEPS = tl.constexpr(12)
 
 
 def _row_block(width: int) -> int:
-    """Query rows a block for ``width`` padded keys: 4,096 scores a tile, 16 rows at least."""
-    return max(16, min(64, 4096 // width))
+    """Query rows a program for ``width`` padded keys: 2,048 scores a tile (no register spills), 16 rows at
+    least."""
+    return max(16, min(64, 2048 // width))
 
 
 @triton.jit
@@ -126,38 +129,48 @@ def _row_weights(z, offs_m, offs_n, T, eps, tau_in, FROM_TAU: tl.constexpr, MECH
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, sm_scale, eps, T, H, MECH: tl.constexpr, FILTER: tl.constexpr,
-                HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SAVE: tl.constexpr, DOT_PREC: tl.constexpr,
-                D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
-    bh = tl.program_id(0)
-    base = bh.to(tl.int64) * T * D
+def _head_rows(Q, K, V, SL, RS, base, bh, pid_m, T, H, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+               D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
+    """Row block ``pid_m`` of head ``bh`` and all the head's keys: ``(offs_m, offs_n, offs_d, row_ok, rmask,
+    kv_mask, q, k, v, slope, rs)``."""
+    offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = tl.arange(0, TP)
     offs_d = tl.arange(0, BD)
     dmask = offs_d < D
+    row_ok = offs_m < T
+    rmask = row_ok[:, None] & dmask[None, :]
     kv_mask = (offs_n < T)[:, None] & dmask[None, :]
+    q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
     k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
     v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
     slope = 0.0
     if HAS_SLOPES:
         slope = tl.load(SL + bh % H)
-    for start in range(0, T, BM):
-        offs_m = start + tl.arange(0, BM)
-        row_ok = offs_m < T
-        rmask = row_ok[:, None] & dmask[None, :]
-        q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
-        rs = tl.full([BM], 1.0, dtype=tl.float32)
-        if HAS_RS:
-            rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
-        z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-        w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, rs, False, MECH, FILTER)
-        if DOT_PREC == "ieee":
-            acc = tl.dot(w, v.to(tl.float32), input_precision=DOT_PREC)
-        else:  # the weights in two halves (hi + lo): the output as accurate as fp32 weights give it
-            w_hi = w.to(v.dtype)
-            acc = tl.dot(w_hi, v) + tl.dot((w - w_hi.to(tl.float32)).to(v.dtype), v)
-        tl.store(Out + base + offs_m[:, None] * D + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=rmask)
-        if SAVE:
-            tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
+    rs = tl.full([BM], 1.0, dtype=tl.float32)
+    if HAS_RS:
+        rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
+    return offs_m, offs_n, offs_d, row_ok, rmask, kv_mask, q, k, v, slope, rs
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, sm_scale, eps, T, H, MECH: tl.constexpr, FILTER: tl.constexpr,
+                HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SAVE: tl.constexpr, DOT_PREC: tl.constexpr,
+                D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    base = bh.to(tl.int64) * T * D
+    offs_m, offs_n, offs_d, row_ok, rmask, kv_mask, q, k, v, slope, rs = _head_rows(
+        Q, K, V, SL, RS, base, bh, pid_m, T, H, HAS_SLOPES, HAS_RS, D, BD, BM, TP)
+    z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+    w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, rs, False, MECH, FILTER)
+    if DOT_PREC == "ieee":
+        acc = tl.dot(w, v.to(tl.float32), input_precision=DOT_PREC)
+    else:  # the weights in two halves (hi + lo): the output as accurate as fp32 weights give it
+        w_hi = w.to(v.dtype)
+        acc = tl.dot(w_hi, v) + tl.dot((w - w_hi.to(tl.float32)).to(v.dtype), v)
+    tl.store(Out + base + offs_m[:, None] * D + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=rmask)
+    if SAVE:
+        tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
 
 
 @triton.jit
@@ -165,66 +178,52 @@ def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, eps, T
                 FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
                 GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                 BM: tl.constexpr, TP: tl.constexpr):
-    bh = tl.program_id(0)
+    """``dq`` of row block ``pid_m``; its share of the head's ``dk``/``dv`` added to the fp32 ``DK``/``DV``."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
-    offs_n = tl.arange(0, TP)
-    offs_d = tl.arange(0, BD)
-    dmask = offs_d < D
-    kv_mask = (offs_n < T)[:, None] & dmask[None, :]
-    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-    slope = 0.0
-    if HAS_SLOPES:
-        slope = tl.load(SL + bh % H)
-    dk = tl.zeros([TP, BD], dtype=tl.float32)
-    dv = tl.zeros([TP, BD], dtype=tl.float32)
-    for start in range(0, T, BM):
-        offs_m = start + tl.arange(0, BM)
-        row_ok = offs_m < T
-        rmask = row_ok[:, None] & dmask[None, :]
-        q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
-        do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
-        rs = tl.full([BM], 1.0, dtype=tl.float32)
-        if HAS_RS:
-            rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
-        tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
-        z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-        w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, tau, True, MECH, FILTER)
-        g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
-        if MECH == 1:
-            s_sum = tl.sum(a, 1)
-            mean = tl.sum(a * g, 1) / tl.where(s_sum > 0, s_sum, 1.0)
-            dz = tl.where(active, a * (g - mean[:, None]), 0.0)
+    offs_m, offs_n, offs_d, row_ok, rmask, kv_mask, q, k, v, slope, rs = _head_rows(
+        Q, K, V, SL, RS, base, bh, pid_m, T, H, HAS_SLOPES, HAS_RS, D, BD, BM, TP)
+    do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
+    tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
+    z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+    w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, tau, True, MECH, FILTER)
+    g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+    if MECH == 1:
+        s_sum = tl.sum(a, 1)
+        mean = tl.sum(a * g, 1) / tl.where(s_sum > 0, s_sum, 1.0)
+        dz = tl.where(active, a * (g - mean[:, None]), 0.0)
+    else:
+        diag = offs_n[None, :] == offs_m[:, None]
+        g_r = tl.sum(tl.where(diag, g, 0.0), 1)
+        if FILTER == 2:
+            c = tl.where(keep, g * a, 0.0)
+            prefix = tl.cumsum(c, 1) - c + (rem * g_r)[:, None]
         else:
-            diag = offs_n[None, :] == offs_m[:, None]
-            g_r = tl.sum(tl.where(diag, g, 0.0), 1)
-            if FILTER == 2:
-                c = tl.where(keep, g * a, 0.0)
-                prefix = tl.cumsum(c, 1) - c + (rem * g_r)[:, None]
-            else:
-                c = tl.where(keep, (g - g_r[:, None]) * a, 0.0)
-                prefix = tl.cumsum(c, 1) - c
-            dz = tl.where(active, c * (1.0 - sig) - sig * prefix, 0.0)
-        dz = tl.where(row_ok[:, None], dz, 0.0)
-        dzs = dz * rs[:, None]
-        if DOT_PREC == "ieee":
-            dq = tl.dot(dzs, k.to(tl.float32), input_precision=DOT_PREC)
-            dk += tl.dot(tl.trans(dzs), q.to(tl.float32), input_precision=DOT_PREC)
-            dv += tl.dot(tl.trans(tl.where(row_ok[:, None], w, 0.0)), do.to(tl.float32), input_precision=DOT_PREC)
-        else:
-            dq = tl.dot(dzs.to(k.dtype), k)
-            dk += tl.dot(tl.trans(dzs).to(q.dtype), q)
-            dv += tl.dot(tl.trans(tl.where(row_ok[:, None], w, 0.0)).to(do.dtype), do)
-        tl.store(DQ + base + offs_m[:, None] * D + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty),
-                 mask=rmask)
-        if GRAD_RS:
-            tl.store(DRS + bh * T + offs_m, tl.sum(dz * zb, 1), mask=row_ok)
-        if GRAD_SL:
-            dist = (offs_m[:, None] - offs_n[None, :]).to(tl.float32)
-            tl.store(DSL + bh * T + offs_m, -tl.sum(dz * dist, 1) * rs, mask=row_ok)
-    tl.store(DK + base + offs_n[:, None] * D + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
-             mask=kv_mask)
-    tl.store(DV + base + offs_n[:, None] * D + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+            c = tl.where(keep, (g - g_r[:, None]) * a, 0.0)
+            prefix = tl.cumsum(c, 1) - c
+        dz = tl.where(active, c * (1.0 - sig) - sig * prefix, 0.0)
+    dz = tl.where(row_ok[:, None], dz, 0.0)
+    w = tl.where(row_ok[:, None], w, 0.0)
+    dzs = dz * rs[:, None]
+    if DOT_PREC == "ieee":
+        dq = tl.dot(dzs, k.to(tl.float32), input_precision=DOT_PREC)
+        dk = tl.dot(tl.trans(dzs), q.to(tl.float32), input_precision=DOT_PREC)
+        dv = tl.dot(tl.trans(w), do.to(tl.float32), input_precision=DOT_PREC)
+    else:
+        dq = tl.dot(dzs.to(k.dtype), k)
+        dk = tl.dot(tl.trans(dzs).to(q.dtype), q)
+        dv = tl.dot(tl.trans(w).to(do.dtype), do)
+    tl.store(DQ + base + offs_m[:, None] * D + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask)
+    # only the keys up to the block's last row take a share
+    kv_mask = kv_mask & (offs_n <= pid_m * BM + BM - 1)[:, None]
+    tl.atomic_add(DK + base + offs_n[:, None] * D + offs_d[None, :], dk * sm_scale, mask=kv_mask, sem="relaxed")
+    tl.atomic_add(DV + base + offs_n[:, None] * D + offs_d[None, :], dv, mask=kv_mask, sem="relaxed")
+    if GRAD_RS:
+        tl.store(DRS + bh * T + offs_m, tl.sum(dz * zb, 1), mask=row_ok)
+    if GRAD_SL:
+        dist = (offs_m[:, None] - offs_n[None, :]).to(tl.float32)
+        tl.store(DSL + bh * T + offs_m, -tl.sum(dz * dist, 1) * rs, mask=row_ok)
 
 
 def _launch(pb: Problem, tuning: dict | None) -> dict:
@@ -254,7 +253,8 @@ class NarrowAttention(torch.autograd.Function):
         tau = pb.rows()
         common = dict(MECH=mech, FILTER=filter_mode, HAS_SLOPES=pb.slopes is not None,
                       HAS_RS=pb.row_scale is not None, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d)
-        _fwd_kernel[(pb.bh,)](pb.q, pb.k, pb.v, out, tau, pb.opt(pb.slopes), pb.opt(pb.row_scale), pb.sm_scale,
+        grid = (triton.cdiv(pb.tokens, launch["BM"]), pb.bh)
+        _fwd_kernel[grid](pb.q, pb.k, pb.v, out, tau, pb.opt(pb.slopes), pb.opt(pb.row_scale), pb.sm_scale,
                               float(eps), pb.tokens, pb.heads, SAVE=save, **common, **launch)
         if save:
             ctx.save_for_backward(pb.q, pb.k, pb.v, tau, pb.slopes, pb.row_scale)
@@ -269,10 +269,13 @@ class NarrowAttention(torch.autograd.Function):
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
         grad_sl = slopes is not None and ctx.needs_input_grad[3]
         grad_rs = row_scale is not None and ctx.needs_input_grad[4]
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dq = torch.empty_like(q)
+        dk = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        dv = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         d_sl = pb.rows() if grad_sl else None
         d_rs = pb.rows() if grad_rs else None
-        _bwd_kernel[(pb.bh,)](q, k, v, dout.contiguous(), dq, dk, dv, tau, pb.opt(slopes), pb.opt(row_scale),
+        grid = (triton.cdiv(pb.tokens, launch["BM"]), pb.bh)
+        _bwd_kernel[grid](q, k, v, dout.contiguous(), dq, dk, dv, tau, pb.opt(slopes), pb.opt(row_scale),
                               pb.opt(d_rs), pb.opt(d_sl), sm_scale, eps, pb.tokens, pb.heads, GRAD_RS=grad_rs,
                               GRAD_SL=grad_sl, **common, **launch)
         g_sl = reduce_slopes(d_sl) if grad_sl else None
@@ -282,7 +285,7 @@ class NarrowAttention(torch.autograd.Function):
             while g_rs.dim() > len(ctx.rs_shape):
                 g_rs = g_rs.sum(0)
             g_rs = g_rs.sum_to_size(ctx.rs_shape)
-        return dq, dk, dv, g_sl, g_rs, None, None, None, None, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype), g_sl, g_rs, None, None, None, None, None
 
 
 def narrow_stickbreaking(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, tuning: dict | None = None):
