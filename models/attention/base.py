@@ -16,6 +16,7 @@ float64 when given float64 (so that ``gradcheck`` works), return exact zeros whe
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import ClassVar
@@ -117,6 +118,13 @@ class HeadRMSNorm(nn.Module):
         return (h * self.weight.to(h.dtype)).to(heads.dtype)
 
 
+def _call_kernel(op, *tensors, **kwargs):
+    """``op`` on its positional tensors cast to the last one's dtype and contiguous, here, where a compiled model
+    traces the casts and copies and fuses them with the work before them (the op itself is a graph break)."""
+    dtype = tensors[-1].dtype
+    return op(*(t.to(dtype).contiguous() for t in tensors), **kwargs)
+
+
 class AttentionLayer(nn.Module):
     """Multi-head causal self-attention: ``x [B, T, d_model] -> [B, T, d_model]``.
 
@@ -195,7 +203,8 @@ class AttentionLayer(nn.Module):
             return None
         from lengthbench.kernels import get_kernel
 
-        return get_kernel(name or self.name, capturable=self.capturable)
+        op = get_kernel(name or self.name, capturable=self.capturable)
+        return None if op is None else functools.partial(_call_kernel, op)
 
     def kernel_names(self) -> tuple[str, ...]:
         """The fused ops this module may call on CUDA (each call is a graph break in a compiled model)."""
