@@ -57,16 +57,14 @@ def triton_available() -> bool:
 # The launch settings under which an op decides nothing on the host from its data (no host sync, no launch
 # sized by a count on the device), so that a CUDA graph can record it (the training step of
 # lengthbench/graph_step.py): entmax's threshold in one kernel and its output over all keys (no candidate
-# lists, no gathered open rows), TDA without its activity map; and the tiles of a training batch's short
-# heads for TDA, softpick and TRA (32 rows a program, not 64-128: three programs a head at 91 tokens, so that
-# the batch's thousands of heads fill the GPU). The ops not named here record as they are.
+# lists, no gathered open rows), TDA without its activity map and with tiles of 32 rows (three programs a head
+# at 91 tokens: the batch's thousands of short heads fill the GPU). The ops not named here record as they are
+# (softpick's and TRA's smaller tiles measured slower: results/benchmarks/narrow_kernels.md).
 CAPTURE_TUNING: dict[str, dict] = {
     "entmax": {"lists": False, "split": False},
     "sparsemax": {"lists": False, "split": False},
     "sieve-entmax": {"lists": False, "split": False},
     "tda": {"map": 0, "fwd": (32, 32, 4), "dq": (32, 32, 4), "dkdv": (32, 32, 4)},
-    "softpick": {"tiles": (32, 32, 4, 32, 4)},
-    "tra": {"tiles": (32, 32, 4, 32, 4)},
 }
 
 

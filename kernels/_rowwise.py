@@ -381,9 +381,8 @@ class RowwiseAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, mech, power, eps, tiles=None):
+    def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, mech, power, eps):
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
-        fwd_m, fwd_n, fwd_warps, _, _ = tiles or (pb.fwd_block, pb.block, pb.fwd_warps, pb.block, pb.num_warps)
         out = torch.empty_like(pb.q)
         m, den = pb.rows(), pb.rows()
         tau_rows = None
@@ -391,16 +390,15 @@ class RowwiseAttention(torch.autograd.Function):
             tau_rows = tau.detach().to(torch.float32).expand(pb.batch, pb.heads, pb.tokens).contiguous()
         store_u = mech == ENTMAX and any(ctx.needs_input_grad[:3])
         u = torch.empty(pb.q.shape, device=q.device, dtype=torch.float32) if store_u else None
-        grid = (triton.cdiv(pb.tokens, fwd_m), pb.bh)
+        grid = (triton.cdiv(pb.tokens, pb.fwd_block), pb.bh)
         shift = _score_bound(pb) if mech == RECTIFIED else None
         _fwd_kernel[grid](pb.q, pb.k, pb.v, out, pb.opt(u), pb.opt(pb.slopes), pb.opt(pb.row_scale),
                           pb.opt(tau_rows), pb.opt(shift), m, den, pb.sm_scale, float(eps),
                           -1.0 if pb.v.dtype == torch.float16 else 60.0, pb.tokens, pb.heads,
                           MECH=mech, POWER=float(power), STORE_U=store_u, HAS_SLOPES=pb.slopes is not None,
                           HAS_RS=pb.row_scale is not None, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d,
-                          BM=fwd_m, BN=fwd_n, num_warps=fwd_warps, num_stages=2)
+                          BM=pb.fwd_block, BN=pb.block, num_warps=pb.fwd_warps, num_stages=2)
         ctx.pb_consts = (pb.sm_scale, mech, float(power))
-        ctx.tiles = tiles
         ctx.tau_shape = None if tau is None else tau.shape
         ctx.rs_shape = None if row_scale is None else row_scale.shape
         ctx.has = (slopes is not None, row_scale is not None)
@@ -413,16 +411,14 @@ class RowwiseAttention(torch.autograd.Function):
         needs = ctx.needs_input_grad
         dq, dk, dv, g_sl, g_rs, g_tau = rowwise_backward(
             dout, ctx.saved_tensors, sm_scale, mech, power, grad_slopes=needs[3], grad_rs=needs[4],
-            grad_tau=needs[5], rs_shape=ctx.rs_shape, tau_shape=ctx.tau_shape, tiles=ctx.tiles)
-        return dq, dk, dv, g_sl, g_rs, g_tau, None, None, None, None, None
+            grad_tau=needs[5], rs_shape=ctx.rs_shape, tau_shape=ctx.tau_shape)
+        return dq, dk, dv, g_sl, g_rs, g_tau, None, None, None, None
 
 
-def rowwise_backward(dout, saved, sm_scale, mech, power, *, grad_slopes, grad_rs, grad_tau, rs_shape, tau_shape,
-                     tiles=None):
+def rowwise_backward(dout, saved, sm_scale, mech, power, *, grad_slopes, grad_rs, grad_tau, rs_shape, tau_shape):
     """``(dq, dk, dv, d_slopes, d_row_scale, d_tau)`` from the state ``RowwiseAttention.forward`` saves,
     ``saved = (q, k, v, out, slopes, row_scale, tau_rows, m, den, u)`` (entmax's list forward builds the same
-    state and shares this backward). A gradient is None where its input is None or not asked for. ``tiles``:
-    see :func:`rowwise`."""
+    state and shares this backward). A gradient is None where its input is None or not asked for."""
     q, k, v, out, slopes, row_scale, tau_rows, m, den, u = saved
     pb = Problem(q, k, v, slopes, row_scale, sm_scale)
     do = dout.contiguous()
@@ -441,11 +437,10 @@ def rowwise_backward(dout, saved, sm_scale, mech, power, *, grad_slopes, grad_rs
     d_rs = pb.rows() if grad_rs else None
     d_sl = pb.rows() if grad_sl else None
     d_tau = pb.rows() if grad_tau else None
-    block, warps = (tiles[3], tiles[4]) if tiles else (pb.block, pb.num_warps)
     common = dict(MECH=mech, POWER=power, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
-                  DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=block, BN=block, num_warps=warps,
-                  num_stages=2)
-    grid = (triton.cdiv(pb.tokens, block), pb.bh)
+                  DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=pb.block, BN=pb.block,
+                  num_warps=pb.num_warps, num_stages=2)
+    grid = (triton.cdiv(pb.tokens, pb.block), pb.bh)
     _bwd_dq_kernel[grid](q, k, v, do, dq, pb.opt(slopes), pb.opt(row_scale), pb.opt(tau_rows), pb.opt(m),
                          pb.opt(den), pb.opt(delta), pb.opt(d_rs), pb.opt(d_sl), pb.opt(d_tau), sm_scale,
                          pb.tokens, pb.heads, GRAD_RS=grad_rs, GRAD_SL=grad_sl, GRAD_TAU=grad_tau, **common)
@@ -467,21 +462,5 @@ def _sum_to(grad: torch.Tensor, shape) -> torch.Tensor:
     return grad.reshape(shape)
 
 
-def rowwise_tiles(tuning: dict | None) -> tuple | None:
-    """The ``tiles`` of :func:`rowwise` from an op's ``tuning`` (``{"tiles": (...)}``; None: the defaults)."""
-    tuning = dict(tuning or {})
-    unknown = sorted(set(tuning) - {"tiles"})
-    if unknown:
-        raise ValueError(f"rowwise tuning: unknown keys {unknown}; the key is 'tiles'")
-    tiles = tuning.get("tiles")
-    if tiles is not None and len(tiles) != 5:
-        raise ValueError(f"rowwise tiles: (forward rows, forward keys, forward warps, backward tile, backward "
-                         f"warps), got {tiles}")
-    return None if tiles is None else tuple(int(t) for t in tiles)
-
-
-def rowwise(q, k, v, *, mech, slopes=None, row_scale=None, tau=None, sm_scale=None, power=2.0, eps=0.0,
-            tiles: tuple | None = None):
-    """The op of mechanism ``mech``. ``tiles``: ``(forward rows, forward keys, forward warps, backward tile,
-    backward warps)`` in place of the defaults (``Problem``'s), e.g. the narrow tiles of a training batch."""
-    return RowwiseAttention.apply(q, k, v, slopes, row_scale, tau, sm_scale, mech, power, eps, tiles)
+def rowwise(q, k, v, *, mech, slopes=None, row_scale=None, tau=None, sm_scale=None, power=2.0, eps=0.0):
+    return RowwiseAttention.apply(q, k, v, slopes, row_scale, tau, sm_scale, mech, power, eps)

@@ -5,9 +5,9 @@ At the seeds' training lengths (64: 66-131 tokens a sample) a training batch is 
 (``batch x heads``, 2,048 at the MQMTAR paper model's batch 128). The long-context ops (``stickbreaking.py``,
 ``entmax.py``) walk key tiles with early exits and search thresholds over tiles they never hold at once; on
 such heads their per-program overheads dominate (on an H200, MQMTAR paper model, batch 128, 91 tokens: the
-stick-breaking forward 165 us and backward 306 us a layer; entmax's threshold search alone 192 us). Here one
-program takes one head: the keys and values of the head stay in registers, and the query rows go through in
-blocks of ``BM`` against all ``TP`` (the width rounded up to a power of two) keys at once, so that
+stick-breaking forward 165 us and backward 306 us a layer; entmax's threshold search alone 192 us). Here the
+keys and values of a head stay in registers and the query rows go through in blocks of ``BM`` against all
+``TP`` (the width rounded up to a power of two) keys at once, so that
 
 - a row's stick-breaking suffix sums are one reverse cumulative sum over the whole row, and Sieve's filters
   (Algorithm 1's window below the row's maximum, or the 1.5-entmax support of Section 3) are computed on the
@@ -15,10 +15,11 @@ blocks of ``BM`` against all ``TP`` (the width rounded up to a power of two) key
 - 1.5-entmax's threshold is found on the row itself: Newton's steps on ``||(X - tau)_+||_2 = 1`` from
   ``max X - 1`` (below the root: convex and decreasing, so the steps rise to it without overshooting), then
   the exact root on the support they found;
-- a program takes one row block of one head (``BM`` rows: 2,048 scores a tile, kept in registers without
-  spilling), so that a batch is thousands of short programs; the backward adds each block's share of ``dk``
-  and ``dv`` to fp32 buffers (atomic adds); every launch is sized by the shapes alone (a CUDA graph records
-  it).
+- a forward program takes one row block of one head (``BM`` rows: 2,048 scores a tile, kept in registers
+  without spilling), so that a batch is thousands of short programs; a backward program takes one head, its
+  row blocks in turn, and sums ``dk`` and ``dv`` in registers (``backward = "blocks"``: a row block a program,
+  the shares added to fp32 buffers by atomic adds); every launch is sized by the shapes alone (a CUDA graph
+  records it).
 
 The forward keeps one fp32 number per row for the backward (``tau``: the entmax threshold, or Sieve's filter
 threshold); everything else is recomputed. Gradients (as the long-context ops'): with ``g_j = do_r.v_j``,
@@ -179,17 +180,23 @@ def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, sm_scale, eps, T, H, MECH: tl.constex
 
 
 @triton.jit
-def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, eps, T, H, MECH: tl.constexpr,
-                FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
-                GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                BM: tl.constexpr, TP: tl.constexpr):
-    """``dq`` of row block ``pid_m``; its share of the head's ``dk``/``dv`` added to the fp32 ``DK``/``DV``."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    base = bh.to(tl.int64) * T * D
-    offs_m, offs_n, offs_d, row_ok, rmask, kv_mask, q, k, v, slope, rs = _head_rows(
-        Q, K, V, SL, RS, base, bh, pid_m, T, H, HAS_SLOPES, HAS_RS, D, BD, BM, TP)
+def _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_scale, eps, T, MECH: tl.constexpr,
+               FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
+               GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+               BM: tl.constexpr, TP: tl.constexpr):
+    """Row block ``pid_m`` of head ``bh`` against the head's keys ``k`` and values ``v``: stores its ``dq`` (and
+    the per-row gradients of the row scale and slopes), returns its shares of ``dk`` (before ``sm_scale``) and
+    ``dv``, ``[TP, BD]`` fp32."""
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = tl.arange(0, TP)
+    offs_d = tl.arange(0, BD)
+    row_ok = offs_m < T
+    rmask = row_ok[:, None] & (offs_d < D)[None, :]
+    q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
     do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
+    rs = tl.full([BM], 1.0, dtype=tl.float32)
+    if HAS_RS:
+        rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
     tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
     z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
     w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, tau, True, MECH, FILTER)
@@ -220,26 +227,81 @@ def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, eps, T
         dk = tl.dot(tl.trans(dzs).to(q.dtype), q)
         dv = tl.dot(tl.trans(w).to(do.dtype), do)
     tl.store(DQ + base + offs_m[:, None] * D + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask)
-    # only the keys up to the block's last row take a share
-    kv_mask = kv_mask & (offs_n <= pid_m * BM + BM - 1)[:, None]
-    tl.atomic_add(DK + base + offs_n[:, None] * D + offs_d[None, :], dk * sm_scale, mask=kv_mask, sem="relaxed")
-    tl.atomic_add(DV + base + offs_n[:, None] * D + offs_d[None, :], dv, mask=kv_mask, sem="relaxed")
     if GRAD_RS:
         tl.store(DRS + bh * T + offs_m, tl.sum(dz * zb, 1), mask=row_ok)
     if GRAD_SL:
         dist = (offs_m[:, None] - offs_n[None, :]).to(tl.float32)
         tl.store(DSL + bh * T + offs_m, -tl.sum(dz * dist, 1) * rs, mask=row_ok)
+    return dk, dv
 
 
-def _launch(pb: Problem, tuning: dict | None) -> dict:
+@triton.jit
+def _head_keys(K, V, SL, base, bh, T, H, HAS_SLOPES: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+               TP: tl.constexpr):
+    """All keys and values of head ``bh`` (``[TP, BD]``, zero past ``T``), their offsets and mask, its slope."""
+    offs_n = tl.arange(0, TP)
+    offs_d = tl.arange(0, BD)
+    kv_mask = (offs_n < T)[:, None] & (offs_d < D)[None, :]
+    kv_off = base + offs_n[:, None] * D + offs_d[None, :]
+    k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
+    v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+    slope = 0.0
+    if HAS_SLOPES:
+        slope = tl.load(SL + bh % H)
+    return k, v, offs_n, kv_off, kv_mask, slope
+
+
+@triton.jit
+def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, eps, T, H, MECH: tl.constexpr,
+                FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
+                GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                BM: tl.constexpr, TP: tl.constexpr):
+    """``blocks`` layout: one row block a program; its shares of ``dk``/``dv`` added to the fp32 ``DK``/``DV``
+    (atomic adds, only the keys up to the block's last row)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    base = bh.to(tl.int64) * T * D
+    k, v, offs_n, kv_off, kv_mask, slope = _head_keys(K, V, SL, base, bh, T, H, HAS_SLOPES, D, BD, TP)
+    dk, dv = _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_scale, eps, T, MECH, FILTER,
+                        HAS_SLOPES, HAS_RS, GRAD_RS, GRAD_SL, DOT_PREC, D, BD, BM, TP)
+    kv_mask = kv_mask & (offs_n <= pid_m * BM + BM - 1)[:, None]
+    tl.atomic_add(DK + kv_off, dk * sm_scale, mask=kv_mask, sem="relaxed")
+    tl.atomic_add(DV + kv_off, dv, mask=kv_mask, sem="relaxed")
+
+
+@triton.jit
+def _bwd_head_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, eps, T, H, MECH: tl.constexpr,
+                     FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
+                     GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                     BM: tl.constexpr, TP: tl.constexpr):
+    """``head`` layout: one head a program, its row blocks in turn, ``dk``/``dv`` summed in registers and stored
+    once in the inputs' dtype (no atomics, no fp32 buffers to zero and cast)."""
+    bh = tl.program_id(0)
+    base = bh.to(tl.int64) * T * D
+    k, v, offs_n, kv_off, kv_mask, slope = _head_keys(K, V, SL, base, bh, T, H, HAS_SLOPES, D, BD, TP)
+    dk = tl.zeros([TP, BD], dtype=tl.float32)
+    dv = tl.zeros([TP, BD], dtype=tl.float32)
+    for pid_m in range(0, tl.cdiv(T, BM)):
+        dk_part, dv_part = _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_scale, eps, T,
+                                      MECH, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS, GRAD_SL, DOT_PREC, D, BD, BM, TP)
+        dk += dk_part
+        dv += dv_part
+    tl.store(DK + kv_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+def _launch(pb: Problem, tuning: dict | None) -> tuple[dict, str]:
+    """The kernels' tiles (``BM``, ``TP``, warps) and the backward's layout (``head`` or ``blocks``)."""
     width = max(16, triton.next_power_of_2(pb.tokens))
-    config = dict(bm=_row_block(width), warps=4)
+    config = dict(bm=_row_block(width), warps=4, backward="head")
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(config))
     if unknown:
         raise ValueError(f"narrow kernels: unknown tuning keys {unknown}; the keys are {sorted(config)}")
     config.update(tuning)
-    return dict(BM=int(config["bm"]), TP=width, num_warps=int(config["warps"]))
+    if config["backward"] not in ("head", "blocks"):
+        raise ValueError(f"narrow kernels: backward must be head or blocks, got {config['backward']!r}")
+    return dict(BM=int(config["bm"]), TP=width, num_warps=int(config["warps"])), config["backward"]
 
 
 class NarrowAttention(torch.autograd.Function):
@@ -252,7 +314,7 @@ class NarrowAttention(torch.autograd.Function):
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
         if pb.tokens > NARROW_MAX_TOKENS:
             raise ValueError(f"the narrow kernels take at most {NARROW_MAX_TOKENS} tokens, got {pb.tokens}")
-        launch = _launch(pb, tuning)
+        launch, layout = _launch(pb, tuning)
         save = any(ctx.needs_input_grad[:5])
         out = torch.empty_like(pb.q)
         tau = pb.rows()
@@ -263,26 +325,32 @@ class NarrowAttention(torch.autograd.Function):
                               float(eps), pb.tokens, pb.heads, SAVE=save, **common, **launch)
         if save:
             ctx.save_for_backward(pb.q, pb.k, pb.v, tau, pb.slopes, pb.row_scale)
-            ctx.consts = (pb.sm_scale, float(eps), common, launch)
+            ctx.consts = (pb.sm_scale, float(eps), common, launch, layout)
             ctx.rs_shape = None if row_scale is None else row_scale.shape
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, tau, slopes, row_scale = ctx.saved_tensors
-        sm_scale, eps, common, launch = ctx.consts
+        sm_scale, eps, common, launch, layout = ctx.consts
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
         grad_sl = slopes is not None and ctx.needs_input_grad[3]
         grad_rs = row_scale is not None and ctx.needs_input_grad[4]
         dq = torch.empty_like(q)
-        dk = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-        dv = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         d_sl = pb.rows() if grad_sl else None
         d_rs = pb.rows() if grad_rs else None
-        grid = (triton.cdiv(pb.tokens, launch["BM"]), pb.bh)
-        _bwd_kernel[grid](q, k, v, dout.contiguous(), dq, dk, dv, tau, pb.opt(slopes), pb.opt(row_scale),
-                              pb.opt(d_rs), pb.opt(d_sl), sm_scale, eps, pb.tokens, pb.heads, GRAD_RS=grad_rs,
-                              GRAD_SL=grad_sl, **common, **launch)
+        args = (pb.opt(d_rs), pb.opt(d_sl), sm_scale, eps, pb.tokens, pb.heads)
+        flags = dict(GRAD_RS=grad_rs, GRAD_SL=grad_sl, **common, **launch)
+        if layout == "head":
+            dk, dv = torch.empty_like(k), torch.empty_like(v)
+            _bwd_head_kernel[(pb.bh,)](q, k, v, dout.contiguous(), dq, dk, dv, tau, pb.opt(slopes),
+                                       pb.opt(row_scale), *args, **flags)
+        else:
+            dk = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+            dv = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+            _bwd_kernel[(triton.cdiv(pb.tokens, launch["BM"]), pb.bh)](
+                q, k, v, dout.contiguous(), dq, dk, dv, tau, pb.opt(slopes), pb.opt(row_scale), *args, **flags)
+            dk, dv = dk.to(k.dtype), dv.to(v.dtype)
         g_sl = reduce_slopes(d_sl) if grad_sl else None
         g_rs = None
         if grad_rs:
@@ -290,7 +358,7 @@ class NarrowAttention(torch.autograd.Function):
             while g_rs.dim() > len(ctx.rs_shape):
                 g_rs = g_rs.sum(0)
             g_rs = g_rs.sum_to_size(ctx.rs_shape)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), g_sl, g_rs, None, None, None, None, None
+        return dq, dk, dv, g_sl, g_rs, None, None, None, None, None
 
 
 def narrow_stickbreaking(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, tuning: dict | None = None):

@@ -10,10 +10,9 @@ recomputes ``e^{z-m} / l`` per tile: ``dz_j = e^{z_j-m}/l * (1(z_j>0) do.v_j - s
 
 from __future__ import annotations
 
-from lengthbench.kernels._rowwise import SOFTPICK, rowwise, rowwise_tiles
+from lengthbench.kernels._rowwise import SOFTPICK, rowwise
 
 
-def softpick_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=1e-6, tuning: dict | None = None):
-    """Softpick attention, ``[B, H, T, D]`` causal. ``tuning``: ``{"tiles": ...}`` of ``rowwise``."""
-    return rowwise(q, k, v, mech=SOFTPICK, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, eps=eps,
-                   tiles=rowwise_tiles(tuning))
+def softpick_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=1e-6):
+    """Softpick attention, ``[B, H, T, D]`` causal."""
+    return rowwise(q, k, v, mech=SOFTPICK, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, eps=eps)

@@ -36,8 +36,7 @@ VARIANTS = {
 # and the settings a CUDA graph records (the training step's: lengthbench.kernels.CAPTURE_TUNING)
 CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=False, split=False),
            "sieve-entmax": dict(lists=False, split=False),
-           "tda": dict(map=0, fwd=(32, 32, 4), dq=(32, 32, 4), dkdv=(32, 32, 4)),
-           "softpick": dict(tiles=(32, 32, 4, 32, 4)), "tra": dict(tiles=(32, 32, 4, 32, 4))}
+           "tda": dict(map=0, fwd=(32, 32, 4), dq=(32, 32, 4), dkdv=(32, 32, 4))}
 for _name, _tuning in CAPTURE.items():
     VARIANTS[_name] = [*VARIANTS.get(_name, []), ("capture", _tuning)]
 OPS = ["adatemp", "entmax", "rectified", "rela", "sieve", "sieve-alg1", "sieve-entmax", "softpick", "sparsemax",

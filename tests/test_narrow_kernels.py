@@ -30,8 +30,9 @@ OPS = {
     "entmax": ("entmax", {}, {}),
 }
 # (tokens, head_dim, extras): "alibi" adds slopes and a row scale; "walk" shifts every score by -8; "bm16" runs
-# the rows in blocks of 16
-SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, "alibi"), (40, 16, "walk"), (40, 16, "bm16"), (33, 32, "walk-alibi-bm16")]
+# the rows in blocks of 16; "blocks" takes the backward a row block a program (atomic dk/dv), not a head
+SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, "alibi"), (40, 16, "walk"), (40, 16, "bm16"), (33, 32, "walk-alibi-bm16"),
+          (40, 16, "walk-bm16-blocks"), (33, 32, "alibi-bm16-blocks")]
 TOLERANCE = 1e-4
 TIE = 2e-5
 
@@ -79,7 +80,7 @@ def run_case(case, device="cpu", dtype=None) -> dict:
         z = z * theirs["row_scale"][..., None]
     ref = torch.matmul(attention_weights(ref_name, z, **ref_params), theirs["v"])
     op = getattr(narrow, NARROW_OPS[op_name])
-    tuning = {"bm": 16} if "bm16" in extras else None
+    tuning = {**({"bm": 16} if "bm16" in extras else {}), **({"backward": "blocks"} if "blocks" in extras else {})}
     out = op(mine["q"], mine["k"], mine["v"], slopes=mine.get("slopes"), row_scale=mine.get("row_scale"),
              sm_scale=sm_scale, tuning=tuning, **op_params)
     keep = ~near_ties(op_name, z.detach(), tokens, op_params)
@@ -150,7 +151,7 @@ def test_narrow_kernel_matches_float64_reference(index, measured):
 
 
 GPU_SHAPES = [(17, 32, ""), (64, 32, "alibi"), (91, 32, "walk"), (131, 64, "alibi"), (256, 32, "walk-alibi"),
-              (200, 64, "bm16")]
+              (200, 64, "bm16"), (91, 32, "alibi-blocks")]
 GPU_TOLERANCE = {"float32": (2e-3, 2e-3), "bfloat16": (2.5e-2, 5e-2)}  # (output, gradients), test_kernels.py's
 
 
