@@ -39,8 +39,9 @@ LN2 = tl.constexpr(0.6931471805599453)
 # The levers of ``tuning`` (``stickbreaking_attention``, ``sieve_alg1_attention``) and their defaults; see
 # ``launch_config``.
 TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="scan", exp2=False, split=True, backward="suffix",
-              sigmoid="exp", skip_empty=False)
-_CHOICES = dict(cumsum=("scan", "dot", "dot2"), backward=("suffix", "prefix"), sigmoid=("exp", "reuse"))
+              sigmoid="exp", skip_empty=False, loop="while")
+_CHOICES = dict(cumsum=("scan", "dot", "dot2"), backward=("suffix", "prefix"), sigmoid=("exp", "reuse"),
+                loop=("while", "for"))
 
 
 def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
@@ -67,6 +68,9 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       softplus's ``exp(-|z|)`` (``reuse``: one division, no other exponential).
     - ``skip_empty``: with the filter on the weights alone (``sieve-alg1``), key tiles without a kept key
       skip the values (their load, products and ``dv``), the stick still broken over them.
+    - ``loop``: the forward's walk as a ``while`` loop that ends once the stick is spent, or a counted ``for``
+      loop over every key tile whose loads ``num_stages`` can pipeline (masked off once the stick is spent);
+      the ``prefix`` backward's walk is a counted loop either way, the ``suffix`` one a ``while`` loop.
     """
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(TUNING))
@@ -86,6 +90,7 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
             raise ValueError(f"stick-breaking tuning: {key} must be (bm, bn, warps, stages), bm and bn powers of "
                              f"two >= 16, warps a power of two <= 16, got {config[key]!r}")
         config[key] = tiles
+    config["loop"] = _CHOICES["loop"].index(config["loop"])
     config["cumsum"] = _CHOICES["cumsum"].index(config["cumsum"])
     config["sigmoid"] = _CHOICES["sigmoid"].index(config["sigmoid"])
     config["exp2"], config["split"], config["skip_empty"] = (bool(config[key]) for key in
@@ -197,7 +202,8 @@ def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, BN: tl.cons
 def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H, exit_at,
                 SAVE: tl.constexpr, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                 SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, EXP2: tl.constexpr, SKIP: tl.constexpr):
+                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, EXP2: tl.constexpr, SKIP: tl.constexpr,
+                LOOP: tl.constexpr):
     """The forward of a query tile. ``SAVE`` 1 keeps the remainder and the fp32 output (``suffix`` backward);
     3 the softplus sum ``L_r`` (nats) and the first key walked, per row (``prefix`` backward)."""
     pid_m = tl.program_id(0)
@@ -225,10 +231,15 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
         tau = tau * LOG2E
         exit_at = exit_at * LOG2E
     n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
-    acc, lsum, t = _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, scale, slope, rs, tau, n_tiles,
-                                   exit_at, tl.zeros([BM, BD], dtype=tl.float32), tl.zeros([BM], dtype=tl.float32),
-                                   offs_m, n_tiles, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC, D, BD, BM, BN,
-                                   CUMSUM, EXP2, SKIP)
+    if LOOP:
+        acc, lsum, t = _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, scale, slope, rs, tau, n_tiles,
+                                     exit_at, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM,
+                                     EXP2, SKIP)
+    else:
+        acc, lsum, t = _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, scale, slope, rs, tau,
+                                       n_tiles, exit_at, tl.zeros([BM, BD], dtype=tl.float32),
+                                       tl.zeros([BM], dtype=tl.float32), offs_m, n_tiles, FILTER, HAS_SLOPES, HAS_RS,
+                                       SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM, EXP2, SKIP)
     if EXP2:
         lsum = lsum * LN2
     if SAVE == 3:
@@ -276,21 +287,71 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
             if kept > 0:
                 v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :],
                             mask=(offs_n < T)[:, None] & dmask[None, :], other=0.0)
-                sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, BN)
-                if FILTER == 2:
-                    a = tl.where(keep, a, 0.0)
-                if SPLIT:
-                    a_hi = a.to(v.dtype)
-                    acc += tl.dot(a_hi, v)
-                    acc += tl.dot((a - a_hi.to(tl.float32)).to(v.dtype), v)
-                else:
-                    acc += tl.dot(a.to(v.dtype), v, input_precision=DOT_PREC)
+                acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BN, CUMSUM, EXP2)
             else:  # no kept key: the stick alone
                 sp, _ = _softplus_e(z, EXP2)
                 sp = tl.where(valid, sp, 0.0)
             lsum += tl.sum(sp, 1)
             lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
         t += 1
+    return acc, lsum, t
+
+
+@triton.jit
+def _fwd_tile(z, valid, keep, v, acc, lsum, FILTER: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
+              BN: tl.constexpr, CUMSUM: tl.constexpr, EXP2: tl.constexpr):
+    """``(acc, sp)``: a key tile's weighted values added to ``acc``, and its softplus."""
+    sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, BN)
+    if FILTER == 2:
+        a = tl.where(keep, a, 0.0)
+    if SPLIT:
+        a_hi = a.to(v.dtype)
+        acc += tl.dot(a_hi, v)
+        acc += tl.dot((a - a_hi.to(tl.float32)).to(v.dtype), v)
+    else:
+        acc += tl.dot(a.to(v.dtype), v, input_precision=DOT_PREC)
+    return acc, sp
+
+
+@triton.jit
+def _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles, exit_at,
+                  FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SPLIT: tl.constexpr,
+                  DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                  CUMSUM: tl.constexpr, EXP2: tl.constexpr, SKIP: tl.constexpr):
+    """``_fwd_walk_tuned``'s walk from a query tile's diagonal (``loop`` ``for``) as a counted loop over every
+    key tile, so that the keys' and values' loads can be software-pipelined (``num_stages``): once the stick
+    is spent (``exit_at``) the loads are masked off and the tiles left cost only the loop."""
+    acc = tl.zeros([BM, BD], dtype=tl.float32)
+    lsum = tl.zeros([BM], dtype=tl.float32)
+    t = 0
+    lmin = tl.min(tl.zeros([BM], dtype=tl.float32), 0)
+    for i in range(0, n_tiles):
+        walking = lmin < exit_at
+        offs_n = (n_tiles - 1 - i) * BN + tl.arange(0, BN)
+        kv_mask = (offs_n < tl.where(walking, T, 0))[:, None] & dmask[None, :]
+        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        if walking:
+            z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+            valid = offs_n[None, :] < offs_m[:, None]
+            keep = valid
+            if FILTER == 1:
+                valid = valid & (z * 0.5 > tau[:, None])
+                keep = valid
+            elif FILTER == 2:
+                keep = valid & (z * 0.5 > tau[:, None])
+            if tl.max(valid.to(tl.int32)) > 0:
+                kept = 1
+                if SKIP:
+                    kept = tl.max(keep.to(tl.int32))
+                if kept > 0:
+                    acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BN, CUMSUM, EXP2)
+                else:
+                    sp, _ = _softplus_e(z, EXP2)
+                    sp = tl.where(valid, sp, 0.0)
+                lsum += tl.sum(sp, 1)
+                lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
+            t += 1
     return acc, lsum, t
 
 
@@ -563,7 +624,8 @@ class StickBreakingAttention(torch.autograd.Function):
             SAVE=(3 if prefix else 1) if save else 0, FILTER=mode, HAS_SLOPES=pb.slopes is not None,
             HAS_RS=pb.row_scale is not None, SPLIT=config["split"] and q.dtype != torch.float32,
             DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, CUMSUM=config["cumsum"],
-            EXP2=config["exp2"], SKIP=config["skip_empty"] and mode == 2, num_warps=warps, num_stages=stages)
+            EXP2=config["exp2"], SKIP=config["skip_empty"] and mode == 2, LOOP=config["loop"],
+            num_warps=warps, num_stages=stages)
         if save:
             ctx.save_for_backward(pb.q, pb.k, pb.v, o32, rem, lse, start, pb.slopes, pb.row_scale, tau)
             ctx.sm_scale = pb.sm_scale

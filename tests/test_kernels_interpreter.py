@@ -36,10 +36,10 @@ SMALL = dict(fwd=(16, 16, 4, 1), bwd=(32, 16, 4, 1))
 STICK_VARIANTS = [
     ("small", SMALL),
     ("dot", dict(SMALL, cumsum="dot")),
-    ("exp2-reuse", dict(SMALL, exp2=True, sigmoid="reuse", cumsum="dot2")),
+    ("exp2-reuse", dict(SMALL, exp2=True, sigmoid="reuse", cumsum="dot2", loop="for")),
     ("prefix", dict(SMALL, backward="prefix")),
     ("prefix-all", dict(fwd=(32, 16, 4, 1), bwd=(16, 32, 4, 1), backward="prefix", cumsum="dot2", exp2=True,
-                        sigmoid="reuse", split=False, skip_empty=True)),
+                        sigmoid="reuse", split=False, skip_empty=True, loop="for")),
     ("skip", dict(SMALL, skip_empty=True)),
 ]
 # per op: (label, tuning) of the launch paths to run besides the defaults, and on which shapes
