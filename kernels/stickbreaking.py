@@ -38,9 +38,9 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 # The levers of ``tuning`` (``stickbreaking_attention``, ``sieve_alg1_attention``) and their defaults; see
 # ``launch_config``.
-TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="scan", exp2=False, split=True, backward="suffix",
-              sigmoid="exp", skip_empty=False, loop="while")
-_CHOICES = dict(cumsum=("scan", "dot", "dot2"), backward=("suffix", "prefix"), sigmoid=("exp", "reuse"),
+TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="scan", cumsum_width=None, exp2=False, split=True,
+              backward="suffix", sigmoid="exp", skip_empty=False, loop="while")
+_CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3"), backward=("suffix", "prefix"), sigmoid=("exp", "reuse"),
                 loop=("while", "for"))
 
 
@@ -52,9 +52,14 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       Problem.block``, ``Problem.num_warps``, 2 stages); ``rowmax`` those of ``sieve_alg1_attention``'s row-max
       pass (None: ``Problem.fwd_block`` rows, ``Problem.block`` keys, ``Problem.fwd_warps``, 2).
     - ``cumsum``: the in-tile cumulative sums of softplus (and of the backward's ``c``): ``scan``
-      (``tl.cumsum``), ``dot`` (a product with the ``[bn, bn]`` triangular ones matrix on the tensor cores,
-      the operand in tf32: 10 bits), ``dot2`` (that product twice, the operand split into its tf32 head and
-      the rest: about 21 bits).
+      (``tl.cumsum``), or products with a triangular ones matrix on the tensor cores: ``dot`` (the operand in
+      tf32: 10 bits), ``dot2`` (two products, the operand split into its tf32 head and the rest: about 21
+      bits), ``bf16x2`` (two bf16 parts: 16 bits, at bf16's rate), ``bf16x3`` (three: 24 bits). With fp32
+      inputs ``dot`` and ``bf16x2`` run as ``dot2`` (the fp32 ops keep fp32 accuracy, as their ``ieee`` dots
+      do). Only the sums inside a key tile are so computed (the sum carried across tiles stays fp32): a
+      weight's relative error from them is about ``2^-bits`` times its in-tile suffix sum.
+    - ``cumsum_width``: the width of the triangular blocks (None: the key tile ``bn``; 16 or 32: the tile's
+      blocks of that many keys, their own sums added after in fp32; a power of two <= ``bn``).
     - ``exp2``: the stick in bits, ``log2 e`` folded into the scale: ``exp2``/``log2`` in place of
       ``exp``/``log``, ``softplus_2(x) = max(x, 0) + log2(1 + 2^-|x|)``.
     - ``split``: the forward's products of the weights with 16-bit values as two dots (hi + lo), so its fp32
@@ -90,6 +95,11 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
             raise ValueError(f"stick-breaking tuning: {key} must be (bm, bn, warps, stages), bm and bn powers of "
                              f"two >= 16, warps a power of two <= 16, got {config[key]!r}")
         config[key] = tiles
+    width = config["cumsum_width"]
+    if width is not None and not (_power_of_two(int(width)) and 16 <= int(width)):
+        raise ValueError(f"stick-breaking tuning: cumsum_width must be a power of two >= 16, got {width!r}")
+    if pb.q.dtype == torch.float32 and config["cumsum"] in ("dot", "bf16x2"):
+        config["cumsum"] = "dot2"
     config["loop"] = _CHOICES["loop"].index(config["loop"])
     config["cumsum"] = _CHOICES["cumsum"].index(config["cumsum"])
     config["sigmoid"] = _CHOICES["sigmoid"].index(config["sigmoid"])
@@ -162,38 +172,66 @@ def _sigmoids(z, e, SIG: tl.constexpr, EXP2: tl.constexpr):
 
 
 @triton.jit
-def _cumsum(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, BN: tl.constexpr):
+def _cumsum(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CW: tl.constexpr):
     """Along the keys of a ``[BM, BN]`` fp32 tile: the suffix sums ``sum_{k >= j} x_k`` (``PREFIX`` 0) or the
-    prefix sums ``sum_{k < j} x_k`` (1). ``CUMSUM`` 0 a scan; 1 a product with the triangular ones matrix on the
-    tensor cores (tf32); 2 that product twice, ``x`` split into its tf32 head (the top 10 mantissa bits, cut
-    by a mask) and the rest, exact in fp32, so the sum keeps about 21 bits of each term."""
+    prefix sums ``sum_{k < j} x_k`` (1). ``CUMSUM`` 0 a scan; else products with a triangular ones matrix on
+    the tensor cores (``_tri_dot``), over blocks of ``CW`` keys (the blocks' own sums added after, in fp32)."""
     if CUMSUM == 0:
         if PREFIX:
             out = tl.cumsum(x, 1) - x
         else:
             out = tl.cumsum(x, 1, reverse=True)
+    elif CW == BN:
+        out = _tri_dot(x, PREFIX, CUMSUM, CW)
     else:
-        rows = tl.arange(0, BN)[:, None]
-        cols = tl.arange(0, BN)[None, :]
-        if PREFIX:
-            tri = (rows < cols).to(tl.float32)
-        else:
-            tri = (rows >= cols).to(tl.float32)
-        if CUMSUM == 1:
-            out = tl.dot(x, tri, input_precision="tf32")
-        else:
-            hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-            out = tl.dot(hi, tri, input_precision="tf32")
-            out = tl.dot(x - hi, tri, out, input_precision="tf32")
+        NB: tl.constexpr = BN // CW
+        inner = tl.reshape(_tri_dot(tl.reshape(x, [BM * NB, CW]), PREFIX, CUMSUM, CW), [BM, NB, CW])
+        totals = tl.sum(tl.reshape(x, [BM, NB, CW]), 2)
+        if PREFIX:  # the blocks before
+            offs = tl.cumsum(totals, 1) - totals
+        else:  # the blocks after
+            offs = tl.cumsum(totals, 1, reverse=True) - totals
+        out = tl.reshape(inner + offs[:, :, None], [BM, BN])
     return out
 
 
 @triton.jit
-def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, BN: tl.constexpr):
+def _tri_dot(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr):
+    """``_cumsum`` of a ``[M, W]`` fp32 block as a product with the ``[W, W]`` triangular ones matrix (exact in
+    every format): ``CUMSUM`` 1 ``x`` in tf32 (10 bits); 2 ``x`` split into its tf32 head (the top 10 mantissa
+    bits, cut by a mask) and the rest, two products (about 21 bits); 3 ``x`` split into two bf16 parts (16
+    bits); 4 into three (24 bits)."""
+    rows = tl.arange(0, W)[:, None]
+    cols = tl.arange(0, W)[None, :]
+    if PREFIX:
+        tri = rows < cols
+    else:
+        tri = rows >= cols
+    if CUMSUM == 1:
+        out = tl.dot(x, tri.to(tl.float32), input_precision="tf32")
+    elif CUMSUM == 2:
+        hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        out = tl.dot(hi, tri.to(tl.float32), input_precision="tf32")
+        out = tl.dot(x - hi, tri.to(tl.float32), out, input_precision="tf32")
+    else:
+        ones = tri.to(tl.bfloat16)
+        hi = x.to(tl.bfloat16)
+        rest = x - hi.to(tl.float32)
+        mid = rest.to(tl.bfloat16)
+        out = tl.dot(hi, ones)
+        out = tl.dot(mid, ones, out)
+        if CUMSUM == 4:
+            out = tl.dot((rest - mid.to(tl.float32)).to(tl.bfloat16), ones, out)
+    return out
+
+
+@triton.jit
+def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+           CW: tl.constexpr):
     """Softplus of the tile's active scores and their weights, given the softplus sum to the right."""
     sp, _ = _softplus_e(z, EXP2)
     sp = tl.where(valid, sp, 0.0)
-    suffix = _cumsum(sp, 0, CUMSUM, BN)
+    suffix = _cumsum(sp, 0, CUMSUM, BM, BN, CW)
     a = tl.where(valid, _exp(z - lsum[:, None] - suffix, EXP2), 0.0)
     return sp, a
 
@@ -202,8 +240,8 @@ def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, BN: tl.cons
 def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H, exit_at,
                 SAVE: tl.constexpr, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                 SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, EXP2: tl.constexpr, SKIP: tl.constexpr,
-                LOOP: tl.constexpr):
+                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
+                SKIP: tl.constexpr, LOOP: tl.constexpr):
     """The forward of a query tile. ``SAVE`` 1 keeps the remainder and the fp32 output (``suffix`` backward);
     3 the softplus sum ``L_r`` (nats) and the first key walked, per row (``prefix`` backward)."""
     pid_m = tl.program_id(0)
@@ -234,12 +272,12 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
     if LOOP:
         acc, lsum, t = _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, scale, slope, rs, tau, n_tiles,
                                      exit_at, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM,
-                                     EXP2, SKIP)
+                                     CW, EXP2, SKIP)
     else:
         acc, lsum, t = _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, scale, slope, rs, tau,
                                        n_tiles, exit_at, tl.zeros([BM, BD], dtype=tl.float32),
                                        tl.zeros([BM], dtype=tl.float32), offs_m, n_tiles, FILTER, HAS_SLOPES, HAS_RS,
-                                       SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM, EXP2, SKIP)
+                                       SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM, CW, EXP2, SKIP)
     if EXP2:
         lsum = lsum * LN2
     if SAVE == 3:
@@ -258,7 +296,7 @@ def _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, 
     """``_fwd_walk_tuned`` with the default levers (Sieve's gathered open rows call it)."""
     acc, lsum, t = _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles,
                                    exit_at, acc, lsum, upto, max_tiles, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC,
-                                   D, BD, BM, BN, 0, False, False)
+                                   D, BD, BM, BN, 0, BN, False, False)
     return acc, lsum, t
 
 
@@ -267,7 +305,7 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
                     acc, lsum, upto, max_tiles, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr,
                     HAS_RS: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
                     BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
-                    EXP2: tl.constexpr, SKIP: tl.constexpr):
+                    CW: tl.constexpr, EXP2: tl.constexpr, SKIP: tl.constexpr):
     """``(acc, lsum, t)``: the weighted values and the softplus sum of the rows ``offs_m``, from ``acc`` and
     ``lsum``, over their keys before ``upto`` in the key tiles ``n_tiles - 1`` down, stopping once every row
     (``row_ok``) has passed ``exit_at`` nats (bits with ``EXP2``), or after ``max_tiles`` tiles; ``t`` the tiles
@@ -287,7 +325,7 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
             if kept > 0:
                 v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :],
                             mask=(offs_n < T)[:, None] & dmask[None, :], other=0.0)
-                acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BN, CUMSUM, EXP2)
+                acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2)
             else:  # no kept key: the stick alone
                 sp, _ = _softplus_e(z, EXP2)
                 sp = tl.where(valid, sp, 0.0)
@@ -299,9 +337,9 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
 
 @triton.jit
 def _fwd_tile(z, valid, keep, v, acc, lsum, FILTER: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
-              BN: tl.constexpr, CUMSUM: tl.constexpr, EXP2: tl.constexpr):
+              BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr):
     """``(acc, sp)``: a key tile's weighted values added to ``acc``, and its softplus."""
-    sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, BN)
+    sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, BM, BN, CW)
     if FILTER == 2:
         a = tl.where(keep, a, 0.0)
     if SPLIT:
@@ -317,7 +355,7 @@ def _fwd_tile(z, valid, keep, v, acc, lsum, FILTER: tl.constexpr, SPLIT: tl.cons
 def _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles, exit_at,
                   FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SPLIT: tl.constexpr,
                   DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                  CUMSUM: tl.constexpr, EXP2: tl.constexpr, SKIP: tl.constexpr):
+                  CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr, SKIP: tl.constexpr):
     """``_fwd_walk_tuned``'s walk from a query tile's diagonal (``loop`` ``for``) as a counted loop over every
     key tile, so that the keys' and values' loads can be software-pipelined (``num_stages``): once the stick
     is spent (``exit_at``) the loads are masked off and the tiles left cost only the loop."""
@@ -345,7 +383,7 @@ def _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slo
                 if SKIP:
                     kept = tl.max(keep.to(tl.int32))
                 if kept > 0:
-                    acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BN, CUMSUM, EXP2)
+                    acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2)
                 else:
                     sp, _ = _softplus_e(z, EXP2)
                     sp = tl.where(valid, sp, 0.0)
@@ -376,8 +414,8 @@ def _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok,
 def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, CT, GR, SL, RS, TAU, DRS, DSL, sm_scale, T, H, exit_at,
                 FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
                 GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, EXP2: tl.constexpr, SIG: tl.constexpr,
-                SKIP: tl.constexpr):
+                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
+                SIG: tl.constexpr, SKIP: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
@@ -402,7 +440,7 @@ def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, CT, GR, SL, RS, TAU, DRS, DSL, sm_scale
     n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
     dq, d_rs, d_sl = _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope,
                                      rs, tau, c_total, g_r, n_tiles, exit_at, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS,
-                                     GRAD_SL, DOT_PREC, D, BD, BM, BN, CUMSUM, EXP2, SIG, SKIP)
+                                     GRAD_SL, DOT_PREC, D, BD, BM, BN, CUMSUM, CW, EXP2, SIG, SKIP)
     _bwd_store(dq, d_rs, d_sl, DQ, DRS, DSL, base, offs_m, offs_d, rmask, row_ok, bh, T, sm_scale, rs,
                GRAD_RS, GRAD_SL, D)
 
@@ -415,7 +453,7 @@ def _bwd_walk(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_sc
     """``_bwd_walk_tuned`` with the default levers (Sieve's gathered open rows call it)."""
     dq, d_rs, d_sl = _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope,
                                      rs, tau, c_total, g_r, n_tiles, exit_at, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS,
-                                     GRAD_SL, DOT_PREC, D, BD, BM, BN, 0, False, 0, False)
+                                     GRAD_SL, DOT_PREC, D, BD, BM, BN, 0, BN, False, 0, False)
     return dq, d_rs, d_sl
 
 
@@ -424,7 +462,7 @@ def _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T,
                     g_r, n_tiles, exit_at, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                     GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
                     BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
-                    EXP2: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
+                    CW: tl.constexpr, EXP2: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
     """``(dq, d_rs, d_sl)`` of the rows ``offs_m`` (before ``sm_scale`` and the slopes' sign and row scale)
     over the key tiles ``n_tiles - 1`` down to 0, the forward's walk (Sieve's gathered open rows reuse it);
     dk and dv go to ``DK``/``DV`` by atomic adds. ``sm_scale``, ``slope``, ``tau`` and ``exit_at`` in nats;
@@ -455,12 +493,12 @@ def _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T,
                 kept = tl.max(keep.to(tl.int32))
             if kept > 0:
                 v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-                a = tl.where(valid, _exp(z - lsum[:, None] - _cumsum(sp, 0, CUMSUM, BN), EXP2), 0.0)
+                a = tl.where(valid, _exp(z - lsum[:, None] - _cumsum(sp, 0, CUMSUM, BM, BN, CW), EXP2), 0.0)
                 if FILTER == 2:
                     a = tl.where(keep, a, 0.0)
                 g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
                 c = tl.where(valid, (g - g_r[:, None]) * a, 0.0)
-                before = c_total[:, None] - c_acc[:, None] - _cumsum(c, 0, CUMSUM, BN)
+                before = c_total[:, None] - c_acc[:, None] - _cumsum(c, 0, CUMSUM, BM, BN, CW)
                 s, sn = _sigmoids(z, e, SIG, EXP2)
                 dz = tl.where(valid, c * sn - s * before, 0.0)
                 dv_tile = tl.dot(tl.trans(a).to(do.dtype), do, input_precision=DOT_PREC)
@@ -491,7 +529,7 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
                        FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                        GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
                        BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
-                       EXP2: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
+                       CW: tl.constexpr, EXP2: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
     """The ``prefix`` backward of a query tile: left to right over the keys the forward walked, ``[START_r,
     r)``, with the forward's softplus sum ``L_r = LSE_r``. With ``P_j`` the softplus sum of the walked keys
     before ``j``, ``a_j = exp(z_j - (L_r - P_j))``; with ``c_j = (g_j - g_r) a_j`` (``FILTER`` 2: ``c_j = g_j
@@ -554,14 +592,14 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
                 kept = tl.max(keep.to(tl.int32))
             if kept > 0:
                 v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-                a = tl.where(valid, _exp(z - (lse - psum)[:, None] + _cumsum(sp, 1, CUMSUM, BN), EXP2), 0.0)
+                a = tl.where(valid, _exp(z - (lse - psum)[:, None] + _cumsum(sp, 1, CUMSUM, BM, BN, CW), EXP2), 0.0)
                 g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
                 if FILTER == 2:
                     a = tl.where(keep, a, 0.0)
                     c = g * a
                 else:
                     c = tl.where(valid, (g - g_r[:, None]) * a, 0.0)
-                before = csum[:, None] + _cumsum(c, 1, CUMSUM, BN)
+                before = csum[:, None] + _cumsum(c, 1, CUMSUM, BM, BN, CW)
                 dz = tl.where(valid, c * sn - s * before, 0.0)
                 dv_tile = tl.dot(tl.trans(a).to(do.dtype), do, input_precision=DOT_PREC)
                 tl.atomic_add(DV + base + offs_n[:, None] * D + offs_d[None, :], dv_tile, mask=kv_mask,
@@ -624,6 +662,7 @@ class StickBreakingAttention(torch.autograd.Function):
             SAVE=(3 if prefix else 1) if save else 0, FILTER=mode, HAS_SLOPES=pb.slopes is not None,
             HAS_RS=pb.row_scale is not None, SPLIT=config["split"] and q.dtype != torch.float32,
             DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, CUMSUM=config["cumsum"],
+            CW=min(bn, config["cumsum_width"] or bn),
             EXP2=config["exp2"], SKIP=config["skip_empty"] and mode == 2, LOOP=config["loop"],
             num_warps=warps, num_stages=stages)
         if save:
@@ -643,7 +682,8 @@ class StickBreakingAttention(torch.autograd.Function):
         bm, bn, warps, stages = config["bwd"]
         common = dict(FILTER=ctx.mode, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
                       GRAD_RS=grad_rs, GRAD_SL=grad_sl, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm,
-                      BN=bn, CUMSUM=config["cumsum"], EXP2=config["exp2"], SIG=config["sigmoid"],
+                      BN=bn, CUMSUM=config["cumsum"], CW=min(bn, config["cumsum_width"] or bn), EXP2=config["exp2"],
+                      SIG=config["sigmoid"],
                       SKIP=config["skip_empty"] and ctx.mode == 2, num_warps=warps, num_stages=stages)
         grid = (triton.cdiv(pb.tokens, bm), pb.bh)
         if config["backward"] == "prefix":

@@ -243,15 +243,18 @@ SMALL_TILES = dict(fwd=(32, 16, 4, 2), bwd=(16, 32, 4, 2))
 STICK_VARIANTS = {
     "dot": dict(cumsum="dot"),
     "dot2": dict(cumsum="dot2"),
+    "dot2-w16": dict(cumsum="dot2", cumsum_width=16),
+    "bf16x2": dict(cumsum="bf16x2"),
+    "bf16x3-w16": dict(cumsum="bf16x3", cumsum_width=16, backward="prefix"),
     "exp2-reuse": dict(exp2=True, sigmoid="reuse"),
     "prefix": dict(backward="prefix"),
     "prefix-nosplit": dict(backward="prefix", split=False),
     "nosplit": dict(split=False),
-    "skip": dict(skip_empty=True),
+    "empty-tiles": dict(skip_empty=True),
     "for": dict(loop="for"),
     "tiles-128": dict(fwd=(128, 64, 8, 3), bwd=(128, 64, 8, 2), rowmax=(128, 128, 8, 3)),
-    "small-tiles": dict(SMALL_TILES, backward="prefix", cumsum="dot2"),
-    "all": dict(fwd=(128, 64, 8, 3), bwd=(64, 64, 4, 2), backward="prefix", cumsum="dot2", exp2=True,
+    "tiles-16": dict(SMALL_TILES, backward="prefix", cumsum="dot2"),
+    "combined": dict(fwd=(128, 64, 8, 3), bwd=(64, 64, 4, 2), backward="prefix", cumsum="dot2", exp2=True,
                 sigmoid="reuse", split=False, skip_empty=True, loop="for"),
 }
 STICK_CASES = {  # (tokens, head_dim, dtype, shift, alibi)
