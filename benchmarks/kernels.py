@@ -114,10 +114,10 @@ class _Captured(Exception):
     """Stops the model's forward once the layer's q, k, v are taken."""
 
 
-def capture_qkv(checkpoint, layer: int, tokens: int):
+def capture_qkv(checkpoint, layer: int, tokens: int, device: str = "cuda"):
     """``(q, k, v)``, each ``[1, H, L, D]``, of layer ``layer`` of the trained model at ``checkpoint`` (a
     ``checkpoints/<run_id>/model.pt`` of a results store) on one test sample of nominal length ``tokens``,
-    the first ``tokens`` positions kept (see the module docstring)."""
+    the first ``tokens`` positions kept (see the module docstring; bf16 autocast on CUDA)."""
     from lengthbench.checkpoints import load_model
     from lengthbench.errors import UsageError
     from lengthbench.models.attention.base import AttentionLayer
@@ -125,13 +125,13 @@ def capture_qkv(checkpoint, layer: int, tokens: int):
     path = Path(checkpoint)
     if not path.is_file():
         raise UsageError(f"--trained: no checkpoint at {path}")
-    model, task, _ = load_model(path.parent.parent.parent, path.parent.name, "cuda")
+    model, task, _ = load_model(path.parent.parent.parent, path.parent.name, device)
     layers = [m for m in model.modules() if isinstance(m, AttentionLayer)]
     if not 0 <= layer < len(layers):
         raise UsageError(f"--layer {layer}: the model has {len(layers)} attention layers")
     batch = task.batch(range(1), tokens, "test", 0)
-    ids = torch.as_tensor(batch.input_ids[:, :tokens], device="cuda")
-    features = None if batch.features is None else torch.as_tensor(batch.features[:, :tokens], device="cuda")
+    ids = torch.as_tensor(batch.input_ids[:, :tokens], device=device)
+    features = None if batch.features is None else torch.as_tensor(batch.features[:, :tokens], device=device)
     taken = {}
 
     def hook(module, args):
@@ -140,14 +140,15 @@ def capture_qkv(checkpoint, layer: int, tokens: int):
 
     handle = layers[layer].register_forward_pre_hook(hook)
     try:
-        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
             model(ids, features)
     except _Captured:
         pass
     finally:
         handle.remove()
     del model
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return taken["qkv"]
 
 

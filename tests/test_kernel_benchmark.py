@@ -111,3 +111,31 @@ def test_bad_input_family_exits_2():
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels.py"), "--inputs", "walk9"],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 2 and "unknown families ['walk9']" in done.stderr
+
+
+def test_trained_inputs_are_a_layers_projected_qkv(tmp_path):
+    """``--inputs trained``: q, k, v of the chosen layer of a saved model (here an untrained tiny one, on the
+    CPU), one sample, at most the asked length; a layer the model lacks is a usage error."""
+    import pytest
+    import torch
+
+    from lengthbench.config import build_config
+    from lengthbench.errors import UsageError
+    from lengthbench.runner import atomic_torch_save, build_model, checkpoint_dir
+    from lengthbench.tasks import get_task
+
+    config = build_config("mqrar", "stickbreaking", "none", preset="smoke", d_model=16, n_heads=2, ffn=32,
+                          n_layers=2)
+    torch.manual_seed(0)
+    model = build_model(config, get_task("mqrar"))
+    folder = checkpoint_dir(tmp_path, config.run_id)
+    folder.mkdir(parents=True)
+    atomic_torch_save({"config": config.identity(), "model": model.state_dict()}, folder / "model.pt")
+    q, k, v = bench.capture_qkv(folder / "model.pt", 1, 40, device="cpu")
+    assert q.shape == k.shape == v.shape and q.shape[:2] == (1, 2) and q.shape[-1] == 8 and q.shape[2] <= 40
+    again = bench.capture_qkv(folder / "model.pt", 1, 40, device="cpu")
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), again, strict=True))
+    first = bench.capture_qkv(folder / "model.pt", 0, 40, device="cpu")
+    assert not torch.equal(first[0], q)  # another layer's projection
+    with pytest.raises(UsageError, match="2 attention layers"):
+        bench.capture_qkv(folder / "model.pt", 2, 40, device="cpu")
