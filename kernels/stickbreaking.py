@@ -38,10 +38,10 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 # The levers of ``tuning`` (``stickbreaking_attention``, ``sieve_alg1_attention``) and their defaults; see
 # ``launch_config``.
-TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="scan", cumsum_width=None, exp2=False, split=True,
-              backward="suffix", sigmoid="exp", skip_empty=False, loop="while")
+TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="scan", cumsum_width=None, exp2=False, log1p="log",
+              split=True, backward="suffix", sigmoid="exp", skip_empty=False, loop="while")
 _CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3"), backward=("suffix", "prefix"), sigmoid=("exp", "reuse"),
-                loop=("while", "for"))
+                loop=("while", "for"), log1p=("log", "poly"))
 
 
 def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
@@ -62,6 +62,8 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       blocks of that many keys, their own sums added after in fp32; a power of two <= ``bn``).
     - ``exp2``: the stick in bits, ``log2 e`` folded into the scale: ``exp2``/``log2`` in place of
       ``exp``/``log``, ``softplus_2(x) = max(x, 0) + log2(1 + 2^-|x|)``.
+    - ``log1p``: softplus's ``log(1 + exp(-|z|))`` by ``log`` (the special-function unit) or ``poly`` (a
+      polynomial on the FMA units, ``_log1p_ratio``): one transcendental less per score.
     - ``split``: the forward's products of the weights with 16-bit values as two dots (hi + lo), so its fp32
       output is accurate to fp32 rounding; False: one dot (the weights rounded to the values' dtype).
     - ``backward``: ``suffix`` walks right to left from the diagonal, with ``C_r = do_r.(o_r - v_r)`` from the
@@ -101,6 +103,7 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     if pb.q.dtype == torch.float32 and config["cumsum"] in ("dot", "bf16x2"):
         config["cumsum"] = "dot2"
     config["loop"] = _CHOICES["loop"].index(config["loop"])
+    config["log1p"] = _CHOICES["log1p"].index(config["log1p"])
     config["cumsum"] = _CHOICES["cumsum"].index(config["cumsum"])
     config["sigmoid"] = _CHOICES["sigmoid"].index(config["sigmoid"])
     config["exp2"], config["split"], config["skip_empty"] = (bool(config[key]) for key in
@@ -132,16 +135,36 @@ def _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs,
 
 
 @triton.jit
-def _softplus_e(z, EXP2: tl.constexpr):
+def _softplus_e(z, EXP2: tl.constexpr, LOG1P: tl.constexpr):
     """``(softplus(z), exp(-|z|))`` (``softplus`` of ``_common``); with ``EXP2`` the scores in bits and both in
     base 2: ``(max(z, 0) + log2(1 + 2^-|z|), 2^-|z|)``."""
     if EXP2:
         e = tl.exp2(-tl.abs(z))
-        sp = tl.maximum(z, 0.0) + tl.log2(1.0 + e)
     else:
         e = tl.exp(-tl.abs(z))
-        sp = tl.maximum(z, 0.0) + tl.log(1.0 + e)
-    return sp, e
+    if LOG1P:
+        lg = e * _log1p_ratio(e)
+        if EXP2:
+            lg = lg * LOG2E
+    elif EXP2:
+        lg = tl.log2(1.0 + e)
+    else:
+        lg = tl.log(1.0 + e)
+    return tl.maximum(z, 0.0) + lg, e
+
+
+@triton.jit
+def _log1p_ratio(x):
+    """``log(1 + x) / x`` on ``[0, 1]`` by a degree-8 polynomial (a Chebyshev fit; relative error below 2.5e-7
+    in fp32, where ``log(1 + x)`` in fp32 loses ``x``'s low bits to the rounding of ``1 + x``): FMAs only."""
+    p = 0.005253490526229143 * x - 0.029588690027594566
+    p = p * x + 0.07836206257343292
+    p = p * x - 0.13674813508987427
+    p = p * x + 0.19111457467079163
+    p = p * x - 0.24844379723072052
+    p = p * x + 0.33319273591041565
+    p = p * x - 0.49999502301216125
+    return p * x + 1.0
 
 
 @triton.jit
@@ -226,10 +249,10 @@ def _tri_dot(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
-def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
            CW: tl.constexpr):
     """Softplus of the tile's active scores and their weights, given the softplus sum to the right."""
-    sp, _ = _softplus_e(z, EXP2)
+    sp, _ = _softplus_e(z, EXP2, LOG1P)
     sp = tl.where(valid, sp, 0.0)
     suffix = _cumsum(sp, 0, CUMSUM, BM, BN, CW)
     a = tl.where(valid, _exp(z - lsum[:, None] - suffix, EXP2), 0.0)
@@ -240,7 +263,7 @@ def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, BM: tl.cons
 def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H, exit_at,
                 SAVE: tl.constexpr, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                 SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr,
                 SKIP: tl.constexpr, LOOP: tl.constexpr):
     """The forward of a query tile. ``SAVE`` 1 keeps the remainder and the fp32 output (``suffix`` backward);
     3 the softplus sum ``L_r`` (nats) and the first key walked, per row (``prefix`` backward)."""
@@ -272,12 +295,12 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
     if LOOP:
         acc, lsum, t = _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, scale, slope, rs, tau, n_tiles,
                                      exit_at, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM,
-                                     CW, EXP2, SKIP)
+                                     CW, EXP2, LOG1P, SKIP)
     else:
         acc, lsum, t = _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, scale, slope, rs, tau,
                                        n_tiles, exit_at, tl.zeros([BM, BD], dtype=tl.float32),
                                        tl.zeros([BM], dtype=tl.float32), offs_m, n_tiles, FILTER, HAS_SLOPES, HAS_RS,
-                                       SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM, CW, EXP2, SKIP)
+                                       SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM, CW, EXP2, LOG1P, SKIP)
     if EXP2:
         lsum = lsum * LN2
     if SAVE == 3:
@@ -296,7 +319,7 @@ def _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, 
     """``_fwd_walk_tuned`` with the default levers (Sieve's gathered open rows call it)."""
     acc, lsum, t = _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles,
                                    exit_at, acc, lsum, upto, max_tiles, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC,
-                                   D, BD, BM, BN, 0, BN, False, False)
+                                   D, BD, BM, BN, 0, BN, False, False, False)
     return acc, lsum, t
 
 
@@ -305,7 +328,7 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
                     acc, lsum, upto, max_tiles, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr,
                     HAS_RS: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
                     BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
-                    CW: tl.constexpr, EXP2: tl.constexpr, SKIP: tl.constexpr):
+                    CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SKIP: tl.constexpr):
     """``(acc, lsum, t)``: the weighted values and the softplus sum of the rows ``offs_m``, from ``acc`` and
     ``lsum``, over their keys before ``upto`` in the key tiles ``n_tiles - 1`` down, stopping once every row
     (``row_ok``) has passed ``exit_at`` nats (bits with ``EXP2``), or after ``max_tiles`` tiles; ``t`` the tiles
@@ -325,9 +348,9 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
             if kept > 0:
                 v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :],
                             mask=(offs_n < T)[:, None] & dmask[None, :], other=0.0)
-                acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2)
+                acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2, LOG1P)
             else:  # no kept key: the stick alone
-                sp, _ = _softplus_e(z, EXP2)
+                sp, _ = _softplus_e(z, EXP2, LOG1P)
                 sp = tl.where(valid, sp, 0.0)
             lsum += tl.sum(sp, 1)
             lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
@@ -337,9 +360,9 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
 
 @triton.jit
 def _fwd_tile(z, valid, keep, v, acc, lsum, FILTER: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr):
+              BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr):
     """``(acc, sp)``: a key tile's weighted values added to ``acc``, and its softplus."""
-    sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, BM, BN, CW)
+    sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, LOG1P, BM, BN, CW)
     if FILTER == 2:
         a = tl.where(keep, a, 0.0)
     if SPLIT:
@@ -355,7 +378,7 @@ def _fwd_tile(z, valid, keep, v, acc, lsum, FILTER: tl.constexpr, SPLIT: tl.cons
 def _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles, exit_at,
                   FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SPLIT: tl.constexpr,
                   DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                  CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr, SKIP: tl.constexpr):
+                  CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SKIP: tl.constexpr):
     """``_fwd_walk_tuned``'s walk from a query tile's diagonal (``loop`` ``for``) as a counted loop over every
     key tile, so that the keys' and values' loads can be software-pipelined (``num_stages``): once the stick
     is spent (``exit_at``) the loads are masked off and the tiles left cost only the loop."""
@@ -383,9 +406,9 @@ def _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slo
                 if SKIP:
                     kept = tl.max(keep.to(tl.int32))
                 if kept > 0:
-                    acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2)
+                    acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2, LOG1P)
                 else:
-                    sp, _ = _softplus_e(z, EXP2)
+                    sp, _ = _softplus_e(z, EXP2, LOG1P)
                     sp = tl.where(valid, sp, 0.0)
                 lsum += tl.sum(sp, 1)
                 lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
@@ -414,7 +437,7 @@ def _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok,
 def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, CT, GR, SL, RS, TAU, DRS, DSL, sm_scale, T, H, exit_at,
                 FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
                 GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr,
                 SIG: tl.constexpr, SKIP: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -440,7 +463,7 @@ def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, CT, GR, SL, RS, TAU, DRS, DSL, sm_scale
     n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
     dq, d_rs, d_sl = _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope,
                                      rs, tau, c_total, g_r, n_tiles, exit_at, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS,
-                                     GRAD_SL, DOT_PREC, D, BD, BM, BN, CUMSUM, CW, EXP2, SIG, SKIP)
+                                     GRAD_SL, DOT_PREC, D, BD, BM, BN, CUMSUM, CW, EXP2, LOG1P, SIG, SKIP)
     _bwd_store(dq, d_rs, d_sl, DQ, DRS, DSL, base, offs_m, offs_d, rmask, row_ok, bh, T, sm_scale, rs,
                GRAD_RS, GRAD_SL, D)
 
@@ -453,7 +476,7 @@ def _bwd_walk(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_sc
     """``_bwd_walk_tuned`` with the default levers (Sieve's gathered open rows call it)."""
     dq, d_rs, d_sl = _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope,
                                      rs, tau, c_total, g_r, n_tiles, exit_at, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS,
-                                     GRAD_SL, DOT_PREC, D, BD, BM, BN, 0, BN, False, 0, False)
+                                     GRAD_SL, DOT_PREC, D, BD, BM, BN, 0, BN, False, False, 0, False)
     return dq, d_rs, d_sl
 
 
@@ -462,7 +485,7 @@ def _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T,
                     g_r, n_tiles, exit_at, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                     GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
                     BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
-                    CW: tl.constexpr, EXP2: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
+                    CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
     """``(dq, d_rs, d_sl)`` of the rows ``offs_m`` (before ``sm_scale`` and the slopes' sign and row scale)
     over the key tiles ``n_tiles - 1`` down to 0, the forward's walk (Sieve's gathered open rows reuse it);
     dk and dv go to ``DK``/``DV`` by atomic adds. ``sm_scale``, ``slope``, ``tau`` and ``exit_at`` in nats;
@@ -486,7 +509,7 @@ def _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T,
                                           offs_m, FILTER, HAS_SLOPES, HAS_RS, DOT_PREC, D)
         if tl.max(valid.to(tl.int32)) > 0:
             kv_mask = (offs_n < T)[:, None] & dmask[None, :]
-            sp, e = _softplus_e(z, EXP2)
+            sp, e = _softplus_e(z, EXP2, LOG1P)
             sp = tl.where(valid, sp, 0.0)
             kept = 1
             if SKIP:
@@ -529,7 +552,7 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
                        FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                        GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
                        BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
-                       CW: tl.constexpr, EXP2: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
+                       CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
     """The ``prefix`` backward of a query tile: left to right over the keys the forward walked, ``[START_r,
     r)``, with the forward's softplus sum ``L_r = LSE_r``. With ``P_j`` the softplus sum of the walked keys
     before ``j``, ``a_j = exp(z_j - (L_r - P_j))``; with ``c_j = (g_j - g_r) a_j`` (``FILTER`` 2: ``c_j = g_j
@@ -584,7 +607,7 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
         keep = keep & walked
         if tl.max(valid.to(tl.int32)) > 0:
             kv_mask = (offs_n < T)[:, None] & dmask[None, :]
-            sp, e = _softplus_e(z, EXP2)
+            sp, e = _softplus_e(z, EXP2, LOG1P)
             sp = tl.where(valid, sp, 0.0)
             s, sn = _sigmoids(z, e, SIG, EXP2)
             kept = 1
@@ -663,7 +686,7 @@ class StickBreakingAttention(torch.autograd.Function):
             HAS_RS=pb.row_scale is not None, SPLIT=config["split"] and q.dtype != torch.float32,
             DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, CUMSUM=config["cumsum"],
             CW=min(bn, config["cumsum_width"] or bn),
-            EXP2=config["exp2"], SKIP=config["skip_empty"] and mode == 2, LOOP=config["loop"],
+            EXP2=config["exp2"], LOG1P=config["log1p"], SKIP=config["skip_empty"] and mode == 2, LOOP=config["loop"],
             num_warps=warps, num_stages=stages)
         if save:
             ctx.save_for_backward(pb.q, pb.k, pb.v, o32, rem, lse, start, pb.slopes, pb.row_scale, tau)
@@ -683,6 +706,7 @@ class StickBreakingAttention(torch.autograd.Function):
         common = dict(FILTER=ctx.mode, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
                       GRAD_RS=grad_rs, GRAD_SL=grad_sl, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm,
                       BN=bn, CUMSUM=config["cumsum"], CW=min(bn, config["cumsum_width"] or bn), EXP2=config["exp2"],
+                      LOG1P=config["log1p"],
                       SIG=config["sigmoid"],
                       SKIP=config["skip_empty"] and ctx.mode == 2, num_warps=warps, num_stages=stages)
         grid = (triton.cdiv(pb.tokens, bm), pb.bh)

@@ -247,6 +247,7 @@ STICK_VARIANTS = {
     "bf16x2": dict(cumsum="bf16x2"),
     "bf16x3-w16": dict(cumsum="bf16x3", cumsum_width=16, backward="prefix"),
     "exp2-reuse": dict(exp2=True, sigmoid="reuse"),
+    "poly": dict(log1p="poly"),
     "prefix": dict(backward="prefix"),
     "prefix-nosplit": dict(backward="prefix", split=False),
     "nosplit": dict(split=False),
@@ -255,7 +256,7 @@ STICK_VARIANTS = {
     "tiles-128": dict(fwd=(128, 64, 8, 3), bwd=(128, 64, 8, 2), rowmax=(128, 128, 8, 3)),
     "tiles-16": dict(SMALL_TILES, backward="prefix", cumsum="dot2"),
     "combined": dict(fwd=(128, 64, 8, 3), bwd=(64, 64, 4, 2), backward="prefix", cumsum="dot2", exp2=True,
-                sigmoid="reuse", split=False, skip_empty=True, loop="for"),
+                sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly"),
 }
 STICK_CASES = {  # (tokens, head_dim, dtype, shift, alibi)
     "T1000-D32-bf16": (1000, 32, torch.bfloat16, 0.0, False),

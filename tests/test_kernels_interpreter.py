@@ -41,8 +41,9 @@ STICK_VARIANTS = [
     ("dot2-w16", dict(fwd=(16, 32, 4, 1), bwd=(32, 32, 4, 1), cumsum="dot2", cumsum_width=16, backward="prefix")),
     ("exp2-reuse", dict(SMALL, exp2=True, sigmoid="reuse", cumsum="dot2", loop="for")),
     ("prefix", dict(SMALL, backward="prefix")),
+    ("poly", dict(SMALL, log1p="poly")),
     ("prefix-all", dict(fwd=(32, 16, 4, 1), bwd=(16, 32, 4, 1), backward="prefix", cumsum="dot2", exp2=True,
-                        sigmoid="reuse", split=False, skip_empty=True, loop="for")),
+                        sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly")),
     ("skip", dict(SMALL, skip_empty=True)),
 ]
 # per op: (label, tuning) of the launch paths to run besides the defaults, and on which shapes
