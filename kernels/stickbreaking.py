@@ -20,6 +20,15 @@ diagonal's ``dv_r += (1 - sum_j a_rj) do_r`` is added outside. Gradients flow to
 over ``j < r``), without gradient through the filter; see ``sieve.py``. Its third mode (``sieve-alg1``) breaks
 the stick over every earlier key and keeps only the weights inside the filter; the backward then takes the
 general form ``c_j = g_j a_j``, ``C_r = do_r.o_r`` (the weights no longer sum to one with the remainder).
+
+What the above describes are the defaults. ``tuning`` (``launch_config``) selects other forms of the same
+quantities, each exact to fp32 rounding: the backward from the left (``prefix``: the forward keeps per row
+only its softplus sum ``L_r`` and the first key walked; ``a_j = exp(z_j - (L_r - sum_{k<j} softplus z_k))``
+and ``C_r - sum_{j >= k} c_j = sum_{j < k} c_j`` accumulate as the walk goes, so neither the fp32 output nor
+an fp32 copy of ``do`` is held), the in-tile sums as products with a triangular ones matrix on the tensor
+cores, base-2 arithmetic, softplus's ``log1p`` as a polynomial, other tiles and loops. Long walks (scores
+that stay negative, as in trained models that recall far back) are where they matter: the stick is then
+not spent within a few keys and every key tile of a row is visited.
 """
 
 from __future__ import annotations
@@ -31,8 +40,6 @@ import triton.language as tl
 from lengthbench.kernels._common import Problem, reduce_slopes, score_tile
 
 EXIT_AT = 60.0
-
-
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -40,8 +47,8 @@ LN2 = tl.constexpr(0.6931471805599453)
 # ``launch_config``.
 TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="scan", cumsum_width=None, exp2=False, log1p="log",
               split=True, backward="suffix", sigmoid="exp", skip_empty=False, loop="while")
-_CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3"), backward=("suffix", "prefix"), sigmoid=("exp", "reuse"),
-                loop=("while", "for"), log1p=("log", "poly"))
+_CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3"), backward=("suffix", "prefix"),
+                sigmoid=("exp", "reuse"), loop=("while", "for"), log1p=("log", "poly"))
 
 
 def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
@@ -249,7 +256,8 @@ def _tri_dot(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
-def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, BM: tl.constexpr,
+           BN: tl.constexpr,
            CW: tl.constexpr):
     """Softplus of the tile's active scores and their weights, given the softplus sum to the right."""
     sp, _ = _softplus_e(z, EXP2, LOG1P)
@@ -263,8 +271,8 @@ def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.c
 def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H, exit_at,
                 SAVE: tl.constexpr, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                 SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr,
-                SKIP: tl.constexpr, LOOP: tl.constexpr):
+                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
+                LOG1P: tl.constexpr, SKIP: tl.constexpr, LOOP: tl.constexpr):
     """The forward of a query tile. ``SAVE`` 1 keeps the remainder and the fp32 output (``suffix`` backward);
     3 the softplus sum ``L_r`` (nats) and the first key walked, per row (``prefix`` backward)."""
     pid_m = tl.program_id(0)
@@ -348,7 +356,8 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
             if kept > 0:
                 v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :],
                             mask=(offs_n < T)[:, None] & dmask[None, :], other=0.0)
-                acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2, LOG1P)
+                acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2,
+                                    LOG1P)
             else:  # no kept key: the stick alone
                 sp, _ = _softplus_e(z, EXP2, LOG1P)
                 sp = tl.where(valid, sp, 0.0)
@@ -360,7 +369,8 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
 
 @triton.jit
 def _fwd_tile(z, valid, keep, v, acc, lsum, FILTER: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr):
+              BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
+              LOG1P: tl.constexpr):
     """``(acc, sp)``: a key tile's weighted values added to ``acc``, and its softplus."""
     sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, LOG1P, BM, BN, CW)
     if FILTER == 2:
@@ -406,7 +416,8 @@ def _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slo
                 if SKIP:
                     kept = tl.max(keep.to(tl.int32))
                 if kept > 0:
-                    acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2, LOG1P)
+                    acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW,
+                                        EXP2, LOG1P)
                 else:
                     sp, _ = _softplus_e(z, EXP2, LOG1P)
                     sp = tl.where(valid, sp, 0.0)
@@ -437,8 +448,8 @@ def _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok,
 def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, CT, GR, SL, RS, TAU, DRS, DSL, sm_scale, T, H, exit_at,
                 FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
                 GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr,
-                SIG: tl.constexpr, SKIP: tl.constexpr):
+                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
+                LOG1P: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
@@ -552,7 +563,8 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
                        FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                        GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
                        BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
-                       CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
+                       CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SIG: tl.constexpr,
+                       SKIP: tl.constexpr):
     """The ``prefix`` backward of a query tile: left to right over the keys the forward walked, ``[START_r,
     r)``, with the forward's softplus sum ``L_r = LSE_r``. With ``P_j`` the softplus sum of the walked keys
     before ``j``, ``a_j = exp(z_j - (L_r - P_j))``; with ``c_j = (g_j - g_r) a_j`` (``FILTER`` 2: ``c_j = g_j
