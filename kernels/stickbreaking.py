@@ -617,8 +617,10 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
         walked = offs_n[None, :] >= first[:, None]
         valid = valid & walked
         keep = keep & walked
+        kv_mask = (offs_n < T)[:, None] & dmask[None, :]
+        if not SKIP:  # loaded beside the keys, where the loop's pipelining can issue it ahead
+            v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
         if tl.max(valid.to(tl.int32)) > 0:
-            kv_mask = (offs_n < T)[:, None] & dmask[None, :]
             sp, e = _softplus_e(z, EXP2, LOG1P)
             sp = tl.where(valid, sp, 0.0)
             s, sn = _sigmoids(z, e, SIG, EXP2)
@@ -626,7 +628,8 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
             if SKIP:
                 kept = tl.max(keep.to(tl.int32))
             if kept > 0:
-                v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+                if SKIP:
+                    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
                 a = tl.where(valid, _exp(z - (lse - psum)[:, None] + _cumsum(sp, 1, CUMSUM, BM, BN, CW), EXP2), 0.0)
                 g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
                 if FILTER == 2:
