@@ -46,7 +46,7 @@ LN2 = tl.constexpr(0.6931471805599453)
 # The levers of ``tuning`` (``stickbreaking_attention``, ``sieve_alg1_attention``) and their defaults; see
 # ``launch_config``.
 TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="scan", cumsum_width=None, exp2=False, log1p="log",
-              split=True, backward="suffix", sigmoid="exp", skip_empty=False, loop="while")
+              split=True, backward="suffix", sigmoid="exp", skip_empty=False, loop="while", full_tiles=False)
 _CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3"), backward=("suffix", "prefix"),
                 sigmoid=("exp", "reuse"), loop=("while", "for"), log1p=("log", "poly"))
 
@@ -85,6 +85,8 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     - ``loop``: the forward's walk as a ``while`` loop that ends once the stick is spent, or a counted ``for``
       loop over every key tile whose loads ``num_stages`` can pipeline (masked off once the stick is spent);
       the ``prefix`` backward's walk is a counted loop either way, the ``suffix`` one a ``while`` loop.
+    - ``full_tiles``: the forward of stick-breaking (no filter) takes the key tiles that lie before every row
+      of its query tile (all but the diagonal's) without the causal masks' selects.
     """
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(TUNING))
@@ -113,8 +115,8 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     config["log1p"] = _CHOICES["log1p"].index(config["log1p"])
     config["cumsum"] = _CHOICES["cumsum"].index(config["cumsum"])
     config["sigmoid"] = _CHOICES["sigmoid"].index(config["sigmoid"])
-    config["exp2"], config["split"], config["skip_empty"] = (bool(config[key]) for key in
-                                                             ("exp2", "split", "skip_empty"))
+    for key in ("exp2", "split", "skip_empty", "full_tiles"):
+        config[key] = bool(config[key])
     return config
 
 
@@ -257,13 +259,16 @@ def _tri_dot(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr):
 
 @triton.jit
 def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, BM: tl.constexpr,
-           BN: tl.constexpr,
-           CW: tl.constexpr):
-    """Softplus of the tile's active scores and their weights, given the softplus sum to the right."""
+           BN: tl.constexpr, CW: tl.constexpr, MASKED: tl.constexpr):
+    """Softplus of the tile's active scores and their weights, given the softplus sum to the right (without
+    ``MASKED`` every key of the tile is active)."""
     sp, _ = _softplus_e(z, EXP2, LOG1P)
-    sp = tl.where(valid, sp, 0.0)
+    if MASKED:
+        sp = tl.where(valid, sp, 0.0)
     suffix = _cumsum(sp, 0, CUMSUM, BM, BN, CW)
-    a = tl.where(valid, _exp(z - lsum[:, None] - suffix, EXP2), 0.0)
+    a = _exp(z - lsum[:, None] - suffix, EXP2)
+    if MASKED:
+        a = tl.where(valid, a, 0.0)
     return sp, a
 
 
@@ -272,7 +277,7 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
                 SAVE: tl.constexpr, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                 SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
-                LOG1P: tl.constexpr, SKIP: tl.constexpr, LOOP: tl.constexpr):
+                LOG1P: tl.constexpr, SKIP: tl.constexpr, LOOP: tl.constexpr, FULL: tl.constexpr):
     """The forward of a query tile. ``SAVE`` 1 keeps the remainder and the fp32 output (``suffix`` backward);
     3 the softplus sum ``L_r`` (nats) and the first key walked, per row (``prefix`` backward)."""
     pid_m = tl.program_id(0)
@@ -303,12 +308,12 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
     if LOOP:
         acc, lsum, t = _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, scale, slope, rs, tau, n_tiles,
                                      exit_at, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM,
-                                     CW, EXP2, LOG1P, SKIP)
+                                     CW, EXP2, LOG1P, SKIP, FULL)
     else:
         acc, lsum, t = _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, scale, slope, rs, tau,
                                        n_tiles, exit_at, tl.zeros([BM, BD], dtype=tl.float32),
                                        tl.zeros([BM], dtype=tl.float32), offs_m, n_tiles, FILTER, HAS_SLOPES, HAS_RS,
-                                       SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM, CW, EXP2, LOG1P, SKIP)
+                                       SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM, CW, EXP2, LOG1P, SKIP, FULL)
     if EXP2:
         lsum = lsum * LN2
     if SAVE == 3:
@@ -327,7 +332,7 @@ def _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, 
     """``_fwd_walk_tuned`` with the default levers (Sieve's gathered open rows call it)."""
     acc, lsum, t = _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles,
                                    exit_at, acc, lsum, upto, max_tiles, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC,
-                                   D, BD, BM, BN, 0, BN, False, False, False)
+                                   D, BD, BM, BN, 0, BN, False, False, False, False)
     return acc, lsum, t
 
 
@@ -336,20 +341,32 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
                     acc, lsum, upto, max_tiles, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr,
                     HAS_RS: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
                     BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
-                    CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SKIP: tl.constexpr):
+                    CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SKIP: tl.constexpr,
+                    FULL: tl.constexpr):
     """``(acc, lsum, t)``: the weighted values and the softplus sum of the rows ``offs_m``, from ``acc`` and
     ``lsum``, over their keys before ``upto`` in the key tiles ``n_tiles - 1`` down, stopping once every row
     (``row_ok``) has passed ``exit_at`` nats (bits with ``EXP2``), or after ``max_tiles`` tiles; ``t`` the tiles
     walked (Sieve's gathered open rows reuse it, a phase at a time: ``sieve._open_kernel``). ``CUMSUM``,
-    ``EXP2``, ``SKIP``: the levers ``cumsum``, ``exp2`` and ``skip_empty`` of ``launch_config``."""
+    ``EXP2``, ``LOG1P``, ``SKIP``, ``FULL``: the levers ``cumsum``, ``exp2``, ``log1p``, ``skip_empty`` and
+    ``full_tiles`` of ``launch_config``."""
     t = 0
     lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
+    lowest = tl.min(upto, 0)
     while (t < n_tiles) & (lmin < exit_at) & (t < max_tiles):
         offs_n = (n_tiles - 1 - t) * BN + tl.arange(0, BN)
         k, z, zb, valid, keep = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau,
                                           upto, FILTER, HAS_SLOPES, HAS_RS, DOT_PREC, D)
+        full = 0
+        if FULL:  # every key of the tile is before every row's limit: no masks
+            full = (n_tiles - t) * BN <= lowest
+        if full:
+            v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=dmask[None, :], other=0.0)
+            acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2,
+                                LOG1P, False)
+            lsum += tl.sum(sp, 1)
+            lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
         # Sieve's supports are small: most tiles hold none of them and cost only the score product.
-        if tl.max(valid.to(tl.int32)) > 0:
+        elif tl.max(valid.to(tl.int32)) > 0:
             kept = 1
             if SKIP:
                 kept = tl.max(keep.to(tl.int32))
@@ -357,7 +374,7 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
                 v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :],
                             mask=(offs_n < T)[:, None] & dmask[None, :], other=0.0)
                 acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2,
-                                    LOG1P)
+                                    LOG1P, True)
             else:  # no kept key: the stick alone
                 sp, _ = _softplus_e(z, EXP2, LOG1P)
                 sp = tl.where(valid, sp, 0.0)
@@ -370,9 +387,10 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
 @triton.jit
 def _fwd_tile(z, valid, keep, v, acc, lsum, FILTER: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
               BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
-              LOG1P: tl.constexpr):
-    """``(acc, sp)``: a key tile's weighted values added to ``acc``, and its softplus."""
-    sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, LOG1P, BM, BN, CW)
+              LOG1P: tl.constexpr, MASKED: tl.constexpr):
+    """``(acc, sp)``: a key tile's weighted values added to ``acc``, and its softplus (``MASKED``: see
+    ``_stick``)."""
+    sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, LOG1P, BM, BN, CW, MASKED)
     if FILTER == 2:
         a = tl.where(keep, a, 0.0)
     if SPLIT:
@@ -388,7 +406,8 @@ def _fwd_tile(z, valid, keep, v, acc, lsum, FILTER: tl.constexpr, SPLIT: tl.cons
 def _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles, exit_at,
                   FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SPLIT: tl.constexpr,
                   DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                  CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SKIP: tl.constexpr):
+                  CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SKIP: tl.constexpr,
+                  FULL: tl.constexpr):
     """``_fwd_walk_tuned``'s walk from a query tile's diagonal (``loop`` ``for``) as a counted loop over every
     key tile, so that the keys' and values' loads can be software-pipelined (``num_stages``): once the stick
     is spent (``exit_at``) the loads are masked off and the tiles left cost only the loop."""
@@ -396,6 +415,7 @@ def _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slo
     lsum = tl.zeros([BM], dtype=tl.float32)
     t = 0
     lmin = tl.min(tl.zeros([BM], dtype=tl.float32), 0)
+    lowest = tl.min(offs_m, 0)
     for i in range(0, n_tiles):
         walking = lmin < exit_at
         offs_n = (n_tiles - 1 - i) * BN + tl.arange(0, BN)
@@ -411,13 +431,21 @@ def _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slo
                 keep = valid
             elif FILTER == 2:
                 keep = valid & (z * 0.5 > tau[:, None])
-            if tl.max(valid.to(tl.int32)) > 0:
+            full = 0
+            if FULL:  # every key of the tile is before every row: no masks
+                full = (n_tiles - i) * BN <= lowest
+            if full:
+                acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW,
+                                    EXP2, LOG1P, False)
+                lsum += tl.sum(sp, 1)
+                lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
+            elif tl.max(valid.to(tl.int32)) > 0:
                 kept = 1
                 if SKIP:
                     kept = tl.max(keep.to(tl.int32))
                 if kept > 0:
                     acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW,
-                                        EXP2, LOG1P)
+                                        EXP2, LOG1P, True)
                 else:
                     sp, _ = _softplus_e(z, EXP2, LOG1P)
                     sp = tl.where(valid, sp, 0.0)
@@ -702,6 +730,7 @@ class StickBreakingAttention(torch.autograd.Function):
             DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, CUMSUM=config["cumsum"],
             CW=min(bn, config["cumsum_width"] or bn),
             EXP2=config["exp2"], LOG1P=config["log1p"], SKIP=config["skip_empty"] and mode == 2, LOOP=config["loop"],
+            FULL=config["full_tiles"] and mode == 0,
             num_warps=warps, num_stages=stages)
         if save:
             ctx.save_for_backward(pb.q, pb.k, pb.v, o32, rem, lse, start, pb.slopes, pb.row_scale, tau)

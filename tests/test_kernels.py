@@ -253,10 +253,11 @@ STICK_VARIANTS = {
     "nosplit": dict(split=False),
     "empty-tiles": dict(skip_empty=True),
     "for": dict(loop="for"),
+    "full": dict(full_tiles=True, cumsum="bf16x2"),
     "tiles-128": dict(fwd=(128, 64, 8, 3), bwd=(128, 64, 8, 2), rowmax=(128, 128, 8, 3)),
     "tiles-16": dict(SMALL_TILES, backward="prefix", cumsum="dot2"),
     "combined": dict(fwd=(128, 64, 8, 3), bwd=(64, 64, 4, 2), backward="prefix", cumsum="dot2", exp2=True,
-                sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly"),
+                sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly", full_tiles=True),
 }
 STICK_CASES = {  # (tokens, head_dim, dtype, shift, alibi)
     "T1000-D32-bf16": (1000, 32, torch.bfloat16, 0.0, False),

@@ -39,7 +39,8 @@ STICK_VARIANTS = [
     # blocks of 16 keys in 32-key tiles (the interpreter's dots of bf16 operands are not exact: bf16x2/3 are
     # checked on the GPU only)
     ("dot2-w16", dict(fwd=(16, 32, 4, 1), bwd=(32, 32, 4, 1), cumsum="dot2", cumsum_width=16, backward="prefix")),
-    ("exp2-reuse", dict(SMALL, exp2=True, sigmoid="reuse", cumsum="dot2", loop="for")),
+    ("exp2-reuse", dict(SMALL, exp2=True, sigmoid="reuse", cumsum="dot2", loop="for", full_tiles=True)),
+    ("full", dict(SMALL, full_tiles=True)),
     ("prefix", dict(SMALL, backward="prefix")),
     ("poly", dict(SMALL, log1p="poly")),
     ("prefix-all", dict(fwd=(32, 16, 4, 1), bwd=(16, 32, 4, 1), backward="prefix", cumsum="dot2", exp2=True,
