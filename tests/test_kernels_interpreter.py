@@ -73,8 +73,11 @@ def cases() -> list[tuple[str, int, int, str, str]]:
             if not (op == "sieve-entmax" and tokens > 1):  # (see VARIANTS)
                 out.append((op, tokens, head_dim, extras, "default"))
             for label, _ in VARIANTS.get(op, []):
-                if label != "lists-8" or (tokens, extras) in ((33, ""), (17, "alibi")):  # (the slowest path)
-                    out.append((op, tokens, head_dim, extras, label))
+                if label == "lists-8" and (tokens, extras) not in ((33, ""), (17, "alibi")):  # (the slowest path)
+                    continue
+                if op in STICK_OPS and (tokens, head_dim, extras) in ((17, 32, ""), (33, 16, "")):
+                    continue  # the levers: T = 1, 17 (and ALiBi), and the long walks and early exits
+                out.append((op, tokens, head_dim, extras, label))
     return out
 
 
