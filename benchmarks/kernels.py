@@ -135,7 +135,7 @@ def capture_qkv(checkpoint, layer: int, tokens: int, device: str = "cuda"):
     taken = {}
 
     def hook(module, args):
-        taken["qkv"] = tuple(t.detach() for t in module.project(args[0]))
+        taken["qkv"] = tuple(t.detach().contiguous() for t in module.project(args[0]))
         raise _Captured
 
     handle = layers[layer].register_forward_pre_hook(hook)
@@ -285,8 +285,15 @@ def main():
                         tensors = family_inputs(family, dtype=dtype, unit=name in UNIT_INPUTS, scale=args.scale,
                                                 **shape)
                         heads, length, dim = tensors[0].shape[1:]
-                        fwd, fwdbwd, peak = measure(kernel_fn(name, tuning), *tensors)
-                        del tensors
+                        try:
+                            fwd, fwdbwd, peak = measure(kernel_fn(name, tuning), *tensors)
+                        except ValueError as error:  # a variant's keys of another op's tuning
+                            if tuning is None:
+                                raise
+                            print(f"{name:14s} {family:7s} {variant:12s} skipped: {error}", flush=True)
+                            continue
+                        finally:
+                            del tensors
                         torch.cuda.empty_cache()
                         rows.append(dict(mechanism=name, seq_len=length, head_dim=dim, heads=heads,
                                          dtype=str(dtype).removeprefix("torch."), fwd_ms=fwd, fwdbwd_ms=fwdbwd,
