@@ -68,6 +68,7 @@ from lengthbench.kernels.stickbreaking import (
     grad_buffers,
     param_grads,
 )
+from lengthbench.kernels.stickbreaking import launch_config as launch_config_sb
 
 
 @triton.jit
@@ -410,18 +411,20 @@ def _rowmax_kernel(Q, K, SL, RS, OUT, sm_scale, T, H, HAS_SLOPES: tl.constexpr, 
     tl.store(OUT + bh * T + offs_m, best, mask=row_ok)
 
 
-def sieve_alg1_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=2.0, masked=True):
+def sieve_alg1_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=2.0, masked=True,
+                        tuning: dict | None = None):
     """Sieve as "Sieve Attention"'s Algorithm 1, ``[B, H, T, D]`` causal: stick-breaking over every earlier key, the
     weights kept where ``z_rj >= max_{k<r} z_rk - eps`` (strictly above, ties at the boundary aside).
     ``masked=False``: the stick broken over the kept keys only, as Sieve's definition breaks it over its
-    filter."""
+    filter. ``tuning``: the stick-breaking kernels' launch settings and levers (``stickbreaking.launch_config``;
+    ``rowmax`` the row-max pass's tiles)."""
     pb = Problem(q, k, v, slopes, row_scale, sm_scale)
+    bm, bn, warps, stages = launch_config_sb(pb, tuning)["rowmax"]
     rowmax = pb.rows()
-    grid = (triton.cdiv(pb.tokens, pb.fwd_block), pb.bh)
-    _rowmax_kernel[grid](pb.q, pb.k, pb.opt(pb.slopes), pb.opt(pb.row_scale), rowmax, pb.sm_scale, pb.tokens,
-                         pb.heads, HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
-                         DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=pb.fwd_block, BN=pb.block,
-                         num_warps=pb.fwd_warps, num_stages=2)
+    _rowmax_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
+        pb.q, pb.k, pb.opt(pb.slopes), pb.opt(pb.row_scale), rowmax, pb.sm_scale, pb.tokens, pb.heads,
+        HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None, DOT_PREC=pb.dot_prec, D=pb.head_dim,
+        BD=pb.block_d, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
     # the stick-breaking kernels keep the weights where z / 2 > tau; a sliver below eps keeps z = max - eps
     tau = (rowmax - float(eps)) * 0.5 - 1e-6
-    return StickBreakingAttention.apply(q, k, v, slopes, row_scale, tau, sm_scale, bool(masked))
+    return StickBreakingAttention.apply(q, k, v, slopes, row_scale, tau, sm_scale, bool(masked), tuning)

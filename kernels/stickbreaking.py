@@ -20,6 +20,15 @@ diagonal's ``dv_r += (1 - sum_j a_rj) do_r`` is added outside. Gradients flow to
 over ``j < r``), without gradient through the filter; see ``sieve.py``. Its third mode (``sieve-alg1``) breaks
 the stick over every earlier key and keeps only the weights inside the filter; the backward then takes the
 general form ``c_j = g_j a_j``, ``C_r = do_r.o_r`` (the weights no longer sum to one with the remainder).
+
+What the above describes are the defaults. ``tuning`` (``launch_config``) selects other forms of the same
+quantities, each exact to fp32 rounding: the backward from the left (``prefix``: the forward keeps per row
+only its softplus sum ``L_r`` and the first key walked; ``a_j = exp(z_j - (L_r - sum_{k<j} softplus z_k))``
+and ``C_r - sum_{j >= k} c_j = sum_{j < k} c_j`` accumulate as the walk goes, so neither the fp32 output nor
+an fp32 copy of ``do`` is held), the in-tile sums as products with a triangular ones matrix on the tensor
+cores, base-2 arithmetic, softplus's ``log1p`` as a polynomial, other tiles and loops. Long walks (scores
+that stay negative, as in trained models that recall far back) are where they matter: the stick is then
+not spent within a few keys and every key tile of a row is visited.
 """
 
 from __future__ import annotations
@@ -28,9 +37,91 @@ import torch
 import triton
 import triton.language as tl
 
-from lengthbench.kernels._common import Problem, reduce_slopes, score_tile, softplus
+from lengthbench.kernels._common import Problem, reduce_slopes, score_tile
 
 EXIT_AT = 60.0
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+# The levers of ``tuning`` (``stickbreaking_attention``, ``sieve_alg1_attention``) and their defaults; see
+# ``launch_config``.
+TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="scan", cumsum_width=None, exp2=False, log1p="log",
+              split=True, backward="suffix", sigmoid="exp", skip_empty=False, loop="while", full_tiles=False)
+_CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3"), backward=("suffix", "prefix"),
+                sigmoid=("exp", "reuse"), loop=("while", "for"), log1p=("log", "poly"))
+
+
+def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
+    """The kernels' launch settings and levers for problem ``pb``: ``TUNING`` with ``tuning``'s keys replacing
+    theirs (a ``ValueError`` names an unknown key or value).
+
+    - ``fwd``, ``bwd``: the forward's and the backward's tiles ``(bm, bn, warps, stages)`` (None: ``bm = bn =
+      Problem.block``, ``Problem.num_warps``, 2 stages); ``rowmax`` those of ``sieve_alg1_attention``'s row-max
+      pass (None: ``Problem.fwd_block`` rows, ``Problem.block`` keys, ``Problem.fwd_warps``, 2).
+    - ``cumsum``: the in-tile cumulative sums of softplus (and of the backward's ``c``): ``scan``
+      (``tl.cumsum``), or products with a triangular ones matrix on the tensor cores: ``dot`` (the operand in
+      tf32: 10 bits), ``dot2`` (two products, the operand split into its tf32 head and the rest: about 21
+      bits), ``bf16x2`` (two bf16 parts: 16 bits, at bf16's rate), ``bf16x3`` (three: 24 bits). With fp32
+      inputs ``dot`` and ``bf16x2`` run as ``dot2`` (the fp32 ops keep fp32 accuracy, as their ``ieee`` dots
+      do). Only the sums inside a key tile are so computed (the sum carried across tiles stays fp32): a
+      weight's relative error from them is about ``2^-bits`` times its in-tile suffix sum.
+    - ``cumsum_width``: the width of the triangular blocks (None: the key tile ``bn``; 16 or 32: the tile's
+      blocks of that many keys, their own sums added after in fp32; a power of two <= ``bn``).
+    - ``exp2``: the stick in bits, ``log2 e`` folded into the scale: ``exp2``/``log2`` in place of
+      ``exp``/``log``, ``softplus_2(x) = max(x, 0) + log2(1 + 2^-|x|)``.
+    - ``log1p``: softplus's ``log(1 + exp(-|z|))`` by ``log`` (the special-function unit) or ``poly`` (a
+      polynomial on the FMA units, ``_log1p_ratio``): one transcendental less per score.
+    - ``split``: the forward's products of the weights with 16-bit values as two dots (hi + lo), so its fp32
+      output is accurate to fp32 rounding; False: one dot (the weights rounded to the values' dtype).
+    - ``backward``: ``suffix`` walks right to left from the diagonal, with ``C_r = do_r.(o_r - v_r)`` from the
+      forward's fp32 output; ``prefix`` walks left to right over the very keys the forward walked (it keeps
+      per row the softplus sum ``L_r`` and the first key walked), the weights as ``exp(z_j - (L_r -
+      sum_{k<j} softplus z_k))`` and ``sum_{j<k} c_j`` a running prefix: no fp32 output, no fp32 copy of
+      ``do``.
+    - ``sigmoid``: the backward's ``sigma(z)`` and ``sigma(-z)`` by ``tl.sigmoid`` (``exp``) or from the
+      softplus's ``exp(-|z|)`` (``reuse``: one division, no other exponential).
+    - ``skip_empty``: with the filter on the weights alone (``sieve-alg1``), key tiles without a kept key
+      skip the values (their load, products and ``dv``), the stick still broken over them.
+    - ``loop``: the forward's walk as a ``while`` loop that ends once the stick is spent, or a counted ``for``
+      loop over every key tile whose loads ``num_stages`` can pipeline (masked off once the stick is spent);
+      the ``prefix`` backward's walk is a counted loop either way, the ``suffix`` one a ``while`` loop.
+    - ``full_tiles``: the forward of stick-breaking (no filter) takes the key tiles that lie before every row
+      of its query tile (all but the diagonal's) without the causal masks' selects.
+    """
+    tuning = dict(tuning or {})
+    unknown = sorted(set(tuning) - set(TUNING))
+    if unknown:
+        raise ValueError(f"stick-breaking tuning: unknown keys {unknown}; the keys are {sorted(TUNING)}")
+    config = {**TUNING, **tuning}
+    for key, choices in _CHOICES.items():
+        if config[key] not in choices:
+            raise ValueError(f"stick-breaking tuning: {key} must be one of {list(choices)}, got {config[key]!r}")
+    defaults = dict(fwd=(pb.block, pb.block, pb.num_warps, 2), bwd=(pb.block, pb.block, pb.num_warps, 2),
+                    rowmax=(pb.fwd_block, pb.block, pb.fwd_warps, 2))
+    for key, default in defaults.items():
+        tiles = tuple(int(x) for x in (config[key] or default))
+        bm, bn, warps, stages = tiles if len(tiles) == 4 else (0, 0, 0, 0)
+        if not (_power_of_two(bm) and _power_of_two(bn) and bm >= 16 and bn >= 16 and _power_of_two(warps)
+                and warps <= 16 and stages >= 1):
+            raise ValueError(f"stick-breaking tuning: {key} must be (bm, bn, warps, stages), bm and bn powers of "
+                             f"two >= 16, warps a power of two <= 16, got {config[key]!r}")
+        config[key] = tiles
+    width = config["cumsum_width"]
+    if width is not None and not (_power_of_two(int(width)) and 16 <= int(width)):
+        raise ValueError(f"stick-breaking tuning: cumsum_width must be a power of two >= 16, got {width!r}")
+    if pb.q.dtype == torch.float32 and config["cumsum"] in ("dot", "bf16x2"):
+        config["cumsum"] = "dot2"
+    config["loop"] = _CHOICES["loop"].index(config["loop"])
+    config["log1p"] = _CHOICES["log1p"].index(config["log1p"])
+    config["cumsum"] = _CHOICES["cumsum"].index(config["cumsum"])
+    config["sigmoid"] = _CHOICES["sigmoid"].index(config["sigmoid"])
+    for key in ("exp2", "split", "skip_empty", "full_tiles"):
+        config[key] = bool(config[key])
+    return config
+
+
+def _power_of_two(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
 
 
 @triton.jit
@@ -53,19 +144,142 @@ def _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs,
 
 
 @triton.jit
-def _stick(z, valid, lsum):
-    """Softplus of the tile's active scores and their weights, given the softplus sum to the right."""
-    sp = tl.where(valid, softplus(z), 0.0)
-    suffix = tl.cumsum(sp, 1, reverse=True)
-    a = tl.where(valid, tl.exp(z - lsum[:, None] - suffix), 0.0)
+def _softplus_e(z, EXP2: tl.constexpr, LOG1P: tl.constexpr):
+    """``(softplus(z), exp(-|z|))`` (``softplus`` of ``_common``); with ``EXP2`` the scores in bits and both in
+    base 2: ``(max(z, 0) + log2(1 + 2^-|z|), 2^-|z|)``."""
+    if EXP2:
+        e = tl.exp2(-tl.abs(z))
+    else:
+        e = tl.exp(-tl.abs(z))
+    if LOG1P:
+        lg = e * _log1p_ratio(e)
+        if EXP2:
+            lg = lg * LOG2E
+    elif EXP2:
+        lg = tl.log2(1.0 + e)
+    else:
+        lg = tl.log(1.0 + e)
+    return tl.maximum(z, 0.0) + lg, e
+
+
+@triton.jit
+def _log1p_ratio(x):
+    """``log(1 + x) / x`` on ``[0, 1]`` by a degree-8 polynomial (a Chebyshev fit; relative error below 2.5e-7
+    in fp32, where ``log(1 + x)`` in fp32 loses ``x``'s low bits to the rounding of ``1 + x``): FMAs only."""
+    p = 0.005253490526229143 * x - 0.029588690027594566
+    p = p * x + 0.07836206257343292
+    p = p * x - 0.13674813508987427
+    p = p * x + 0.19111457467079163
+    p = p * x - 0.24844379723072052
+    p = p * x + 0.33319273591041565
+    p = p * x - 0.49999502301216125
+    return p * x + 1.0
+
+
+@triton.jit
+def _exp(x, EXP2: tl.constexpr):
+    if EXP2:
+        out = tl.exp2(x)
+    else:
+        out = tl.exp(x)
+    return out
+
+
+@triton.jit
+def _sigmoids(z, e, SIG: tl.constexpr, EXP2: tl.constexpr):
+    """``(sigma(z), sigma(-z))`` of natural-log scores ``z`` (in bits with ``EXP2``); ``SIG`` 1 from ``e =
+    exp(-|z|)`` of ``_softplus_e``."""
+    if SIG:
+        r = 1.0 / (1.0 + e)
+        pos = z >= 0
+        s = tl.where(pos, r, e * r)
+        sn = tl.where(pos, e * r, r)
+    else:
+        zn = z
+        if EXP2:
+            zn = z * LN2
+        s = tl.sigmoid(zn)
+        sn = tl.sigmoid(-zn)
+    return s, sn
+
+
+@triton.jit
+def _cumsum(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CW: tl.constexpr):
+    """Along the keys of a ``[BM, BN]`` fp32 tile: the suffix sums ``sum_{k >= j} x_k`` (``PREFIX`` 0) or the
+    prefix sums ``sum_{k < j} x_k`` (1). ``CUMSUM`` 0 a scan; else products with a triangular ones matrix on
+    the tensor cores (``_tri_dot``), over blocks of ``CW`` keys (the blocks' own sums added after, in fp32)."""
+    if CUMSUM == 0:
+        if PREFIX:
+            out = tl.cumsum(x, 1) - x
+        else:
+            out = tl.cumsum(x, 1, reverse=True)
+    elif CW == BN:
+        out = _tri_dot(x, PREFIX, CUMSUM, CW)
+    else:
+        NB: tl.constexpr = BN // CW
+        inner = tl.reshape(_tri_dot(tl.reshape(x, [BM * NB, CW]), PREFIX, CUMSUM, CW), [BM, NB, CW])
+        totals = tl.sum(tl.reshape(x, [BM, NB, CW]), 2)
+        if PREFIX:  # the blocks before
+            offs = tl.cumsum(totals, 1) - totals
+        else:  # the blocks after
+            offs = tl.cumsum(totals, 1, reverse=True) - totals
+        out = tl.reshape(inner + offs[:, :, None], [BM, BN])
+    return out
+
+
+@triton.jit
+def _tri_dot(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr):
+    """``_cumsum`` of a ``[M, W]`` fp32 block as a product with the ``[W, W]`` triangular ones matrix (exact in
+    every format): ``CUMSUM`` 1 ``x`` in tf32 (10 bits); 2 ``x`` split into its tf32 head (the top 10 mantissa
+    bits, cut by a mask) and the rest, two products (about 21 bits); 3 ``x`` split into two bf16 parts (16
+    bits); 4 into three (24 bits)."""
+    rows = tl.arange(0, W)[:, None]
+    cols = tl.arange(0, W)[None, :]
+    if PREFIX:
+        tri = rows < cols
+    else:
+        tri = rows >= cols
+    if CUMSUM == 1:
+        out = tl.dot(x, tri.to(tl.float32), input_precision="tf32")
+    elif CUMSUM == 2:
+        hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        out = tl.dot(hi, tri.to(tl.float32), input_precision="tf32")
+        out = tl.dot(x - hi, tri.to(tl.float32), out, input_precision="tf32")
+    else:
+        ones = tri.to(tl.bfloat16)
+        hi = x.to(tl.bfloat16)
+        rest = x - hi.to(tl.float32)
+        mid = rest.to(tl.bfloat16)
+        out = tl.dot(hi, ones)
+        out = tl.dot(mid, ones, out)
+        if CUMSUM == 4:
+            out = tl.dot((rest - mid.to(tl.float32)).to(tl.bfloat16), ones, out)
+    return out
+
+
+@triton.jit
+def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, BM: tl.constexpr,
+           BN: tl.constexpr, CW: tl.constexpr, MASKED: tl.constexpr):
+    """Softplus of the tile's active scores and their weights, given the softplus sum to the right (without
+    ``MASKED`` every key of the tile is active)."""
+    sp, _ = _softplus_e(z, EXP2, LOG1P)
+    if MASKED:
+        sp = tl.where(valid, sp, 0.0)
+    suffix = _cumsum(sp, 0, CUMSUM, BM, BN, CW)
+    a = _exp(z - lsum[:, None] - suffix, EXP2)
+    if MASKED:
+        a = tl.where(valid, a, 0.0)
     return sp, a
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, sm_scale, T, H, exit_at,
+def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H, exit_at,
                 SAVE: tl.constexpr, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                 SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr):
+                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
+                LOG1P: tl.constexpr, SKIP: tl.constexpr, LOOP: tl.constexpr, FULL: tl.constexpr):
+    """The forward of a query tile. ``SAVE`` 1 keeps the remainder and the fp32 output (``suffix`` backward);
+    3 the softplus sum ``L_r`` (nats) and the first key walked, per row (``prefix`` backward)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
@@ -84,11 +298,30 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, sm_scale, T, H, exit_at,
     tau = tl.zeros([BM], dtype=tl.float32)
     if FILTER:
         tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=float("inf"))
+    scale = sm_scale
+    if EXP2:  # the scores, the filter and the exit in bits
+        scale = sm_scale * LOG2E
+        slope = slope * LOG2E
+        tau = tau * LOG2E
+        exit_at = exit_at * LOG2E
     n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
-    acc, lsum, _ = _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles,
-                             exit_at, tl.zeros([BM, BD], dtype=tl.float32), tl.zeros([BM], dtype=tl.float32), offs_m,
-                             n_tiles, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC, D, BD, BM, BN)
-    _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, D, SAVE, D)
+    if LOOP:
+        acc, lsum, t = _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, scale, slope, rs, tau, n_tiles,
+                                     exit_at, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM,
+                                     CW, EXP2, LOG1P, SKIP, FULL)
+    else:
+        acc, lsum, t = _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, scale, slope, rs, tau,
+                                       n_tiles, exit_at, tl.zeros([BM, BD], dtype=tl.float32),
+                                       tl.zeros([BM], dtype=tl.float32), offs_m, n_tiles, FILTER, HAS_SLOPES, HAS_RS,
+                                       SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM, CW, EXP2, LOG1P, SKIP, FULL)
+    if EXP2:
+        lsum = lsum * LN2
+    if SAVE == 3:
+        _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, D, 0, D)
+        tl.store(LSE + bh * T + offs_m, lsum, mask=row_ok)
+        tl.store(START + bh * T + offs_m, tl.zeros([BM], dtype=tl.int32) + (n_tiles - t) * BN, mask=row_ok)
+    else:
+        _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, D, SAVE, D)
 
 
 @triton.jit
@@ -96,32 +329,129 @@ def _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, 
               lsum, upto, max_tiles, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
               SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
               BN: tl.constexpr):
+    """``_fwd_walk_tuned`` with the default levers (Sieve's gathered open rows call it)."""
+    acc, lsum, t = _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles,
+                                   exit_at, acc, lsum, upto, max_tiles, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC,
+                                   D, BD, BM, BN, 0, BN, False, False, False, False)
+    return acc, lsum, t
+
+
+@triton.jit
+def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles, exit_at,
+                    acc, lsum, upto, max_tiles, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr,
+                    HAS_RS: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
+                    BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
+                    CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SKIP: tl.constexpr,
+                    FULL: tl.constexpr):
     """``(acc, lsum, t)``: the weighted values and the softplus sum of the rows ``offs_m``, from ``acc`` and
     ``lsum``, over their keys before ``upto`` in the key tiles ``n_tiles - 1`` down, stopping once every row
-    (``row_ok``) has passed ``exit_at`` nats, or after ``max_tiles`` tiles; ``t`` the tiles
-    walked (Sieve's gathered open rows reuse it, a phase at a time: ``sieve._open_kernel``)."""
+    (``row_ok``) has passed ``exit_at`` nats (bits with ``EXP2``), or after ``max_tiles`` tiles; ``t`` the tiles
+    walked (Sieve's gathered open rows reuse it, a phase at a time: ``sieve._open_kernel``). ``CUMSUM``,
+    ``EXP2``, ``LOG1P``, ``SKIP``, ``FULL``: the levers ``cumsum``, ``exp2``, ``log1p``, ``skip_empty`` and
+    ``full_tiles`` of ``launch_config``."""
     t = 0
     lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
+    lowest = tl.min(upto, 0)
     while (t < n_tiles) & (lmin < exit_at) & (t < max_tiles):
         offs_n = (n_tiles - 1 - t) * BN + tl.arange(0, BN)
         k, z, zb, valid, keep = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau,
                                           upto, FILTER, HAS_SLOPES, HAS_RS, DOT_PREC, D)
+        full = 0
+        if FULL:  # every key of the tile is before every row's limit: no masks
+            full = (n_tiles - t) * BN <= lowest
+        if full:
+            v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=dmask[None, :], other=0.0)
+            acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2,
+                                LOG1P, False)
+            lsum += tl.sum(sp, 1)
+            lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
         # Sieve's supports are small: most tiles hold none of them and cost only the score product.
-        if tl.max(valid.to(tl.int32)) > 0:
-            v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :],
-                        mask=(offs_n < T)[:, None] & dmask[None, :], other=0.0)
-            sp, a = _stick(z, valid, lsum)
-            if FILTER == 2:
-                a = tl.where(keep, a, 0.0)
-            if SPLIT:
-                a_hi = a.to(v.dtype)
-                acc += tl.dot(a_hi, v)
-                acc += tl.dot((a - a_hi.to(tl.float32)).to(v.dtype), v)
-            else:
-                acc += tl.dot(a.to(v.dtype), v, input_precision=DOT_PREC)
+        elif tl.max(valid.to(tl.int32)) > 0:
+            kept = 1
+            if SKIP:
+                kept = tl.max(keep.to(tl.int32))
+            if kept > 0:
+                v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :],
+                            mask=(offs_n < T)[:, None] & dmask[None, :], other=0.0)
+                acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2,
+                                    LOG1P, True)
+            else:  # no kept key: the stick alone
+                sp, _ = _softplus_e(z, EXP2, LOG1P)
+                sp = tl.where(valid, sp, 0.0)
             lsum += tl.sum(sp, 1)
             lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
         t += 1
+    return acc, lsum, t
+
+
+@triton.jit
+def _fwd_tile(z, valid, keep, v, acc, lsum, FILTER: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
+              LOG1P: tl.constexpr, MASKED: tl.constexpr):
+    """``(acc, sp)``: a key tile's weighted values added to ``acc``, and its softplus (``MASKED``: see
+    ``_stick``)."""
+    sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, LOG1P, BM, BN, CW, MASKED)
+    if FILTER == 2:
+        a = tl.where(keep, a, 0.0)
+    if SPLIT:
+        a_hi = a.to(v.dtype)
+        acc += tl.dot(a_hi, v)
+        acc += tl.dot((a - a_hi.to(tl.float32)).to(v.dtype), v)
+    else:
+        acc += tl.dot(a.to(v.dtype), v, input_precision=DOT_PREC)
+    return acc, sp
+
+
+@triton.jit
+def _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles, exit_at,
+                  FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SPLIT: tl.constexpr,
+                  DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                  CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SKIP: tl.constexpr,
+                  FULL: tl.constexpr):
+    """``_fwd_walk_tuned``'s walk from a query tile's diagonal (``loop`` ``for``) as a counted loop over every
+    key tile, so that the keys' and values' loads can be software-pipelined (``num_stages``): once the stick
+    is spent (``exit_at``) the loads are masked off and the tiles left cost only the loop."""
+    acc = tl.zeros([BM, BD], dtype=tl.float32)
+    lsum = tl.zeros([BM], dtype=tl.float32)
+    t = 0
+    lmin = tl.min(tl.zeros([BM], dtype=tl.float32), 0)
+    lowest = tl.min(offs_m, 0)
+    for i in range(0, n_tiles):
+        walking = lmin < exit_at
+        offs_n = (n_tiles - 1 - i) * BN + tl.arange(0, BN)
+        kv_mask = (offs_n < tl.where(walking, T, 0))[:, None] & dmask[None, :]
+        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        if walking:
+            z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+            valid = offs_n[None, :] < offs_m[:, None]
+            keep = valid
+            if FILTER == 1:
+                valid = valid & (z * 0.5 > tau[:, None])
+                keep = valid
+            elif FILTER == 2:
+                keep = valid & (z * 0.5 > tau[:, None])
+            full = 0
+            if FULL:  # every key of the tile is before every row: no masks
+                full = (n_tiles - i) * BN <= lowest
+            if full:
+                acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW,
+                                    EXP2, LOG1P, False)
+                lsum += tl.sum(sp, 1)
+                lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
+            elif tl.max(valid.to(tl.int32)) > 0:
+                kept = 1
+                if SKIP:
+                    kept = tl.max(keep.to(tl.int32))
+                if kept > 0:
+                    acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW,
+                                        EXP2, LOG1P, True)
+                else:
+                    sp, _ = _softplus_e(z, EXP2, LOG1P)
+                    sp = tl.where(valid, sp, 0.0)
+                lsum += tl.sum(sp, 1)
+                lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
+            t += 1
     return acc, lsum, t
 
 
@@ -146,7 +476,8 @@ def _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok,
 def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, CT, GR, SL, RS, TAU, DRS, DSL, sm_scale, T, H, exit_at,
                 FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
                 GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr):
+                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
+                LOG1P: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
@@ -169,9 +500,9 @@ def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, CT, GR, SL, RS, TAU, DRS, DSL, sm_scale
     if FILTER:
         tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=float("inf"))
     n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
-    dq, d_rs, d_sl = _bwd_walk(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope,
-                               rs, tau, c_total, g_r, n_tiles, exit_at, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS,
-                               GRAD_SL, DOT_PREC, D, BD, BM, BN)
+    dq, d_rs, d_sl = _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope,
+                                     rs, tau, c_total, g_r, n_tiles, exit_at, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS,
+                                     GRAD_SL, DOT_PREC, D, BD, BM, BN, CUMSUM, CW, EXP2, LOG1P, SIG, SKIP)
     _bwd_store(dq, d_rs, d_sl, DQ, DRS, DSL, base, offs_m, offs_d, rmask, row_ok, bh, T, sm_scale, rs,
                GRAD_RS, GRAD_SL, D)
 
@@ -181,9 +512,29 @@ def _bwd_walk(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_sc
               g_r, n_tiles, exit_at, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
               GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
               BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """``_bwd_walk_tuned`` with the default levers (Sieve's gathered open rows call it)."""
+    dq, d_rs, d_sl = _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope,
+                                     rs, tau, c_total, g_r, n_tiles, exit_at, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS,
+                                     GRAD_SL, DOT_PREC, D, BD, BM, BN, 0, BN, False, False, 0, False)
+    return dq, d_rs, d_sl
+
+
+@triton.jit
+def _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, c_total,
+                    g_r, n_tiles, exit_at, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+                    GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
+                    BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
+                    CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
     """``(dq, d_rs, d_sl)`` of the rows ``offs_m`` (before ``sm_scale`` and the slopes' sign and row scale)
     over the key tiles ``n_tiles - 1`` down to 0, the forward's walk (Sieve's gathered open rows reuse it);
-    dk and dv go to ``DK``/``DV`` by atomic adds."""
+    dk and dv go to ``DK``/``DV`` by atomic adds. ``sm_scale``, ``slope``, ``tau`` and ``exit_at`` in nats;
+    ``CUMSUM``, ``EXP2``, ``SIG``, ``SKIP``: the levers of ``launch_config``."""
+    scale = sm_scale
+    if EXP2:
+        scale = sm_scale * LOG2E
+        slope = slope * LOG2E
+        tau = tau * LOG2E
+        exit_at = exit_at * LOG2E
     lsum = tl.zeros([BM], dtype=tl.float32)
     c_acc = tl.zeros([BM], dtype=tl.float32)
     dq = tl.zeros([BM, BD], dtype=tl.float32)
@@ -193,33 +544,149 @@ def _bwd_walk(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_sc
     lmin = tl.min(tl.zeros([BM], dtype=tl.float32), 0)
     while (t < n_tiles) & (lmin < exit_at):
         offs_n = (n_tiles - 1 - t) * BN + tl.arange(0, BN)
-        k, z, zb, valid, keep = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau,
+        k, z, zb, valid, keep = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, scale, slope, rs, tau,
                                           offs_m, FILTER, HAS_SLOPES, HAS_RS, DOT_PREC, D)
         if tl.max(valid.to(tl.int32)) > 0:
             kv_mask = (offs_n < T)[:, None] & dmask[None, :]
-            v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-            sp, a = _stick(z, valid, lsum)
-            if FILTER == 2:
-                a = tl.where(keep, a, 0.0)
-            g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
-            c = tl.where(valid, (g - g_r[:, None]) * a, 0.0)
-            before = c_total[:, None] - c_acc[:, None] - tl.cumsum(c, 1, reverse=True)
-            dz = tl.where(valid, c * tl.sigmoid(-z) - tl.sigmoid(z) * before, 0.0)
+            sp, e = _softplus_e(z, EXP2, LOG1P)
+            sp = tl.where(valid, sp, 0.0)
+            kept = 1
+            if SKIP:
+                kept = tl.max(keep.to(tl.int32))
+            if kept > 0:
+                v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+                a = tl.where(valid, _exp(z - lsum[:, None] - _cumsum(sp, 0, CUMSUM, BM, BN, CW), EXP2), 0.0)
+                if FILTER == 2:
+                    a = tl.where(keep, a, 0.0)
+                g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+                c = tl.where(valid, (g - g_r[:, None]) * a, 0.0)
+                before = c_total[:, None] - c_acc[:, None] - _cumsum(c, 0, CUMSUM, BM, BN, CW)
+                s, sn = _sigmoids(z, e, SIG, EXP2)
+                dz = tl.where(valid, c * sn - s * before, 0.0)
+                dv_tile = tl.dot(tl.trans(a).to(do.dtype), do, input_precision=DOT_PREC)
+                tl.atomic_add(DV + base + offs_n[:, None] * D + offs_d[None, :], dv_tile, mask=kv_mask,
+                              sem="relaxed")
+                c_acc += tl.sum(c, 1)
+            else:  # no kept key (sieve-alg1): c = 0 on the tile
+                s, sn = _sigmoids(z, e, SIG, EXP2)
+                dz = tl.where(valid, -s * (c_total - c_acc)[:, None], 0.0)
             dzs = dz * rs[:, None]
             dq += tl.dot(dzs.to(k.dtype), k, input_precision=DOT_PREC)
             if GRAD_RS:
+                if EXP2:
+                    zb = zb * LN2
                 d_rs += tl.sum(dz * zb, 1)
             if GRAD_SL:
                 d_sl += tl.sum(dz * (offs_m[:, None] - offs_n[None, :]).to(tl.float32), 1)
-            dv_tile = tl.dot(tl.trans(a).to(do.dtype), do, input_precision=DOT_PREC)
             dk_tile = tl.dot(tl.trans(dzs).to(q.dtype), q, input_precision=DOT_PREC) * sm_scale
-            tl.atomic_add(DV + base + offs_n[:, None] * D + offs_d[None, :], dv_tile, mask=kv_mask, sem="relaxed")
             tl.atomic_add(DK + base + offs_n[:, None] * D + offs_d[None, :], dk_tile, mask=kv_mask, sem="relaxed")
             lsum += tl.sum(sp, 1)
-            c_acc += tl.sum(c, 1)
             lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
         t += 1
     return dq, d_rs, d_sl
+
+
+@triton.jit
+def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DSL, sm_scale, T, H,
+                       FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+                       GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
+                       BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
+                       CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SIG: tl.constexpr,
+                       SKIP: tl.constexpr):
+    """The ``prefix`` backward of a query tile: left to right over the keys the forward walked, ``[START_r,
+    r)``, with the forward's softplus sum ``L_r = LSE_r``. With ``P_j`` the softplus sum of the walked keys
+    before ``j``, ``a_j = exp(z_j - (L_r - P_j))``; with ``c_j = (g_j - g_r) a_j`` (``FILTER`` 2: ``c_j = g_j
+    a_j`` on the kept keys, and ``g_r rem_r`` added to the running sum, the remainder's share),
+    ``dz_k = c_k sigma(-z_k) - sigma(z_k) sum_{j < k} c_j``: the ``suffix`` backward's form with ``C_r -
+    sum_{j >= k} c_j`` summed from the left. The diagonal's ``dv_r += rem_r do_r`` is added here."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    base = bh.to(tl.int64) * T * D
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BD)
+    row_ok = offs_m < T
+    dmask = offs_d < D
+    rmask = row_ok[:, None] & dmask[None, :]
+    roff = base + offs_m[:, None] * D + offs_d[None, :]
+    q = tl.load(Q + roff, mask=rmask, other=0.0)
+    do = tl.load(DO + roff, mask=rmask, other=0.0)
+    do32 = do.to(tl.float32)
+    g_r = tl.sum(do32 * tl.load(V + roff, mask=rmask, other=0.0).to(tl.float32), 1)
+    lse = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0)
+    first = tl.load(START + bh * T + offs_m, mask=row_ok, other=T)
+    rem = tl.exp(-lse)
+    slope = 0.0
+    if HAS_SLOPES:
+        slope = tl.load(SL + bh % H)
+    rs = tl.full([BM], 1.0, dtype=tl.float32)
+    if HAS_RS:
+        rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
+    tau = tl.zeros([BM], dtype=tl.float32)
+    if FILTER:
+        tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=float("inf"))
+    scale = sm_scale
+    if EXP2:
+        scale = sm_scale * LOG2E
+        slope = slope * LOG2E
+        tau = tau * LOG2E
+        lse = lse * LOG2E
+    psum = tl.zeros([BM], dtype=tl.float32)  # P: the softplus sum of the keys walked
+    csum = tl.zeros([BM], dtype=tl.float32)  # sum_{j < k} c_j (and the remainder's share)
+    if FILTER == 2:
+        csum = g_r * rem
+    dq = tl.zeros([BM, BD], dtype=tl.float32)
+    d_rs = tl.zeros([BM], dtype=tl.float32)
+    d_sl = tl.zeros([BM], dtype=tl.float32)
+    n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
+    for tile in range(tl.min(first, 0) // BN, n_tiles):
+        offs_n = tile * BN + tl.arange(0, BN)
+        k, z, zb, valid, keep = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, scale, slope, rs, tau,
+                                          offs_m, FILTER, HAS_SLOPES, HAS_RS, DOT_PREC, D)
+        walked = offs_n[None, :] >= first[:, None]
+        valid = valid & walked
+        keep = keep & walked
+        kv_mask = (offs_n < T)[:, None] & dmask[None, :]
+        if not SKIP:  # loaded beside the keys, where the loop's pipelining can issue it ahead
+            v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        if tl.max(valid.to(tl.int32)) > 0:
+            sp, e = _softplus_e(z, EXP2, LOG1P)
+            sp = tl.where(valid, sp, 0.0)
+            s, sn = _sigmoids(z, e, SIG, EXP2)
+            kept = 1
+            if SKIP:
+                kept = tl.max(keep.to(tl.int32))
+            if kept > 0:
+                if SKIP:
+                    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+                a = tl.where(valid, _exp(z - (lse - psum)[:, None] + _cumsum(sp, 1, CUMSUM, BM, BN, CW), EXP2), 0.0)
+                g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+                if FILTER == 2:
+                    a = tl.where(keep, a, 0.0)
+                    c = g * a
+                else:
+                    c = tl.where(valid, (g - g_r[:, None]) * a, 0.0)
+                before = csum[:, None] + _cumsum(c, 1, CUMSUM, BM, BN, CW)
+                dz = tl.where(valid, c * sn - s * before, 0.0)
+                dv_tile = tl.dot(tl.trans(a).to(do.dtype), do, input_precision=DOT_PREC)
+                tl.atomic_add(DV + base + offs_n[:, None] * D + offs_d[None, :], dv_tile, mask=kv_mask,
+                              sem="relaxed")
+                csum += tl.sum(c, 1)
+            else:  # no kept key (sieve-alg1): c = 0 on the tile
+                dz = tl.where(valid, -s * csum[:, None], 0.0)
+            dzs = dz * rs[:, None]
+            dq += tl.dot(dzs.to(k.dtype), k, input_precision=DOT_PREC)
+            if GRAD_RS:
+                if EXP2:
+                    zb = zb * LN2
+                d_rs += tl.sum(dz * zb, 1)
+            if GRAD_SL:
+                d_sl += tl.sum(dz * (offs_m[:, None] - offs_n[None, :]).to(tl.float32), 1)
+            dk_tile = tl.dot(tl.trans(dzs).to(q.dtype), q, input_precision=DOT_PREC) * sm_scale
+            tl.atomic_add(DK + base + offs_n[:, None] * D + offs_d[None, :], dk_tile, mask=kv_mask, sem="relaxed")
+            psum += tl.sum(sp, 1)
+    tl.atomic_add(DV + roff, rem[:, None] * do32, mask=rmask, sem="relaxed")
+    _bwd_store(dq, d_rs, d_sl, DQ, DRS, DSL, base, offs_m, offs_d, rmask, row_ok, bh, T, sm_scale, rs,
+               GRAD_RS, GRAD_SL, D)
 
 
 @triton.jit
@@ -236,54 +703,83 @@ def _bwd_store(dq, d_rs, d_sl, DQ, DRS, DSL, base, offs_m, offs_d, rmask, row_ok
 
 class StickBreakingAttention(torch.autograd.Function):
     """Stick-breaking (``tau`` None) or its filtered forms (``tau`` ``[B, H, T]``): Sieve, or with
-    ``weights_only`` the filter on the weights alone (``sieve-alg1``)."""
+    ``weights_only`` the filter on the weights alone (``sieve-alg1``); ``tuning`` the levers of
+    ``launch_config``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, weights_only=False):
+    def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, weights_only=False, tuning=None):
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
+        config = launch_config(pb, tuning)
         save = any(ctx.needs_input_grad[:5])
+        prefix = config["backward"] == "prefix"
         out = torch.empty_like(pb.q)
-        o32 = torch.empty(pb.q.shape, device=q.device, dtype=torch.float32) if save else None
-        rem = pb.rows() if save else None
+        o32 = torch.empty(pb.q.shape, device=q.device, dtype=torch.float32) if save and not prefix else None
+        rem = pb.rows() if save and not prefix else None
+        lse = pb.rows() if save and prefix else None
+        start = torch.empty(pb.batch, pb.heads, pb.tokens, device=q.device, dtype=torch.int32) if save and prefix \
+            else None
         tau = None if tau is None else tau.detach().to(torch.float32).expand(pb.batch, pb.heads, pb.tokens).contiguous()
         mode = 0 if tau is None else (2 if weights_only else 1)
         ctx.mode = mode
-        grid = (triton.cdiv(pb.tokens, pb.block), pb.bh)
-        _fwd_kernel[grid](pb.q, pb.k, pb.v, out, pb.opt(o32), pb.opt(rem), pb.opt(pb.slopes), pb.opt(pb.row_scale),
-                          pb.opt(tau), pb.sm_scale, pb.tokens, pb.heads, EXIT_AT, SAVE=save, FILTER=mode,
-                          HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
-                          SPLIT=q.dtype != torch.float32, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d,
-                          BM=pb.block, BN=pb.block, num_warps=pb.num_warps, num_stages=2)
+        bm, bn, warps, stages = config["fwd"]
+        _fwd_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
+            pb.q, pb.k, pb.v, out, pb.opt(o32), pb.opt(rem), pb.opt(lse), pb.opt(start), pb.opt(pb.slopes),
+            pb.opt(pb.row_scale), pb.opt(tau), pb.sm_scale, pb.tokens, pb.heads, EXIT_AT,
+            SAVE=(3 if prefix else 1) if save else 0, FILTER=mode, HAS_SLOPES=pb.slopes is not None,
+            HAS_RS=pb.row_scale is not None, SPLIT=config["split"] and q.dtype != torch.float32,
+            DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, CUMSUM=config["cumsum"],
+            CW=min(bn, config["cumsum_width"] or bn),
+            EXP2=config["exp2"], LOG1P=config["log1p"], SKIP=config["skip_empty"] and mode == 2, LOOP=config["loop"],
+            FULL=config["full_tiles"] and mode == 0,
+            num_warps=warps, num_stages=stages)
         if save:
-            ctx.save_for_backward(pb.q, pb.k, pb.v, o32, rem, pb.slopes, pb.row_scale, tau)
+            ctx.save_for_backward(pb.q, pb.k, pb.v, o32, rem, lse, start, pb.slopes, pb.row_scale, tau)
             ctx.sm_scale = pb.sm_scale
+            ctx.config = config
             ctx.rs_shape = None if row_scale is None else row_scale.shape
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, o32, rem, slopes, row_scale, tau = ctx.saved_tensors
+        q, k, v, o32, rem, lse, start, slopes, row_scale, tau = ctx.saved_tensors
         pb = Problem(q, k, v, slopes, row_scale, ctx.sm_scale)
+        config = ctx.config
         do = dout.contiguous()
-        do32 = do.float()
-        # c_j = (g_j - g_r) a_j and C_r = do_r.(o_r - v_r) use that the weights and the remainder sum to one;
-        # with weights dropped outside the filter (mode 2) the general form: c_j = g_j a_j, C_r = do_r.o_r.
-        if ctx.mode == 2:
-            g_r = torch.zeros(do.shape[:-1], device=do.device, dtype=torch.float32)
-            c_total = (do32 * o32).sum(-1)
-        else:
-            g_r = (do32 * v.float()).sum(-1)
-            c_total = (do32 * o32).sum(-1) - g_r
         grad_rs, grad_sl, dq, dk32, dv32, d_rs, d_sl = grad_buffers(ctx, pb)
-        grid = (triton.cdiv(pb.tokens, pb.block), pb.bh)
-        _bwd_kernel[grid](q, k, v, do, dq, dk32, dv32, c_total, g_r, pb.opt(slopes), pb.opt(row_scale),
-                          pb.opt(tau), pb.opt(d_rs), pb.opt(d_sl), pb.sm_scale, pb.tokens, pb.heads, EXIT_AT,
-                          FILTER=ctx.mode, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
-                          GRAD_RS=grad_rs, GRAD_SL=grad_sl, DOT_PREC=pb.dot_prec, D=pb.head_dim,
-                          BD=pb.block_d, BM=pb.block, BN=pb.block, num_warps=pb.num_warps, num_stages=2)
-        dv32.addcmul_(rem.unsqueeze(-1), do32)
+        bm, bn, warps, stages = config["bwd"]
+        common = dict(FILTER=ctx.mode, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
+                      GRAD_RS=grad_rs, GRAD_SL=grad_sl, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm,
+                      BN=bn, CUMSUM=config["cumsum"], CW=min(bn, config["cumsum_width"] or bn), EXP2=config["exp2"],
+                      LOG1P=config["log1p"],
+                      SIG=config["sigmoid"],
+                      SKIP=config["skip_empty"] and ctx.mode == 2, num_warps=warps, num_stages=stages)
+        grid = (triton.cdiv(pb.tokens, bm), pb.bh)
+        if config["backward"] == "prefix":
+            _bwd_prefix_kernel[grid](q, k, v, do, dq, dk32, dv32, lse, start, pb.opt(slopes), pb.opt(row_scale),
+                                     pb.opt(tau), pb.opt(d_rs), pb.opt(d_sl), pb.sm_scale, pb.tokens, pb.heads,
+                                     **common)
+        else:
+            do32 = do.float()
+            # c_j = (g_j - g_r) a_j and C_r = do_r.(o_r - v_r) use that the weights and the remainder sum to
+            # one; with weights dropped outside the filter (mode 2) the general form: c_j = g_j a_j, C_r =
+            # do_r.o_r.
+            if ctx.mode == 2:
+                g_r = torch.zeros(do.shape[:-1], device=do.device, dtype=torch.float32)
+                c_total = (do32 * o32).sum(-1)
+            else:
+                g_r = (do32 * v.float()).sum(-1)
+                c_total = (do32 * o32).sum(-1) - g_r
+            _bwd_kernel[grid](q, k, v, do, dq, dk32, dv32, c_total, g_r, pb.opt(slopes), pb.opt(row_scale),
+                              pb.opt(tau), pb.opt(d_rs), pb.opt(d_sl), pb.sm_scale, pb.tokens, pb.heads, EXIT_AT,
+                              **common)
+            dv32.addcmul_(rem.unsqueeze(-1), do32)
+            del do32
+        dk = dk32.to(k.dtype)
+        del dk32  # the next cast's buffer takes its place
+        dv = dv32.to(v.dtype)
+        del dv32
         g_sl, g_rs = param_grads(d_sl, d_rs, ctx.rs_shape)
-        return dq, dk32.to(k.dtype), dv32.to(v.dtype), g_sl, g_rs, None, None, None
+        return dq, dk, dv, g_sl, g_rs, None, None, None, None
 
 
 def grad_buffers(ctx, pb: Problem):
@@ -312,6 +808,7 @@ def param_grads(d_sl, d_rs, rs_shape):
     return g_sl, g_rs
 
 
-def stickbreaking_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None):
-    """Stick-breaking attention, ``[B, H, T, D]`` causal, remainder on the diagonal."""
-    return StickBreakingAttention.apply(q, k, v, slopes, row_scale, None, sm_scale, False)
+def stickbreaking_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, tuning: dict | None = None):
+    """Stick-breaking attention, ``[B, H, T, D]`` causal, remainder on the diagonal; ``tuning`` replaces some of
+    the launch settings and levers (``launch_config``)."""
+    return StickBreakingAttention.apply(q, k, v, slopes, row_scale, None, sm_scale, False, tuning)

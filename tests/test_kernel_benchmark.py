@@ -48,3 +48,94 @@ def test_each_row_of_the_report_names_its_date_and_commit(tmp_path):
     assert "| entmax | 65536 | 32 | 29.000 |" in text and "| 2026-11-24 | abc1234 |" in text
     assert "| tra | 65536 | 32 | 10.000 |" in text and "| 2026-11-22 |  |" in text  # a row without a commit says so
     assert "Again: `python benchmarks/kernels.py --out results/benchmarks`" in text
+
+
+def test_rows_without_inputs_or_variant_read_as_random_default(tmp_path):
+    """An old file (no ``inputs``/``variant`` columns) merged with walk rows: its rows stay, labelled random and
+    default; a walk row replaces only the walk row of the same mechanism, shape and variant."""
+    bench.write(frame(["stickbreaking"], 10.0, "2026-11-22"), tmp_path / "all")
+    walk = frame(["stickbreaking", "stickbreaking"], 50.0, "2026-11-27").assign(inputs="walk8",
+                                                                              variant=["default", "prefix"])
+    merged = bench.merge(pd.read_parquet(tmp_path / "all" / "kernels.parquet"), walk)
+    assert sorted(zip(merged.inputs, merged.variant, merged.fwd_ms, strict=True)) == [
+        ("random", "default", 10.0), ("walk8", "default", 50.0), ("walk8", "prefix", 50.0)]
+    again = bench.merge(merged, walk.iloc[1:].assign(fwd_ms=30.0))
+    assert sorted(zip(again.inputs, again.variant, again.fwd_ms, strict=True)) == [
+        ("random", "default", 10.0), ("walk8", "default", 50.0), ("walk8", "prefix", 30.0)]
+
+
+def test_report_has_ratios_per_input_family_against_their_targets(tmp_path):
+    random = frame(["stickbreaking"], 20.0, "2026-11-27").assign(inputs="random", variant="default")
+    walk = frame(["stickbreaking", "sieve-alg1"], 60.0, "2026-11-27").assign(inputs="walk8", variant="default")
+    walk64 = frame(["stickbreaking"], 30.0, "2026-11-27").assign(inputs="walk8", variant="prefix", head_dim=64)
+    bench.write(pd.concat([random, walk, walk64]), tmp_path)
+    text = (tmp_path / "kernels.md").read_text()
+    random_part = text.split("## Ratios to SDPA at L=65536, D=32, random inputs")[1].split("##")[0]
+    assert "| stickbreaking | 1.00 (1.5) | 0.57 (3) | 1.00 | all |" in random_part
+    walk_part = text.split("## Ratios to SDPA at L=65536, D=32, walk8 inputs")[1].split("##")[0]
+    assert "| stickbreaking | 3.00 (2) | 1.71 (3) | 1.00 | missed: fwd |" in walk_part
+    assert "| sieve-alg1 | 3.00 (2) | 1.71 (3) | 1.00 | missed: fwd |" in walk_part
+    assert "| stickbreaking [prefix] | 1.50 (2) | 0.86 (3) | 1.00 | all |" in text.split("D=64, walk8 inputs")[1]
+    assert "| walk8 | prefix | 2026-11-27 |" in text
+
+
+def test_walk_inputs_move_every_score_by_the_shift():
+    import math
+
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 50, 32, generator=gen), torch.randn(1, 2, 50, 32, generator=gen)
+    for shift in (-4.0, -8.0):
+        wq, wk = bench.walk_inputs(q, k, shift)
+        z = wq @ wk.transpose(-1, -2) / math.sqrt(32)
+        rest = q[..., 1:] @ k[..., 1:].transpose(-1, -2) / math.sqrt(32)
+        assert torch.allclose(z, rest + shift, atol=1e-5)
+        assert wq.shape == q.shape and torch.equal(wq[..., 1:], q[..., 1:])
+
+
+def test_variants_parse_and_bad_ones_exit_2(capsys):
+    assert bench.parse_variants(['prefix={"backward": "prefix", "fwd": [64, 32, 4, 2]}']) == [
+        ("default", None), ("prefix", {"backward": "prefix", "fwd": (64, 32, 4, 2)})]
+    for bad in ("x={not json", "default={}", "y=[1]"):
+        try:
+            bench.parse_variants([bad])
+        except SystemExit as stop:
+            assert stop.code == 2
+        else:
+            raise AssertionError(bad)
+    assert capsys.readouterr().err.count("error: --variant") == 3
+
+
+def test_bad_input_family_exits_2():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels.py"), "--inputs", "walk9"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and "unknown families ['walk9']" in done.stderr
+
+
+def test_trained_inputs_are_a_layers_projected_qkv(tmp_path):
+    """``--inputs trained``: q, k, v of the chosen layer of a saved model (here an untrained tiny one, on the
+    CPU), one sample, at most the asked length; a layer the model lacks is a usage error."""
+    import pytest
+    import torch
+
+    from lengthbench.config import build_config
+    from lengthbench.errors import UsageError
+    from lengthbench.runner import atomic_torch_save, build_model, checkpoint_dir
+    from lengthbench.tasks import get_task
+
+    config = build_config("mqrar", "stickbreaking", "none", preset="smoke", d_model=16, n_heads=2, ffn=32,
+                          n_layers=2)
+    torch.manual_seed(0)
+    model = build_model(config, get_task("mqrar"))
+    folder = checkpoint_dir(tmp_path, config.run_id)
+    folder.mkdir(parents=True)
+    atomic_torch_save({"config": config.identity(), "model": model.state_dict()}, folder / "model.pt")
+    q, k, v = bench.capture_qkv(folder / "model.pt", 1, 40, device="cpu")
+    assert q.shape == k.shape == v.shape and q.shape[:2] == (1, 2) and q.shape[-1] == 8 and q.shape[2] <= 40
+    again = bench.capture_qkv(folder / "model.pt", 1, 40, device="cpu")
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), again, strict=True))
+    first = bench.capture_qkv(folder / "model.pt", 0, 40, device="cpu")
+    assert not torch.equal(first[0], q)  # another layer's projection
+    with pytest.raises(UsageError, match="2 attention layers"):
+        bench.capture_qkv(folder / "model.pt", 2, 40, device="cpu")

@@ -103,13 +103,18 @@ def tie_rows(name, z, q, k, sm_scale, slopes, row_scale):
     return torch.zeros(z.shape[:-1], dtype=torch.bool, device=z.device)
 
 
-def make_inputs(name, batch, heads, tokens, head_dim, dtype, seed, scale=1.0):
+def make_inputs(name, batch, heads, tokens, head_dim, dtype, seed, scale=1.0, shift=0.0):
+    """Random q, k, v; ``shift`` moves every score ``q.k / sqrt(D)`` by that much (the long walks of
+    ``benchmarks/kernels.py --inputs walk4,walk8``: q's first component 1, k's ``shift sqrt(D)``)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(batch, heads, tokens, head_dim, device="cuda", generator=gen) for _ in range(3))
     if name == "tra":
         q, k = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1)
     else:
         q, k = q * scale, k * scale
+    if shift:
+        q[..., 0] = 1.0
+        k[..., 0] = shift * math.sqrt(head_dim)
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
@@ -217,6 +222,74 @@ def test_large_scores_no_nan(name):
     out.float().square().sum().backward()
     assert torch.isfinite(out).all()
     assert all(torch.isfinite(t.grad).all() for t in leaves)
+
+
+# -- the stick-breaking family on long walks, and its levers (kernels/stickbreaking.py, ``tuning``) ------------
+
+STICK = ["stickbreaking", "sieve-alg1"]
+
+
+@pytest.mark.parametrize("shift", [-4.0, -8.0], ids=["walk4", "walk8"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"T{s[0]}-D{s[1]}-{str(s[2])[6:]}")
+@pytest.mark.parametrize("name", STICK)
+def test_long_walk_matches_reference(name, shape, shift):
+    """Every score moved by -4 or -8: the stick is not spent within a few keys, the walks cross the whole row."""
+    tokens, head_dim, dtype, batch, heads = shape
+    q, k, v = make_inputs(name, batch, heads, tokens, head_dim, dtype, seed=tokens + head_dim, shift=shift)
+    check(name, q, k, v, seed=tokens, label=f"walk{-shift:g} T={tokens} D={head_dim} {dtype}")
+
+
+SMALL_TILES = dict(fwd=(32, 16, 4, 2), bwd=(16, 32, 4, 2))
+STICK_VARIANTS = {
+    "dot": dict(cumsum="dot"),
+    "dot2": dict(cumsum="dot2"),
+    "dot2-w16": dict(cumsum="dot2", cumsum_width=16),
+    "bf16x2": dict(cumsum="bf16x2"),
+    "bf16x3-w16": dict(cumsum="bf16x3", cumsum_width=16, backward="prefix"),
+    "exp2-reuse": dict(exp2=True, sigmoid="reuse"),
+    "poly": dict(log1p="poly"),
+    "prefix": dict(backward="prefix"),
+    "prefix-nosplit": dict(backward="prefix", split=False),
+    "nosplit": dict(split=False),
+    "empty-tiles": dict(skip_empty=True),
+    "for": dict(loop="for"),
+    "full": dict(full_tiles=True, cumsum="bf16x2"),
+    "tiles-128": dict(fwd=(128, 64, 8, 3), bwd=(128, 64, 8, 2), rowmax=(128, 128, 8, 3)),
+    "tiles-16": dict(SMALL_TILES, backward="prefix", cumsum="dot2"),
+    "combined": dict(fwd=(128, 64, 8, 3), bwd=(64, 64, 4, 2), backward="prefix", cumsum="dot2", exp2=True,
+                sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly", full_tiles=True),
+}
+STICK_CASES = {  # (tokens, head_dim, dtype, shift, alibi)
+    "T1000-D32-bf16": (1000, 32, torch.bfloat16, 0.0, False),
+    "T4096-D32-fp32": (4096, 32, torch.float32, 0.0, False),
+    "T300-D64-bf16-alibi": (300, 64, torch.bfloat16, 0.0, True),
+    "T4096-D64-bf16-walk8": (4096, 64, torch.bfloat16, -8.0, False),
+    "T2000-D32-fp32-walk4": (2000, 32, torch.float32, -4.0, False),
+    "T1000-D32-fp16-walk8-alibi": (1000, 32, torch.float16, -8.0, True),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(STICK_VARIANTS))
+@pytest.mark.parametrize("case", sorted(STICK_CASES))
+@pytest.mark.parametrize("name", STICK)
+def test_stick_variants_match_reference(name, case, variant):
+    tokens, head_dim, dtype, shift, alibi = STICK_CASES[case]
+    q, k, v = make_inputs(name, 1, 2, tokens, head_dim, dtype, seed=tokens, shift=shift)
+    extra = {}
+    if alibi:
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        extra = dict(slopes=torch.tensor([0.25, 0.0], device="cuda"),
+                     row_scale=0.5 + torch.rand(1, 2, tokens, device="cuda", generator=gen))
+    check(name, q, k, v, seed=tokens, label=f"{variant} {case}", tuning=STICK_VARIANTS[variant], **extra)
+
+
+def test_stick_tuning_rejects_unknown_keys_and_values():
+    from lengthbench.kernels.stickbreaking import stickbreaking_attention
+
+    q, k, v = make_inputs("stickbreaking", 1, 1, 10, 32, torch.float32, seed=0)
+    for bad in (dict(cumsum="fft"), dict(fwd=(48, 64, 4, 2)), dict(typo=1), dict(loop="until")):
+        with pytest.raises(ValueError, match="stick-breaking tuning"):
+            stickbreaking_attention(q, k, v, tuning=bad)
 
 
 def test_no_grad_inference_path():

@@ -23,8 +23,30 @@ from pathlib import Path
 
 import pytest
 
-# (tokens, head_dim, extras): extras "alibi" adds slopes and a row scale (both get gradients)
+# (tokens, head_dim, extras): extras "alibi" adds slopes and a row scale (both get gradients); "walk4" and
+# "walk8" shift every score by -4 and -8 (the long walks of ``benchmarks/kernels.py --inputs``: ``walk_inputs``);
+# "hot" by +8, so the stick is spent within a few keys and the stick-breaking walks stop early
 SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, ""), (33, 16, ""), (17, 16, "alibi")]
+# the stick-breaking family's extra shapes (``STICK_OPS``)
+STICK_SHAPES = [(33, 16, "walk4"), (17, 32, "walk8"), (70, 16, "hot"), (40, 16, "walk8-alibi")]
+STICK_OPS = ("stickbreaking", "sieve-alg1")
+# the stick-breaking kernels' levers (``stickbreaking.launch_config``), each run on every shape of STICK_OPS;
+# small tiles so the walks cross several key tiles (and the forward's and backward's tiles differ)
+SMALL = dict(fwd=(16, 16, 4, 1), bwd=(32, 16, 4, 1))
+STICK_VARIANTS = [
+    ("small", SMALL),
+    ("dot", dict(SMALL, cumsum="dot")),
+    # blocks of 16 keys in 32-key tiles (the interpreter's dots of bf16 operands are not exact: bf16x2/3 are
+    # checked on the GPU only)
+    ("dot2-w16", dict(fwd=(16, 32, 4, 1), bwd=(32, 32, 4, 1), cumsum="dot2", cumsum_width=16, backward="prefix")),
+    ("exp2-reuse", dict(SMALL, exp2=True, sigmoid="reuse", cumsum="dot2", loop="for", full_tiles=True)),
+    ("full", dict(SMALL, full_tiles=True)),
+    ("prefix", dict(SMALL, backward="prefix")),
+    ("poly", dict(SMALL, log1p="poly")),
+    ("prefix-all", dict(fwd=(32, 16, 4, 1), bwd=(16, 32, 4, 1), backward="prefix", cumsum="dot2", exp2=True,
+                        sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly")),
+    ("skip", dict(SMALL, skip_empty=True)),
+]
 # per op: (label, tuning) of the launch paths to run besides the defaults, and on which shapes
 VARIANTS = {
     # Sieve's list path sorts its candidates (``tl.sort``), which the interpreter runs slowly: the defaults
@@ -32,6 +54,8 @@ VARIANTS = {
     "sieve-entmax": [("lists-8", dict(list_size=8)), ("no-lists", dict(lists=False))],
     "entmax": [("no-lists", dict(lists=False)), ("lists-8", dict(list_size=8))],
     "sparsemax": [("no-lists", dict(lists=False))],
+    "stickbreaking": [(label, tuning) for label, tuning in STICK_VARIANTS if label != "skip"],  # (sieve-alg1's)
+    "sieve-alg1": STICK_VARIANTS,
 }
 # and the settings a CUDA graph records (the training step's: lengthbench.kernels.CAPTURE_TUNING)
 CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=False, split=False),
@@ -49,14 +73,17 @@ def cases() -> list[tuple[str, int, int, str, str]]:
     """``(op, tokens, head_dim, extras, variant)`` of every run."""
     out = []
     for op in OPS:
-        for tokens, head_dim, extras in SHAPES:
+        for tokens, head_dim, extras in SHAPES + (STICK_SHAPES if op in STICK_OPS else []):
             if op == "tra" and extras:
                 continue  # cosine scores with sm_scale 1: the module gives tra no ALiBi or row scale
             if not (op == "sieve-entmax" and tokens > 1):  # (see VARIANTS)
                 out.append((op, tokens, head_dim, extras, "default"))
             for label, _ in VARIANTS.get(op, []):
-                if label != "lists-8" or (tokens, extras) in ((33, ""), (17, "alibi")):  # (the slowest path)
-                    out.append((op, tokens, head_dim, extras, label))
+                if label == "lists-8" and (tokens, extras) not in ((33, ""), (17, "alibi")):  # (the slowest path)
+                    continue
+                if op in STICK_OPS and (tokens, head_dim, extras) in ((17, 32, ""), (33, 16, "")):
+                    continue  # the levers: T = 1, 17 (and ALiBi), and the long walks and early exits
+                out.append((op, tokens, head_dim, extras, label))
     return out
 
 
@@ -93,7 +120,10 @@ def run_case(case) -> dict:
     params = {}
     if two_views:
         params = dict(lam=torch.tensor(0.3), beta=torch.tensor(0.5))
-    if extras == "alibi":
+    shift = {"walk4": -4.0, "walk8": -8.0, "hot": 8.0}.get(extras.removesuffix("-alibi"))
+    if shift is not None:
+        tensors[:2] = walk_inputs(tensors[0], tensors[1], shift, sm_scale)
+    if extras.endswith("alibi"):
         params.update(slopes=torch.tensor([0.5, 0.0625]), row_scale=0.5 + torch.rand(batch, heads, tokens, generator=gen))
     mine = {key: t.clone().requires_grad_() for key, t in {**named, **params}.items()}
     theirs = {key: t.double().requires_grad_() for key, t in {**named, **params}.items()}
@@ -136,6 +166,15 @@ def run_case(case) -> dict:
         errors[f"d{key}"] = float("nan") if grad is None or not torch.isfinite(grad).all() else rel_err(
             grad, theirs[key].grad)
     return dict(errors=errors, ties=int((~keep).sum()), seconds=seconds, finite=bool(torch.isfinite(out).all()))
+
+
+def walk_inputs(q, k, shift, sm_scale):
+    """``q, k`` with every score ``sm_scale q.k`` moved by ``shift``: the first component of q set to 1, of k to
+    ``shift / sm_scale`` (as ``benchmarks/kernels.py``'s ``walk_inputs``)."""
+    q, k = q.clone(), k.clone()
+    q[..., 0] = 1.0
+    k[..., 0] = shift / sm_scale
+    return q, k
 
 
 def near_ties(name, z, tokens):
