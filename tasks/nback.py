@@ -50,5 +50,5 @@ class TwoBack(Task):
         source = input_ids[:, 1:-1]  # the filler "0" and x1 .. xn
         labels = np.full_like(input_ids, IGNORE_INDEX)
         labels[:, 1 : 1 + min(back, n + 1)] = zero
-        labels[:, 1 + back : n + 2] = source[:, : n + 1 - back]
+        labels[:, 1 + back : n + 2] = source[:, : max(0, n + 1 - back)]  # nothing to recall where back > n + 1
         return full_batch(input_ids, labels, n)
