@@ -192,9 +192,13 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
                      for index, row in enumerate(commands.itertuples()))
     if "train_attention" not in frame:  # rows measured before the column: the graph steps ran the references
         frame["train_attention"] = None
+    if "note" not in frame:
+        frame["note"] = ""
     columns = ["run", "task", "attn", "pe", "batch_size", "train_step", "train_attention", "compile_mode", "captured",
                "samples_per_s",
                "vs_softmax_rope", "step_ms", "mean_padded_width", "warmup_s"]
+    if frame["note"].fillna("").str.len().gt(0).any():  # what a row's numbers alone do not say
+        columns.append("note")
     (out / "train_throughput.md").write_text(
         "# Training throughput\n\nRuns (device, date, commit, command):\n\n" + runs + "\n\n"
         "`vs_softmax_rope`: samples/s over the fastest softmax + RoPE row of the same task and batch size measured "

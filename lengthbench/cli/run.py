@@ -83,10 +83,10 @@ def register(app: typer.Typer) -> None:
                                          "reduce-overhead (CUDA graphs; 1.9x at batch 128 for softmax) or "
                                          "max-autotune."),
         train_attention: str = typer.Option(None, "--train-attention", help="What models with fused ops train "
-                                            "on, on CUDA: fused (their Triton ops, eagerly; the default) or "
-                                            "reference (their dense references, compiled, where batches are at "
-                                            "most 256 tokens wide: faster, but the models trained this way so "
-                                            "far did not extrapolate). Scoring is on the fused ops."),
+                                            "on, on CUDA: fused (their Triton ops, recorded in the training "
+                                            "step's CUDA graph; the default) or reference (their dense "
+                                            "references; two models trained this way under the compiled step did "
+                                            "not extrapolate). Scoring is on the fused ops."),
         diagnostics: bool = typer.Option(None, "--diagnostics/--no-diagnostics", help="Measure sparsity, sink rate, entropy."),
         param: list[str] = typer.Option([], "--param", help="Task parameter key=value (repeatable)."),
         attn_param: list[str] = typer.Option([], "--attn-param", help="Mechanism parameter key=value."),
