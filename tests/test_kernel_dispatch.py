@@ -102,3 +102,23 @@ def test_adatemp_temperature_is_the_reference_polynomial():
     expected = torch.where(entropy > 0.5, poly.clamp_min(1.0), torch.ones_like(poly))
     torch.testing.assert_close(temperature(entropy), expected)
     assert temperature(torch.tensor([0.4, 3.0], dtype=torch.float64))[0] == 1.0
+
+
+def test_capturable_ops_take_the_narrow_kernels_up_to_their_width(monkeypatch):
+    """The training step's ops: the training-width kernels at 256 tokens or fewer (and their parameters: alpha
+    1.5, masked weights), the long-context op with its graph-safe settings elsewhere."""
+    pytest.importorskip("triton")
+    from lengthbench.kernels import entmax, narrow
+
+    calls = []
+    monkeypatch.setattr(narrow, "narrow_entmax", lambda *t, **kw: calls.append(("narrow", kw)) or t[0])
+    monkeypatch.setattr(entmax, "entmax_attention", lambda *t, **kw: calls.append(("wide", kw)) or t[0])
+    op = kernels.load_op.__wrapped__("entmax", True)
+    for tokens, alpha in ((256, 1.5), (257, 1.5), (64, 2.0)):
+        q = torch.zeros(1, 1, tokens, 4)
+        op(q, q, q, alpha=alpha)
+    assert [kind for kind, _ in calls] == ["narrow", "wide", "wide"]
+    assert calls[1][1]["tuning"] == kernels.CAPTURE_TUNING["entmax"]
+    plain = kernels.load_op.__wrapped__("entmax", False)
+    plain(torch.zeros(1, 1, 8, 4), torch.zeros(1, 1, 8, 4), torch.zeros(1, 1, 8, 4))
+    assert calls[-1] == ("wide", {})
