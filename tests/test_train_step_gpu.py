@@ -5,7 +5,9 @@ learning rate at 0 the replays leave the weights as they are and each parameter'
 gradient; the reference is a float64 copy of the model on its dense references, without autocast. Each
 parameter is compared on its own (``relative_errors``): a compiled path once got ASEntmax's ``w_gamma``
 gradient 15-160 times too large while every other gradient was right, which an error over all parameters at
-once would not show.
+once would not show. Each bound is the larger of a fixed one and a multiple of the float64 model's own change
+under bf16 weights (``bf16_sensitivity``): the kinks of softpick and the thresholds of TDA make some gradients
+that sensitive whatever computes them.
 """
 
 import copy
@@ -33,6 +35,12 @@ ENCODINGS = ("rope", "nape")
 # is also compared with the same step outside the graph (``CAPTURE_TOLERANCE``), which measured 0 to 2e-7.
 GRAD_TOLERANCE = 0.05
 THRESHOLD_TOLERANCE = {"matrix": 1.0, "scalar": 12.0}
+# Some gradients move that much in the float64 model itself when only its weights are rounded to bf16 (no kernel
+# involved, ``bf16_sensitivity``): on the CPU with this test's seeds and batches, softpick's qkv 0.146 at step 1
+# (the GPU step: 0.144), TDA's lambda_logit 61 (the step: 247; autocast rounds the activations too) and qk2 up to
+# 0.77 (1.05), ASEntmax's w_gamma 0.025-0.051 (0.057), softmax's and stick-breaking's at most 0.008. A step's
+# error is accepted up to SENSITIVITY_FACTOR times that sensitivity where it exceeds the fixed bounds.
+SENSITIVITY_FACTOR = 5.0
 
 
 def tolerance(attn: str, parameter: str) -> float:
@@ -81,6 +89,20 @@ def reference_gradients(model, input_ids, labels, features) -> dict[str, torch.T
     return {name: p.grad for name, p in reference.named_parameters()}
 
 
+def bf16_sensitivity(model, input_ids, labels, features) -> dict[str, float]:
+    """Per parameter, the relative change of the float64 gradients when the weights are rounded to bf16 first."""
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in rounded.parameters():
+            p.copy_(p.to(torch.bfloat16).to(p.dtype))
+    return relative_errors(reference_gradients(rounded, input_ids, labels, features),
+                           reference_gradients(model, input_ids, labels, features))
+
+
+def bounds(attn: str, sensitivity: dict[str, float]) -> dict[str, float]:
+    return {name: max(tolerance(attn, name), SENSITIVITY_FACTOR * value) for name, value in sensitivity.items()}
+
+
 def step_gradients(task_name: str, attn: str, pe: str, device: torch.device, tmp_path: Path, batch_size: int = 16,
                    train_step: str = "graph", train_attention: str = "fused"):
     """``(trainer, [(batch, grads), ...], eager_grads)``: the Trainer's step run with learning rate 0 over six
@@ -120,6 +142,22 @@ def test_relative_errors_catch_one_gradient_fifteen_times_too_large():
     assert relative_errors({"qkv": reference["qkv"]}, reference)["w_gamma"] == float("inf")
 
 
+def test_bf16_sensitivity_is_per_parameter_and_keeps_a_fifteen_fold_error_out():
+    """On a smoke model (CPU): every parameter gets a finite sensitivity, softmax's stay small, and the bounds
+    they give would still reject a gradient 15 times too large."""
+    task = get_task("2back")
+    config = build_config("2back", "softmax", "rope", "smoke", batch_size=4)
+    model = Trainer(config, task, torch.device("cpu"), Path("/tmp/lengthbench-sensitivity"), progress=False).model
+    perturb(model, seed=1)
+    stream_batch = make_train_batch(Trainer(config, task, torch.device("cpu"), Path("/tmp/lengthbench-sensitivity"),
+                                            progress=False).train_stream(), 0)
+    input_ids, labels, features = (None if a is None else torch.as_tensor(a) for a in stream_batch)
+    sensitivity = bf16_sensitivity(model, input_ids, labels, features)
+    assert set(sensitivity) == {name for name, _ in model.named_parameters()}
+    assert all(0 <= value < 0.05 for value in sensitivity.values()), sensitivity
+    assert max(bounds("softmax", sensitivity).values()) < 14
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("train_attention", ["fused", pytest.param("reference", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("train_step", ["graph", pytest.param("graph-compiled", marks=pytest.mark.slow)])
@@ -132,9 +170,11 @@ def test_training_step_gradients_match_float64_per_parameter(attn, pe, train_ste
     assert trainer.graph and trainer.step_fn.graph is not None, trainer.step_fn.failed
     for index, (batch, grads) in enumerate(results):
         errors = relative_errors(grads, reference_gradients(trainer.model, *batch))
-        worst = max(errors, key=lambda name: errors[name] / tolerance(attn, name))
-        print(f"{train_step}/{train_attention} {attn} + {pe} step {index}: worst {worst} {errors[worst]:.2e}")
-        assert errors[worst] < tolerance(attn, worst), (index, worst, errors[worst])
+        bound = bounds(attn, bf16_sensitivity(trainer.model, *batch))
+        worst = max(errors, key=lambda name: errors[name] / bound[name])
+        print(f"{train_step}/{train_attention} {attn} + {pe} step {index}: worst {worst} {errors[worst]:.2e} "
+              f"(bound {bound[worst]:.2e})")
+        assert errors[worst] < bound[worst], (index, worst, errors[worst], bound[worst])
     captured = relative_errors(results[-1][1], eager)
     worst = max(captured, key=captured.get)
     print(f"{train_step}/{train_attention} {attn} + {pe} captured vs eager: worst {worst} {captured[worst]:.2e}")
@@ -149,5 +189,6 @@ def test_asentmax_w_gamma_gradient_of_the_graph_step(train_step, tmp_path):
                                          train_step=train_step)
     batch, grads = results[-1]
     errors = relative_errors(grads, reference_gradients(trainer.model, *batch))
-    gammas = {name: error for name, error in errors.items() if name.endswith("w_gamma")}
-    assert len(gammas) == 4 and max(gammas.values()) < GRAD_TOLERANCE, gammas
+    bound = bounds("asentmax", bf16_sensitivity(trainer.model, *batch))
+    gammas = {name: (error, bound[name]) for name, error in errors.items() if name.endswith("w_gamma")}
+    assert len(gammas) == 4 and all(error < limit for error, limit in gammas.values()), gammas
