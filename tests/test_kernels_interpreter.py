@@ -12,16 +12,14 @@ run as a script); the tests read their errors. Skipped where Triton is not insta
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from interpreter_helpers import entmax_threshold64, interpreter_results, needs_triton, rel_err
 
 # (tokens, head_dim, extras): extras "alibi" adds slopes and a row scale (both get gradients); "walk4" and
 # "walk8" shift every score by -4 and -8 (the long walks of ``benchmarks/kernels.py --inputs``: ``walk_inputs``);
@@ -93,12 +91,6 @@ def case_id(case) -> str:
 
 
 # -- the worker (this file run as a script, TRITON_INTERPRET=1) ----------------------------------------------
-
-def rel_err(a, b) -> float:
-    if b.numel() == 0:
-        return 0.0
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-2)).item()
-
 
 def run_case(case) -> dict:
     import torch
@@ -193,24 +185,9 @@ def near_ties(name, z, tokens):
         alpha = 2.0 if name == "sparsemax" else 1.5
         visible = pos[None, :] < pos[:, None] if name == "sieve-entmax" else pos[None, :] <= pos[:, None]
         x = z * (alpha - 1)
-        tau = _threshold(torch.where(visible, x, torch.full_like(x, float("-inf"))), alpha)
+        tau = entmax_threshold64(torch.where(visible, x, torch.full_like(x, float("-inf"))), alpha)
         return (((x - tau[..., None]).abs() < TIE * (1 + tau.abs()[..., None])) & visible).any(-1)
     return none
-
-
-def _threshold(x, alpha):
-    """The alpha-entmax threshold of each row of ``x`` (float64, bisection; ``-inf`` entries left out)."""
-    import torch
-
-    power = 1.0 / (alpha - 1.0)
-    finite = torch.isfinite(x)
-    top = torch.where(finite, x, torch.full_like(x, -1e300)).amax(-1)
-    lo, hi = top - 1.0, top
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        mass = torch.where(finite, torch.clamp(x - mid[..., None], min=0) ** power, torch.zeros_like(x)).sum(-1)
-        lo, hi = torch.where(mass >= 1, mid, lo), torch.where(mass >= 1, hi, mid)
-    return torch.where(finite.any(-1), lo, torch.zeros_like(lo))
 
 
 def worker(indices: list[int]) -> None:
@@ -222,27 +199,10 @@ def worker(indices: list[int]) -> None:
 
 # -- the tests ----------------------------------------------------------------------------------------------
 
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                  reason="Triton is not installed (scripts/setup.sh installs it)")
-
-
 @pytest.fixture(scope="module")
 def measured() -> dict[int, dict]:
-    """Every case's errors: two worker processes (the CPU's two cores), half of the cases each."""
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
-    count = len(cases())
-    halves = [list(range(0, count, 2)), list(range(1, count, 2))]
-    workers = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), ",".join(map(str, half))], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for half in halves]
-    results = {}
-    for process in workers:
-        stdout, stderr = process.communicate(timeout=600)
-        assert process.returncode == 0, stderr[-4000:]
-        for line in stdout.splitlines():
-            if line.startswith("{"):
-                record = json.loads(line)
-                results[record.pop("case")] = record
-    return results
+    """Every case's errors, from two worker processes."""
+    return interpreter_results(str(Path(__file__).resolve()), len(cases()))
 
 
 @needs_triton

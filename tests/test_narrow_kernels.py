@@ -11,15 +11,13 @@ as a script). Skipped where Triton is not installed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from interpreter_helpers import entmax_threshold64, interpreter_results, needs_triton, rel_err
 
 # (op, reference name, reference params, op params)
 OPS = {
@@ -44,10 +42,6 @@ def cases():
 def case_id(case) -> str:
     op, tokens, head_dim, extras = case
     return f"{op}-T{tokens}-D{head_dim}{'-' + extras if extras else ''}"
-
-
-def rel_err(a, b) -> float:
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-2)).item()
 
 
 def run_case(case, device="cpu", dtype=None) -> dict:
@@ -107,36 +101,14 @@ def near_ties(name, z, tokens, params):
     if name in ("sieve-entmax", "entmax"):
         visible = earlier if name == "sieve-entmax" else pos[None, :] <= pos[:, None]
         x = torch.where(visible, z / 2, torch.full_like(z, float("-inf")))
-        top = torch.where(visible, x, torch.full_like(x, -1e300)).amax(-1)
-        lo, hi = top - 1.0, top
-        for _ in range(100):
-            mid = (lo + hi) / 2
-            mass = torch.where(visible, torch.clamp(x - mid[..., None], min=0) ** 2, torch.zeros_like(x)).sum(-1)
-            lo, hi = torch.where(mass >= 1, mid, lo), torch.where(mass >= 1, hi, mid)
+        lo = entmax_threshold64(x, 1.5)
         return (((x - lo[..., None]).abs() < TIE * (1 + lo.abs()[..., None])) & visible).any(-1)
     return torch.zeros(z.shape[:-1], dtype=torch.bool)
 
 
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                  reason="Triton is not installed (scripts/setup.sh installs it)")
-
-
 @pytest.fixture(scope="module")
 def measured() -> dict[int, dict]:
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
-    count = len(cases())
-    halves = [list(range(0, count, 2)), list(range(1, count, 2))]
-    workers = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), ",".join(map(str, half))], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for half in halves]
-    results = {}
-    for process in workers:
-        stdout, stderr = process.communicate(timeout=600)
-        assert process.returncode == 0, stderr[-4000:]
-        for line in stdout.splitlines():
-            if line.startswith("{"):
-                record = json.loads(line)
-                results[record.pop("case")] = record
-    return results
+    return interpreter_results(str(Path(__file__).resolve()), len(cases()))
 
 
 @needs_triton
