@@ -5,9 +5,9 @@ At the seeds' training lengths (64: 66-131 tokens a sample) a training batch is 
 (``batch x heads``, 2,048 at the MQMTAR paper model's batch 128). The long-context ops (``stickbreaking.py``,
 ``entmax.py``) walk key tiles with early exits and search thresholds over tiles they never hold at once; on
 such heads their per-program overheads dominate (on an H200, MQMTAR paper model, batch 128, 91 tokens: the
-stick-breaking forward 165 us and backward 306 us a layer; entmax's threshold search alone 192 us). Here the
-keys and values of a head stay in registers and the query rows go through in blocks of ``BM`` against all
-``TP`` (the width rounded up to a power of two) keys at once, so that
+stick-breaking forward 165 us and backward 306 us a layer; entmax's threshold search alone 192 us;
+``benchmarks/step_profile.py``). Here the keys and values of a head stay in registers and the query rows go
+through in blocks of ``BM`` against all ``TP`` (the width rounded up to a power of two) keys at once, so that
 
 - a row's stick-breaking suffix sums are one reverse cumulative sum over the whole row, and Sieve's filters
   (Algorithm 1's window below the row's maximum, or the 1.5-entmax support of Section 3) are computed on the

@@ -1,0 +1,79 @@
+"""Where a training step's GPU time goes, kernel by kernel, for mechanisms side by side (torch.profiler).
+
+Builds the runner's Trainer for each ``--attns`` entry (the default step: one CUDA graph, compiled), runs its
+warm-up and capture, then profiles three steps of the same code outside the graph (``GraphStep._eager``: the
+kernels the graph replays) and prints each mechanism's GPU time a step and, against the first mechanism, the
+kernels whose time differs most:
+
+    python benchmarks/step_profile.py --task mqmtar --attns softmax,stickbreaking,asentmax --pe rope --batch-size 128
+
+Prints only (nothing is written): a diagnosis tool for kernel and step work, not a table of record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from lengthbench.config import build_config
+from lengthbench.data import make_train_batch
+from lengthbench.tasks import get_task
+from lengthbench.training import Trainer
+
+
+def kernel_times(task_name: str, attn: str, pe: str, batch_size: int, steps: int = 3) -> dict[str, tuple[float, int]]:
+    """Per kernel name: (GPU microseconds a step, launches a step) of the default training step."""
+    torch._dynamo.reset()
+    config = build_config(task_name, attn, pe, "paper", batch_size=batch_size, train_samples=10**6)
+    trainer = Trainer(config, get_task(task_name), torch.device("cuda"), Path("/tmp/lengthbench-profile"),
+                      progress=False)
+    stream = trainer.train_stream()
+    batches = []
+    for step in range(6):
+        batch = [None if a is None else torch.as_tensor(a).cuda() for a in make_train_batch(stream, step)]
+        if batch[2] is not None:
+            batch[2] = batch[2].float()
+        batches.append(batch)
+    for batch in batches[:5]:  # the eager warm-up and the capture
+        trainer.step_fn(*batch)
+    torch.cuda.synchronize()
+    padded = trainer.step_fn._pad(*batches[5])
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            trainer.step_fn._eager(*padded)
+        torch.cuda.synchronize()
+    return {event.key[:90]: (event.device_time_total / steps, event.count // steps)
+            for event in prof.key_averages() if event.device_time_total > 0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="mqmtar")
+    parser.add_argument("--attns", default="softmax,stickbreaking")
+    parser.add_argument("--pe", default="rope")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--top", type=int, default=20, help="kernels listed per mechanism")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("error: benchmarks/step_profile.py needs a CUDA GPU")
+    attns = args.attns.split(",")
+    totals = {}
+    for attn in attns:
+        totals[attn] = kernel_times(args.task, attn, args.pe, args.batch_size)
+        print(f"{attn}: {sum(t for t, _ in totals[attn].values()):,.0f} us a step (outside the graph, "
+              f"{len(totals[attn])} kernel names)", flush=True)
+    base = totals[attns[0]]
+    for attn in attns[1:]:
+        names = set(base) | set(totals[attn])
+        diff = {name: totals[attn].get(name, (0.0, 0))[0] - base.get(name, (0.0, 0))[0] for name in names}
+        print(f"\n{attn} minus {attns[0]}: {sum(diff.values()):+,.0f} us a step")
+        for name, delta in sorted(diff.items(), key=lambda item: -abs(item[1]))[:args.top]:
+            print(f"{delta:+9.1f} us  x{totals[attn].get(name, (0, 0))[1]:3d} vs x{base.get(name, (0, 0))[1]:3d}  {name}")
+
+
+if __name__ == "__main__":
+    main()
