@@ -24,20 +24,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from lengthbench.config import build_config
+from lengthbench.devices import provenance
 from lengthbench.errors import UsageError
 from lengthbench.leaderboard import frame_markdown
 from lengthbench.runner import (
     Evaluator,
     build_model,
-    device_description,
-    git_sha,
     load_model,
     newest_trained_run,
 )
@@ -130,10 +128,8 @@ def save(rows: list[dict], args) -> None:
         frame["error"] = None
     base = frame.loc[frame["attn"] == "softmax", "s_per_1000"] if "s_per_1000" in frame else frame.iloc[:0]
     frame["vs_softmax"] = frame["s_per_1000"] / base.iloc[0] if len(base) else float("nan")
-    frame["device"] = device_description(args.device)
-    frame["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    frame["git_sha"] = git_sha()
-    frame["command"] = "python " + " ".join(sys.argv)
+    for key, value in provenance(args.device, sys.argv).items():
+        frame[key] = value
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out / "eval_time.parquet", index=False)

@@ -20,17 +20,15 @@ import argparse
 import json
 import math
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from lengthbench.devices import git_sha
+from lengthbench.devices import provenance
 from lengthbench.kernels import NARROW_OPS, get_kernel
 from lengthbench.leaderboard import frame_markdown
-from lengthbench.runner import device_description
 
 MECHANISMS = "stickbreaking,sieve,sieve-alg1,sieve-entmax,entmax,softpick,tra,tda"
 PARAMS = {"sieve": {"eps": 8.0}, "tra": {"sm_scale": 1.0}, "tda": {"lam": 0.5, "sm_scale": 1.0}}
@@ -113,10 +111,8 @@ def main() -> None:
                       f"({row['fwd_bwd_vs_sdpa']:.2f}x)", flush=True)
         print(f"{text} SDPA fwd {base['fwd_ms']:.3f} ms, fwd+bwd {base['fwd_bwd_ms']:.3f} ms", flush=True)
     frame = pd.DataFrame(rows)
-    frame["device"] = device_description(torch.device("cuda"))
-    frame["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    frame["git_sha"] = git_sha()
-    frame["command"] = "python " + " ".join(sys.argv)
+    for key, value in provenance(torch.device("cuda"), sys.argv).items():
+        frame[key] = value
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out / "narrow_kernels.parquet", index=False)

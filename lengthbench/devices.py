@@ -41,6 +41,16 @@ def git_sha() -> str:
         return "unknown"
 
 
+def provenance(device: torch.device, argv: list[str]) -> dict[str, str]:
+    """What every benchmark row records: ``device``, ``created_at`` (UTC), ``git_sha`` and the ``command``
+    (``python`` and ``argv``) that measures it again."""
+    from datetime import datetime, timezone
+
+    return {"device": device_description(device),
+            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "git_sha": git_sha(), "command": "python " + " ".join(argv)}
+
+
 def autocast(device: torch.device):
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
