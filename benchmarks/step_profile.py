@@ -67,6 +67,9 @@ def main() -> None:
         print(f"{attn}: {sum(t for t, _ in totals[attn].values()):,.0f} us a step (outside the graph, "
               f"{len(totals[attn])} kernel names)", flush=True)
     base = totals[attns[0]]
+    print(f"\n{attns[0]}: its {args.top} longest kernels")
+    for name, (micros, count) in sorted(base.items(), key=lambda item: -item[1][0])[:args.top]:
+        print(f"{micros:9.1f} us  x{count:3d}  {name}")
     for attn in attns[1:]:
         names = set(base) | set(totals[attn])
         diff = {name: totals[attn].get(name, (0.0, 0))[0] - base.get(name, (0.0, 0))[0] for name in names}

@@ -1,0 +1,128 @@
+"""Does the default training step learn what the step before it learned? Short trainings side by side.
+
+For each ``--cells`` entry (``task:attn:pe``) and seed, trains the same configuration (the ``quick`` preset,
+``--train-samples`` samples) with each ``--train-steps`` entry: ``graph-compiled`` (the default: the whole
+step in one CUDA graph, the attention on the training-width fused ops) and ``compiled`` (the step before it:
+for models with fused ops, those ops eagerly, one launch at a time). Each run is the runner's (``run_cell``:
+validation, checkpoint selection in distribution, scoring), scored at 1x and 2x. Records the in-distribution
+(1x) token accuracy and exact match of the selected model, the final validation score and the training time,
+and per cell the difference of the steps' seed means against the spread of the seeds:
+
+    python benchmarks/train_parity.py --cells mqmtar:asentmax:nape,mqrar:stickbreaking:none --seeds 0,1 \
+        --train-samples 1000000 --jobs 4 --out results/benchmarks
+
+Runs go in parallel (``--jobs`` processes on the one GPU: their training times are not a throughput
+measurement; results/benchmarks/train_throughput.md is). Writes ``<out>/train_parity.parquet`` and ``.md``
+with the device, date, commit and command; the runs themselves go to ``--results`` (a scratch store).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+
+
+def train_one(task: str, attn: str, pe: str, seed: int, train_step: str, train_samples: int, eval_samples: int,
+              results: str, preset: str = "quick", device: str = "cuda") -> dict:
+    """One run of the runner; the row of its 1x score and its training record."""
+    import torch
+
+    from lengthbench.checkpoints import checkpoint_dir
+    from lengthbench.config import build_config
+    from lengthbench.runner import run_cell
+
+    config = build_config(task, attn, pe, preset, seed=seed, train_step=train_step, train_samples=train_samples,
+                          max_multiplier=2, eval_samples=eval_samples, val_samples=512)
+    frame = run_cell(config, results, device=device, progress=False)
+    row = frame[frame["multiplier"] == 1].iloc[0]
+    state = torch.load(checkpoint_dir(results, config.run_id) / "model.pt", map_location="cpu",
+                       weights_only=False)["state"]
+    return dict(cell=f"{task}:{attn}:{pe}", seed=seed, train_step=train_step, run_id=config.run_id,
+                train_samples=train_samples, batch_size=config.batch_size, id_token_accuracy=float(row["token_accuracy"]),
+                id_exact_match=float(row["exact_match"]), best_val=float(state["best_score"]),
+                train_seconds=float(row["train_seconds"]))
+
+
+def summary(rows: pd.DataFrame, steps: list[str]) -> pd.DataFrame:
+    """Per cell: each step's seed mean of the 1x token accuracy, the difference to the first step's, and the
+    largest spread between two seeds of one step (what the difference is compared with)."""
+    out = []
+    for cell, group in rows.groupby("cell", sort=False):
+        means = {step: group[group["train_step"] == step]["id_token_accuracy"].mean() for step in steps}
+        spread = max(float(group[group["train_step"] == step]["id_token_accuracy"].agg(lambda s: s.max() - s.min()))
+                     for step in steps)
+        entry = {"cell": cell, "seeds": group["seed"].nunique()}
+        entry.update({f"{step} 1x token acc": means[step] for step in steps})
+        entry.update({f"{step} - {steps[0]}": means[step] - means[steps[0]] for step in steps[1:]})
+        entry["seed spread"] = spread
+        out.append(entry)
+    return pd.DataFrame(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", default="mqmtar:asentmax:nape,mqrar:stickbreaking:none")
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--train-steps", default="graph-compiled,compiled")
+    parser.add_argument("--train-samples", type=int, default=1_000_000)
+    parser.add_argument("--eval-samples", type=int, default=500)
+    parser.add_argument("--jobs", type=int, default=4, help="runs at once on the GPU")
+    parser.add_argument("--preset", default="quick")
+    parser.add_argument("--device", default="cuda", help="cuda (the comparison) or cpu (a check of this script)")
+    parser.add_argument("--results", default="/tmp/lengthbench-parity", help="the runs' store (scratch)")
+    parser.add_argument("--out", default="results/benchmarks")
+    args = parser.parse_args()
+    import torch
+
+    from lengthbench.devices import provenance
+    from lengthbench.leaderboard import frame_markdown
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("error: benchmarks/train_parity.py needs a CUDA GPU (or --device cpu)")
+    cells = [cell.split(":") for cell in args.cells.split(",")]
+    if any(len(cell) != 3 for cell in cells):
+        parser.error("--cells takes task:attn:pe entries, comma-separated")
+    steps = args.train_steps.split(",")
+    jobs = [(task, attn, pe, int(seed), step) for task, attn, pe in cells for seed in args.seeds.split(",")
+            for step in steps]
+    info = provenance(torch.device(args.device), sys.argv)
+    context = multiprocessing.get_context("spawn")
+    rows = []
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
+        futures = [pool.submit(train_one, *job, args.train_samples, args.eval_samples, args.results,
+                               args.preset, args.device) for job in jobs]
+        for job, future in zip(jobs, futures, strict=True):
+            try:
+                row = future.result()
+            except Exception as error:  # noqa: BLE001 - one failed run is a row that says so
+                print(f"{job}: failed: {type(error).__name__}: {error}", flush=True)
+                continue
+            print(f"{row['cell']} s{row['seed']} {row['train_step']}: 1x token accuracy "
+                  f"{row['id_token_accuracy']:.4f}, exact match {row['id_exact_match']:.3f}, "
+                  f"{row['train_seconds']:.0f} s", flush=True)
+            rows.append(dict(row, **info))
+    if not rows:
+        sys.exit("error: no run finished")
+    frame = pd.DataFrame(rows)
+    table = summary(frame, steps)
+    print(table.to_string(index=False))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_parquet(out / "train_parity.parquet", index=False)
+    columns = ["cell", "seed", "train_step", "train_samples", "batch_size", "id_token_accuracy", "id_exact_match",
+               "best_val", "train_seconds"]
+    (out / "train_parity.md").write_text(
+        "# Training parity: the default step against the step before it\n\n"
+        f"{info['device']}, {info['created_at']}, commit {info['git_sha']}: `{info['command']}`\n\n"
+        f"Each run: the `{args.preset}` preset with the samples shown, selected in distribution, scored on the task's "
+        "held-out samples at 1x. `seed spread`: the largest difference between two seeds of one step.\n\n"
+        + frame_markdown(table.round(4)) + "\n\n" + frame_markdown(frame[columns].round(4)) + "\n")
+
+
+if __name__ == "__main__":
+    main()
