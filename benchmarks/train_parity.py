@@ -11,7 +11,7 @@ and per cell the difference of the steps' seed means against the spread of the s
     python benchmarks/train_parity.py --cells mqmtar:asentmax:nape,mqrar:stickbreaking:none --seeds 0,1 \
         --train-samples 1000000 --jobs 4 --out results/benchmarks
 
-Runs go in parallel (``--jobs`` processes on the one GPU: their training times are not a throughput
+Runs go in parallel (``--jobs`` processes, each run its own, on the one GPU: their training times are not a throughput
 measurement; results/benchmarks/train_throughput.md is). Writes ``<out>/train_parity.parquet`` and ``.md``
 with the device, date, commit and command; the runs themselves go to ``--results`` (a scratch store).
 """
@@ -19,9 +19,9 @@ with the device, date, commit and command; the runs themselves go to ``--results
 from __future__ import annotations
 
 import argparse
-import multiprocessing
+import json
+import subprocess
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -76,7 +76,13 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cuda (the comparison) or cpu (a check of this script)")
     parser.add_argument("--results", default="/tmp/lengthbench-parity", help="the runs' store (scratch)")
     parser.add_argument("--out", default="results/benchmarks")
+    parser.add_argument("--one", default="", help=argparse.SUPPRESS)  # one run, in its own process (JSON)
     args = parser.parse_args()
+    if args.one:
+        spec = json.loads(args.one)
+        answer = Path(spec.pop("answer"))
+        answer.write_text(json.dumps(train_one(**spec)))
+        return
     import torch
 
     from lengthbench.devices import provenance
@@ -91,21 +97,34 @@ def main() -> None:
     jobs = [(task, attn, pe, int(seed), step) for task, attn, pe in cells for seed in args.seeds.split(",")
             for step in steps]
     info = provenance(torch.device(args.device), sys.argv)
-    context = multiprocessing.get_context("spawn")
     rows = []
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
-        futures = [pool.submit(train_one, *job, args.train_samples, args.eval_samples, args.results,
-                               args.preset, args.device) for job in jobs]
-        for job, future in zip(jobs, futures, strict=True):
-            try:
-                row = future.result()
-            except Exception as error:  # noqa: BLE001 - one failed run is a row that says so
-                print(f"{job}: failed: {type(error).__name__}: {error}", flush=True)
-                continue
-            print(f"{row['cell']} s{row['seed']} {row['train_step']}: 1x token accuracy "
-                  f"{row['id_token_accuracy']:.4f}, exact match {row['id_exact_match']:.3f}, "
-                  f"{row['train_seconds']:.0f} s", flush=True)
-            rows.append(dict(row, **info))
+    scratch = Path(args.results)
+    scratch.mkdir(parents=True, exist_ok=True)
+    pending = list(jobs)
+    running: list[tuple[tuple, subprocess.Popen, Path]] = []
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            job = pending.pop(0)
+            task, attn, pe, seed, step = job
+            answer = scratch / f"{task}-{attn}-{pe}-s{seed}-{step}.json"
+            answer.unlink(missing_ok=True)
+            spec = dict(task=task, attn=attn, pe=pe, seed=seed, train_step=step, train_samples=args.train_samples,
+                        eval_samples=args.eval_samples, results=args.results, preset=args.preset,
+                        device=args.device, answer=str(answer))
+            running.append((job, subprocess.Popen([sys.executable, __file__, "--one", json.dumps(spec)],
+                                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+                            answer))
+        job, process, answer = running.pop(0)
+        output, _ = process.communicate()
+        if process.returncode != 0 or not answer.exists():
+            tail = "\n".join(line for line in output.splitlines() if "warn" not in line.lower())[-1500:]
+            print(f"{job}: failed (exit {process.returncode}):\n{tail}", flush=True)
+            continue
+        row = json.loads(answer.read_text())
+        print(f"{row['cell']} s{row['seed']} {row['train_step']}: 1x token accuracy "
+              f"{row['id_token_accuracy']:.4f}, exact match {row['id_exact_match']:.3f}, "
+              f"{row['train_seconds']:.0f} s", flush=True)
+        rows.append(dict(row, **info))
     if not rows:
         sys.exit("error: no run finished")
     frame = pd.DataFrame(rows)
