@@ -291,10 +291,13 @@ def _bwd_head_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, e
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
-def _launch(pb: Problem, tuning: dict | None) -> tuple[dict, str]:
-    """The kernels' tiles (``BM``, ``TP``, warps) and the backward's layout (``head`` or ``blocks``)."""
+def _launch(pb: Problem, tuning: dict | None) -> tuple[dict, dict, str]:
+    """The forward's and the backward's launch settings (``BM``, ``TP``, warps, stages) and the backward's layout
+    (``head`` or ``blocks``). Tuning keys: ``bm``, ``warps``, ``stages`` (the forward's), ``bwd_bm``,
+    ``bwd_warps``, ``bwd_stages`` (the backward's; None: the forward's), ``backward``."""
     width = max(16, triton.next_power_of_2(pb.tokens))
-    config = dict(bm=_row_block(width, pb.block_d), warps=4, backward="head")
+    config = dict(bm=_row_block(width, pb.block_d), warps=4, stages=None, bwd_bm=None, bwd_warps=None,
+                  bwd_stages=None, backward="head")
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(config))
     if unknown:
@@ -302,7 +305,18 @@ def _launch(pb: Problem, tuning: dict | None) -> tuple[dict, str]:
     config.update(tuning)
     if config["backward"] not in ("head", "blocks"):
         raise ValueError(f"narrow kernels: backward must be head or blocks, got {config['backward']!r}")
-    return dict(BM=int(config["bm"]), TP=width, num_warps=int(config["warps"])), config["backward"]
+    for key in ("bm", "bwd_bm"):
+        value = config[key]
+        if value is not None and (int(value) < 16 or int(value) & (int(value) - 1)):
+            raise ValueError(f"narrow kernels: {key} must be a power of two >= 16, got {value!r}")
+    fwd = dict(BM=int(config["bm"]), TP=width, num_warps=int(config["warps"]))
+    if config["stages"] is not None:
+        fwd["num_stages"] = int(config["stages"])
+    bwd = dict(BM=int(config["bwd_bm"] or config["bm"]), TP=width, num_warps=int(config["bwd_warps"] or config["warps"]))
+    stages = config["bwd_stages"] if config["bwd_stages"] is not None else config["stages"]
+    if stages is not None:
+        bwd["num_stages"] = int(stages)
+    return fwd, bwd, config["backward"]
 
 
 class NarrowAttention(torch.autograd.Function):
@@ -315,7 +329,7 @@ class NarrowAttention(torch.autograd.Function):
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
         if pb.tokens > NARROW_MAX_TOKENS:
             raise ValueError(f"the narrow kernels take at most {NARROW_MAX_TOKENS} tokens, got {pb.tokens}")
-        launch, layout = _launch(pb, tuning)
+        launch, bwd_launch, layout = _launch(pb, tuning)
         save = any(ctx.needs_input_grad[:5])
         out = torch.empty_like(pb.q)
         tau = pb.rows()
@@ -326,7 +340,7 @@ class NarrowAttention(torch.autograd.Function):
                               float(eps), pb.tokens, pb.heads, SAVE=save, **common, **launch)
         if save:
             ctx.save_for_backward(pb.q, pb.k, pb.v, tau, pb.slopes, pb.row_scale)
-            ctx.consts = (pb.sm_scale, float(eps), common, launch, layout)
+            ctx.consts = (pb.sm_scale, float(eps), common, bwd_launch, layout)
             ctx.rs_shape = None if row_scale is None else row_scale.shape
         return out
 

@@ -72,7 +72,9 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     - ``log1p``: softplus's ``log(1 + exp(-|z|))`` by ``log`` (the special-function unit) or ``poly`` (a
       polynomial on the FMA units, ``_log1p_ratio``): one transcendental less per score.
     - ``split``: the forward's products of the weights with 16-bit values as two dots (hi + lo), so its fp32
-      output is accurate to fp32 rounding; False: one dot (the weights rounded to the values' dtype).
+      output is accurate to fp32 rounding; False: one dot (the weights rounded to the values' dtype), with the
+      ``prefix`` backward only (the ``suffix`` one reads that output: on an H200 its dq and ALiBi slope
+      gradients then missed the float64 tests' 5e-2, up to 4.0).
     - ``backward``: ``suffix`` walks right to left from the diagonal, with ``C_r = do_r.(o_r - v_r)`` from the
       forward's fp32 output; ``prefix`` walks left to right over the very keys the forward walked (it keeps
       per row the softplus sum ``L_r`` and the first key walked), the weights as ``exp(z_j - (L_r -
@@ -106,6 +108,9 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
             raise ValueError(f"stick-breaking tuning: {key} must be (bm, bn, warps, stages), bm and bn powers of "
                              f"two >= 16, warps a power of two <= 16, got {config[key]!r}")
         config[key] = tiles
+    if not config["split"] and config["backward"] == "suffix":
+        raise ValueError("stick-breaking tuning: split False needs backward prefix (the suffix backward reads the "
+                         "forward's output, which one 16-bit dot leaves too coarse for the gradients)")
     width = config["cumsum_width"]
     if width is not None and not (_power_of_two(int(width)) and 16 <= int(width)):
         raise ValueError(f"stick-breaking tuning: cumsum_width must be a power of two >= 16, got {width!r}")
