@@ -97,7 +97,7 @@ def load_op(mechanism: str, capturable: bool = False) -> Callable:
 
 
 # The training-width ops (``narrow.py``, every row's keys in registers): taken on the capturable path where the
-# rows are at most ``narrow.NARROW_MAX_TOKENS`` wide and the parameters are theirs (alpha 1.5, Sieve's masked
+# rows are at most ``narrow.CAPTURE_MAX_TOKENS`` wide (256 keys for entmax, 128 for the stick-breaking family) and the parameters are theirs (alpha 1.5, Sieve's masked
 # weights); the op of ``_KERNELS`` elsewhere.
 NARROW_OPS: dict[str, str] = {
     "stickbreaking": "narrow_stickbreaking",
@@ -114,9 +114,11 @@ def _narrow_or(mechanism: str, wide: Callable) -> Callable:
 
     op = getattr(narrow, NARROW_OPS[mechanism])
 
+    widest = narrow.CAPTURE_MAX_TOKENS["entmax" if mechanism == "entmax" else "stick"]
+
     @functools.wraps(wide)
     def call(*tensors, **kwargs):
-        fits = (tensors[0].shape[-2] <= narrow.NARROW_MAX_TOKENS and float(kwargs.get("alpha", 1.5)) == 1.5
+        fits = (tensors[0].shape[-2] <= widest and float(kwargs.get("alpha", 1.5)) == 1.5
                 and kwargs.get("masked", True))
         return op(*tensors, **kwargs) if fits else wide(*tensors, **kwargs)
 

@@ -50,15 +50,24 @@ from lengthbench.kernels._common import Problem, reduce_slopes, score_tile, soft
 
 # The widest rows these kernels take: a [BM, TP] fp32 tile a tensor, BM * TP = 4,096 elements.
 NARROW_MAX_TOKENS = 256
+# The widest rows the capturable path gives each: stick-breaking's kernels at 256 keys spill (on an H200, Copy's
+# 128 x 16 heads x 131 tokens x 16: forward+backward 8.3 ms against the long-context op's 1.1; entmax's 1.2 against
+# 1.9: results/benchmarks/narrow_kernels.md), so rows past 128 keys take the long-context ops there.
+CAPTURE_MAX_TOKENS = {"stick": 128, "entmax": NARROW_MAX_TOKENS}
 STICK, ENTMAX15 = 0, 1
 NEWTON_STEPS = tl.constexpr(16)  # at most; they stop once no row's threshold moves by 1e-6
 
 
-def _row_block(width: int, block_d: int) -> int:
-    """Query rows a program for ``width`` padded keys: 2,048 scores a tile (no register spills), 16 rows at
-    least, 32 at head dims under 32 (on an H200 at 128 x 16 heads x 83 tokens x 16: the forward 0.24 ms with 32
-    rows against 0.42 with 16; at head dim 32, 16 rows were the faster: results/benchmarks/narrow_kernels.md)."""
-    return max(16 if block_d >= 32 else 32, min(64, 2048 // width))
+def _row_block(width: int, block_d: int, mech: int = STICK) -> tuple[int, int]:
+    """(query rows a program, warps) for ``width`` padded keys: 2,048 scores a tile (no register spills), 16 rows
+    at least, 32 at head dims under 32 (on an H200 at 128 x 16 heads x 83 tokens x 16: the stick-breaking forward
+    0.24 ms with 32 rows against 0.42 with 16; at head dim 32, 16 rows were the faster); 4 warps, but 1.5-entmax
+    over at most 128 keys takes 16 rows and 2 warps (forward+backward 0.44 ms against 0.56-0.77 with 32 rows and
+    4 warps at 83 x 16; at 256 keys the 2-warp backward spills: 8.6 ms). Measured:
+    results/benchmarks/narrow_kernels.md."""
+    if mech == ENTMAX15 and width <= 128:
+        return 16, 2
+    return max(16 if block_d >= 32 else 32, min(64, 2048 // width)), 4
 
 
 @triton.jit
@@ -291,12 +300,13 @@ def _bwd_head_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, e
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
-def _launch(pb: Problem, tuning: dict | None) -> tuple[dict, dict, str]:
+def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[dict, dict, str]:
     """The forward's and the backward's launch settings (``BM``, ``TP``, warps, stages) and the backward's layout
     (``head`` or ``blocks``). Tuning keys: ``bm``, ``warps``, ``stages`` (the forward's), ``bwd_bm``,
     ``bwd_warps``, ``bwd_stages`` (the backward's; None: the forward's), ``backward``."""
     width = max(16, triton.next_power_of_2(pb.tokens))
-    config = dict(bm=_row_block(width, pb.block_d), warps=4, stages=None, bwd_bm=None, bwd_warps=None,
+    bm, warps = _row_block(width, pb.block_d, mech)
+    config = dict(bm=bm, warps=warps, stages=None, bwd_bm=None, bwd_warps=None,
                   bwd_stages=None, backward="head")
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(config))
@@ -329,7 +339,7 @@ class NarrowAttention(torch.autograd.Function):
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
         if pb.tokens > NARROW_MAX_TOKENS:
             raise ValueError(f"the narrow kernels take at most {NARROW_MAX_TOKENS} tokens, got {pb.tokens}")
-        launch, bwd_launch, layout = _launch(pb, tuning)
+        launch, bwd_launch, layout = _launch(pb, tuning, mech)
         save = any(ctx.needs_input_grad[:5])
         out = torch.empty_like(pb.q)
         tau = pb.rows()

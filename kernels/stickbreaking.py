@@ -4,31 +4,33 @@ For query row ``r`` and key ``j < r``: ``log a_rj = z_rj - sum_{j <= k < r} soft
 (= logsigmoid(z_rj) - sum_{j<k<r} softplus(z_rk)); ``o_r = sum_j a_rj v_j + (1 - sum_j a_rj) v_r``.
 
 Forward: one program per query tile walks the key tiles right to left from the diagonal, carrying the
-fp32 sum of softplus of the keys already passed; inside a tile the suffix sums come from a reverse
-cumulative sum. Once every row of the tile has accumulated more than ``EXIT_AT`` (60) nats the remaining
-weights are below ``e^-60`` and the walk stops: the Out(L^2) work shrinks to Out(L x reach). The products of
-the weights with the values are split into two bf16/fp16 halves (hi + lo), so the fp32 output kept for the
-backward is accurate to fp32 rounding.
+fp32 sum of softplus of the keys already passed; inside a tile the suffix sums come from products with a
+triangular ones matrix on the tensor cores (the softplus split into two bf16 parts: 16 bits, the sum carried
+across tiles in fp32), softplus in base 2 with its ``log1p`` as a polynomial on the FMA units. Once every row of
+the tile has accumulated more than ``EXIT_AT`` (60) nats the remaining weights are below ``e^-60`` and the walk
+stops: the Out(L^2) work shrinks to Out(L x reach). The forward keeps per row only its softplus sum ``L_r`` and
+the first key walked.
 
-Backward (one kernel, the same walk): with ``g_j = do_r.v_j``, ``c_j = (g_j - g_r) a_j`` and
-``C_r = do_r.(o_r - v_r) = sum_j c_j``, ``dz_rk = c_k (1 - sigma(z_k)) - sigma(z_k) (C_r - sum_{j >= k} c_j)``.
-dq accumulates in registers; dk and dv in fp32 buffers by atomic adds (as in Sieve's Algorithm 1); the
-diagonal's ``dv_r += (1 - sum_j a_rj) do_r`` is added outside. Gradients flow to q, k, v, ``row_scale`` and
-``slopes``.
+Backward (one kernel, a walk from the left over the very keys the forward walked): with ``g_j = do_r.v_j`` and
+``c_j = (g_j - g_r) a_j``, ``dz_rk = c_k (1 - sigma(z_k)) - sigma(z_k) sum_{j < k} c_j``, the weights
+recomputed as ``a_j = exp(z_j - (L_r - sum_{k<j} softplus z_k))`` and the prefix sums accumulated as the walk
+goes (no fp32 output, no fp32 copy of ``do``); ``sigma`` from the softplus's ``exp(-|z|)``. dq accumulates in
+registers; dk and dv in fp32 buffers by atomic adds (as in Sieve's Algorithm 1); the diagonal's ``dv_r += (1 -
+sum_j a_rj) do_r`` is added outside. Gradients flow to q, k, v, ``row_scale`` and ``slopes``.
 
 ``FILTER`` restricts the keys to ``{j : z_rj / 2 > tau_r}`` (Sieve: ``tau`` the 1.5-entmax threshold of the row
 over ``j < r``), without gradient through the filter; see ``sieve.py``. Its third mode (``sieve-alg1``) breaks
-the stick over every earlier key and keeps only the weights inside the filter; the backward then takes the
-general form ``c_j = g_j a_j``, ``C_r = do_r.o_r`` (the weights no longer sum to one with the remainder).
+the stick over every earlier key and keeps only the weights inside the filter (key tiles without a kept key
+skip the values); the backward then takes the general form ``c_j = g_j a_j`` with the remainder's share on the
+prefix (the weights no longer sum to one with the remainder).
 
-What the above describes are the defaults. ``tuning`` (``launch_config``) selects other forms of the same
-quantities, each exact to fp32 rounding: the backward from the left (``prefix``: the forward keeps per row
-only its softplus sum ``L_r`` and the first key walked; ``a_j = exp(z_j - (L_r - sum_{k<j} softplus z_k))``
-and ``C_r - sum_{j >= k} c_j = sum_{j < k} c_j`` accumulate as the walk goes, so neither the fp32 output nor
-an fp32 copy of ``do`` is held), the in-tile sums as products with a triangular ones matrix on the tensor
-cores, base-2 arithmetic, softplus's ``log1p`` as a polynomial, other tiles and loops. Long walks (scores
-that stay negative, as in trained models that recall far back) are where they matter: the stick is then
-not spent within a few keys and every key tile of a row is visited.
+What the above describes are the defaults (``TUNING``); ``tuning`` (``launch_config``) selects the other forms
+of the same quantities: the right-to-left ``suffix`` backward from the forward's fp32 output (split in two
+bf16 dots), ``tl.cumsum`` scans or tf32 sums, natural-log arithmetic, other tiles and loops. Long walks (scores
+that stay negative, as in trained models that recall far back) are where they matter: the stick is then not
+spent within a few keys and every key tile of a row is visited. On an H200 at 65,536 tokens, scores shifted by
+-8 (``benchmarks/kernels.py --inputs walk8``), these defaults took stick-breaking's forward from 164 to 76 ms and
+its forward+backward from 496 to 298 ms at head dim 32 (SDPA: 19.9 and 73.2): results/benchmarks/kernels.md.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 # The levers of ``tuning`` (``stickbreaking_attention``, ``sieve_alg1_attention``) and their defaults; see
 # ``launch_config``.
-TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="scan", cumsum_width=None, exp2=False, log1p="log",
-              split=True, backward="suffix", sigmoid="exp", skip_empty=False, loop="while", full_tiles=False)
+TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="bf16x2", cumsum_width=None, exp2=True, log1p="poly",
+              split=False, backward="prefix", sigmoid="reuse", skip_empty=True, loop="while", full_tiles=False)
 _CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3"), backward=("suffix", "prefix"),
                 sigmoid=("exp", "reuse"), loop=("while", "for"), log1p=("log", "poly"))
 

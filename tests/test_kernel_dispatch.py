@@ -122,3 +122,18 @@ def test_capturable_ops_take_the_narrow_kernels_up_to_their_width(monkeypatch):
     plain = kernels.load_op.__wrapped__("entmax", False)
     plain(torch.zeros(1, 1, 8, 4), torch.zeros(1, 1, 8, 4), torch.zeros(1, 1, 8, 4))
     assert calls[-1] == ("wide", {})
+
+
+def test_capturable_stick_breaking_takes_the_narrow_kernels_up_to_128_tokens(monkeypatch):
+    """The stick-breaking family's training-width kernels spill at 256 keys: past 128 tokens the long-context op."""
+    pytest.importorskip("triton")
+    from lengthbench.kernels import narrow, stickbreaking
+
+    calls = []
+    monkeypatch.setattr(narrow, "narrow_stickbreaking", lambda *t, **kw: calls.append("narrow") or t[0])
+    monkeypatch.setattr(stickbreaking, "stickbreaking_attention", lambda *t, **kw: calls.append("wide") or t[0])
+    op = kernels.load_op.__wrapped__("stickbreaking", True)
+    for tokens in (128, 129, 256):
+        q = torch.zeros(1, 1, tokens, 4)
+        op(q, q, q)
+    assert calls == ["narrow", "wide", "wide"]
