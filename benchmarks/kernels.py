@@ -358,6 +358,16 @@ def write(frame: pd.DataFrame, out_dir):
     (out / FILE_STEM.with_suffix(".md")).write_text(report(frame))
 
 
+def _variant_lines(frame: pd.DataFrame) -> list[str]:
+    """One line per variant other than ``default``: its name and the tuning it passes (Markdown)."""
+    if "tuning" not in frame:
+        return []
+    named = frame[frame["variant"] != "default"].drop_duplicates("variant")
+    if named.empty:
+        return []
+    return ["Variants: " + "; ".join(f"`{row.variant}` = `{row.tuning}`" for row in named.itertuples()) + ".", ""]
+
+
 def report(frame: pd.DataFrame) -> str:
     frame = labelled(frame)
     dates = sorted(frame.created_at.unique())
@@ -371,6 +381,7 @@ def report(frame: pd.DataFrame) -> str:
              "(SDPA's: unscaled); `walk4`/`walk8` those with every score moved by -4/-8, `trained` q, k, v of a "
              "trained model (the module docstring says how), SDPA timed on the same tensors. A variant other "
              "than `default` passes its `tuning` (the Parquet's `tuning` column) to the op.", "",
+             *_variant_lines(frame),
              "Again: `python benchmarks/kernels.py --out results/benchmarks` on one GPU (every kernel, L 1,024 to "
              "65,536, D 32 and 64; each row's own command is in the Parquet's `command`).", "",
              "| mechanism | L | D | fwd ms | SDPA fwd ms | fwd+bwd ms | SDPA fwd+bwd ms | peak MiB | SDPA peak MiB "

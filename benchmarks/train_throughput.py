@@ -51,8 +51,13 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
     Trainer.max_widths = 64  # the multiple as asked (the runner doubles it past 6 widths)
     Trainer.compile_dynamic = {"auto": None, "static": False, "dynamic": True}[dynamic]
     torch._dynamo.reset()
-    trainer = Trainer(config, task_obj, device, Path("/tmp/throughput"), progress=False,
-                      log=lambda line: print("  " + line, flush=True))
+    said: list[str] = []
+
+    def log(line: str) -> None:
+        said.append(line)
+        print("  " + line, flush=True)
+
+    trainer = Trainer(config, task_obj, device, Path("/tmp/throughput"), progress=False, log=log)
     trainer_compiled, trainer_dense = trainer.compiled, trainer.dense
     stream = trainer.train_stream()
     started_at = time.perf_counter()
@@ -88,7 +93,9 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
     captured = getattr(trainer.step_fn, "graph", None) is not None
     failed = getattr(trainer.step_fn, "failed", "")
     trainer.step_fn = None  # the captured graph's memory goes with it
-    return dict(task=task, attn=attn, pe=pe, preset=preset, batch_size=batch_size, train_step=train_step,
+    # a step that could not compile records the uncompiled one: the row says so
+    note = "; ".join(line for line in said if "torch.compile of the training forward failed" in line)
+    return dict(note=note, task=task, attn=attn, pe=pe, preset=preset, batch_size=batch_size, train_step=train_step,
                 train_attention=train_attention,
                 captured=captured, capture_error=failed,
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,

@@ -58,8 +58,8 @@ def triton_available() -> bool:
 # sized by a count on the device), so that a CUDA graph can record it (the training step of
 # lengthbench/graph_step.py): entmax's threshold in one kernel and its output over all keys (no candidate
 # lists, no gathered open rows), TDA without its activity map and with tiles of 32 rows (three programs a head
-# at 91 tokens: the batch's thousands of short heads fill the GPU). The ops not named here record as they are
-# (softpick's and TRA's smaller tiles measured slower: results/benchmarks/narrow_kernels.md).
+# at 91 tokens: the batch's thousands of short heads fill the GPU). The ops not named here (softpick, TRA)
+# record as they are.
 CAPTURE_TUNING: dict[str, dict] = {
     "entmax": {"lists": False, "split": False},
     "sparsemax": {"lists": False, "split": False},
@@ -97,8 +97,8 @@ def load_op(mechanism: str, capturable: bool = False) -> Callable:
 
 
 # The training-width ops (``narrow.py``, every row's keys in registers): taken on the capturable path where the
-# rows are at most ``narrow.CAPTURE_MAX_TOKENS`` wide (256 keys for entmax, 128 for the stick-breaking family) and the parameters are theirs (alpha 1.5, Sieve's masked
-# weights); the op of ``_KERNELS`` elsewhere.
+# rows are at most ``narrow.CAPTURE_MAX_TOKENS`` wide (256 keys for entmax, 128 for the stick-breaking family)
+# and the parameters are theirs (alpha 1.5, Sieve's masked weights); the op of ``_KERNELS`` elsewhere.
 NARROW_OPS: dict[str, str] = {
     "stickbreaking": "narrow_stickbreaking",
     "sieve": "narrow_sieve_alg1",

@@ -52,7 +52,7 @@ from lengthbench.kernels._common import Problem, reduce_slopes, score_tile, soft
 NARROW_MAX_TOKENS = 256
 # The widest rows the capturable path gives each: stick-breaking's kernels at 256 keys spill (on an H200, Copy's
 # 128 x 16 heads x 131 tokens x 16: forward+backward 8.3 ms against the long-context op's 1.1; entmax's 1.2 against
-# 1.9: results/benchmarks/narrow_kernels.md), so rows past 128 keys take the long-context ops there.
+# 1.9: results/benchmarks/narrow_kernels_sweep.md), so rows past 128 keys take the long-context ops there.
 CAPTURE_MAX_TOKENS = {"stick": 128, "entmax": NARROW_MAX_TOKENS}
 STICK, ENTMAX15 = 0, 1
 NEWTON_STEPS = tl.constexpr(16)  # at most; they stop once no row's threshold moves by 1e-6
@@ -64,7 +64,7 @@ def _row_block(width: int, block_d: int, mech: int = STICK) -> tuple[int, int]:
     0.24 ms with 32 rows against 0.42 with 16; at head dim 32, 16 rows were the faster); 4 warps, but 1.5-entmax
     over at most 128 keys takes 16 rows and 2 warps (forward+backward 0.44 ms against 0.56-0.77 with 32 rows and
     4 warps at 83 x 16; at 256 keys the 2-warp backward spills: 8.6 ms). Measured:
-    results/benchmarks/narrow_kernels.md."""
+    results/benchmarks/narrow_kernels_sweep.md."""
     if mech == ENTMAX15 and width <= 128:
         return 16, 2
     return max(16 if block_d >= 32 else 32, min(64, 2048 // width)), 4

@@ -29,8 +29,9 @@ of the same quantities: the right-to-left ``suffix`` backward from the forward's
 bf16 dots), ``tl.cumsum`` scans or tf32 sums, natural-log arithmetic, other tiles and loops. Long walks (scores
 that stay negative, as in trained models that recall far back) are where they matter: the stick is then not
 spent within a few keys and every key tile of a row is visited. On an H200 at 65,536 tokens, scores shifted by
--8 (``benchmarks/kernels.py --inputs walk8``), these defaults took stick-breaking's forward from 164 to 76 ms and
-its forward+backward from 496 to 298 ms at head dim 32 (SDPA: 19.9 and 73.2): results/benchmarks/kernels.md.
+-8 (``benchmarks/kernels.py --inputs walk8``), these defaults took stick-breaking's forward from 163 to 76 ms and
+its forward+backward from 495 to 297 ms at head dim 32 (SDPA: 19.9 and 73.1), and halved its times on random
+inputs (the ``previous`` rows of results/benchmarks/kernels.md).
 """
 
 from __future__ import annotations
