@@ -6,14 +6,18 @@
 #   bash benchmarks/gpu_checks.sh tests-modules OUT  # each module's fast path against its reference; compiled references;
 #                                                    # the training-width kernels; the training step's gradients
 #   bash benchmarks/gpu_checks.sh kernels OUT     # kernel benchmark against SDPA (all ops, TDA included)
+#   bash benchmarks/gpu_checks.sh long-walks OUT  # stick-breaking and sieve-alg1 at 65,536 on random and long-walk inputs
 #   bash benchmarks/gpu_checks.sh eval OUT        # paper MQMTAR evaluation at 65,536 tokens per mechanism
-#   bash benchmarks/gpu_checks.sh throughput OUT  # training throughput of the paper MQMTAR model
+#   bash benchmarks/gpu_checks.sh throughput OUT  # training throughput of the paper models (default step, batch 128)
+#   bash benchmarks/gpu_checks.sh parity OUT      # short trainings of the default step and the step before it
 #
 # OUT (default ./gpu_checks) receives the logs and tables. The committed tables are results/benchmarks/*:
 # merge new kernel rows with `python benchmarks/kernels.py --merge OUT --out results/benchmarks` (results/README.md).
 # Run from the repository root with lengthbench installed (pip install -e . or pip install .).
 set -u -o pipefail
-if [ $# -lt 1 ]; then echo "usage: gpu_checks.sh tests|tests-lists|tests-modules|kernels|eval|throughput [OUT]" >&2; exit 2; fi
+if [ $# -lt 1 ]; then
+  echo "usage: gpu_checks.sh tests|tests-lists|tests-modules|kernels|long-walks|eval|throughput|parity [OUT]" >&2; exit 2
+fi
 part=$1
 out=${2:-gpu_checks}
 mkdir -p "$out"
@@ -45,14 +49,24 @@ case "$part" in
       | tee "$out/test_log_$part.txt" ;;
   kernels)
     python3 benchmarks/kernels.py --out "$out" 2>&1 | tee "$out/benchmark_log.txt" ;;
+  long-walks)
+    python3 benchmarks/kernels.py --mechanisms stickbreaking,sieve-alg1 --lengths 65536 --head-dims 32,64 \
+      --inputs random,walk4,walk8 --out "$out" 2>&1 | tee "$out/long_walks_log.txt" ;;
   eval)
     python3 benchmarks/eval_time.py --attns softmax,ssmax,entmax,asentmax,stickbreaking,softpick,rectified,tra \
       --samples 1000,50,20,20,20,20,20,20 --out "$out" 2>&1 | tee "$out/eval_time_log.txt"
     python3 benchmarks/eval_time.py --pe none --attns softmax,sieve,stickbreaking --samples 50,10,20 \
       --out "$out/none" 2>&1 | tee "$out/eval_time_none_log.txt" ;;
   throughput)
-    python3 benchmarks/train_throughput.py --task mqmtar --preset paper --pes rope --batch-sizes 1024,2048 \
-      --compile-modes reduce-overhead --pad-multiples 8 --steps 150 --out "$out" 2>&1 | tee "$out/throughput_log.txt" ;;
+    # the committed table: results/benchmarks/train_throughput.md (runs 11-15 measured these cells)
+    python3 benchmarks/train_throughput.py --tasks mqmtar,mqrar,copy --preset paper --pes rope --batch-sizes 128 \
+      --attns softmax,ssmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda \
+      --steps 30 --warmup 6 --out "$out" 2>&1 | tee "$out/throughput_log.txt" ;;
+  parity)
+    # four runs at a time; the committed table: results/benchmarks/train_parity.md
+    python3 benchmarks/train_parity.py --cells mqmtar:asentmax:nape,mqrar:stickbreaking:none --seeds 0,1 \
+      --train-samples 1000000 --jobs 4 --out "$out" 2>&1 | tee "$out/parity_log.txt" ;;
   *)
-    echo "error: unknown part '$part'; choose from: tests, tests-lists, tests-modules, kernels, eval, throughput" >&2; exit 2 ;;
+    echo "error: unknown part '$part'; choose from: tests, tests-lists, tests-modules, kernels, long-walks, eval," \
+      "throughput, parity" >&2; exit 2 ;;
 esac
