@@ -145,7 +145,7 @@ def _row_weights(z, offs_m, offs_n, T, eps, tau_in, FROM_TAU: tl.constexpr, MECH
 
 
 @triton.jit
-def _head_rows(Q, K, V, SL, RS, base, bh, pid_m, T, H, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+def _head_rows(Q, K, V, SL, RS, base, bh, pid_m, T, R_END, H, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
     """Row block ``pid_m`` of head ``bh`` and all the head's keys: ``(offs_m, offs_n, offs_d, row_ok, rmask,
     kv_mask, q, k, v, slope, rs)``."""
@@ -153,7 +153,7 @@ def _head_rows(Q, K, V, SL, RS, base, bh, pid_m, T, H, HAS_SLOPES: tl.constexpr,
     offs_n = tl.arange(0, TP)
     offs_d = tl.arange(0, BD)
     dmask = offs_d < D
-    row_ok = offs_m < T
+    row_ok = offs_m < R_END
     rmask = row_ok[:, None] & dmask[None, :]
     kv_mask = (offs_n < T)[:, None] & dmask[None, :]
     q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
@@ -169,14 +169,14 @@ def _head_rows(Q, K, V, SL, RS, base, bh, pid_m, T, H, HAS_SLOPES: tl.constexpr,
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, sm_scale, eps, T, H, MECH: tl.constexpr, FILTER: tl.constexpr,
+def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, sm_scale, eps, T, H, M0, R_END, MECH: tl.constexpr, FILTER: tl.constexpr,
                 HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SAVE: tl.constexpr, DOT_PREC: tl.constexpr,
                 D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
-    pid_m = tl.program_id(0)
+    pid_m = tl.program_id(0) + M0
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
     offs_m, offs_n, offs_d, row_ok, rmask, kv_mask, q, k, v, slope, rs = _head_rows(
-        Q, K, V, SL, RS, base, bh, pid_m, T, H, HAS_SLOPES, HAS_RS, D, BD, BM, TP)
+        Q, K, V, SL, RS, base, bh, pid_m, T, R_END, H, HAS_SLOPES, HAS_RS, D, BD, BM, TP)
     z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
     w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, rs, False, MECH, FILTER)
     if DOT_PREC == "ieee":
@@ -190,7 +190,7 @@ def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, sm_scale, eps, T, H, MECH: tl.constex
 
 
 @triton.jit
-def _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_scale, eps, T, MECH: tl.constexpr,
+def _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_scale, eps, T, R_END, MECH: tl.constexpr,
                FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
                GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                BM: tl.constexpr, TP: tl.constexpr):
@@ -200,7 +200,7 @@ def _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_sc
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = tl.arange(0, TP)
     offs_d = tl.arange(0, BD)
-    row_ok = offs_m < T
+    row_ok = offs_m < R_END
     rmask = row_ok[:, None] & (offs_d < D)[None, :]
     q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
     do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
@@ -262,17 +262,18 @@ def _head_keys(K, V, SL, base, bh, T, H, HAS_SLOPES: tl.constexpr, D: tl.constex
 
 
 @triton.jit
-def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, eps, T, H, MECH: tl.constexpr,
+def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, eps, T, H, M0, R_END, MECH: tl.constexpr,
                 FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
                 GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                 BM: tl.constexpr, TP: tl.constexpr):
     """``blocks`` layout: one row block a program; its shares of ``dk``/``dv`` added to the fp32 ``DK``/``DV``
     (atomic adds, only the keys up to the block's last row)."""
-    pid_m = tl.program_id(0)
+    pid_m = tl.program_id(0) + M0
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
     k, v, offs_n, kv_off, kv_mask, slope = _head_keys(K, V, SL, base, bh, T, H, HAS_SLOPES, D, BD, TP)
-    dk, dv = _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_scale, eps, T, MECH, FILTER,
+    dk, dv = _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_scale, eps, T, R_END, MECH,
+                        FILTER,
                         HAS_SLOPES, HAS_RS, GRAD_RS, GRAD_SL, DOT_PREC, D, BD, BM, TP)
     kv_mask = kv_mask & (offs_n <= pid_m * BM + BM - 1)[:, None]
     tl.atomic_add(DK + kv_off, dk * sm_scale, mask=kv_mask, sem="relaxed")
@@ -293,21 +294,36 @@ def _bwd_head_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, e
     dv = tl.zeros([TP, BD], dtype=tl.float32)
     for pid_m in range(0, tl.cdiv(T, BM)):
         dk_part, dv_part = _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_scale, eps, T,
-                                      MECH, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS, GRAD_SL, DOT_PREC, D, BD, BM, TP)
+                                      T, MECH, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS, GRAD_SL, DOT_PREC, D, BD, BM, TP)
         dk += dk_part
         dv += dv_part
     tl.store(DK + kv_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
-def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[dict, dict, str]:
-    """The forward's and the backward's launch settings (``BM``, ``TP``, warps, stages) and the backward's layout
-    (``head`` or ``blocks``). Tuning keys: ``bm``, ``warps``, ``stages`` (the forward's), ``bwd_bm``,
-    ``bwd_warps``, ``bwd_stages`` (the backward's; None: the forward's), ``backward``."""
-    width = max(16, triton.next_power_of_2(pb.tokens))
-    bm, warps = _row_block(width, pb.block_d, mech)
-    config = dict(bm=bm, warps=warps, stages=None, bwd_bm=None, bwd_warps=None,
-                  bwd_stages=None, backward="head")
+def _row_ranges(tokens: int, split: bool) -> list[tuple[int, int, int]]:
+    """``(first row, end row, padded keys)`` of each launch: with ``split``, rows ``[0, 32)``, ``[32, 64)``,
+    ``[64, 128)`` and ``[128, 256)`` (clipped to ``tokens``) against the 32, 64, 128 and 256 keys that causal rows
+    below their end can see; else every row against all keys (the width rounded up to a power of two)."""
+    width = max(16, triton.next_power_of_2(tokens))
+    if not split or width <= 32:
+        return [(0, tokens, width)]
+    ranges, lo = [], 0
+    for hi in (32, 64, 128, 256):
+        if lo < tokens:
+            ranges.append((lo, min(hi, tokens), hi))
+        lo = hi
+    return ranges
+
+
+def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[dict], list[dict], str]:
+    """Per launch (``_row_ranges``) the forward's and the backward's settings (``M0``, ``R_END``, ``BM``, ``TP``,
+    warps, stages), and the backward's layout (``head`` or ``blocks``; ``blocks`` wherever the rows are split).
+    Tuning keys: ``bm``, ``warps``, ``stages`` (the forward's), ``bwd_bm``, ``bwd_warps``, ``bwd_stages`` (the
+    backward's; None: the forward's), ``backward``, ``rows`` (``split``: each row range against the keys it can
+    see; ``whole``: one launch over every row and all keys)."""
+    config = dict(bm=None, warps=None, stages=None, bwd_bm=None, bwd_warps=None, bwd_stages=None, backward="head",
+                  rows="split")
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(config))
     if unknown:
@@ -315,18 +331,28 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[dict, 
     config.update(tuning)
     if config["backward"] not in ("head", "blocks"):
         raise ValueError(f"narrow kernels: backward must be head or blocks, got {config['backward']!r}")
+    if config["rows"] not in ("split", "whole"):
+        raise ValueError(f"narrow kernels: rows must be split or whole, got {config['rows']!r}")
     for key in ("bm", "bwd_bm"):
         value = config[key]
         if value is not None and (int(value) < 16 or int(value) & (int(value) - 1)):
             raise ValueError(f"narrow kernels: {key} must be a power of two >= 16, got {value!r}")
-    fwd = dict(BM=int(config["bm"]), TP=width, num_warps=int(config["warps"]))
-    if config["stages"] is not None:
-        fwd["num_stages"] = int(config["stages"])
-    bwd = dict(BM=int(config["bwd_bm"] or config["bm"]), TP=width, num_warps=int(config["bwd_warps"] or config["warps"]))
-    stages = config["bwd_stages"] if config["bwd_stages"] is not None else config["stages"]
-    if stages is not None:
-        bwd["num_stages"] = int(stages)
-    return fwd, bwd, config["backward"]
+    ranges = _row_ranges(pb.tokens, config["rows"] == "split")
+    fwd, bwd = [], []
+    for lo, hi, width in ranges:
+        bm, warps = _row_block(width, pb.block_d, mech)
+        cap = lo if lo else width  # a row block stays inside its range (lo and the blocks are powers of two)
+        for kind, out in (("", fwd), ("bwd_", bwd)):
+            rows = int(config[f"{kind}bm"] or config["bm"] or bm)
+            rows = min(rows, max(16, cap))
+            launch = dict(M0=lo // rows, R_END=hi, BM=rows, TP=width,
+                          num_warps=int(config[f"{kind}warps"] or config["warps"] or warps))
+            stages = config[f"{kind}stages"] if config[f"{kind}stages"] is not None else config["stages"]
+            if stages is not None:
+                launch["num_stages"] = int(stages)
+            out.append(launch)
+    layout = config["backward"] if len(ranges) == 1 else "blocks"
+    return fwd, bwd, layout
 
 
 class NarrowAttention(torch.autograd.Function):
@@ -345,9 +371,10 @@ class NarrowAttention(torch.autograd.Function):
         tau = pb.rows()
         common = dict(MECH=mech, FILTER=filter_mode, HAS_SLOPES=pb.slopes is not None,
                       HAS_RS=pb.row_scale is not None, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d)
-        grid = (triton.cdiv(pb.tokens, launch["BM"]), pb.bh)
-        _fwd_kernel[grid](pb.q, pb.k, pb.v, out, tau, pb.opt(pb.slopes), pb.opt(pb.row_scale), pb.sm_scale,
-                              float(eps), pb.tokens, pb.heads, SAVE=save, **common, **launch)
+        for part in launch:
+            grid = (triton.cdiv(part["R_END"] - part["M0"] * part["BM"], part["BM"]), pb.bh)
+            _fwd_kernel[grid](pb.q, pb.k, pb.v, out, tau, pb.opt(pb.slopes), pb.opt(pb.row_scale), pb.sm_scale,
+                              float(eps), pb.tokens, pb.heads, SAVE=save, **common, **part)
         if save:
             ctx.save_for_backward(pb.q, pb.k, pb.v, tau, pb.slopes, pb.row_scale)
             ctx.consts = (pb.sm_scale, float(eps), common, bwd_launch, layout)
@@ -365,16 +392,21 @@ class NarrowAttention(torch.autograd.Function):
         d_sl = pb.rows() if grad_sl else None
         d_rs = pb.rows() if grad_rs else None
         args = (pb.opt(d_rs), pb.opt(d_sl), sm_scale, eps, pb.tokens, pb.heads)
-        flags = dict(GRAD_RS=grad_rs, GRAD_SL=grad_sl, **common, **launch)
+        flags = dict(GRAD_RS=grad_rs, GRAD_SL=grad_sl, **common)
+        do = dout.contiguous()
         if layout == "head":
+            (part,) = launch
             dk, dv = torch.empty_like(k), torch.empty_like(v)
-            _bwd_head_kernel[(pb.bh,)](q, k, v, dout.contiguous(), dq, dk, dv, tau, pb.opt(slopes),
-                                       pb.opt(row_scale), *args, **flags)
+            _bwd_head_kernel[(pb.bh,)](q, k, v, do, dq, dk, dv, tau, pb.opt(slopes), pb.opt(row_scale), *args,
+                                       **flags, **{key: value for key, value in part.items()
+                                                   if key not in ("M0", "R_END")})
         else:
             dk = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
             dv = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-            _bwd_kernel[(triton.cdiv(pb.tokens, launch["BM"]), pb.bh)](
-                q, k, v, dout.contiguous(), dq, dk, dv, tau, pb.opt(slopes), pb.opt(row_scale), *args, **flags)
+            for part in launch:  # each row range adds its shares of dk and dv
+                grid = (triton.cdiv(part["R_END"] - part["M0"] * part["BM"], part["BM"]), pb.bh)
+                _bwd_kernel[grid](q, k, v, do, dq, dk, dv, tau, pb.opt(slopes), pb.opt(row_scale), *args, **flags,
+                                  **part)
             dk, dv = dk.to(k.dtype), dv.to(v.dtype)
         g_sl = reduce_slopes(d_sl) if grad_sl else None
         g_rs = None

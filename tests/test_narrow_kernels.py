@@ -29,9 +29,11 @@ OPS = {
 }
 # (tokens, head_dim, extras): "alibi" adds slopes and a row scale; "walk" shifts every score by -8; "bm16" runs
 # the rows in blocks of 16; "blocks" takes the backward a row block a program (atomic dk/dv), not a head; "bwd32"
-# gives the backward blocks of 32 rows (the forward's stay 16)
+# gives the backward blocks of 32 rows (the forward's stay 16); "whole" takes every row against all keys in one
+# launch (by default rows [0, 32), [32, 64), [64, 128) go against the 32, 64, 128 keys they can see)
 SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, "alibi"), (40, 16, "walk"), (40, 16, "bm16"), (33, 32, "walk-alibi-bm16"),
-          (40, 16, "walk-bm16-blocks"), (33, 32, "alibi-bm16-blocks"), (40, 16, "walk-bm16-bwd32")]
+          (40, 16, "walk-bm16-blocks"), (33, 32, "alibi-bm16-blocks"), (40, 16, "walk-bm16-bwd32"),
+          (70, 16, "walk-alibi"), (40, 16, "walk-whole")]
 TOLERANCE = 1e-4
 TIE = 2e-5
 
@@ -76,7 +78,7 @@ def run_case(case, device="cpu", dtype=None) -> dict:
     ref = torch.matmul(attention_weights(ref_name, z, **ref_params), theirs["v"])
     op = getattr(narrow, NARROW_OPS[op_name])
     tuning = {**({"bm": 16} if "bm16" in extras else {}), **({"backward": "blocks"} if "blocks" in extras else {}),
-              **({"bwd_bm": 32} if "bwd32" in extras else {})}
+              **({"bwd_bm": 32} if "bwd32" in extras else {}), **({"rows": "whole"} if "whole" in extras else {})}
     out = op(mine["q"], mine["k"], mine["v"], slopes=mine.get("slopes"), row_scale=mine.get("row_scale"),
              sm_scale=sm_scale, tuning=tuning, **op_params)
     keep = ~near_ties(op_name, z.detach(), tokens, op_params)
