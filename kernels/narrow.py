@@ -7,7 +7,11 @@ At the seeds' training lengths (64: 66-131 tokens a sample) a training batch is 
 such heads their per-program overheads dominate (on an H200, MQMTAR paper model, batch 128, 91 tokens: the
 stick-breaking forward 165 us and backward 306 us a layer; entmax's threshold search alone 192 us;
 ``benchmarks/step_profile.py``). Here the keys and values of a head stay in registers and the query rows go
-through in blocks of ``BM`` against all ``TP`` (the width rounded up to a power of two) keys at once, so that
+through in blocks of ``BM`` against all ``TP`` keys a causal row of their range can see at once: rows ``[0,
+32)``, ``[32, 64)``, ``[64, 128)`` and ``[128, 256)`` are separate launches against 32, 64, 128 and 256 keys
+(``rows = "whole"``: every row against the width rounded up to a power of two, in one launch; the split took the
+training step of the paper MQRAR model from 0.54x to 0.70x softmax's samples/s with stick-breaking, and Copy's
+1.5-entmax from 0.49x to 0.69x, on an H200: results/benchmarks/train_throughput.md). So
 
 - a row's stick-breaking suffix sums are one reverse cumulative sum over the whole row, and Sieve's filters
   (Algorithm 1's window below the row's maximum, or the 1.5-entmax support of Section 3) are computed on the
@@ -16,10 +20,10 @@ through in blocks of ``BM`` against all ``TP`` (the width rounded up to a power 
   ``max X - 1`` (below the root: convex and decreasing, so the steps rise to it without overshooting), then
   the exact root on the support they found;
 - a forward program takes one row block of one head (``BM`` rows: 2,048 scores a tile, kept in registers
-  without spilling), so that a batch is thousands of short programs; a backward program takes one head, its
-  row blocks in turn, and sums ``dk`` and ``dv`` in registers (``backward = "blocks"``: a row block a program,
-  the shares added to fp32 buffers by atomic adds); every launch is sized by the shapes alone (a CUDA graph
-  records it).
+  without spilling), so that a batch is thousands of short programs; a backward program takes one row block
+  and adds its shares of ``dk`` and ``dv`` to fp32 buffers by atomic adds (where the rows are one launch,
+  ``backward = "head"`` takes one head a program instead, its row blocks in turn, ``dk`` and ``dv`` summed in
+  registers); every launch is sized by the shapes alone (a CUDA graph records it).
 
 The forward keeps one fp32 number per row for the backward (``tau``: the entmax threshold, or Sieve's filter
 threshold); everything else is recomputed. Gradients (as the long-context ops'): with ``g_j = do_r.v_j``,
