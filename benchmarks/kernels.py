@@ -374,7 +374,8 @@ def report(frame: pd.DataFrame) -> str:
     when = dates[0] if len(dates) == 1 else (f"between {dates[0]} and {dates[-1]} (each row's date and commit "
                                               "below; a later row replaces an earlier one of the same mechanism, "
                                               "length, head dim, inputs and variant: `--merge`)")
-    lines = [f"# Fused kernels vs SDPA (flash, causal): {frame.device.iloc[0]}, {frame.dtype.iloc[0]}, "
+    devices = sorted(frame.device.unique())
+    lines = [f"# Fused kernels vs SDPA (flash, causal): {' and '.join(devices)}, {frame.dtype.iloc[0]}, "
              f"B=1, H={frame.heads.iloc[0]}", "", f"Measured {when} by "
              "`benchmarks/kernels.py`; medians of `triton.testing.do_bench`; peak memory of one fwd+bwd step, "
              f"inputs included. Random inputs N(0, 1), q and k times {_input_scale(frame):g} "
@@ -384,15 +385,17 @@ def report(frame: pd.DataFrame) -> str:
              *_variant_lines(frame),
              "Again: `python benchmarks/kernels.py --out results/benchmarks` on one GPU (every kernel, L 1,024 to "
              "65,536, D 32 and 64; each row's own command is in the Parquet's `command`).", "",
+             "Each row's SDPA columns were measured beside it, on its `device`.", "",
              "| mechanism | L | D | fwd ms | SDPA fwd ms | fwd+bwd ms | SDPA fwd+bwd ms | peak MiB | SDPA peak MiB "
-             "| inputs | variant | date | commit |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
+             "| inputs | variant | device | date | commit |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---|"]
     commits = frame["git_sha"] if "git_sha" in frame else pd.Series("", index=frame.index)
     order = ["inputs", "head_dim", "mechanism", "variant", "seq_len"]
     for r in frame.assign(git_sha=commits.fillna("")).sort_values(order).itertuples():
         lines.append(f"| {r.mechanism} | {r.seq_len} | {r.head_dim} | {r.fwd_ms:.3f} | {r.sdpa_fwd_ms:.3f} | "
                      f"{r.fwdbwd_ms:.3f} | {r.sdpa_fwdbwd_ms:.3f} | {r.peak_mem_bytes / 2**20:.1f} | "
-                     f"{r.sdpa_peak_mem_bytes / 2**20:.1f} | {r.inputs} | {r.variant} | {str(r.created_at)[:10]} | "
+                     f"{r.sdpa_peak_mem_bytes / 2**20:.1f} | {r.inputs} | {r.variant} | {r.device} | "
+                     f"{str(r.created_at)[:10]} | "
                      f"{r.git_sha} |")
     families = [f for f in FAMILIES if f in set(frame.inputs)] + sorted(set(frame.inputs) - set(FAMILIES))
     for family in families:

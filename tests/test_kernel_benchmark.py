@@ -76,7 +76,7 @@ def test_report_has_ratios_per_input_family_against_their_targets(tmp_path):
     assert "| stickbreaking | 3.00 (2) | 1.71 (3) | 1.00 | missed: fwd |" in walk_part
     assert "| sieve-alg1 | 3.00 (2) | 1.71 (3) | 1.00 | missed: fwd |" in walk_part
     assert "| stickbreaking [prefix] | 1.50 (2) | 0.86 (3) | 1.00 | all |" in text.split("D=64, walk8 inputs")[1]
-    assert "| walk8 | prefix | 2026-11-27 |" in text
+    assert "| walk8 | prefix | GPU | 2026-11-27 |" in text
 
 
 def test_walk_inputs_move_every_score_by_the_shift():
