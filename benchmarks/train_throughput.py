@@ -187,6 +187,27 @@ def write(rows: list[dict], out: Path) -> None:
     write_frame(frame, out)
 
 
+def newest_summary(frame: pd.DataFrame) -> str:
+    """Markdown: for the default step (``graph-compiled`` on the fused ops), each mechanism's ``vs_softmax_rope``
+    per task, batch size and encoding from the newest run that measured it (its run number beside it), and
+    softmax + RoPE's samples/s; empty where no row is of the default step."""
+    rows = frame[(frame["train_step"] == "graph-compiled") & (frame["train_attention"] == "fused")]
+    if rows.empty:
+        return ""
+    rows = rows.sort_values("created_at").drop_duplicates(["task", "attn", "pe", "batch_size"], keep="last")
+    rows = rows.assign(column=rows["task"] + " b" + rows["batch_size"].astype(str) + " " + rows["pe"],
+                       cell=[f"{ratio:.2f} ({run})" for ratio, run in zip(rows["vs_softmax_rope"], rows["run"],
+                                                                          strict=True)])
+    table = rows.pivot(index="attn", columns="column", values="cell").fillna("")
+    table = table[sorted(table.columns)].reset_index()
+    base = rows[(rows["attn"] == "softmax") & (rows["pe"] == "rope")]
+    speeds = "; ".join(f"{r.task} b{r.batch_size} {r.samples_per_s:,.0f} (run {r.run})"
+                       for r in base.sort_values(["task", "batch_size"]).itertuples())
+    return ("The default step (one CUDA graph, compiled, fused ops): each mechanism's samples/s over softmax + "
+            "RoPE's in the same run, from the newest run that measured it (its number in brackets; the runs are "
+            "listed below). softmax + RoPE, samples/s: " + speeds + ".\n\n" + frame_markdown(table) + "\n\n")
+
+
 def write_frame(frame: pd.DataFrame, out: Path) -> None:
     """``<out>/train_throughput.parquet`` and ``.md``: every row, its ratio to softmax + RoPE, and per command
     the device, date and commit it ran with."""
@@ -207,7 +228,7 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
     if frame["note"].fillna("").str.len().gt(0).any():  # what a row's numbers alone do not say
         columns.append("note")
     (out / "train_throughput.md").write_text(
-        "# Training throughput\n\nRuns (device, date, commit, command):\n\n" + runs + "\n\n"
+        "# Training throughput\n\n" + newest_summary(frame) + "Runs (device, date, commit, command):\n\n" + runs + "\n\n"
         "`vs_softmax_rope`: samples/s over the fastest softmax + RoPE row of the same task and batch size measured "
         "by the same run. `warmup_s`: the model's construction and the untimed first steps (compilation, graph "
         "capture).\n\n" + frame_markdown(frame[columns], ".2f") + "\n")

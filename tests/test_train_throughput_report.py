@@ -1,0 +1,36 @@
+"""benchmarks/train_throughput.py without a GPU: ``--merge`` and its Markdown summary (CPU, fast)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rows(command, created, entmax_speed, commit="abc1234"):
+    base = dict(task="mqrar", pe="rope", batch_size=128, train_step="graph-compiled", train_attention="fused",
+                compile_mode="", captured=True, step_ms=1.0, mean_padded_width=83.0, warmup_s=5.0,
+                device="NVIDIA H200", created_at=created, commit=commit, command=command)
+    return [dict(base, attn="softmax", samples_per_s=50_000.0), dict(base, attn="entmax", samples_per_s=entmax_speed)]
+
+
+def test_merge_summarises_the_newest_run_of_each_cell(tmp_path):
+    older = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
+                              30_000.0))
+    newer = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax --steps 30",
+                              "2026-11-27T09:00:00", 40_000.0))
+    older.to_parquet(tmp_path / "a.parquet")
+    newer.to_parquet(tmp_path / "b.parquet")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--merge",
+                           f"{tmp_path / 'a.parquet'},{tmp_path / 'b.parquet'}", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "out" / "train_throughput.md").read_text()
+    summary = text.split("Runs (device")[0]
+    assert "| entmax | 0.80 (2) |" in summary  # the newer run's 40,000 / 50,000, not the older 0.60
+    assert "0.60" not in summary
+    assert "mqrar b128 50,000 (run 2)" in summary
+    merged = pd.read_parquet(tmp_path / "out" / "train_throughput.parquet")
+    assert sorted(merged["vs_softmax_rope"].round(2)) == [0.6, 0.8, 1.0, 1.0]
