@@ -1,5 +1,6 @@
-"""Evaluation time at the longest length: the ``paper`` MQMTAR model (4 layers, d 512, 16 heads) scoring
-samples at n = 65,536 through the runner's Evaluator (adaptive batch, fused kernels), per mechanism.
+"""Evaluation time at the longest length: a task's model (by default the ``paper`` MQMTAR model: 4 layers,
+d 512, 16 heads) scoring samples at n = 65,536 through the runner's Evaluator (adaptive batch, fused
+kernels), per mechanism.
 
     python benchmarks/eval_time.py --attns softmax,sieve --samples 1000,50 --out results/benchmarks
 
@@ -15,8 +16,12 @@ near-uniform rows, to full passes over their keys). ``--runs RESULTS`` times tra
 Each mechanism gets one untimed warm-up sample first (compilation of the kernels). Rows record the samples
 actually timed; ``s_per_1000`` scales the measured rate to 1,000 samples and ``projected`` says when it is
 such a projection rather than a 1,000-sample run.
-Writes ``<out>/eval_time.parquet`` and ``.md`` (each row with its device, date, commit and command). ``--device cpu`` with a small ``--n`` checks a setup on a machine
-without a GPU (the dense references; no peak memory).
+Writes ``<out>/eval_time.parquet`` and ``.md`` (each row with its device, date, commit and command); the rows
+of earlier commands there stay, except those measured again (same task, mechanism, encoding, n and kind of
+weights, fresh or trained). A trained row also carries its run's in-distribution token accuracy. ``bash
+benchmarks/gpu_checks.sh eval-trained`` trains the models of the committed trained rows and times them.
+``--device cpu`` with a small ``--n`` checks a setup on a machine without a GPU (the dense references; no peak
+memory).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from lengthbench.runner import (
     load_model,
     newest_trained_run,
 )
+from lengthbench.store import load_results
 from lengthbench.tasks import get_task
 
 
@@ -56,9 +62,11 @@ def measure(task_name: str, attn: str, pe: str, n: int, samples: int, runs: Path
         torch.manual_seed(0)
         model = build_model(config, task).to(device)
         weights = "fresh"
+        accuracy = float("nan")
     else:
         model, task, config = load_model(runs, run_id, str(device))
         weights = f"trained: {run_id}"
+        accuracy = in_distribution_accuracy(runs, run_id)
     evaluator = Evaluator(model, task, device, seed=0)
     evaluator.score(n, 1)  # warm-up: kernel compilation
     synchronize(device)
@@ -72,7 +80,15 @@ def measure(task_name: str, attn: str, pe: str, n: int, samples: int, runs: Path
     return dict(task=task_name, attn=attn, pe=pe, n=n, tokens=scores.realised_tokens, samples=samples,
                 seconds=seconds, s_per_1000=seconds * 1000 / samples, projected=samples != 1000,
                 peak_mem_gib=peak, layers=config.n_layers,
-                d_model=config.d_model, heads=config.n_heads, weights=weights)
+                d_model=config.d_model, heads=config.n_heads, weights=weights, accuracy_1x=accuracy,
+                train_samples=config.train_samples if runs is not None else 0)
+
+
+def in_distribution_accuracy(runs: Path, run_id: str) -> float:
+    """The token accuracy run ``run_id`` scored at 1x (NaN where the store has none)."""
+    frame = load_results(runs)
+    rows = frame[(frame["run_id"] == run_id) & (frame["multiplier"] == 1)]
+    return float(rows["token_accuracy"].iloc[-1]) if len(rows) else float("nan")
 
 
 def main() -> None:
@@ -121,25 +137,57 @@ def main() -> None:
     print((Path(args.out) / "eval_time.md").read_text())
 
 
+KEY = ["task", "attn", "pe", "n", "kind"]
+
+
 def save(rows: list[dict], args) -> None:
-    """Rewritten after every mechanism, so a crash or a time limit keeps what was measured."""
+    """Rewritten after every mechanism, so a crash or a time limit keeps what was measured. The rows of an
+    earlier command in ``<out>/eval_time.parquet`` stay, except those this command measured again (the same
+    task, mechanism, encoding, length and kind of weights)."""
     frame = pd.DataFrame(rows)
     if "error" not in frame:
         frame["error"] = None
+    frame["kind"] = "trained" if args.runs else "fresh"
     base = frame.loc[frame["attn"] == "softmax", "s_per_1000"] if "s_per_1000" in frame else frame.iloc[:0]
     frame["vs_softmax"] = frame["s_per_1000"] / base.iloc[0] if len(base) else float("nan")
     for key, value in provenance(args.device, sys.argv).items():
         frame[key] = value
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    frame.to_parquet(out / "eval_time.parquet", index=False)
-    columns = ["attn", "pe", "weights", "tokens", "samples", "seconds", "s_per_1000", "projected", "vs_softmax",
-               "peak_mem_gib", "error"]
-    frame = frame.reindex(columns=[*columns, "device", "created_at", "git_sha", "command"])
-    (out / "eval_time.md").write_text(
-        f"# Evaluation time at n = {args.n:,} ({args.task}, `paper` model)\n\nDevice: {frame['device'].iloc[0]}; "
-        f"{frame['created_at'].iloc[0]}; commit {frame['git_sha'].iloc[0]}\n\nCommand: `{frame['command'].iloc[0]}`\n\n"
-        + frame_markdown(frame[columns]) + "\n")
+    path = out / "eval_time.parquet"
+    if path.exists():
+        earlier = pd.read_parquet(path)
+        for key, default in (("task", "mqmtar"), ("n", 65_536), ("kind", None)):
+            if key not in earlier:
+                earlier[key] = default
+        if earlier["kind"].isna().any():
+            earlier["kind"] = earlier["kind"].fillna(
+                earlier["weights"].astype(str).str.startswith("trained").map({True: "trained", False: "fresh"}))
+        again = earlier[KEY].astype(str).agg("|".join, axis=1).isin(frame[KEY].astype(str).agg("|".join, axis=1))
+        frame = pd.concat([earlier[~again], frame], ignore_index=True)
+    frame.to_parquet(path, index=False)
+    (out / "eval_time.md").write_text(markdown(frame))
+
+
+def markdown(frame: pd.DataFrame) -> str:
+    """The table, one section per task, length and kind of weights, each row with its device, date and commit;
+    the commands after."""
+    columns = ["attn", "pe", "weights", "accuracy_1x", "tokens", "samples", "seconds", "s_per_1000", "projected",
+               "vs_softmax", "peak_mem_gib", "error", "device", "date", "commit"]
+    frame = frame.assign(date=frame["created_at"].astype(str).str[:10], commit=frame["git_sha"])
+    lines = ["# Evaluation time of whole samples at long lengths, per mechanism", "",
+             "Measured by `benchmarks/eval_time.py` through the runner's Evaluator (adaptive batch, fused kernels). "
+             "`s_per_1000` projects the timed samples to 1,000 (`projected`); `vs_softmax` is the ratio to "
+             "softmax + RoPE timed by the same command. `fresh`: the task's `paper` model freshly initialised; "
+             "`trained`: the run named in `weights` (its model, its selected checkpoint), `accuracy_1x` its "
+             "in-distribution token accuracy. The trained runs: `bash benchmarks/gpu_checks.sh eval-trained` "
+             "(each run's configuration is in its checkpoint).", ""]
+    for (task, n, kind), part in frame.groupby(["task", "n", "kind"], sort=False):
+        lines += [f"## {task}, n = {int(n):,}, {kind} weights", "",
+                  frame_markdown(part.reindex(columns=columns)), ""]
+    lines += ["Commands:", ""] + [f"- `{command}`" for command in frame["command"].dropna().unique()]
+    return "\n".join(lines) + "\n"
+
 
 if __name__ == "__main__":
     main()

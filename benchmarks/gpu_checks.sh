@@ -8,6 +8,8 @@
 #   bash benchmarks/gpu_checks.sh kernels OUT     # kernel benchmark against SDPA (all ops, TDA included)
 #   bash benchmarks/gpu_checks.sh long-walks OUT  # stick-breaking and sieve-alg1 at 65,536 on random and long-walk inputs
 #   bash benchmarks/gpu_checks.sh eval OUT        # paper MQMTAR evaluation at 65,536 tokens per mechanism
+#   bash benchmarks/gpu_checks.sh eval-trained OUT  # trains small MQRAR and MQMTAR models (about 10 minutes), then
+#                                                    # times their scoring at 65,536 tokens and their kernels' inputs
 #   bash benchmarks/gpu_checks.sh throughput OUT  # training throughput of the paper models (default step, batch 128)
 #   bash benchmarks/gpu_checks.sh parity OUT      # short trainings of the default step and the step before it
 #
@@ -16,7 +18,7 @@
 # Run from the repository root with lengthbench installed (pip install -e . or pip install .).
 set -u -o pipefail
 if [ $# -lt 1 ]; then
-  echo "usage: gpu_checks.sh tests|tests-lists|tests-modules|kernels|long-walks|eval|throughput|parity [OUT]" >&2; exit 2
+  echo "usage: gpu_checks.sh tests|tests-lists|tests-modules|kernels|long-walks|eval|eval-trained|throughput|parity [OUT]" >&2; exit 2
 fi
 part=$1
 out=${2:-gpu_checks}
@@ -57,6 +59,26 @@ case "$part" in
       --samples 1000,50,20,20,20,20,20,20 --out "$out" 2>&1 | tee "$out/eval_time_log.txt"
     python3 benchmarks/eval_time.py --pe none --attns softmax,sieve,stickbreaking --samples 50,10,20 \
       --out "$out/none" 2>&1 | tee "$out/eval_time_none_log.txt" ;;
+  eval-trained)
+    # Trained models for the scoring times (results/benchmarks/eval_time.md) and the kernel benchmark's `trained`
+    # inputs: the paper models, 1.28M samples each at the task's training length (the seeds train 20M-50M), into
+    # OUT/trained_runs (resumed if interrupted). Their in-distribution accuracy is recorded beside each time.
+    runs="$out/trained_runs"
+    for cell in mqrar:softmax:rope mqrar:stickbreaking:none mqrar:sieve-alg1:none mqrar:sieve:none \
+                mqmtar:softmax:rope mqmtar:entmax:rope mqmtar:asentmax:rope; do
+      IFS=: read -r task attn pe <<< "$cell"
+      lengthbench run --task "$task" --attn "$attn" --pe "$pe" --preset paper --train-samples "${TRAIN_SAMPLES:-1280000}" \
+        --warmup-steps 1000 --max-multiplier 1 --eval-samples 200 --results "$runs" 2>&1 | tail -3
+    done 2>&1 | tee "$out/eval_trained_log.txt"
+    python3 benchmarks/eval_time.py --task mqrar --runs "$runs" --samples 50,20,20,20 \
+      --attns softmax:rope,stickbreaking:none,sieve-alg1:none,sieve:none --out "$out" 2>&1 | tee -a "$out/eval_trained_log.txt"
+    python3 benchmarks/eval_time.py --task mqmtar --runs "$runs" --samples 50,20,20 \
+      --attns softmax:rope,entmax:rope,asentmax:rope --out "$out" 2>&1 | tee -a "$out/eval_trained_log.txt"
+    for attn in stickbreaking sieve-alg1; do
+      checkpoint=$(ls "$runs"/checkpoints/mqrar-"$attn"-none-*/model.pt | head -1)
+      python3 benchmarks/kernels.py --mechanisms "$attn" --lengths 65536 --inputs trained --trained "$checkpoint" \
+        --out "$out/kernels_trained_$attn" 2>&1 | tee -a "$out/eval_trained_log.txt"
+    done ;;
   throughput)
     # the committed table: results/benchmarks/train_throughput.md (runs 11-15 measured these cells)
     python3 benchmarks/train_throughput.py --tasks mqmtar,mqrar,copy --preset paper --pes rope --batch-sizes 128 \
@@ -68,5 +90,5 @@ case "$part" in
       --train-samples 1000000 --jobs 4 --out "$out" 2>&1 | tee "$out/parity_log.txt" ;;
   *)
     echo "error: unknown part '$part'; choose from: tests, tests-lists, tests-modules, kernels, long-walks, eval," \
-      "throughput, parity" >&2; exit 2 ;;
+      "eval-trained, throughput, parity" >&2; exit 2 ;;
 esac

@@ -28,6 +28,16 @@ def test_eval_time_times_a_trained_run_and_names_a_missing_one(tmp_path):
     assert row["weights"] == f"trained: {config.run_id}" and row["samples"] == 2 and row["seconds"] > 0
     assert row["tokens"] > 128 and row["device"].startswith("cpu")
     assert f"trained: {config.run_id}" in (out / "eval_time.md").read_text()
+    assert 0 <= row["accuracy_1x"] <= 1 and row["kind"] == "trained" and row["train_samples"] == 64
+    # a second command adds its rows; measuring a row again replaces it
+    fresh = [sys.executable, str(SCRIPT), "--attns", "softmax", "--pe", "none", "--samples", "1", "--n", "128",
+             "--device", "cpu", "--out", str(out)]
+    for _ in range(2):
+        assert subprocess.run(fresh, capture_output=True, text=True, timeout=300).returncode == 0
+    frame = pd.read_parquet(out / "eval_time.parquet")
+    assert sorted(zip(frame["attn"], frame["kind"])) == [("entmax", "trained"), ("softmax", "fresh")]
+    text = (out / "eval_time.md").read_text()
+    assert "## mqmtar, n = 128, trained weights" in text and "## mqmtar, n = 128, fresh weights" in text
     missing = subprocess.run([sys.executable, str(SCRIPT), "--runs", str(tmp_path), "--attns", "sieve:none",
                               "--n", "128", "--device", "cpu", "--out", str(out)],
                              capture_output=True, text=True, timeout=300)
