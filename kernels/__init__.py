@@ -68,13 +68,18 @@ CAPTURE_TUNING: dict[str, dict] = {
 }
 
 
-def get_kernel(mechanism: str, capturable: bool = False) -> Callable | None:
+def get_kernel(mechanism: str, capturable: bool = False, in_graph: bool = False) -> Callable | None:
     """The fused op of ``mechanism``, or None where it cannot run here (no CUDA, no Triton, or no kernel for
     the mechanism). ``capturable``: the op with the launch settings a CUDA graph can record
-    (:data:`CAPTURE_TUNING`)."""
+    (:data:`CAPTURE_TUNING`); ``in_graph``: as a node of a compiled graph rather than a graph break where
+    autograd records the call (``_bridge.py``)."""
     target = _KERNELS.get(mechanism)
     if target is None or not triton_available():
         return None
+    if in_graph:
+        from lengthbench.kernels._bridge import bridged
+
+        return bridged(mechanism, capturable)
     return load_op(mechanism, capturable)
 
 

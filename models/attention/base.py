@@ -203,7 +203,8 @@ class AttentionLayer(nn.Module):
             return None
         from lengthbench.kernels import get_kernel
 
-        op = get_kernel(name or self.name, capturable=self.capturable)
+        # in the recorded training step, the op is a node of the compiled graph (no graph break around it)
+        op = get_kernel(name or self.name, capturable=self.capturable, in_graph=self.capturable)
         return None if op is None else functools.partial(_call_kernel, op)
 
     def kernel_names(self) -> tuple[str, ...]:

@@ -1,0 +1,148 @@
+"""The fused ops as nodes of a compiled graph: no graph break around them in the training step.
+
+A fused op is an autograd function that launches Triton kernels; ``torch.compile`` cannot trace it, so
+``load_op`` marks it ``torch.compiler.disable`` and the compiled forward breaks in two at every call. The
+pieces between the breaks then exchange their tensors through the autograd engine, eagerly: the casts and
+copies at the boundary, the zero fills of gradients that a piece's outputs never receive, the sums of the
+gradients of tensors that several pieces read (on the paper MQMTAR model at batch 128, TDA's step spent 2 ms
+of its 6.9 on such kernels, ASEntmax's with NAPE 1.6 of 5.6; ``benchmarks/step_profile.py``).
+
+Here an op call is one custom op instead (``lengthbench::fused_forward``), opaque to Inductor but inside its
+graph, and its backward another (``lengthbench::fused_backward``), so that one graph holds the whole forward
+and one the whole backward. The forward runs the op itself with autograd on, on detached copies of its input
+tensors (the same storage), and keeps the autograd graph it builds in ``_GRAPHS`` under the address of its
+output; the backward, handed that output (saved for it), pops the graph and takes ``torch.autograd.grad``
+through it. Inside a CUDA graph (``lengthbench/graph_step.py``) this Python runs once, during the capture:
+a replay reruns the kernels that it launched on the same memory.
+
+The op's arguments other than tensors (and where its tensors go) travel as a JSON text, a constant of the
+compiled graph. Only where autograd records the call (grad mode on, an input that needs a gradient) does the
+op go through here; a call without gradients runs the op directly.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+# op output's address -> (the output with its autograd graph, the leaves whose gradients the backward returns);
+# at most KEEP of them (a forward whose backward never runs leaves its entry, dropped once KEEP newer ones came)
+_GRAPHS: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+KEEP = 256
+
+
+def _spec(mechanism: str, capturable: bool, args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], str]:
+    """The tensors of a call, in order, and the JSON text of everything else (a tensor appears there as
+    ``{"t": i}``), with the grad mask and the shapes and dtypes of the tensors that need gradients."""
+    tensors: list[torch.Tensor] = []
+
+    def encode(value):
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+            return {"t": len(tensors) - 1}
+        if isinstance(value, (tuple, list)):
+            return [encode(v) for v in value]
+        if isinstance(value, dict):
+            return {str(k): encode(v) for k, v in value.items()}
+        return value
+
+    encoded_args = [encode(a) for a in args]
+    encoded_kwargs = {k: encode(v) for k, v in kwargs.items()}
+    grad = [bool(t.requires_grad) for t in tensors]
+    shapes = [[list(t.shape), _DTYPES[t.dtype]] for t, g in zip(tensors, grad) if g]
+    return tensors, _dumps(dict(mechanism=mechanism, capturable=capturable, args=encoded_args,
+                                kwargs=encoded_kwargs, grad=grad, shapes=shapes))
+
+
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+           torch.float64: "float64"}
+
+
+@torch._dynamo.assume_constant_result
+def _dumps(value) -> str:
+    """JSON of constants, run by Dynamo at trace time (it cannot trace ``json.dumps``): a constant text."""
+    return json.dumps(value, sort_keys=True)
+
+
+def _decode(value, tensors):
+    if isinstance(value, dict):
+        if set(value) == {"t"}:
+            return tensors[value["t"]]
+        return {k: _decode(v, tensors) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v, tensors) for v in value]
+    return value
+
+
+# The dispatcher's thread-local key sets outside any op: a custom op's body runs below autograd (its keys
+# excluded), where the op's own differentiable arithmetic (TDA's ``lam``, a ``beta``) would record no graph.
+_OUTSIDE = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+
+
+@torch.library.custom_op("lengthbench::fused_forward", mutates_args=())
+def fused_forward(tensors: list[torch.Tensor], spec: str) -> torch.Tensor:
+    from lengthbench.kernels import load_op
+
+    meta = json.loads(spec)
+    leaves = [t.detach().requires_grad_(g) for t, g in zip(tensors, meta["grad"])]
+    op = load_op(meta["mechanism"], meta["capturable"])
+    with torch._C._ForceDispatchKeyGuard(*_OUTSIDE), torch.enable_grad():
+        out = op(*_decode(meta["args"], leaves), **_decode(meta["kwargs"], leaves))
+    result = out.detach().contiguous()  # the strides of the fake output below (Inductor indexes by them)
+    _GRAPHS.pop(result.data_ptr(), None)
+    _GRAPHS[result.data_ptr()] = (out, [leaf for leaf, g in zip(leaves, meta["grad"]) if g])
+    while len(_GRAPHS) > KEEP:
+        _GRAPHS.pop(next(iter(_GRAPHS)))
+    return result
+
+
+@fused_forward.register_fake
+def _(tensors, spec):
+    return torch.empty_like(tensors[0])
+
+
+@torch.library.custom_op("lengthbench::fused_backward", mutates_args=())
+def fused_backward(grad: torch.Tensor, out: torch.Tensor, spec: str) -> list[torch.Tensor]:
+    entry = _GRAPHS.pop(out.data_ptr(), None)
+    if entry is None:
+        raise RuntimeError("lengthbench::fused_backward: no forward graph for this output (its backward ran "
+                           "twice, or its forward ran elsewhere)")
+    recorded, leaves = entry
+    with torch._C._ForceDispatchKeyGuard(*_OUTSIDE):
+        grads = torch.autograd.grad(recorded, leaves, grad, allow_unused=True)
+    return [torch.zeros_like(leaf, memory_format=torch.contiguous_format) if g is None else g.contiguous()
+            for g, leaf in zip(grads, leaves)]
+
+
+@fused_backward.register_fake
+def _(grad, out, spec):
+    return [grad.new_empty(shape, dtype=getattr(torch, dtype)) for shape, dtype in json.loads(spec)["shapes"]]
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.spec = inputs[1]
+    ctx.save_for_backward(output)
+
+
+def _backward(ctx, grad):
+    (out,) = ctx.saved_tensors
+    grads = iter(torch.ops.lengthbench.fused_backward(grad.contiguous(), out, ctx.spec))
+    return [next(grads) if g else None for g in json.loads(ctx.spec)["grad"]], None
+
+
+fused_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def bridged(mechanism: str, capturable: bool):
+    """``mechanism``'s op (``load_op``) as a call of ``lengthbench::fused_forward`` where autograd records it,
+    the op itself elsewhere."""
+    from lengthbench.kernels import load_op
+
+    def call(*args, **kwargs):
+        tensors, spec = _spec(mechanism, capturable, args, kwargs)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return torch.ops.lengthbench.fused_forward(tensors, spec)
+        return load_op(mechanism, capturable)(*args, **kwargs)
+
+    return call

@@ -1,0 +1,90 @@
+"""The fused ops as nodes of a compiled graph (``kernels/_bridge.py``), on the CPU under the Triton interpreter:
+a compiled function that projects q, k, v and calls an op through the bridge is one graph (no break), and its
+loss and every gradient equal those of the op called directly, uncompiled; the backward leaves no forward graph
+behind. Cases: stick-breaking (its training-width op), TDA (two views, ``lam`` a tensor argument with a
+gradient) and entmax with a row scale (a tensor argument with a gradient). A call without gradients runs the op
+itself.
+
+``TRITON_INTERPRET=1`` must be set before Triton is imported: the cases run in worker processes (this file run
+as a script).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from interpreter_helpers import interpreter_results, needs_triton
+
+CASES = ["stickbreaking", "tda", "entmax"]
+
+
+def _case(name: str) -> dict:
+    import torch
+    import torch._dynamo
+
+    from lengthbench.kernels import _bridge, load_op
+
+    torch.manual_seed(0)
+    batch, tokens, heads, dim = 2, 24, 2, 16
+    views = 5 if name == "tda" else 3
+    proj = torch.nn.Linear(heads * dim, views * heads * dim)
+    scale_param = torch.nn.Parameter(torch.tensor(0.3))
+    x = torch.randn(batch, tokens, heads * dim, requires_grad=True)
+
+    def loss_of(x, op):
+        parts = proj(x).view(batch, tokens, views, heads, dim).permute(2, 0, 3, 1, 4)
+        if name == "tda":
+            q1, k1, q2, k2 = (torch.nn.functional.normalize(t, dim=-1).contiguous() for t in parts[:4])
+            out = op(q1, k1, q2, k2, parts[4].contiguous(), lam=torch.sigmoid(scale_param), slopes=None,
+                     sm_scale=1.0, beta=1.0, kappa=1.0, power=2.0, tau_index="alg1")
+        elif name == "entmax":
+            row_scale = (1.0 + scale_param) * torch.ones(batch, heads, tokens)
+            out = op(parts[0].contiguous(), parts[1].contiguous(), parts[2].contiguous(), slopes=None,
+                     row_scale=row_scale)
+        else:
+            out = op(parts[0].contiguous(), parts[1].contiguous(), parts[2].contiguous(), slopes=None)
+        return (out.float() ** 2).sum() + x.sum()
+
+    params = [x, scale_param, *proj.parameters()]
+
+    def run(fn, op):
+        for p in params:
+            p.grad = None
+        loss = fn(x, op)
+        loss.backward()
+        return loss.detach(), [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
+
+    plain = load_op(name, True)
+    bridged = _bridge.bridged(name, True)
+    loss0, grads0 = run(loss_of, plain)
+    explained = torch._dynamo.explain(loss_of)(x, bridged)
+    _bridge._GRAPHS.clear()  # explain's forward had no backward
+    torch._dynamo.reset()
+    loss1, grads1 = run(torch.compile(loss_of, dynamic=False), bridged)
+    with torch.no_grad():
+        direct = (loss_of(x, bridged) - loss0).abs().item()
+    scale = max(g.abs().max().item() for g in grads0)
+    return dict(graphs=explained.graph_count, breaks=explained.graph_break_count,
+                loss=(loss1 - loss0).abs().item() / max(loss0.abs().item(), 1.0),
+                grads=max((a - b).abs().max().item() for a, b in zip(grads0, grads1)) / scale,
+                scale_grad=grads0[1].abs().item(), left=len(_bridge._GRAPHS), no_grad=direct)
+
+
+@needs_triton
+def test_bridge_is_one_graph_with_the_ops_gradients():
+    results = interpreter_results(__file__, len(CASES))
+    for index, name in enumerate(CASES):
+        r = results[index]
+        assert (r["graphs"], r["breaks"]) == (1, 0), (name, r)
+        assert r["loss"] < 1e-6 and r["grads"] < 1e-5, (name, r)
+        assert r["left"] == 0 and r["no_grad"] < 1e-6 * max(1.0, r["loss"]), (name, r)
+        if name != "stickbreaking":  # the tensor argument's gradient came through the bridge
+            assert r["scale_grad"] > 0, (name, r)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    for index in map(int, sys.argv[1].split(",")):
+        print(json.dumps(dict(case=index, **_case(CASES[index]))), flush=True)
