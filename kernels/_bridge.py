@@ -26,9 +26,10 @@ import json
 
 import torch
 
-# op output's address -> (the output with its autograd graph, the leaves whose gradients the backward returns);
+# op output's address -> (the output with its autograd graph, the leaves whose gradients the backward returns,
+# the op's input tensors);
 # at most KEEP of them (a forward whose backward never runs leaves its entry, dropped once KEEP newer ones came)
-_GRAPHS: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+_GRAPHS: dict[int, tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]] = {}
 KEEP = 256
 
 
@@ -80,18 +81,34 @@ def _decode(value, tensors):
 _OUTSIDE = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
 
 
-@torch.library.custom_op("lengthbench::fused_forward", mutates_args=())
-def fused_forward(tensors: list[torch.Tensor], spec: str) -> torch.Tensor:
+# how many backwards took the forward's graph, and how many ran the op's forward again (test_bridge.py)
+STATS = {"saved": 0, "recomputed": 0}
+
+
+def _run(tensors: list[torch.Tensor], meta: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The op on detached ``tensors`` (the same memory) with autograd on: its output and the leaves that need
+    gradients."""
     from lengthbench.kernels import load_op
 
-    meta = json.loads(spec)
     leaves = [t.detach().requires_grad_(g) for t, g in zip(tensors, meta["grad"])]
     op = load_op(meta["mechanism"], meta["capturable"])
-    with torch._C._ForceDispatchKeyGuard(*_OUTSIDE), torch.enable_grad():
+    with torch.enable_grad():
         out = op(*_decode(meta["args"], leaves), **_decode(meta["kwargs"], leaves))
+    return out, [leaf for leaf, g in zip(leaves, meta["grad"]) if g]
+
+
+def _inputs(entry) -> list[torch.Tensor]:
+    return entry[2]
+
+
+@torch.library.custom_op("lengthbench::fused_forward", mutates_args=())
+def fused_forward(tensors: list[torch.Tensor], spec: str) -> torch.Tensor:
+    meta = json.loads(spec)
+    with torch._C._ForceDispatchKeyGuard(*_OUTSIDE):
+        out, leaves = _run(tensors, meta)
     result = out.detach().contiguous()  # the strides of the fake output below (Inductor indexes by them)
     _GRAPHS.pop(result.data_ptr(), None)
-    _GRAPHS[result.data_ptr()] = (out, [leaf for leaf, g in zip(leaves, meta["grad"]) if g])
+    _GRAPHS[result.data_ptr()] = (out, leaves, [t.detach() for t in tensors])
     while len(_GRAPHS) > KEEP:
         _GRAPHS.pop(next(iter(_GRAPHS)))
     return result
@@ -103,31 +120,42 @@ def _(tensors, spec):
 
 
 @torch.library.custom_op("lengthbench::fused_backward", mutates_args=())
-def fused_backward(grad: torch.Tensor, out: torch.Tensor, spec: str) -> list[torch.Tensor]:
+def fused_backward(grad: torch.Tensor, out: torch.Tensor, tensors: list[torch.Tensor], spec: str) -> list[torch.Tensor]:
     entry = _GRAPHS.pop(out.data_ptr(), None)
-    if entry is None:
-        raise RuntimeError("lengthbench::fused_backward: no forward graph for this output (its backward ran "
-                           "twice, or its forward ran elsewhere)")
-    recorded, leaves = entry
+    meta = json.loads(spec)
+    leaves = None if entry is None else entry[1]
+    # The forward's graph holds the op's inputs by their memory. Handed the very same tensors (saved for the
+    # backward, so no later kernel of the forward wrote there) it is sound; handed copies (Inductor may
+    # recompute an input rather than keep it, and reuse the first one's memory), it is not: the op's forward
+    # then runs again on the copies.
+    same = entry is not None and [t.data_ptr() for t, g in zip(tensors, meta["grad"]) if g] == [
+        leaf.data_ptr() for leaf in leaves] and all(
+        t.data_ptr() == r.data_ptr() for t, r in zip(tensors, _inputs(entry)))
     with torch._C._ForceDispatchKeyGuard(*_OUTSIDE):
+        if same:
+            STATS["saved"] += 1
+            recorded = entry[0]
+        else:
+            STATS["recomputed"] += 1
+            recorded, leaves = _run(tensors, meta)
         grads = torch.autograd.grad(recorded, leaves, grad, allow_unused=True)
     return [torch.zeros_like(leaf, memory_format=torch.contiguous_format) if g is None else g.contiguous()
             for g, leaf in zip(grads, leaves)]
 
 
 @fused_backward.register_fake
-def _(grad, out, spec):
+def _(grad, out, tensors, spec):
     return [grad.new_empty(shape, dtype=getattr(torch, dtype)) for shape, dtype in json.loads(spec)["shapes"]]
 
 
 def _setup_context(ctx, inputs, output):
     ctx.spec = inputs[1]
-    ctx.save_for_backward(output)
+    ctx.save_for_backward(output, *inputs[0])
 
 
 def _backward(ctx, grad):
-    (out,) = ctx.saved_tensors
-    grads = iter(torch.ops.lengthbench.fused_backward(grad.contiguous(), out, ctx.spec))
+    out, *tensors = ctx.saved_tensors
+    grads = iter(torch.ops.lengthbench.fused_backward(grad.contiguous(), out, tensors, ctx.spec))
     return [next(grads) if g else None for g in json.loads(ctx.spec)["grad"]], None
 
 
