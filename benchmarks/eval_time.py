@@ -181,7 +181,10 @@ def markdown(frame: pd.DataFrame) -> str:
              "softmax + RoPE timed by the same command. `fresh`: the task's `paper` model freshly initialised; "
              "`trained`: the run named in `weights` (its model, its selected checkpoint), `accuracy_1x` its "
              "in-distribution token accuracy. The trained runs: `bash benchmarks/gpu_checks.sh eval-trained` "
-             "(each run's configuration is in its checkpoint).", ""]
+             "(each run's configuration is in its checkpoint). A trained model's time depends on its scores (how far "
+             "stick-breaking walks, how many entmax rows stay open): read it beside `accuracy_1x`; a model that has "
+             "not learned its task (MQRAR's at about 0.27 here: trained at n 64 without the curriculum of "
+             "`configs/sieve_table1_mqrar.toml`) need not attend as one that has.", ""]
     for (task, n, kind), part in frame.groupby(["task", "n", "kind"], sort=False):
         lines += [f"## {task}, n = {int(n):,}, {kind} weights", "",
                   frame_markdown(part.reindex(columns=columns)), ""]

@@ -68,15 +68,23 @@ CAPTURE_TUNING: dict[str, dict] = {
 }
 
 
+# The ops that the recorded training step calls as nodes of its compiled graph (``_bridge.py``) rather than as
+# graph breaks. On the paper MQMTAR model at batch 128 (H200, ratios to softmax + RoPE in one command of
+# benchmarks/train_throughput.py, commit f5bbe7d): TDA 0.66 with it, 0.50 without (commit 15acce0); ASEntmax
+# 0.72 and Sieve 0.71 with it, against 0.74 and 0.75 without (commit 83e5ef1): there the second forward that
+# its backward runs costs what the graph breaks saved, and they keep the breaks.
+IN_GRAPH: frozenset[str] = frozenset({"tda"})
+
+
 def get_kernel(mechanism: str, capturable: bool = False, in_graph: bool = False) -> Callable | None:
     """The fused op of ``mechanism``, or None where it cannot run here (no CUDA, no Triton, or no kernel for
     the mechanism). ``capturable``: the op with the launch settings a CUDA graph can record
-    (:data:`CAPTURE_TUNING`); ``in_graph``: as a node of a compiled graph rather than a graph break where
-    autograd records the call (``_bridge.py``)."""
+    (:data:`CAPTURE_TUNING`); ``in_graph``: for the mechanisms of :data:`IN_GRAPH`, as a node of a compiled
+    graph rather than a graph break where autograd records the call (``_bridge.py``)."""
     target = _KERNELS.get(mechanism)
     if target is None or not triton_available():
         return None
-    if in_graph:
+    if in_graph and mechanism in IN_GRAPH:
         from lengthbench.kernels._bridge import bridged
 
         return bridged(mechanism, capturable)

@@ -9,11 +9,18 @@ of its 6.9 on such kernels, ASEntmax's with NAPE 1.6 of 5.6; ``benchmarks/step_p
 
 Here an op call is one custom op instead (``lengthbench::fused_forward``), opaque to Inductor but inside its
 graph, and its backward another (``lengthbench::fused_backward``), so that one graph holds the whole forward
-and one the whole backward. The forward runs the op itself with autograd on, on detached copies of its input
-tensors (the same storage), and keeps the autograd graph it builds in ``_GRAPHS`` under the address of its
-output; the backward, handed that output (saved for it), pops the graph and takes ``torch.autograd.grad``
-through it. Inside a CUDA graph (``lengthbench/graph_step.py``) this Python runs once, during the capture:
-a replay reruns the kernels that it launched on the same memory.
+and one the whole backward. The forward runs the op itself with autograd on, on detached views of its input
+tensors (the same memory), and keeps the autograd graph it builds in ``_GRAPHS`` under the address of its
+output. The backward is handed that output and the op's inputs (both saved for it): where the inputs are the
+very tensors the forward saw, it takes ``torch.autograd.grad`` through the kept graph; where they are not
+(Inductor recomputes cheap inputs for the backward rather than keep them, and reuses the first ones' memory
+in the forward, so the kept graph would read whatever was written there since), it runs the op's forward
+again on the inputs it was handed, then the gradient. Under Inductor on the GPU the second case is the one
+seen (``STATS``): the bridge costs one more forward of the op a step. Inside a CUDA graph
+(``lengthbench/graph_step.py``) this Python runs once, during the capture: a replay reruns the kernels that
+it launched on the same memory.
+
+Which mechanisms take it: ``kernels.IN_GRAPH`` (where the breaks cost more than that forward).
 
 The op's arguments other than tensors (and where its tensors go) travel as a JSON text, a constant of the
 compiled graph. Only where autograd records the call (grad mode on, an input that needs a gradient) does the
