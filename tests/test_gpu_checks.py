@@ -1,0 +1,22 @@
+"""benchmarks/gpu_checks.sh without a GPU: its usage and its unknown parts are errors (exit 2) that name every
+part, and the script parses."""
+
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_checks.sh"
+PARTS = ["tests", "tests-lists", "tests-modules", "kernels", "long-walks", "eval", "eval-trained", "throughput",
+         "parity"]
+
+
+def test_gpu_checks_names_its_parts(tmp_path):
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    usage = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, cwd=tmp_path)
+    assert usage.returncode == 2 and usage.stderr.startswith("usage: gpu_checks.sh ")
+    assert usage.stderr.split()[2].split("|") == PARTS
+    unknown = subprocess.run(["bash", str(SCRIPT), "nope", str(tmp_path / "out")], capture_output=True, text=True,
+                             cwd=tmp_path)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("error: unknown part 'nope'")
+    assert all(part in unknown.stderr for part in PARTS)
+    for part in PARTS:  # each part documented in the header
+        assert f"gpu_checks.sh {part} OUT" in SCRIPT.read_text()
