@@ -58,7 +58,7 @@ def _spec(mechanism: str, capturable: bool, args: tuple, kwargs: dict) -> tuple[
     encoded_args = [encode(a) for a in args]
     encoded_kwargs = {k: encode(v) for k, v in kwargs.items()}
     grad = [bool(t.requires_grad) for t in tensors]
-    shapes = [[list(t.shape), _DTYPES[t.dtype]] for t, g in zip(tensors, grad) if g]
+    shapes = [[list(t.shape), _DTYPES[t.dtype]] for t in tensors if t.requires_grad]
     return tensors, _dumps(dict(mechanism=mechanism, capturable=capturable, args=encoded_args,
                                 kwargs=encoded_kwargs, grad=grad, shapes=shapes))
 
@@ -97,11 +97,11 @@ def _run(tensors: list[torch.Tensor], meta: dict) -> tuple[torch.Tensor, list[to
     gradients."""
     from lengthbench.kernels import load_op
 
-    leaves = [t.detach().requires_grad_(g) for t, g in zip(tensors, meta["grad"])]
+    leaves = [t.detach().requires_grad_(g) for t, g in zip(tensors, meta["grad"], strict=True)]
     op = load_op(meta["mechanism"], meta["capturable"])
     with torch.enable_grad():
         out = op(*_decode(meta["args"], leaves), **_decode(meta["kwargs"], leaves))
-    return out, [leaf for leaf, g in zip(leaves, meta["grad"]) if g]
+    return out, [leaf for leaf, g in zip(leaves, meta["grad"], strict=True) if g]
 
 
 def _inputs(entry) -> list[torch.Tensor]:
@@ -135,9 +135,9 @@ def fused_backward(grad: torch.Tensor, out: torch.Tensor, tensors: list[torch.Te
     # backward, so no later kernel of the forward wrote there) it is sound; handed copies (Inductor may
     # recompute an input rather than keep it, and reuse the first one's memory), it is not: the op's forward
     # then runs again on the copies.
-    same = entry is not None and [t.data_ptr() for t, g in zip(tensors, meta["grad"]) if g] == [
+    same = entry is not None and [t.data_ptr() for t, g in zip(tensors, meta["grad"], strict=True) if g] == [
         leaf.data_ptr() for leaf in leaves] and all(
-        t.data_ptr() == r.data_ptr() for t, r in zip(tensors, _inputs(entry)))
+        t.data_ptr() == r.data_ptr() for t, r in zip(tensors, _inputs(entry), strict=True))
     with torch._C._ForceDispatchKeyGuard(*_OUTSIDE):
         if same:
             STATS["saved"] += 1
@@ -147,7 +147,7 @@ def fused_backward(grad: torch.Tensor, out: torch.Tensor, tensors: list[torch.Te
             recorded, leaves = _run(tensors, meta)
         grads = torch.autograd.grad(recorded, leaves, grad, allow_unused=True)
     return [torch.zeros_like(leaf, memory_format=torch.contiguous_format) if g is None else g.contiguous()
-            for g, leaf in zip(grads, leaves)]
+            for g, leaf in zip(grads, leaves, strict=True)]
 
 
 @fused_backward.register_fake

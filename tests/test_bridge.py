@@ -78,10 +78,10 @@ def _case(name: str) -> dict:
     saved = _bridge.STATS["recomputed"]
     again = torch.ops.lengthbench.fused_backward(grad_out, out, [t.detach().clone() for t in listed], spec)
     reference = torch.autograd.grad(load_op(name, True)(*spec_args, **kwargs), tensors, grad_out)
-    recompute = max((a - b).abs().max().item() for a, b in zip(again, reference))
+    recompute = max((a - b).abs().max().item() for a, b in zip(again, reference, strict=True))
     return dict(graphs=explained.graph_count, breaks=explained.graph_break_count,
                 loss=(loss1 - loss0).abs().item() / max(loss0.abs().item(), 1.0),
-                grads=max((a - b).abs().max().item() for a, b in zip(grads0, grads1)) / scale,
+                grads=max((a - b).abs().max().item() for a, b in zip(grads0, grads1, strict=True)) / scale,
                 scale_grad=grads0[1].abs().item(), left=len(_bridge._GRAPHS), no_grad=direct,
                 took_saved=_bridge.STATS["saved"], recomputed=_bridge.STATS["recomputed"] - saved,
                 recompute_err=recompute)

@@ -35,7 +35,7 @@ def test_eval_time_times_a_trained_run_and_names_a_missing_one(tmp_path):
     for _ in range(2):
         assert subprocess.run(fresh, capture_output=True, text=True, timeout=300).returncode == 0
     frame = pd.read_parquet(out / "eval_time.parquet")
-    assert sorted(zip(frame["attn"], frame["kind"])) == [("entmax", "trained"), ("softmax", "fresh")]
+    assert sorted(zip(frame["attn"], frame["kind"], strict=True)) == [("entmax", "trained"), ("softmax", "fresh")]
     text = (out / "eval_time.md").read_text()
     assert "## mqmtar, n = 128, trained weights" in text and "## mqmtar, n = 128, fresh weights" in text
     missing = subprocess.run([sys.executable, str(SCRIPT), "--runs", str(tmp_path), "--attns", "sieve:none",
