@@ -4,8 +4,9 @@ A fused op is an autograd function that launches Triton kernels; ``torch.compile
 ``load_op`` marks it ``torch.compiler.disable`` and the compiled forward breaks in two at every call. The
 pieces between the breaks then exchange their tensors through the autograd engine, eagerly: the casts and
 copies at the boundary, the zero fills of gradients that a piece's outputs never receive, the sums of the
-gradients of tensors that several pieces read (on the paper MQMTAR model at batch 128, TDA's step spent 2 ms
-of its 6.9 on such kernels, ASEntmax's with NAPE 1.6 of 5.6; ``benchmarks/step_profile.py``).
+gradients of tensors that several pieces read (on the paper MQMTAR model at batch 128, TDA's step spent 1.5 ms
+of its 6.9 on such kernels, ASEntmax's with NAPE 1.6 of 5.6: ``benchmarks/step_profile.py``, H200, 2026-11-27,
+commit 98abd56).
 
 Here an op call is one custom op instead (``lengthbench::fused_forward``), opaque to Inductor but inside its
 graph, and its backward another (``lengthbench::fused_backward``), so that one graph holds the whole forward
