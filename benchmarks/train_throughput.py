@@ -29,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from lengthbench import kernels
 from lengthbench.config import build_config
 from lengthbench.data import BatchProducer, default_workers
 from lengthbench.devices import git_sha
@@ -90,13 +91,17 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
     compile_seconds += started_at - built
     seconds, mean_width = run(warmup, steps)
     params = sum(p.numel() for p in trainer.model.parameters())
+    # whether the model's fused ops were nodes of the compiled graph (kernels/_bridge.py) or graph breaks
+    ops = {name for module in trainer.model.modules() if hasattr(module, "kernel_names")
+           for name in module.kernel_names()}
+    in_graph = train_step == "graph-compiled" and not trainer_dense and bool(ops & kernels.IN_GRAPH)
     captured = getattr(trainer.step_fn, "graph", None) is not None
     failed = getattr(trainer.step_fn, "failed", "")
     trainer.step_fn = None  # the captured graph's memory goes with it
     # a step that could not compile records the uncompiled one: the row says so
     note = "; ".join(line for line in said if "torch.compile of the training forward failed" in line)
     return dict(note=note, task=task, attn=attn, pe=pe, preset=preset, batch_size=batch_size, train_step=train_step,
-                train_attention=train_attention,
+                train_attention=train_attention, in_graph=in_graph, fused_ops=",".join(sorted(ops)),
                 captured=captured, capture_error=failed,
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
                 dynamic=dynamic, compiled=trainer_compiled, dense_attention=trainer_dense, steps=steps,
@@ -133,8 +138,16 @@ def main() -> None:
                         "many seconds and exit (a warm-up that hangs shows where)")
     parser.add_argument("--merge", default="", help="comma-separated parquet files of earlier runs: write them "
                         "together to --out (each row keeps its device, date, commit and command) and measure nothing")
+    parser.add_argument("--in-graph", default="", help="the fused ops that the default step calls as nodes of its "
+                        "compiled graph rather than graph breaks (kernels.IN_GRAPH): all, none or a comma-separated "
+                        "list; default: the library's")
     parser.add_argument("--out", default="results/throughput")
     args = parser.parse_args()
+    if args.in_graph:
+        try:
+            kernels.IN_GRAPH = kernels._in_graph_set(args.in_graph)
+        except ValueError as error:
+            sys.exit(f"--in-graph: {error}")
     if args.merge:
         frame = pd.concat([pd.read_parquet(path) for path in args.merge.split(",")], ignore_index=True)
         write_frame(frame, Path(args.out))
@@ -188,10 +201,15 @@ def write(rows: list[dict], out: Path) -> None:
 
 
 def newest_summary(frame: pd.DataFrame) -> str:
-    """Markdown: for the default step (``graph-compiled`` on the fused ops), each mechanism's ``vs_softmax_rope``
-    per task, batch size and encoding from the newest run that measured it (its run number beside it), and
+    """Markdown: for the default step (``graph-compiled`` on the fused ops, those of ``kernels.IN_GRAPH`` as nodes of
+    its graph), each mechanism's ``vs_softmax_rope`` per task, batch size and encoding from the newest run that
+    measured it (its run number beside it), and
     softmax + RoPE's samples/s; empty where no row is of the default step."""
     rows = frame[(frame["train_step"] == "graph-compiled") & (frame["train_attention"] == "fused")]
+    if "fused_ops" in rows:  # rows of the path the library takes now (kernels.IN_GRAPH), where a row says
+        now = [None if pd.isna(ops) else bool(set(str(ops).split(",")) & kernels.IN_GRAPH) for ops in rows["fused_ops"]]
+        rows = rows[[seen is None or pd.isna(seen) or bool(seen) == taken
+                     for seen, taken in zip(rows["in_graph"], now, strict=True)]]
     if rows.empty:
         return ""
     rows = rows.sort_values("created_at").drop_duplicates(["task", "attn", "pe", "batch_size"], keep="last")
@@ -222,7 +240,10 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
         frame["train_attention"] = None
     if "note" not in frame:
         frame["note"] = ""
-    columns = ["run", "task", "attn", "pe", "batch_size", "train_step", "train_attention", "compile_mode", "captured",
+    if "in_graph" not in frame:
+        frame["in_graph"] = None
+    columns = ["run", "task", "attn", "pe", "batch_size", "train_step", "train_attention", "in_graph", "compile_mode",
+               "captured",
                "samples_per_s",
                "vs_softmax_rope", "step_ms", "mean_padded_width", "warmup_s"]
     if frame["note"].fillna("").str.len().gt(0).any():  # what a row's numbers alone do not say

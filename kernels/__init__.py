@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from collections.abc import Callable
 
 # mechanism name -> "module:function" inside this package. Extra parameters: entmax ``alpha`` (1.5 or 2),
@@ -68,12 +69,31 @@ CAPTURE_TUNING: dict[str, dict] = {
 }
 
 
+def _in_graph_set(text: str) -> frozenset[str]:
+    """The mechanisms named by ``LENGTHBENCH_IN_GRAPH``: ``all``, ``none`` or names separated by commas."""
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    if names == {"all"}:
+        return frozenset(_KERNELS)
+    if names in ({"none"}, set()):
+        return frozenset()
+    unknown = names - set(_KERNELS)
+    if unknown:
+        raise ValueError(f"LENGTHBENCH_IN_GRAPH names no fused op: {', '.join(sorted(unknown))} "
+                         f"(all, none, or some of {', '.join(sorted(_KERNELS))})")
+    return frozenset(names)
+
+
 # The ops that the recorded training step calls as nodes of its compiled graph (``_bridge.py``) rather than as
 # graph breaks. On the paper MQMTAR model at batch 128 (H200, ratios to softmax + RoPE in one command of
 # benchmarks/train_throughput.py, commit f5bbe7d): TDA 0.66 with it, 0.50 without (commit 15acce0); ASEntmax
 # 0.72 and Sieve 0.71 with it, against 0.74 and 0.75 without (commit 83e5ef1): there the second forward that
 # its backward runs costs what the graph breaks saved, and they keep the breaks.
 IN_GRAPH: frozenset[str] = frozenset({"tda"})
+# ``LENGTHBENCH_IN_GRAPH`` sets it instead, for benchmarks that compare the two paths: ``all``, ``none`` or a
+# comma-separated list of mechanisms
+_in_graph_env = os.environ.get("LENGTHBENCH_IN_GRAPH")
+if _in_graph_env is not None:
+    IN_GRAPH = _in_graph_set(_in_graph_env)
 
 
 def get_kernel(mechanism: str, capturable: bool = False, in_graph: bool = False) -> Callable | None:
