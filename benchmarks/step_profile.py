@@ -38,6 +38,9 @@ def kernel_times(task_name: str, attn: str, pe: str, batch_size: int, steps: int
         if batch[2] is not None:
             batch[2] = batch[2].float()
         batches.append(batch)
+    from lengthbench.kernels import _bridge
+
+    _bridge.STATS.update(saved=0, recomputed=0)
     for batch in batches[:5]:  # the eager warm-up and the capture
         trainer.step_fn(*batch)
     torch.cuda.synchronize()
@@ -64,8 +67,11 @@ def main() -> None:
     totals = {}
     for attn in attns:
         totals[attn] = kernel_times(args.task, attn, args.pe, args.batch_size)
+        from lengthbench.kernels._bridge import STATS
+
         print(f"{attn}: {sum(t for t, _ in totals[attn].values()):,.0f} us a step (outside the graph, "
-              f"{len(totals[attn])} kernel names)", flush=True)
+              f"{len(totals[attn])} kernel names; op backwards through the forward's graph {STATS['saved']}, "
+              f"by a second forward {STATS['recomputed']})", flush=True)
     base = totals[attns[0]]
     print(f"\n{attns[0]}: its {args.top} longest kernels")
     for name, (micros, count) in sorted(base.items(), key=lambda item: -item[1][0])[:args.top]:

@@ -84,11 +84,11 @@ def _in_graph_set(text: str) -> frozenset[str]:
 
 
 # The ops that the recorded training step calls as nodes of its compiled graph (``_bridge.py``) rather than as
-# graph breaks. On the paper MQMTAR model at batch 128 (H200, ratios to softmax + RoPE in one command of
-# benchmarks/train_throughput.py, commit f5bbe7d): TDA 0.66 with it, 0.50 without (commit 15acce0); ASEntmax
-# 0.72 and Sieve 0.71 with it, against 0.74 and 0.75 without (commit 83e5ef1): there the second forward that
-# its backward runs costs what the graph breaks saved, and they keep the breaks.
-IN_GRAPH: frozenset[str] = frozenset({"tda"})
+# graph breaks: every one. With them in the graph against breaks, ratios to softmax + RoPE at batch 128 (paper
+# models, H200, 2026-11-27, commit fd78615, benchmarks/train_throughput.py --in-graph all / none side by side):
+# MQMTAR stick-breaking 0.80 / 0.75, ASEntmax 0.77 / 0.72, TRA 0.89 / 0.78, TDA 0.66 / 0.51; MQRAR Sieve
+# 0.64 / 0.61, TDA 0.70 / 0.56; Copy ASEntmax 0.60 / 0.55 (no op slower in the graph).
+IN_GRAPH: frozenset[str] = frozenset(_KERNELS)
 # ``LENGTHBENCH_IN_GRAPH`` sets it instead, for benchmarks that compare the two paths: ``all``, ``none`` or a
 # comma-separated list of mechanisms
 _in_graph_env = os.environ.get("LENGTHBENCH_IN_GRAPH")

@@ -10,18 +10,17 @@ commit 98abd56).
 
 Here an op call is one custom op instead (``lengthbench::fused_forward``), opaque to Inductor but inside its
 graph, and its backward another (``lengthbench::fused_backward``), so that one graph holds the whole forward
-and one the whole backward. The forward runs the op itself with autograd on, on detached views of its input
-tensors (the same memory), and keeps the autograd graph it builds in ``_GRAPHS`` under the address of its
-output. The backward is handed that output and the op's inputs (both saved for it): where the inputs are the
-very tensors the forward saw, it takes ``torch.autograd.grad`` through the kept graph; where they are not
-(Inductor recomputes cheap inputs for the backward rather than keep them, and reuses the first ones' memory
-in the forward, so the kept graph would read whatever was written there since), it runs the op's forward
-again on the inputs it was handed, then the gradient. Under Inductor on the GPU the second case is the one
-seen (``STATS``): the bridge costs one more forward of the op a step. Inside a CUDA graph
-(``lengthbench/graph_step.py``) this Python runs once, during the capture: a replay reruns the kernels that
-it launched on the same memory.
+and one the whole backward. The forward copies the op's input tensors, runs the op itself on the copies with
+autograd on, and keeps the autograd graph it builds in ``_GRAPHS`` under the address of its output. The copies
+are what make the kept graph sound: Inductor reuses an input's memory in the forward after the call (its
+buffers are planned for a graph that holds no references of its own), so a graph that read the inputs where
+they lay would see whatever was written there since. The backward is handed that output and takes
+``torch.autograd.grad`` through the kept graph; handed an output that is not the forward's (or one whose entry
+was dropped, ``KEEP``), it runs the op's forward again on the inputs handed to it (saved for it), then the
+gradient (``STATS`` counts both). Inside a CUDA graph (``lengthbench/graph_step.py``) this Python runs once,
+during the capture: a replay reruns the kernels that it launched (the copies included) on the same memory.
 
-Which mechanisms take it: ``kernels.IN_GRAPH`` (where the breaks cost more than that forward).
+Which mechanisms take it: ``kernels.IN_GRAPH``.
 
 The op's arguments other than tensors (and where its tensors go) travel as a JSON text, a constant of the
 compiled graph. Only where autograd records the call (grad mode on, an input that needs a gradient) does the
