@@ -76,6 +76,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cuda (the comparison) or cpu (a check of this script)")
     parser.add_argument("--results", default="/tmp/lengthbench-parity", help="the runs' store (scratch)")
     parser.add_argument("--out", default="results/benchmarks")
+    parser.add_argument("--merge", default="", help="comma-separated parquet files of earlier runs: write them "
+                        "together to --out (each row keeps its device, date, commit and command) and train nothing")
     parser.add_argument("--one", default="", help=argparse.SUPPRESS)  # one run, in its own process (JSON)
     args = parser.parse_args()
     if args.one:
@@ -83,10 +85,13 @@ def main() -> None:
         answer = Path(spec.pop("answer"))
         answer.write_text(json.dumps(train_one(**spec)))
         return
+    if args.merge:
+        write(pd.concat([pd.read_parquet(path) for path in args.merge.split(",")], ignore_index=True),
+              Path(args.out), args.preset)
+        return
     import torch
 
     from lengthbench.devices import provenance
-    from lengthbench.leaderboard import frame_markdown
 
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("error: benchmarks/train_parity.py needs a CUDA GPU (or --device cpu)")
@@ -128,20 +133,45 @@ def main() -> None:
     if not rows:
         sys.exit("error: no run finished")
     frame = pd.DataFrame(rows)
-    table = summary(frame, steps)
-    print(table.to_string(index=False))
-    out = Path(args.out)
+    print(summary(frame, steps).to_string(index=False))
+    write(frame, Path(args.out), args.preset)
+
+
+def labelled(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The rows with a ``step`` column: the training step, and its commit where the rows come from several runs
+    (newest run first); and the steps in that order."""
+    frame = frame.copy()
+    runs = frame.drop_duplicates("command").sort_values("created_at", ascending=False)
+    several = len(runs) > 1
+    frame["step"] = [f"{step} at {sha}" if several else step
+                     for step, sha in zip(frame["train_step"], frame["git_sha"], strict=True)]
+    order = []
+    for command in runs["command"]:
+        order += [step for step in dict.fromkeys(frame[frame["command"] == command]["step"]) if step not in order]
+    return frame, order
+
+
+def write(frame: pd.DataFrame, out: Path, preset: str) -> None:
+    """``<out>/train_parity.parquet`` and ``.md``: every run's rows and per cell the steps side by side."""
+    from lengthbench.leaderboard import frame_markdown
+
     out.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out / "train_parity.parquet", index=False)
-    columns = ["cell", "seed", "train_step", "train_samples", "batch_size", "id_token_accuracy", "id_exact_match",
+    shown, steps = labelled(frame)
+    table = summary(shown.assign(train_step=shown["step"]), steps)
+    runs = "\n".join(f"- {row.device}, {row.created_at}, commit {row.git_sha}: `{row.command}`"
+                     for row in frame.drop_duplicates("command").sort_values("created_at").itertuples())
+    columns = ["cell", "seed", "step", "train_samples", "batch_size", "id_token_accuracy", "id_exact_match",
                "best_val", "train_seconds"]
     (out / "train_parity.md").write_text(
         "# Training parity: the default step against the step before it\n\n"
-        f"{info['device']}, {info['created_at']}, commit {info['git_sha']}: `{info['command']}`\n\n"
-        f"Each run: the `{args.preset}` preset with the samples shown, selected in distribution, scored on the task's "
-        "held-out samples at 1x. `seed spread`: the largest difference between two seeds of one step.\n\n"
-        + frame_markdown(table.round(4)) + "\n\n" + frame_markdown(frame[columns].round(4)) + "\n")
-
+        f"{runs}\n\n"
+        f"Each run: the `{preset}` preset with the samples shown, selected in distribution, scored on the task's "
+        "held-out samples at 1x. `seed spread`: the largest difference between two seeds of one step."
+        + (" A step's commit follows its name where the rows come from several runs."
+           if frame["command"].nunique() > 1 else "")
+        + "\n\n" + frame_markdown(table.round(4)) + "\n\n"
+        + frame_markdown(shown.sort_values(["cell", "seed"], kind="stable")[columns].round(4)) + "\n")
 
 if __name__ == "__main__":
     main()

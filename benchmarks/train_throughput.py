@@ -221,9 +221,17 @@ def newest_summary(frame: pd.DataFrame) -> str:
     base = rows[(rows["attn"] == "softmax") & (rows["pe"] == "rope")]
     speeds = "; ".join(f"{r.task} b{r.batch_size} {r.samples_per_s:,.0f} (run {r.run})"
                        for r in base.sort_values(["task", "batch_size"]).itertuples())
+    # rows measured before the runs said which path their fused ops took: they describe the path of their commit
+    unsaid = rows[rows["in_graph"].isna() & ~rows["attn"].isin(["softmax", "ssmax"])] if "in_graph" in rows else rows[:0]
+    older = ""
+    if not unsaid.empty:
+        older = (" Cells from runs " + ", ".join(map(str, sorted(unsaid["run"].unique()))) + " predate the `in_graph` "
+                 "column: they measured the fused ops of their commit's path (graph breaks, TDA's op in the graph from "
+                 "commit f5bbe7d on), not the default step of today, where every fused op is a node of the graph.")
     return ("The default step (one CUDA graph, compiled, fused ops): each mechanism's samples/s over softmax + "
             "RoPE's in the same run, from the newest run that measured it (its number in brackets; the runs are "
-            "listed below). softmax + RoPE, samples/s: " + speeds + ".\n\n" + frame_markdown(table) + "\n\n")
+            "listed below). softmax + RoPE, samples/s: " + speeds + "." + older + "\n\n" + frame_markdown(table)
+            + "\n\n")
 
 
 def write_frame(frame: pd.DataFrame, out: Path) -> None:

@@ -13,9 +13,10 @@ launch sized on the device), the same ops that validation and scoring call; or, 
 SSMax). The references are host-sync free too (no ``.item()``, no data-dependent shapes;
 ``tests/test_graph_step.py`` checks each one under fake tensors). With ``compile_forward`` (``train_step =
 "graph-compiled"``, the default) the rest of the forward and its backward are Inductor's fused kernels, compiled
-once at the one width in the first eager step (a fused op is a graph break: Inductor compiles the pieces between
-them; the ops of ``lengthbench.kernels.IN_GRAPH`` are nodes of its graph instead, ``kernels/_bridge.py``); without it they run eagerly, one kernel per operation (a capture takes under a second, but the unfused
-kernels cost time of their own). Every number: results/benchmarks/train_throughput.md. The optimizer is AdamW with ``capturable=True`` and
+once at the one width in the first eager step (each fused op of ``lengthbench.kernels.IN_GRAPH``, every one by
+default, is a node of that graph, ``kernels/_bridge.py``; an op outside it is a graph break, and Inductor compiles
+the pieces between); without it they run eagerly, one kernel per operation (a capture takes under a second, but
+the unfused kernels cost time of their own). Every number: results/benchmarks/train_throughput.md. The optimizer is AdamW with ``capturable=True`` and
 ``fused=True``; its learning rate is a device tensor that the replay reads, filled from the parameter group's
 float before each replay (the schedule stays :func:`lengthbench.training.learning_rate`).
 

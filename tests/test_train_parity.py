@@ -33,3 +33,25 @@ def test_a_malformed_cell_is_a_usage_error():
                            "--cells", "mqrar:stickbreaking"], capture_output=True, text=True, check=False)
     assert done.returncode == 2
     assert "task:attn:pe" in done.stderr
+
+
+def test_merged_runs_name_each_step_by_its_commit_newest_first(tmp_path):
+    def row(seed, step, accuracy, sha, created):
+        return dict(cell="mqrar:stickbreaking:none", seed=seed, train_step=step, id_token_accuracy=accuracy,
+                    git_sha=sha, created_at=created, command=f"python benchmarks/train_parity.py {sha}",
+                    device="GPU", run_id="r", train_samples=10, batch_size=8, id_exact_match=0.0, best_val=0.0,
+                    train_seconds=1.0)
+
+    old = pd.DataFrame([row(0, "graph-compiled", 0.5, "aaa", "2026-01-01"), row(0, "compiled", 0.7, "aaa", "2026-01-01")])
+    new = pd.DataFrame([row(0, "graph-compiled", 0.6, "bbb", "2026-02-01")])
+    for name, frame in (("old", old), ("new", new)):
+        frame.to_parquet(tmp_path / f"{name}.parquet", index=False)
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_parity.py"), "--merge",
+                           f"{tmp_path / 'old.parquet'},{tmp_path / 'new.parquet'}", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    _, steps = parity.labelled(pd.concat([old, new], ignore_index=True))
+    assert steps == ["graph-compiled at bbb", "graph-compiled at aaa", "compiled at aaa"]
+    text = (tmp_path / "out" / "train_parity.md").read_text()
+    assert "graph-compiled at aaa - graph-compiled at bbb" in text and "commit bbb" in text
+    assert len(pd.read_parquet(tmp_path / "out" / "train_parity.parquet")) == 3
