@@ -2,7 +2,10 @@
 
 Runs the real pipeline (background data workers -> device -> the Trainer's step with bf16 autocast, fused
 AdamW, clipping) for each task x mechanism x encoding x batch size x step kind and records samples/s after
-warm-up, and each row's ratio to the fastest softmax + RoPE row of its task and batch size in the same run:
+warm-up, and each row's ratio to the fastest softmax + RoPE row of its task and batch size in the same run.
+Where softmax + RoPE is the first of several cells, it runs again after the others: ``baseline_drift`` (its
+closing samples/s over its first) says whether the machine held steady through the run, and the summary marks
+a run that drifted by more than 10% ``unsteady``:
 
     python benchmarks/train_throughput.py --tasks mqmtar,mqrar,copy --preset paper --batch-sizes 128,512 \
         --attns softmax,entmax,asentmax --pes rope,nape --train-steps graph,compiled --out results/benchmarks
@@ -162,12 +165,22 @@ def main() -> None:
                 pads = [int(p) for p in args.pad_multiples.split(",")] if train_step == "compiled" else [0]
                 cells = [(attn, pe, mode, pad, path) for attn in args.attns.split(",") for pe in args.pes.split(",")
                          for mode in modes for pad in pads for path in args.train_attentions.split(",")]
-                for attn, pe, mode, pad, path in cells:
+                # softmax + RoPE again after the others (where it ran first and others followed): the run's baseline
+                # at its start and its end, whose ratio (``baseline_drift``) says whether the run was steady
+                first = cells[0]
+                closing = len(cells) > 1 and first[:2] == ("softmax", "rope") and first[4] == "fused"
+                group = len(rows)
+                for index, (attn, pe, mode, pad, path) in enumerate(cells + ([first] if closing else [])):
                     if path not in ("fused", "reference"):
                         sys.exit(f"--train-attentions: unknown path {path!r}; choose from fused, reference")
                     row = measure(task, attn, pe, args.preset, batch_size, mode, args.steps, args.warmup, pad,
                                   args.dynamic, args.trace, path, train_step)
+                    row["closing"] = index == len(cells)
                     rows.append(row)
+                    if row["closing"]:
+                        drift = row["samples_per_s"] / rows[group]["samples_per_s"]
+                        for earlier in rows[group:]:
+                            earlier["baseline_drift"] = drift
                     gc.collect()
                     torch.cuda.empty_cache()
                     label = train_step if train_step != "compiled" else f"{train_step}/{mode}/pad {pad}"
@@ -200,6 +213,10 @@ def write(rows: list[dict], out: Path) -> None:
     write_frame(frame, out)
 
 
+# a run whose closing softmax + RoPE row differs from its first by more than this share is marked unsteady
+UNSTEADY = 0.10
+
+
 def newest_summary(frame: pd.DataFrame) -> str:
     """Markdown: for the default step (``graph-compiled`` on the fused ops, those of ``kernels.IN_GRAPH`` as nodes of
     its graph), each mechanism's ``vs_softmax_rope`` per task, batch size and encoding from the newest run that
@@ -212,10 +229,15 @@ def newest_summary(frame: pd.DataFrame) -> str:
                      for seen, taken in zip(rows["in_graph"], now, strict=True)]]
     if rows.empty:
         return ""
-    rows = rows.sort_values("created_at").drop_duplicates(["task", "attn", "pe", "batch_size"], keep="last")
+    if "closing" in rows:  # a run's closing softmax + RoPE row counts in its ratios (with_ratios), not here
+        rows = rows[rows["closing"].fillna(False).astype(bool) == False]  # noqa: E712
+    rows = rows.sort_values("created_at", kind="stable").drop_duplicates(["task", "attn", "pe", "batch_size"],
+                                                                         keep="last")
+    drift = rows["baseline_drift"] if "baseline_drift" in rows else pd.Series(float("nan"), index=rows.index)
+    unsteady = (drift - 1).abs() > UNSTEADY
     rows = rows.assign(column=rows["task"] + " b" + rows["batch_size"].astype(str) + " " + rows["pe"],
-                       cell=[f"{ratio:.2f} ({run})" for ratio, run in zip(rows["vs_softmax_rope"], rows["run"],
-                                                                          strict=True)])
+                       cell=[f"{ratio:.2f} ({run}{', unsteady' if flag else ''})" for ratio, run, flag
+                             in zip(rows["vs_softmax_rope"], rows["run"], unsteady, strict=True)])
     table = rows.pivot(index="attn", columns="column", values="cell").fillna("")
     table = table[sorted(table.columns)].reset_index()
     base = rows[(rows["attn"] == "softmax") & (rows["pe"] == "rope")]
@@ -228,6 +250,9 @@ def newest_summary(frame: pd.DataFrame) -> str:
         older = (" Cells from runs " + ", ".join(map(str, sorted(unsaid["run"].unique()))) + " predate the `in_graph` "
                  "column: they measured the fused ops of their commit's path (graph breaks, TDA's op in the graph from "
                  "commit f5bbe7d on), not the default step of today, where every fused op is a node of the graph.")
+    if unsteady.any():
+        older += (f" `unsteady`: the run measured softmax + RoPE at its start and again at its end, and the two differ "
+                  f"by more than {UNSTEADY:.0%} (`baseline_drift`): its ratios are not a steady measurement.")
     return ("The default step (one CUDA graph, compiled, fused ops): each mechanism's samples/s over softmax + "
             "RoPE's in the same run, from the newest run that measured it (its number in brackets; the runs are "
             "listed below). softmax + RoPE, samples/s: " + speeds + "." + older + "\n\n" + frame_markdown(table)
@@ -254,6 +279,8 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
                "captured",
                "samples_per_s",
                "vs_softmax_rope", "step_ms", "mean_padded_width", "warmup_s"]
+    if "baseline_drift" in frame and frame["baseline_drift"].notna().any():
+        columns.append("baseline_drift")
     if frame["note"].fillna("").str.len().gt(0).any():  # what a row's numbers alone do not say
         columns.append("note")
     (out / "train_throughput.md").write_text(

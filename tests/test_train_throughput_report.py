@@ -34,3 +34,27 @@ def test_merge_summarises_the_newest_run_of_each_cell(tmp_path):
     assert "mqrar b128 50,000 (run 2)" in summary
     merged = pd.read_parquet(tmp_path / "out" / "train_throughput.parquet")
     assert sorted(merged["vs_softmax_rope"].round(2)) == [0.6, 0.8, 1.0, 1.0]
+
+
+def test_a_run_whose_closing_baseline_drifted_is_marked_unsteady(tmp_path):
+    steady = pd.DataFrame(rows("python benchmarks/train_throughput.py --tasks mqrar", "2026-11-27T07:00:00",
+                               40_000.0) + [dict(rows("x", "", 0.0)[0], attn="softmax", samples_per_s=51_000.0,
+                                                 created_at="2026-11-27T07:00:00", closing=True,
+                                                 command="python benchmarks/train_throughput.py --tasks mqrar")])
+    steady["baseline_drift"] = 51_000.0 / 50_000.0
+    drifting = pd.DataFrame(rows("python benchmarks/train_throughput.py --tasks mqrar --steps 30",
+                                 "2026-11-27T09:00:00", 40_000.0))
+    drifting.loc[1, "task"] = drifting.loc[0, "task"] = "copy"
+    closing = dict(drifting.iloc[0].to_dict(), samples_per_s=80_000.0, closing=True)
+    drifting = pd.concat([drifting, pd.DataFrame([closing])], ignore_index=True)
+    drifting["baseline_drift"] = 80_000.0 / 50_000.0
+    for name, frame in (("a", steady), ("b", drifting)):
+        frame.to_parquet(tmp_path / f"{name}.parquet")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--merge",
+                           f"{tmp_path / 'a.parquet'},{tmp_path / 'b.parquet'}", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    summary = (tmp_path / "out" / "train_throughput.md").read_text().split("Runs (device")[0]
+    # the ratios take the faster softmax + RoPE row of the run (the closing one where it was faster)
+    assert "| entmax | 0.50 (2, unsteady) | 0.78 (1) |" in summary, summary
+    assert "`unsteady`" in summary and "mqrar b128 50,000 (run 1)" in summary  # the closing row is not the speed shown
