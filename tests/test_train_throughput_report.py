@@ -58,3 +58,23 @@ def test_a_run_whose_closing_baseline_drifted_is_marked_unsteady(tmp_path):
     # the ratios take the faster softmax + RoPE row of the run (the closing one where it was faster)
     assert "| entmax | 0.50 (2, unsteady) | 0.78 (1) |" in summary, summary
     assert "`unsteady`" in summary and "mqrar b128 50,000 (run 1)" in summary  # the closing row is not the speed shown
+
+
+def test_warm_commands_run_each_cell_for_a_few_steps():
+    import argparse
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    args = argparse.Namespace(tasks="mqrar,copy", attns="softmax,sieve", pes="rope", preset="paper",
+                              batch_sizes="128", train_steps="graph-compiled", train_attentions="fused",
+                              compile_modes="default", pad_multiples="8", dynamic="static", warmup=6, in_graph="none")
+    commands = train_throughput.warm_commands(args)
+    assert len(commands) == 4  # two tasks x two mechanisms
+    cells = [(c[c.index("--tasks") + 1], c[c.index("--attns") + 1]) for c in commands]
+    assert cells == [("mqrar", "softmax"), ("mqrar", "sieve"), ("copy", "softmax"), ("copy", "sieve")]
+    for command in commands:
+        assert command[command.index("--steps") + 1] == "2" and command[command.index("--warmup") + 1] == "6"
+        assert command[command.index("--in-graph") + 1] == "none"  # the timed pass's path, compiled
+        assert "--warm-jobs" not in command  # a warm process warms nothing further
+    assert len({c[c.index("--out") + 1] for c in commands}) == 4
