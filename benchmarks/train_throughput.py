@@ -165,7 +165,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.in_graph:
         try:
-            kernels.IN_GRAPH = kernels._in_graph_set(args.in_graph)
+            kernels.IN_GRAPH = kernels.in_graph_set(args.in_graph)
         except ValueError as error:
             sys.exit(f"--in-graph: {error}")
     if args.merge:

@@ -69,7 +69,7 @@ CAPTURE_TUNING: dict[str, dict] = {
 }
 
 
-def _in_graph_set(text: str) -> frozenset[str]:
+def in_graph_set(text: str) -> frozenset[str]:
     """The mechanisms named by ``LENGTHBENCH_IN_GRAPH``: ``all``, ``none`` or names separated by commas."""
     names = {name.strip() for name in text.split(",") if name.strip()}
     if names == {"all"}:
@@ -93,7 +93,7 @@ IN_GRAPH: frozenset[str] = frozenset(_KERNELS)
 # comma-separated list of mechanisms
 _in_graph_env = os.environ.get("LENGTHBENCH_IN_GRAPH")
 if _in_graph_env is not None:
-    IN_GRAPH = _in_graph_set(_in_graph_env)
+    IN_GRAPH = in_graph_set(_in_graph_env)
 
 
 def get_kernel(mechanism: str, capturable: bool = False, in_graph: bool = False) -> Callable | None:
