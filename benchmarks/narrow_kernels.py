@@ -9,9 +9,10 @@ that validation and scoring call (``wide``), forward and forward+backward, media
 
     python benchmarks/narrow_kernels.py --out results/benchmarks
 
-``--variant NAME=JSON`` adds the capturable op with ``tuning=JSON`` (e.g. ``'bm32={"bm": 32}'`` for the
-narrow kernels' row block). Writes ``narrow_kernels.parquet`` and ``.md`` with the device, date, commit and
-command.
+``--variant NAME=JSON`` adds the training-width op of ``kernels/narrow.py`` with ``tuning=JSON`` (e.g.
+``'bm32={"bm": 32}'`` for its row block, ``'bd32={"bd": 32}'`` for tiles padded to head dim 32), also at
+widths where the capturable path takes the long-context op. Writes ``narrow_kernels.parquet`` and ``.md`` with
+the device, date, commit and command.
 """
 
 from __future__ import annotations
@@ -62,9 +63,11 @@ def measure(mechanism: str, shape: tuple[int, int, int, int], variants: dict[str
     tensors = inputs(mechanism, *shape)
     params = PARAMS.get(mechanism, {})
     calls = {"wide": get_kernel(mechanism), "capturable": get_kernel(mechanism, capturable=True)}
+    from lengthbench.kernels import narrow
+
     for name, tuning in variants.items():
-        if mechanism in NARROW_OPS:
-            op = get_kernel(mechanism, capturable=True)
+        if mechanism in NARROW_OPS and shape[2] <= narrow.NARROW_MAX_TOKENS:  # the training-width op, at any width it takes
+            op = getattr(narrow, NARROW_OPS[mechanism])
             calls[name] = lambda *t, _op=op, _tuning=tuning, **kw: _op(*t, tuning=_tuning, **kw)
     rows = []
     for name, op in calls.items():
@@ -86,8 +89,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mechanisms", default=MECHANISMS)
     parser.add_argument("--shapes", default="128x16x91x32,128x16x83x16", help="batch x heads x tokens x head_dim")
-    parser.add_argument("--variant", action="append", default=[], help="NAME=JSON: the capturable op with this "
-                        "tuning (narrow kernels: bm, warps)")
+    parser.add_argument("--variant", action="append", default=[], help="NAME=JSON: the training-width op "
+                        "with this tuning (kernels/narrow.py's _launch lists the keys)")
     parser.add_argument("--out", default="results/benchmarks")
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -320,14 +320,19 @@ def _row_ranges(tokens: int, split: bool) -> list[tuple[int, int, int]]:
     return ranges
 
 
+_LAUNCH_KEYS = ("bm", "warps", "stages", "bwd_bm", "bwd_warps", "bwd_stages")
+
+
 def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[dict], list[dict], str]:
     """Per launch (``_row_ranges``) the forward's and the backward's settings (``M0``, ``R_END``, ``BM``, ``TP``,
-    warps, stages), and the backward's layout (``head`` or ``blocks``; ``blocks`` wherever the rows are split).
-    Tuning keys: ``bm``, ``warps``, ``stages`` (the forward's), ``bwd_bm``, ``bwd_warps``, ``bwd_stages`` (the
-    backward's; None: the forward's), ``backward``, ``rows`` (``split``: each row range against the keys it can
-    see; ``whole``: one launch over every row and all keys)."""
+    ``BD``, warps, stages), and the backward's layout (``head`` or ``blocks``; ``blocks`` wherever the rows are
+    split). Tuning keys: ``bm``, ``warps``, ``stages`` (the forward's), ``bwd_bm``, ``bwd_warps``, ``bwd_stages``
+    (the backward's; None: the forward's), ``widths`` (``{keys: {those keys}}``: settings for the launch against
+    that many keys only), ``bd`` (the head dim the tiles are padded to, a power of two at least the head dim's),
+    ``backward``, ``rows`` (``split``: each row range against the keys it can see; ``whole``: one launch over
+    every row and all keys)."""
     config = dict(bm=None, warps=None, stages=None, bwd_bm=None, bwd_warps=None, bwd_stages=None, backward="head",
-                  rows="split")
+                  rows="split", bd=None, widths=None)
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(config))
     if unknown:
@@ -337,21 +342,37 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
         raise ValueError(f"narrow kernels: backward must be head or blocks, got {config['backward']!r}")
     if config["rows"] not in ("split", "whole"):
         raise ValueError(f"narrow kernels: rows must be split or whole, got {config['rows']!r}")
-    for key in ("bm", "bwd_bm"):
-        value = config[key]
-        if value is not None and (int(value) < 16 or int(value) & (int(value) - 1)):
-            raise ValueError(f"narrow kernels: {key} must be a power of two >= 16, got {value!r}")
+    widths = {int(width): dict(settings) for width, settings in (config["widths"] or {}).items()}
+    for width, settings in widths.items():
+        bad = sorted(set(settings) - set(_LAUNCH_KEYS))
+        if bad:
+            raise ValueError(f"narrow kernels: widths[{width}] takes {list(_LAUNCH_KEYS)}, got {bad}")
+    for settings in (config, *widths.values()):
+        for key in ("bm", "bwd_bm"):
+            value = settings.get(key)
+            if value is not None and (int(value) < 16 or int(value) & (int(value) - 1)):
+                raise ValueError(f"narrow kernels: {key} must be a power of two >= 16, got {value!r}")
+    block_d = pb.block_d
+    if config["bd"] is not None:
+        block_d = int(config["bd"])
+        if block_d < pb.block_d or block_d & (block_d - 1):
+            raise ValueError(f"narrow kernels: bd must be a power of two >= {pb.block_d}, got {config['bd']!r}")
     ranges = _row_ranges(pb.tokens, config["rows"] == "split")
     fwd, bwd = [], []
     for lo, hi, width in ranges:
-        bm, warps = _row_block(width, pb.block_d, mech)
+        bm, warps = _row_block(width, block_d, mech)
         cap = lo if lo else width  # a row block stays inside its range (lo and the blocks are powers of two)
+        own = widths.get(width, {})
+
+        def setting(key, _own=own):
+            return _own.get(key) if _own.get(key) is not None else config[key]
+
         for kind, out in (("", fwd), ("bwd_", bwd)):
-            rows = int(config[f"{kind}bm"] or config["bm"] or bm)
+            rows = int(setting(f"{kind}bm") or setting("bm") or bm)
             rows = min(rows, max(16, cap))
-            launch = dict(M0=lo // rows, R_END=hi, BM=rows, TP=width,
-                          num_warps=int(config[f"{kind}warps"] or config["warps"] or warps))
-            stages = config[f"{kind}stages"] if config[f"{kind}stages"] is not None else config["stages"]
+            launch = dict(M0=lo // rows, R_END=hi, BM=rows, TP=width, BD=block_d,
+                          num_warps=int(setting(f"{kind}warps") or setting("warps") or warps))
+            stages = setting(f"{kind}stages") if setting(f"{kind}stages") is not None else setting("stages")
             if stages is not None:
                 launch["num_stages"] = int(stages)
             out.append(launch)
@@ -374,7 +395,7 @@ class NarrowAttention(torch.autograd.Function):
         out = torch.empty_like(pb.q)
         tau = pb.rows()
         common = dict(MECH=mech, FILTER=filter_mode, HAS_SLOPES=pb.slopes is not None,
-                      HAS_RS=pb.row_scale is not None, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d)
+                      HAS_RS=pb.row_scale is not None, DOT_PREC=pb.dot_prec, D=pb.head_dim)
         for part in launch:
             grid = (triton.cdiv(part["R_END"] - part["M0"] * part["BM"], part["BM"]), pb.bh)
             _fwd_kernel[grid](pb.q, pb.k, pb.v, out, tau, pb.opt(pb.slopes), pb.opt(pb.row_scale), pb.sm_scale,

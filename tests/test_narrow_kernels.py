@@ -30,10 +30,11 @@ OPS = {
 # (tokens, head_dim, extras): "alibi" adds slopes and a row scale; "walk" shifts every score by -8; "bm16" runs
 # the rows in blocks of 16; "blocks" takes the backward a row block a program (atomic dk/dv), not a head; "bwd32"
 # gives the backward blocks of 32 rows (the forward's stay 16); "whole" takes every row against all keys in one
-# launch (by default rows [0, 32), [32, 64), [64, 128) go against the 32, 64, 128 keys they can see)
+# launch (by default rows [0, 32), [32, 64), [64, 128) go against the 32, 64, 128 keys they can see); "bd32" pads
+# the head dim of the tiles to 32; "own64" gives the launch against 64 keys row blocks of 16 of its own
 SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, "alibi"), (40, 16, "walk"), (40, 16, "bm16"), (33, 32, "walk-alibi-bm16"),
           (40, 16, "walk-bm16-blocks"), (33, 32, "alibi-bm16-blocks"), (40, 16, "walk-bm16-bwd32"),
-          (70, 16, "walk-alibi"), (40, 16, "walk-whole")]
+          (70, 16, "walk-alibi"), (40, 16, "walk-whole"), (70, 16, "walk-alibi-bd32-own64"), (17, 16, "bd32")]
 TOLERANCE = 1e-4
 TIE = 2e-5
 
@@ -78,7 +79,9 @@ def run_case(case, device="cpu", dtype=None) -> dict:
     ref = torch.matmul(attention_weights(ref_name, z, **ref_params), theirs["v"])
     op = getattr(narrow, NARROW_OPS[op_name])
     tuning = {**({"bm": 16} if "bm16" in extras else {}), **({"backward": "blocks"} if "blocks" in extras else {}),
-              **({"bwd_bm": 32} if "bwd32" in extras else {}), **({"rows": "whole"} if "whole" in extras else {})}
+              **({"bwd_bm": 32} if "bwd32" in extras else {}), **({"rows": "whole"} if "whole" in extras else {}),
+              **({"bd": 32} if "bd32" in extras else {}),
+              **({"widths": {"64": {"bm": 16, "bwd_bm": 16}}} if "own64" in extras else {})}
     out = op(mine["q"], mine["k"], mine["v"], slopes=mine.get("slopes"), row_scale=mine.get("row_scale"),
              sm_scale=sm_scale, tuning=tuning, **op_params)
     keep = ~near_ties(op_name, z.detach(), tokens, op_params)
@@ -127,7 +130,8 @@ def test_narrow_kernel_matches_float64_reference(index, measured):
 
 
 GPU_SHAPES = [(17, 32, ""), (64, 32, "alibi"), (91, 32, "walk"), (131, 64, "alibi"), (256, 32, "walk-alibi"),
-              (200, 64, "bm16"), (91, 32, "alibi-blocks")]
+              (200, 64, "bm16"), (91, 32, "alibi-blocks"), (83, 16, "walk"), (131, 16, "alibi"), (83, 16, "walk-bd32"),
+              (131, 16, "alibi-bd32-own64")]
 GPU_TOLERANCE = {"float32": (2e-3, 2e-3), "bfloat16": (2.5e-2, 5e-2)}  # (output, gradients), test_kernels.py's
 
 
@@ -145,6 +149,37 @@ def test_narrow_kernel_on_the_gpu(op, shape, dtype):
     assert result["finite"] and result["ties"] <= max(2, 2 * 2 * shape[0] // 50)
     for key, value in result["errors"].items():
         assert value <= (out_tol if key == "out" else grad_tol), (key, result["errors"])
+
+
+@pytest.mark.parametrize("tuning, message", [
+    ({"bd": 8}, "bd must be a power of two >= 16"), ({"bd": 48}, "bd must be a power of two"),
+    ({"widths": {"64": {"rows": "whole"}}}, "widths[64] takes"), ({"widths": {"32": {"bwd_bm": 24}}}, "bwd_bm"),
+    ({"block": 32}, "unknown tuning keys")])
+def test_bad_tuning_is_refused(tuning, message):
+    import torch
+
+    from lengthbench.kernels import narrow
+    from lengthbench.kernels._common import Problem
+
+    q = torch.zeros(1, 1, 40, 16)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[")):
+        narrow._launch(Problem(q, q, q, None, None, None), tuning)
+
+
+def test_launch_settings_follow_the_tuning():
+    import torch
+
+    from lengthbench.kernels import narrow
+    from lengthbench.kernels._common import Problem
+
+    q = torch.zeros(1, 1, 100, 16)
+    fwd, bwd, layout = narrow._launch(Problem(q, q, q, None, None, None),
+                                      {"bd": 32, "widths": {"128": {"bm": 16, "warps": 8}}, "bwd_warps": 2})
+    assert layout == "blocks" and [part["TP"] for part in fwd] == [32, 64, 128]
+    assert {part["BD"] for part in fwd + bwd} == {32}
+    assert (fwd[-1]["BM"], fwd[-1]["num_warps"], fwd[-1]["M0"]) == (16, 8, 4)
+    assert (bwd[-1]["BM"], bwd[-1]["num_warps"]) == (16, 2)
+    assert fwd[0]["num_warps"] == 4 and fwd[0]["BM"] == 32
 
 
 def test_every_narrow_op_is_covered():
