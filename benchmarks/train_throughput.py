@@ -74,9 +74,9 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
     started_at = time.perf_counter()
     widths = stream.widths()
 
-    def run(first: int, count: int, trace: bool = False) -> tuple[float, float, float]:
-        """Seconds for ``count`` steps from ``first``, the mean padded width, and the seconds spent waiting for the
-        data workers' next batch."""
+    def run(first: int, count: int, trace: bool = False) -> tuple[float, float, float, float]:
+        """Seconds for ``count`` steps from ``first``, the mean padded width, the seconds spent waiting for the
+        data workers' next batch, and the seconds of the first half of the steps (the GPU drained at the half)."""
         producer = BatchProducer(stream, first, first + count, workers=default_workers("cuda"))
         tokens = 0
         waited = 0.0
@@ -84,9 +84,13 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
         started = time.perf_counter()
         # as Trainer.train: models with fused ops train on their dense references where the step compiles
         dense = attention_kernels(trainer.model, False) if trainer.dense else contextlib.nullcontext()
+        half = started
         with dense:
             asked = time.perf_counter()
             for index, (input_ids, labels, features) in enumerate(producer):
+                if index == count // 2:
+                    torch.cuda.synchronize()
+                    half = time.perf_counter()
                 waited += time.perf_counter() - asked
                 tokens += input_ids.shape[1]
                 before = time.perf_counter()
@@ -99,13 +103,13 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 asked = time.perf_counter()
         torch.cuda.synchronize()
         producer.close()
-        return time.perf_counter() - started, tokens / count, waited
+        return time.perf_counter() - started, tokens / count, waited, half - started
 
     # Warm-up: compile (and record CUDA graphs for) every padded width before timing; the model's construction
     # counts in it (a fresh cell pays both)
-    compile_seconds, _, _ = run(0, warmup, trace)
+    compile_seconds = run(0, warmup, trace)[0]
     compile_seconds += started_at - built
-    seconds, mean_width, waited = run(warmup, steps)
+    seconds, mean_width, waited, first_half = run(warmup, steps)
     params = sum(p.numel() for p in trainer.model.parameters())
     # whether the model's fused ops were nodes of the compiled graph (kernels/_bridge.py) or graph breaks
     ops = {name for module in trainer.model.modules() if hasattr(module, "kernel_names")
@@ -122,7 +126,8 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
                 dynamic=dynamic, compiled=trainer_compiled, dense_attention=trainer_dense, steps=steps,
                 samples_per_s=steps * batch_size / seconds,
-                step_ms=1000 * seconds / steps, data_wait_share=waited / seconds, warmup_s=compile_seconds,
+                step_ms=1000 * seconds / steps, data_wait_share=waited / seconds,
+                halves=first_half / max(seconds - first_half, 1e-9), warmup_s=compile_seconds,
                 parameters=params,
                 tokens_per_sample=task_obj.max_tokens(config.train_length), mean_padded_width=mean_width,
                 widths=",".join(map(str, widths)), layers=config.n_layers, d_model=config.d_model,
@@ -341,6 +346,8 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
                "vs_softmax_rope", "step_ms", "mean_padded_width", "warmup_s"]
     if "data_wait_share" in frame and frame["data_wait_share"].notna().any():
         columns.append("data_wait_share")
+    if "halves" in frame and frame["halves"].notna().any():
+        columns.append("halves")
     if "cache_warmed" in frame and frame["cache_warmed"].fillna(False).astype(bool).any():
         columns.append("cache_warmed")
     if "baseline_drift" in frame and frame["baseline_drift"].notna().any():
@@ -352,7 +359,8 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
         "`vs_softmax_rope`: samples/s over the fastest softmax + RoPE row of the same task and batch size measured "
         "by the same run. `warmup_s`: the model's construction and the untimed first steps (compilation, graph "
         "capture). `data_wait_share`: the share of the timed seconds spent waiting for the data workers' next "
-        "batch.\n\n" + frame_markdown(frame[columns], ".2f") + "\n")
+        "batch. `halves`: the seconds of the timed steps' first half over their second's (1: steady within the cell)."
+        "\n\n" + frame_markdown(frame[columns], ".2f") + "\n")
 
 
 if __name__ == "__main__":
