@@ -211,7 +211,8 @@ def main() -> None:
                     label = train_step if train_step != "compiled" else f"{train_step}/{mode}/pad {pad}"
                     print(f"{task:7s} {attn:13s} {pe:5s} {label:24s} {path:9s} batch {batch_size:4d}: "
                           f"{row['samples_per_s']:9,.0f} samples/s ({row['step_ms']:.2f} ms/step, "
-                          f"mean width {row['mean_padded_width']:.1f}, warm-up {row['warmup_s']:.1f} s"
+                          f"mean width {row['mean_padded_width']:.1f}, warm-up {row['warmup_s']:.1f} s, data wait "
+                          f"{row['data_wait_share']:.0%}, halves {row['halves']:.2f}"
                           f"{', not captured: ' + row['capture_error'] if row['capture_error'] else ''})",
                           flush=True)
                     write(rows, Path(args.out))  # after every row: a run cut short keeps what it has
