@@ -51,6 +51,7 @@ import triton
 import triton.language as tl
 
 from lengthbench.kernels._common import Problem, reduce_slopes, score_tile, softplus
+from lengthbench.kernels.stickbreaking import LOG2E, _cumsum, _sigmoids, _softplus_e
 
 # The widest rows these kernels take: a [BM, TP] fp32 tile a tensor, BM * TP = 4,096 elements.
 NARROW_MAX_TOKENS = 256
@@ -108,7 +109,8 @@ def _entmax_tau(x, visible):
 
 @triton.jit
 def _row_weights(z, offs_m, offs_n, T, eps, tau_in, FROM_TAU: tl.constexpr, MECH: tl.constexpr,
-                 FILTER: tl.constexpr):
+                 FILTER: tl.constexpr, SUMS: tl.constexpr, CW: tl.constexpr, FAST: tl.constexpr, BM: tl.constexpr,
+                 TP: tl.constexpr):
     """``(w, a, sig, active, keep, rem, tau)`` of a row block against all keys: ``w`` the weights the output
     uses (the diagonal's remainder included for stick-breaking), ``tau`` the row statistic the backward reads
     (taken from ``tau_in`` where ``FROM_TAU``, else computed). For stick-breaking ``a`` the weights of the
@@ -139,12 +141,21 @@ def _row_weights(z, offs_m, offs_n, T, eps, tau_in, FROM_TAU: tl.constexpr, MECH
             tau = tl.max(tl.where(earlier, z, float("-inf")), 1) - eps
         keep = earlier & (z >= tau[:, None])
     zs = tl.where(active, z, 0.0)
-    sp = tl.where(active, softplus(zs), 0.0)
-    suffix = tl.cumsum(sp, 1, reverse=True)
-    a = tl.where(keep, tl.exp(zs - suffix), 0.0)
-    rem = tl.exp(-tl.sum(sp, 1))
+    if FAST:  # in bits: exp2/log2, log1p as a polynomial, the sigmoid from the softplus's exp(-|z|)
+        z2 = zs * LOG2E
+        sp, e = _softplus_e(z2, True, True)
+        sp = tl.where(active, sp, 0.0)
+        suffix = _cumsum(sp, 0, SUMS, BM, TP, CW)
+        a = tl.where(keep, tl.exp2(z2 - suffix), 0.0)
+        rem = tl.exp2(-tl.sum(sp, 1))
+        sig, _ = _sigmoids(z2, e, 1, True)
+    else:
+        sp = tl.where(active, softplus(zs), 0.0)
+        suffix = _cumsum(sp, 0, SUMS, BM, TP, CW)
+        a = tl.where(keep, tl.exp(zs - suffix), 0.0)
+        rem = tl.exp(-tl.sum(sp, 1))
+        sig = tl.sigmoid(zs)
     w = tl.where(diag, rem[:, None], a)
-    sig = tl.sigmoid(zs)
     return w, a, sig, active, keep, rem, tau
 
 
@@ -175,14 +186,15 @@ def _head_rows(Q, K, V, SL, RS, base, bh, pid_m, T, R_END, H, HAS_SLOPES: tl.con
 @triton.jit
 def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, sm_scale, eps, T, H, M0, R_END, MECH: tl.constexpr, FILTER: tl.constexpr,
                 HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SAVE: tl.constexpr, DOT_PREC: tl.constexpr,
-                D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
+                SUMS: tl.constexpr, CW: tl.constexpr, FAST: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                BM: tl.constexpr, TP: tl.constexpr):
     pid_m = tl.program_id(0) + M0
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
     offs_m, offs_n, offs_d, row_ok, rmask, kv_mask, q, k, v, slope, rs = _head_rows(
         Q, K, V, SL, RS, base, bh, pid_m, T, R_END, H, HAS_SLOPES, HAS_RS, D, BD, BM, TP)
     z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-    w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, rs, False, MECH, FILTER)
+    w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, rs, False, MECH, FILTER, SUMS, CW, FAST, BM, TP)
     if DOT_PREC == "ieee":
         acc = tl.dot(w, v.to(tl.float32), input_precision=DOT_PREC)
     else:  # the weights in two halves (hi + lo): the output as accurate as fp32 weights give it
@@ -196,8 +208,8 @@ def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, sm_scale, eps, T, H, M0, R_END, MECH:
 @triton.jit
 def _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_scale, eps, T, R_END, MECH: tl.constexpr,
                FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
-               GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-               BM: tl.constexpr, TP: tl.constexpr):
+               GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, SUMS: tl.constexpr, CW: tl.constexpr,
+               FAST: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
     """Row block ``pid_m`` of head ``bh`` against the head's keys ``k`` and values ``v``: stores its ``dq`` (and
     the per-row gradients of the row scale and slopes), returns its shares of ``dk`` (before ``sm_scale``) and
     ``dv``, ``[TP, BD]`` fp32."""
@@ -213,7 +225,7 @@ def _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_sc
         rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
     tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
     z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-    w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, tau, True, MECH, FILTER)
+    w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, tau, True, MECH, FILTER, SUMS, CW, FAST, BM, TP)
     g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
     if MECH == 1:
         s_sum = tl.sum(a, 1)
@@ -224,10 +236,10 @@ def _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_sc
         g_r = tl.sum(tl.where(diag, g, 0.0), 1)
         if FILTER == 2:
             c = tl.where(keep, g * a, 0.0)
-            prefix = tl.cumsum(c, 1) - c + (rem * g_r)[:, None]
+            prefix = _cumsum(c, 1, SUMS, BM, TP, CW) + (rem * g_r)[:, None]
         else:
             c = tl.where(keep, (g - g_r[:, None]) * a, 0.0)
-            prefix = tl.cumsum(c, 1) - c
+            prefix = _cumsum(c, 1, SUMS, BM, TP, CW)
         dz = tl.where(active, c * (1.0 - sig) - sig * prefix, 0.0)
     dz = tl.where(row_ok[:, None], dz, 0.0)
     w = tl.where(row_ok[:, None], w, 0.0)
@@ -268,8 +280,8 @@ def _head_keys(K, V, SL, base, bh, T, H, HAS_SLOPES: tl.constexpr, D: tl.constex
 @triton.jit
 def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, eps, T, H, M0, R_END, MECH: tl.constexpr,
                 FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
-                GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                BM: tl.constexpr, TP: tl.constexpr):
+                GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, SUMS: tl.constexpr, CW: tl.constexpr,
+                FAST: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
     """``blocks`` layout: one row block a program; its shares of ``dk``/``dv`` added to the fp32 ``DK``/``DV``
     (atomic adds, only the keys up to the block's last row)."""
     pid_m = tl.program_id(0) + M0
@@ -277,8 +289,7 @@ def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, eps, T
     base = bh.to(tl.int64) * T * D
     k, v, offs_n, kv_off, kv_mask, slope = _head_keys(K, V, SL, base, bh, T, H, HAS_SLOPES, D, BD, TP)
     dk, dv = _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_scale, eps, T, R_END, MECH,
-                        FILTER,
-                        HAS_SLOPES, HAS_RS, GRAD_RS, GRAD_SL, DOT_PREC, D, BD, BM, TP)
+                        FILTER, HAS_SLOPES, HAS_RS, GRAD_RS, GRAD_SL, DOT_PREC, SUMS, CW, FAST, D, BD, BM, TP)
     kv_mask = kv_mask & (offs_n <= pid_m * BM + BM - 1)[:, None]
     tl.atomic_add(DK + kv_off, dk * sm_scale, mask=kv_mask, sem="relaxed")
     tl.atomic_add(DV + kv_off, dv, mask=kv_mask, sem="relaxed")
@@ -287,8 +298,8 @@ def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, eps, T
 @triton.jit
 def _bwd_head_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, eps, T, H, MECH: tl.constexpr,
                      FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
-                     GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                     BM: tl.constexpr, TP: tl.constexpr):
+                     GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, SUMS: tl.constexpr, CW: tl.constexpr,
+                     FAST: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
     """``head`` layout: one head a program, its row blocks in turn, ``dk``/``dv`` summed in registers and stored
     once in the inputs' dtype (no atomics, no fp32 buffers to zero and cast)."""
     bh = tl.program_id(0)
@@ -298,7 +309,8 @@ def _bwd_head_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, e
     dv = tl.zeros([TP, BD], dtype=tl.float32)
     for pid_m in range(0, tl.cdiv(T, BM)):
         dk_part, dv_part = _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_scale, eps, T,
-                                      T, MECH, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS, GRAD_SL, DOT_PREC, D, BD, BM, TP)
+                                      T, MECH, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS, GRAD_SL, DOT_PREC, SUMS, CW,
+                                      FAST, D, BD, BM, TP)
         dk += dk_part
         dv += dv_part
     tl.store(DK + kv_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
@@ -321,18 +333,24 @@ def _row_ranges(tokens: int, split: bool) -> list[tuple[int, int, int]]:
 
 
 _LAUNCH_KEYS = ("bm", "warps", "stages", "bwd_bm", "bwd_warps", "bwd_stages")
+# The stick-breaking family's arithmetic (``_launch``): ``sums``, the in-row cumulative sums (``scan``: tl.cumsum;
+# ``bf16x2``/``bf16x3``: products with a triangular ones matrix, the operand in two or three bf16 parts, as
+# ``stickbreaking._cumsum``), over blocks of ``cw`` keys (None: the row); ``fast``: softplus and the weights in
+# bits (exp2, log2, log1p a polynomial), the sigmoids from the softplus's ``exp(-|z|)``.
+TUNING = dict(sums="scan", cw=None, fast=False)
+_SUMS = {"scan": 0, "bf16x2": 3, "bf16x3": 4}
 
 
 def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[dict], list[dict], str]:
     """Per launch (``_row_ranges``) the forward's and the backward's settings (``M0``, ``R_END``, ``BM``, ``TP``,
-    ``BD``, warps, stages), and the backward's layout (``head`` or ``blocks``; ``blocks`` wherever the rows are
-    split). Tuning keys: ``bm``, ``warps``, ``stages`` (the forward's), ``bwd_bm``, ``bwd_warps``, ``bwd_stages``
+    ``BD``, ``SUMS``, ``CW``, ``FAST``, warps, stages), and the backward's layout (``head`` or ``blocks``;
+    ``blocks`` wherever the rows are split). Tuning keys: those of :data:`TUNING`, ``bm``, ``warps``, ``stages`` (the forward's), ``bwd_bm``, ``bwd_warps``, ``bwd_stages``
     (the backward's; None: the forward's), ``widths`` (``{keys: {those keys}}``: settings for the launch against
     that many keys only), ``bd`` (the head dim the tiles are padded to, a power of two at least the head dim's),
     ``backward``, ``rows`` (``split``: each row range against the keys it can see; ``whole``: one launch over
     every row and all keys)."""
     config = dict(bm=None, warps=None, stages=None, bwd_bm=None, bwd_warps=None, bwd_stages=None, backward="head",
-                  rows="split", bd=None, widths=None)
+                  rows="split", bd=None, widths=None, **TUNING)
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(config))
     if unknown:
@@ -352,6 +370,13 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
             value = settings.get(key)
             if value is not None and (int(value) < 16 or int(value) & (int(value) - 1)):
                 raise ValueError(f"narrow kernels: {key} must be a power of two >= 16, got {value!r}")
+    if config["sums"] not in _SUMS:
+        raise ValueError(f"narrow kernels: sums must be one of {list(_SUMS)}, got {config['sums']!r}")
+    cw = config["cw"]
+    if cw is not None and (int(cw) < 16 or int(cw) & (int(cw) - 1)):
+        raise ValueError(f"narrow kernels: cw must be a power of two >= 16, got {cw!r}")
+    # fp32 inputs keep the exact scans (the 16-bit parts would cost them their accuracy)
+    sums = _SUMS[config["sums"]] if pb.dot_prec != "ieee" else 0
     block_d = pb.block_d
     if config["bd"] is not None:
         block_d = int(config["bd"])
@@ -370,7 +395,8 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
         for kind, out in (("", fwd), ("bwd_", bwd)):
             rows = int(setting(f"{kind}bm") or setting("bm") or bm)
             rows = min(rows, max(16, cap))
-            launch = dict(M0=lo // rows, R_END=hi, BM=rows, TP=width, BD=block_d,
+            launch = dict(M0=lo // rows, R_END=hi, BM=rows, TP=width, BD=block_d, SUMS=sums,
+                          CW=min(width, int(cw or width)), FAST=bool(config["fast"]),
                           num_warps=int(setting(f"{kind}warps") or setting("warps") or warps))
             stages = setting(f"{kind}stages") if setting(f"{kind}stages") is not None else setting("stages")
             if stages is not None:

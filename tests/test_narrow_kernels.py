@@ -31,10 +31,12 @@ OPS = {
 # the rows in blocks of 16; "blocks" takes the backward a row block a program (atomic dk/dv), not a head; "bwd32"
 # gives the backward blocks of 32 rows (the forward's stay 16); "whole" takes every row against all keys in one
 # launch (by default rows [0, 32), [32, 64), [64, 128) go against the 32, 64, 128 keys they can see); "bd32" pads
-# the head dim of the tiles to 32; "own64" gives the launch against 64 keys row blocks of 16 of its own
+# the head dim of the tiles to 32; "own64" gives the launch against 64 keys row blocks of 16 of its own; "fast"
+# takes the stick in bits with triangular-product sums over blocks of 32 keys (fp32 inputs keep the scans)
 SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, "alibi"), (40, 16, "walk"), (40, 16, "bm16"), (33, 32, "walk-alibi-bm16"),
           (40, 16, "walk-bm16-blocks"), (33, 32, "alibi-bm16-blocks"), (40, 16, "walk-bm16-bwd32"),
-          (70, 16, "walk-alibi"), (40, 16, "walk-whole"), (70, 16, "walk-alibi-bd32-own64"), (17, 16, "bd32")]
+          (70, 16, "walk-alibi"), (40, 16, "walk-whole"), (70, 16, "walk-alibi-bd32-own64"), (17, 16, "bd32"),
+          (70, 16, "walk-alibi-fast"), (40, 16, "walk-bm16-blocks-fast")]
 TOLERANCE = 1e-4
 TIE = 2e-5
 
@@ -81,7 +83,8 @@ def run_case(case, device="cpu", dtype=None) -> dict:
     tuning = {**({"bm": 16} if "bm16" in extras else {}), **({"backward": "blocks"} if "blocks" in extras else {}),
               **({"bwd_bm": 32} if "bwd32" in extras else {}), **({"rows": "whole"} if "whole" in extras else {}),
               **({"bd": 32} if "bd32" in extras else {}),
-              **({"widths": {"64": {"bm": 16, "bwd_bm": 16}}} if "own64" in extras else {})}
+              **({"widths": {"64": {"bm": 16, "bwd_bm": 16}}} if "own64" in extras else {}),
+              **({"fast": True, "sums": "bf16x2", "cw": 32} if "fast" in extras else {})}
     out = op(mine["q"], mine["k"], mine["v"], slopes=mine.get("slopes"), row_scale=mine.get("row_scale"),
              sm_scale=sm_scale, tuning=tuning, **op_params)
     keep = ~near_ties(op_name, z.detach(), tokens, op_params)
@@ -131,7 +134,8 @@ def test_narrow_kernel_matches_float64_reference(index, measured):
 
 GPU_SHAPES = [(17, 32, ""), (64, 32, "alibi"), (91, 32, "walk"), (131, 64, "alibi"), (256, 32, "walk-alibi"),
               (200, 64, "bm16"), (91, 32, "alibi-blocks"), (83, 16, "walk"), (131, 16, "alibi"), (83, 16, "walk-bd32"),
-              (131, 16, "alibi-bd32-own64")]
+              (131, 16, "alibi-bd32-own64"), (83, 16, "walk-fast"), (128, 32, "alibi-fast"),
+              (131, 16, "walk-alibi-bd32-fast")]
 GPU_TOLERANCE = {"float32": (2e-3, 2e-3), "bfloat16": (2.5e-2, 5e-2)}  # (output, gradients), test_kernels.py's
 
 
@@ -154,7 +158,7 @@ def test_narrow_kernel_on_the_gpu(op, shape, dtype):
 @pytest.mark.parametrize("tuning, message", [
     ({"bd": 8}, "bd must be a power of two >= 16"), ({"bd": 48}, "bd must be a power of two"),
     ({"widths": {"64": {"rows": "whole"}}}, "widths[64] takes"), ({"widths": {"32": {"bwd_bm": 24}}}, "bwd_bm"),
-    ({"block": 32}, "unknown tuning keys")])
+    ({"block": 32}, "unknown tuning keys"), ({"sums": "dot"}, "sums must be one of"), ({"cw": 8}, "cw must be")])
 def test_bad_tuning_is_refused(tuning, message):
     import torch
 
