@@ -44,7 +44,9 @@ into a CUDA graph (``lengthbench.kernels.get_kernel(..., capturable=True)``) and
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import torch
 import triton
@@ -339,6 +341,9 @@ _LAUNCH_KEYS = ("bm", "warps", "stages", "bwd_bm", "bwd_warps", "bwd_stages")
 # bits (exp2, log2, log1p a polynomial), the sigmoids from the softplus's ``exp(-|z|)``.
 TUNING = dict(sums="scan", cw=None, fast=False)
 _SUMS = {"scan": 0, "bf16x2": 3, "bf16x3": 4}
+# ``LENGTHBENCH_NARROW_TUNING`` (a JSON object of ``_launch``'s keys) replaces these defaults in every call that does
+# not name the key itself: for benchmarks that compare settings through whole training steps
+ENV_TUNING: dict = json.loads(os.environ.get("LENGTHBENCH_NARROW_TUNING") or "{}")
 
 
 def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[dict], list[dict], str]:
@@ -352,10 +357,10 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
     config = dict(bm=None, warps=None, stages=None, bwd_bm=None, bwd_warps=None, bwd_stages=None, backward="head",
                   rows="split", bd=None, widths=None, **TUNING)
     tuning = dict(tuning or {})
-    unknown = sorted(set(tuning) - set(config))
+    unknown = sorted((set(tuning) | set(ENV_TUNING)) - set(config))
     if unknown:
         raise ValueError(f"narrow kernels: unknown tuning keys {unknown}; the keys are {sorted(config)}")
-    config.update(tuning)
+    config.update({**ENV_TUNING, **tuning})
     if config["backward"] not in ("head", "blocks"):
         raise ValueError(f"narrow kernels: backward must be head or blocks, got {config['backward']!r}")
     if config["rows"] not in ("split", "whole"):

@@ -195,3 +195,19 @@ def test_every_narrow_op_is_covered():
 if __name__ == "__main__":
     for index in [int(i) for i in sys.argv[1].split(",") if i]:
         print(json.dumps({"case": index, **run_case(cases()[index])}), flush=True)
+
+
+def test_environment_tuning_is_a_default_the_call_overrides(monkeypatch):
+    import torch
+
+    from lengthbench.kernels import narrow
+    from lengthbench.kernels._common import Problem
+
+    q = torch.zeros(1, 1, 100, 16, dtype=torch.bfloat16)
+    pb = Problem(q, q, q, None, None, None)
+    monkeypatch.setattr(narrow, "ENV_TUNING", {"fast": True, "sums": "bf16x2", "cw": 32})
+    fwd, _, _ = narrow._launch(pb, {"cw": 64})
+    assert [(part["FAST"], part["SUMS"], part["CW"]) for part in fwd] == [(True, 3, 32), (True, 3, 64), (True, 3, 64)]
+    monkeypatch.setattr(narrow, "ENV_TUNING", {"fastest": True})
+    with pytest.raises(ValueError, match="unknown tuning keys"):
+        narrow._launch(pb, None)
