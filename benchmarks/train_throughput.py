@@ -123,7 +123,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
     note = "; ".join(line for line in said if "torch.compile of the training forward failed" in line)
     return dict(note=note, task=task, attn=attn, pe=pe, preset=preset, batch_size=batch_size, train_step=train_step,
                 train_attention=train_attention, in_graph=in_graph, fused_ops=",".join(sorted(ops)),
-                narrow_tuning=os.environ.get("LENGTHBENCH_NARROW_TUNING", ""),
+                narrow_tuning=os.environ.get("LENGTHBENCH_NARROW_TUNING", ""), capture_stick=kernels.CAPTURE_STICK,
                 captured=captured, capture_error=failed,
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
                 dynamic=dynamic, compiled=trainer_compiled, dense_attention=trainer_dense, steps=steps,

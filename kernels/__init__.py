@@ -67,6 +67,15 @@ CAPTURE_TUNING: dict[str, dict] = {
     "sieve-entmax": {"lists": False, "split": False},
     "tda": {"map": 0, "fwd": (32, 32, 4), "dq": (32, 32, 4), "dkdv": (32, 32, 4)},
 }
+# ``LENGTHBENCH_CAPTURE_STICK=wide``: the stick-breaking family's capturable ops at every width are the long-context
+# ones with tiles of 32 rows and keys (rather than the training-width kernels up to 128 keys): for benchmarks that
+# compare the two through whole training steps
+CAPTURE_STICK = os.environ.get("LENGTHBENCH_CAPTURE_STICK", "narrow")
+if CAPTURE_STICK not in ("narrow", "wide"):
+    raise ValueError(f"LENGTHBENCH_CAPTURE_STICK must be narrow or wide, got {CAPTURE_STICK!r}")
+if CAPTURE_STICK == "wide":
+    for _name in ("stickbreaking", "sieve", "sieve-alg1"):
+        CAPTURE_TUNING[_name] = {"fwd": (32, 32, 4, 2), "bwd": (32, 32, 4, 2)}
 
 
 def in_graph_set(text: str) -> frozenset[str]:
@@ -148,6 +157,8 @@ def _narrow_or(mechanism: str, wide: Callable) -> Callable:
     op = getattr(narrow, NARROW_OPS[mechanism])
 
     widest = narrow.CAPTURE_MAX_TOKENS["entmax" if mechanism == "entmax" else "stick"]
+    if mechanism != "entmax" and CAPTURE_STICK == "wide":
+        widest = 0
 
     @functools.wraps(wide)
     def call(*tensors, **kwargs):
