@@ -29,6 +29,7 @@ import contextlib
 import faulthandler
 import gc
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -277,8 +278,18 @@ def write(rows: list[dict], out: Path) -> None:
     frame["device"] = device_description(torch.device("cuda"))
     frame["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     frame["commit"] = git_sha()
-    frame["command"] = "python " + " ".join(sys.argv)
+    frame["command"] = command_line()
     write_frame(frame, out)
+
+
+# the environment variables that choose the ops a training step takes: a command that set one names it
+PATH_VARIABLES = ("LENGTHBENCH_IN_GRAPH", "LENGTHBENCH_CAPTURE_STICK", "LENGTHBENCH_NARROW_TUNING")
+
+
+def command_line() -> str:
+    """This process's command, after the path-choosing environment variables it ran with."""
+    env = [f"{name}={shlex.quote(os.environ[name])}" for name in PATH_VARIABLES if os.environ.get(name)]
+    return " ".join([*env, "python", *sys.argv])
 
 
 # a run whose closing softmax + RoPE row differs from its first by more than this share is marked unsteady
@@ -295,6 +306,11 @@ def newest_summary(frame: pd.DataFrame) -> str:
         now = [None if pd.isna(ops) else bool(set(str(ops).split(",")) & kernels.IN_GRAPH) for ops in rows["fused_ops"]]
         rows = rows[[seen is None or pd.isna(seen) or bool(seen) == taken
                      for seen, taken in zip(rows["in_graph"], now, strict=True)]]
+    # the stick-breaking family's ops as the library takes them now (kernels.CAPTURE_STICK); rows from before the
+    # capture_stick column ran the training-width kernels (narrow)
+    taken = rows["capture_stick"].fillna("narrow") if "capture_stick" in rows else pd.Series("narrow", index=rows.index)
+    other = rows["attn"].isin(kernels.STICK_FAMILY) & (taken != kernels.CAPTURE_STICK)
+    rows = rows[~other]
     if rows.empty:
         return ""
     if "closing" in rows:  # a run's closing softmax + RoPE row counts in its ratios (with_ratios), not here
@@ -318,6 +334,10 @@ def newest_summary(frame: pd.DataFrame) -> str:
         older = (" Cells from runs " + ", ".join(map(str, sorted(unsaid["run"].unique()))) + " predate the `in_graph` "
                  "column: they measured the fused ops of their commit's path (graph breaks, TDA's op in the graph from "
                  "commit f5bbe7d on), not the default step of today, where every fused op is a node of the graph.")
+    if other.any():
+        older += (f" Rows of {', '.join(kernels.STICK_FAMILY)} measured with their ops other than today's "
+                  f"(`capture_stick` not `{kernels.CAPTURE_STICK}`; rows without the column ran the training-width "
+                  "kernels) are left out of this table.")
     if unsteady.any():
         older += (f" `unsteady`: the run measured softmax + RoPE at its start and again at its end, and the two differ "
                   f"by more than {UNSTEADY:.0%} (`baseline_drift`): its ratios are not a steady measurement.")
@@ -349,6 +369,8 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
                "vs_softmax_rope", "step_ms", "mean_padded_width", "warmup_s"]
     if "data_wait_share" in frame and frame["data_wait_share"].notna().any():
         columns.append("data_wait_share")
+    if "capture_stick" in frame and frame["capture_stick"].notna().any():
+        columns.insert(columns.index("in_graph") + 1, "capture_stick")
     if "halves" in frame and frame["halves"].notna().any():
         columns.append("halves")
     if "cache_warmed" in frame and frame["cache_warmed"].fillna(False).astype(bool).any():

@@ -67,14 +67,19 @@ CAPTURE_TUNING: dict[str, dict] = {
     "sieve-entmax": {"lists": False, "split": False},
     "tda": {"map": 0, "fwd": (32, 32, 4), "dq": (32, 32, 4), "dkdv": (32, 32, 4)},
 }
-# ``LENGTHBENCH_CAPTURE_STICK=wide``: the stick-breaking family's capturable ops at every width are the long-context
-# ones with tiles of 32 rows and keys (rather than the training-width kernels up to 128 keys): for benchmarks that
-# compare the two through whole training steps
-CAPTURE_STICK = os.environ.get("LENGTHBENCH_CAPTURE_STICK", "narrow")
+# The stick-breaking family's capturable ops: the long-context ones (``stickbreaking.py``, ``sieve.py``) with tiles of
+# 32 query rows and 32 keys at every width (``wide``, the default), or the training-width kernels of ``narrow.py``
+# up to 128 keys (``narrow``; ``LENGTHBENCH_CAPTURE_STICK=narrow``, for benchmarks that compare the two). Training
+# throughput at batch 128 over softmax + RoPE's, the two side by side (paper models, H200, 2026-11-27, commit
+# 4c5348a, results/benchmarks/train_throughput.md): MQRAR Sieve 0.76 / 0.63, stick-breaking 0.83 / 0.69; MQMTAR
+# Sieve 0.78 / 0.77, stick-breaking 0.83 / 0.79; Copy (131 tokens: the long-context op either way, its default
+# 64-tiles under ``narrow``) Sieve 0.70 / 0.65, stick-breaking 0.78 / 0.75.
+STICK_FAMILY = ("stickbreaking", "sieve", "sieve-alg1")
+CAPTURE_STICK = os.environ.get("LENGTHBENCH_CAPTURE_STICK", "wide")
 if CAPTURE_STICK not in ("narrow", "wide"):
     raise ValueError(f"LENGTHBENCH_CAPTURE_STICK must be narrow or wide, got {CAPTURE_STICK!r}")
 if CAPTURE_STICK == "wide":
-    for _name in ("stickbreaking", "sieve", "sieve-alg1"):
+    for _name in STICK_FAMILY:
         CAPTURE_TUNING[_name] = {"fwd": (32, 32, 4, 2), "bwd": (32, 32, 4, 2)}
 
 
@@ -131,16 +136,17 @@ def load_op(mechanism: str, capturable: bool = False) -> Callable:
     op = getattr(module, function_name)
     if capturable and mechanism in CAPTURE_TUNING:
         op = functools.partial(op, tuning=CAPTURE_TUNING[mechanism])
-    if capturable and mechanism in NARROW_OPS:
+    if capturable and mechanism in NARROW_OPS and not (mechanism in STICK_FAMILY and CAPTURE_STICK == "wide"):
         op = _narrow_or(mechanism, op)
     # torch.compile must not trace into the Triton launches (Inductor re-types their constants);
     # a graph break keeps the op an opaque autograd function inside compiled models.
     return torch.compiler.disable(_same_dtype(op))
 
 
-# The training-width ops (``narrow.py``, every row's keys in registers): taken on the capturable path where the
-# rows are at most ``narrow.CAPTURE_MAX_TOKENS`` wide (256 keys for entmax, 128 for the stick-breaking family)
-# and the parameters are theirs (alpha 1.5, Sieve's masked weights); the op of ``_KERNELS`` elsewhere.
+# The training-width ops (``narrow.py``, every row's keys in registers): taken on the capturable path by 1.5-entmax
+# and Sieve's Section 3 form (and by the rest of the stick-breaking family under ``LENGTHBENCH_CAPTURE_STICK=narrow``)
+# where the rows are at most ``narrow.CAPTURE_MAX_TOKENS`` wide (256 keys for entmax, 128 for the stick-breaking
+# family) and the parameters are theirs (alpha 1.5, Sieve's masked weights); the op of ``_KERNELS`` elsewhere.
 NARROW_OPS: dict[str, str] = {
     "stickbreaking": "narrow_stickbreaking",
     "sieve": "narrow_sieve_alg1",
@@ -157,8 +163,6 @@ def _narrow_or(mechanism: str, wide: Callable) -> Callable:
     op = getattr(narrow, NARROW_OPS[mechanism])
 
     widest = narrow.CAPTURE_MAX_TOKENS["entmax" if mechanism == "entmax" else "stick"]
-    if mechanism != "entmax" and CAPTURE_STICK == "wide":
-        widest = 0
 
     @functools.wraps(wide)
     def call(*tensors, **kwargs):

@@ -125,10 +125,12 @@ def test_capturable_ops_take_the_narrow_kernels_up_to_their_width(monkeypatch):
 
 
 def test_capturable_stick_breaking_takes_the_narrow_kernels_up_to_128_tokens(monkeypatch):
-    """The stick-breaking family's training-width kernels spill at 256 keys: past 128 tokens the long-context op."""
+    """Under ``LENGTHBENCH_CAPTURE_STICK=narrow``: the stick-breaking family's training-width kernels spill at 256
+    keys, so past 128 tokens the long-context op."""
     pytest.importorskip("triton")
     from lengthbench.kernels import narrow, stickbreaking
 
+    monkeypatch.setattr(kernels, "CAPTURE_STICK", "narrow")
     calls = []
     monkeypatch.setattr(narrow, "narrow_stickbreaking", lambda *t, **kw: calls.append("narrow") or t[0])
     monkeypatch.setattr(stickbreaking, "stickbreaking_attention", lambda *t, **kw: calls.append("wide") or t[0])
@@ -137,3 +139,27 @@ def test_capturable_stick_breaking_takes_the_narrow_kernels_up_to_128_tokens(mon
         q = torch.zeros(1, 1, tokens, 4)
         op(q, q, q)
     assert calls == ["narrow", "wide", "wide"]
+
+
+@pytest.mark.parametrize("mechanism, module, function", [
+    ("stickbreaking", "stickbreaking", "stickbreaking_attention"), ("sieve", "sieve", "sieve_alg1_attention"),
+    ("sieve-alg1", "sieve", "sieve_alg1_attention")])
+def test_capturable_stick_family_takes_the_long_context_op_with_32_tiles(monkeypatch, mechanism, module, function):
+    """The default (``LENGTHBENCH_CAPTURE_STICK`` unset): the long-context op at every width, 32-row 32-key tiles;
+    Sieve's Section 3 form keeps its training-width kernels."""
+    pytest.importorskip("triton")
+    import importlib
+
+    from lengthbench.kernels import narrow
+
+    assert kernels.CAPTURE_STICK == "wide"
+    target = importlib.import_module(f"lengthbench.kernels.{module}")
+    calls = []
+    monkeypatch.setattr(narrow, kernels.NARROW_OPS[mechanism], lambda *t, **kw: calls.append("narrow") or t[0])
+    monkeypatch.setattr(target, function, lambda *t, **kw: calls.append(("wide", kw.get("tuning"))) or t[0])
+    op = kernels.load_op.__wrapped__(mechanism, True)
+    for tokens in (17, 128, 300):
+        q = torch.zeros(1, 1, tokens, 4)
+        op(q, q, q)
+    assert calls == [("wide", {"fwd": (32, 32, 4, 2), "bwd": (32, 32, 4, 2)})] * 3
+    assert "sieve-entmax" not in kernels.STICK_FAMILY and "sieve-entmax" in kernels.NARROW_OPS

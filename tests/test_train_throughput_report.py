@@ -78,3 +78,27 @@ def test_warm_commands_run_each_cell_for_a_few_steps():
         assert command[command.index("--in-graph") + 1] == "none"  # the timed pass's path, compiled
         assert "--warm-jobs" not in command  # a warm process warms nothing further
     assert len({c[c.index("--out") + 1] for c in commands}) == 4
+
+
+def test_the_summary_keeps_the_stick_family_rows_of_the_ops_taken_now(tmp_path):
+    def run(command, created, speed, capture):
+        frame = pd.DataFrame(rows(command, created, speed))
+        frame.loc[1, "attn"] = "sieve"
+        if capture is not None:
+            frame["capture_stick"] = capture
+        return frame
+
+    runs = [run("python benchmarks/train_throughput.py --attns softmax,sieve", "2026-11-27T07:00:00", 30_000.0, None),
+            run("LENGTHBENCH_CAPTURE_STICK=wide ...", "2026-11-27T08:00:00", 40_000.0, "wide"),
+            run("LENGTHBENCH_CAPTURE_STICK=narrow ...", "2026-11-27T09:00:00", 35_000.0, "narrow")]
+    for index, frame in enumerate(runs):
+        frame.to_parquet(tmp_path / f"{index}.parquet")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--merge",
+                           ",".join(str(tmp_path / f"{index}.parquet") for index in range(3)), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "out" / "train_throughput.md").read_text()
+    summary = text.split("Runs (device")[0]
+    assert "| sieve | 0.80 (2) |" in summary, summary  # the wide run's, not the newer narrow one nor the oldest
+    assert "`capture_stick` not `wide`" in summary
+    assert "| capture_stick |" in text.split("Runs (device")[1]
