@@ -59,7 +59,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                           compile_mode=compile_mode if compile_mode != "eager" else "default",
                           train_samples=batch_size * (steps + warmup), eval_every=10**9, checkpoint_every=10**9)
     task_obj = get_task(task)
-    device = torch.device("cuda")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: the tests' tiny cells
     Trainer.pad_multiple = pad_multiple if pad_multiple > 0 else 10**6  # 0: every batch at the widest
     Trainer.max_widths = 64  # the multiple as asked (the runner doubles it past 6 widths)
     Trainer.compile_dynamic = {"auto": None, "static": False, "dynamic": True}[dynamic]
@@ -76,42 +76,53 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
     started_at = time.perf_counter()
     widths = stream.widths()
 
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    # One producer for the warm-up and the timed steps, as in a training run: the timed steps find its workers
+    # started and its queue full (a producer started for them put its workers' start-up in the timed seconds)
+    producer = BatchProducer(stream, 0, warmup + steps, workers=default_workers(device.type))
+    batches = iter(producer)
+
     def run(first: int, count: int, trace: bool = False) -> tuple[float, float, float, float]:
-        """Seconds for ``count`` steps from ``first``, the mean padded width, the seconds spent waiting for the
-        data workers' next batch, and the seconds of the first half of the steps (the GPU drained at the half)."""
-        producer = BatchProducer(stream, first, first + count, workers=default_workers("cuda"))
+        """Seconds for the next ``count`` steps (from step ``first``), the mean padded width, the seconds spent
+        waiting for the data workers' next batch, and the seconds of the first half of the steps (the device
+        drained at the half)."""
         tokens = 0
         waited = 0.0
-        torch.cuda.synchronize()
+        sync()
         started = time.perf_counter()
         # as Trainer.train: models with fused ops train on their dense references where the step compiles
         dense = attention_kernels(trainer.model, False) if trainer.dense else contextlib.nullcontext()
         half = started
         with dense:
-            asked = time.perf_counter()
-            for index, (input_ids, labels, features) in enumerate(producer):
+            for index in range(count):
                 if index == count // 2:
-                    torch.cuda.synchronize()
+                    sync()
                     half = time.perf_counter()
+                asked = time.perf_counter()
+                input_ids, labels, features = next(batches)
                 waited += time.perf_counter() - asked
                 tokens += input_ids.shape[1]
                 before = time.perf_counter()
                 trainer.step_fn(to_device(input_ids, device), to_device(labels, device),
                                 to_device(features, device, torch.float32))
                 if trace:  # where the warm-up's time goes: each step's width and seconds (compilations stand out)
-                    torch.cuda.synchronize()
+                    sync()
                     print(f"  warm-up step {first + index}: width {input_ids.shape[1]}, "
                           f"{time.perf_counter() - before:.2f} s", flush=True)
-                asked = time.perf_counter()
-        torch.cuda.synchronize()
-        producer.close()
-        return time.perf_counter() - started, tokens / count, waited, half - started
+        sync()
+        return time.perf_counter() - started, tokens / max(count, 1), waited, half - started
 
     # Warm-up: compile (and record CUDA graphs for) every padded width before timing; the model's construction
     # counts in it (a fresh cell pays both)
-    compile_seconds = run(0, warmup, trace)[0]
-    compile_seconds += started_at - built
-    seconds, mean_width, waited, first_half = run(warmup, steps)
+    try:
+        compile_seconds = run(0, warmup, trace)[0]
+        compile_seconds += started_at - built
+        seconds, mean_width, waited, first_half = run(warmup, steps)
+    finally:
+        producer.close()
     params = sum(p.numel() for p in trainer.model.parameters())
     # whether the model's fused ops were nodes of the compiled graph (kernels/_bridge.py) or graph breaks
     ops = {name for module in trainer.model.modules() if hasattr(module, "kernel_names")
@@ -129,7 +140,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
                 dynamic=dynamic, compiled=trainer_compiled, dense_attention=trainer_dense, steps=steps,
                 samples_per_s=steps * batch_size / seconds,
-                step_ms=1000 * seconds / steps, data_wait_share=waited / seconds,
+                step_ms=1000 * seconds / steps, data_wait_share=waited / seconds, producer="shared",
                 halves=first_half / max(seconds - first_half, 1e-9), warmup_s=compile_seconds,
                 parameters=params,
                 tokens_per_sample=task_obj.max_tokens(config.train_length), mean_padded_width=mean_width,
@@ -275,7 +286,7 @@ def with_ratios(frame: pd.DataFrame) -> pd.DataFrame:
 
 def write(rows: list[dict], out: Path) -> None:
     frame = pd.DataFrame(rows)
-    frame["device"] = device_description(torch.device("cuda"))
+    frame["device"] = device_description(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     frame["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     frame["commit"] = git_sha()
     frame["command"] = command_line()
@@ -373,6 +384,8 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
         columns.insert(columns.index("in_graph") + 1, "capture_stick")
     if "halves" in frame and frame["halves"].notna().any():
         columns.append("halves")
+    if "producer" in frame and frame["producer"].notna().any():
+        columns.append("producer")
     if "cache_warmed" in frame and frame["cache_warmed"].fillna(False).astype(bool).any():
         columns.append("cache_warmed")
     if "baseline_drift" in frame and frame["baseline_drift"].notna().any():
@@ -384,7 +397,9 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
         "`vs_softmax_rope`: samples/s over the fastest softmax + RoPE row of the same task and batch size measured "
         "by the same run. `warmup_s`: the model's construction and the untimed first steps (compilation, graph "
         "capture). `data_wait_share`: the share of the timed seconds spent waiting for the data workers' next "
-        "batch. `halves`: the seconds of the timed steps' first half over their second's (1: steady within the cell)."
+        "batch (`producer` `shared`: the producer that fed the warm-up feeds the timed steps, as in a training run; rows "
+        "without it started one for the timed steps, and its workers' start-up fell in their timed seconds). `halves`: "
+        "the seconds of the timed steps' first half over their second's (1: steady within the cell)."
         "\n\n" + frame_markdown(frame[columns], ".2f") + "\n")
 
 

@@ -102,3 +102,24 @@ def test_the_summary_keeps_the_stick_family_rows_of_the_ops_taken_now(tmp_path):
     assert "| sieve | 0.80 (2) |" in summary, summary  # the wide run's, not the newer narrow one nor the oldest
     assert "`capture_stick` not `wide`" in summary
     assert "| capture_stick |" in text.split("Runs (device")[1]
+
+
+def test_one_producer_feeds_the_warm_up_and_the_timed_steps(monkeypatch):
+    """A cell on the CPU (the smoke model): one data producer from step 0 through the warm-up and the timed steps, so
+    the timed seconds hold no worker start-up; every batch it makes is taken."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    made = []
+    real = train_throughput.BatchProducer
+
+    class Recording(real):
+        def __init__(self, stream, start_step, stop_step, **kwargs):
+            made.append((start_step, stop_step))
+            super().__init__(stream, start_step, stop_step, **kwargs)
+
+    monkeypatch.setattr(train_throughput, "BatchProducer", Recording)
+    row = train_throughput.measure("2back", "softmax", "nape", "smoke", 8, "default", 6, 2, 0, "static")
+    assert made == [(0, 8)]
+    assert row["steps"] == 6 and row["samples_per_s"] > 0
+    assert 0 <= row["data_wait_share"] < 1 and row["halves"] > 0
