@@ -82,11 +82,12 @@ case "$part" in
     done ;;
   throughput)
     # the committed table: results/benchmarks/train_throughput.md. One command a task: softmax + RoPE first and
-    # again last (the run's steadiness), every cell compiled first six at a time (--warm-jobs)
+    # again last (the run's steadiness), every cell compiled first six at a time (--warm-jobs); 300 timed steps
+    # after 20 (batch 512 drifted over 20 after 5)
     for task in mqmtar mqrar copy; do
       python3 benchmarks/train_throughput.py --tasks "$task" --preset paper --pes rope --batch-sizes "${BATCH:-128}" \
         --attns softmax,ssmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda \
-        --steps 100 --warmup 6 --warm-jobs 6 --out "$out/$task" 2>&1 | grep -v -i warn
+        --steps 300 --warmup 20 --warm-jobs 6 --out "$out/$task" 2>&1 | grep -v -i warn
     done 2>&1 | tee "$out/throughput_log.txt" ;;
   parity)
     # four runs at a time; the committed table: results/benchmarks/train_parity.md
