@@ -397,8 +397,9 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
         "`vs_softmax_rope`: samples/s over the fastest softmax + RoPE row of the same task and batch size measured "
         "by the same run. `warmup_s`: the model's construction and the untimed first steps (compilation, graph "
         "capture). `data_wait_share`: the share of the timed seconds spent waiting for the data workers' next "
-        "batch (`producer` `shared`: the producer that fed the warm-up feeds the timed steps, as in a training run; rows "
-        "without it started one for the timed steps, and its workers' start-up fell in their timed seconds). `halves`: "
+        "batch (`producer` `shared`: the producer that fed the warm-up feeds the timed steps, as in a training run; "
+        "rows without it started one for the timed steps, and its workers' start-up fell in their timed seconds). "
+        "`halves`: "
         "the seconds of the timed steps' first half over their second's (1: steady within the cell)."
         "\n\n" + frame_markdown(frame[columns], ".2f") + "\n")
 

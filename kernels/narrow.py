@@ -201,7 +201,8 @@ def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, sm_scale, eps, T, H, M0, R_END, MECH:
     offs_m, offs_n, offs_d, row_ok, rmask, kv_mask, q, k, v, slope, rs = _head_rows(
         Q, K, V, SL, RS, base, bh, pid_m, T, R_END, H, HAS_SLOPES, HAS_RS, D, BD, BM, TP)
     z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-    w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, rs, False, MECH, FILTER, SUMS, CW, FAST, BM, TP)
+    w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, rs, False, MECH, FILTER, SUMS, CW,
+                                                     FAST, BM, TP)
     if DOT_PREC == "ieee":
         acc = tl.dot(w, v.to(tl.float32), input_precision=DOT_PREC)
     else:  # the weights in two halves (hi + lo): the output as accurate as fp32 weights give it
@@ -232,7 +233,8 @@ def _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_sc
         rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
     tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
     z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-    w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, tau, True, MECH, FILTER, SUMS, CW, FAST, BM, TP)
+    w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, tau, True, MECH, FILTER, SUMS, CW,
+                                                     FAST, BM, TP)
     g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
     if MECH == 1:
         s_sum = tl.sum(a, 1)
@@ -354,11 +356,11 @@ ENV_TUNING: dict = json.loads(os.environ.get("LENGTHBENCH_NARROW_TUNING") or "{}
 def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[dict], list[dict], str]:
     """Per launch (``_row_ranges``) the forward's and the backward's settings (``M0``, ``R_END``, ``BM``, ``TP``,
     ``BD``, ``SUMS``, ``CW``, ``FAST``, warps, stages), and the backward's layout (``head`` or ``blocks``;
-    ``blocks`` wherever the rows are split). Tuning keys: those of :data:`TUNING`, ``bm``, ``warps``, ``stages`` (the forward's), ``bwd_bm``, ``bwd_warps``, ``bwd_stages``
-    (the backward's; None: the forward's), ``widths`` (``{keys: {those keys}}``: settings for the launch against
-    that many keys only), ``bd`` (the head dim the tiles are padded to, a power of two at least the head dim's),
-    ``backward``, ``rows`` (``split``: each row range against the keys it can see; ``whole``: one launch over
-    every row and all keys)."""
+    ``blocks`` wherever the rows are split). Tuning keys: those of :data:`TUNING`, ``bm``, ``warps``, ``stages``
+    (the forward's), ``bwd_bm``, ``bwd_warps``, ``bwd_stages`` (the backward's; None: the forward's), ``widths``
+    (``{keys: {those keys}}``: settings for the launch against that many keys only), ``bd`` (the head dim the
+    tiles are padded to, a power of two at least the head dim's), ``backward``, ``rows`` (``split``: each row
+    range against the keys it can see; ``whole``: one launch over every row and all keys)."""
     config = dict(bm=None, warps=None, stages=None, bwd_bm=None, bwd_warps=None, bwd_stages=None, backward="head",
                   rows="split", bd=None, widths=None, **TUNING)
     tuning = dict(tuning or {})
