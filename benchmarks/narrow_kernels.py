@@ -9,10 +9,10 @@ that validation and scoring call (``wide``), forward and forward+backward, media
 
     python benchmarks/narrow_kernels.py --out results/benchmarks
 
-``--variant NAME=JSON`` adds the training-width op of ``kernels/narrow.py`` with ``tuning=JSON`` (a NAME that
-starts with ``wide``: the long-context op with that tuning) (e.g.
-``'bm32={"bm": 32}'`` for its row block, ``'bd32={"bd": 32}'`` for tiles padded to head dim 32), also at
-widths where the capturable path takes the long-context op. Writes ``narrow_kernels.parquet`` and ``.md`` with
+``--variant NAME=JSON`` adds the training-width op of ``kernels/narrow.py`` with ``tuning=JSON``, also at widths
+where the capturable path takes another op (e.g. ``'bm32={"bm": 32}'`` for its row block, ``'bd32={"bd": 32}'``
+for tiles padded to head dim 32); a NAME that starts with ``wide`` adds the long-context op with that tuning
+(``'wide32={"fwd": [32, 32, 4, 2], "bwd": [32, 32, 4, 2]}'``). Writes ``narrow_kernels.parquet`` and ``.md`` with
 the device, date, commit and command.
 """
 
@@ -81,8 +81,22 @@ def measure(mechanism: str, shape: tuple[int, int, int, int], variants: dict[str
             old = best.get(name, (math.inf, math.inf))
             best[name] = (min(old[0], forward), min(old[1], both))
     return [dict(mechanism=mechanism, op=name, batch=shape[0], heads=shape[1], tokens=shape[2], head_dim=shape[3],
-                 narrow=not name.startswith("wide") and mechanism in NARROW_OPS and shape[2] <= 256,
-                 fwd_ms=forward, fwd_bwd_ms=both, repeat=repeat) for name, (forward, both) in best.items()]
+                 narrow=takes_narrow(mechanism, name, shape[2]), fwd_ms=forward, fwd_bwd_ms=both, repeat=repeat)
+            for name, (forward, both) in best.items()]
+
+
+def takes_narrow(mechanism: str, op: str, tokens: int) -> bool:
+    """Whether ``op`` (``wide``, ``capturable`` or a variant's name) ran the training-width kernels."""
+    from lengthbench import kernels
+    from lengthbench.kernels import narrow
+
+    if op.startswith("wide") or mechanism not in NARROW_OPS:
+        return False
+    if op != "capturable":  # a variant: the training-width op itself
+        return tokens <= narrow.NARROW_MAX_TOKENS
+    if mechanism in kernels.STICK_FAMILY and kernels.CAPTURE_STICK == "wide":
+        return False
+    return tokens <= narrow.CAPTURE_MAX_TOKENS["entmax" if mechanism == "entmax" else "stick"]
 
 
 def sdpa_row(shape, repeat: int = 1) -> dict:

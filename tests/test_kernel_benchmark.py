@@ -139,3 +139,22 @@ def test_trained_inputs_are_a_layers_projected_qkv(tmp_path):
     assert not torch.equal(first[0], q)  # another layer's projection
     with pytest.raises(UsageError, match="2 attention layers"):
         bench.capture_qkv(folder / "model.pt", 2, 40, device="cpu")
+
+
+def test_narrow_kernel_rows_say_which_op_ran():
+    """benchmarks/narrow_kernels.py's ``narrow`` column: the capturable op follows the library's choice (the
+    stick-breaking family on the long-context ops), a variant runs the training-width op at any width it takes."""
+    import pytest
+
+    pytest.importorskip("triton")
+    import narrow_kernels
+
+    from lengthbench import kernels
+
+    assert kernels.CAPTURE_STICK == "wide"
+    assert not narrow_kernels.takes_narrow("sieve", "capturable", 83)
+    assert narrow_kernels.takes_narrow("entmax", "capturable", 131)
+    assert not narrow_kernels.takes_narrow("sieve-entmax", "capturable", 131)  # past its 128 keys
+    assert narrow_kernels.takes_narrow("sieve", "bd32", 131)
+    assert not narrow_kernels.takes_narrow("sieve", "wide32", 83)
+    assert not narrow_kernels.takes_narrow("softpick", "capturable", 83)
