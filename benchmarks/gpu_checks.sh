@@ -84,11 +84,12 @@ case "$part" in
     # the committed table: results/benchmarks/train_throughput.md. One command a task: softmax + RoPE first and
     # again last (the run's steadiness), every cell compiled first six at a time (--warm-jobs); 300 timed steps
     # after 20 (batch 512 drifted over 20 after 5)
-    for task in mqmtar mqrar copy; do
-      python3 benchmarks/train_throughput.py --tasks "$task" --preset paper --pes rope --batch-sizes "${BATCH:-128}" \
+    # TASKS and PES choose others (e.g. TASKS=copy PES=rope,nape; one GPU each: CUDA_VISIBLE_DEVICES)
+    for task in ${TASKS:-mqmtar mqrar copy}; do
+      python3 benchmarks/train_throughput.py --tasks "$task" --preset paper --pes "${PES:-rope}" --batch-sizes "${BATCH:-128}" \
         --attns softmax,ssmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda \
         --steps 300 --warmup 20 --warm-jobs 6 --out "$out/$task" 2>&1 | grep -v -i warn
-    done 2>&1 | tee "$out/throughput_log.txt" ;;
+    done 2>&1 | tee -a "$out/throughput_log.txt" ;;
   parity)
     # four runs at a time; the committed table: results/benchmarks/train_parity.md
     python3 benchmarks/train_parity.py --cells mqmtar:asentmax:nape,mqrar:stickbreaking:none --seeds 0,1 \

@@ -17,7 +17,9 @@ eager step.
 
 ``--warm-jobs N`` first runs every cell for a few steps in N processes at once, so that the timed pass finds
 Inductor's kernels compiled (on a 16-core machine it shortens a 30-cell command several times over; the rows'
-``warmup_s`` is then not a fresh machine's, and they say ``cache_warmed``).
+``warmup_s`` is then not a fresh machine's, and they say ``cache_warmed``). Each row's ``first_warmup_s`` is then
+its cell's warm-up in that first pass: construction, compilation and graph capture with the caches the command
+found (empty on a fresh machine), N cells compiling at once.
 
 Writes ``<out>/train_throughput.parquet`` and ``.md`` with the device, date, commit and command.
 """
@@ -193,8 +195,7 @@ def main() -> None:
         return
     if args.stacks_after > 0:
         faulthandler.dump_traceback_later(args.stacks_after, exit=True)
-    if args.warm_jobs > 0:
-        warm(args)
+    first_warmups = warm(args) if args.warm_jobs > 0 else {}
     rows = []
     for task in args.tasks.split(","):
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):
@@ -215,6 +216,7 @@ def main() -> None:
                                   args.dynamic, args.trace, path, train_step)
                     row["closing"] = index == len(cells)
                     row["cache_warmed"] = args.warm_jobs > 0
+                    row["first_warmup_s"] = first_warmups.get((task, str(batch_size), train_step, attn, pe, path))
                     rows.append(row)
                     if row["closing"]:
                         drift = row["samples_per_s"] / rows[group]["samples_per_s"]
@@ -253,23 +255,29 @@ def warm_commands(args: argparse.Namespace) -> list[list[str]]:
     return commands
 
 
-def warm(args: argparse.Namespace) -> None:
+def warm(args: argparse.Namespace) -> dict[tuple, float]:
     """Runs :func:`warm_commands` ``args.warm_jobs`` at a time (their compilations use the CPU's cores at once,
-    where one process compiles one cell after another)."""
+    where one process compiles one cell after another). Returns each warmed cell's ``warmup_s`` by ``(task,
+    batch size, step, attn, pe, path)``, the strings of the command line."""
     commands = warm_commands(args)
     started = time.perf_counter()
 
-    def one(command: list[str]) -> str:
+    def one(command: list[str]) -> tuple[str, dict]:
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode == 0:
-            return ""
+            table = Path(command[command.index("--out") + 1]) / "train_throughput.parquet"
+            row = pd.read_parquet(table).iloc[0]
+            return "", {(row["task"], str(row["batch_size"]), row["train_step"], row["attn"], row["pe"],
+                         row["train_attention"]): float(row["warmup_s"])}
         said = [line for line in done.stderr.splitlines() if line.strip() and "warn" not in line.lower()]
-        return f"{' '.join(command[2:8])}: exit {done.returncode}" + (f" ({said[-1][:200]})" if said else "")
+        return f"{' '.join(command[2:8])}: exit {done.returncode}" + (f" ({said[-1][:200]})" if said else ""), {}
 
     with ThreadPoolExecutor(max_workers=args.warm_jobs) as pool:
-        failed = [message for message in pool.map(one, commands) if message]
+        done = list(pool.map(one, commands))
+    failed = [message for message, _ in done if message]
     print(f"warmed {len(commands) - len(failed)} of {len(commands)} cells in {time.perf_counter() - started:.0f} s "
           f"({args.warm_jobs} at a time)" + "".join(f"\n  not warmed: {message}" for message in failed), flush=True)
+    return {key: seconds for _, seconds in done for key, seconds in seconds.items()}
 
 
 def with_ratios(frame: pd.DataFrame) -> pd.DataFrame:
@@ -388,6 +396,8 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
         columns.append("producer")
     if "cache_warmed" in frame and frame["cache_warmed"].fillna(False).astype(bool).any():
         columns.append("cache_warmed")
+    if "first_warmup_s" in frame and frame["first_warmup_s"].notna().any():
+        columns.insert(columns.index("warmup_s") + 1, "first_warmup_s")
     if "baseline_drift" in frame and frame["baseline_drift"].notna().any():
         columns.append("baseline_drift")
     if frame["note"].fillna("").str.len().gt(0).any():  # what a row's numbers alone do not say
@@ -396,7 +406,9 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
         "# Training throughput\n\n" + newest_summary(frame) + "Runs (device, date, commit, command):\n\n" + runs + "\n\n"
         "`vs_softmax_rope`: samples/s over the fastest softmax + RoPE row of the same task and batch size measured "
         "by the same run. `warmup_s`: the model's construction and the untimed first steps (compilation, graph "
-        "capture). `data_wait_share`: the share of the timed seconds spent waiting for the data workers' next "
+        "capture); with `cache_warmed`, Inductor's caches were filled first by `--warm-jobs` processes, and "
+        "`first_warmup_s` is the cell's warm-up in its own such process (with the caches the command found, several "
+        "cells compiling at once). `data_wait_share`: the share of the timed seconds spent waiting for the data workers' next "
         "batch (`producer` `shared`: the producer that fed the warm-up feeds the timed steps, as in a training run; "
         "rows without it started one for the timed steps, and its workers' start-up fell in their timed seconds). "
         "`halves`: "

@@ -123,3 +123,30 @@ def test_one_producer_feeds_the_warm_up_and_the_timed_steps(monkeypatch):
     assert made == [(0, 8)]
     assert row["steps"] == 6 and row["samples_per_s"] > 0
     assert 0 <= row["data_wait_share"] < 1 and row["halves"] > 0
+
+
+def test_warm_returns_each_cells_first_warm_up(monkeypatch):
+    """``--warm-jobs``: each warm process's ``warmup_s`` comes back keyed by its cell (the rows' ``first_warmup_s``);
+    a process that failed gives none and is named."""
+    import argparse
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    def fake_run(command, **kwargs):
+        attn = command[command.index("--attns") + 1]
+        if attn == "sieve":
+            return subprocess.CompletedProcess(command, 1, "", "RuntimeError: no kernel")
+        out = Path(command[command.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame([dict(task=command[command.index("--tasks") + 1], batch_size=128, train_step="graph-compiled",
+                           attn=attn, pe="rope", train_attention="fused", warmup_s=42.5)]).to_parquet(
+            out / "train_throughput.parquet")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(train_throughput.subprocess, "run", fake_run)
+    args = argparse.Namespace(tasks="mqrar", attns="softmax,sieve", pes="rope", preset="paper", batch_sizes="128",
+                              train_steps="graph-compiled", train_attentions="fused", compile_modes="default",
+                              pad_multiples="8", dynamic="static", warmup=6, in_graph="", warm_jobs=2)
+    first = train_throughput.warm(args)
+    assert first == {("mqrar", "128", "graph-compiled", "softmax", "rope", "fused"): 42.5}
