@@ -238,6 +238,8 @@ def warm_commands(args: argparse.Namespace) -> list[list[str]]:
     """One command per cell of ``args`` (each task, batch size, step, mechanism, encoding and path) that runs it
     for a few untimed steps, for :func:`warm`."""
     commands = []
+    # a folder of this command's own: commands on one machine at once do not read each other's warm rows
+    scratch = Path(tempfile.mkdtemp(prefix="lengthbench-warm-"))
     for task in args.tasks.split(","):
         for batch_size in args.batch_sizes.split(","):
             for train_step in args.train_steps.split(","):
@@ -251,7 +253,7 @@ def warm_commands(args: argparse.Namespace) -> list[list[str]]:
                                 "--compile-modes", args.compile_modes, "--pad-multiples", args.pad_multiples,
                                 "--dynamic", args.dynamic, "--steps", "2", "--warmup", str(args.warmup),
                                 *(["--in-graph", args.in_graph] if args.in_graph else []),
-                                "--out", str(Path(tempfile.gettempdir()) / "lengthbench-warm" / f"{len(commands)}")])
+                                "--out", str(scratch / f"{len(commands)}")])
     return commands
 
 
