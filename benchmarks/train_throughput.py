@@ -346,7 +346,8 @@ def newest_summary(frame: pd.DataFrame) -> str:
     table = rows.pivot(index="attn", columns="column", values="cell").fillna("")
     table = table[sorted(table.columns)].reset_index()
     base = rows[(rows["attn"] == "softmax") & (rows["pe"] == "rope")]
-    speeds = "; ".join(f"{r.task} b{r.batch_size} {r.samples_per_s:,.0f} (run {r.run})"
+    # the baseline of the ratios: the faster of a run's first and closing softmax + RoPE rows
+    speeds = "; ".join(f"{r.task} b{r.batch_size} {r.softmax_rope_samples_per_s:,.0f} (run {r.run})"
                        for r in base.sort_values(["task", "batch_size"]).itertuples())
     # rows measured before the runs said which path their fused ops took: they describe the path of their commit
     unsaid = rows[rows["in_graph"].isna() & ~rows["attn"].isin(["softmax", "ssmax"])] if "in_graph" in rows else rows[:0]
@@ -364,7 +365,7 @@ def newest_summary(frame: pd.DataFrame) -> str:
                   f"by more than {UNSTEADY:.0%} (`baseline_drift`): its ratios are not a steady measurement.")
     return ("The default step (one CUDA graph, compiled, fused ops): each mechanism's samples/s over softmax + "
             "RoPE's in the same run, from the newest run that measured it (its number in brackets; the runs are "
-            "listed below). softmax + RoPE, samples/s: " + speeds + "." + older + "\n\n" + frame_markdown(table)
+            "listed below). softmax + RoPE, samples/s (the faster of a run's first and closing rows): " + speeds + "." + older + "\n\n" + frame_markdown(table)
             + "\n\n")
 
 

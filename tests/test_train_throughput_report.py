@@ -57,7 +57,8 @@ def test_a_run_whose_closing_baseline_drifted_is_marked_unsteady(tmp_path):
     summary = (tmp_path / "out" / "train_throughput.md").read_text().split("Runs (device")[0]
     # the ratios take the faster softmax + RoPE row of the run (the closing one where it was faster)
     assert "| entmax | 0.50 (2, unsteady) | 0.78 (1) |" in summary, summary
-    assert "`unsteady`" in summary and "mqrar b128 50,000 (run 1)" in summary  # the closing row is not the speed shown
+    # the speed shown is the ratios' baseline: the faster of the first and closing rows
+    assert "`unsteady`" in summary and "mqrar b128 51,000 (run 1)" in summary and "copy b128 80,000 (run 2)" in summary
 
 
 def test_warm_commands_run_each_cell_for_a_few_steps():
