@@ -417,9 +417,12 @@ def sieve_alg1_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None,
     weights kept where ``z_rj >= max_{k<r} z_rk - eps`` (strictly above, ties at the boundary aside).
     ``masked=False``: the stick broken over the kept keys only, as Sieve's definition breaks it over its
     filter. ``tuning``: the stick-breaking kernels' launch settings and levers (``stickbreaking.launch_config``;
-    ``rowmax`` the row-max pass's tiles)."""
+    ``rowmax`` the row-max pass's tiles, ``rowmax_pass`` ``fused`` that pass inside the forward kernel)."""
     pb = Problem(q, k, v, slopes, row_scale, sm_scale)
-    bm, bn, warps, stages = launch_config_sb(pb, tuning)["rowmax"]
+    config = launch_config_sb(pb, tuning)
+    if config["rowmax_pass"] == "fused":  # the forward kernel finds the row maxima before its walk
+        return StickBreakingAttention.apply(q, k, v, slopes, row_scale, float(eps), sm_scale, bool(masked), tuning)
+    bm, bn, warps, stages = config["rowmax"]
     rowmax = pb.rows()
     _rowmax_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
         pb.q, pb.k, pb.opt(pb.slopes), pb.opt(pb.row_scale), rowmax, pb.sm_scale, pb.tokens, pb.heads,

@@ -49,8 +49,10 @@ LN2 = tl.constexpr(0.6931471805599453)
 # The levers of ``tuning`` (``stickbreaking_attention``, ``sieve_alg1_attention``) and their defaults; see
 # ``launch_config``.
 TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="bf16x2", cumsum_width=None, exp2=True, log1p="poly",
-              split=False, backward="prefix", sigmoid="reuse", skip_empty=True, loop="while", full_tiles=False)
+              split=False, backward="prefix", sigmoid="reuse", skip_empty=True, loop="while", full_tiles=False,
+              rowmax_pass="kernel")
 _CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3"), backward=("suffix", "prefix"),
+                rowmax_pass=("kernel", "fused"),
                 sigmoid=("exp", "reuse"), loop=("while", "for"), log1p=("log", "poly"))
 
 
@@ -92,6 +94,10 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       the ``prefix`` backward's walk is a counted loop either way, the ``suffix`` one a ``while`` loop.
     - ``full_tiles``: the forward of stick-breaking (no filter) takes the key tiles that lie before every row
       of its query tile (all but the diagonal's) without the causal masks' selects.
+    - ``rowmax_pass``: ``sieve_alg1_attention``'s row maxima by a pass of their own (``kernel``: one more launch,
+      and the threshold's arithmetic on the host's stream) or by the forward kernel itself before its walk
+      (``fused``: the same scores, each query tile's keys read once more by the same program), which stores the
+      threshold for the backward.
     """
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(TUNING))
@@ -281,13 +287,16 @@ def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.c
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H, exit_at,
-                SAVE: tl.constexpr, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H, exit_at, eps,
+                SAVE: tl.constexpr, FILTER: tl.constexpr, ROWMAX: tl.constexpr, HAS_SLOPES: tl.constexpr,
+                HAS_RS: tl.constexpr,
                 SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
                 LOG1P: tl.constexpr, SKIP: tl.constexpr, LOOP: tl.constexpr, FULL: tl.constexpr):
     """The forward of a query tile. ``SAVE`` 1 keeps the remainder and the fp32 output (``suffix`` backward);
-    3 the softplus sum ``L_r`` (nats) and the first key walked, per row (``prefix`` backward)."""
+    3 the softplus sum ``L_r`` (nats) and the first key walked, per row (``prefix`` backward). ``ROWMAX``: the
+    filter's threshold is Algorithm 1's, ``(max_{j<r} z_rj - eps) / 2``, found here over the row's earlier keys
+    and stored in ``TAU`` (else read from it)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
@@ -305,7 +314,12 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
         rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
     tau = tl.zeros([BM], dtype=tl.float32)
     if FILTER:
-        tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=float("inf"))
+        if ROWMAX:
+            tau = _rowmax_tau(q, K, base, offs_m, offs_d, dmask, row_ok, pid_m, T, sm_scale, slope, rs, eps,
+                              HAS_SLOPES, HAS_RS, DOT_PREC, D, BM, BN)
+            tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
+        else:
+            tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=float("inf"))
     scale = sm_scale
     if EXP2:  # the scores, the filter and the exit in bits
         scale = sm_scale * LOG2E
@@ -330,6 +344,23 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
         tl.store(START + bh * T + offs_m, tl.zeros([BM], dtype=tl.int32) + (n_tiles - t) * BN, mask=row_ok)
     else:
         _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, D, SAVE, D)
+
+
+@triton.jit
+def _rowmax_tau(q, K, base, offs_m, offs_d, dmask, row_ok, pid_m, T, sm_scale, slope, rs, eps,
+                HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr):
+    """Algorithm 1's threshold of a query tile's rows, ``(max_{j<r} z_rj - eps) / 2`` less a sliver (so that
+    ``z = max - eps`` stays in; -inf for row 0, +inf past the last row): ``sieve.py``'s row-max pass, inline."""
+    best = tl.full([BM], float("-inf"), dtype=tl.float32)
+    for start_n in range(0, tl.minimum((pid_m + 1) * BM, T), BN):
+        offs_n = start_n + tl.arange(0, BN)
+        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=(offs_n < T)[:, None] & dmask[None, :],
+                    other=0.0)
+        z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+        earlier = (offs_n[None, :] < offs_m[:, None]) & (offs_n[None, :] < T)
+        best = tl.maximum(best, tl.max(tl.where(earlier, z, float("-inf")), 1))
+    return tl.where(row_ok, (best - eps) * 0.5 - 1e-6, float("inf"))
 
 
 @triton.jit
@@ -712,7 +743,8 @@ def _bwd_store(dq, d_rs, d_sl, DQ, DRS, DSL, base, offs_m, offs_d, rmask, row_ok
 class StickBreakingAttention(torch.autograd.Function):
     """Stick-breaking (``tau`` None) or its filtered forms (``tau`` ``[B, H, T]``): Sieve, or with
     ``weights_only`` the filter on the weights alone (``sieve-alg1``); ``tuning`` the levers of
-    ``launch_config``."""
+    ``launch_config``. ``tau`` a float ``eps``: the threshold is Algorithm 1's, ``(max_{j<r} z_rj - eps) / 2``,
+    found by the forward kernel (``rowmax_pass`` ``fused``)."""
 
     @staticmethod
     def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, weights_only=False, tuning=None):
@@ -726,14 +758,21 @@ class StickBreakingAttention(torch.autograd.Function):
         lse = pb.rows() if save and prefix else None
         start = torch.empty(pb.batch, pb.heads, pb.tokens, device=q.device, dtype=torch.int32) if save and prefix \
             else None
-        tau = None if tau is None else tau.detach().to(torch.float32).expand(pb.batch, pb.heads, pb.tokens).contiguous()
+        eps = 0.0
+        if isinstance(tau, float):  # the forward kernel finds the threshold and writes it here
+            eps, tau = tau, pb.rows()
+            rowmax = True
+        else:
+            rowmax = False
+            tau = None if tau is None else tau.detach().to(torch.float32).expand(
+                pb.batch, pb.heads, pb.tokens).contiguous()
         mode = 0 if tau is None else (2 if weights_only else 1)
         ctx.mode = mode
         bm, bn, warps, stages = config["fwd"]
         _fwd_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
             pb.q, pb.k, pb.v, out, pb.opt(o32), pb.opt(rem), pb.opt(lse), pb.opt(start), pb.opt(pb.slopes),
-            pb.opt(pb.row_scale), pb.opt(tau), pb.sm_scale, pb.tokens, pb.heads, EXIT_AT,
-            SAVE=(3 if prefix else 1) if save else 0, FILTER=mode, HAS_SLOPES=pb.slopes is not None,
+            pb.opt(pb.row_scale), pb.opt(tau), pb.sm_scale, pb.tokens, pb.heads, EXIT_AT, eps,
+            SAVE=(3 if prefix else 1) if save else 0, FILTER=mode, ROWMAX=rowmax, HAS_SLOPES=pb.slopes is not None,
             HAS_RS=pb.row_scale is not None, SPLIT=config["split"] and q.dtype != torch.float32,
             DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, CUMSUM=config["cumsum"],
             CW=min(bn, config["cumsum_width"] or bn),

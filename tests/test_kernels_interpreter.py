@@ -44,6 +44,7 @@ STICK_VARIANTS = [
     ("prefix-all", dict(fwd=(32, 16, 4, 1), bwd=(16, 32, 4, 1), backward="prefix", cumsum="dot2", exp2=True,
                         sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly")),
     ("skip", dict(SMALL, skip_empty=True)),
+    ("rowmax-fused", dict(SMALL, rowmax_pass="fused")),  # sieve-alg1's row maxima inside its forward kernel
 ]
 # per op: (label, tuning) of the launch paths to run besides the defaults, and on which shapes
 VARIANTS = {
@@ -52,7 +53,8 @@ VARIANTS = {
     "sieve-entmax": [("lists-8", dict(list_size=8)), ("no-lists", dict(lists=False))],
     "entmax": [("no-lists", dict(lists=False)), ("lists-8", dict(list_size=8))],
     "sparsemax": [("no-lists", dict(lists=False))],
-    "stickbreaking": [(label, tuning) for label, tuning in STICK_VARIANTS if label != "skip"],  # (sieve-alg1's)
+    # (skip and rowmax-fused: sieve-alg1's levers)
+    "stickbreaking": [(label, tuning) for label, tuning in STICK_VARIANTS if label not in ("skip", "rowmax-fused")],
     "sieve-alg1": STICK_VARIANTS,
 }
 # and the settings a CUDA graph records (the training step's: lengthbench.kernels.CAPTURE_TUNING)
