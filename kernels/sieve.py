@@ -50,7 +50,6 @@ from lengthbench.kernels._common import (
     gathered_rows,
     head_slope,
     rows_scale,
-    score_tile,
     softplus,
     tile_rows,
 )
@@ -67,6 +66,7 @@ from lengthbench.kernels.stickbreaking import (
     _fwd_walk,
     grad_buffers,
     param_grads,
+    row_max_earlier,
 )
 from lengthbench.kernels.stickbreaking import launch_config as launch_config_sb
 
@@ -400,14 +400,8 @@ def _rowmax_kernel(Q, K, SL, RS, OUT, sm_scale, T, H, HAS_SLOPES: tl.constexpr, 
     q = tl.load(Q + base + roff, mask=rmask, other=0.0)
     slope = head_slope(SL, bh, H, HAS_SLOPES)
     rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
-    best = tl.full([BM], float("-inf"), dtype=tl.float32)
-    for start_n in range(0, tl.minimum((pid_m + 1) * BM, T), BN):
-        offs_n = start_n + tl.arange(0, BN)
-        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=(offs_n < T)[:, None] & dmask[None, :],
-                    other=0.0)
-        z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-        earlier = (offs_n[None, :] < offs_m[:, None]) & (offs_n[None, :] < T)
-        best = tl.maximum(best, tl.max(tl.where(earlier, z, float("-inf")), 1))
+    best = row_max_earlier(q, K, base, offs_m, offs_d, dmask, pid_m, T, sm_scale, slope, rs, HAS_SLOPES, HAS_RS,
+                           DOT_PREC, D, BM, BN)
     tl.store(OUT + bh * T + offs_m, best, mask=row_ok)
 
 

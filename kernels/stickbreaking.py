@@ -347,11 +347,10 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
 
 
 @triton.jit
-def _rowmax_tau(q, K, base, offs_m, offs_d, dmask, row_ok, pid_m, T, sm_scale, slope, rs, eps,
-                HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr):
-    """Algorithm 1's threshold of a query tile's rows, ``(max_{j<r} z_rj - eps) / 2`` less a sliver (so that
-    ``z = max - eps`` stays in; -inf for row 0, +inf past the last row): ``sieve.py``'s row-max pass, inline."""
+def row_max_earlier(q, K, base, offs_m, offs_d, dmask, pid_m, T, sm_scale, slope, rs, HAS_SLOPES: tl.constexpr,
+                    HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr,
+                    BN: tl.constexpr):
+    """``max_{j<r} z_rj`` of a query tile's rows (-inf for row 0): Algorithm 1's row maxima (``sieve.py``)."""
     best = tl.full([BM], float("-inf"), dtype=tl.float32)
     for start_n in range(0, tl.minimum((pid_m + 1) * BM, T), BN):
         offs_n = start_n + tl.arange(0, BN)
@@ -360,6 +359,18 @@ def _rowmax_tau(q, K, base, offs_m, offs_d, dmask, row_ok, pid_m, T, sm_scale, s
         z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
         earlier = (offs_n[None, :] < offs_m[:, None]) & (offs_n[None, :] < T)
         best = tl.maximum(best, tl.max(tl.where(earlier, z, float("-inf")), 1))
+    return best
+
+
+@triton.jit
+def _rowmax_tau(q, K, base, offs_m, offs_d, dmask, row_ok, pid_m, T, sm_scale, slope, rs, eps,
+                HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr):
+    """Algorithm 1's threshold of a query tile's rows, ``(max_{j<r} z_rj - eps) / 2`` less a sliver (so that
+    ``z = max - eps`` stays in; -inf for row 0, +inf past the last row), as ``sieve_alg1_attention`` computes it
+    from its row-max pass."""
+    best = row_max_earlier(q, K, base, offs_m, offs_d, dmask, pid_m, T, sm_scale, slope, rs, HAS_SLOPES, HAS_RS,
+                           DOT_PREC, D, BM, BN)
     return tl.where(row_ok, (best - eps) * 0.5 - 1e-6, float("inf"))
 
 
