@@ -23,8 +23,7 @@ found (empty on a fresh machine), N cells compiling at once.
 
 Run it alone on its machine: its data workers need the host's cores. Four commands at once on a host of four
 GPUs, one GPU each, left 19 of their 69 cells at batch 128 waiting 40-82% of the timed seconds for data, and
-their batch-512 cells at a third or less of the speed they have alone
-(results/benchmarks/gpu_logs/train_throughput_four_at_once.txt).
+MQRAR's batch-512 cells at 0.37-0.65 of their speed alone (results/benchmarks/gpu_logs/train_throughput_four_at_once.txt).
 
 Writes ``<out>/train_throughput.parquet`` and ``.md`` with the device, date, commit and command.
 """
