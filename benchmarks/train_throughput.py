@@ -142,6 +142,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
     return dict(note=note, task=task, attn=attn, pe=pe, preset=preset, batch_size=batch_size, train_step=train_step,
                 train_attention=train_attention, in_graph=in_graph, fused_ops=",".join(sorted(ops)),
                 narrow_tuning=os.environ.get("LENGTHBENCH_NARROW_TUNING", ""), capture_stick=kernels.CAPTURE_STICK,
+                capture_tuning=os.environ.get("LENGTHBENCH_CAPTURE_TUNING", ""),
                 captured=captured, capture_error=failed,
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
                 dynamic=dynamic, compiled=trainer_compiled, dense_attention=trainer_dense, steps=steps,
@@ -308,7 +309,8 @@ def write(rows: list[dict], out: Path) -> None:
 
 
 # the environment variables that choose the ops a training step takes: a command that set one names it
-PATH_VARIABLES = ("LENGTHBENCH_IN_GRAPH", "LENGTHBENCH_CAPTURE_STICK", "LENGTHBENCH_NARROW_TUNING")
+PATH_VARIABLES = ("LENGTHBENCH_IN_GRAPH", "LENGTHBENCH_CAPTURE_STICK", "LENGTHBENCH_NARROW_TUNING",
+                  "LENGTHBENCH_CAPTURE_TUNING")
 
 
 def command_line() -> str:
@@ -335,7 +337,12 @@ def newest_summary(frame: pd.DataFrame) -> str:
     # capture_stick column ran the training-width kernels (narrow)
     taken = rows["capture_stick"].fillna("narrow") if "capture_stick" in rows else pd.Series("narrow", index=rows.index)
     other = rows["attn"].isin(kernels.STICK_FAMILY) & (taken != kernels.CAPTURE_STICK)
-    rows = rows[~other]
+    # rows of a lever set from the environment (a tuning that is not the library's) are comparisons, not the path
+    tuned = pd.Series(False, index=rows.index)
+    for column in ("narrow_tuning", "capture_tuning"):
+        if column in rows:
+            tuned |= rows[column].fillna("").astype(str).str.len().gt(0)
+    rows = rows[~other & ~tuned]
     if rows.empty:
         return ""
     if "closing" in rows:  # a run's closing softmax + RoPE row counts in its ratios (with_ratios), not here
@@ -364,6 +371,9 @@ def newest_summary(frame: pd.DataFrame) -> str:
         older += (f" Rows of {', '.join(kernels.STICK_FAMILY)} measured with their ops other than today's "
                   f"(`capture_stick` not `{kernels.CAPTURE_STICK}`; rows without the column ran the training-width "
                   "kernels) are left out of this table.")
+    if tuned.any():
+        older += (" Rows measured with `LENGTHBENCH_NARROW_TUNING` or `LENGTHBENCH_CAPTURE_TUNING` set (levers "
+                  "compared against the library's settings) are left out of this table.")
     if unsteady.any():
         older += (f" `unsteady`: the run measured softmax + RoPE at its start and again at its end, and the two differ "
                   f"by more than {UNSTEADY:.0%} (`baseline_drift`): its ratios are not a steady measurement.")
@@ -397,6 +407,9 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
         columns.append("data_wait_share")
     if "capture_stick" in frame and frame["capture_stick"].notna().any():
         columns.insert(columns.index("in_graph") + 1, "capture_stick")
+    for column in ("narrow_tuning", "capture_tuning"):  # the levers a comparison set, where one did
+        if column in frame and frame[column].fillna("").astype(str).str.len().gt(0).any():
+            columns.insert(columns.index("in_graph") + 1, column)
     if "halves" in frame and frame["halves"].notna().any():
         columns.append("halves")
     if "producer" in frame and frame["producer"].notna().any():

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import os
 from collections.abc import Callable
 
@@ -81,6 +82,32 @@ if CAPTURE_STICK not in ("narrow", "wide"):
 if CAPTURE_STICK == "wide":
     for _name in STICK_FAMILY:
         CAPTURE_TUNING[_name] = {"fwd": (32, 32, 4, 2), "bwd": (32, 32, 4, 2)}
+
+
+def capture_tuning_overrides(text: str) -> dict[str, dict]:
+    """``LENGTHBENCH_CAPTURE_TUNING``: a JSON object of mechanism -> tuning keys that replace or join that
+    mechanism's :data:`CAPTURE_TUNING` (the long-context op's levers, e.g. ``{"sieve-alg1": {"rowmax_pass":
+    "fused"}}``; the training-width kernels of ``narrow.py`` take ``LENGTHBENCH_NARROW_TUNING``). A
+    ``ValueError`` names what is wrong; the op itself checks its keys when it runs."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"LENGTHBENCH_CAPTURE_TUNING is not JSON ({error.msg}): {text!r}") from None
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ValueError("LENGTHBENCH_CAPTURE_TUNING must be a JSON object of mechanism -> object of tuning keys, "
+                         f"got {text!r}")
+    unknown = sorted(set(value) - set(_KERNELS))
+    if unknown:
+        raise ValueError(f"LENGTHBENCH_CAPTURE_TUNING names no fused op: {', '.join(unknown)} "
+                         f"(choose from {', '.join(sorted(_KERNELS))})")
+    # JSON lists stand for the tuples of tile settings
+    return {name: {key: tuple(v) if isinstance(v, list) else v for key, v in tuning.items()}
+            for name, tuning in value.items()}
+
+
+# ``LENGTHBENCH_CAPTURE_TUNING`` changes some of them, for benchmarks that compare a lever through whole training steps
+for _name, _tuning in capture_tuning_overrides(os.environ.get("LENGTHBENCH_CAPTURE_TUNING") or "{}").items():
+    CAPTURE_TUNING[_name] = {**CAPTURE_TUNING.get(_name, {}), **_tuning}
 
 
 def in_graph_set(text: str) -> frozenset[str]:

@@ -163,3 +163,30 @@ def test_capturable_stick_family_takes_the_long_context_op_with_32_tiles(monkeyp
         op(q, q, q)
     assert calls == [("wide", {"fwd": (32, 32, 4, 2), "bwd": (32, 32, 4, 2)})] * 3
     assert "sieve-entmax" not in kernels.STICK_FAMILY and "sieve-entmax" in kernels.NARROW_OPS
+
+
+def test_capture_tuning_overrides_parse_and_reject():
+    """``LENGTHBENCH_CAPTURE_TUNING``: mechanism -> tuning keys, lists as tuples; a clear error otherwise."""
+    parsed = kernels.capture_tuning_overrides('{"sieve-alg1": {"rowmax_pass": "fused", "fwd": [32, 16, 4, 2]}}')
+    assert parsed == {"sieve-alg1": {"rowmax_pass": "fused", "fwd": (32, 16, 4, 2)}}
+    assert kernels.capture_tuning_overrides("{}") == {}
+    for text, said in (("{sieve", "not JSON"), ('["sieve"]', "JSON object"), ('{"sieve": 3}', "JSON object"),
+                       ('{"flash": {}}', "names no fused op: flash")):
+        with pytest.raises(ValueError, match=said):
+            kernels.capture_tuning_overrides(text)
+
+
+def test_capture_tuning_environment_joins_the_capture_settings():
+    """Set in the environment, the keys join the mechanism's capture settings (the 32-tiles stay)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, LENGTHBENCH_CAPTURE_TUNING='{"sieve-alg1": {"rowmax_pass": "fused"}}')
+    env.pop("LENGTHBENCH_CAPTURE_STICK", None)
+    done = subprocess.run([sys.executable, "-c", "import json; from lengthbench import kernels; "
+                           "print(json.dumps(kernels.CAPTURE_TUNING['sieve-alg1']))"],
+                          env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"fwd": [32, 32, 4, 2], "bwd": [32, 32, 4, 2], "rowmax_pass": "fused"}

@@ -151,3 +151,22 @@ def test_warm_returns_each_cells_first_warm_up(monkeypatch):
                               pad_multiples="8", dynamic="static", warmup=6, in_graph="", warm_jobs=2)
     first = train_throughput.warm(args)
     assert first == {("mqrar", "128", "graph-compiled", "softmax", "rope", "fused"): 42.5}
+
+
+def test_rows_of_a_lever_set_from_the_environment_stay_out_of_the_summary(tmp_path):
+    """A newer run with ``LENGTHBENCH_CAPTURE_TUNING`` set compares a lever: the summary keeps the library's path."""
+    plain = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
+                              30_000.0))
+    plain["capture_tuning"] = ""
+    lever = pd.DataFrame(rows("LENGTHBENCH_CAPTURE_TUNING='{...}' python benchmarks/train_throughput.py",
+                              "2026-11-27T08:00:00", 45_000.0))
+    lever["capture_tuning"] = '{"entmax": {"split": true}}'
+    for name, frame in (("a", plain), ("b", lever)):
+        frame.to_parquet(tmp_path / f"{name}.parquet")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--merge",
+                           f"{tmp_path / 'a.parquet'},{tmp_path / 'b.parquet'}", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    summary, table = (tmp_path / "out" / "train_throughput.md").read_text().split("Runs (device")
+    assert "| entmax | 0.60 (1) |" in summary and "`LENGTHBENCH_CAPTURE_TUNING` set" in summary
+    assert "| capture_tuning |" in table
