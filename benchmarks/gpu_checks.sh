@@ -13,13 +13,15 @@
 #   bash benchmarks/gpu_checks.sh throughput OUT  # training throughput of the paper models (default step, batch 128;
 #                                                  # BATCH=512 for the other)
 #   bash benchmarks/gpu_checks.sh parity OUT      # short trainings of the default step and the step before it
+#   bash benchmarks/gpu_checks.sh ab OUT          # a lever (CAPTURE/NARROW tuning) against the default step, whole steps
 #
 # OUT (default ./gpu_checks) receives the logs and tables. The committed tables are results/benchmarks/*:
 # merge new kernel rows with `python benchmarks/kernels.py --merge OUT --out results/benchmarks` (results/README.md).
 # Run from the repository root with lengthbench installed (pip install -e . or pip install .).
 set -u -o pipefail
 if [ $# -lt 1 ]; then
-  echo "usage: gpu_checks.sh tests|tests-lists|tests-modules|kernels|long-walks|eval|eval-trained|throughput|parity [OUT]" >&2; exit 2
+  echo "usage: gpu_checks.sh tests|tests-lists|tests-modules|kernels|long-walks|eval|eval-trained|throughput|ab|parity [OUT]" >&2
+  exit 2
 fi
 part=$1
 out=${2:-gpu_checks}
@@ -90,11 +92,26 @@ case "$part" in
         --attns softmax,ssmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda \
         --steps 300 --warmup 20 --warm-jobs 6 --out "$out/$task" 2>&1 | grep -v -i warn
     done 2>&1 | tee -a "$out/throughput_log.txt" ;;
+  ab)
+    # a lever through whole training steps: the default step of ATTNS (and softmax + RoPE, the baseline) against the
+    # same with CAPTURE and/or NARROW (JSON) as LENGTHBENCH_CAPTURE_TUNING / LENGTHBENCH_NARROW_TUNING, on TASKS at
+    # BATCH; the two commands of a task one after the other, each with its own baseline (their ratios compare), e.g.
+    #   ATTNS=sieve,sieve-alg1 CAPTURE='{"sieve": {"rowmax_pass": "fused"}, "sieve-alg1": {"rowmax_pass": "fused"}}'
+    if [ -z "${ATTNS:-}" ] || [ -z "${CAPTURE:-}${NARROW:-}" ]; then
+      echo "error: ab needs ATTNS (mechanisms) and CAPTURE or NARROW (the lever's tuning, JSON)" >&2; exit 2
+    fi
+    for task in ${TASKS:-mqmtar mqrar copy}; do
+      args=(--tasks "$task" --preset paper --pes rope --batch-sizes "${BATCH:-128}" --attns "softmax,$ATTNS"
+            --steps 300 --warmup 20)
+      python3 benchmarks/train_throughput.py "${args[@]}" --out "$out/$task/default" 2>&1 | grep -v -i warn
+      env ${CAPTURE:+LENGTHBENCH_CAPTURE_TUNING="$CAPTURE"} ${NARROW:+LENGTHBENCH_NARROW_TUNING="$NARROW"} \
+        python3 benchmarks/train_throughput.py "${args[@]}" --out "$out/$task/lever" 2>&1 | grep -v -i warn
+    done 2>&1 | tee -a "$out/ab_log.txt" ;;
   parity)
     # four runs at a time; the committed table: results/benchmarks/train_parity.md
     python3 benchmarks/train_parity.py --cells mqmtar:asentmax:nape,mqrar:stickbreaking:none --seeds 0,1 \
       --train-samples 1000000 --jobs 4 --out "$out" 2>&1 | tee "$out/parity_log.txt" ;;
   *)
     echo "error: unknown part '$part'; choose from: tests, tests-lists, tests-modules, kernels, long-walks, eval," \
-      "eval-trained, throughput, parity" >&2; exit 2 ;;
+      "eval-trained, throughput, ab, parity" >&2; exit 2 ;;
 esac
