@@ -95,7 +95,7 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     - ``full_tiles``: the forward of stick-breaking (no filter) takes the key tiles that lie before every row
       of its query tile (all but the diagonal's) without the causal masks' selects.
     - ``rowmax_pass``: ``sieve_alg1_attention``'s row maxima by a pass of their own (``kernel``: one more launch,
-      and the threshold's arithmetic on the host's stream) or by the forward kernel itself before its walk
+      and the threshold's arithmetic as PyTorch ops) or by the forward kernel itself before its walk
       (``fused``: the same scores, each query tile's keys read once more by the same program), which stores the
       threshold for the backward.
     """
