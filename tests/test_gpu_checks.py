@@ -6,7 +6,7 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_checks.sh"
 PARTS = ["tests", "tests-lists", "tests-modules", "kernels", "long-walks", "eval", "eval-trained", "throughput",
-         "parity"]
+         "ab", "parity"]
 
 
 def test_gpu_checks_names_its_parts(tmp_path):
@@ -20,3 +20,15 @@ def test_gpu_checks_names_its_parts(tmp_path):
     assert all(part in unknown.stderr for part in PARTS)
     for part in PARTS:  # each part documented in the header
         assert f"gpu_checks.sh {part} OUT" in SCRIPT.read_text()
+
+
+def test_ab_names_what_it_needs(tmp_path):
+    """``ab`` without the mechanisms or without a lever: a one-line error, exit 2, nothing run."""
+    import os
+
+    for env in ({}, {"ATTNS": "sieve"}, {"CAPTURE": '{"sieve": {}}'}):
+        done = subprocess.run(["bash", str(SCRIPT), "ab", str(tmp_path / "out")], capture_output=True, text=True,
+                              cwd=tmp_path, env={**{k: v for k, v in os.environ.items()
+                                                    if k not in ("ATTNS", "CAPTURE", "NARROW")}, **env})
+        assert done.returncode == 2 and done.stderr.startswith("error: ab needs ATTNS"), done.stderr
+        assert not (tmp_path / "out" / "ab_log.txt").exists()
