@@ -16,19 +16,24 @@ def rows(command, created, entmax_speed, commit="abc1234"):
     return [dict(base, attn="softmax", samples_per_s=50_000.0), dict(base, attn="entmax", samples_per_s=entmax_speed)]
 
 
+def merged_markdown(tmp_path, *frames) -> str:
+    """``train_throughput.py --merge`` of ``frames`` (each written as its own parquet file): the Markdown it writes."""
+    paths = []
+    for index, frame in enumerate(frames):
+        frame.to_parquet(tmp_path / f"{index}.parquet")
+        paths.append(str(tmp_path / f"{index}.parquet"))
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--merge",
+                           ",".join(paths), "--out", str(tmp_path / "out")], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return (tmp_path / "out" / "train_throughput.md").read_text()
+
+
 def test_merge_summarises_the_newest_run_of_each_cell(tmp_path):
     older = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
                               30_000.0))
     newer = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax --steps 30",
                               "2026-11-27T09:00:00", 40_000.0))
-    older.to_parquet(tmp_path / "a.parquet")
-    newer.to_parquet(tmp_path / "b.parquet")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--merge",
-                           f"{tmp_path / 'a.parquet'},{tmp_path / 'b.parquet'}", "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    text = (tmp_path / "out" / "train_throughput.md").read_text()
-    summary = text.split("Runs (device")[0]
+    summary = merged_markdown(tmp_path, older, newer).split("Runs (device")[0]
     assert "| entmax | 0.80 (2) |" in summary  # the newer run's 40,000 / 50,000, not the older 0.60
     assert "0.60" not in summary
     assert "mqrar b128 50,000 (run 2)" in summary
@@ -48,13 +53,7 @@ def test_a_run_whose_closing_baseline_drifted_is_marked_unsteady(tmp_path):
     closing = dict(drifting.iloc[0].to_dict(), samples_per_s=80_000.0, closing=True)
     drifting = pd.concat([drifting, pd.DataFrame([closing])], ignore_index=True)
     drifting["baseline_drift"] = 80_000.0 / 50_000.0
-    for name, frame in (("a", steady), ("b", drifting)):
-        frame.to_parquet(tmp_path / f"{name}.parquet")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--merge",
-                           f"{tmp_path / 'a.parquet'},{tmp_path / 'b.parquet'}", "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    summary = (tmp_path / "out" / "train_throughput.md").read_text().split("Runs (device")[0]
+    summary = merged_markdown(tmp_path, steady, drifting).split("Runs (device")[0]
     # the ratios take the faster softmax + RoPE row of the run (the closing one where it was faster)
     assert "| entmax | 0.50 (2, unsteady) | 0.78 (1) |" in summary, summary
     # the speed shown is the ratios' baseline: the faster of the first and closing rows
@@ -92,13 +91,7 @@ def test_the_summary_keeps_the_stick_family_rows_of_the_ops_taken_now(tmp_path):
     runs = [run("python benchmarks/train_throughput.py --attns softmax,sieve", "2026-11-27T07:00:00", 30_000.0, None),
             run("LENGTHBENCH_CAPTURE_STICK=wide ...", "2026-11-27T08:00:00", 40_000.0, "wide"),
             run("LENGTHBENCH_CAPTURE_STICK=narrow ...", "2026-11-27T09:00:00", 35_000.0, "narrow")]
-    for index, frame in enumerate(runs):
-        frame.to_parquet(tmp_path / f"{index}.parquet")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--merge",
-                           ",".join(str(tmp_path / f"{index}.parquet") for index in range(3)), "--out",
-                           str(tmp_path / "out")], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    text = (tmp_path / "out" / "train_throughput.md").read_text()
+    text = merged_markdown(tmp_path, *runs)
     summary = text.split("Runs (device")[0]
     assert "| sieve | 0.80 (2) |" in summary, summary  # the wide run's, not the newer narrow one nor the oldest
     assert "`capture_stick` not `wide`" in summary
@@ -161,12 +154,6 @@ def test_rows_of_a_lever_set_from_the_environment_stay_out_of_the_summary(tmp_pa
     lever = pd.DataFrame(rows("LENGTHBENCH_CAPTURE_TUNING='{...}' python benchmarks/train_throughput.py",
                               "2026-11-27T08:00:00", 45_000.0))
     lever["capture_tuning"] = '{"entmax": {"split": true}}'
-    for name, frame in (("a", plain), ("b", lever)):
-        frame.to_parquet(tmp_path / f"{name}.parquet")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--merge",
-                           f"{tmp_path / 'a.parquet'},{tmp_path / 'b.parquet'}", "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    summary, table = (tmp_path / "out" / "train_throughput.md").read_text().split("Runs (device")
+    summary, table = merged_markdown(tmp_path, plain, lever).split("Runs (device")
     assert "| entmax | 0.60 (1) |" in summary and "`LENGTHBENCH_CAPTURE_TUNING` set" in summary
     assert "| capture_tuning |" in table
