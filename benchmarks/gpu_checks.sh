@@ -86,7 +86,8 @@ case "$part" in
     # the committed table: results/benchmarks/train_throughput.md. One command a task: softmax + RoPE first and
     # again last (the run's steadiness), every cell compiled first six at a time (--warm-jobs); 300 timed steps
     # after 20 (batch 512 drifted over 20 after 5)
-    # TASKS and PES choose others (e.g. TASKS=copy PES=rope,nape; one GPU each: CUDA_VISIBLE_DEVICES)
+    # TASKS and PES choose others (e.g. TASKS=copy PES=rope,nape). Alone on the machine: commands on several GPUs
+    # of one host at once starve each other's data workers (results/benchmarks/gpu_logs/train_throughput_four_at_once.txt)
     for task in ${TASKS:-mqmtar mqrar copy}; do
       python3 benchmarks/train_throughput.py --tasks "$task" --preset paper --pes "${PES:-rope}" --batch-sizes "${BATCH:-128}" \
         --attns softmax,ssmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda \
