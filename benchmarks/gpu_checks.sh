@@ -13,7 +13,7 @@
 #   bash benchmarks/gpu_checks.sh throughput OUT  # training throughput of the paper models (default step, batch 128;
 #                                                  # BATCH=512 for the other)
 #   bash benchmarks/gpu_checks.sh parity OUT      # short trainings of the default step and the step before it
-#   bash benchmarks/gpu_checks.sh ab OUT          # a lever (CAPTURE/NARROW tuning) against the default step, whole steps
+#   bash benchmarks/gpu_checks.sh ab OUT          # a lever (CAPTURE/NARROW tuning, ENV) against the default step, whole steps
 #
 # OUT (default ./gpu_checks) receives the logs and tables. The committed tables are results/benchmarks/*:
 # merge new kernel rows with `python benchmarks/kernels.py --merge OUT --out results/benchmarks` (results/README.md).
@@ -95,17 +95,19 @@ case "$part" in
     done 2>&1 | tee -a "$out/throughput_log.txt" ;;
   ab)
     # a lever through whole training steps: the default step of ATTNS (and softmax + RoPE, the baseline) against the
-    # same with CAPTURE and/or NARROW (JSON) as LENGTHBENCH_CAPTURE_TUNING / LENGTHBENCH_NARROW_TUNING, on TASKS at
-    # BATCH; the two commands of a task one after the other, each with its own baseline (their ratios compare), e.g.
+    # same with CAPTURE and/or NARROW (JSON, as LENGTHBENCH_CAPTURE_TUNING / LENGTHBENCH_NARROW_TUNING) and/or ENV
+    # (VAR=value ..., e.g. LENGTHBENCH_SDPA_ALIBI=mask), on TASKS at BATCH with PES (default rope); the two commands
+    # of a task one after the other, each with its own baseline (their ratios compare), e.g.
     #   ATTNS=sieve,sieve-alg1 CAPTURE='{"sieve": {"rowmax_pass": "fused"}, "sieve-alg1": {"rowmax_pass": "fused"}}'
-    if [ -z "${ATTNS:-}" ] || [ -z "${CAPTURE:-}${NARROW:-}" ]; then
-      echo "error: ab needs ATTNS (mechanisms) and CAPTURE or NARROW (the lever's tuning, JSON)" >&2; exit 2
+    if [ -z "${ATTNS:-}" ] || [ -z "${CAPTURE:-}${NARROW:-}${ENV:-}" ]; then
+      echo "error: ab needs ATTNS (mechanisms) and CAPTURE, NARROW (the lever's tuning, JSON) or ENV" >&2; exit 2
     fi
     for task in ${TASKS:-mqmtar mqrar copy}; do
-      args=(--tasks "$task" --preset paper --pes rope --batch-sizes "${BATCH:-128}" --attns "softmax,$ATTNS"
+      args=(--tasks "$task" --preset paper --pes "${PES:-rope}" --batch-sizes "${BATCH:-128}" --attns "softmax,$ATTNS"
             --steps 300 --warmup 20)
       python3 benchmarks/train_throughput.py "${args[@]}" --out "$out/$task/default" 2>&1 | grep -v -i warn
-      env ${CAPTURE:+LENGTHBENCH_CAPTURE_TUNING="$CAPTURE"} ${NARROW:+LENGTHBENCH_NARROW_TUNING="$NARROW"} \
+      # shellcheck disable=SC2086
+      env ${CAPTURE:+LENGTHBENCH_CAPTURE_TUNING="$CAPTURE"} ${NARROW:+LENGTHBENCH_NARROW_TUNING="$NARROW"} ${ENV:-} \
         python3 benchmarks/train_throughput.py "${args[@]}" --out "$out/$task/lever" 2>&1 | grep -v -i warn
     done 2>&1 | tee -a "$out/ab_log.txt" ;;
   parity)

@@ -51,6 +51,7 @@ from lengthbench import kernels
 from lengthbench.config import build_config
 from lengthbench.data import BatchProducer, default_workers
 from lengthbench.devices import git_sha
+from lengthbench.kernels import _sdpa
 from lengthbench.leaderboard import frame_markdown
 from lengthbench.runner import Trainer, attention_kernels, device_description, to_device
 from lengthbench.tasks import get_task
@@ -142,7 +143,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
     return dict(note=note, task=task, attn=attn, pe=pe, preset=preset, batch_size=batch_size, train_step=train_step,
                 train_attention=train_attention, in_graph=in_graph, fused_ops=",".join(sorted(ops)),
                 narrow_tuning=os.environ.get("LENGTHBENCH_NARROW_TUNING", ""), capture_stick=kernels.CAPTURE_STICK,
-                capture_tuning=os.environ.get("LENGTHBENCH_CAPTURE_TUNING", ""),
+                capture_tuning=os.environ.get("LENGTHBENCH_CAPTURE_TUNING", ""), sdpa_alibi=_sdpa.SDPA_ALIBI,
                 captured=captured, capture_error=failed,
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
                 dynamic=dynamic, compiled=trainer_compiled, dense_attention=trainer_dense, steps=steps,
@@ -342,6 +343,8 @@ def newest_summary(frame: pd.DataFrame) -> str:
     for column in ("narrow_tuning", "capture_tuning"):
         if column in rows:
             tuned |= rows[column].fillna("").astype(str).str.len().gt(0)
+    if "sdpa_alibi" in rows:  # how SDPA took an ALiBi bias (kernels/_sdpa.py); rows from before the column: a mask
+        tuned |= rows["sdpa_alibi"].notna() & (rows["sdpa_alibi"] != _sdpa.SDPA_ALIBI)
     rows = rows[~other & ~tuned]
     if rows.empty:
         return ""
@@ -372,8 +375,9 @@ def newest_summary(frame: pd.DataFrame) -> str:
                   f"(`capture_stick` not `{kernels.CAPTURE_STICK}`; rows without the column ran the training-width "
                   "kernels) are left out of this table.")
     if tuned.any():
-        older += (" Rows measured with `LENGTHBENCH_NARROW_TUNING` or `LENGTHBENCH_CAPTURE_TUNING` set (levers "
-                  "compared against the library's settings) are left out of this table.")
+        older += (" Rows measured with `LENGTHBENCH_NARROW_TUNING` or `LENGTHBENCH_CAPTURE_TUNING` set, or with "
+                  f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}` (levers compared against the library's settings), "
+                  "are left out of this table.")
     if unsteady.any():
         older += (f" `unsteady`: the run measured softmax + RoPE at its start and again at its end, and the two differ "
                   f"by more than {UNSTEADY:.0%} (`baseline_drift`): its ratios are not a steady measurement.")
@@ -410,6 +414,8 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
     for column in ("narrow_tuning", "capture_tuning"):  # the levers a comparison set, where one did
         if column in frame and frame[column].fillna("").astype(str).str.len().gt(0).any():
             columns.insert(columns.index("in_graph") + 1, column)
+    if "sdpa_alibi" in frame and frame["sdpa_alibi"].notna().any():
+        columns.insert(columns.index("in_graph") + 1, "sdpa_alibi")
     if "halves" in frame and frame["halves"].notna().any():
         columns.append("halves")
     if "producer" in frame and frame["producer"].notna().any():

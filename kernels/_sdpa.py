@@ -3,17 +3,31 @@
 Not a Triton op: softmax, gated and diffsoftmax use it directly, the row-scaled softmax mechanisms (ssmax,
 assmax) and adatemp through their factor (adatemp's temperature is here too: torch only). Scores:
 ``z = row_scale_r * (q.k * scale - slope_h * (r - j))``.
-Without a bias the factor goes into the queries and SDPA's flash backend does the rest (O(L) memory); with
-one, the bias (times the factor) is an explicit mask, ``SDPA_BIAS_CHUNK`` query rows per call (O(chunk x L)).
+Without a bias the factor goes into the queries and SDPA's flash backend does the rest (O(L) memory). With one,
+the row's own term ``-row_scale_r * slope_h * r`` is the same for every key of the row and leaves the softmax
+unchanged, so what is left, ``row_scale_r * slope_h * j``, is a product of a query's factor and a key's position:
+a few extra head channels of the queries and keys (``alibi_channels``), and SDPA's flash backend again
+(``SDPA_ALIBI = "keys"``, the default). ``SDPA_ALIBI = "mask"`` (env ``LENGTHBENCH_SDPA_ALIBI=mask``) gives the
+bias to SDPA as an explicit mask instead, ``SDPA_BIAS_CHUNK`` query rows per call (O(chunk x L) memory).
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
-# Query rows per SDPA call when a distance bias forces an explicit mask: O(chunk x L) memory.
+# Query rows per SDPA call when the ALiBi bias is an explicit mask: O(chunk x L) memory.
 SDPA_BIAS_CHUNK = 2048
+
+# How SDPA gets an ALiBi bias: "keys" (extra query/key channels, flash attention) or "mask" (an explicit mask).
+SDPA_ALIBI = os.environ.get("LENGTHBENCH_SDPA_ALIBI", "keys")
+if SDPA_ALIBI not in ("keys", "mask"):
+    raise ValueError(f"LENGTHBENCH_SDPA_ALIBI must be 'keys' or 'mask', not {SDPA_ALIBI!r}")
+
+# Key positions as parts that a 16-bit float holds exactly (8 significant bits each): j = 65536 a + 256 b + c.
+POSITION_PART = 256
 
 # adatemp's theta = poly(H) by Horner's rule, highest power first (Velickovic et al.'s coefficients).
 ADATEMP_POLY = (-0.037, 0.481, -2.3, 4.917, -1.791)
@@ -27,6 +41,46 @@ def temperature(entropy: torch.Tensor) -> torch.Tensor:
     return torch.where(entropy > 0.5, torch.clamp(poly, min=1.0), torch.ones_like(poly))
 
 
+def position_parts(tokens: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """``[parts, tokens]``: key positions ``j`` split so that every part is exact in ``dtype`` and the parts sum to
+    ``j`` (one part in float32 and wider; in 16-bit floats, base-256 digits times their place value)."""
+    positions = torch.arange(tokens, device=device)
+    if torch.finfo(dtype).bits >= 32 or tokens <= POSITION_PART:
+        return positions[None].to(dtype)
+    parts, place = [], 1
+    while place < tokens:
+        parts.append((positions // place % POSITION_PART) * place)
+        place *= POSITION_PART
+    return torch.stack(parts).to(dtype)
+
+
+def alibi_channels(q, k, slopes: torch.Tensor, scale: float, row_scale: torch.Tensor | None):
+    """``(q', k')``: q and k with extra head channels (zero-padded to a multiple of 8) whose dot product is
+    ``row_scale_r * slope_h * j / scale``. The query's factor goes in as a high and a low part in q's dtype,
+    the position as :func:`position_parts`: their products add up in SDPA's float32 accumulator, exact to about
+    16 significant bits of the factor (a mask in bfloat16 rounds the distance itself to 8)."""
+    batch, heads, tokens, dim = q.shape
+    wide = torch.promote_types(q.dtype, torch.float32)
+    factor = (slopes.to(wide) / scale)[:, None].expand(heads, tokens)  # [H, T]
+    if row_scale is not None:
+        factor = factor * row_scale.to(wide)  # [B or 1, H, T]
+    factor = factor.expand(batch, heads, tokens)
+    if torch.finfo(q.dtype).bits >= 32:
+        factors = [factor]
+    else:
+        high = factor.to(q.dtype).to(wide)
+        factors = [high, factor - high]  # the low part's gradient cancels: the high part's carries it all
+    parts = position_parts(tokens, q.dtype, q.device)
+    q_extra = [f.to(q.dtype) for f in factors for _ in range(parts.shape[0])]
+    k_extra = [part for _ in factors for part in parts]
+    width = dim + len(q_extra)
+    pad = -width % 8
+    q_new = torch.cat([q, torch.stack(q_extra, -1), q.new_zeros(batch, heads, tokens, pad)], -1)
+    keys = torch.stack(k_extra, -1).expand(k.shape[0], heads, tokens, len(k_extra))
+    k_new = torch.cat([k, keys, k.new_zeros(k.shape[0], heads, tokens, pad)], -1)
+    return q_new, k_new
+
+
 def sdpa_attend(q, k, v, slopes: torch.Tensor | None, scale: float | None = None,
                 row_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``[B, H, T, D]`` causal softmax attention; ``slopes`` ``[H]`` or None, ``row_scale`` ``[B, H, T]`` or
@@ -35,9 +89,26 @@ def sdpa_attend(q, k, v, slopes: torch.Tensor | None, scale: float | None = None
         # Kept unexpanded for the bias: a factor shared by every sample gives a bias of batch 1, broadcast by
         # SDPA, instead of one bias per sample (B times the memory traffic).
         row_scale = row_scale.reshape((1,) * (3 - row_scale.dim()) + tuple(row_scale.shape))
-        q = q * row_scale[..., None].to(q.dtype)
+        q_scaled = q * row_scale[..., None].to(q.dtype)
+    else:
+        q_scaled = q
     if slopes is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return F.scaled_dot_product_attention(q_scaled, k, v, is_causal=True, scale=scale)
+    if SDPA_ALIBI == "keys":
+        dim = q.shape[-1]
+        scale = dim ** -0.5 if scale is None else float(scale)
+        q_new, k_new = alibi_channels(q_scaled, k, slopes, scale, row_scale)
+        # flash attention wants one head width for q, k and v (diffsoftmax's v is twice as wide as its q)
+        width = max(q_new.shape[-1], v.shape[-1])
+        q_new, k_new = (F.pad(t, (0, width - t.shape[-1])) for t in (q_new, k_new))
+        out = F.scaled_dot_product_attention(q_new, k_new, F.pad(v, (0, width - v.shape[-1])), is_causal=True,
+                                             scale=scale)
+        return out[..., :v.shape[-1]]
+    return _masked(q_scaled, k, v, slopes, scale, row_scale)
+
+
+def _masked(q, k, v, slopes, scale, row_scale):
+    """The ALiBi bias as an explicit mask, ``SDPA_BIAS_CHUNK`` query rows per SDPA call."""
     tokens = q.shape[-2]
     outputs = []
     for start in range(0, tokens, SDPA_BIAS_CHUNK):

@@ -83,3 +83,41 @@ def test_fast_path_under_bf16_autocast(name, pe):
     assert torch.isfinite(fast).all() and torch.isfinite(fast_dx).all()
     assert rel(fast, ref) <= max(0.05, 2 * rel(ref, exact))
     assert rel(fast_dx, ref_dx) <= max(0.05, 2 * rel(ref_dx, exact_dx))
+
+
+@pytest.mark.parametrize("tokens", [4096, 70_000])
+def test_sdpa_alibi_channels_in_bfloat16_against_float64(tokens):
+    """softmax/SSMax with an ALiBi bias through SDPA (the bias as query/key channels, ``kernels/_sdpa.py``) in
+    bfloat16 against float64 scores: 4,096 tokens forward and backward; 70,000 (three position parts) the
+    forward of sampled rows. Slopes from NAPE's 1 to ALiBi's smallest, a position-dependent row factor."""
+    from lengthbench.kernels._sdpa import sdpa_attend
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    heads, dim = 4, 32
+    q, k, v = (torch.randn(1, heads, tokens, dim, device="cuda", generator=gen) for _ in range(3))
+    slopes = torch.tensor([0.0, 1.0, 1 / 64, 2.0 ** -12], device="cuda")
+    pos = torch.arange(tokens, device="cuda", dtype=torch.float64)
+    rs = (0.3 * torch.log(pos + 2))[None, None].expand(1, heads, tokens).float()
+    q16, k16, v16 = (t.bfloat16().requires_grad_(tokens <= 4096) for t in (q, k, v))
+    out = sdpa_attend(q16, k16, v16, slopes, row_scale=rs)
+    q64, k64, v64 = (t.bfloat16().double() for t in (q16, k16, v16))
+    rows = torch.arange(tokens, device="cuda") if tokens <= 4096 else torch.tensor(
+        [0, 1, 255, 256, 257, 4095, 65535, 65536, 65537, tokens - 1], device="cuda")
+
+    def reference(qr, kr, vr):
+        z = (qr[:, :, rows] @ kr.transpose(-1, -2)) / dim ** 0.5
+        z = z - slopes.double()[:, None, None] * (rows[:, None] - pos[None, :])
+        z = (z * rs.double()[:, :, rows, None]).masked_fill(pos[None, :] > rows[:, None], float("-inf"))
+        return torch.softmax(z, -1) @ vr
+
+    if tokens <= 4096:
+        leaves = [t.clone().requires_grad_() for t in (q64, k64, v64)]
+        expected = reference(*leaves)
+        weight = torch.randn(expected.shape, device="cuda", dtype=torch.float64, generator=gen)
+        grads = torch.autograd.grad((expected * weight).sum(), leaves)
+        got = torch.autograd.grad((out.double() * weight).sum(), (q16, k16, v16))
+        for g, e in zip(got, grads, strict=True):
+            torch.testing.assert_close(g.double(), e, rtol=2e-2, atol=2e-2)
+    else:
+        expected = reference(q64, k64, v64)
+    torch.testing.assert_close(out[:, :, rows].double(), expected, rtol=2e-2, atol=2e-2)

@@ -26,9 +26,9 @@ def test_ab_names_what_it_needs(tmp_path):
     """``ab`` without the mechanisms or without a lever: a one-line error, exit 2, nothing run."""
     import os
 
-    for env in ({}, {"ATTNS": "sieve"}, {"CAPTURE": '{"sieve": {}}'}):
+    for env in ({}, {"ATTNS": "sieve"}, {"CAPTURE": '{"sieve": {}}'}, {"ENV": "LENGTHBENCH_SDPA_ALIBI=mask"}):
         done = subprocess.run(["bash", str(SCRIPT), "ab", str(tmp_path / "out")], capture_output=True, text=True,
                               cwd=tmp_path, env={**{k: v for k, v in os.environ.items()
-                                                    if k not in ("ATTNS", "CAPTURE", "NARROW")}, **env})
+                                                    if k not in ("ATTNS", "CAPTURE", "NARROW", "ENV")}, **env})
         assert done.returncode == 2 and done.stderr.startswith("error: ab needs ATTNS"), done.stderr
         assert not (tmp_path / "out" / "ab_log.txt").exists()

@@ -31,11 +31,13 @@ def test_unknown_names_get_none():
         kernels.load_op("no-such-mechanism")
 
 
-def test_sdpa_attend_row_scale_and_slopes_match_softmax_of_the_scaled_scores():
-    """The SDPA path of softmax, ssmax/assmax and adatemp: ``softmax(rs_r (q.k s - slope (r - j)))``, also
-    across the query chunks of the biased path, with gradients to the row factor."""
+@pytest.mark.parametrize("alibi", ["keys", "mask"])
+def test_sdpa_attend_row_scale_and_slopes_match_softmax_of_the_scaled_scores(monkeypatch, alibi):
+    """The SDPA path of softmax, ssmax/assmax and adatemp: ``softmax(rs_r (q.k s - slope (r - j)))``, the
+    bias as key channels and as a mask (also across its query chunks), with gradients to the row factor."""
     from lengthbench.kernels import _sdpa
 
+    monkeypatch.setattr(_sdpa, "SDPA_ALIBI", alibi)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 37, 8, generator=gen, dtype=torch.float64) for _ in range(3))
     slopes = torch.tensor([0.5, 0.0625, 0.0], dtype=torch.float64)
@@ -59,12 +61,62 @@ def test_sdpa_attend_row_scale_and_slopes_match_softmax_of_the_scaled_scores():
                                              .masked_fill(pos[None, :] > pos[:, None], float("-inf")), -1) @ v)
 
 
+@pytest.mark.parametrize("tokens", [37, 300])
+def test_sdpa_alibi_in_keys_matches_the_mask_and_the_float64_scores(monkeypatch, tokens):
+    """The ALiBi bias as extra query/key channels (the default) against the explicit mask, in float64 and in
+    bfloat16 (where the channels' high/low factor and position parts keep the bias exact to float32 rounding,
+    while the mask rounds the distance to 8 bits), with gradients to q, k, v and the row factor; v wider than
+    q (diffsoftmax) included."""
+    from lengthbench.kernels import _sdpa
+
+    gen = torch.Generator().manual_seed(2)
+    q, k = (torch.randn(2, 4, tokens, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(2, 4, tokens, 16, generator=gen, dtype=torch.float64)
+    slopes = torch.tensor([0.0, 0.0, 1.0, 1 / 3], dtype=torch.float64)
+    rs = 0.5 + torch.rand(1, 4, tokens, generator=gen, dtype=torch.float64)
+    pos = torch.arange(tokens)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, rs)]
+    ql, kl, vl, rl = (t.clone().requires_grad_() for t in (q, k, v, rs))
+    z = (ql @ kl.transpose(-1, -2)) / 8 ** 0.5 - slopes[:, None, None] * (pos[:, None] - pos[None, :])
+    z = (z * rl[..., None]).masked_fill(pos[None, :] > pos[:, None], float("-inf"))
+    expected = torch.softmax(z, -1) @ vl
+    weight = torch.randn(expected.shape, generator=gen, dtype=torch.float64)
+    grads_expected = torch.autograd.grad((expected * weight).sum(), (ql, kl, vl, rl))
+    expected = expected.detach()
+    for mode in ("keys", "mask"):
+        monkeypatch.setattr(_sdpa, "SDPA_ALIBI", mode)
+        got = _sdpa.sdpa_attend(*leaves[:3], slopes, row_scale=leaves[3])
+        torch.testing.assert_close(got, expected)
+        for g, e in zip(torch.autograd.grad((got * weight).sum(), leaves), grads_expected, strict=True):
+            torch.testing.assert_close(g, e)
+    # bfloat16: the channels' error is the inputs' rounding only; the mask's adds the rounded distances
+    errors = {}
+    for mode in ("keys", "mask"):
+        monkeypatch.setattr(_sdpa, "SDPA_ALIBI", mode)
+        got = _sdpa.sdpa_attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), slopes.float(), row_scale=rs.float())
+        errors[mode] = (got.double() - expected).abs().max().item()
+    assert errors["keys"] < 0.05 and errors["keys"] <= errors["mask"] * 1.05, errors
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_sdpa_position_parts_are_exact_and_sum_to_the_position(dtype):
+    from lengthbench.kernels._sdpa import position_parts
+
+    tokens = 70_000 if dtype != torch.float16 else 65_000
+    parts = position_parts(tokens, dtype)
+    assert parts.dtype == dtype and parts.shape[1] == tokens
+    assert parts.shape[0] == (1 if dtype == torch.float32 else 3 if tokens > 65_536 else 2)
+    assert torch.equal(parts.double().sum(0), torch.arange(tokens, dtype=torch.float64))
+    assert position_parts(200, dtype).shape[0] == 1
+
+
 def test_sdpa_attend_keeps_a_sample_independent_factor_and_its_bias_at_batch_one(monkeypatch):
     """SSMax's factor depends on the position only: given as ``[1, H, T]`` it gives the same output and
-    gradients as the factor expanded to every sample, and the ALiBi bias handed to SDPA stays at batch 1
+    gradients as the factor expanded to every sample, and the ALiBi mask handed to SDPA stays at batch 1
     (measured: ssmax + NAPE evaluating 3.7x slower than softmax + NAPE with a per-sample bias)."""
     from lengthbench.kernels import _sdpa
 
+    monkeypatch.setattr(_sdpa, "SDPA_ALIBI", "mask")
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(3, 2, 21, 8, generator=gen, dtype=torch.float64) for _ in range(3))
     slopes = torch.tensor([0.25, 0.5], dtype=torch.float64)

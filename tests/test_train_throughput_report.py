@@ -157,3 +157,19 @@ def test_rows_of_a_lever_set_from_the_environment_stay_out_of_the_summary(tmp_pa
     summary, table = merged_markdown(tmp_path, plain, lever).split("Runs (device")
     assert "| entmax | 0.60 (1) |" in summary and "`LENGTHBENCH_CAPTURE_TUNING` set" in summary
     assert "| capture_tuning |" in table
+
+
+def test_rows_with_another_alibi_path_stay_out_of_the_summary(tmp_path):
+    """A newer run with ``LENGTHBENCH_SDPA_ALIBI`` other than the library's (``sdpa_alibi``) compares a lever."""
+    from lengthbench.kernels import _sdpa
+
+    other = "mask" if _sdpa.SDPA_ALIBI == "keys" else "keys"
+    plain = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
+                              30_000.0))
+    plain["sdpa_alibi"] = _sdpa.SDPA_ALIBI
+    lever = pd.DataFrame(rows("LENGTHBENCH_SDPA_ALIBI=... python benchmarks/train_throughput.py",
+                              "2026-11-27T08:00:00", 45_000.0))
+    lever["sdpa_alibi"] = other
+    summary, table = merged_markdown(tmp_path, plain, lever).split("Runs (device")
+    assert "| entmax | 0.60 (1) |" in summary and f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}`" in summary
+    assert "| sdpa_alibi |" in table
