@@ -104,7 +104,7 @@ case "$part" in
     fi
     for task in ${TASKS:-mqmtar mqrar copy}; do
       args=(--tasks "$task" --preset paper --pes "${PES:-rope}" --batch-sizes "${BATCH:-128}" --attns "softmax,$ATTNS"
-            --steps 300 --warmup 20)
+            --steps 300 --warmup 20 --warm-jobs 6)
       python3 benchmarks/train_throughput.py "${args[@]}" --out "$out/$task/default" 2>&1 | grep -v -i warn
       # shellcheck disable=SC2086
       env ${CAPTURE:+LENGTHBENCH_CAPTURE_TUNING="$CAPTURE"} ${NARROW:+LENGTHBENCH_NARROW_TUNING="$NARROW"} ${ENV:-} \
