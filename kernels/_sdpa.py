@@ -7,8 +7,9 @@ Without a bias the factor goes into the queries and SDPA's flash backend does th
 the row's own term ``-row_scale_r * slope_h * r`` is the same for every key of the row and leaves the softmax
 unchanged, so what is left, ``row_scale_r * slope_h * j``, is a product of a query's factor and a key's position:
 a few extra head channels of the queries and keys (``alibi_channels``), and SDPA's flash backend again
-(``SDPA_ALIBI = "keys"``, the default). ``SDPA_ALIBI = "mask"`` (env ``LENGTHBENCH_SDPA_ALIBI=mask``) gives the
-bias to SDPA as an explicit mask instead, ``SDPA_BIAS_CHUNK`` query rows per call (O(chunk x L) memory).
+(``SDPA_ALIBI = "keys"``, the default, for 16-bit inputs: ``alibi_as_channels`` says when). Otherwise, and with
+``SDPA_ALIBI = "mask"`` (env ``LENGTHBENCH_SDPA_ALIBI=mask``), the bias goes to SDPA as an explicit mask,
+``SDPA_BIAS_CHUNK`` query rows per call (O(chunk x L) memory).
 """
 
 from __future__ import annotations
@@ -54,31 +55,61 @@ def position_parts(tokens: int, dtype: torch.dtype, device=None) -> torch.Tensor
     return torch.stack(parts).to(dtype)
 
 
+class _FactorChannels(torch.autograd.Function):
+    """The queries' extra channels: the row factor ``t_r`` as a high and a low part in a 16-bit dtype, each
+    ``n`` times (once per position part of the keys), then a zero channel whose key is 1.
+
+    Backward: SDPA gives each channel ``scale * sum_j dS_rj * key_j``; ``dt_r = scale * sum_j dS_rj * j`` is the
+    sum over one part's channels. Exactly ``sum_j dS_rj = 0``, but SDPA's ``dS`` is rounded to 16 bits, and ``r``
+    times its rounded sum would swamp a row's true gradient; the zero channel's gradient is that sum, so
+    ``dt_r = scale * sum_j dS_rj * (j - r)``, with an error in proportion to the gradient itself."""
+
+    @staticmethod
+    def forward(ctx, factor, parts: int, dtype):
+        high = factor.to(dtype)
+        low = (factor - high.to(factor.dtype)).to(dtype)
+        ctx.parts, ctx.factor_dtype = parts, factor.dtype
+        return torch.stack([high] * parts + [low] * parts + [torch.zeros_like(high)], -1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.to(ctx.factor_dtype)
+        rows = torch.arange(grad.shape[-2], device=grad.device, dtype=ctx.factor_dtype)
+        return (grad[..., :ctx.parts].sum(-1) - rows * grad[..., -1]).to(ctx.factor_dtype), None, None
+
+
 def alibi_channels(q, k, slopes: torch.Tensor, scale: float, row_scale: torch.Tensor | None):
-    """``(q', k')``: q and k with extra head channels (zero-padded to a multiple of 8) whose dot product is
-    ``row_scale_r * slope_h * j / scale``. The query's factor goes in as a high and a low part in q's dtype,
-    the position as :func:`position_parts`: their products add up in SDPA's float32 accumulator, exact to about
-    16 significant bits of the factor (a mask in bfloat16 rounds the distance itself to 8)."""
+    """``(q', k')``: 16-bit q and k with extra head channels (zero-padded to a multiple of 8) whose dot product
+    is ``row_scale_r * slope_h * j / scale``: the query's factor as a high and a low part (:class:`_FactorChannels`),
+    the key's position as :func:`position_parts`, each product exact, added up in SDPA's float32 accumulator (a
+    bfloat16 mask rounds the distance itself to 8 significant bits)."""
     batch, heads, tokens, dim = q.shape
-    wide = torch.promote_types(q.dtype, torch.float32)
+    wide = torch.promote_types(q.dtype, torch.float32)  # float64 where a test gives float64
     factor = (slopes.to(wide) / scale)[:, None].expand(heads, tokens)  # [H, T]
     if row_scale is not None:
         factor = factor * row_scale.to(wide)  # [B or 1, H, T]
-    factor = factor.expand(batch, heads, tokens)
-    if torch.finfo(q.dtype).bits >= 32:
-        factors = [factor]
-    else:
-        high = factor.to(q.dtype).to(wide)
-        factors = [high, factor - high]  # the low part's gradient cancels: the high part's carries it all
     parts = position_parts(tokens, q.dtype, q.device)
-    q_extra = [f.to(q.dtype) for f in factors for _ in range(parts.shape[0])]
-    k_extra = [part for _ in factors for part in parts]
-    width = dim + len(q_extra)
-    pad = -width % 8
-    q_new = torch.cat([q, torch.stack(q_extra, -1), q.new_zeros(batch, heads, tokens, pad)], -1)
-    keys = torch.stack(k_extra, -1).expand(k.shape[0], heads, tokens, len(k_extra))
-    k_new = torch.cat([k, keys, k.new_zeros(k.shape[0], heads, tokens, pad)], -1)
+    q_extra = _FactorChannels.apply(factor.expand(batch, heads, tokens), parts.shape[0], q.dtype)
+    k_extra = torch.cat([parts, parts, parts.new_ones(1, tokens)]).T.expand(k.shape[0], heads, tokens, -1)
+    pad = -(dim + q_extra.shape[-1]) % 8
+    q_new = torch.cat([q, q_extra, q.new_zeros(batch, heads, tokens, pad)], -1)
+    k_new = torch.cat([k, k_extra, k.new_zeros(k.shape[0], heads, tokens, pad)], -1)
     return q_new, k_new
+
+
+def alibi_as_channels(q, slopes: torch.Tensor, row_scale: torch.Tensor | None) -> bool:
+    """Whether :func:`sdpa_attend` takes the bias as channels: ``SDPA_ALIBI`` "keys", 16-bit inputs (float32 SDPA
+    may multiply in TF32, which would round the factor), positions that a 16-bit float's parts hold (float16:
+    65,536), and, where the row factor or the slopes want a gradient, rows of at most 256 keys (one position part:
+    the zero channel's correction needs every part's gradient in one channel)."""
+    if SDPA_ALIBI != "keys" or q.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    tokens = q.shape[-2]
+    if q.dtype == torch.float16 and tokens > 65_536:
+        return False
+    wants_grad = torch.is_grad_enabled() and (slopes.requires_grad or (row_scale is not None
+                                                                      and row_scale.requires_grad))
+    return tokens <= POSITION_PART or not wants_grad
 
 
 def sdpa_attend(q, k, v, slopes: torch.Tensor | None, scale: float | None = None,
@@ -94,17 +125,22 @@ def sdpa_attend(q, k, v, slopes: torch.Tensor | None, scale: float | None = None
         q_scaled = q
     if slopes is None:
         return F.scaled_dot_product_attention(q_scaled, k, v, is_causal=True, scale=scale)
-    if SDPA_ALIBI == "keys":
-        dim = q.shape[-1]
-        scale = dim ** -0.5 if scale is None else float(scale)
-        q_new, k_new = alibi_channels(q_scaled, k, slopes, scale, row_scale)
-        # flash attention wants one head width for q, k and v (diffsoftmax's v is twice as wide as its q)
-        width = max(q_new.shape[-1], v.shape[-1])
-        q_new, k_new = (F.pad(t, (0, width - t.shape[-1])) for t in (q_new, k_new))
-        out = F.scaled_dot_product_attention(q_new, k_new, F.pad(v, (0, width - v.shape[-1])), is_causal=True,
-                                             scale=scale)
-        return out[..., :v.shape[-1]]
+    if alibi_as_channels(q, slopes, row_scale):
+        return _channels(q_scaled, k, v, slopes, scale, row_scale)
     return _masked(q_scaled, k, v, slopes, scale, row_scale)
+
+
+def _channels(q, k, v, slopes, scale, row_scale):
+    """The ALiBi bias as channels of q and k (:func:`alibi_channels`), one SDPA call (flash attention)."""
+    dim = q.shape[-1]
+    scale = dim ** -0.5 if scale is None else float(scale)
+    q_new, k_new = alibi_channels(q, k, slopes, scale, row_scale)
+    # flash attention wants one head width for q, k and v (diffsoftmax's v is twice as wide as its q)
+    width = max(q_new.shape[-1], v.shape[-1])
+    q_new, k_new = (F.pad(t, (0, width - t.shape[-1])) for t in (q_new, k_new))
+    out = F.scaled_dot_product_attention(q_new, k_new, F.pad(v, (0, width - v.shape[-1])), is_causal=True,
+                                         scale=scale)
+    return out[..., :v.shape[-1]]
 
 
 def _masked(q, k, v, slopes, scale, row_scale):

@@ -61,41 +61,91 @@ def test_sdpa_attend_row_scale_and_slopes_match_softmax_of_the_scaled_scores(mon
                                              .masked_fill(pos[None, :] > pos[:, None], float("-inf")), -1) @ v)
 
 
-@pytest.mark.parametrize("tokens", [37, 300])
-def test_sdpa_alibi_in_keys_matches_the_mask_and_the_float64_scores(monkeypatch, tokens):
-    """The ALiBi bias as extra query/key channels (the default) against the explicit mask, in float64 and in
-    bfloat16 (where the channels' high/low factor and position parts keep the bias exact to float32 rounding,
-    while the mask rounds the distance to 8 bits), with gradients to q, k, v and the row factor; v wider than
-    q (diffsoftmax) included."""
-    from lengthbench.kernels import _sdpa
+def _alibi_reference(q, k, v, slopes, rs):
+    """float64 ``softmax(rs_r (q.k / sqrt(D) - slope (r - j))) v``, causal."""
+    pos = torch.arange(q.shape[-2])
+    z = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5 - slopes[:, None, None] * (pos[:, None] - pos[None, :])
+    z = (z * rs[..., None]).masked_fill(pos[None, :] > pos[:, None], float("-inf"))
+    return torch.softmax(z, -1) @ v
 
-    gen = torch.Generator().manual_seed(2)
+
+def _alibi_case(tokens, seed=2):
+    gen = torch.Generator().manual_seed(seed)
     q, k = (torch.randn(2, 4, tokens, 8, generator=gen, dtype=torch.float64) for _ in range(2))
-    v = torch.randn(2, 4, tokens, 16, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, 4, tokens, 16, generator=gen, dtype=torch.float64)  # wider than q, as diffsoftmax's
     slopes = torch.tensor([0.0, 0.0, 1.0, 1 / 3], dtype=torch.float64)
     rs = 0.5 + torch.rand(1, 4, tokens, generator=gen, dtype=torch.float64)
-    pos = torch.arange(tokens)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v, rs)]
-    ql, kl, vl, rl = (t.clone().requires_grad_() for t in (q, k, v, rs))
-    z = (ql @ kl.transpose(-1, -2)) / 8 ** 0.5 - slopes[:, None, None] * (pos[:, None] - pos[None, :])
-    z = (z * rl[..., None]).masked_fill(pos[None, :] > pos[:, None], float("-inf"))
-    expected = torch.softmax(z, -1) @ vl
-    weight = torch.randn(expected.shape, generator=gen, dtype=torch.float64)
-    grads_expected = torch.autograd.grad((expected * weight).sum(), (ql, kl, vl, rl))
-    expected = expected.detach()
-    for mode in ("keys", "mask"):
-        monkeypatch.setattr(_sdpa, "SDPA_ALIBI", mode)
-        got = _sdpa.sdpa_attend(*leaves[:3], slopes, row_scale=leaves[3])
-        torch.testing.assert_close(got, expected)
-        for g, e in zip(torch.autograd.grad((got * weight).sum(), leaves), grads_expected, strict=True):
-            torch.testing.assert_close(g, e)
-    # bfloat16: the channels' error is the inputs' rounding only; the mask's adds the rounded distances
+    weight = torch.randn(2, 4, tokens, 16, generator=gen, dtype=torch.float64)
+    return (q, k, v, slopes, rs), weight
+
+
+@pytest.mark.parametrize("tokens", [37, 300])
+def test_sdpa_alibi_channels_are_exact_in_float64(tokens):
+    """The bias as query/key channels (``_channels``, taken by 16-bit inputs) computed in float64: output and
+    gradients to q, k, v, the row factor and the slopes equal the float64 scores' (the zero channel's
+    correction included)."""
+    from lengthbench.kernels import _sdpa
+
+    inputs, weight = _alibi_case(tokens)
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    expected = _alibi_reference(*leaves)
+    grads_expected = torch.autograd.grad((expected * weight).sum(), leaves)
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    q, k, v, slopes, rs = leaves
+    got = _sdpa._channels(q * rs[..., None], k, v, slopes, None, rs)
+    torch.testing.assert_close(got, expected.detach())
+    for g, e in zip(torch.autograd.grad((got * weight).sum(), leaves), grads_expected, strict=True):
+        torch.testing.assert_close(g, e)
+
+
+def _rel(a, b):
+    return ((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-2)).item()
+
+
+@pytest.mark.parametrize("tokens, grads", [(150, True), (300, False)])
+def test_sdpa_alibi_channels_in_bfloat16_match_the_mask(monkeypatch, tokens, grads):
+    """bfloat16 inputs take the channels (150 tokens with gradients to the row factor and slopes; 300 tokens,
+    two position parts, without): their errors against float64 are no larger than the explicit mask's."""
+    from lengthbench.kernels import _sdpa
+
+    inputs, weight = _alibi_case(tokens, seed=4)
+    q64, k64, v64, slopes64, rs64 = inputs
+    q64, k64, v64 = (t.bfloat16().double() for t in (q64, k64, v64))
+    leaves = [t.clone().requires_grad_(grads) for t in (q64, k64, v64, slopes64, rs64)]
+    expected = _alibi_reference(*leaves)
+    grads_expected = torch.autograd.grad((expected * weight).sum(), leaves) if grads else ()
     errors = {}
     for mode in ("keys", "mask"):
         monkeypatch.setattr(_sdpa, "SDPA_ALIBI", mode)
-        got = _sdpa.sdpa_attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), slopes.float(), row_scale=rs.float())
-        errors[mode] = (got.double() - expected).abs().max().item()
-    assert errors["keys"] < 0.05 and errors["keys"] <= errors["mask"] * 1.05, errors
+        bf = [t.bfloat16().requires_grad_(grads) for t in (q64, k64, v64)]
+        fl = [t.float().requires_grad_(grads) for t in (slopes64, rs64)]
+        assert _sdpa.alibi_as_channels(bf[0], fl[0], fl[1]) == (mode == "keys")
+        with torch.set_grad_enabled(grads):
+            got = _sdpa.sdpa_attend(*bf, fl[0], row_scale=fl[1])
+        errors[mode] = {"out": _rel(got, expected.detach())}
+        if grads:
+            got_grads = torch.autograd.grad((got.double() * weight).sum(), bf + fl)
+            errors[mode].update({name: _rel(g, e) for name, g, e in zip(("dq", "dk", "dv", "dslopes", "drs"),
+                                                                         got_grads, grads_expected, strict=True)})
+    for key, mask_error in errors["mask"].items():
+        assert errors["keys"][key] <= max(1.5 * mask_error, 1e-2), errors
+
+
+def test_sdpa_alibi_takes_the_mask_where_channels_would_lose_precision():
+    """float32 (SDPA may multiply in TF32), float16 past 65,536 positions, and gradients to the row factor past
+    256 keys (several position parts) take the explicit mask."""
+    from lengthbench.kernels._sdpa import alibi_as_channels
+
+    slopes = torch.ones(2)
+    grad_rs = torch.ones(1, 2, 1, requires_grad=True)
+    assert not alibi_as_channels(torch.zeros(1, 2, 8, 4), slopes, None)
+    assert alibi_as_channels(torch.zeros(1, 2, 8, 4, dtype=torch.bfloat16), slopes, grad_rs)
+    assert alibi_as_channels(torch.zeros(1, 2, 300, 4, dtype=torch.bfloat16), slopes, None)
+    assert not alibi_as_channels(torch.zeros(1, 2, 300, 4, dtype=torch.bfloat16), slopes, grad_rs)
+    with torch.no_grad():
+        assert alibi_as_channels(torch.zeros(1, 2, 300, 4, dtype=torch.bfloat16), slopes, grad_rs)
+    assert not alibi_as_channels(torch.empty(1, 1, 70_000, 4, dtype=torch.float16), slopes, None)
+    assert alibi_as_channels(torch.empty(1, 1, 70_000, 4, dtype=torch.bfloat16), slopes, None)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
