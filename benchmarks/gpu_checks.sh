@@ -85,13 +85,15 @@ case "$part" in
   throughput)
     # the committed table: results/benchmarks/train_throughput.md. One command a task: softmax + RoPE first and
     # again last (the run's steadiness), every cell compiled first six at a time (--warm-jobs); 300 timed steps
-    # after 20 (batch 512 drifted over 20 after 5)
+    # after 20 (batch 512 drifted over 20 after 5), at batch 512 after 600: its first cells ran up to three times slower
+    # for their first seconds after 20 (results/benchmarks/gpu_logs/train_throughput_copy_b512_warmup.txt)
     # TASKS and PES choose others (e.g. TASKS=copy PES=rope,nape). Alone on the machine: commands on several GPUs
     # of one host at once starve each other's data workers (results/benchmarks/gpu_logs/train_throughput_four_at_once.txt)
     for task in ${TASKS:-mqmtar mqrar copy}; do
       python3 benchmarks/train_throughput.py --tasks "$task" --preset paper --pes "${PES:-rope}" --batch-sizes "${BATCH:-128}" \
         --attns softmax,ssmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda \
-        --steps 300 --warmup 20 --warm-jobs 6 --out "$out/$task" 2>&1 | grep -v -i warn
+        --steps 300 --warmup "$([ "${BATCH:-128}" = 512 ] && echo 600 || echo 20)" --warm-jobs 6 --out "$out/$task" 2>&1 \
+        | grep -v -i warn
     done 2>&1 | tee -a "$out/throughput_log.txt" ;;
   ab)
     # a lever through whole training steps: the default step of ATTNS (and softmax + RoPE, the baseline) against the

@@ -311,7 +311,7 @@ def write(rows: list[dict], out: Path) -> None:
 
 # the environment variables that choose the ops a training step takes: a command that set one names it
 PATH_VARIABLES = ("LENGTHBENCH_IN_GRAPH", "LENGTHBENCH_CAPTURE_STICK", "LENGTHBENCH_NARROW_TUNING",
-                  "LENGTHBENCH_CAPTURE_TUNING")
+                  "LENGTHBENCH_CAPTURE_TUNING", "LENGTHBENCH_SDPA_ALIBI")
 
 
 def command_line() -> str:
@@ -322,6 +322,18 @@ def command_line() -> str:
 
 # a run whose closing softmax + RoPE row differs from its first by more than this share is marked unsteady
 UNSTEADY = 0.10
+
+
+# the mechanisms whose training step calls torch SDPA (kernels/_sdpa.py) in the throughput table
+SDPA_MECHANISMS = ("softmax", "ssmax", "gated", "diffsoftmax", "assmax", "adatemp")
+
+
+def alibi_path(rows: pd.DataFrame) -> pd.Series:
+    """How each row's SDPA took an ALiBi bias: its ``sdpa_alibi``, and for rows from before that column "mask"
+    where an SDPA mechanism ran with a biased encoding; elsewhere the library's path (no bias to take)."""
+    path = rows["sdpa_alibi"] if "sdpa_alibi" in rows else pd.Series(None, index=rows.index, dtype=object)
+    older = rows["attn"].isin(SDPA_MECHANISMS) & rows["pe"].isin(("nape", "alibi"))
+    return path.where(path.notna(), older.map({True: "mask", False: _sdpa.SDPA_ALIBI}))
 
 
 def newest_summary(frame: pd.DataFrame) -> str:
@@ -343,8 +355,7 @@ def newest_summary(frame: pd.DataFrame) -> str:
     for column in ("narrow_tuning", "capture_tuning"):
         if column in rows:
             tuned |= rows[column].fillna("").astype(str).str.len().gt(0)
-    if "sdpa_alibi" in rows:  # how SDPA took an ALiBi bias (kernels/_sdpa.py); rows from before the column: a mask
-        tuned |= rows["sdpa_alibi"].notna() & (rows["sdpa_alibi"] != _sdpa.SDPA_ALIBI)
+    tuned |= alibi_path(rows) != _sdpa.SDPA_ALIBI
     rows = rows[~other & ~tuned]
     if rows.empty:
         return ""
@@ -376,8 +387,8 @@ def newest_summary(frame: pd.DataFrame) -> str:
                   "kernels) are left out of this table.")
     if tuned.any():
         older += (" Rows measured with `LENGTHBENCH_NARROW_TUNING` or `LENGTHBENCH_CAPTURE_TUNING` set, or with "
-                  f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}` (levers compared against the library's settings), "
-                  "are left out of this table.")
+                  f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}` (levers compared against the library's settings; "
+                  "softmax and SSMax with NAPE before the column took the bias as a mask), are left out of this table.")
     if unsteady.any():
         older += (f" `unsteady`: the run measured softmax + RoPE at its start and again at its end, and the two differ "
                   f"by more than {UNSTEADY:.0%} (`baseline_drift`): its ratios are not a steady measurement.")

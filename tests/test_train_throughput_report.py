@@ -173,3 +173,18 @@ def test_rows_with_another_alibi_path_stay_out_of_the_summary(tmp_path):
     summary, table = merged_markdown(tmp_path, plain, lever).split("Runs (device")
     assert "| entmax | 0.60 (1) |" in summary and f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}`" in summary
     assert "| sdpa_alibi |" in table
+
+
+def test_alibi_path_of_rows_from_before_the_column():
+    """Rows without ``sdpa_alibi``: softmax/SSMax with NAPE or ALiBi took the mask; others the library's path."""
+    from lengthbench.kernels import _sdpa
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    frame = pd.DataFrame(dict(attn=["softmax", "ssmax", "entmax", "softmax", "softmax"],
+                              pe=["nape", "alibi", "nape", "rope", "nape"],
+                              sdpa_alibi=[None, None, None, None, "keys"]))
+    assert list(train_throughput.alibi_path(frame)) == ["mask", "mask", _sdpa.SDPA_ALIBI, _sdpa.SDPA_ALIBI, "keys"]
+    assert list(train_throughput.alibi_path(frame.drop(columns="sdpa_alibi")))[:3] == ["mask", "mask",
+                                                                                       _sdpa.SDPA_ALIBI]
