@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import faulthandler
 import gc
+import json
 import os
 import shlex
 import subprocess
@@ -144,6 +145,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 train_attention=train_attention, in_graph=in_graph, fused_ops=",".join(sorted(ops)),
                 narrow_tuning=os.environ.get("LENGTHBENCH_NARROW_TUNING", ""), capture_stick=kernels.CAPTURE_STICK,
                 capture_tuning=os.environ.get("LENGTHBENCH_CAPTURE_TUNING", ""), sdpa_alibi=_sdpa.SDPA_ALIBI,
+                capture_settings=today_capture(",".join(sorted(ops))),
                 captured=captured, capture_error=failed,
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
                 dynamic=dynamic, compiled=trainer_compiled, dense_attention=trainer_dense, steps=steps,
@@ -336,6 +338,44 @@ def alibi_path(rows: pd.DataFrame) -> pd.Series:
     return path.where(path.notna(), older.map({True: "mask", False: _sdpa.SDPA_ALIBI}))
 
 
+# the stick-breaking family's capture tiles before rows recorded their capture settings (capture_stick "wide")
+STICK_CAPTURE_BEFORE = {"fwd": [32, 32, 4, 2], "bwd": [32, 32, 4, 2]}
+
+
+def _settings_json(settings: dict) -> str:
+    return json.dumps(json.loads(json.dumps(settings)), sort_keys=True)  # tuples as lists, keys sorted
+
+
+def today_capture(fused_ops) -> str:
+    """The library's capture settings (``kernels.CAPTURE_TUNING``) of a row's fused ops, as JSON."""
+    ops = [] if fused_ops is None or pd.isna(fused_ops) else [op for op in str(fused_ops).split(",") if op]
+    return _settings_json({op: kernels.CAPTURE_TUNING.get(op, {}) for op in ops})
+
+
+def capture_settings(rows: pd.DataFrame) -> pd.Series:
+    """The capture settings each row's fused ops ran with, as JSON: its ``capture_settings``, or for rows from before
+    that column the library's with ``capture_tuning``'s keys joined (the stick-breaking family's "wide" ops on 32-row
+    tiles then)."""
+    out = []
+    for _, row in rows.iterrows():
+        recorded = row.get("capture_settings")
+        if isinstance(recorded, str) and recorded:
+            out.append(recorded)
+            continue
+        ops = row.get("fused_ops")
+        ops = [] if ops is None or pd.isna(ops) else [op for op in str(ops).split(",") if op]
+        tuning = row.get("capture_tuning")
+        overrides = kernels.capture_tuning_overrides(tuning) if isinstance(tuning, str) and tuning else {}
+        settings = {}
+        for op in ops or sorted(overrides):  # (a row without fused_ops: the ops its tuning names)
+            base = dict(kernels.CAPTURE_TUNING.get(op, {}))
+            if op in kernels.STICK_FAMILY and row.get("capture_stick") == "wide":
+                base = dict(STICK_CAPTURE_BEFORE)
+            settings[op] = {**base, **overrides.get(op, {})}
+        out.append(_settings_json(settings))
+    return pd.Series(out, index=rows.index, dtype=object)
+
+
 def newest_summary(frame: pd.DataFrame) -> str:
     """Markdown: for the default step (``graph-compiled`` on the fused ops, those of ``kernels.IN_GRAPH`` as nodes of
     its graph), each mechanism's ``vs_softmax_rope`` per task, batch size and encoding from the newest run that
@@ -352,9 +392,9 @@ def newest_summary(frame: pd.DataFrame) -> str:
     other = rows["attn"].isin(kernels.STICK_FAMILY) & (taken != kernels.CAPTURE_STICK)
     # rows of a lever set from the environment (a tuning that is not the library's) are comparisons, not the path
     tuned = pd.Series(False, index=rows.index)
-    for column in ("narrow_tuning", "capture_tuning"):
-        if column in rows:
-            tuned |= rows[column].fillna("").astype(str).str.len().gt(0)
+    if "narrow_tuning" in rows:
+        tuned |= rows["narrow_tuning"].fillna("").astype(str).str.len().gt(0)
+    tuned |= capture_settings(rows) != [today_capture(ops) for ops in rows.get("fused_ops", [None] * len(rows))]
     tuned |= alibi_path(rows) != _sdpa.SDPA_ALIBI
     rows = rows[~other & ~tuned]
     if rows.empty:
@@ -386,7 +426,8 @@ def newest_summary(frame: pd.DataFrame) -> str:
                   f"(`capture_stick` not `{kernels.CAPTURE_STICK}`; rows without the column ran the training-width "
                   "kernels) are left out of this table.")
     if tuned.any():
-        older += (" Rows measured with `LENGTHBENCH_NARROW_TUNING` or `LENGTHBENCH_CAPTURE_TUNING` set, or with "
+        older += (" Rows measured with `LENGTHBENCH_NARROW_TUNING` set, with capture settings other than today's "
+                  "(`LENGTHBENCH_CAPTURE_TUNING`, or the stick-breaking family's 32-row tiles before 64), or with "
                   f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}` (levers compared against the library's settings; "
                   "softmax and SSMax with NAPE before the column took the bias as a mask), are left out of this table.")
     if unsteady.any():

@@ -68,20 +68,24 @@ CAPTURE_TUNING: dict[str, dict] = {
     "sieve-entmax": {"lists": False, "split": False},
     "tda": {"map": 0, "fwd": (32, 32, 4), "dq": (32, 32, 4), "dkdv": (32, 32, 4)},
 }
-# The stick-breaking family's capturable ops: the long-context ones (``stickbreaking.py``, ``sieve.py``) with tiles of
-# 32 query rows and 32 keys at every width (``wide``, the default), or the training-width kernels of ``narrow.py``
-# up to 128 keys (``narrow``; ``LENGTHBENCH_CAPTURE_STICK=narrow``, for benchmarks that compare the two). Training
-# throughput at batch 128 over softmax + RoPE's, the two side by side (paper models, H200, 2026-11-27, commit
-# 4c5348a, results/benchmarks/train_throughput.md): MQRAR Sieve 0.76 / 0.63, stick-breaking 0.83 / 0.69; MQMTAR
-# Sieve 0.78 / 0.77, stick-breaking 0.83 / 0.79; Copy (131 tokens: the long-context op either way, its default
-# 64-tiles under ``narrow``) Sieve 0.70 / 0.65, stick-breaking 0.78 / 0.75.
+# The stick-breaking family's capturable ops: the long-context ones (``stickbreaking.py``, ``sieve.py``) at every width
+# (``wide``, the default), or the training-width kernels of ``narrow.py`` up to 128 keys (``narrow``;
+# ``LENGTHBENCH_CAPTURE_STICK=narrow``, for benchmarks that compare the two). Training throughput at batch 128 over
+# softmax + RoPE's, the two side by side (paper models, H200, 2026-11-27, commit 4c5348a, 32-tiles,
+# results/benchmarks/train_throughput.md): MQRAR Sieve 0.76 / 0.63, stick-breaking 0.83 / 0.69; MQMTAR Sieve 0.78 /
+# 0.77, stick-breaking 0.83 / 0.79; Copy Sieve 0.70 / 0.65, stick-breaking 0.78 / 0.75. ``wide``'s tiles: 64 query
+# rows and 32 keys, forward and backward, and stick-breaking's forward on its full tiles (``STICK_CAPTURE``); over 32
+# rows and 32 keys, same machine and commit (d93ab1b, gpu_logs/train_tiles_sweep.txt): Copy stick-breaking 0.77 ->
+# 0.86, sieve-alg1 0.70 -> 0.80; MQRAR stick-breaking 0.83 -> 0.87, Sieve 0.77 -> 0.82, sieve-alg1 0.77 -> 0.83.
 STICK_FAMILY = ("stickbreaking", "sieve", "sieve-alg1")
+STICK_CAPTURE = {"fwd": (64, 32, 4, 2), "bwd": (64, 32, 4, 2)}
 CAPTURE_STICK = os.environ.get("LENGTHBENCH_CAPTURE_STICK", "wide")
 if CAPTURE_STICK not in ("narrow", "wide"):
     raise ValueError(f"LENGTHBENCH_CAPTURE_STICK must be narrow or wide, got {CAPTURE_STICK!r}")
 if CAPTURE_STICK == "wide":
     for _name in STICK_FAMILY:
-        CAPTURE_TUNING[_name] = {"fwd": (32, 32, 4, 2), "bwd": (32, 32, 4, 2)}
+        CAPTURE_TUNING[_name] = dict(STICK_CAPTURE)
+    CAPTURE_TUNING["stickbreaking"]["full_tiles"] = True  # (the filter of Sieve's ops keeps the masks)
 
 
 def capture_tuning_overrides(text: str) -> dict[str, dict]:

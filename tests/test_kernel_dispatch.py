@@ -246,8 +246,8 @@ def test_capturable_stick_breaking_takes_the_narrow_kernels_up_to_128_tokens(mon
 @pytest.mark.parametrize("mechanism, module, function", [
     ("stickbreaking", "stickbreaking", "stickbreaking_attention"), ("sieve", "sieve", "sieve_alg1_attention"),
     ("sieve-alg1", "sieve", "sieve_alg1_attention")])
-def test_capturable_stick_family_takes_the_long_context_op_with_32_tiles(monkeypatch, mechanism, module, function):
-    """The default (``LENGTHBENCH_CAPTURE_STICK`` unset): the long-context op at every width, 32-row 32-key tiles;
+def test_capturable_stick_family_takes_the_long_context_op_with_its_training_tiles(monkeypatch, mechanism, module, function):
+    """The default (``LENGTHBENCH_CAPTURE_STICK`` unset): the long-context op at every width, 64-row 32-key tiles;
     Sieve's Section 3 form keeps its training-width kernels."""
     pytest.importorskip("triton")
     import importlib
@@ -263,7 +263,9 @@ def test_capturable_stick_family_takes_the_long_context_op_with_32_tiles(monkeyp
     for tokens in (17, 128, 300):
         q = torch.zeros(1, 1, tokens, 4)
         op(q, q, q)
-    assert calls == [("wide", {"fwd": (32, 32, 4, 2), "bwd": (32, 32, 4, 2)})] * 3
+    tiles = {"fwd": (64, 32, 4, 2), "bwd": (64, 32, 4, 2)}
+    expected = dict(tiles, full_tiles=True) if mechanism == "stickbreaking" else tiles
+    assert calls == [("wide", expected)] * 3
     assert "sieve-entmax" not in kernels.STICK_FAMILY and "sieve-entmax" in kernels.NARROW_OPS
 
 
@@ -279,7 +281,7 @@ def test_capture_tuning_overrides_parse_and_reject():
 
 
 def test_capture_tuning_environment_joins_the_capture_settings():
-    """Set in the environment, the keys join the mechanism's capture settings (the 32-tiles stay)."""
+    """Set in the environment, the keys join the mechanism's capture settings (the tiles stay)."""
     import json
     import os
     import subprocess
@@ -291,4 +293,4 @@ def test_capture_tuning_environment_joins_the_capture_settings():
                            "print(json.dumps(kernels.CAPTURE_TUNING['sieve-alg1']))"],
                           env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"fwd": [32, 32, 4, 2], "bwd": [32, 32, 4, 2], "rowmax_pass": "fused"}
+    assert json.loads(done.stdout) == {"fwd": [64, 32, 4, 2], "bwd": [64, 32, 4, 2], "rowmax_pass": "fused"}

@@ -259,6 +259,9 @@ STICK_VARIANTS = {
                 sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly", full_tiles=True),
     "rowmax-fused": dict(rowmax_pass="fused"),  # sieve-alg1's row maxima in its forward kernel
     "rowmax-fused-32": dict(fwd=(32, 32, 4, 2), bwd=(32, 32, 4, 2), rowmax_pass="fused"),  # and the training tiles
+    # training-width tiles: 64 query rows, 32 keys, forward and backward (stick-breaking also on its full tiles)
+    "train-64x32": dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2)),
+    "train-64x32-full": dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2), full_tiles=True),
 }
 # Levers measured outside the float64 tolerance, on an H200: tf32's 10-bit triangular sums (dq 0.057)
 STICK_VARIANTS_COARSE = {("stickbreaking", "dot", "T300-D64-bf16-alibi"):

@@ -61,7 +61,8 @@ VARIANTS = {
 CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=False, split=False),
            "sieve-entmax": dict(lists=False, split=False),
            "tda": dict(map=0, fwd=(32, 32, 4), dq=(32, 32, 4), dkdv=(32, 32, 4)),
-           **{name: dict(fwd=(32, 32, 4, 2), bwd=(32, 32, 4, 2)) for name in ("stickbreaking", "sieve", "sieve-alg1")}}
+           "stickbreaking": dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2), full_tiles=True),
+           **{name: dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2)) for name in ("sieve", "sieve-alg1")}}
 for _name, _tuning in CAPTURE.items():
     VARIANTS[_name] = [*VARIANTS.get(_name, []), ("capture", _tuning)]
 OPS = ["adatemp", "entmax", "rectified", "rela", "sieve", "sieve-alg1", "sieve-entmax", "softpick", "sparsemax",

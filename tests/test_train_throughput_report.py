@@ -1,5 +1,6 @@
 """benchmarks/train_throughput.py without a GPU: ``--merge`` and its Markdown summary (CPU, fast)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -155,7 +156,7 @@ def test_rows_of_a_lever_set_from_the_environment_stay_out_of_the_summary(tmp_pa
                               "2026-11-27T08:00:00", 45_000.0))
     lever["capture_tuning"] = '{"entmax": {"split": true}}'
     summary, table = merged_markdown(tmp_path, plain, lever).split("Runs (device")
-    assert "| entmax | 0.60 (1) |" in summary and "`LENGTHBENCH_CAPTURE_TUNING` set" in summary
+    assert "| entmax | 0.60 (1) |" in summary and "capture settings other than today's" in summary
     assert "| capture_tuning |" in table
 
 
@@ -188,3 +189,22 @@ def test_alibi_path_of_rows_from_before_the_column():
     assert list(train_throughput.alibi_path(frame)) == ["mask", "mask", _sdpa.SDPA_ALIBI, _sdpa.SDPA_ALIBI, "keys"]
     assert list(train_throughput.alibi_path(frame.drop(columns="sdpa_alibi")))[:3] == ["mask", "mask",
                                                                                        _sdpa.SDPA_ALIBI]
+
+
+def test_stick_family_rows_count_with_todays_capture_settings(tmp_path):
+    """The stick-breaking family's rows count where their capture settings are today's: a row from before the
+    settings were recorded ran 32-row tiles and stays out; a lever row whose settings are today's counts."""
+    from lengthbench import kernels
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    stick = "stickbreaking"
+    old = dict(attn=stick, fused_ops=stick, capture_stick="wide", capture_tuning="")
+    lever = dict(old, capture_tuning=json.dumps({stick: kernels.CAPTURE_TUNING[stick]}))
+    recorded = dict(old, capture_settings=train_throughput.today_capture(stick))
+    frame = pd.DataFrame([old, lever, recorded])
+    settings = train_throughput.capture_settings(frame)
+    today = train_throughput.today_capture(stick)
+    assert kernels.CAPTURE_TUNING[stick]["fwd"] != tuple(train_throughput.STICK_CAPTURE_BEFORE["fwd"])
+    assert list(settings == today) == [False, True, True]
