@@ -41,7 +41,7 @@ ALiBi slopes take ``dz`` times the biased score and ``-rs (r - j)``.
 The long-context ops stay what validation and scoring call; these are taken where the training step is recorded
 into a CUDA graph (``lengthbench.kernels.get_kernel(..., capturable=True)``) and the rows are narrow: by 1.5-entmax
 and Sieve's Section 3 form, and by stick-breaking and Sieve's Algorithm 1 only under
-``LENGTHBENCH_CAPTURE_STICK=narrow`` (by default those take the long-context ops with 32-row, 32-key tiles,
+``LENGTHBENCH_CAPTURE_STICK=narrow`` (by default those take the long-context ops with 64-row, 32-key tiles,
 measured faster through whole training steps: ``lengthbench.kernels.CAPTURE_STICK``). :data:`TUNING`'s ``fast``
 and triangular-product ``sums`` (the long-context op's arithmetic) measured no faster here at head dims 16 and 32
 (results/benchmarks/gpu_logs/narrow_kernels_d16_sweep.txt), so they stay off.

@@ -505,6 +505,9 @@ ENTMAX_VARIANTS = {
     # the few-open-rows tiles (the count read and found few at any length)
     "few-open-n16": dict(few_open=(1 << 30, 0), newton_few=(16, 16, 2, 3), sieve_open_few=(16, 16, 2, 3)),
     "rescue-c16-all": dict(rescue=True, list_size=16, max_sat=64, rescue_launch=(4, 32, 4)),
+    # the training step's settings (no lists, one kernel) with a 2-deep subset on 32x16 tiles: Copy's sieve-entmax
+    # 0.63 -> 0.70x softmax + RoPE (results/benchmarks/gpu_logs/train_tiles_sweep.txt)
+    "capture-sub2-32x16": dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16),
 }
 
 

@@ -50,8 +50,10 @@ STICK_VARIANTS = [
 VARIANTS = {
     # Sieve's list path sorts its candidates (``tl.sort``), which the interpreter runs slowly: the defaults
     # (64 slots) at T = 1 only, 8 slots at T = 33 and with ALiBi; and the path without lists everywhere
-    "sieve-entmax": [("lists-8", dict(list_size=8)), ("no-lists", dict(lists=False))],
-    "entmax": [("no-lists", dict(lists=False)), ("lists-8", dict(list_size=8))],
+    "sieve-entmax": [("lists-8", dict(list_size=8)), ("no-lists", dict(lists=False)),
+                     ("capture-sub2-32x16", dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16))],
+    "entmax": [("no-lists", dict(lists=False)), ("lists-8", dict(list_size=8)),
+               ("capture-sub2-32x16", dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16))],
     "sparsemax": [("no-lists", dict(lists=False))],
     # (skip and rowmax-fused: sieve-alg1's levers)
     "stickbreaking": [(label, tuning) for label, tuning in STICK_VARIANTS if label not in ("skip", "rowmax-fused")],
