@@ -104,14 +104,15 @@ case "$part" in
     if [ -z "${ATTNS:-}" ] || [ -z "${CAPTURE:-}${NARROW:-}${ENV:-}" ]; then
       echo "error: ab needs ATTNS (mechanisms) and CAPTURE, NARROW (the lever's tuning, JSON) or ENV" >&2; exit 2
     fi
-    for task in ${TASKS:-mqmtar mqrar copy}; do
-      args=(--tasks "$task" --preset paper --pes "${PES:-rope}" --batch-sizes "${BATCH:-128}" --attns "softmax,$ATTNS"
-            --steps 300 --warmup 20 --warm-jobs 6)
-      python3 benchmarks/train_throughput.py "${args[@]}" --out "$out/$task/default" 2>&1 | grep -v -i warn
-      # shellcheck disable=SC2086
-      env ${CAPTURE:+LENGTHBENCH_CAPTURE_TUNING="$CAPTURE"} ${NARROW:+LENGTHBENCH_NARROW_TUNING="$NARROW"} ${ENV:-} \
-        python3 benchmarks/train_throughput.py "${args[@]}" --out "$out/$task/lever" 2>&1 | grep -v -i warn
-    done 2>&1 | tee -a "$out/ab_log.txt" ;;
+    # one lever of benchmarks/train_levers.py, named "lever": OUT/<task>/default and OUT/<task>/lever
+    levers=$(python3 -c 'import json, os, shlex
+v = {name: os.environ[key] for key, name in (("CAPTURE", "LENGTHBENCH_CAPTURE_TUNING"),
+                                             ("NARROW", "LENGTHBENCH_NARROW_TUNING")) if os.environ.get(key)}
+v.update(item.split("=", 1) for item in shlex.split(os.environ.get("ENV", "")))
+print(json.dumps({"lever": v}))')
+    tasks=${TASKS:-mqmtar mqrar copy}
+    python3 benchmarks/train_levers.py --tasks "${tasks// /,}" --attns "$ATTNS" --pes "${PES:-rope}" \
+      --batch-size "${BATCH:-128}" --levers "$levers" --out "$out" 2>&1 | grep -v -i warn | tee -a "$out/ab_log.txt" ;;
   parity)
     # four runs at a time; the committed table: results/benchmarks/train_parity.md
     python3 benchmarks/train_parity.py --cells mqmtar:asentmax:nape,mqrar:stickbreaking:none --seeds 0,1 \
