@@ -58,6 +58,7 @@ import triton
 import triton.language as tl
 
 from lengthbench.kernels._common import Problem, reduce_slopes, score_tile, softplus
+from lengthbench.kernels._rowwise import ENTMAX, rowwise_backward
 from lengthbench.kernels.stickbreaking import LOG2E, _cumsum, _sigmoids, _softplus_e
 
 # The widest rows these kernels take: a [BM, TP] fp32 tile a tensor, BM * TP = 4,096 elements.
@@ -191,10 +192,12 @@ def _head_rows(Q, K, V, SL, RS, base, bh, pid_m, T, R_END, H, HAS_SLOPES: tl.con
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, sm_scale, eps, T, H, M0, R_END, MECH: tl.constexpr, FILTER: tl.constexpr,
-                HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SAVE: tl.constexpr, DOT_PREC: tl.constexpr,
-                SUMS: tl.constexpr, CW: tl.constexpr, FAST: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                BM: tl.constexpr, TP: tl.constexpr):
+def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, M, L, U, sm_scale, eps, T, H, M0, R_END, MECH: tl.constexpr,
+                FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SAVE: tl.constexpr,
+                STATS: tl.constexpr, DOT_PREC: tl.constexpr, SUMS: tl.constexpr, CW: tl.constexpr,
+                FAST: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
+    """One row block against all the head's keys: the output, ``tau`` where ``SAVE``; with ``STATS`` (1.5-entmax)
+    also what ``_rowwise.py``'s backward reads: ``M = sum s``, ``L = sum s^2`` and ``U = sum s v`` (fp32)."""
     pid_m = tl.program_id(0) + M0
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
@@ -211,6 +214,15 @@ def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, sm_scale, eps, T, H, M0, R_END, MECH:
     tl.store(Out + base + offs_m[:, None] * D + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=rmask)
     if SAVE:
         tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
+    if STATS:  # (1.5-entmax: ``a`` holds s = (z / 2 - tau)_+, ``rem`` the sum of s^2 before the division)
+        if DOT_PREC == "ieee":
+            u = tl.dot(a, v.to(tl.float32), input_precision=DOT_PREC)
+        else:
+            a_hi = a.to(v.dtype)
+            u = tl.dot(a_hi, v) + tl.dot((a - a_hi.to(tl.float32)).to(v.dtype), v)
+        tl.store(U + base + offs_m[:, None] * D + offs_d[None, :], u, mask=rmask)
+        tl.store(M + bh * T + offs_m, tl.sum(a, 1), mask=row_ok)
+        tl.store(L + bh * T + offs_m, rem, mask=row_ok)
 
 
 @triton.jit
@@ -347,6 +359,14 @@ _LAUNCH_KEYS = ("bm", "warps", "stages", "bwd_bm", "bwd_warps", "bwd_stages")
 # ``stickbreaking._cumsum``), over blocks of ``cw`` keys (None: the row); ``fast``: softplus and the weights in
 # bits (exp2, log2, log1p a polynomial), the sigmoids from the softplus's ``exp(-|z|)``.
 TUNING = dict(sums="scan", cw=None, fast=False)
+# 1.5-entmax's backward: ``narrow`` (``_bwd_kernel``/``_bwd_head_kernel``, a row block a program against all
+# keys), ``rowwise`` (the forward also keeps ``sum s``, ``sum s^2`` and ``sum s v`` a row, and the dq and dk/dv
+# kernels of ``_rowwise.py`` run on them, key tiles against query tiles as in FlashAttention's backward) or
+# ``auto``: ``rowwise`` where there is a row scale (ASEntmax, SSMax-scaled entmax), else ``narrow``. Through whole
+# training steps on an H200 at batch 128 (results/benchmarks/gpu_logs/ab_entmax_backward.txt), ``rowwise`` took
+# ASEntmax + RoPE on Copy from 0.57x to 0.64x softmax's samples/s and left plain entmax where it was (Copy 0.68 to
+# 0.69, MQMTAR 0.85 to 0.83)
+ENTMAX_BACKWARD = "auto"
 _SUMS = {"scan": 0, "bf16x2": 3, "bf16x3": 4}
 # ``LENGTHBENCH_NARROW_TUNING`` (a JSON object of ``_launch``'s keys) replaces these defaults in every call that does
 # not name the key itself: for benchmarks that compare settings through whole training steps
@@ -356,13 +376,14 @@ ENV_TUNING: dict = json.loads(os.environ.get("LENGTHBENCH_NARROW_TUNING") or "{}
 def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[dict], list[dict], str]:
     """Per launch (``_row_ranges``) the forward's and the backward's settings (``M0``, ``R_END``, ``BM``, ``TP``,
     ``BD``, ``SUMS``, ``CW``, ``FAST``, warps, stages), and the backward's layout (``head`` or ``blocks``;
-    ``blocks`` wherever the rows are split). Tuning keys: those of :data:`TUNING`, ``bm``, ``warps``, ``stages``
+    ``blocks`` wherever the rows are split; ``rowwise`` for 1.5-entmax where ``entmax_backward`` takes it
+    (:data:`ENTMAX_BACKWARD`): the backward of ``_rowwise.py``, its launch settings its own). Tuning keys: those of :data:`TUNING`, ``bm``, ``warps``, ``stages``
     (the forward's), ``bwd_bm``, ``bwd_warps``, ``bwd_stages`` (the backward's; None: the forward's), ``widths``
     (``{keys: {those keys}}``: settings for the launch against that many keys only), ``bd`` (the head dim the
     tiles are padded to, a power of two at least the head dim's), ``backward``, ``rows`` (``split``: each row
     range against the keys it can see; ``whole``: one launch over every row and all keys)."""
     config = dict(bm=None, warps=None, stages=None, bwd_bm=None, bwd_warps=None, bwd_stages=None, backward="head",
-                  rows="split", bd=None, widths=None, **TUNING)
+                  rows="split", bd=None, widths=None, entmax_backward=ENTMAX_BACKWARD, **TUNING)
     tuning = dict(tuning or {})
     unknown = sorted((set(tuning) | set(ENV_TUNING)) - set(config))
     if unknown:
@@ -370,6 +391,9 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
     config.update({**ENV_TUNING, **tuning})
     if config["backward"] not in ("head", "blocks"):
         raise ValueError(f"narrow kernels: backward must be head or blocks, got {config['backward']!r}")
+    if config["entmax_backward"] not in ("auto", "narrow", "rowwise"):
+        raise ValueError("narrow kernels: entmax_backward must be auto, narrow or rowwise, got "
+                         f"{config['entmax_backward']!r}")
     if config["rows"] not in ("split", "whole"):
         raise ValueError(f"narrow kernels: rows must be split or whole, got {config['rows']!r}")
     widths = {int(width): dict(settings) for width, settings in (config["widths"] or {}).items()}
@@ -415,6 +439,10 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
                 launch["num_stages"] = int(stages)
             out.append(launch)
     layout = config["backward"] if len(ranges) == 1 else "blocks"
+    rowwise = config["entmax_backward"] == "rowwise" or (config["entmax_backward"] == "auto"
+                                                          and pb.row_scale is not None)
+    if mech == ENTMAX15 and rowwise:
+        layout = "rowwise"
     return fwd, bwd, layout
 
 
@@ -430,24 +458,36 @@ class NarrowAttention(torch.autograd.Function):
             raise ValueError(f"the narrow kernels take at most {NARROW_MAX_TOKENS} tokens, got {pb.tokens}")
         launch, bwd_launch, layout = _launch(pb, tuning, mech)
         save = any(ctx.needs_input_grad[:5])
+        stats = save and layout == "rowwise"
         out = torch.empty_like(pb.q)
         tau = pb.rows()
+        m, den = (pb.rows(), pb.rows()) if stats else (None, None)
+        u = torch.empty(pb.q.shape, device=pb.q.device, dtype=torch.float32) if stats else None
         common = dict(MECH=mech, FILTER=filter_mode, HAS_SLOPES=pb.slopes is not None,
                       HAS_RS=pb.row_scale is not None, DOT_PREC=pb.dot_prec, D=pb.head_dim)
         for part in launch:
             grid = (triton.cdiv(part["R_END"] - part["M0"] * part["BM"], part["BM"]), pb.bh)
-            _fwd_kernel[grid](pb.q, pb.k, pb.v, out, tau, pb.opt(pb.slopes), pb.opt(pb.row_scale), pb.sm_scale,
-                              float(eps), pb.tokens, pb.heads, SAVE=save, **common, **part)
-        if save:
+            _fwd_kernel[grid](pb.q, pb.k, pb.v, out, tau, pb.opt(pb.slopes), pb.opt(pb.row_scale), pb.opt(m),
+                              pb.opt(den), pb.opt(u), pb.sm_scale, float(eps), pb.tokens, pb.heads, SAVE=save,
+                              STATS=stats, **common, **part)
+        ctx.rs_shape = None if row_scale is None else row_scale.shape
+        if stats:  # the state RowwiseAttention keeps for ENTMAX: its backward runs on it
+            ctx.save_for_backward(pb.q, pb.k, pb.v, out, pb.slopes, pb.row_scale, tau, m, den, u)
+            ctx.consts = (pb.sm_scale, float(eps), common, bwd_launch, layout)
+        elif save:
             ctx.save_for_backward(pb.q, pb.k, pb.v, tau, pb.slopes, pb.row_scale)
             ctx.consts = (pb.sm_scale, float(eps), common, bwd_launch, layout)
-            ctx.rs_shape = None if row_scale is None else row_scale.shape
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, tau, slopes, row_scale = ctx.saved_tensors
         sm_scale, eps, common, launch, layout = ctx.consts
+        if layout == "rowwise":
+            dq, dk, dv, g_sl, g_rs, _ = rowwise_backward(
+                dout, ctx.saved_tensors, sm_scale, ENTMAX, 2.0, grad_slopes=ctx.needs_input_grad[3],
+                grad_rs=ctx.needs_input_grad[4], grad_tau=False, rs_shape=ctx.rs_shape, tau_shape=None)
+            return dq, dk, dv, g_sl, g_rs, None, None, None, None, None
+        q, k, v, tau, slopes, row_scale = ctx.saved_tensors
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
         grad_sl = slopes is not None and ctx.needs_input_grad[3]
         grad_rs = row_scale is not None and ctx.needs_input_grad[4]

@@ -32,17 +32,25 @@ OPS = {
 # gives the backward blocks of 32 rows (the forward's stay 16); "whole" takes every row against all keys in one
 # launch (by default rows [0, 32), [32, 64), [64, 128) go against the 32, 64, 128 keys they can see); "bd32" pads
 # the head dim of the tiles to 32; "own64" gives the launch against 64 keys row blocks of 16 of its own; "fast"
-# takes the stick in bits with triangular-product sums over blocks of 32 keys (fp32 inputs keep the scans)
+# takes the stick in bits with triangular-product sums over blocks of 32 keys (fp32 inputs keep the scans);
+# "rowwise" (1.5-entmax only) takes the backward of _rowwise.py on the forward's row statistics (the others name
+# the narrow backward: the default takes rowwise wherever there is a row scale)
 SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, "alibi"), (40, 16, "walk"), (40, 16, "bm16"), (33, 32, "walk-alibi-bm16"),
           (40, 16, "walk-bm16-blocks"), (33, 32, "alibi-bm16-blocks"), (40, 16, "walk-bm16-bwd32"),
           (70, 16, "walk-alibi"), (40, 16, "walk-whole"), (70, 16, "walk-alibi-bd32-own64"), (17, 16, "bd32"),
-          (70, 16, "walk-alibi-fast"), (40, 16, "walk-bm16-blocks-fast")]
+          (70, 16, "walk-alibi-fast"), (40, 16, "walk-bm16-blocks-fast"), (17, 16, "rowwise"),
+          (70, 16, "walk-alibi-rowwise"), (40, 32, "alibi-whole-rowwise")]
 TOLERANCE = 1e-4
 TIE = 2e-5
 
 
+def for_op(op: str, shapes: list) -> list:
+    """``shapes`` that apply to ``op`` (the ``rowwise`` ones to 1.5-entmax only)."""
+    return [shape for shape in shapes if op == "entmax" or "rowwise" not in shape[2]]
+
+
 def cases():
-    return [(op, *shape) for op in OPS for shape in SHAPES]
+    return [(op, *shape) for op in OPS for shape in for_op(op, SHAPES)]
 
 
 def case_id(case) -> str:
@@ -84,7 +92,8 @@ def run_case(case, device="cpu", dtype=None) -> dict:
               **({"bwd_bm": 32} if "bwd32" in extras else {}), **({"rows": "whole"} if "whole" in extras else {}),
               **({"bd": 32} if "bd32" in extras else {}),
               **({"widths": {"64": {"bm": 16, "bwd_bm": 16}}} if "own64" in extras else {}),
-              **({"fast": True, "sums": "bf16x2", "cw": 32} if "fast" in extras else {})}
+              **({"fast": True, "sums": "bf16x2", "cw": 32} if "fast" in extras else {}),
+              "entmax_backward": "rowwise" if "rowwise" in extras else "narrow"}
     out = op(mine["q"], mine["k"], mine["v"], slopes=mine.get("slopes"), row_scale=mine.get("row_scale"),
              sm_scale=sm_scale, tuning=tuning, **op_params)
     keep = ~near_ties(op_name, z.detach(), tokens, op_params)
@@ -135,14 +144,15 @@ def test_narrow_kernel_matches_float64_reference(index, measured):
 GPU_SHAPES = [(17, 32, ""), (64, 32, "alibi"), (91, 32, "walk"), (131, 64, "alibi"), (256, 32, "walk-alibi"),
               (200, 64, "bm16"), (91, 32, "alibi-blocks"), (83, 16, "walk"), (131, 16, "alibi"), (83, 16, "walk-bd32"),
               (131, 16, "alibi-bd32-own64"), (83, 16, "walk-fast"), (128, 32, "alibi-fast"),
-              (131, 16, "walk-alibi-bd32-fast")]
+              (131, 16, "walk-alibi-bd32-fast"), (91, 32, "alibi-rowwise"), (131, 16, "walk-alibi-rowwise"),
+              (256, 32, "alibi-rowwise"), (83, 16, "rowwise")]
 GPU_TOLERANCE = {"float32": (2e-3, 2e-3), "bfloat16": (2.5e-2, 5e-2)}  # (output, gradients), test_kernels.py's
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: f"T{s[0]}-D{s[1]}{'-' + s[2] if s[2] else ''}")
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op, shape", [(op, shape) for op in OPS for shape in for_op(op, GPU_SHAPES)],
+                         ids=lambda p: p if isinstance(p, str) else f"T{p[0]}-D{p[1]}{'-' + p[2] if p[2] else ''}")
 def test_narrow_kernel_on_the_gpu(op, shape, dtype):
     import torch
 
@@ -158,7 +168,8 @@ def test_narrow_kernel_on_the_gpu(op, shape, dtype):
 @pytest.mark.parametrize("tuning, message", [
     ({"bd": 8}, "bd must be a power of two >= 16"), ({"bd": 48}, "bd must be a power of two"),
     ({"widths": {"64": {"rows": "whole"}}}, "widths[64] takes"), ({"widths": {"32": {"bwd_bm": 24}}}, "bwd_bm"),
-    ({"block": 32}, "unknown tuning keys"), ({"sums": "dot"}, "sums must be one of"), ({"cw": 8}, "cw must be")])
+    ({"block": 32}, "unknown tuning keys"), ({"sums": "dot"}, "sums must be one of"), ({"cw": 8}, "cw must be"),
+    ({"entmax_backward": "dense"}, "entmax_backward must be auto, narrow or rowwise")])
 def test_bad_tuning_is_refused(tuning, message):
     import torch
 
@@ -184,6 +195,23 @@ def test_launch_settings_follow_the_tuning():
     assert (fwd[-1]["BM"], fwd[-1]["num_warps"], fwd[-1]["M0"]) == (16, 8, 4)
     assert (bwd[-1]["BM"], bwd[-1]["num_warps"]) == (16, 2)
     assert fwd[0]["num_warps"] == 4 and fwd[0]["BM"] == 32
+
+
+def test_entmax_backward_is_rowwise_where_there_is_a_row_scale():
+    import torch
+
+    from lengthbench.kernels import narrow
+    from lengthbench.kernels._common import Problem
+
+    q = torch.zeros(1, 1, 100, 16)
+    scale = torch.ones(1, 1, 100)
+    assert narrow._launch(Problem(q, q, q, None, scale, None), None, narrow.ENTMAX15)[2] == "rowwise"
+    assert narrow._launch(Problem(q, q, q, None, None, None), None, narrow.ENTMAX15)[2] == "blocks"
+    assert narrow._launch(Problem(q, q, q, None, scale, None), None, narrow.STICK)[2] == "blocks"
+    assert narrow._launch(Problem(q, q, q, None, None, None), {"entmax_backward": "rowwise"},
+                          narrow.ENTMAX15)[2] == "rowwise"
+    assert narrow._launch(Problem(q, q, q, None, scale, None), {"entmax_backward": "narrow"},
+                          narrow.ENTMAX15)[2] == "blocks"
 
 
 def test_every_narrow_op_is_covered():
