@@ -51,8 +51,11 @@ def launch_config(block_d: int, tuning: dict | None = None) -> dict:
         # Measured on the H100: the four levels of 64 columns spill 16 bytes here, which costs less than
         # 8-warp tiles without spills (21 against 25 ms for the first stage at L 65,536, D 32). ``newton``'s 3
         # stages: entmax's forward 30.2 -> 29.0 ms, Sieve's 34.4 -> 33.1 at L 65,536, D 32 (32-row tiles were
-        # slower on a trained model's wider rows).
-        config = dict(bm=64, bn=64, bn_subset=64, warps=4, stages=2, newton=(64, 32, 4, 3), split=True, subset=4,
+        # slower on a trained model's wider rows). Its 64-key tiles (against 32) on an H200 at L 65,536, H 16,
+        # D 32, bf16, q and k N(0, 1) times 0.3 / 0.45 / 1 (supports of ~1,900 / 500 / 34 keys): entmax's forward
+        # 78.1 -> 69.8, 69.1 -> 61.8 and 28.0 -> 26.9 ms (results/benchmarks/gpu_logs/entmax_newton_tiles.txt).
+        # Sieve's open rows keep their walk on 32-key tiles (``sieve_open``).
+        config = dict(bm=64, bn=64, bn_subset=64, warps=4, stages=2, newton=(64, 64, 4, 3), split=True, subset=4,
                       acc=False, fold=True, lean=True, pairs=True)
     else:  # the single-view kernels' tiles, not measured
         config = dict(bm=32, bn=32, bn_subset=32, warps=4, stages=2, newton=(32, 32, 4, 2), split=True, subset=4,
@@ -66,7 +69,7 @@ def launch_config(block_d: int, tuning: dict | None = None) -> dict:
                   rescue=True, max_sat=4, rescue_launch=(16, 64, 2),
                   # H100, L 65,536, D 32: Sieve's forward 34.4 -> 31.9 ms (2 rows a program at C 64 without)
                   sieve_scan=True,
-                  sieve_open=None,
+                  sieve_open=(64, 32, 4, 3) if small else None,
                   # H100, L 65,536, D 32: Sieve's forward 30.68 -> 29.26 ms with 16-row tiles for few open rows
                   # (32-row tiles 29.71); the Newton kernel's few-row tiles were slower (30.3-32.4 ms)
                   few_open=(256, 16384), newton_few=None, sieve_open_few=(16, 16, 2, 3),

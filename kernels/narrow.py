@@ -362,11 +362,13 @@ TUNING = dict(sums="scan", cw=None, fast=False)
 # 1.5-entmax's backward: ``narrow`` (``_bwd_kernel``/``_bwd_head_kernel``, a row block a program against all
 # keys), ``rowwise`` (the forward also keeps ``sum s``, ``sum s^2`` and ``sum s v`` a row, and the dq and dk/dv
 # kernels of ``_rowwise.py`` run on them, key tiles against query tiles as in FlashAttention's backward) or
-# ``auto``: ``rowwise`` where there is a row scale (ASEntmax, SSMax-scaled entmax), else ``narrow``. Through whole
-# training steps on an H200 at batch 128 (results/benchmarks/gpu_logs/ab_entmax_backward.txt), ``rowwise`` took
-# ASEntmax + RoPE on Copy from 0.57x to 0.64x softmax's samples/s and left plain entmax where it was (Copy 0.68 to
-# 0.69, MQMTAR 0.85 to 0.83)
+# ``auto``: ``rowwise`` where there is a row scale (ASEntmax, SSMax-scaled entmax) and the rows are wider than 128
+# keys, else ``narrow``. Through whole training steps on an H200 at batch 128, ratios to softmax + RoPE's samples/s
+# (results/benchmarks/gpu_logs/ab_entmax_backward.txt), narrow -> rowwise: ASEntmax on Copy (131 tokens) 0.58 ->
+# 0.65 (RoPE) and 0.57 -> 0.64 (NAPE), on MQRAR (83) 0.76 -> 0.71, on MQMTAR (91) 0.76 -> 0.75; plain entmax on Copy
+# 0.68 -> 0.69, on MQMTAR 0.85 -> 0.83
 ENTMAX_BACKWARD = "auto"
+ROWWISE_FROM = 129  # tokens
 _SUMS = {"scan": 0, "bf16x2": 3, "bf16x3": 4}
 # ``LENGTHBENCH_NARROW_TUNING`` (a JSON object of ``_launch``'s keys) replaces these defaults in every call that does
 # not name the key itself: for benchmarks that compare settings through whole training steps
@@ -439,8 +441,8 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
                 launch["num_stages"] = int(stages)
             out.append(launch)
     layout = config["backward"] if len(ranges) == 1 else "blocks"
-    rowwise = config["entmax_backward"] == "rowwise" or (config["entmax_backward"] == "auto"
-                                                          and pb.row_scale is not None)
+    rowwise = config["entmax_backward"] == "rowwise" or (
+        config["entmax_backward"] == "auto" and pb.row_scale is not None and pb.tokens >= ROWWISE_FROM)
     if mech == ENTMAX15 and rowwise:
         layout = "rowwise"
     return fwd, bwd, layout

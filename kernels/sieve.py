@@ -12,7 +12,8 @@ in two sets. The listed rows, certified by entmax's list first stage with their 
 (64) candidates, are finished in registers, ``BR`` rows a program (``_lists_kernel``; with ``sieve_scan``, the
 default, their candidates sorted by key and the stick's suffix sums a cumulative sum, as the backward does,
 instead of ``[BR, C, C]`` comparisons: Sieve's forward 34.4 -> 31.9 ms at L 65,536, D 32 on the H100;
-``sieve_open``, off, gives the open rows' walk tiles of its own, and ``sieve_open_few``, on, where the open
+``sieve_open`` gives the open rows' walk tiles of their own (64 x 32 at head dims up to 64, where the Newton passes
+take 64-key tiles), and ``sieve_open_few``, on, where the open
 rows are few: ``few_open`` of ``_open_rows.py``); the forward keeps their supports in place of the candidates, so the backward (``_lists_bwd_kernel``) takes the very support the
 forward used. The open rows (the others, row 0 among them) are gathered per head and walked over all their
 keys by the filtered stick-breaking kernels (``_open_kernel``, ``_open_bwd_kernel``); where they are many, the

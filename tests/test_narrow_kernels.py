@@ -197,17 +197,20 @@ def test_launch_settings_follow_the_tuning():
     assert fwd[0]["num_warps"] == 4 and fwd[0]["BM"] == 32
 
 
-def test_entmax_backward_is_rowwise_where_there_is_a_row_scale():
+def test_entmax_backward_is_rowwise_where_there_is_a_row_scale_past_128_keys():
     import torch
 
     from lengthbench.kernels import narrow
     from lengthbench.kernels._common import Problem
 
-    q = torch.zeros(1, 1, 100, 16)
-    scale = torch.ones(1, 1, 100)
+    q = torch.zeros(1, 1, 131, 16)
+    scale = torch.ones(1, 1, 131)
     assert narrow._launch(Problem(q, q, q, None, scale, None), None, narrow.ENTMAX15)[2] == "rowwise"
     assert narrow._launch(Problem(q, q, q, None, None, None), None, narrow.ENTMAX15)[2] == "blocks"
     assert narrow._launch(Problem(q, q, q, None, scale, None), None, narrow.STICK)[2] == "blocks"
+    short = q[:, :, :128]
+    assert narrow._launch(Problem(short, short, short, None, scale[..., :128], None), None,
+                          narrow.ENTMAX15)[2] == "blocks"
     assert narrow._launch(Problem(q, q, q, None, None, None), {"entmax_backward": "rowwise"},
                           narrow.ENTMAX15)[2] == "rowwise"
     assert narrow._launch(Problem(q, q, q, None, scale, None), {"entmax_backward": "narrow"},
