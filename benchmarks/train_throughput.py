@@ -146,7 +146,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 narrow_tuning=os.environ.get("LENGTHBENCH_NARROW_TUNING", ""), capture_stick=kernels.CAPTURE_STICK,
                 capture_tuning=os.environ.get("LENGTHBENCH_CAPTURE_TUNING", ""), sdpa_alibi=_sdpa.SDPA_ALIBI,
                 capture_settings=today_capture(",".join(sorted(ops))),
-                captured=captured, capture_error=failed,
+                entmax_backward=kernels.entmax_backward_setting(), captured=captured, capture_error=failed,
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
                 dynamic=dynamic, compiled=trainer_compiled, dense_attention=trainer_dense, steps=steps,
                 samples_per_s=steps * batch_size / seconds,
@@ -338,6 +338,23 @@ def alibi_path(rows: pd.DataFrame) -> pd.Series:
     return path.where(path.notna(), older.map({True: "mask", False: _sdpa.SDPA_ALIBI}))
 
 
+def entmax_backward(rows: pd.DataFrame, setting: str | None = None) -> pd.Series:
+    """The training-width 1.5-entmax backward (``narrow`` or ``rowwise``) each row's mechanism took under
+    ``setting``, or under its own ``entmax_backward`` (rows from before that column: ``narrow``); empty for the
+    mechanisms that do not run it."""
+    recorded = rows["entmax_backward"] if "entmax_backward" in rows else pd.Series(None, index=rows.index)
+    out = []
+    for attn, tokens, own in zip(rows["attn"], rows.get("tokens_per_sample", pd.Series(0, index=rows.index)),
+                                 recorded, strict=True):
+        if attn not in ("entmax", *kernels.ROW_SCALED_ENTMAX):
+            out.append("")
+            continue
+        rule = setting or (own if isinstance(own, str) and own else "narrow")
+        tokens = 0 if tokens is None or pd.isna(tokens) else int(tokens)
+        out.append(kernels.entmax_backward_taken(rule, attn in kernels.ROW_SCALED_ENTMAX, tokens))
+    return pd.Series(out, index=rows.index, dtype=object)
+
+
 # the stick-breaking family's capture tiles before rows recorded their capture settings (capture_stick "wide")
 STICK_CAPTURE_BEFORE = {"fwd": [32, 32, 4, 2], "bwd": [32, 32, 4, 2]}
 
@@ -396,6 +413,7 @@ def newest_summary(frame: pd.DataFrame) -> str:
         tuned |= rows["narrow_tuning"].fillna("").astype(str).str.len().gt(0)
     tuned |= capture_settings(rows) != [today_capture(ops) for ops in rows.get("fused_ops", [None] * len(rows))]
     tuned |= alibi_path(rows) != _sdpa.SDPA_ALIBI
+    tuned |= entmax_backward(rows) != entmax_backward(rows, kernels.entmax_backward_setting())
     rows = rows[~other & ~tuned]
     if rows.empty:
         return ""
@@ -428,8 +446,10 @@ def newest_summary(frame: pd.DataFrame) -> str:
     if tuned.any():
         older += (" Rows measured with `LENGTHBENCH_NARROW_TUNING` set, with capture settings other than today's "
                   "(`LENGTHBENCH_CAPTURE_TUNING`, or the stick-breaking family's 32-row tiles before 64), or with "
-                  f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}` (levers compared against the library's settings; "
-                  "softmax and SSMax with NAPE before the column took the bias as a mask), are left out of this table.")
+                  f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}`, or whose 1.5-entmax backward at the training widths "
+                  f"is not the one `{kernels.entmax_backward_setting()}` gives them (`entmax_backward`; rows without "
+                  "the column took the narrow one) (levers compared against the library's settings; softmax and SSMax "
+                  "with NAPE before the column took the bias as a mask), are left out of this table.")
     if unsteady.any():
         older += (f" `unsteady`: the run measured softmax + RoPE at its start and again at its end, and the two differ "
                   f"by more than {UNSTEADY:.0%} (`baseline_drift`): its ratios are not a steady measurement.")

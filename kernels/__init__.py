@@ -87,6 +87,35 @@ if CAPTURE_STICK == "wide":
         CAPTURE_TUNING[_name] = dict(STICK_CAPTURE)
     CAPTURE_TUNING["stickbreaking"]["full_tiles"] = True  # (the filter of Sieve's ops keeps the masks)
 
+# 1.5-entmax's backward at the training widths (``kernels/narrow.py``, its ``entmax_backward`` tuning key):
+# ``narrow`` (a row block a program against all keys), ``rowwise`` (the forward also keeps ``sum s``, ``sum s^2``
+# and ``sum s v`` a row, and the dq and dk/dv kernels of ``_rowwise.py`` run on them, key tiles against query
+# tiles as in FlashAttention's backward) or ``auto``: ``rowwise`` where there is a row scale (ASEntmax,
+# SSMax-scaled entmax) and the rows are :data:`ROWWISE_FROM` keys or wider, else ``narrow``. Through whole training
+# steps on an H200 at batch 128, ratios to softmax + RoPE's samples/s, narrow -> rowwise
+# (results/benchmarks/gpu_logs/ab_entmax_backward.txt): ASEntmax on Copy (131 tokens) 0.58 -> 0.65 (RoPE) and
+# 0.57 -> 0.64 (NAPE), on MQRAR (83) 0.76 -> 0.71, on MQMTAR (91) 0.76 -> 0.75; plain entmax on Copy 0.68 -> 0.69,
+# on MQMTAR 0.85 -> 0.83.
+ENTMAX_BACKWARD = "auto"
+ROWWISE_FROM = 129
+ROW_SCALED_ENTMAX = ("asentmax", "sentmax")
+
+
+def entmax_backward_setting(mode: str = ENTMAX_BACKWARD) -> str:
+    """The rule as a benchmark row records it: ``narrow``, ``rowwise`` or ``auto:<ROWWISE_FROM>``."""
+    return f"auto:{ROWWISE_FROM}" if mode == "auto" else mode
+
+
+def entmax_backward_taken(setting: str, row_scale: bool, tokens: int) -> str:
+    """``narrow`` or ``rowwise``: the backward that ``setting`` (:func:`entmax_backward_setting`'s form; ``auto``
+    without a bound: every width) gives rows of ``tokens`` keys, with or without a row scale."""
+    mode, _, start = str(setting).partition(":")
+    if mode == "auto":
+        return "rowwise" if row_scale and tokens >= int(start or 0) else "narrow"
+    if mode not in ("narrow", "rowwise"):
+        raise ValueError(f"entmax_backward must be auto, narrow or rowwise, got {mode!r}")
+    return mode
+
 
 def capture_tuning_overrides(text: str) -> dict[str, dict]:
     """``LENGTHBENCH_CAPTURE_TUNING``: a JSON object of mechanism -> tuning keys that replace or join that

@@ -26,7 +26,9 @@ training step of the paper MQRAR model from 0.54x to 0.70x softmax's samples/s w
   registers); every launch is sized by the shapes alone (a CUDA graph records it).
 
 The forward keeps one fp32 number per row for the backward (``tau``: the entmax threshold, or Sieve's filter
-threshold); everything else is recomputed. Gradients (as the long-context ops'): with ``g_j = do_r.v_j``,
+threshold); everything else is recomputed. (1.5-entmax's backward may instead be the key-tiled one of
+``_rowwise.py``, the forward then also keeping ``sum s``, ``sum s^2`` and ``sum s v`` a row: ``entmax_backward``,
+by default where there is a row scale and rows of ``lengthbench.kernels.ROWWISE_FROM`` keys or more.) Gradients (as the long-context ops'): with ``g_j = do_r.v_j``,
 
 - stick-breaking, weights ``a_j`` over the active keys and the remainder on the diagonal: ``c_j = (g_j - g_r)
   a_j`` where the weights and the remainder sum to one (no filter, and Sieve's Section 3 filter, which breaks
@@ -57,6 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lengthbench.kernels import ENTMAX_BACKWARD, entmax_backward_setting, entmax_backward_taken
 from lengthbench.kernels._common import Problem, reduce_slopes, score_tile, softplus
 from lengthbench.kernels._rowwise import ENTMAX, rowwise_backward
 from lengthbench.kernels.stickbreaking import LOG2E, _cumsum, _sigmoids, _softplus_e
@@ -359,16 +362,6 @@ _LAUNCH_KEYS = ("bm", "warps", "stages", "bwd_bm", "bwd_warps", "bwd_stages")
 # ``stickbreaking._cumsum``), over blocks of ``cw`` keys (None: the row); ``fast``: softplus and the weights in
 # bits (exp2, log2, log1p a polynomial), the sigmoids from the softplus's ``exp(-|z|)``.
 TUNING = dict(sums="scan", cw=None, fast=False)
-# 1.5-entmax's backward: ``narrow`` (``_bwd_kernel``/``_bwd_head_kernel``, a row block a program against all
-# keys), ``rowwise`` (the forward also keeps ``sum s``, ``sum s^2`` and ``sum s v`` a row, and the dq and dk/dv
-# kernels of ``_rowwise.py`` run on them, key tiles against query tiles as in FlashAttention's backward) or
-# ``auto``: ``rowwise`` where there is a row scale (ASEntmax, SSMax-scaled entmax) and the rows are wider than 128
-# keys, else ``narrow``. Through whole training steps on an H200 at batch 128, ratios to softmax + RoPE's samples/s
-# (results/benchmarks/gpu_logs/ab_entmax_backward.txt), narrow -> rowwise: ASEntmax on Copy (131 tokens) 0.58 ->
-# 0.65 (RoPE) and 0.57 -> 0.64 (NAPE), on MQRAR (83) 0.76 -> 0.71, on MQMTAR (91) 0.76 -> 0.75; plain entmax on Copy
-# 0.68 -> 0.69, on MQMTAR 0.85 -> 0.83
-ENTMAX_BACKWARD = "auto"
-ROWWISE_FROM = 129  # tokens
 _SUMS = {"scan": 0, "bf16x2": 3, "bf16x3": 4}
 # ``LENGTHBENCH_NARROW_TUNING`` (a JSON object of ``_launch``'s keys) replaces these defaults in every call that does
 # not name the key itself: for benchmarks that compare settings through whole training steps
@@ -378,12 +371,13 @@ ENV_TUNING: dict = json.loads(os.environ.get("LENGTHBENCH_NARROW_TUNING") or "{}
 def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[dict], list[dict], str]:
     """Per launch (``_row_ranges``) the forward's and the backward's settings (``M0``, ``R_END``, ``BM``, ``TP``,
     ``BD``, ``SUMS``, ``CW``, ``FAST``, warps, stages), and the backward's layout (``head`` or ``blocks``;
-    ``blocks`` wherever the rows are split; ``rowwise`` for 1.5-entmax where ``entmax_backward`` takes it
-    (:data:`ENTMAX_BACKWARD`): the backward of ``_rowwise.py``, its launch settings its own). Tuning keys: those of :data:`TUNING`, ``bm``, ``warps``, ``stages``
-    (the forward's), ``bwd_bm``, ``bwd_warps``, ``bwd_stages`` (the backward's; None: the forward's), ``widths``
-    (``{keys: {those keys}}``: settings for the launch against that many keys only), ``bd`` (the head dim the
-    tiles are padded to, a power of two at least the head dim's), ``backward``, ``rows`` (``split``: each row
-    range against the keys it can see; ``whole``: one launch over every row and all keys)."""
+    ``blocks`` wherever the rows are split; ``rowwise`` for 1.5-entmax where ``entmax_backward`` takes it, by
+    default ``lengthbench.kernels.ENTMAX_BACKWARD``: the backward of ``_rowwise.py``, its launch settings its own).
+    Tuning keys: those of :data:`TUNING`, ``bm``, ``warps``, ``stages`` (the forward's), ``bwd_bm``, ``bwd_warps``,
+    ``bwd_stages`` (the backward's; None: the forward's), ``widths`` (``{keys: {those keys}}``: settings for the
+    launch against that many keys only), ``bd`` (the head dim the tiles are padded to, a power of two at least the
+    head dim's), ``backward``, ``entmax_backward``, ``rows`` (``split``: each row range against the keys it can
+    see; ``whole``: one launch over every row and all keys)."""
     config = dict(bm=None, warps=None, stages=None, bwd_bm=None, bwd_warps=None, bwd_stages=None, backward="head",
                   rows="split", bd=None, widths=None, entmax_backward=ENTMAX_BACKWARD, **TUNING)
     tuning = dict(tuning or {})
@@ -441,9 +435,9 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
                 launch["num_stages"] = int(stages)
             out.append(launch)
     layout = config["backward"] if len(ranges) == 1 else "blocks"
-    rowwise = config["entmax_backward"] == "rowwise" or (
-        config["entmax_backward"] == "auto" and pb.row_scale is not None and pb.tokens >= ROWWISE_FROM)
-    if mech == ENTMAX15 and rowwise:
+    taken = entmax_backward_taken(entmax_backward_setting(config["entmax_backward"]), pb.row_scale is not None,
+                                  pb.tokens)
+    if mech == ENTMAX15 and taken == "rowwise":
         layout = "rowwise"
     return fwd, bwd, layout
 

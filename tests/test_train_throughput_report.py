@@ -208,3 +208,22 @@ def test_stick_family_rows_count_with_todays_capture_settings(tmp_path):
     today = train_throughput.today_capture(stick)
     assert kernels.CAPTURE_TUNING[stick]["fwd"] != tuple(train_throughput.STICK_CAPTURE_BEFORE["fwd"])
     assert list(settings == today) == [False, True, True]
+
+
+def test_entmax_rows_count_with_todays_training_width_backward():
+    """1.5-entmax rows count where the backward their rule gave them is today's: rows from before the column took
+    the narrow backward; a rule that took the rowwise one at every width differs from today's below 129 tokens."""
+    from lengthbench import kernels
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    frame = pd.DataFrame(dict(attn=["asentmax", "asentmax", "asentmax", "entmax", "softmax"],
+                              tokens_per_sample=[131, 83, 83, float("nan"), 131],
+                              entmax_backward=[None, None, "auto:0", None, None]))
+    own = list(train_throughput.entmax_backward(frame))
+    today = list(train_throughput.entmax_backward(frame, kernels.entmax_backward_setting()))
+    assert own == ["narrow", "narrow", "rowwise", "narrow", ""]
+    assert today == ["rowwise", "narrow", "narrow", "narrow", ""]
+    assert kernels.entmax_backward_taken("rowwise", False, 10) == "rowwise"
+    assert kernels.entmax_backward_taken(f"auto:{kernels.ROWWISE_FROM}", True, kernels.ROWWISE_FROM) == "rowwise"
