@@ -28,7 +28,8 @@ training step of the paper MQRAR model from 0.54x to 0.70x softmax's samples/s w
 The forward keeps one fp32 number per row for the backward (``tau``: the entmax threshold, or Sieve's filter
 threshold); everything else is recomputed. (1.5-entmax's backward may instead be the key-tiled one of
 ``_rowwise.py``, the forward then also keeping ``sum s``, ``sum s^2`` and ``sum s v`` a row: ``entmax_backward``,
-by default where there is a row scale and rows of ``lengthbench.kernels.ROWWISE_FROM`` keys or more.) Gradients (as the long-context ops'): with ``g_j = do_r.v_j``,
+by default where there is a row scale and rows of ``lengthbench.kernels.ROWWISE_FROM`` keys or more.)
+Gradients (as the long-context ops'): with ``g_j = do_r.v_j``,
 
 - stick-breaking, weights ``a_j`` over the active keys and the remainder on the diagonal: ``c_j = (g_j - g_r)
   a_j`` where the weights and the remainder sum to one (no filter, and Sieve's Section 3 filter, which breaks
