@@ -199,6 +199,8 @@ def main() -> None:
             sys.exit(f"--in-graph: {error}")
     if args.merge:
         frame = pd.concat([pd.read_parquet(path) for path in args.merge.split(",")], ignore_index=True)
+        # a file merged twice (or into a table that holds it already) adds its rows once
+        frame = frame.loc[~frame.astype(str).duplicated()].reset_index(drop=True)
         write_frame(frame, Path(args.out))
         return
     if args.stacks_after > 0:

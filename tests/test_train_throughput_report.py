@@ -227,3 +227,13 @@ def test_entmax_rows_count_with_todays_training_width_backward():
     assert today == ["rowwise", "narrow", "narrow", "narrow", ""]
     assert kernels.entmax_backward_taken("rowwise", False, 10) == "rowwise"
     assert kernels.entmax_backward_taken(f"auto:{kernels.ROWWISE_FROM}", True, kernels.ROWWISE_FROM) == "rowwise"
+
+
+def test_a_file_merged_twice_adds_its_rows_once(tmp_path):
+    first = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
+                              30_000.0))
+    once = merged_markdown(tmp_path, first)
+    twice = merged_markdown(tmp_path, first, first)
+    assert once == twice
+    frame = pd.read_parquet(tmp_path / "out" / "train_throughput.parquet")
+    assert len(frame) == 2
