@@ -196,6 +196,18 @@ def _head_rows(Q, K, V, SL, RS, base, bh, pid_m, T, R_END, H, HAS_SLOPES: tl.con
 
 
 @triton.jit
+def _weights_dot(w, v, DOT_PREC: tl.constexpr):
+    """``w @ v`` for fp32 weights ``w``: in fp32 for fp32 inputs, else with the weights in two halves (hi + lo), as
+    accurate as the fp32 weights give it."""
+    if DOT_PREC == "ieee":
+        out = tl.dot(w, v.to(tl.float32), input_precision=DOT_PREC)
+    else:
+        w_hi = w.to(v.dtype)
+        out = tl.dot(w_hi, v) + tl.dot((w - w_hi.to(tl.float32)).to(v.dtype), v)
+    return out
+
+
+@triton.jit
 def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, M, L, U, sm_scale, eps, T, H, M0, R_END, MECH: tl.constexpr,
                 FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SAVE: tl.constexpr,
                 STATS: tl.constexpr, DOT_PREC: tl.constexpr, SUMS: tl.constexpr, CW: tl.constexpr,
@@ -210,20 +222,12 @@ def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, M, L, U, sm_scale, eps, T, H, M0, R_E
     z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
     w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, rs, False, MECH, FILTER, SUMS, CW,
                                                      FAST, BM, TP)
-    if DOT_PREC == "ieee":
-        acc = tl.dot(w, v.to(tl.float32), input_precision=DOT_PREC)
-    else:  # the weights in two halves (hi + lo): the output as accurate as fp32 weights give it
-        w_hi = w.to(v.dtype)
-        acc = tl.dot(w_hi, v) + tl.dot((w - w_hi.to(tl.float32)).to(v.dtype), v)
+    acc = _weights_dot(w, v, DOT_PREC)
     tl.store(Out + base + offs_m[:, None] * D + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=rmask)
     if SAVE:
         tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
     if STATS:  # (1.5-entmax: ``a`` holds s = (z / 2 - tau)_+, ``rem`` the sum of s^2 before the division)
-        if DOT_PREC == "ieee":
-            u = tl.dot(a, v.to(tl.float32), input_precision=DOT_PREC)
-        else:
-            a_hi = a.to(v.dtype)
-            u = tl.dot(a_hi, v) + tl.dot((a - a_hi.to(tl.float32)).to(v.dtype), v)
+        u = _weights_dot(a, v, DOT_PREC)
         tl.store(U + base + offs_m[:, None] * D + offs_d[None, :], u, mask=rmask)
         tl.store(M + bh * T + offs_m, tl.sum(a, 1), mask=row_ok)
         tl.store(L + bh * T + offs_m, rem, mask=row_ok)
@@ -467,13 +471,13 @@ class NarrowAttention(torch.autograd.Function):
             _fwd_kernel[grid](pb.q, pb.k, pb.v, out, tau, pb.opt(pb.slopes), pb.opt(pb.row_scale), pb.opt(m),
                               pb.opt(den), pb.opt(u), pb.sm_scale, float(eps), pb.tokens, pb.heads, SAVE=save,
                               STATS=stats, **common, **part)
-        ctx.rs_shape = None if row_scale is None else row_scale.shape
-        if stats:  # the state RowwiseAttention keeps for ENTMAX: its backward runs on it
-            ctx.save_for_backward(pb.q, pb.k, pb.v, out, pb.slopes, pb.row_scale, tau, m, den, u)
+        if save:
+            ctx.rs_shape = None if row_scale is None else row_scale.shape
             ctx.consts = (pb.sm_scale, float(eps), common, bwd_launch, layout)
-        elif save:
-            ctx.save_for_backward(pb.q, pb.k, pb.v, tau, pb.slopes, pb.row_scale)
-            ctx.consts = (pb.sm_scale, float(eps), common, bwd_launch, layout)
+            if stats:  # the state RowwiseAttention keeps for ENTMAX: its backward runs on it
+                ctx.save_for_backward(pb.q, pb.k, pb.v, out, pb.slopes, pb.row_scale, tau, m, den, u)
+            else:
+                ctx.save_for_backward(pb.q, pb.k, pb.v, tau, pb.slopes, pb.row_scale)
         return out
 
     @staticmethod
