@@ -10,15 +10,18 @@ commit 98abd56).
 
 Here an op call is one custom op instead (``lengthbench::fused_forward``), opaque to Inductor but inside its
 graph, and its backward another (``lengthbench::fused_backward``), so that one graph holds the whole forward
-and one the whole backward. The forward copies the op's input tensors, runs the op itself on the copies with
-autograd on, and keeps the autograd graph it builds in ``_GRAPHS`` under the address of its output. The copies
-are what make the kept graph sound: Inductor reuses an input's memory in the forward after the call (its
-buffers are planned for a graph that holds no references of its own), so a graph that read the inputs where
-they lay would see whatever was written there since. The backward is handed that output and takes
+and one the whole backward. The forward runs the op on its input tensors with autograd on, and keeps the
+autograd graph it builds in ``_GRAPHS`` under the address of its output. That graph must not read the inputs'
+memory later: Inductor reuses an input's memory in the forward after the call (its buffers are planned for a
+graph that holds no references of its own). So while the op runs, a saved-tensor hook (``_Inputs``) keeps, in
+place of every tensor the op saves that lies in an input's memory, only where in that input it lies; the
+backward is handed the inputs again (Inductor saved them or computed them again) and the hook takes the saved
+tensors from those. (The forward copied its inputs before: on the paper MQMTAR model at batch 128, 90 us of a
+4.2 ms 1.5-entmax step, ``benchmarks/step_profile.py``.) The backward is handed the forward's output and takes
 ``torch.autograd.grad`` through the kept graph; handed an output that is not the forward's (or one whose entry
-was dropped, ``KEEP``), it runs the op's forward again on the inputs handed to it (saved for it), then the
-gradient (``STATS`` counts both). Inside a CUDA graph (``lengthbench/graph_step.py``) this Python runs once,
-during the capture: a replay reruns the kernels that it launched (the copies included) on the same memory.
+was dropped, ``KEEP``), it runs the op's forward again on the inputs handed to it, then the gradient (``STATS``
+counts both). Inside a CUDA graph (``lengthbench/graph_step.py``) this Python runs once, during the capture: a
+replay reruns the kernels that it launched on the same memory.
 
 Which mechanisms take it: ``kernels.IN_GRAPH``.
 
@@ -34,9 +37,9 @@ import json
 import torch
 
 # op output's address -> (the output with its autograd graph, the leaves whose gradients the backward returns,
-# the output handed to the compiled graph);
+# the output handed to the compiled graph, the run's saved-tensor hooks);
 # at most KEEP of them (a forward whose backward never runs leaves its entry, dropped once KEEP newer ones came)
-_GRAPHS: dict[int, tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]] = {}
+_GRAPHS: dict[int, tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, _Inputs]] = {}
 KEEP = 256
 
 
@@ -92,29 +95,78 @@ _OUTSIDE = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_l
 STATS = {"saved": 0, "recomputed": 0}
 
 
-def _run(tensors: list[torch.Tensor], meta: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
+class _Inputs:
+    """Saved-tensor hooks for an op's run on ``leaves``: a tensor the op saves that lies in one leaf's memory is
+    packed as (leaf index, size, stride, offset within the leaf), and unpacked from :attr:`handed`, the tensors
+    the backward was handed in the leaves' places. Other saved tensors are kept as they are."""
+
+    def __init__(self):
+        self.layouts: list[tuple] = []  # a leaf's (storage address, offset, extent, shape, stride, dtype)
+        self.handed: list[torch.Tensor] | None = None
+
+    def watch(self, leaves: list[torch.Tensor]) -> None:
+        self.layouts = [(leaf.untyped_storage().data_ptr() if leaf.numel() else None, leaf.storage_offset(),
+                         _extent(leaf), leaf.shape, leaf.stride(), leaf.dtype) for leaf in leaves]
+
+    def pack(self, x: torch.Tensor):
+        if x.numel() == 0:
+            return x
+        address = x.untyped_storage().data_ptr()
+        for i, (storage, offset, extent, _, _, dtype) in enumerate(self.layouts):
+            if storage != address:
+                continue
+            delta = x.storage_offset() - offset
+            if x.dtype == dtype and 0 <= delta and delta + _extent(x) <= extent:
+                return (i, tuple(x.shape), tuple(x.stride()), delta)
+            return x.clone()  # in an input's memory, but not a view this hook can rebuild: its own copy
+        return x
+
+    def unpack(self, packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        i, shape, stride, delta = packed
+        if self.handed is None:
+            raise RuntimeError("lengthbench::fused_backward: a saved input was read outside the backward")
+        handed = self.handed[i]
+        _, _, _, leaf_shape, leaf_stride, dtype = self.layouts[i]
+        if handed.shape != leaf_shape or handed.stride() != leaf_stride or handed.dtype != dtype:
+            handed = torch.empty_strided(leaf_shape, leaf_stride, dtype=dtype, device=handed.device).copy_(handed)
+        return handed.as_strided(shape, stride, handed.storage_offset() + delta)
+
+
+def _extent(t: torch.Tensor) -> int:
+    """The elements from a tensor's first to its last, plus one."""
+    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+
+
+def _run(tensors: list[torch.Tensor], meta: dict, hooks: _Inputs | None = None
+         ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The op on detached ``tensors`` (the same memory) with autograd on: its output and the leaves that need
-    gradients."""
+    gradients. With ``hooks``, the tensors it saves from the inputs' memory are taken from ``hooks.handed``."""
     from lengthbench.kernels import load_op
 
     leaves = [t.detach().requires_grad_(g) for t, g in zip(tensors, meta["grad"], strict=True)]
     op = load_op(meta["mechanism"], meta["capturable"])
     with torch.enable_grad():
-        out = op(*_decode(meta["args"], leaves), **_decode(meta["kwargs"], leaves))
+        if hooks is None:
+            out = op(*_decode(meta["args"], leaves), **_decode(meta["kwargs"], leaves))
+        else:
+            hooks.watch(leaves)
+            with torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
+                out = op(*_decode(meta["args"], leaves), **_decode(meta["kwargs"], leaves))
     return out, [leaf for leaf, g in zip(leaves, meta["grad"], strict=True) if g]
 
 
 @torch.library.custom_op("lengthbench::fused_forward", mutates_args=())
 def fused_forward(tensors: list[torch.Tensor], spec: str) -> torch.Tensor:
     meta = json.loads(spec)
-    # copies the kept graph owns: the compiled forward may write over its inputs' memory after this call
-    owned = [t.detach().clone() for t in tensors]
+    hooks = _Inputs()
     with torch._C._ForceDispatchKeyGuard(*_OUTSIDE):
-        out, leaves = _run(owned, meta)
+        out, leaves = _run(tensors, meta, hooks)
     result = out.detach().contiguous()  # the strides of the fake output below (Inductor indexes by them)
     _GRAPHS.pop(result.data_ptr(), None)
     # the entry holds ``result``: no other tensor takes its address while the entry lives
-    _GRAPHS[result.data_ptr()] = (out, leaves, result)
+    _GRAPHS[result.data_ptr()] = (out, leaves, result, hooks)
     while len(_GRAPHS) > KEEP:
         _GRAPHS.pop(next(iter(_GRAPHS)))
     return result
@@ -129,17 +181,22 @@ def _(tensors, spec):
 def fused_backward(grad: torch.Tensor, out: torch.Tensor, tensors: list[torch.Tensor], spec: str) -> list[torch.Tensor]:
     entry = _GRAPHS.pop(out.data_ptr(), None)
     meta = json.loads(spec)
-    # The forward's graph owns copies of the op's inputs, so it is sound whatever the compiled forward wrote
-    # since into the inputs' memory. Without it (handed an output that is not the forward's, or the entry
-    # dropped after KEEP newer ones), the op's forward runs again on the inputs handed here.
+    # The forward's graph keeps no tensor in its inputs' memory (``_Inputs``): it takes them from the inputs
+    # handed here. Without it (handed an output that is not the forward's, or the entry dropped after KEEP newer
+    # ones), the op's forward runs again on the inputs handed here.
     with torch._C._ForceDispatchKeyGuard(*_OUTSIDE):
         if entry is not None and entry[2].shape == out.shape:
             STATS["saved"] += 1
-            recorded, leaves = entry[0], entry[1]
+            recorded, leaves, hooks = entry[0], entry[1], entry[3]
+            hooks.handed = list(tensors)
+            try:
+                grads = torch.autograd.grad(recorded, leaves, grad, allow_unused=True)
+            finally:
+                hooks.handed = None
         else:
             STATS["recomputed"] += 1
             recorded, leaves = _run(tensors, meta)
-        grads = torch.autograd.grad(recorded, leaves, grad, allow_unused=True)
+            grads = torch.autograd.grad(recorded, leaves, grad, allow_unused=True)
     return [torch.zeros_like(leaf, memory_format=torch.contiguous_format) if g is None else g.contiguous()
             for g, leaf in zip(grads, leaves, strict=True)]
 

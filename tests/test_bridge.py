@@ -2,7 +2,7 @@
 a compiled function that projects q, k, v and calls an op through the bridge is one graph (no break), and its
 loss and every gradient equal those of the op called directly, uncompiled; the backward leaves no forward graph
 behind. Its gradients are those of the inputs the forward saw, though their memory was written over after the
-call; handed an output that is not the forward's, it runs the op's forward again, with the same gradients. Cases: stick-breaking (its training-width op), TDA (two views, ``lam`` a tensor argument with a
+call (the backward is handed them again, in the same memory or in other); handed an output that is not the forward's, it runs the op's forward again, with the same gradients. Cases: stick-breaking (its training-width op), TDA (two views, ``lam`` a tensor argument with a
 gradient) and entmax with a row scale (a tensor argument with a gradient). A call without gradients runs the op
 itself.
 
@@ -68,8 +68,9 @@ def _case(name: str) -> dict:
         direct = (loss_of(x, bridged) - loss0).abs().item()
     scale = max(g.abs().max().item() for g in grads0)
     # The compiled forward may write over the op's inputs after the call (Inductor reuses their memory): the
-    # backward's gradients are those of the values the forward saw. Without the forward's graph (an output the
-    # forward did not give), the backward runs the op's forward again on the inputs handed to it.
+    # backward is handed the inputs again (saved, or computed again into other memory) and its gradients are
+    # those of the values the forward saw. Without the forward's graph (an output the forward did not give),
+    # the backward runs the op's forward again on the inputs handed to it.
     tensors = [torch.randn(batch, heads, tokens, dim, requires_grad=True) for _ in range(views)]
     spec_args = (*tensors[:-1], tensors[-1])
     kwargs = dict(slopes=None) if name != "tda" else dict(lam=torch.tensor(0.4), slopes=None, sm_scale=1.0)
@@ -78,11 +79,19 @@ def _case(name: str) -> dict:
     reference = torch.autograd.grad(reference_out, tensors, grad_out)
     listed, spec = _bridge._spec(name, True, spec_args, kwargs)
     saved, recomputed = _bridge.STATS["saved"], _bridge.STATS["recomputed"]
+    # handed the same memory, untouched (Inductor saved the inputs)
     inputs = [t.detach().clone() for t in listed]
     out = torch.ops.lengthbench.fused_forward(inputs, spec)
+    kept_same = torch.ops.lengthbench.fused_backward(grad_out, out, inputs, spec)
+    same_err = max((a - b).abs().max().item() for a, b in zip(kept_same, reference, strict=True))
+    # handed the values again in other memory (laid out otherwise), the forward's memory written over
+    inputs = [t.detach().clone() for t in listed]
+    out = torch.ops.lengthbench.fused_forward(inputs, spec)
+    handed = [t.detach().transpose(-1, -2).contiguous().transpose(-1, -2) if t.dim() == 4 else t.detach().clone()
+              for t in listed]
     for t in inputs:
         t.normal_()  # the forward's input memory, reused
-    kept = torch.ops.lengthbench.fused_backward(grad_out, out, inputs, spec)
+    kept = torch.ops.lengthbench.fused_backward(grad_out, out, handed, spec)
     overwritten = max((a - b).abs().max().item() for a, b in zip(kept, reference, strict=True))
     took_saved = _bridge.STATS["saved"] - saved
     again = torch.ops.lengthbench.fused_backward(grad_out, out.clone(), [t.detach() for t in listed], spec)
@@ -92,7 +101,7 @@ def _case(name: str) -> dict:
                 grads=max((a - b).abs().max().item() for a, b in zip(grads0, grads1, strict=True)) / scale,
                 scale_grad=grads0[1].abs().item(), left=len(_bridge._GRAPHS), no_grad=direct,
                 took_saved=took_saved, recomputed=_bridge.STATS["recomputed"] - recomputed,
-                overwritten_err=overwritten, recompute_err=recompute)
+                overwritten_err=overwritten, same_err=same_err, recompute_err=recompute)
 
 
 @needs_triton
@@ -105,7 +114,7 @@ def test_bridge_is_one_graph_with_the_ops_gradients():
         assert r["left"] == 0 and r["no_grad"] < 1e-6 * max(1.0, r["loss"]), (name, r)
         if name != "stickbreaking":  # the tensor argument's gradient came through the bridge
             assert r["scale_grad"] > 0, (name, r)
-        assert r["took_saved"] == 1 and r["overwritten_err"] < 1e-6, (name, r)
+        assert r["took_saved"] == 2 and r["overwritten_err"] < 1e-6 and r["same_err"] < 1e-6, (name, r)
         assert r["recomputed"] == 1 and r["recompute_err"] < 1e-6, (name, r)
 
 
