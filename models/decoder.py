@@ -103,6 +103,23 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+# cuBLAS wants the rows of a bf16 matrix 16 bytes apart: with the head's output (the vocabulary) an odd width, the
+# logits' product and its two gradients took align-1 kernels, 161 us of a 3.2 ms step on the paper MQMTAR model
+# (vocabulary 263) at batch 128 on an H200 (``benchmarks/step_profile.py``). So on a GPU the head multiplies by its
+# weight padded with zero rows to a multiple of HEAD_ALIGN and drops the padded logits: the same model and
+# parameters, aligned products.
+HEAD_ALIGN = 8
+
+
+def head_logits(x: torch.Tensor, weight: torch.Tensor, padded: bool | None = None) -> torch.Tensor:
+    """``x @ weight.T`` (a bias-free head), through a weight padded to :data:`HEAD_ALIGN` rows where ``padded``
+    (by default: on a GPU)."""
+    pad = -weight.shape[0] % HEAD_ALIGN
+    if pad == 0 or not (x.is_cuda if padded is None else padded):
+        return nn.functional.linear(x, weight)
+    return nn.functional.linear(x, nn.functional.pad(weight, (0, 0, 0, pad)))[..., : weight.shape[0]]
+
+
 class Decoder(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -146,7 +163,7 @@ class Decoder(nn.Module):
         x = self.embed_inputs(input_ids, features)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x))
+        return head_logits(self.norm(x), self.head.weight)
 
     def hidden_states(self, input_ids, features=None) -> list[torch.Tensor]:
         """The normalised input of every attention layer (what ``attention_map`` needs)."""

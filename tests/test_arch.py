@@ -71,3 +71,24 @@ def test_gemma2_run_trains_stores_and_reloads(tmp_path, monkeypatch):
     assert reloaded.arch == "gemma2" and isinstance(model.norm, GemmaRMSNorm)
     assert cli(monkeypatch, "run", "--task", "copy", "--attn", "softmax", "--pe", "nape", "--arch", "llama",
                "--results", str(tmp_path), "--dry-run") == 2
+
+
+@pytest.mark.parametrize("vocab", [263, 262, 36, 8])
+def test_padded_head_gives_the_same_logits_and_gradients(vocab):
+    """The head's product through a weight padded to HEAD_ALIGN rows (as on a GPU) equals the plain one, and so
+    do the gradients of its input and weight; the logits keep the vocabulary's width."""
+    from lengthbench.models.decoder import HEAD_ALIGN, head_logits
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(vocab, 16, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(3, 5, vocab, dtype=torch.float64)
+    results = []
+    for padded in (False, True):
+        logits = head_logits(x, weight, padded=padded)
+        assert logits.shape == (3, 5, vocab)
+        results.append((logits.detach(), *torch.autograd.grad((logits * upstream).sum(), (x, weight))))
+    for plain, padded in zip(*results, strict=True):
+        torch.testing.assert_close(padded, plain, rtol=1e-12, atol=1e-12)
+    if vocab % HEAD_ALIGN:  # the padded product ran on an aligned weight: its logits are a view of wider rows
+        assert head_logits(x, weight, padded=True).stride(-2) == vocab + (-vocab % HEAD_ALIGN)
