@@ -143,7 +143,8 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
     note = "; ".join(line for line in said if "torch.compile of the training forward failed" in line)
     return dict(note=note, task=task, attn=attn, pe=pe, preset=preset, batch_size=batch_size, train_step=train_step,
                 train_attention=train_attention, in_graph=in_graph, fused_ops=",".join(sorted(ops)),
-                narrow_tuning=os.environ.get("LENGTHBENCH_NARROW_TUNING", ""), capture_stick=kernels.CAPTURE_STICK,
+                narrow_tuning=os.environ.get("LENGTHBENCH_NARROW_TUNING", ""),
+                inductor_options=os.environ.get("LENGTHBENCH_INDUCTOR_OPTIONS", ""), capture_stick=kernels.CAPTURE_STICK,
                 capture_tuning=os.environ.get("LENGTHBENCH_CAPTURE_TUNING", ""), sdpa_alibi=_sdpa.SDPA_ALIBI,
                 capture_settings=today_capture(",".join(sorted(ops))),
                 entmax_backward=kernels.entmax_backward_setting(), captured=captured, capture_error=failed,
@@ -315,7 +316,7 @@ def write(rows: list[dict], out: Path) -> None:
 
 # the environment variables that choose the ops a training step takes: a command that set one names it
 PATH_VARIABLES = ("LENGTHBENCH_IN_GRAPH", "LENGTHBENCH_CAPTURE_STICK", "LENGTHBENCH_NARROW_TUNING",
-                  "LENGTHBENCH_CAPTURE_TUNING", "LENGTHBENCH_SDPA_ALIBI")
+                  "LENGTHBENCH_CAPTURE_TUNING", "LENGTHBENCH_SDPA_ALIBI", "LENGTHBENCH_INDUCTOR_OPTIONS")
 
 
 def command_line() -> str:
@@ -411,8 +412,9 @@ def newest_summary(frame: pd.DataFrame) -> str:
     other = rows["attn"].isin(kernels.STICK_FAMILY) & (taken != kernels.CAPTURE_STICK)
     # rows of a lever set from the environment (a tuning that is not the library's) are comparisons, not the path
     tuned = pd.Series(False, index=rows.index)
-    if "narrow_tuning" in rows:
-        tuned |= rows["narrow_tuning"].fillna("").astype(str).str.len().gt(0)
+    for column in ("narrow_tuning", "inductor_options"):
+        if column in rows:
+            tuned |= rows[column].fillna("").astype(str).str.len().gt(0)
     tuned |= capture_settings(rows) != [today_capture(ops) for ops in rows.get("fused_ops", [None] * len(rows))]
     tuned |= alibi_path(rows) != _sdpa.SDPA_ALIBI
     tuned |= entmax_backward(rows) != entmax_backward(rows, kernels.entmax_backward_setting())
@@ -446,7 +448,7 @@ def newest_summary(frame: pd.DataFrame) -> str:
                   f"(`capture_stick` not `{kernels.CAPTURE_STICK}`; rows without the column ran the training-width "
                   "kernels) are left out of this table.")
     if tuned.any():
-        older += (" Rows measured with `LENGTHBENCH_NARROW_TUNING` set, with capture settings other than today's "
+        older += (" Rows measured with `LENGTHBENCH_NARROW_TUNING` or `LENGTHBENCH_INDUCTOR_OPTIONS` set, with capture settings other than today's "
                   "(`LENGTHBENCH_CAPTURE_TUNING`, or the stick-breaking family's 32-row tiles before 64), or with "
                   f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}`, or whose 1.5-entmax backward at the training widths "
                   f"is not the one `{kernels.entmax_backward_setting()}` gives them (`entmax_backward`; rows without "
@@ -485,7 +487,7 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
         columns.append("data_wait_share")
     if "capture_stick" in frame and frame["capture_stick"].notna().any():
         columns.insert(columns.index("in_graph") + 1, "capture_stick")
-    for column in ("narrow_tuning", "capture_tuning"):  # the levers a comparison set, where one did
+    for column in ("narrow_tuning", "capture_tuning", "inductor_options"):  # the levers a comparison set, where one did
         if column in frame and frame[column].fillna("").astype(str).str.len().gt(0).any():
             columns.insert(columns.index("in_graph") + 1, column)
     if "sdpa_alibi" in frame and frame["sdpa_alibi"].notna().any():

@@ -93,6 +93,43 @@ def model_dispatches_to_kernels(model) -> bool:
     return any(block.attn.dispatches_to_kernel() for block in model.blocks)
 
 
+# Inductor's options for the compiled training step in one CUDA graph (``lengthbench/graph_step.py``). Its
+# mix-order reductions (on by default since torch 2.10) fuse LayerNorm's backward over each token's features with
+# the sums over tokens of its weight and bias gradients, and leave the last stage of those sums to eager aten sums
+# of the partials: on the paper MQMTAR model (d_model 512, 11,648 tokens a batch of 128) 18 sums of [728, 512]
+# partials took 270 us of a 3.2 ms step on an H200 (``benchmarks/step_profile.py``). Off, the step is Inductor's
+# kernels alone. ``LENGTHBENCH_INDUCTOR_OPTIONS`` (a JSON object) replaces or adds options, to compare them.
+INDUCTOR_OPTIONS = {"triton.mix_order_reduction": False}
+INDUCTOR_OPTIONS_ENV = "LENGTHBENCH_INDUCTOR_OPTIONS"
+
+
+def inductor_options() -> dict:
+    """The options of the training step's ``torch.compile``: :data:`INDUCTOR_OPTIONS` updated by the environment's,
+    less those this torch does not have (an unknown option would fail the compilation)."""
+    options = dict(INDUCTOR_OPTIONS)
+    text = os.environ.get(INDUCTOR_OPTIONS_ENV, "")
+    if text:
+        try:
+            extra = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{INDUCTOR_OPTIONS_ENV} is not JSON ({error.msg})") from None
+        if not isinstance(extra, dict):
+            raise ValueError(f"{INDUCTOR_OPTIONS_ENV} must be a JSON object of Inductor option -> value")
+        options.update(extra)
+    import torch._inductor.config as inductor_config
+
+    def known(name: str) -> bool:
+        holder = inductor_config
+        *parents, leaf = name.split(".")
+        for part in parents:
+            holder = getattr(holder, part, None)
+            if holder is None:
+                return False
+        return hasattr(holder, leaf)
+
+    return {name: value for name, value in options.items() if known(name)}
+
+
 # Training batches at most this many tokens wide run the dense reference attention instead of the fused ops
 # (scores ``[batch, heads, T, T]`` in float32: 0.5 GB a layer at batch 128, 16 heads, 256 tokens).
 DENSE_TRAIN_MAX_TOKENS = 256

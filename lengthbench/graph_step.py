@@ -32,7 +32,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from lengthbench.compile_policy import attention_kernels
+from lengthbench.compile_policy import attention_kernels, inductor_options
 from lengthbench.tasks import IGNORE_INDEX
 
 StepOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -79,7 +79,9 @@ class GraphStep:
         self.side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         # Inductor's kernels for the forward and its backward (fused elementwise work), compiled at the one width
         # in the first eager step; the graph then records them like any other launch
-        self.forward_loss = torch.compile(self._forward_loss, dynamic=False) if compile_forward else self._forward_loss
+        # (with ``compile_policy.inductor_options``)
+        self.forward_loss = (torch.compile(self._forward_loss, dynamic=False, options=inductor_options())
+                             if compile_forward else self._forward_loss)
 
     # -- the step's body, the same eagerly and in the capture ------------------------------------------------
     def _forward_loss(self, input_ids, labels, features):

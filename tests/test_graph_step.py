@@ -119,3 +119,25 @@ def test_reference_flags_keep_sdpa_and_drop_triton_ops():
     # on a CPU no layer dispatches to a Triton op: every layer keeps its flag
     model = _tiny_model("entmax", "rope")
     assert reference_flags(model) == [True, True]
+
+
+def test_inductor_options_default_env_and_unknown(monkeypatch):
+    """The training step's Inductor options: mix-order reductions off by default (where this torch has them), the
+    environment's JSON merged in, an option this torch lacks dropped, and bad JSON a clear error."""
+    import pytest
+    import torch._inductor.config as inductor_config
+
+    from lengthbench.compile_policy import INDUCTOR_OPTIONS_ENV, inductor_options
+
+    monkeypatch.delenv(INDUCTOR_OPTIONS_ENV, raising=False)
+    has_mix_order = hasattr(inductor_config.triton, "mix_order_reduction")
+    assert inductor_options() == ({"triton.mix_order_reduction": False} if has_mix_order else {})
+    monkeypatch.setenv(INDUCTOR_OPTIONS_ENV, '{"triton.mix_order_reduction": true, "max_autotune": false, '
+                                             '"triton.no_such_option": 1}')
+    options = inductor_options()
+    assert options["max_autotune"] is False and "triton.no_such_option" not in options
+    assert options.get("triton.mix_order_reduction", True) is True
+    for text, message in (("{", "is not JSON"), ("[1]", "must be a JSON object")):
+        monkeypatch.setenv(INDUCTOR_OPTIONS_ENV, text)
+        with pytest.raises(ValueError, match=message):
+            inductor_options()
