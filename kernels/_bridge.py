@@ -16,11 +16,12 @@ memory later: Inductor reuses an input's memory in the forward after the call (i
 graph that holds no references of its own). So while the op runs, a saved-tensor hook (``_Inputs``) keeps, in
 place of every tensor the op saves that lies in an input's memory, only where in that input it lies; the
 backward is handed the inputs again (Inductor saved them or computed them again) and the hook takes the saved
-tensors from those. (The forward copied its inputs before: on the paper MQMTAR model at batch 128, 90 us of a
-4.2 ms 1.5-entmax step, ``benchmarks/step_profile.py``.) The backward is handed the forward's output and takes
-``torch.autograd.grad`` through the kept graph; handed an output that is not the forward's (or one whose entry
-was dropped, ``KEEP``), it runs the op's forward again on the inputs handed to it, then the gradient (``STATS``
-counts both). Inside a CUDA graph (``lengthbench/graph_step.py``) this Python runs once, during the capture: a
+tensors from those. (Copies of the inputs would cost 12 device copies a step, 90 us of a 3.9 ms 1.5-entmax
+step, on the paper MQMTAR model at batch 128 on an H200:
+results/benchmarks/gpu_logs/step_profile_b128_before_head_bridge.txt.) The backward is handed the forward's
+output and takes ``torch.autograd.grad`` through the kept graph; handed an output that is not the forward's (or
+one whose entry was dropped, ``KEEP``), it runs the op's forward again on the inputs handed to it, then the
+gradient (``STATS`` counts both). Inside a CUDA graph (``lengthbench/graph_step.py``) this Python runs once, during the capture: a
 replay reruns the kernels that it launched on the same memory.
 
 Which mechanisms take it: ``kernels.IN_GRAPH``.
