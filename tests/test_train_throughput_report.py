@@ -160,6 +160,19 @@ def test_rows_of_a_lever_set_from_the_environment_stay_out_of_the_summary(tmp_pa
     assert "| capture_tuning |" in table
 
 
+def test_rows_with_inductor_options_set_stay_out_of_the_summary(tmp_path):
+    """A newer run with ``LENGTHBENCH_INDUCTOR_OPTIONS`` set (``inductor_options``) compares a lever."""
+    plain = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
+                              30_000.0))
+    plain["inductor_options"] = ""
+    lever = pd.DataFrame(rows("LENGTHBENCH_INDUCTOR_OPTIONS='{...}' python benchmarks/train_throughput.py",
+                              "2026-11-27T08:00:00", 45_000.0))
+    lever["inductor_options"] = '{"triton.mix_order_reduction": true}'
+    summary, table = merged_markdown(tmp_path, plain, lever).split("Runs (device")
+    assert "| entmax | 0.60 (1) |" in summary and "`LENGTHBENCH_INDUCTOR_OPTIONS` set" in summary
+    assert "| inductor_options |" in table
+
+
 def test_rows_with_another_alibi_path_stay_out_of_the_summary(tmp_path):
     """A newer run with ``LENGTHBENCH_SDPA_ALIBI`` other than the library's (``sdpa_alibi``) compares a lever."""
     from lengthbench.kernels import _sdpa
