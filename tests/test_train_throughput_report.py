@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,30 +148,23 @@ def test_warm_returns_each_cells_first_warm_up(monkeypatch):
     assert first == {("mqrar", "128", "graph-compiled", "softmax", "rope", "fused"): 42.5}
 
 
-def test_rows_of_a_lever_set_from_the_environment_stay_out_of_the_summary(tmp_path):
-    """A newer run with ``LENGTHBENCH_CAPTURE_TUNING`` set compares a lever: the summary keeps the library's path."""
+@pytest.mark.parametrize("variable, column, value, said", [
+    ("LENGTHBENCH_CAPTURE_TUNING", "capture_tuning", '{"entmax": {"split": true}}', "capture settings other than today's"),
+    ("LENGTHBENCH_INDUCTOR_OPTIONS", "inductor_options", '{"triton.mix_order_reduction": true}',
+     "`LENGTHBENCH_INDUCTOR_OPTIONS` set"),
+])
+def test_rows_of_a_lever_set_from_the_environment_stay_out_of_the_summary(tmp_path, variable, column, value, said):
+    """A newer run with a path variable set (``LENGTHBENCH_CAPTURE_TUNING``, ``LENGTHBENCH_INDUCTOR_OPTIONS``)
+    compares a lever: the summary keeps the library's path."""
     plain = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
                               30_000.0))
-    plain["capture_tuning"] = ""
-    lever = pd.DataFrame(rows("LENGTHBENCH_CAPTURE_TUNING='{...}' python benchmarks/train_throughput.py",
+    plain[column] = ""
+    lever = pd.DataFrame(rows(f"{variable}='{{...}}' python benchmarks/train_throughput.py",
                               "2026-11-27T08:00:00", 45_000.0))
-    lever["capture_tuning"] = '{"entmax": {"split": true}}'
+    lever[column] = value
     summary, table = merged_markdown(tmp_path, plain, lever).split("Runs (device")
-    assert "| entmax | 0.60 (1) |" in summary and "capture settings other than today's" in summary
-    assert "| capture_tuning |" in table
-
-
-def test_rows_with_inductor_options_set_stay_out_of_the_summary(tmp_path):
-    """A newer run with ``LENGTHBENCH_INDUCTOR_OPTIONS`` set (``inductor_options``) compares a lever."""
-    plain = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
-                              30_000.0))
-    plain["inductor_options"] = ""
-    lever = pd.DataFrame(rows("LENGTHBENCH_INDUCTOR_OPTIONS='{...}' python benchmarks/train_throughput.py",
-                              "2026-11-27T08:00:00", 45_000.0))
-    lever["inductor_options"] = '{"triton.mix_order_reduction": true}'
-    summary, table = merged_markdown(tmp_path, plain, lever).split("Runs (device")
-    assert "| entmax | 0.60 (1) |" in summary and "`LENGTHBENCH_INDUCTOR_OPTIONS` set" in summary
-    assert "| inductor_options |" in table
+    assert "| entmax | 0.60 (1) |" in summary and said in summary
+    assert f"| {column} |" in table
 
 
 def test_rows_with_another_alibi_path_stay_out_of_the_summary(tmp_path):
