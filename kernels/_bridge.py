@@ -21,8 +21,8 @@ step, on the paper MQMTAR model at batch 128 on an H200:
 results/benchmarks/gpu_logs/step_profile_b128_before_head_bridge.txt.) The backward is handed the forward's
 output and takes ``torch.autograd.grad`` through the kept graph; handed an output that is not the forward's (or
 one whose entry was dropped, ``KEEP``), it runs the op's forward again on the inputs handed to it, then the
-gradient (``STATS`` counts both). Inside a CUDA graph (``lengthbench/graph_step.py``) this Python runs once, during the capture: a
-replay reruns the kernels that it launched on the same memory.
+gradient (``STATS`` counts both). Inside a CUDA graph (``lengthbench/graph_step.py``) this Python runs once,
+during the capture: a replay reruns the kernels that it launched on the same memory.
 
 Which mechanisms take it: ``kernels.IN_GRAPH``.
 
@@ -34,6 +34,7 @@ op go through here; a call without gradients runs the op directly.
 from __future__ import annotations
 
 import json
+import math
 
 import torch
 
@@ -97,30 +98,34 @@ STATS = {"saved": 0, "recomputed": 0}
 
 
 class _Inputs:
-    """Saved-tensor hooks for an op's run on ``leaves``: a tensor the op saves that lies in one leaf's memory is
-    packed as (leaf index, size, stride, offset within the leaf), and unpacked from :attr:`handed`, the tensors
-    the backward was handed in the leaves' places. Other saved tensors are kept as they are."""
+    """Saved-tensor hooks for an op's run on ``leaves``: a tensor the op saves that is one leaf's elements (the
+    leaf itself, or a view within a contiguous leaf) is packed as (leaf index, size, stride, offset within the
+    leaf), and unpacked from :attr:`handed`, the tensors the backward was handed in the leaves' places. A saved
+    tensor in a leaf's memory that is not such a view is packed as a copy of its own; others as they are."""
 
     def __init__(self):
-        self.layouts: list[tuple] = []  # a leaf's (storage address, offset, extent, shape, stride, dtype)
+        self.layouts: list[tuple] = []  # a leaf's (storage address, offset, shape, stride, dtype, contiguous)
         self.handed: list[torch.Tensor] | None = None
 
     def watch(self, leaves: list[torch.Tensor]) -> None:
         self.layouts = [(leaf.untyped_storage().data_ptr() if leaf.numel() else None, leaf.storage_offset(),
-                         _extent(leaf), leaf.shape, leaf.stride(), leaf.dtype) for leaf in leaves]
+                         tuple(leaf.shape), tuple(leaf.stride()), leaf.dtype, leaf.is_contiguous())
+                        for leaf in leaves]
 
     def pack(self, x: torch.Tensor):
         if x.numel() == 0:
             return x
-        address = x.untyped_storage().data_ptr()
-        for i, (storage, offset, extent, _, _, dtype) in enumerate(self.layouts):
+        address, shared = x.untyped_storage().data_ptr(), False
+        for i, (storage, offset, shape, stride, dtype, contiguous) in enumerate(self.layouts):
             if storage != address:
                 continue
+            shared = True
             delta = x.storage_offset() - offset
-            if x.dtype == dtype and 0 <= delta and delta + _extent(x) <= extent:
+            same = delta == 0 and tuple(x.shape) == shape and tuple(x.stride()) == stride
+            within = contiguous and 0 <= delta and delta + _extent(x) <= math.prod(shape)
+            if x.dtype == dtype and (same or within):
                 return (i, tuple(x.shape), tuple(x.stride()), delta)
-            return x.clone()  # in an input's memory, but not a view this hook can rebuild: its own copy
-        return x
+        return x.clone() if shared else x
 
     def unpack(self, packed):
         if isinstance(packed, torch.Tensor):
@@ -129,8 +134,8 @@ class _Inputs:
         if self.handed is None:
             raise RuntimeError("lengthbench::fused_backward: a saved input was read outside the backward")
         handed = self.handed[i]
-        _, _, _, leaf_shape, leaf_stride, dtype = self.layouts[i]
-        if handed.shape != leaf_shape or handed.stride() != leaf_stride or handed.dtype != dtype:
+        _, _, leaf_shape, leaf_stride, dtype, _ = self.layouts[i]
+        if tuple(handed.shape) != leaf_shape or tuple(handed.stride()) != leaf_stride or handed.dtype != dtype:
             handed = torch.empty_strided(leaf_shape, leaf_stride, dtype=dtype, device=handed.device).copy_(handed)
         return handed.as_strided(shape, stride, handed.storage_offset() + delta)
 

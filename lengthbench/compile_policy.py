@@ -98,7 +98,8 @@ def model_dispatches_to_kernels(model) -> bool:
 # the sums over tokens of its weight and bias gradients, and leave the last stage of those sums to eager aten sums
 # of the partials: on the paper MQMTAR model (d_model 512, 11,648 tokens a batch of 128) 18 sums of [728, 512]
 # partials took 270 us of a 3.2 ms step on an H200; off, every mechanism's step is 0.19-0.22 ms shorter there
-# (results/benchmarks/gpu_logs/ab_head_bridge_mix_order.txt). ``LENGTHBENCH_INDUCTOR_OPTIONS`` (a JSON object) replaces or adds options, to compare them.
+# (results/benchmarks/gpu_logs/ab_head_bridge_mix_order.txt). ``LENGTHBENCH_INDUCTOR_OPTIONS`` (a JSON object)
+# replaces or adds options, to compare them.
 INDUCTOR_OPTIONS = {"triton.mix_order_reduction": False}
 INDUCTOR_OPTIONS_ENV = "LENGTHBENCH_INDUCTOR_OPTIONS"
 

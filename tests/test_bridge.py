@@ -118,6 +118,42 @@ def test_bridge_is_one_graph_with_the_ops_gradients():
         assert r["recomputed"] == 1 and r["recompute_err"] < 1e-6, (name, r)
 
 
+def test_saved_inputs_are_taken_from_the_tensors_handed_to_the_backward():
+    """``_Inputs``: a saved tensor that is a leaf (or a view within a contiguous leaf) is rebuilt from the tensor
+    handed in that leaf's place, in other memory and laid out otherwise; two leaves in one buffer (interleaved views)
+    each from its own; a saved tensor in a leaf's memory that is neither is kept as a copy; others as they are."""
+    import torch
+
+    from lengthbench.kernels._bridge import _Inputs
+
+    torch.manual_seed(0)
+    a = torch.randn(4, 6)
+    base = torch.randn(4, 6)
+    b, c = base[:, :3], base[:, 3:]  # two leaves in one buffer, neither contiguous
+    hooks = _Inputs()
+    hooks.watch([a, b, c])
+    saved = {"a": a, "a_flat": a.view(24), "a_rows": a[1:3], "b": b, "c": c, "base": base, "other": torch.randn(3)}
+    packed = {name: hooks.pack(t) for name, t in saved.items()}
+    assert all(isinstance(packed[n], tuple) for n in ("a", "a_flat", "a_rows", "b", "c"))
+    assert isinstance(packed["base"], torch.Tensor) and packed["base"].data_ptr() != base.data_ptr()
+    assert packed["other"] is saved["other"]
+    values = {"a": a.clone(), "b": b.clone(), "c": c.clone()}
+    hooks.handed = [values["a"].t().contiguous().t(), values["b"].contiguous(), values["c"].clone()]
+    for t in (a, base):
+        t.normal_()  # the forward's memory, written over
+    assert torch.equal(hooks.unpack(packed["a"]), values["a"])
+    assert torch.equal(hooks.unpack(packed["a_flat"]), values["a"].reshape(24))
+    assert torch.equal(hooks.unpack(packed["a_rows"]), values["a"][1:3])
+    assert torch.equal(hooks.unpack(packed["b"]), values["b"]) and torch.equal(hooks.unpack(packed["c"]), values["c"])
+    hooks.handed = None
+    try:
+        hooks.unpack(packed["a"])
+    except RuntimeError as error:
+        assert "outside the backward" in str(error)
+    else:
+        raise AssertionError("a saved input read outside the backward must fail")
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     for index in map(int, sys.argv[1].split(",")):
