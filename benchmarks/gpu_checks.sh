@@ -101,6 +101,8 @@ case "$part" in
     # (VAR=value ..., e.g. LENGTHBENCH_SDPA_ALIBI=mask), on TASKS at BATCH with PES (default rope); the two commands
     # of a task one after the other, each with its own baseline (their ratios compare), e.g.
     #   ATTNS=sieve,sieve-alg1 CAPTURE='{"sieve": {"rowmax_pass": "fused"}, "sieve-alg1": {"rowmax_pass": "fused"}}'
+    # (ENV is split as a shell would: a JSON value keeps its quotes inside single quotes, e.g.
+    #   ENV="LENGTHBENCH_INDUCTOR_OPTIONS='{\"triton.mix_order_reduction\": true}'")
     if [ -z "${ATTNS:-}" ] || [ -z "${CAPTURE:-}${NARROW:-}${ENV:-}" ]; then
       echo "error: ab needs ATTNS (mechanisms) and CAPTURE, NARROW (the lever's tuning, JSON) or ENV" >&2; exit 2
     fi
