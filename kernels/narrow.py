@@ -88,111 +88,174 @@ def _row_block(width: int, block_d: int, mech: int = STICK) -> tuple[int, int]:
 
 
 @triton.jit
-def _entmax_tau(x, visible):
-    """The 1.5-entmax threshold of each row of ``x`` (``X = z / 2``) over its ``visible`` entries: ``tau`` with
-    ``sum (X - tau)_+^2 = 1``; ``+inf`` for a row with none visible."""
-    xm = tl.where(visible, x, float("-inf"))
-    top = tl.max(xm, 1)
+def _power_sums(x, visible, tau):
+    """``sum s`` and ``sum s^2`` a row, ``s = (x - tau)_+`` over the ``visible`` entries."""
+    s = tl.where(visible, tl.maximum(x - tau[:, None], 0.0), 0.0)
+    return tl.sum(s, 1), tl.sum(s * s, 1)
+
+
+@triton.jit
+def _support_sums(x, visible, tau):
+    """Over the entries of the support (``visible`` and above ``tau``): their count, sum, sum of squares and least
+    value a row."""
+    sup = visible & (x > tau[:, None])
+    xs = tl.where(sup, x, 0.0)
+    return (tl.sum(sup.to(tl.float32), 1), tl.sum(xs, 1), tl.sum(xs * xs, 1),
+            tl.min(tl.where(sup, x, float("inf")), 1))
+
+
+@triton.jit
+def _entmax_tau(x, visible, x2, visible2, TW: tl.constexpr):
+    """The 1.5-entmax threshold of each row of ``x`` (``X = z / 2``) over its ``visible`` entries, and where ``TW``
+    over those of the second tile ``x2`` too: ``tau`` with ``sum (X - tau)_+^2 = 1``; ``+inf`` for a row with none
+    visible."""
+    top = tl.max(tl.where(visible, x, float("-inf")), 1)
+    if TW > 0:
+        top = tl.maximum(top, tl.max(tl.where(visible2, x2, float("-inf")), 1))
     some = top > float("-inf")
     tau = tl.where(some, top - 1.0, 0.0)
     steps = 0
     moved = 1.0
     while (steps < NEWTON_STEPS) & (moved > 1e-6):  # quadratic near the root: 3-6 steps on most rows
-        s = tl.where(visible, tl.maximum(x - tau[:, None], 0.0), 0.0)
-        s1 = tl.sum(s, 1)
-        s2 = tl.sum(s * s, 1)
+        s1, s2 = _power_sums(x, visible, tau)
+        if TW > 0:
+            t1, t2 = _power_sums(x2, visible2, tau)
+            s1 += t1
+            s2 += t2
         step = tl.where(some & (s1 > 0), (s2 - tl.sqrt(s2)) / tl.where(s1 > 0, s1, 1.0), 0.0)
         tau = tau + step
         moved = tl.max(step, 0)
         steps += 1
     # the exact root on the support found (kept where it leaves no element of the support below it)
-    sup = visible & (x > tau[:, None])
-    cnt = tl.sum(sup.to(tl.float32), 1)
-    xs = tl.where(sup, x, 0.0)
-    s1 = tl.sum(xs, 1)
-    s2 = tl.sum(xs * xs, 1)
+    cnt, s1, s2, low = _support_sums(x, visible, tau)
+    if TW > 0:
+        c2, t1, t2, low2 = _support_sums(x2, visible2, tau)
+        cnt += c2
+        s1 += t1
+        s2 += t2
+        low = tl.minimum(low, low2)
     disc = s1 * s1 - cnt * (s2 - 1.0)
     exact = (s1 - tl.sqrt(tl.maximum(disc, 0.0))) / tl.where(cnt > 0, cnt, 1.0)
-    low = tl.min(tl.where(sup, x, float("inf")), 1)
     good = some & (cnt > 0) & (disc >= 0) & (exact < low) & (exact >= tau - 1e-3)
     tau = tl.where(good, exact, tau)
     return tl.where(some, tau, float("inf"))
 
 
 @triton.jit
-def _row_weights(z, offs_m, offs_n, T, eps, tau_in, FROM_TAU: tl.constexpr, MECH: tl.constexpr,
-                 FILTER: tl.constexpr, SUMS: tl.constexpr, CW: tl.constexpr, FAST: tl.constexpr, BM: tl.constexpr,
-                 TP: tl.constexpr):
-    """``(w, a, sig, active, keep, rem, tau)`` of a row block against all keys: ``w`` the weights the output
-    uses (the diagonal's remainder included for stick-breaking), ``tau`` the row statistic the backward reads
-    (taken from ``tau_in`` where ``FROM_TAU``, else computed). For stick-breaking ``a`` the weights of the
-    keys before the diagonal, ``sig`` their sigmoids, ``active`` the keys that break the stick, ``keep`` those
-    whose weights count, ``rem`` the remainder; for entmax ``a`` holds ``s = (z / 2 - tau)_+``."""
-    in_row = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T)
-    earlier = (offs_n[None, :] < offs_m[:, None]) & (offs_n[None, :] < T)
-    diag = offs_n[None, :] == offs_m[:, None]
-    tau = tau_in
-    if MECH == 1:
-        x = z * 0.5
-        if not FROM_TAU:
-            tau = _entmax_tau(x, in_row)
-        s = tl.where(in_row, tl.maximum(x - tau[:, None], 0.0), 0.0)
-        w = s * s
-        den = tl.sum(w, 1)
-        w = w / tl.where(den > 0, den, 1.0)[:, None]
-        return w, s, s, in_row, in_row, den, tau
-    active = earlier
-    keep = earlier
-    if FILTER == 1:  # Section 3: the 1.5-entmax support of the earlier keys; the stick broken over it only
-        if not FROM_TAU:
-            tau = _entmax_tau(z * 0.5, earlier)
-        active = earlier & (z * 0.5 > tau[:, None])
-        keep = active
-    elif FILTER == 2:  # Algorithm 1: every earlier key breaks the stick, the weights kept within eps of the max
-        if not FROM_TAU:
-            tau = tl.max(tl.where(earlier, z, float("-inf")), 1) - eps
-        keep = earlier & (z >= tau[:, None])
+def _stick_terms(z, active, FAST: tl.constexpr):
+    """``(zs, sp, sig)`` of a tile of stick-breaking scores: the scores on the ``active`` keys (0 elsewhere), their
+    softplus (0 elsewhere) and sigmoid; with ``FAST`` ``zs`` and ``sp`` in bits (exp2/log2, log1p a polynomial,
+    the sigmoid from the softplus's ``exp(-|z|)``)."""
     zs = tl.where(active, z, 0.0)
-    if FAST:  # in bits: exp2/log2, log1p as a polynomial, the sigmoid from the softplus's exp(-|z|)
-        z2 = zs * LOG2E
-        sp, e = _softplus_e(z2, True, True)
-        sp = tl.where(active, sp, 0.0)
-        suffix = _cumsum(sp, 0, SUMS, BM, TP, CW)
-        a = tl.where(keep, tl.exp2(z2 - suffix), 0.0)
-        rem = tl.exp2(-tl.sum(sp, 1))
-        sig, _ = _sigmoids(z2, e, 1, True)
+    if FAST:
+        zs = zs * LOG2E
+        sp, e = _softplus_e(zs, True, True)
+        sig, _ = _sigmoids(zs, e, 1, True)
     else:
-        sp = tl.where(active, softplus(zs), 0.0)
-        suffix = _cumsum(sp, 0, SUMS, BM, TP, CW)
-        a = tl.where(keep, tl.exp(zs - suffix), 0.0)
-        rem = tl.exp(-tl.sum(sp, 1))
+        sp = softplus(zs)
         sig = tl.sigmoid(zs)
-    w = tl.where(diag, rem[:, None], a)
-    return w, a, sig, active, keep, rem, tau
+    return zs, tl.where(active, sp, 0.0), sig
 
 
 @triton.jit
-def _head_rows(Q, K, V, SL, RS, base, bh, pid_m, T, R_END, H, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
-               D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
-    """Row block ``pid_m`` of head ``bh`` and all the head's keys: ``(offs_m, offs_n, offs_d, row_ok, rmask,
-    kv_mask, q, k, v, slope, rs)``."""
+def _stick_exp(x, FAST: tl.constexpr):
+    if FAST:
+        return tl.exp2(x)
+    return tl.exp(x)
+
+
+@triton.jit
+def _row_weights(z, z2, offs_m, offs_n, offs_t, T, eps, tau_in, FROM_TAU: tl.constexpr, MECH: tl.constexpr,
+                 FILTER: tl.constexpr, SUMS: tl.constexpr, CW: tl.constexpr, CWT: tl.constexpr, FAST: tl.constexpr,
+                 BM: tl.constexpr, TP: tl.constexpr, TW: tl.constexpr):
+    """The weights of a row block against keys ``offs_n`` (scores ``z``) and, where ``TW``, the keys ``offs_t``
+    after them (``z2``): ``(w, a, sig, active, keep, w2, a2, sig2, active2, keep2, rem, tau)``, the first five of
+    the first tile, the next five of the second (the first's again where there is none). ``w``: the weights the
+    output uses (the diagonal's remainder included for stick-breaking); ``tau``: the row statistic the backward
+    reads (taken from ``tau_in`` where ``FROM_TAU``, else computed). For stick-breaking ``a`` the weights of the
+    keys before the diagonal, ``sig`` their sigmoids, ``active`` the keys that break the stick, ``keep`` those
+    whose weights count, ``rem`` the remainder; for entmax ``a`` holds ``s = (z / 2 - tau)_+`` and ``rem`` the sum
+    of ``s^2``."""
+    in_row = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T)
+    earlier = (offs_n[None, :] < offs_m[:, None]) & (offs_n[None, :] < T)
+    diag = offs_n[None, :] == offs_m[:, None]
+    if TW > 0:
+        in_row2 = (offs_t[None, :] <= offs_m[:, None]) & (offs_t[None, :] < T)
+        earlier2 = (offs_t[None, :] < offs_m[:, None]) & (offs_t[None, :] < T)
+        diag2 = offs_t[None, :] == offs_m[:, None]
+    else:
+        in_row2, earlier2, diag2 = in_row, earlier, diag
+    tau = tau_in
+    if MECH == 1:
+        x = z * 0.5
+        x2 = z2 * 0.5
+        if not FROM_TAU:
+            tau = _entmax_tau(x, in_row, x2, in_row2, TW)
+        s = tl.where(in_row, tl.maximum(x - tau[:, None], 0.0), 0.0)
+        w = s * s
+        den = tl.sum(w, 1)
+        if TW > 0:
+            s2 = tl.where(in_row2, tl.maximum(x2 - tau[:, None], 0.0), 0.0)
+            w2 = s2 * s2
+            den += tl.sum(w2, 1)
+        else:
+            s2, w2 = s, w
+        norm = tl.where(den > 0, den, 1.0)[:, None]
+        return w / norm, s, s, in_row, in_row, w2 / norm, s2, s2, in_row2, in_row2, den, tau
+    active = earlier
+    keep = earlier
+    active2 = earlier2
+    keep2 = earlier2
+    if FILTER == 1:  # Section 3: the 1.5-entmax support of the earlier keys; the stick broken over it only
+        if not FROM_TAU:
+            tau = _entmax_tau(z * 0.5, earlier, z2 * 0.5, earlier2, TW)
+        active = earlier & (z * 0.5 > tau[:, None])
+        keep = active
+        active2 = earlier2 & (z2 * 0.5 > tau[:, None])
+        keep2 = active2
+    elif FILTER == 2:  # Algorithm 1: every earlier key breaks the stick, the weights kept within eps of the max
+        if not FROM_TAU:
+            top = tl.max(tl.where(earlier, z, float("-inf")), 1)
+            if TW > 0:
+                top = tl.maximum(top, tl.max(tl.where(earlier2, z2, float("-inf")), 1))
+            tau = top - eps
+        keep = earlier & (z >= tau[:, None])
+        keep2 = earlier2 & (z2 >= tau[:, None])
+    zs, sp, sig = _stick_terms(z, active, FAST)
+    suffix = _cumsum(sp, 0, SUMS, BM, TP, CW)
+    total = tl.sum(sp, 1)
+    if TW > 0:  # the second tile's keys come after the first's: their softplus joins every suffix of the first
+        zs2, sp2, sig2 = _stick_terms(z2, active2, FAST)
+        after = tl.sum(sp2, 1)
+        suffix += after[:, None]
+        total += after
+        a2 = tl.where(keep2, _stick_exp(zs2 - _cumsum(sp2, 0, SUMS, BM, TW, CWT), FAST), 0.0)
+    a = tl.where(keep, _stick_exp(zs - suffix, FAST), 0.0)
+    rem = _stick_exp(-total, FAST)
+    w = tl.where(diag, rem[:, None], a)
+    if TW > 0:
+        w2 = tl.where(diag2, rem[:, None], a2)
+    else:
+        w2, a2, sig2 = w, a, sig
+    return w, a, sig, active, keep, w2, a2, sig2, active2, keep2, rem, tau
+
+
+@triton.jit
+def _head_rows(Q, SL, RS, base, bh, pid_m, T, R_END, H, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+               D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
+    """Row block ``pid_m`` of head ``bh``: ``(offs_m, offs_d, row_ok, rmask, q, slope, rs)``."""
     offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_n = tl.arange(0, TP)
     offs_d = tl.arange(0, BD)
-    dmask = offs_d < D
     row_ok = offs_m < R_END
-    rmask = row_ok[:, None] & dmask[None, :]
-    kv_mask = (offs_n < T)[:, None] & dmask[None, :]
+    rmask = row_ok[:, None] & (offs_d < D)[None, :]
     q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
-    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
     slope = 0.0
     if HAS_SLOPES:
         slope = tl.load(SL + bh % H)
     rs = tl.full([BM], 1.0, dtype=tl.float32)
     if HAS_RS:
         rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
-    return offs_m, offs_n, offs_d, row_ok, rmask, kv_mask, q, k, v, slope, rs
+    return offs_m, offs_d, row_ok, rmask, q, slope, rs
 
 
 @triton.jit
@@ -211,36 +274,68 @@ def _weights_dot(w, v, DOT_PREC: tl.constexpr):
 def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, M, L, U, sm_scale, eps, T, H, M0, R_END, MECH: tl.constexpr,
                 FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SAVE: tl.constexpr,
                 STATS: tl.constexpr, DOT_PREC: tl.constexpr, SUMS: tl.constexpr, CW: tl.constexpr,
-                FAST: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
-    """One row block against all the head's keys: the output, ``tau`` where ``SAVE``; with ``STATS`` (1.5-entmax)
-    also what ``_rowwise.py``'s backward reads: ``M = sum s``, ``L = sum s^2`` and ``U = sum s v`` (fp32)."""
+                CWT: tl.constexpr, FAST: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
+                TP: tl.constexpr, TW: tl.constexpr):
+    """One row block against the keys ``[0, TP)`` and, where ``TW``, ``[TP, TP + TW)``: the output, ``tau`` where
+    ``SAVE``; with ``STATS`` (1.5-entmax) also what ``_rowwise.py``'s backward reads: ``M = sum s``, ``L = sum
+    s^2`` and ``U = sum s v`` (fp32)."""
     pid_m = tl.program_id(0) + M0
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
-    offs_m, offs_n, offs_d, row_ok, rmask, kv_mask, q, k, v, slope, rs = _head_rows(
-        Q, K, V, SL, RS, base, bh, pid_m, T, R_END, H, HAS_SLOPES, HAS_RS, D, BD, BM, TP)
+    offs_m, offs_d, row_ok, rmask, q, slope, rs = _head_rows(Q, SL, RS, base, bh, pid_m, T, R_END, H, HAS_SLOPES,
+                                                             HAS_RS, D, BD, BM)
+    k, v, offs_n, _, _ = _head_keys(K, V, base, 0, T, D, BD, TP)
     z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-    w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, rs, False, MECH, FILTER, SUMS, CW,
-                                                     FAST, BM, TP)
+    if TW > 0:
+        k2, v2, offs_t, _, _ = _head_keys(K, V, base, TP, T, D, BD, TW)
+        z2, zb2 = score_tile(q, k2, offs_m, offs_t, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+    else:
+        k2, v2, offs_t, z2 = k, v, offs_n, z
+    w, a, sig, active, keep, w2, a2, sig2, active2, keep2, rem, tau = _row_weights(
+        z, z2, offs_m, offs_n, offs_t, T, eps, rs, False, MECH, FILTER, SUMS, CW, CWT, FAST, BM, TP, TW)
     acc = _weights_dot(w, v, DOT_PREC)
+    if TW > 0:
+        acc += _weights_dot(w2, v2, DOT_PREC)
     tl.store(Out + base + offs_m[:, None] * D + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=rmask)
     if SAVE:
         tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
     if STATS:  # (1.5-entmax: ``a`` holds s = (z / 2 - tau)_+, ``rem`` the sum of s^2 before the division)
         u = _weights_dot(a, v, DOT_PREC)
+        s_sum = tl.sum(a, 1)
+        if TW > 0:
+            u += _weights_dot(a2, v2, DOT_PREC)
+            s_sum += tl.sum(a2, 1)
         tl.store(U + base + offs_m[:, None] * D + offs_d[None, :], u, mask=rmask)
-        tl.store(M + bh * T + offs_m, tl.sum(a, 1), mask=row_ok)
+        tl.store(M + bh * T + offs_m, s_sum, mask=row_ok)
         tl.store(L + bh * T + offs_m, rem, mask=row_ok)
 
 
 @triton.jit
-def _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_scale, eps, T, R_END, MECH: tl.constexpr,
-               FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
-               GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, SUMS: tl.constexpr, CW: tl.constexpr,
-               FAST: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
-    """Row block ``pid_m`` of head ``bh`` against the head's keys ``k`` and values ``v``: stores its ``dq`` (and
-    the per-row gradients of the row scale and slopes), returns its shares of ``dk`` (before ``sm_scale``) and
-    ``dv``, ``[TP, BD]`` fp32."""
+def _tile_grads(dz, w, q, k, do, rs, DOT_PREC: tl.constexpr):
+    """For one tile of keys ``k``: ``(dq, dk, dv)`` from the score gradients ``dz`` and weights ``w`` (``dk``
+    before ``sm_scale``), fp32."""
+    dzs = dz * rs[:, None]
+    if DOT_PREC == "ieee":
+        dq = tl.dot(dzs, k.to(tl.float32), input_precision=DOT_PREC)
+        dk = tl.dot(tl.trans(dzs), q.to(tl.float32), input_precision=DOT_PREC)
+        dv = tl.dot(tl.trans(w), do.to(tl.float32), input_precision=DOT_PREC)
+    else:
+        dq = tl.dot(dzs.to(k.dtype), k)
+        dk = tl.dot(tl.trans(dzs).to(q.dtype), q)
+        dv = tl.dot(tl.trans(w).to(do.dtype), do)
+    return dq, dk, dv
+
+
+@triton.jit
+def _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, k2, v2, slope, base, bh, pid_m, sm_scale, eps, T, R_END,
+               MECH: tl.constexpr, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+               GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, SUMS: tl.constexpr,
+               CW: tl.constexpr, CWT: tl.constexpr, FAST: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+               BM: tl.constexpr, TP: tl.constexpr, TW: tl.constexpr):
+    """Row block ``pid_m`` of head ``bh`` against the keys ``k`` (``[0, TP)``) and values ``v``, and where ``TW``
+    ``k2``/``v2`` (``[TP, TP + TW)``): stores its ``dq`` (and the per-row gradients of the row scale and slopes),
+    returns its shares of ``dk`` (before ``sm_scale``) and ``dv`` of each tile, ``(dk, dv, dk2, dv2)``, fp32 (the
+    second pair the first again where there is no second tile)."""
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = tl.arange(0, TP)
     offs_d = tl.arange(0, BD)
@@ -253,110 +348,159 @@ def _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_sc
         rs = tl.load(RS + bh * T + offs_m, mask=row_ok, other=1.0)
     tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
     z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-    w, a, sig, active, keep, rem, tau = _row_weights(z, offs_m, offs_n, T, eps, tau, True, MECH, FILTER, SUMS, CW,
-                                                     FAST, BM, TP)
+    if TW > 0:
+        offs_t = TP + tl.arange(0, TW)
+        z2, zb2 = score_tile(q, k2, offs_m, offs_t, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+    else:
+        offs_t, z2, zb2 = offs_n, z, zb
+    w, a, sig, active, keep, w2, a2, sig2, active2, keep2, rem, tau = _row_weights(
+        z, z2, offs_m, offs_n, offs_t, T, eps, tau, True, MECH, FILTER, SUMS, CW, CWT, FAST, BM, TP, TW)
     g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+    if TW > 0:
+        g2 = tl.dot(do, tl.trans(v2), input_precision=DOT_PREC)
+    else:
+        g2 = g
     if MECH == 1:
         s_sum = tl.sum(a, 1)
-        mean = tl.sum(a * g, 1) / tl.where(s_sum > 0, s_sum, 1.0)
+        sg = tl.sum(a * g, 1)
+        if TW > 0:
+            s_sum += tl.sum(a2, 1)
+            sg += tl.sum(a2 * g2, 1)
+        mean = sg / tl.where(s_sum > 0, s_sum, 1.0)
         dz = tl.where(active, a * (g - mean[:, None]), 0.0)
+        dz2 = tl.where(active2, a2 * (g2 - mean[:, None]), 0.0)
     else:
-        diag = offs_n[None, :] == offs_m[:, None]
-        g_r = tl.sum(tl.where(diag, g, 0.0), 1)
+        g_r = tl.sum(tl.where(offs_n[None, :] == offs_m[:, None], g, 0.0), 1)
+        if TW > 0:
+            g_r += tl.sum(tl.where(offs_t[None, :] == offs_m[:, None], g2, 0.0), 1)
         if FILTER == 2:
             c = tl.where(keep, g * a, 0.0)
-            prefix = _cumsum(c, 1, SUMS, BM, TP, CW) + (rem * g_r)[:, None]
+            c2 = tl.where(keep2, g2 * a2, 0.0)
+            start = rem * g_r
         else:
             c = tl.where(keep, (g - g_r[:, None]) * a, 0.0)
-            prefix = _cumsum(c, 1, SUMS, BM, TP, CW)
+            c2 = tl.where(keep2, (g2 - g_r[:, None]) * a2, 0.0)
+            start = tl.zeros([BM], dtype=tl.float32)
+        prefix = _cumsum(c, 1, SUMS, BM, TP, CW) + start[:, None]
         dz = tl.where(active, c * (1.0 - sig) - sig * prefix, 0.0)
+        if TW > 0:  # the second tile's prefixes start after every key of the first
+            prefix2 = _cumsum(c2, 1, SUMS, BM, TW, CWT) + (start + tl.sum(c, 1))[:, None]
+            dz2 = tl.where(active2, c2 * (1.0 - sig2) - sig2 * prefix2, 0.0)
+        else:
+            dz2 = dz
     dz = tl.where(row_ok[:, None], dz, 0.0)
     w = tl.where(row_ok[:, None], w, 0.0)
-    dzs = dz * rs[:, None]
-    if DOT_PREC == "ieee":
-        dq = tl.dot(dzs, k.to(tl.float32), input_precision=DOT_PREC)
-        dk = tl.dot(tl.trans(dzs), q.to(tl.float32), input_precision=DOT_PREC)
-        dv = tl.dot(tl.trans(w), do.to(tl.float32), input_precision=DOT_PREC)
+    dq, dk, dv = _tile_grads(dz, w, q, k, do, rs, DOT_PREC)
+    drs = tl.sum(dz * zb, 1)
+    dsl = tl.sum(dz * (offs_m[:, None] - offs_n[None, :]).to(tl.float32), 1)
+    if TW > 0:
+        dz2 = tl.where(row_ok[:, None], dz2, 0.0)
+        w2 = tl.where(row_ok[:, None], w2, 0.0)
+        dq2, dk2, dv2 = _tile_grads(dz2, w2, q, k2, do, rs, DOT_PREC)
+        dq += dq2
+        drs += tl.sum(dz2 * zb2, 1)
+        dsl += tl.sum(dz2 * (offs_m[:, None] - offs_t[None, :]).to(tl.float32), 1)
     else:
-        dq = tl.dot(dzs.to(k.dtype), k)
-        dk = tl.dot(tl.trans(dzs).to(q.dtype), q)
-        dv = tl.dot(tl.trans(w).to(do.dtype), do)
+        dk2, dv2 = dk, dv
     tl.store(DQ + base + offs_m[:, None] * D + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask)
     if GRAD_RS:
-        tl.store(DRS + bh * T + offs_m, tl.sum(dz * zb, 1), mask=row_ok)
+        tl.store(DRS + bh * T + offs_m, drs, mask=row_ok)
     if GRAD_SL:
-        dist = (offs_m[:, None] - offs_n[None, :]).to(tl.float32)
-        tl.store(DSL + bh * T + offs_m, -tl.sum(dz * dist, 1) * rs, mask=row_ok)
-    return dk, dv
+        tl.store(DSL + bh * T + offs_m, -dsl * rs, mask=row_ok)
+    return dk, dv, dk2, dv2
 
 
 @triton.jit
-def _head_keys(K, V, SL, base, bh, T, H, HAS_SLOPES: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-               TP: tl.constexpr):
-    """All keys and values of head ``bh`` (``[TP, BD]``, zero past ``T``), their offsets and mask, its slope."""
-    offs_n = tl.arange(0, TP)
+def _head_keys(K, V, base, start, T, D: tl.constexpr, BD: tl.constexpr, TP: tl.constexpr):
+    """Keys and values ``[start, start + TP)`` of the head at ``base`` (``[TP, BD]``, zero past ``T``), their
+    offsets, element offsets and mask."""
+    offs_n = start + tl.arange(0, TP)
     offs_d = tl.arange(0, BD)
     kv_mask = (offs_n < T)[:, None] & (offs_d < D)[None, :]
     kv_off = base + offs_n[:, None] * D + offs_d[None, :]
     k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
     v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
-    slope = 0.0
-    if HAS_SLOPES:
-        slope = tl.load(SL + bh % H)
-    return k, v, offs_n, kv_off, kv_mask, slope
+    return k, v, offs_n, kv_off, kv_mask
 
 
 @triton.jit
 def _bwd_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, eps, T, H, M0, R_END, MECH: tl.constexpr,
                 FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
                 GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, SUMS: tl.constexpr, CW: tl.constexpr,
-                FAST: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
+                CWT: tl.constexpr, FAST: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
+                TP: tl.constexpr, TW: tl.constexpr):
     """``blocks`` layout: one row block a program; its shares of ``dk``/``dv`` added to the fp32 ``DK``/``DV``
     (atomic adds, only the keys up to the block's last row)."""
     pid_m = tl.program_id(0) + M0
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
-    k, v, offs_n, kv_off, kv_mask, slope = _head_keys(K, V, SL, base, bh, T, H, HAS_SLOPES, D, BD, TP)
-    dk, dv = _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_scale, eps, T, R_END, MECH,
-                        FILTER, HAS_SLOPES, HAS_RS, GRAD_RS, GRAD_SL, DOT_PREC, SUMS, CW, FAST, D, BD, BM, TP)
-    kv_mask = kv_mask & (offs_n <= pid_m * BM + BM - 1)[:, None]
+    slope = 0.0
+    if HAS_SLOPES:
+        slope = tl.load(SL + bh % H)
+    k, v, offs_n, kv_off, kv_mask = _head_keys(K, V, base, 0, T, D, BD, TP)
+    if TW > 0:
+        k2, v2, offs_t, kv_off2, kv_mask2 = _head_keys(K, V, base, TP, T, D, BD, TW)
+    else:
+        k2, v2 = k, v
+    dk, dv, dk2, dv2 = _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, k2, v2, slope, base, bh, pid_m, sm_scale, eps,
+                                  T, R_END, MECH, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS, GRAD_SL, DOT_PREC, SUMS, CW,
+                                  CWT, FAST, D, BD, BM, TP, TW)
+    last = pid_m * BM + BM - 1
+    kv_mask = kv_mask & (offs_n <= last)[:, None]
     tl.atomic_add(DK + kv_off, dk * sm_scale, mask=kv_mask, sem="relaxed")
     tl.atomic_add(DV + kv_off, dv, mask=kv_mask, sem="relaxed")
+    if TW > 0:
+        kv_mask2 = kv_mask2 & (offs_t <= last)[:, None]
+        tl.atomic_add(DK + kv_off2, dk2 * sm_scale, mask=kv_mask2, sem="relaxed")
+        tl.atomic_add(DV + kv_off2, dv2, mask=kv_mask2, sem="relaxed")
 
 
 @triton.jit
 def _bwd_head_kernel(Q, K, V, DO, DQ, DK, DV, TAU, SL, RS, DRS, DSL, sm_scale, eps, T, H, MECH: tl.constexpr,
                      FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
                      GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, SUMS: tl.constexpr, CW: tl.constexpr,
-                     FAST: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr):
-    """``head`` layout: one head a program, its row blocks in turn, ``dk``/``dv`` summed in registers and stored
-    once in the inputs' dtype (no atomics, no fp32 buffers to zero and cast)."""
+                     CWT: tl.constexpr, FAST: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
+                     TP: tl.constexpr, TW: tl.constexpr):
+    """``head`` layout (every row against all keys, one tile: ``TW`` 0): one head a program, its row blocks in
+    turn, ``dk``/``dv`` summed in registers and stored once in the inputs' dtype (no atomics, no fp32 buffers to
+    zero and cast)."""
     bh = tl.program_id(0)
     base = bh.to(tl.int64) * T * D
-    k, v, offs_n, kv_off, kv_mask, slope = _head_keys(K, V, SL, base, bh, T, H, HAS_SLOPES, D, BD, TP)
+    slope = 0.0
+    if HAS_SLOPES:
+        slope = tl.load(SL + bh % H)
+    k, v, offs_n, kv_off, kv_mask = _head_keys(K, V, base, 0, T, D, BD, TP)
     dk = tl.zeros([TP, BD], dtype=tl.float32)
     dv = tl.zeros([TP, BD], dtype=tl.float32)
     for pid_m in range(0, tl.cdiv(T, BM)):
-        dk_part, dv_part = _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, slope, base, bh, pid_m, sm_scale, eps, T,
-                                      T, MECH, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS, GRAD_SL, DOT_PREC, SUMS, CW,
-                                      FAST, D, BD, BM, TP)
+        dk_part, dv_part, _, _ = _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, k, v, slope, base, bh, pid_m,
+                                            sm_scale, eps, T, T, MECH, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS, GRAD_SL,
+                                            DOT_PREC, SUMS, CW, CWT, FAST, D, BD, BM, TP, 0)
         dk += dk_part
         dv += dv_part
     tl.store(DK + kv_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
-def _row_ranges(tokens: int, split: bool) -> list[tuple[int, int, int]]:
-    """``(first row, end row, padded keys)`` of each launch: with ``split``, rows ``[0, 32)``, ``[32, 64)``,
+def _row_ranges(tokens: int, split: bool, tail: bool = True) -> list[tuple[int, int, int, int]]:
+    """``(first row, end row, keys, tail keys)`` of each launch: with ``split``, rows ``[0, 32)``, ``[32, 64)``,
     ``[64, 128)`` and ``[128, 256)`` (clipped to ``tokens``) against the 32, 64, 128 and 256 keys that causal rows
-    below their end can see; else every row against all keys (the width rounded up to a power of two)."""
+    below their end can see; else every row against all keys (the width rounded up to a power of two). With
+    ``tail``, a range that ``tokens`` cuts short (rows ``[lo, hi)``, ``hi - lo`` at most half of ``lo``) goes against
+    two tiles instead: the ``lo`` keys before its first row and the ``hi - lo`` from it, rounded up to a power of
+    two (at least 16): Copy's rows ``[128, 131)`` against 128 + 16 keys rather than 256."""
     width = max(16, triton.next_power_of_2(tokens))
     if not split or width <= 32:
-        return [(0, tokens, width)]
+        return [(0, tokens, width, 0)]
     ranges, lo = [], 0
     for hi in (32, 64, 128, 256):
         if lo < tokens:
-            ranges.append((lo, min(hi, tokens), hi))
+            end = min(hi, tokens)
+            rest = max(16, triton.next_power_of_2(end - lo))
+            if tail and lo and rest < lo:
+                ranges.append((lo, end, lo, rest))
+            else:
+                ranges.append((lo, end, hi, 0))
         lo = hi
     return ranges
 
@@ -375,16 +519,17 @@ ENV_TUNING: dict = json.loads(os.environ.get("LENGTHBENCH_NARROW_TUNING") or "{}
 
 def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[dict], list[dict], str]:
     """Per launch (``_row_ranges``) the forward's and the backward's settings (``M0``, ``R_END``, ``BM``, ``TP``,
-    ``BD``, ``SUMS``, ``CW``, ``FAST``, warps, stages), and the backward's layout (``head`` or ``blocks``;
+    ``TW``, ``BD``, ``SUMS``, ``CW``, ``CWT``, ``FAST``, warps, stages), and the backward's layout (``head`` or ``blocks``;
     ``blocks`` wherever the rows are split; ``rowwise`` for 1.5-entmax where ``entmax_backward`` takes it, by
     default ``lengthbench.kernels.ENTMAX_BACKWARD``: the backward of ``_rowwise.py``, its launch settings its own).
     Tuning keys: those of :data:`TUNING`, ``bm``, ``warps``, ``stages`` (the forward's), ``bwd_bm``, ``bwd_warps``,
     ``bwd_stages`` (the backward's; None: the forward's), ``widths`` (``{keys: {those keys}}``: settings for the
     launch against that many keys only), ``bd`` (the head dim the tiles are padded to, a power of two at least the
     head dim's), ``backward``, ``entmax_backward``, ``rows`` (``split``: each row range against the keys it can
-    see; ``whole``: one launch over every row and all keys)."""
+    see; ``whole``: one launch over every row and all keys), ``tail`` (a range cut short against two tiles,
+    ``_row_ranges``; its ``widths`` entry is that of its whole range's keys)."""
     config = dict(bm=None, warps=None, stages=None, bwd_bm=None, bwd_warps=None, bwd_stages=None, backward="head",
-                  rows="split", bd=None, widths=None, entmax_backward=ENTMAX_BACKWARD, **TUNING)
+                  rows="split", tail=True, bd=None, widths=None, entmax_backward=ENTMAX_BACKWARD, **TUNING)
     tuning = dict(tuning or {})
     unknown = sorted((set(tuning) | set(ENV_TUNING)) - set(config))
     if unknown:
@@ -419,12 +564,15 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
         block_d = int(config["bd"])
         if block_d < pb.block_d or block_d & (block_d - 1):
             raise ValueError(f"narrow kernels: bd must be a power of two >= {pb.block_d}, got {config['bd']!r}")
-    ranges = _row_ranges(pb.tokens, config["rows"] == "split")
+    if not isinstance(config["tail"], bool):
+        raise ValueError(f"narrow kernels: tail must be true or false, got {config['tail']!r}")
+    ranges = _row_ranges(pb.tokens, config["rows"] == "split", config["tail"])
     fwd, bwd = [], []
-    for lo, hi, width in ranges:
+    for lo, hi, width, rest in ranges:
         bm, warps = _row_block(width, block_d, mech)
-        cap = lo if lo else width  # a row block stays inside its range (lo and the blocks are powers of two)
-        own = widths.get(width, {})
+        # a row block stays inside its range (lo and the blocks are powers of two), and within a tail's rows
+        cap = rest if rest else (lo if lo else width)
+        own = widths.get(2 * lo if rest else width, {})  # (a tail launch: its range's keys, 2 lo)
 
         def setting(key, _own=own):
             return _own.get(key) if _own.get(key) is not None else config[key]
@@ -432,8 +580,9 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
         for kind, out in (("", fwd), ("bwd_", bwd)):
             rows = int(setting(f"{kind}bm") or setting("bm") or bm)
             rows = min(rows, max(16, cap))
-            launch = dict(M0=lo // rows, R_END=hi, BM=rows, TP=width, BD=block_d, SUMS=sums,
-                          CW=min(width, int(cw or width)), FAST=bool(config["fast"]),
+            launch = dict(M0=lo // rows, R_END=hi, BM=rows, TP=width, TW=rest, BD=block_d, SUMS=sums,
+                          CW=min(width, int(cw or width)), CWT=min(rest, int(cw or rest)) if rest else 16,
+                          FAST=bool(config["fast"]),
                           num_warps=int(setting(f"{kind}warps") or setting("warps") or warps))
             stages = setting(f"{kind}stages") if setting(f"{kind}stages") is not None else setting("stages")
             if stages is not None:

@@ -34,12 +34,15 @@ OPS = {
 # the head dim of the tiles to 32; "own64" gives the launch against 64 keys row blocks of 16 of its own; "fast"
 # takes the stick in bits with triangular-product sums over blocks of 32 keys (fp32 inputs keep the scans);
 # "rowwise" (1.5-entmax only) takes the backward of _rowwise.py on the forward's row statistics (the others name
-# the narrow backward: the default takes rowwise wherever there is a row scale)
+# the narrow backward: the default takes rowwise wherever there is a row scale); "notail" takes a range that the
+# tokens cut short (rows [32, 40), [64, 70)) against the power of two of keys above its end, not the two tiles of
+# narrow._row_ranges (40 and 70 tokens take the two tiles by default; 131 and 150, rows [128, 131) and [128, 150))
 SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, "alibi"), (40, 16, "walk"), (40, 16, "bm16"), (33, 32, "walk-alibi-bm16"),
           (40, 16, "walk-bm16-blocks"), (33, 32, "alibi-bm16-blocks"), (40, 16, "walk-bm16-bwd32"),
           (70, 16, "walk-alibi"), (40, 16, "walk-whole"), (70, 16, "walk-alibi-bd32-own64"), (17, 16, "bd32"),
           (70, 16, "walk-alibi-fast"), (40, 16, "walk-bm16-blocks-fast"), (17, 16, "rowwise"),
-          (70, 16, "walk-alibi-rowwise"), (40, 32, "alibi-whole-rowwise")]
+          (70, 16, "walk-alibi-rowwise"), (40, 32, "alibi-whole-rowwise"), (70, 16, "walk-alibi-notail"),
+          (40, 16, "walk-bm16-blocks-notail"), (150, 16, "walk-alibi"), (131, 16, "alibi-fast")]
 TOLERANCE = 1e-4
 TIE = 2e-5
 
@@ -93,6 +96,7 @@ def run_case(case, device="cpu", dtype=None) -> dict:
               **({"bd": 32} if "bd32" in extras else {}),
               **({"widths": {"64": {"bm": 16, "bwd_bm": 16}}} if "own64" in extras else {}),
               **({"fast": True, "sums": "bf16x2", "cw": 32} if "fast" in extras else {}),
+              **({"tail": False} if "notail" in extras else {}),
               "entmax_backward": "rowwise" if "rowwise" in extras else "narrow"}
     out = op(mine["q"], mine["k"], mine["v"], slopes=mine.get("slopes"), row_scale=mine.get("row_scale"),
              sm_scale=sm_scale, tuning=tuning, **op_params)
@@ -136,7 +140,7 @@ def test_narrow_kernel_matches_float64_reference(index, measured):
     result = measured[index]
     print(case_id(cases()[index]), " ".join(f"{key}={value:.1e}" for key, value in result["errors"].items()))
     assert result["finite"], "NaN/inf in the output"
-    assert result["ties"] <= 1
+    assert result["ties"] <= max(1, cases()[index][1] // 50)  # rows at a filter's edge, left out of the comparison
     for key, value in result["errors"].items():
         assert value <= TOLERANCE, (key, result["errors"])
 
@@ -195,6 +199,25 @@ def test_launch_settings_follow_the_tuning():
     assert (fwd[-1]["BM"], fwd[-1]["num_warps"], fwd[-1]["M0"]) == (16, 8, 4)
     assert (bwd[-1]["BM"], bwd[-1]["num_warps"]) == (16, 2)
     assert fwd[0]["num_warps"] == 4 and fwd[0]["BM"] == 32
+
+
+def test_a_range_the_tokens_cut_short_goes_against_two_tiles():
+    import torch
+
+    from lengthbench.kernels import narrow
+    from lengthbench.kernels._common import Problem
+
+    assert narrow._row_ranges(131, True) == [(0, 32, 32, 0), (32, 64, 64, 0), (64, 128, 128, 0), (128, 131, 128, 16)]
+    assert narrow._row_ranges(131, True, tail=False)[-1] == (128, 131, 256, 0)
+    assert narrow._row_ranges(83, True)[-1] == (64, 83, 64, 32)
+    assert narrow._row_ranges(100, True)[-1] == (64, 100, 128, 0)  # 36 rows: 64 + 64 keys would be no fewer
+    assert narrow._row_ranges(200, True)[-1] == (128, 200, 256, 0)
+    assert narrow._row_ranges(131, False) == [(0, 131, 256, 0)]
+    q = torch.zeros(1, 1, 131, 16)
+    fwd, bwd, _ = narrow._launch(Problem(q, q, q, None, None, None), {"widths": {"256": {"bwd_warps": 8}}},
+                                 narrow.ENTMAX15)
+    assert [(part["TP"], part["TW"], part["BM"], part["M0"]) for part in fwd][-1] == (128, 16, 16, 8)
+    assert (fwd[-1]["num_warps"], bwd[-1]["num_warps"], bwd[-2]["num_warps"]) == (2, 8, 2)
 
 
 def test_entmax_backward_is_rowwise_where_there_is_a_row_scale_past_128_keys():
