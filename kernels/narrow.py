@@ -569,7 +569,8 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
     ranges = _row_ranges(pb.tokens, config["rows"] == "split", config["tail"])
     fwd, bwd = [], []
     for lo, hi, width, rest in ranges:
-        bm, warps = _row_block(width, block_d, mech)
+        # a tail launch: the row block and warps of its whole range's launch (2 lo keys), rows capped to its own
+        bm, warps = _row_block(2 * lo if rest else width, block_d, mech)
         # a row block stays inside its range (lo and the blocks are powers of two), and within a tail's rows
         cap = rest if rest else (lo if lo else width)
         own = widths.get(2 * lo if rest else width, {})  # (a tail launch: its range's keys, 2 lo)
