@@ -569,8 +569,12 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
     ranges = _row_ranges(pb.tokens, config["rows"] == "split", config["tail"])
     fwd, bwd = [], []
     for lo, hi, width, rest in ranges:
-        # a tail launch: the row block and warps of its whole range's launch (2 lo keys), rows capped to its own
-        bm, warps = _row_block(2 * lo if rest else width, block_d, mech)
+        # a tail launch: the row block of its whole range's launch (2 lo keys; its rows capped to its own) and the
+        # warps of one against its first tile (on an H100, Copy's rows [128, 131) with 1.5-entmax: 2 warps, as
+        # against 128 keys, gave the training step 56,382 samples/s against 53,412 with the 4 of 256 keys:
+        # results/benchmarks/gpu_logs/ab_narrow_tail.txt)
+        bm = _row_block(2 * lo if rest else width, block_d, mech)[0]
+        warps = _row_block(width, block_d, mech)[1]
         # a row block stays inside its range (lo and the blocks are powers of two), and within a tail's rows
         cap = rest if rest else (lo if lo else width)
         own = widths.get(2 * lo if rest else width, {})  # (a tail launch: its range's keys, 2 lo)

@@ -217,7 +217,7 @@ def test_a_range_the_tokens_cut_short_goes_against_two_tiles():
     fwd, bwd, _ = narrow._launch(Problem(q, q, q, None, None, None), {"widths": {"256": {"bwd_warps": 8}}},
                                  narrow.ENTMAX15)
     assert [(part["TP"], part["TW"], part["BM"], part["M0"]) for part in fwd][-1] == (128, 16, 16, 8)
-    assert (fwd[-1]["num_warps"], bwd[-1]["num_warps"], bwd[-2]["num_warps"]) == (4, 8, 2)
+    assert (fwd[-1]["num_warps"], bwd[-1]["num_warps"], bwd[-2]["num_warps"]) == (2, 8, 2)
 
 
 def test_entmax_backward_is_rowwise_where_there_is_a_row_scale_past_128_keys():
