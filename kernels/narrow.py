@@ -11,11 +11,15 @@ through in blocks of ``BM`` against all ``TP`` keys a causal row of their range 
 32)``, ``[32, 64)``, ``[64, 128)`` and ``[128, 256)`` are separate launches against 32, 64, 128 and 256 keys
 (``rows = "whole"``: every row against the width rounded up to a power of two, in one launch; the split took the
 training step of the paper MQRAR model from 0.54x to 0.70x softmax's samples/s with stick-breaking, and Copy's
-1.5-entmax from 0.49x to 0.69x, on an H200: results/benchmarks/train_throughput.md). So
+1.5-entmax from 0.49x to 0.69x, on an H200: results/benchmarks/train_throughput.md). A range that the tokens cut
+short goes against two tiles: the keys before its first row, and its own rows' keys rounded up to a power of two
+(Copy's rows ``[128, 131)`` against 128 + 16 keys rather than 256, MQRAR's ``[64, 83)`` against 64 + 32; Copy's
+1.5-entmax training step 0.68x softmax's samples/s without, 0.81x with, in two commands on an H100:
+results/benchmarks/gpu_logs/ab_narrow_tail.txt). So
 
-- a row's stick-breaking suffix sums are one reverse cumulative sum over the whole row, and Sieve's filters
-  (Algorithm 1's window below the row's maximum, or the 1.5-entmax support of Section 3) are computed on the
-  row in place;
+- a row's stick-breaking suffix sums are one reverse cumulative sum over the whole row (with two tiles, one a
+  tile, the second tile's row total added to the first's), and Sieve's filters (Algorithm 1's window below the
+  row's maximum, or the 1.5-entmax support of Section 3) are computed on the row in place;
 - 1.5-entmax's threshold is found on the row itself: Newton's steps on ``||(X - tau)_+||_2 = 1`` from
   ``max X - 1`` (below the root: convex and decreasing, so the steps rise to it without overshooting), then
   the exact root on the support they found;
