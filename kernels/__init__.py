@@ -95,7 +95,8 @@ if CAPTURE_STICK == "wide":
 # steps on an H200 at batch 128, ratios to softmax + RoPE's samples/s, narrow -> rowwise
 # (results/benchmarks/gpu_logs/ab_entmax_backward.txt): ASEntmax on Copy (131 tokens) 0.58 -> 0.65 (RoPE) and
 # 0.57 -> 0.64 (NAPE), on MQRAR (83) 0.76 -> 0.71, on MQMTAR (91) 0.76 -> 0.75; plain entmax on Copy 0.68 -> 0.69,
-# on MQMTAR 0.85 -> 0.83.
+# on MQMTAR 0.85 -> 0.83. (Measured while the narrow kernels took Copy's rows 128-130 against 256 keys; their two
+# tiles of 128 + 16 keys, ``narrow._row_ranges``, may move the Copy comparison: not measured again since.)
 ENTMAX_BACKWARD = "auto"
 ROWWISE_FROM = 129
 ROW_SCALED_ENTMAX = ("asentmax", "sentmax")
