@@ -32,7 +32,7 @@ header() {
   echo "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-  echo "git: ${LENGTHBENCH_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+  echo "git: $(python3 -c "from lengthbench.devices import git_sha; print(git_sha())" 2>/dev/null || echo unknown)"
   echo "command: $*"
 }
 case "$part" in

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib.util
 import os
 import platform
 import subprocess
@@ -30,15 +32,71 @@ def device_description(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+# The packages whose sources make a measurement (``lengthbench.cli`` and ``lengthbench.models.attention`` lie in
+# their folders)
+SOURCE_PACKAGES = ("lengthbench", "lengthbench.kernels", "lengthbench.models", "lengthbench.tasks")
+
+
+def source_folders() -> list[Path]:
+    """The folders of :data:`SOURCE_PACKAGES` as installed (an editable install's are the checkout's)."""
+    folders = []
+    for name in SOURCE_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        folders += [Path(folder).resolve() for folder in (spec.submodule_search_locations or [] if spec else [])]
+    return folders
+
+
+def source_files() -> list[Path]:
+    """The package's Python sources, sorted."""
+    files = {p for folder in source_folders() for p in folder.rglob("*.py") if "__pycache__" not in p.parts}
+    return sorted(files)
+
+
+def source_digest(files: list[Path] | None = None) -> str:
+    """A digest of the package's sources (each file's path and bytes): two processes that ran the same code
+    report the same one."""
+    digest = hashlib.sha256()
+    for path in source_files() if files is None else files:
+        digest.update(str(path).encode())
+        try:
+            digest.update(path.read_bytes())
+        except OSError:
+            digest.update(b"<gone>")
+    return digest.hexdigest()[:12]
+
+
+# The sources as this process imported them: a row made after they changed says so (``git_sha``)
+SOURCE_AT_START = source_digest()
+
+
+def dirty(top: Path, paths: list[Path]) -> bool:
+    """Whether the checkout at ``top`` has uncommitted changes to tracked files under ``paths``."""
+    inside = [str(p.relative_to(top)) for p in paths if p.is_relative_to(top)]
+    if not inside:
+        return False
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *inside], cwd=top,
+                            capture_output=True, text=True, timeout=5)
+    return status.returncode == 0 and bool(status.stdout.strip())
+
+
 def git_sha() -> str:
+    """The commit a row's code is: ``LENGTHBENCH_GIT_SHA`` where set (a copy of the checkout without its
+    ``.git``), else the checkout's ``HEAD``, ``-dirty`` added where tracked sources differ from it (as ``git
+    describe --dirty``); ``+changed`` where the package's sources changed after this process imported them (an editable
+    install edited during a run: what ran is neither the old code nor the new for certain); ``unknown`` outside
+    a checkout."""
+    changed = "+changed" if source_digest() != SOURCE_AT_START else ""
     if os.environ.get("LENGTHBENCH_GIT_SHA"):
-        return os.environ["LENGTHBENCH_GIT_SHA"]
+        return os.environ["LENGTHBENCH_GIT_SHA"] + changed
     try:
         top = Path(__file__).resolve().parent.parent
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=top, capture_output=True, text=True,
-                              timeout=5).stdout.strip() or "unknown"
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=top, capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        if not sha:
+            return "unknown" + changed
+        return sha + ("-dirty" if dirty(top, source_folders()) else "") + changed
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return "unknown" + changed
 
 
 def provenance(device: torch.device, argv: list[str]) -> dict[str, str]:
