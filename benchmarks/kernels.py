@@ -46,9 +46,7 @@ import importlib
 import inspect
 import json
 import math
-import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -62,6 +60,7 @@ try:  # measuring needs Triton; --merge does not
 except ModuleNotFoundError:  # pragma: no cover - CPU-only installs
     triton = None
 
+from lengthbench.devices import git_sha
 from lengthbench.kernels import get_kernel, kernel_names
 
 # The targets: fwd within FWD_TARGET x SDPA and fwd+bwd within FWDBWD_TARGET x; tra/tda at least as fast.
@@ -265,7 +264,7 @@ def main():
     dtype = torch.bfloat16
     device = torch.cuda.get_device_name()
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    commit, command = git_commit(), shlex.join(["python", "benchmarks/kernels.py", *sys.argv[1:]])
+    command = shlex.join(["python", "benchmarks/kernels.py", *sys.argv[1:]])
     rows = []
     for family in families:
         for head_dim in [int(x) for x in args.head_dims.split(",")] if family != "trained" else [0]:
@@ -302,7 +301,7 @@ def main():
                                          input_scale=args.scale, inputs=family, variant=variant,
                                          tuning=json.dumps(tuning, sort_keys=True) if tuning else "",
                                          trained=args.trained if family == "trained" else "",
-                                         git_sha=commit, command=command))
+                                         git_sha=git_sha(), command=command))
                         print(f"{name:14s} {family:7s} {variant:12s} L={length:6d} D={dim:3d} fwd {fwd:9.3f} ms "
                               f"({fwd / base[0]:5.2f}x) fwd+bwd {fwdbwd:9.3f} ms ({fwdbwd / base[1]:5.2f}x) "
                               f"mem {peak / 2**20:8.1f} MiB ({peak / base[2]:4.2f}x)", flush=True)
@@ -334,21 +333,6 @@ def save(rows, out_dir):
 
 
 FILE_STEM = Path("kernels")
-
-
-def git_commit() -> str:
-    """The checkout's short commit, ``+`` when its tracked files differ from it; ``LENGTHBENCH_GIT_SHA`` where it is
-    set (a copy of the checkout without ``.git``, as the runner reads it); ``unknown`` otherwise."""
-    if os.environ.get("LENGTHBENCH_GIT_SHA"):
-        return os.environ["LENGTHBENCH_GIT_SHA"]
-
-    def git(*args):
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent)
-    head = git("rev-parse", "--short", "HEAD")
-    if head.returncode != 0:
-        return "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-    return head.stdout.strip() + ("+" if dirty else "")
 
 
 def write(frame: pd.DataFrame, out_dir):

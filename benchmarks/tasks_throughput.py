@@ -15,7 +15,6 @@ import argparse
 import datetime as dt
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -92,11 +91,9 @@ def main() -> None:
     load_after = " ".join(f"{x:.1f}" for x in os.getloadavg())
     frame = pd.DataFrame(rows)
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        sha = "unknown"
-    command = "python " + " ".join([sys.argv[0], *sys.argv[1:]])
+    from lengthbench.devices import git_sha  # after the timings: it imports torch, the generators none
+
+    sha, command = git_sha(), "python " + " ".join([sys.argv[0], *sys.argv[1:]])
     frame["device"], frame["created_at"], frame["git_sha"], frame["command"] = machine(), now, sha, command
     frame["load_average"] = f"{load_before} / {load_after}"
     out = Path(args.out)
