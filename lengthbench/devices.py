@@ -82,21 +82,21 @@ def dirty(top: Path, paths: list[Path]) -> bool:
 def git_sha() -> str:
     """The commit a row's code is: ``LENGTHBENCH_GIT_SHA`` where set (a copy of the checkout without its
     ``.git``), else the checkout's ``HEAD``, ``-dirty`` added where tracked sources differ from it (as ``git
-    describe --dirty``); ``+changed`` where the package's sources changed after this process imported them (an editable
-    install edited during a run: what ran is neither the old code nor the new for certain); ``unknown`` outside
-    a checkout."""
-    changed = "+changed" if source_digest() != SOURCE_AT_START else ""
+    describe --dirty``), ``unknown`` outside a checkout; then ``+changed`` where the package's sources changed
+    after this process imported them (an editable install edited during a run: which code ran is not certain)."""
+    return _commit() + ("+changed" if source_digest() != SOURCE_AT_START else "")
+
+
+def _commit() -> str:
     if os.environ.get("LENGTHBENCH_GIT_SHA"):
-        return os.environ["LENGTHBENCH_GIT_SHA"] + changed
+        return os.environ["LENGTHBENCH_GIT_SHA"]
     try:
         top = Path(__file__).resolve().parent.parent
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=top, capture_output=True, text=True,
                              timeout=5).stdout.strip()
-        if not sha:
-            return "unknown" + changed
-        return sha + ("-dirty" if dirty(top, source_folders()) else "") + changed
+        return sha + ("-dirty" if dirty(top, source_folders()) else "") if sha else "unknown"
     except (OSError, subprocess.SubprocessError):
-        return "unknown" + changed
+        return "unknown"
 
 
 def provenance(device: torch.device, argv: list[str]) -> dict[str, str]:
