@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from lengthbench.kernels._common import Problem, reduce_slopes, score_tile
+from lengthbench.kernels._rowwise import row_delta
 
 EXIT_AT = 60.0
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -817,21 +818,19 @@ class StickBreakingAttention(torch.autograd.Function):
                                      pb.opt(tau), pb.opt(d_rs), pb.opt(d_sl), pb.sm_scale, pb.tokens, pb.heads,
                                      **common)
         else:
-            do32 = do.float()
             # c_j = (g_j - g_r) a_j and C_r = do_r.(o_r - v_r) use that the weights and the remainder sum to
             # one; with weights dropped outside the filter (mode 2) the general form: c_j = g_j a_j, C_r =
-            # do_r.o_r.
+            # do_r.o_r. (The row sums in one kernel each, ``row_delta``.)
             if ctx.mode == 2:
                 g_r = torch.zeros(do.shape[:-1], device=do.device, dtype=torch.float32)
-                c_total = (do32 * o32).sum(-1)
+                c_total = row_delta(do, o32)
             else:
-                g_r = (do32 * v.float()).sum(-1)
-                c_total = (do32 * o32).sum(-1) - g_r
+                g_r = row_delta(do, v)
+                c_total = row_delta(do, o32) - g_r
             _bwd_kernel[grid](q, k, v, do, dq, dk32, dv32, c_total, g_r, pb.opt(slopes), pb.opt(row_scale),
                               pb.opt(tau), pb.opt(d_rs), pb.opt(d_sl), pb.sm_scale, pb.tokens, pb.heads, EXIT_AT,
                               **common)
-            dv32.addcmul_(rem.unsqueeze(-1), do32)
-            del do32
+            dv32.addcmul_(rem.unsqueeze(-1), do)
         dk = dk32.to(k.dtype)
         del dk32  # the next cast's buffer takes its place
         dv = dv32.to(v.dtype)
