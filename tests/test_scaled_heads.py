@@ -128,3 +128,29 @@ def test_run_notes_the_default_scaled_heads_under_nape(monkeypatch, capsys, tmp_
     out = capsys.readouterr().out
     assert code == 0 and "dry run: not started" in out
     assert ("--attn-param scaled_heads=nope" in out) == noted
+
+
+@pytest.mark.parametrize("name", ["asentmax", "assmax"])
+@pytest.mark.parametrize("pe", ["nape", "rope"])
+def test_one_product_gives_the_projections_and_the_factor(name, pe):
+    """ASEntmax and ASSMax on CUDA take q, k, v and the row factor from one product of x with the qkv weight and
+    w_beta, w_gamma side by side (``project_scaled``): the same numbers as the projections apart (float64),
+    with trained (nonzero) w_beta and w_gamma, the heads that ``nope`` leaves alone included."""
+    layer = build(name, pe=pe, scaled_heads="nope").double()
+    x = torch.randn(2, 9, layer.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    q, k, v, factor = layer.project_scaled(x)
+    for joint, apart in zip((q, k, v), layer.project(x), strict=True):
+        torch.testing.assert_close(joint, apart)
+    expected = layer.head_factor(torch.arange(9), x)
+    torch.testing.assert_close(factor, expected)
+    assert factor.shape == (2, 4, 9, 1)
+    # the factor varies by token and head: a product that lost w_beta or w_gamma would fail here
+    assert (expected - expected.mean()).abs().max() > 1e-2
+    # and the gradients of every weight agree
+    grads = torch.autograd.grad((q.sum() + 2 * k.sum() + 3 * v.sum() + (factor * factor).sum()),
+                                [layer.qkv.weight, layer.w_beta, layer.w_gamma])
+    q2, k2, v2 = layer.project(x)
+    apart = torch.autograd.grad((q2.sum() + 2 * k2.sum() + 3 * v2.sum() + (expected * expected).sum()),
+                                [layer.qkv.weight, layer.w_beta, layer.w_gamma])
+    for joint, sep in zip(grads, apart, strict=True):
+        torch.testing.assert_close(joint, sep)

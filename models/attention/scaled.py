@@ -136,7 +136,10 @@ class RowScaledAttention(AttentionLayer):
 
     def head_factor(self, query_positions, x_rows) -> torch.Tensor:
         """``row_scale``, set to 1 on the heads that ``scaled_heads`` leaves alone; ``[B or 1, H, Lq, 1]``."""
-        factor = self.row_scale(query_positions, x_rows)
+        return self.keep_unscaled(self.row_scale(query_positions, x_rows))
+
+    def keep_unscaled(self, factor: torch.Tensor) -> torch.Tensor:
+        """``factor`` ``[B or 1, H, Lq, 1]`` set to 1 on the heads that ``scaled_heads`` leaves alone."""
         if self.scales_every_head:
             return factor
         return torch.where(self._unscaled[:, None, None], torch.ones_like(factor), factor)
@@ -163,9 +166,13 @@ class RowScaledAttention(AttentionLayer):
     def attend(self, q, k, v, x):
         if not (q.is_cuda and self.use_kernels):
             return self.reference_attend(q, k, v, x)
+        positions = torch.arange(q.shape[-2], device=q.device)
+        return self.attend_scaled(q, k, v, self.head_factor(positions, x), x)
+
+    def attend_scaled(self, q, k, v, factor, x):
+        """The per-head outputs on CUDA, given the factor (``head_factor``'s): the base map's fused op, SDPA for
+        softmax, else the reference."""
         batch, heads, tokens, _ = q.shape
-        positions = torch.arange(tokens, device=q.device)
-        factor = self.head_factor(positions, x)
         if factor.dim() == 4:
             factor = factor.squeeze(-1)
         op = self.kernel(self.base_kernel) if self.kernel_supported() else None
@@ -212,14 +219,35 @@ class AdaptiveScaled(RowScaledAttention):
     def adaptive_params(self, x_rows):
         """``beta, gamma`` as ``[B, H, Lq]``."""
         x_rows = as_compute(x_rows)
-        beta = F.softplus(x_rows @ self.w_beta.to(x_rows.dtype)).transpose(1, 2)
-        gamma = self.gamma_scale * torch.tanh(x_rows @ self.w_gamma.to(x_rows.dtype)).transpose(1, 2)
+        return self.params_of(x_rows @ self.w_beta.to(x_rows.dtype), x_rows @ self.w_gamma.to(x_rows.dtype))
+
+    def params_of(self, beta_logits, gamma_logits):
+        """``beta, gamma`` as ``[B, H, Lq]`` from the projections ``x . w_beta`` and ``x . w_gamma`` ``[B, Lq, H]``."""
+        beta = F.softplus(beta_logits).transpose(1, 2)
+        gamma = self.gamma_scale * torch.tanh(gamma_logits).transpose(1, 2)
         return beta, gamma
 
     def row_scale(self, query_positions, x_rows):
         beta, gamma = self.adaptive_params(x_rows)
         counts = (query_positions + 1).to(beta.dtype)[:, None]
         return adaptive_scale(counts, beta, gamma, self.delta)
+
+    def project_scaled(self, x):
+        """``q, k, v`` (``project``'s) and the factor (``head_factor``'s) from one product of ``x`` with the
+        ``qkv`` weight and ``w_beta``, ``w_gamma`` side by side: one GEMM a layer and two in its backward,
+        where the three projections apart take three and six."""
+        width = 3 * self.d_model
+        joint = F.linear(x, torch.cat([self.qkv.weight, self.w_beta.t(), self.w_gamma.t()]))
+        q, k, v = self.split_qkv(joint[..., :width])
+        beta, gamma = self.params_of(*as_compute(joint[..., width:]).split(self.n_heads, dim=-1))
+        counts = (torch.arange(x.shape[1], device=x.device) + 1).to(beta.dtype)[:, None]
+        return q, k, v, self.keep_unscaled(adaptive_scale(counts, beta, gamma, self.delta))
+
+    def forward(self, x):
+        if not (x.is_cuda and self.use_kernels):
+            return super().forward(x)
+        q, k, v, factor = self.project_scaled(x)
+        return self.merge_heads(self.finish_heads(self.attend_scaled(q, k, v, factor, x), x), x)
 
 
 @register_attention("ssmax", weights=ssmax_weights)
