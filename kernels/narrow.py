@@ -663,13 +663,14 @@ class NarrowAttention(torch.autograd.Function):
                                        **flags, **{key: value for key, value in part.items()
                                                    if key not in ("M0", "R_END")})
         else:
-            # dk and dv accumulate in one fp32 buffer: one fill and one cast a call rather than two of each
+            # dk and dv accumulate in one fp32 buffer (one fill a call, not two); cast apart, as outputs that share no
+            # memory (the compiled graph's custom op refuses aliased outputs)
             dkv = torch.zeros((2, *q.shape), device=q.device, dtype=torch.float32)
             for part in launch:  # each row range adds its shares of dk and dv
                 grid = (triton.cdiv(part["R_END"] - part["M0"] * part["BM"], part["BM"]), pb.bh)
                 _bwd_kernel[grid](q, k, v, do, dq, dkv[0], dkv[1], tau, pb.opt(slopes), pb.opt(row_scale), *args,
                                   **flags, **part)
-            dk, dv = dkv.to(k.dtype).unbind(0)
+            dk, dv = dkv[0].to(k.dtype), dkv[1].to(v.dtype)
         g_sl = reduce_slopes(d_sl) if grad_sl else None
         g_rs = None
         if grad_rs:

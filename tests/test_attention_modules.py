@@ -150,25 +150,3 @@ def test_reference_scores_stay_float32_under_autocast(name):
     torch.testing.assert_close(under, exact, rtol=1e-6, atol=1e-5)
     assert coarse.dtype == torch.bfloat16  # what the scores were before
     assert (coarse.float() - torch.matmul(q, k.transpose(-1, -2))).abs().max() > 1e-2
-
-
-@pytest.mark.parametrize("name", [n for n in MECHANISMS if hasattr(ATTENTION.get(n), "joint_views")])
-@pytest.mark.parametrize("pe", ["nape", "rope"])
-def test_joint_views_are_the_views(name, pe):
-    """The two-view mechanisms' one product (``joint_views``, TDA's path on CUDA) gives both views and the values
-    as the projections apart, and the same gradient to each weight (float64)."""
-    layer = build(name, pe).double()
-    x = torch.randn(2, 7, layer.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    joint, apart = layer.joint_views(x), layer.views(x)
-    flat_joint = [*joint[0][0], *joint[0][1], joint[1]]
-    flat_apart = [*apart[0][0], *apart[0][1], apart[1]]
-    for a, b in zip(flat_joint, flat_apart, strict=True):
-        torch.testing.assert_close(a, b)
-
-    def loss(tensors):
-        return sum((i + 1) * (t * t).sum() for i, t in enumerate(tensors))
-
-    weights = [layer.qkv.weight, layer.qk2.weight]
-    for a, b in zip(torch.autograd.grad(loss(flat_joint), weights), torch.autograd.grad(loss(flat_apart), weights),
-                    strict=True):
-        torch.testing.assert_close(a, b)

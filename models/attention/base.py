@@ -274,22 +274,10 @@ class TwoViewAttention(AttentionLayer):
 
     def views(self, x: torch.Tensor):
         """``((q1, k1), (q2, k2)), v``, each ``[B, H, T, head_dim]``."""
-        return self.views_of(self.qkv(x), self.qk2(x))
-
-    def joint_views(self, x: torch.Tensor):
-        """:meth:`views` from one product of ``x`` with the ``qkv`` and ``qk2`` weights side by side: one GEMM a
-        layer and two in its backward, where the two projections apart take two and four."""
-        width = 3 * self.d_model
-        joint = nn.functional.linear(x, torch.cat([self.qkv.weight, self.qk2.weight]))
-        return self.views_of(joint[..., :width], joint[..., width:])
-
-    def views_of(self, qkv: torch.Tensor, qk2: torch.Tensor):
-        """:meth:`views` from the outputs of the ``qkv`` and ``qk2`` projections ``[B, T, 3 d_model]``,
-        ``[B, T, 2 d_model]``."""
-        batch, tokens, _ = qkv.shape
-        q1, k1, v = qkv.view(batch, tokens, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q2, k2 = qk2.view(batch, tokens, 2, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        positions = torch.arange(tokens, device=qkv.device)
+        batch, tokens, _ = x.shape
+        q1, k1, v = self.qkv(x).view(batch, tokens, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q2, k2 = self.qk2(x).view(batch, tokens, 2, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        positions = torch.arange(tokens, device=x.device)
         view1 = self.normalize_views(*self.pe.rotate(q1, k1, positions))
         view2 = self.normalize_views(*self.pe.rotate(q2, k2, positions))
         return (view1, view2), v

@@ -182,21 +182,9 @@ class TDAAttention(_Thresholded, TwoViewAttention):
         if not q.is_cuda:
             return self.reference_attend(q, k, v, x)
         (q1, q2), (k1, k2) = self.split(q), self.split(k)
+        # The one-pass op: both views per tile; its backward visits only the tiles with an active entry.
         op = self.kernel("tda")
         if op is not None:
-            return self.attend_views(op, (q1, k1), (q2, k2), v)
+            return op(q1.contiguous(), k1.contiguous(), q2.contiguous(), k2.contiguous(), v, lam=self.lam,
+                      slopes=self.pe.slopes(), sm_scale=1.0, **self.threshold_params())
         return self.reference_attend(q, k, v, x)
-
-    def attend_views(self, op, view1, view2, v):
-        """The one-pass op: both views per tile; its backward visits only the tiles with an active entry."""
-        (q1, k1), (q2, k2) = view1, view2
-        return op(q1.contiguous(), k1.contiguous(), q2.contiguous(), k2.contiguous(), v, lam=self.lam,
-                  slopes=self.pe.slopes(), sm_scale=1.0, **self.threshold_params())
-
-    def forward(self, x):
-        # On CUDA the op takes the two views apart, from one product (``joint_views``): no concatenated q and k
-        op = self.kernel("tda") if x.is_cuda else None
-        if op is None:
-            return super().forward(x)
-        (view1, view2), v = self.joint_views(x)
-        return self.merge_heads(self.finish_heads(self.attend_views(op, view1, view2, v), x), x)
