@@ -380,7 +380,7 @@ def row_delta(do: torch.Tensor, o: torch.Tensor, m: torch.Tensor | None = None) 
     """``(do * o).sum(-1)`` in fp32 as ``[B, H, T]`` (divided by ``max(m, 1e-30)`` where ``m`` is given), one
     kernel: in eager ATen it took a cast of each operand, a product and a reduction (four launches a layer;
     softpick's training step on the paper MQMTAR model at batch 128 spent 400 us of its 3.9 ms on them,
-    ``benchmarks/step_profile.py``, H200, 2026-11-28, commit 52e6cae). ``do`` and ``o`` contiguous, alike."""
+    ``results/benchmarks/gpu_logs/step_profile_b128_before_row_delta.txt``). ``do`` and ``o`` contiguous, alike."""
     *lead, head_dim = do.shape
     delta = torch.empty(lead, device=do.device, dtype=torch.float32)
     n_rows = delta.numel()
