@@ -61,7 +61,9 @@ def triton_available() -> bool:
 # lengthbench/graph_step.py): entmax's threshold in one kernel and its output over all keys (no candidate
 # lists, no gathered open rows), TDA without its activity map and with tiles of 32 rows (three programs a head
 # at 91 tokens: the batch's thousands of short heads fill the GPU). The ops not named here (softpick, TRA)
-# record as they are.
+# record as they are, with the launch settings they take at every width (``_rowwise.launch_settings``: forward
+# tiles of 128 rows x 64 keys, backward 64 x 64); ``LENGTHBENCH_CAPTURE_TUNING`` gives them others, e.g.
+# ``{"softpick": {"fwd": [64, 32, 4], "bwd": [32, 32, 4]}}`` (not measured through whole steps yet).
 CAPTURE_TUNING: dict[str, dict] = {
     "entmax": {"lists": False, "split": False},
     "sparsemax": {"lists": False, "split": False},

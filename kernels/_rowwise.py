@@ -407,6 +407,38 @@ def _score_bound(pb: Problem) -> torch.Tensor:
     return bound.clamp_min(0).contiguous()
 
 
+ROWWISE_TUNING_KEYS = ("fwd", "bwd")
+
+
+def launch_settings(pb: Problem, tuning: dict | None) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """``((BM, BN, warps) of the forward, (BM, BN, warps) of the dq and dk/dv kernels)``: the defaults of ``pb``
+    (forward 128 query rows x 64 keys, 8 warps, backward 64 x 64, 4 warps, for head dims up to 64), or those
+    ``tuning`` gives (``{"fwd": [BM, BN, warps], "bwd": [...]}``: levers for benchmarks, e.g. through
+    ``LENGTHBENCH_CAPTURE_TUNING`` for the training step). Tiles are powers of two of at least 16; the forward's
+    rows a multiple of its keys (its tiles before the diagonal go unmasked)."""
+    fwd = (pb.fwd_block, pb.block, pb.fwd_warps)
+    bwd = (pb.block, pb.block, pb.num_warps)
+    tuning = dict(tuning or {})
+    unknown = sorted(set(tuning) - set(ROWWISE_TUNING_KEYS))
+    if unknown:
+        raise ValueError(f"rowwise kernels: unknown tuning keys {unknown}; the keys are {list(ROWWISE_TUNING_KEYS)}")
+    out = {"fwd": fwd, "bwd": bwd}
+    for key in ROWWISE_TUNING_KEYS:
+        if tuning.get(key) is None:
+            continue
+        value = tuple(tuning[key])
+        if len(value) != 3 or not all(isinstance(x, int) for x in value):
+            raise ValueError(f"rowwise kernels: {key} must be [BM, BN, warps] (integers), got {tuning[key]!r}")
+        bm, bn, warps = value
+        if any(x < 16 or x & (x - 1) for x in (bm, bn)) or warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"rowwise kernels: {key} tiles must be powers of two >= 16 and warps 1-16, "
+                             f"got {list(value)}")
+        if key == "fwd" and bm % bn:
+            raise ValueError(f"rowwise kernels: the forward's rows must be a multiple of its keys, got {list(value)}")
+        out[key] = value
+    return out["fwd"], out["bwd"]
+
+
 class RowwiseAttention(torch.autograd.Function):
     """``o = sum_j w_rj v_j`` for the pointwise mechanisms; ``tau`` ([B, H, T] or None) may need a gradient.
 
@@ -414,8 +446,9 @@ class RowwiseAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, mech, power, eps):
+    def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, mech, power, eps, tuning=None):
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
+        (fwd_bm, fwd_bn, fwd_warps), ctx.bwd = launch_settings(pb, tuning)
         out = torch.empty_like(pb.q)
         m, den = pb.rows(), pb.rows()
         tau_rows = None
@@ -423,14 +456,14 @@ class RowwiseAttention(torch.autograd.Function):
             tau_rows = tau.detach().to(torch.float32).expand(pb.batch, pb.heads, pb.tokens).contiguous()
         store_u = mech == ENTMAX and any(ctx.needs_input_grad[:3])
         u = torch.empty(pb.q.shape, device=q.device, dtype=torch.float32) if store_u else None
-        grid = (triton.cdiv(pb.tokens, pb.fwd_block), pb.bh)
+        grid = (triton.cdiv(pb.tokens, fwd_bm), pb.bh)
         shift = _score_bound(pb) if mech == RECTIFIED else None
         _fwd_kernel[grid](pb.q, pb.k, pb.v, out, pb.opt(u), pb.opt(pb.slopes), pb.opt(pb.row_scale),
                           pb.opt(tau_rows), pb.opt(shift), m, den, pb.sm_scale, float(eps),
                           -1.0 if pb.v.dtype == torch.float16 else 60.0, pb.tokens, pb.heads,
                           MECH=mech, POWER=float(power), STORE_U=store_u, HAS_SLOPES=pb.slopes is not None,
                           HAS_RS=pb.row_scale is not None, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d,
-                          BM=pb.fwd_block, BN=pb.block, num_warps=pb.fwd_warps, num_stages=2)
+                          BM=fwd_bm, BN=fwd_bn, num_warps=fwd_warps, num_stages=2)
         ctx.pb_consts = (pb.sm_scale, mech, float(power))
         ctx.tau_shape = None if tau is None else tau.shape
         ctx.rs_shape = None if row_scale is None else row_scale.shape
@@ -444,14 +477,16 @@ class RowwiseAttention(torch.autograd.Function):
         needs = ctx.needs_input_grad
         dq, dk, dv, g_sl, g_rs, g_tau = rowwise_backward(
             dout, ctx.saved_tensors, sm_scale, mech, power, grad_slopes=needs[3], grad_rs=needs[4],
-            grad_tau=needs[5], rs_shape=ctx.rs_shape, tau_shape=ctx.tau_shape)
-        return dq, dk, dv, g_sl, g_rs, g_tau, None, None, None, None
+            grad_tau=needs[5], rs_shape=ctx.rs_shape, tau_shape=ctx.tau_shape, launch=ctx.bwd)
+        return dq, dk, dv, g_sl, g_rs, g_tau, None, None, None, None, None
 
 
-def rowwise_backward(dout, saved, sm_scale, mech, power, *, grad_slopes, grad_rs, grad_tau, rs_shape, tau_shape):
+def rowwise_backward(dout, saved, sm_scale, mech, power, *, grad_slopes, grad_rs, grad_tau, rs_shape, tau_shape,
+                     launch=None):
     """``(dq, dk, dv, d_slopes, d_row_scale, d_tau)`` from the state ``RowwiseAttention.forward`` saves,
     ``saved = (q, k, v, out, slopes, row_scale, tau_rows, m, den, u)`` (entmax's list forward builds the same
-    state and shares this backward). A gradient is None where its input is None or not asked for."""
+    state and shares this backward). A gradient is None where its input is None or not asked for. ``launch``:
+    ``(BM, BN, warps)`` of both kernels (None: 64 x 64, 4 warps, for head dims up to 64)."""
     q, k, v, out, slopes, row_scale, tau_rows, m, den, u = saved
     pb = Problem(q, k, v, slopes, row_scale, sm_scale)
     do = dout.contiguous()
@@ -470,14 +505,13 @@ def rowwise_backward(dout, saved, sm_scale, mech, power, *, grad_slopes, grad_rs
     d_rs = pb.rows() if grad_rs else None
     d_sl = pb.rows() if grad_sl else None
     d_tau = pb.rows() if grad_tau else None
+    bm, bn, warps = launch or (pb.block, pb.block, pb.num_warps)
     common = dict(MECH=mech, POWER=power, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
-                  DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=pb.block, BN=pb.block,
-                  num_warps=pb.num_warps, num_stages=2)
-    grid = (triton.cdiv(pb.tokens, pb.block), pb.bh)
-    _bwd_dq_kernel[grid](q, k, v, do, dq, pb.opt(slopes), pb.opt(row_scale), pb.opt(tau_rows), pb.opt(m),
+                  DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, num_warps=warps, num_stages=2)
+    _bwd_dq_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](q, k, v, do, dq, pb.opt(slopes), pb.opt(row_scale), pb.opt(tau_rows), pb.opt(m),
                          pb.opt(den), pb.opt(delta), pb.opt(d_rs), pb.opt(d_sl), pb.opt(d_tau), sm_scale,
                          pb.tokens, pb.heads, GRAD_RS=grad_rs, GRAD_SL=grad_sl, GRAD_TAU=grad_tau, **common)
-    _bwd_dkdv_kernel[grid](q, k, v, do, dk, dv, pb.opt(slopes), pb.opt(row_scale), pb.opt(tau_rows),
+    _bwd_dkdv_kernel[(triton.cdiv(pb.tokens, bn), pb.bh)](q, k, v, do, dk, dv, pb.opt(slopes), pb.opt(row_scale), pb.opt(tau_rows),
                            pb.opt(m), pb.opt(den), pb.opt(delta), sm_scale, pb.tokens, pb.heads, **common)
     g_sl = reduce_slopes(d_sl) if grad_sl else None
     g_rs = None if d_rs is None else _sum_to(d_rs, rs_shape)
@@ -495,5 +529,6 @@ def _sum_to(grad: torch.Tensor, shape) -> torch.Tensor:
     return grad.reshape(shape)
 
 
-def rowwise(q, k, v, *, mech, slopes=None, row_scale=None, tau=None, sm_scale=None, power=2.0, eps=0.0):
-    return RowwiseAttention.apply(q, k, v, slopes, row_scale, tau, sm_scale, mech, power, eps)
+def rowwise(q, k, v, *, mech, slopes=None, row_scale=None, tau=None, sm_scale=None, power=2.0, eps=0.0,
+            tuning=None):
+    return RowwiseAttention.apply(q, k, v, slopes, row_scale, tau, sm_scale, mech, power, eps, tuning)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from lengthbench.kernels._rowwise import RECTIFIED, rowwise
 
 
-def rectified_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None):
-    """Rectified softmax attention, ``[B, H, T, D]`` causal."""
-    return rowwise(q, k, v, mech=RECTIFIED, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale)
+def rectified_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, tuning: dict | None = None):
+    """Rectified softmax attention, ``[B, H, T, D]`` causal; ``tuning``: launch settings
+    (``_rowwise.launch_settings``)."""
+    return rowwise(q, k, v, mech=RECTIFIED, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, tuning=tuning)

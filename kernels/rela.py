@@ -8,6 +8,6 @@ from __future__ import annotations
 from lengthbench.kernels._rowwise import RELA, rowwise
 
 
-def rela_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None):
-    """ReLA attention, ``[B, H, T, D]`` causal."""
-    return rowwise(q, k, v, mech=RELA, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale)
+def rela_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, tuning: dict | None = None):
+    """ReLA attention, ``[B, H, T, D]`` causal; ``tuning``: launch settings (``_rowwise.launch_settings``)."""
+    return rowwise(q, k, v, mech=RELA, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, tuning=tuning)

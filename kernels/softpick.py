@@ -13,6 +13,7 @@ from __future__ import annotations
 from lengthbench.kernels._rowwise import SOFTPICK, rowwise
 
 
-def softpick_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=1e-6):
-    """Softpick attention, ``[B, H, T, D]`` causal."""
-    return rowwise(q, k, v, mech=SOFTPICK, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, eps=eps)
+def softpick_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=1e-6, tuning: dict | None = None):
+    """Softpick attention, ``[B, H, T, D]`` causal; ``tuning``: launch settings (``_rowwise.launch_settings``)."""
+    return rowwise(q, k, v, mech=SOFTPICK, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, eps=eps,
+                   tuning=tuning)

@@ -37,12 +37,13 @@ def tra_threshold(tokens: int, head_dim: int, beta, kappa: float, device, tau_in
 
 
 def tra_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=1.0, beta=1.0, kappa=1.0, power=2.0,
-                  tau_index="alg1"):
-    """TRA, ``[B, H, T, D]`` causal; ``q``, ``k`` unit-norm (cosine scores with ``sm_scale=1``)."""
+                  tau_index="alg1", tuning: dict | None = None):
+    """TRA, ``[B, H, T, D]`` causal; ``q``, ``k`` unit-norm (cosine scores with ``sm_scale=1``); ``tuning``: launch
+    settings (``_rowwise.launch_settings``)."""
     if sm_scale is None:
         sm_scale = 1.0
     if not math.isfinite(float(power)) or float(power) <= 0:
         raise ValueError(f"tra power must be positive, got {power}")
     tau = tra_threshold(q.shape[-2], q.shape[-1], beta, float(kappa), q.device, tau_index)
     return rowwise(q, k, v, mech=TRA, slopes=slopes, row_scale=row_scale, tau=tau, sm_scale=sm_scale,
-                   power=float(power))
+                   power=float(power), tuning=tuning)

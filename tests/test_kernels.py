@@ -127,8 +127,7 @@ def rel_err(a, b):
 
 
 def check(name, q, k, v, *, slopes=None, row_scale=None, seed=0, label="", tuning=None):
-    """The op against the float64 reference (``tuning``: the entmax family's launch settings, else the
-    defaults)."""
+    """The op against the float64 reference (``tuning``: the op's launch settings, else the defaults)."""
     dtype = q.dtype
     op = get_kernel(name) if tuning is None else functools.partial(get_kernel(name), tuning=tuning)
     sm_scale = 1.0 if name == "tra" else 1.0 / math.sqrt(q.shape[-1])
@@ -292,6 +291,25 @@ def test_stick_variants_match_reference(name, case, variant):
     if (name, variant, case) in STICK_VARIANTS_COARSE:
         pytest.xfail(STICK_VARIANTS_COARSE[name, variant, case])
     check(name, q, k, v, seed=tokens, label=f"{variant} {case}", tuning=STICK_VARIANTS[variant], **extra)
+
+
+# the pointwise ops' launch settings (``_rowwise.launch_settings``) at the training widths: the levers of
+# ``LENGTHBENCH_CAPTURE_TUNING`` for softpick, rectified and TRA (e.g. ``{"softpick": {"fwd": [64, 32, 4]}}``)
+ROWWISE_TILES = {"fwd64x32-bwd32x32": dict(fwd=(64, 32, 4), bwd=(32, 32, 4)),
+                 "fwd64x64-bwd32x64": dict(fwd=(64, 64, 4), bwd=(32, 64, 2))}
+
+
+@pytest.mark.parametrize("variant", sorted(ROWWISE_TILES))
+@pytest.mark.parametrize("tokens, dtype", [(83, torch.bfloat16), (91, torch.bfloat16), (131, torch.float32)])
+@pytest.mark.parametrize("name", ["softpick", "rectified", "tra"])
+def test_rowwise_tiles_match_reference(name, tokens, dtype, variant):
+    q, k, v = make_inputs(name, 2, 2, tokens, 32, dtype, seed=tokens)
+    extra = {}
+    if name != "tra":  # (the module gives TRA neither)
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        extra = dict(slopes=torch.tensor([0.25, 0.0], device="cuda"),
+                     row_scale=0.5 + torch.rand(2, 2, tokens, device="cuda", generator=gen))
+    check(name, q, k, v, seed=tokens, label=variant, tuning=ROWWISE_TILES[variant], **extra)
 
 
 def test_stick_tuning_rejects_unknown_keys_and_values():

@@ -59,6 +59,11 @@ VARIANTS = {
     "stickbreaking": [(label, tuning) for label, tuning in STICK_VARIANTS if label not in ("skip", "rowmax-fused")],
     "sieve-alg1": STICK_VARIANTS,
 }
+# the pointwise ops' launch settings (``_rowwise.launch_settings``): tiles smaller than the tokens, the forward's
+# rows twice its keys and the backward's keys twice its rows, so several tiles cross the diagonal in each kernel
+ROWWISE_TILES = ("tiles-32x16", dict(fwd=(32, 16, 4), bwd=(16, 32, 2)))
+for _name in ("rectified", "rela", "softpick", "tra"):
+    VARIANTS[_name] = [*VARIANTS.get(_name, []), ROWWISE_TILES]
 # and the settings a CUDA graph records (the training step's: lengthbench.kernels.CAPTURE_TUNING)
 CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=False, split=False),
            "sieve-entmax": dict(lists=False, split=False),
@@ -234,6 +239,28 @@ def test_capture_settings_are_the_ones_tested():
     from lengthbench.kernels import CAPTURE_TUNING
 
     assert CAPTURE == CAPTURE_TUNING
+
+
+@needs_triton
+def test_rowwise_launch_settings_default_and_refuse_bad_tiles():
+    """The pointwise ops' ``tuning``: the defaults without it, the given tiles with it, a clear error for tiles
+    that are not powers of two of at least 16, a forward whose rows are not a multiple of its keys (its tiles
+    before the diagonal go unmasked) or an unknown key."""
+    import torch
+
+    from lengthbench.kernels._common import Problem
+    from lengthbench.kernels._rowwise import launch_settings
+
+    q = torch.zeros(1, 2, 40, 32)
+    pb = Problem(q, q, q, None, None, None)
+    assert launch_settings(pb, None) == ((128, 64, 8), (64, 64, 4))
+    assert launch_settings(pb, {"fwd": [64, 32, 4]}) == ((64, 32, 4), (64, 64, 4))
+    assert launch_settings(pb, {"bwd": (16, 32, 2)})[1] == (16, 32, 2)
+    for bad, message in (({"fwd": [32, 64, 4]}, "multiple of its keys"), ({"bwd": [24, 32, 4]}, "powers of two"),
+                         ({"bwd": [16, 16]}, r"\[BM, BN, warps\]"), ({"fwd": [64, 64, 3]}, "warps"),
+                         ({"tiles": [64, 64, 4]}, "unknown tuning keys")):
+        with pytest.raises(ValueError, match=message):
+            launch_settings(pb, bad)
 
 
 if __name__ == "__main__":
