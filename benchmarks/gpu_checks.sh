@@ -13,6 +13,8 @@
 #   bash benchmarks/gpu_checks.sh throughput OUT  # training throughput of the paper models (default step, batch 128;
 #                                                  # BATCH=512 for the other)
 #   bash benchmarks/gpu_checks.sh parity OUT      # short trainings of the default step and the step before it
+#   bash benchmarks/gpu_checks.sh profile OUT     # where the training step's GPU time goes, per kernel, ATTNS against
+#                                                  # softmax + RoPE on TASKS (benchmarks/step_profile.py), to OUT/step_profile.txt
 #   bash benchmarks/gpu_checks.sh ab OUT          # a lever (CAPTURE/NARROW tuning, ENV) against the default step, whole steps
 #
 # OUT (default ./gpu_checks) receives the logs and tables. The committed tables are results/benchmarks/*:
@@ -20,7 +22,7 @@
 # Run from the repository root with lengthbench installed (pip install -e . or pip install .).
 set -u -o pipefail
 if [ $# -lt 1 ]; then
-  echo "usage: gpu_checks.sh tests|tests-lists|tests-modules|kernels|long-walks|eval|eval-trained|throughput|ab|parity [OUT]" >&2
+  echo "usage: gpu_checks.sh tests|tests-lists|tests-modules|kernels|long-walks|eval|eval-trained|throughput|ab|parity|profile [OUT]" >&2
   exit 2
 fi
 part=$1
@@ -119,7 +121,14 @@ print(json.dumps({"lever": v}))')
     # four runs at a time; the committed table: results/benchmarks/train_parity.md
     python3 benchmarks/train_parity.py --cells mqmtar:asentmax:nape,mqrar:stickbreaking:none --seeds 0,1 \
       --train-samples 1000000 --jobs 4 --out "$out" 2>&1 | tee "$out/parity_log.txt" ;;
+  profile)
+    # about a minute a mechanism (its warm-up and capture, then three steps outside the graph); by default the
+    # mechanisms below 0.8x softmax + RoPE in results/benchmarks/train_throughput.md
+    for task in ${TASKS:-mqmtar mqrar copy}; do
+      python3 benchmarks/step_profile.py --task "$task" --attns "softmax,${ATTNS:-asentmax,softpick,sieve-entmax,tda}" \
+        --batch-size "${BATCH:-128}" --top 30 --out "$out/step_profile.txt" 2>&1 | grep -v -i warn
+    done ;;
   *)
     echo "error: unknown part '$part'; choose from: tests, tests-lists, tests-modules, kernels, long-walks, eval," \
-      "eval-trained, throughput, ab, parity" >&2; exit 2 ;;
+      "eval-trained, throughput, ab, parity, profile" >&2; exit 2 ;;
 esac

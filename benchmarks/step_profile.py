@@ -7,13 +7,16 @@ kernels whose time differs most:
 
     python benchmarks/step_profile.py --task mqmtar --attns softmax,stickbreaking,asentmax --pe rope --batch-size 128
 
-Prints only (nothing is written): a diagnosis tool for kernel and step work, not a table of record.
+A diagnosis tool for kernel and step work, not a table of record: it prints, after a header with the device,
+date, commit and command; ``--out FILE`` appends the same text to FILE (the logs under
+``results/benchmarks/gpu_logs/``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -21,8 +24,12 @@ from torch.profiler import ProfilerActivity, profile
 
 from lengthbench.config import build_config
 from lengthbench.data import make_train_batch
+from lengthbench.devices import device_description, git_sha
 from lengthbench.tasks import get_task
 from lengthbench.training import Trainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_throughput import command_line  # noqa: E402
 
 
 def kernel_times(task_name: str, attn: str, pe: str, batch_size: int, steps: int = 3) -> dict[str, tuple[float, int]]:
@@ -60,28 +67,44 @@ def main() -> None:
     parser.add_argument("--pe", default="rope")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--top", type=int, default=20, help="kernels listed per mechanism")
+    parser.add_argument("--out", type=Path, help="also append the printed text to this file")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("error: benchmarks/step_profile.py needs a CUDA GPU")
+    lines: list[str] = []
+
+    def say(text: str = "") -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    say(f"## profile {args.task} {args.attns} ({args.pe}, batch {args.batch_size})")
+    say(f"device: {device_description(torch.device('cuda'))}; date: "
+        f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}; commit: {git_sha()}")
+    say(f"command: {command_line()}")
+    say()
     attns = args.attns.split(",")
     totals = {}
     for attn in attns:
         totals[attn] = kernel_times(args.task, attn, args.pe, args.batch_size)
         from lengthbench.kernels._bridge import STATS
 
-        print(f"{attn}: {sum(t for t, _ in totals[attn].values()):,.0f} us a step (outside the graph, "
-              f"{len(totals[attn])} kernel names; op backwards through the forward's graph {STATS['saved']}, "
-              f"by a second forward {STATS['recomputed']})", flush=True)
+        say(f"{attn}: {sum(t for t, _ in totals[attn].values()):,.0f} us a step (outside the graph, "
+            f"{len(totals[attn])} kernel names; op backwards through the forward's graph {STATS['saved']}, "
+            f"by a second forward {STATS['recomputed']})")
     base = totals[attns[0]]
-    print(f"\n{attns[0]}: its {args.top} longest kernels")
+    say(f"\n{attns[0]}: its {args.top} longest kernels")
     for name, (micros, count) in sorted(base.items(), key=lambda item: -item[1][0])[:args.top]:
-        print(f"{micros:9.1f} us  x{count:3d}  {name}")
+        say(f"{micros:9.1f} us  x{count:3d}  {name}")
     for attn in attns[1:]:
         names = set(base) | set(totals[attn])
         diff = {name: totals[attn].get(name, (0.0, 0))[0] - base.get(name, (0.0, 0))[0] for name in names}
-        print(f"\n{attn} minus {attns[0]}: {sum(diff.values()):+,.0f} us a step")
+        say(f"\n{attn} minus {attns[0]}: {sum(diff.values()):+,.0f} us a step")
         for name, delta in sorted(diff.items(), key=lambda item: -abs(item[1]))[:args.top]:
-            print(f"{delta:+9.1f} us  x{totals[attn].get(name, (0, 0))[1]:3d} vs x{base.get(name, (0, 0))[1]:3d}  {name}")
+            say(f"{delta:+9.1f} us  x{totals[attn].get(name, (0, 0))[1]:3d} vs x{base.get(name, (0, 0))[1]:3d}  {name}")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.open("a") as handle:
+            handle.write("\n".join(lines) + "\n\n")
 
 
 if __name__ == "__main__":

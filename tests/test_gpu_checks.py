@@ -6,7 +6,7 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_checks.sh"
 PARTS = ["tests", "tests-lists", "tests-modules", "kernels", "long-walks", "eval", "eval-trained", "throughput",
-         "ab", "parity"]
+         "ab", "parity", "profile"]
 
 
 def test_gpu_checks_names_its_parts(tmp_path):
