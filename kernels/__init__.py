@@ -209,7 +209,8 @@ def load_op(mechanism: str, capturable: bool = False) -> Callable:
 # The training-width ops (``narrow.py``, every row's keys in registers): taken on the capturable path by 1.5-entmax
 # and Sieve's Section 3 form (and by the rest of the stick-breaking family under ``LENGTHBENCH_CAPTURE_STICK=narrow``)
 # where the rows are at most ``narrow.CAPTURE_MAX_TOKENS`` wide (256 keys for entmax, 128 for the stick-breaking
-# family) and the parameters are theirs (alpha 1.5, Sieve's masked weights); the op of ``_KERNELS`` elsewhere.
+# family; fewer under ``LENGTHBENCH_NARROW_TUNING``'s ``max_tokens``, ``narrow.capture_max_tokens``) and the parameters
+# are theirs (alpha 1.5, Sieve's masked weights); the op of ``_KERNELS`` elsewhere.
 NARROW_OPS: dict[str, str] = {
     "stickbreaking": "narrow_stickbreaking",
     "sieve": "narrow_sieve_alg1",
@@ -224,8 +225,7 @@ def _narrow_or(mechanism: str, wide: Callable) -> Callable:
     from lengthbench.kernels import narrow
 
     op = getattr(narrow, NARROW_OPS[mechanism])
-
-    widest = narrow.CAPTURE_MAX_TOKENS["entmax" if mechanism == "entmax" else "stick"]
+    widest = narrow.capture_max_tokens(mechanism)
 
     @functools.wraps(wide)
     def call(*tensors, **kwargs):

@@ -75,6 +75,19 @@ NARROW_MAX_TOKENS = 256
 # 128 x 16 heads x 131 tokens x 16: forward+backward 8.3 ms against the long-context op's 1.1; entmax's 1.2 against
 # 1.9: results/benchmarks/narrow_kernels_sweep.md), so rows past 128 keys take the long-context ops there.
 CAPTURE_MAX_TOKENS = {"stick": 128, "entmax": NARROW_MAX_TOKENS}
+
+
+def capture_max_tokens(mechanism: str) -> int:
+    """The widest rows the capturable path gives ``mechanism``'s training-width kernels: :data:`CAPTURE_MAX_TOKENS`,
+    or fewer where ``LENGTHBENCH_NARROW_TUNING`` sets ``max_tokens`` (``0``: every width takes the long-context op,
+    a lever for benchmarks that compare the two through whole training steps)."""
+    widest = CAPTURE_MAX_TOKENS["entmax" if mechanism == "entmax" else "stick"]
+    bound = ENV_TUNING.get("max_tokens")
+    if bound is None:
+        return widest
+    if not isinstance(bound, int) or isinstance(bound, bool) or bound < 0:
+        raise ValueError(f"LENGTHBENCH_NARROW_TUNING: max_tokens must be a whole number >= 0, got {bound!r}")
+    return min(widest, bound)
 STICK, ENTMAX15 = 0, 1
 NEWTON_STEPS = tl.constexpr(16)  # at most; they stop once no row's threshold moves by 1e-6
 
@@ -531,9 +544,11 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
     launch against that many keys only), ``bd`` (the head dim the tiles are padded to, a power of two at least the
     head dim's), ``backward``, ``entmax_backward``, ``rows`` (``split``: each row range against the keys it can
     see; ``whole``: one launch over every row and all keys), ``tail`` (a range cut short against two tiles,
-    ``_row_ranges``; its ``widths`` entry is that of its whole range's keys)."""
+    ``_row_ranges``; its ``widths`` entry is that of its whole range's keys), ``max_tokens`` (read where the op is
+    chosen, :func:`capture_max_tokens`)."""
     config = dict(bm=None, warps=None, stages=None, bwd_bm=None, bwd_warps=None, bwd_stages=None, backward="head",
-                  rows="split", tail=True, bd=None, widths=None, entmax_backward=ENTMAX_BACKWARD, **TUNING)
+                  rows="split", tail=True, bd=None, widths=None, entmax_backward=ENTMAX_BACKWARD, max_tokens=None,
+                  **TUNING)
     tuning = dict(tuning or {})
     unknown = sorted((set(tuning) | set(ENV_TUNING)) - set(config))
     if unknown:

@@ -265,3 +265,30 @@ def test_environment_tuning_is_a_default_the_call_overrides(monkeypatch):
     monkeypatch.setattr(narrow, "ENV_TUNING", {"fastest": True})
     with pytest.raises(ValueError, match="unknown tuning keys"):
         narrow._launch(pb, None)
+
+
+def test_max_tokens_sends_wider_rows_to_the_long_context_op(monkeypatch):
+    """``LENGTHBENCH_NARROW_TUNING``'s ``max_tokens``: rows wider than it take the long-context op on the capturable
+    path (a lever for whole-step comparisons); without it the widths of ``CAPTURE_MAX_TOKENS``."""
+    import torch
+
+    from lengthbench import kernels
+    from lengthbench.kernels import narrow
+    from lengthbench.kernels._common import Problem
+
+    assert (narrow.capture_max_tokens("entmax"), narrow.capture_max_tokens("sieve-entmax")) == (256, 128)
+    monkeypatch.setattr(narrow, "ENV_TUNING", {"max_tokens": 64})
+    assert (narrow.capture_max_tokens("entmax"), narrow.capture_max_tokens("sieve-entmax")) == (64, 64)
+    taken = []
+    monkeypatch.setattr(narrow, "narrow_entmax", lambda *tensors, **kwargs: taken.append("narrow"))
+    call = kernels._narrow_or("entmax", lambda *tensors, **kwargs: taken.append("wide"))
+    for tokens in (64, 65):
+        q = torch.zeros(1, 1, tokens, 16)
+        call(q, q, q)
+    assert taken == ["narrow", "wide"]
+    q = torch.zeros(1, 1, 40, 16)
+    narrow._launch(Problem(q, q, q, None, None, None), None)  # the launch takes the key as known
+    for bad in (-1, 1.5, True):
+        monkeypatch.setattr(narrow, "ENV_TUNING", {"max_tokens": bad})
+        with pytest.raises(ValueError, match="max_tokens must be a whole number"):
+            narrow.capture_max_tokens("entmax")
