@@ -49,11 +49,11 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 # The levers of ``tuning`` (``stickbreaking_attention``, ``sieve_alg1_attention``) and their defaults; see
 # ``launch_config``.
-TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="bf16x2", cumsum_width=None, exp2=True, log1p="poly",
-              split=False, backward="prefix", sigmoid="reuse", skip_empty=True, loop="while", full_tiles=False,
-              rowmax_pass="kernel")
+TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="bf16x2", cumsum_width=None, exp2=True, exp2_soft="none",
+              log1p="poly", split=False, backward="prefix", sigmoid="reuse", skip_empty=True, loop="while",
+              full_tiles=False, rowmax_pass="kernel")
 _CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3"), backward=("suffix", "prefix"),
-                rowmax_pass=("kernel", "fused"),
+                rowmax_pass=("kernel", "fused"), exp2_soft=("none", "weights", "all"),
                 sigmoid=("exp", "reuse"), loop=("while", "for"), log1p=("log", "poly"))
 
 
@@ -75,6 +75,11 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       blocks of that many keys, their own sums added after in fp32; a power of two <= ``bn``).
     - ``exp2``: the stick in bits, ``log2 e`` folded into the scale: ``exp2``/``log2`` in place of
       ``exp``/``log``, ``softplus_2(x) = max(x, 0) + log2(1 + 2^-|x|)``.
+    - ``exp2_soft`` (with ``exp2``): powers of two on the FMA units (``_exp2_soft``: a degree-5 polynomial and the
+      exponent's bits) in place of the special-function unit's, for the weights (``weights``) or for the weights
+      and softplus's ``2^-|z|`` too (``all``); ``none`` keeps the hardware's. A lever for long walks, where the
+      special-function unit bounds the kernels (every score takes two of its operations in the forward, three in
+      the backward).
     - ``log1p``: softplus's ``log(1 + exp(-|z|))`` by ``log`` (the special-function unit) or ``poly`` (a
       polynomial on the FMA units, ``_log1p_ratio``): one transcendental less per score.
     - ``split``: the forward's products of the weights with 16-bit values as two dots (hi + lo), so its fp32
@@ -118,6 +123,8 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
             raise ValueError(f"stick-breaking tuning: {key} must be (bm, bn, warps, stages), bm and bn powers of "
                              f"two >= 16, warps a power of two <= 16, got {config[key]!r}")
         config[key] = tiles
+    if config["exp2_soft"] != "none" and not config["exp2"]:
+        raise ValueError("stick-breaking tuning: exp2_soft needs exp2 (the software powers are of two)")
     if not config["split"] and config["backward"] == "suffix":
         raise ValueError("stick-breaking tuning: split False needs backward prefix (the suffix backward reads the "
                          "forward's output, which one 16-bit dot leaves too coarse for the gradients)")
@@ -132,6 +139,8 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     config["sigmoid"] = _CHOICES["sigmoid"].index(config["sigmoid"])
     for key in ("exp2", "split", "skip_empty", "full_tiles"):
         config[key] = bool(config[key])
+    # the kernels' EXP2: 0 natural exp/log, 1 the hardware's powers of two, 2 the weights' in software, 3 all
+    config["exp2"] = int(config["exp2"]) + _CHOICES["exp2_soft"].index(config.pop("exp2_soft"))
     return config
 
 
@@ -159,10 +168,31 @@ def _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs,
 
 
 @triton.jit
+def _exp2_soft(x):
+    """``2^x`` on the FMA and integer units: ``x = n + f`` (``n`` the nearest integer, by the float addition of
+    ``1.5 * 2^23``; ``|f| <= 1/2``), ``2^f`` by a degree-5 polynomial (a minimax fit; relative error below 2.4e-7
+    in fp32, as the special-function unit's ``ex2.approx``), ``n`` added to its exponent bits; 0 below
+    ``2^-125``."""
+    xc = tl.minimum(tl.maximum(x, -125.0), 127.0)
+    t = xc + 12582912.0
+    f = xc - (t - 12582912.0)
+    p = 0.001327647129073739 * f + 0.009675540961325169
+    p = p * f + 0.05550713092088699
+    p = p * f + 0.24022120237350464
+    p = p * f + 0.6931469440460205
+    p = p * f + 1.0000001192092896
+    n = t.to(tl.int32, bitcast=True) - 0x4B400000
+    out = (p.to(tl.int32, bitcast=True) + (n << 23)).to(tl.float32, bitcast=True)
+    return tl.where(x < -125.0, 0.0, out)
+
+
+@triton.jit
 def _softplus_e(z, EXP2: tl.constexpr, LOG1P: tl.constexpr):
     """``(softplus(z), exp(-|z|))`` (``softplus`` of ``_common``); with ``EXP2`` the scores in bits and both in
-    base 2: ``(max(z, 0) + log2(1 + 2^-|z|), 2^-|z|)``."""
-    if EXP2:
+    base 2: ``(max(z, 0) + log2(1 + 2^-|z|), 2^-|z|)`` (``EXP2`` 3: ``2^-|z|`` by ``_exp2_soft``)."""
+    if EXP2 == 3:
+        e = _exp2_soft(-tl.abs(z))
+    elif EXP2:
         e = tl.exp2(-tl.abs(z))
     else:
         e = tl.exp(-tl.abs(z))
@@ -193,7 +223,9 @@ def _log1p_ratio(x):
 
 @triton.jit
 def _exp(x, EXP2: tl.constexpr):
-    if EXP2:
+    if EXP2 >= 2:
+        out = _exp2_soft(x)
+    elif EXP2:
         out = tl.exp2(x)
     else:
         out = tl.exp(x)

@@ -246,6 +246,8 @@ STICK_VARIANTS = {
     "bf16x2": dict(cumsum="bf16x2"),
     "bf16x3-w16": dict(cumsum="bf16x3", cumsum_width=16, backward="prefix"),
     "exp2-reuse": dict(exp2=True, sigmoid="reuse"),
+    "exp2-soft": dict(exp2_soft="all"),  # powers of two on the FMA units (_exp2_soft)
+    "exp2-soft-weights": dict(exp2_soft="weights", loop="for", full_tiles=True),
     "poly": dict(log1p="poly"),
     "prefix": dict(backward="prefix"),
     "prefix-nosplit": dict(backward="prefix", split=False),

@@ -38,6 +38,8 @@ STICK_VARIANTS = [
     # checked on the GPU only)
     ("dot2-w16", dict(fwd=(16, 32, 4, 1), bwd=(32, 32, 4, 1), cumsum="dot2", cumsum_width=16, backward="prefix")),
     ("exp2-reuse", dict(SMALL, exp2=True, sigmoid="reuse", cumsum="dot2", loop="for", full_tiles=True)),
+    ("exp2-soft", dict(SMALL, exp2_soft="all")),  # powers of two on the FMA units (``_exp2_soft``)
+    ("exp2-soft-weights", dict(SMALL, exp2_soft="weights", backward="suffix", split=True, sigmoid="exp")),
     ("full", dict(SMALL, full_tiles=True)),
     ("prefix", dict(SMALL, backward="prefix")),
     ("poly", dict(SMALL, log1p="poly")),
@@ -261,6 +263,25 @@ def test_rowwise_launch_settings_default_and_refuse_bad_tiles():
                          ({"tiles": [64, 64, 4]}, "unknown tuning keys")):
         with pytest.raises(ValueError, match=message):
             launch_settings(pb, bad)
+
+
+@needs_triton
+def test_exp2_soft_is_a_checked_lever_of_the_powers_of_two():
+    """``exp2_soft``: the kernels' ``EXP2`` is 1 (the hardware's powers of two) by default, 2 with the weights' in
+    software, 3 with softplus's too; it needs ``exp2``, and an unknown value is refused."""
+    import torch
+
+    from lengthbench.kernels._common import Problem
+    from lengthbench.kernels.stickbreaking import launch_config
+
+    q = torch.zeros(1, 2, 40, 32)
+    pb = Problem(q, q, q, None, None, None)
+    assert [launch_config(pb, tuning)["exp2"] for tuning in
+            (None, {"exp2_soft": "weights"}, {"exp2_soft": "all"}, {"exp2": False})] == [1, 2, 3, 0]
+    for bad, message in (({"exp2_soft": "all", "exp2": False}, "exp2_soft needs exp2"),
+                         ({"exp2_soft": "poly"}, "exp2_soft must be one of")):
+        with pytest.raises(ValueError, match=message):
+            launch_config(pb, bad)
 
 
 if __name__ == "__main__":
