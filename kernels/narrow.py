@@ -76,6 +76,9 @@ NARROW_MAX_TOKENS = 256
 # 1.9: results/benchmarks/narrow_kernels_sweep.md), so rows past 128 keys take the long-context ops there.
 CAPTURE_MAX_TOKENS = {"stick": 128, "entmax": NARROW_MAX_TOKENS}
 
+STICK, ENTMAX15 = 0, 1
+NEWTON_STEPS = tl.constexpr(16)  # at most; they stop once no row's threshold moves by 1e-6
+
 
 def capture_max_tokens(mechanism: str) -> int:
     """The widest rows the capturable path gives ``mechanism``'s training-width kernels: :data:`CAPTURE_MAX_TOKENS`,
@@ -88,8 +91,6 @@ def capture_max_tokens(mechanism: str) -> int:
     if not isinstance(bound, int) or isinstance(bound, bool) or bound < 0:
         raise ValueError(f"LENGTHBENCH_NARROW_TUNING: max_tokens must be a whole number >= 0, got {bound!r}")
     return min(widest, bound)
-STICK, ENTMAX15 = 0, 1
-NEWTON_STEPS = tl.constexpr(16)  # at most; they stop once no row's threshold moves by 1e-6
 
 
 def _row_block(width: int, block_d: int, mech: int = STICK) -> tuple[int, int]:
