@@ -66,7 +66,7 @@ import triton.language as tl
 
 from lengthbench.kernels import ENTMAX_BACKWARD, entmax_backward_setting, entmax_backward_taken
 from lengthbench.kernels._common import Problem, reduce_slopes, score_tile, softplus
-from lengthbench.kernels._rowwise import ENTMAX, rowwise_backward
+from lengthbench.kernels._rowwise import ENTMAX, launch_settings, rowwise_backward
 from lengthbench.kernels.stickbreaking import LOG2E, _cumsum, _sigmoids, _softplus_e
 
 # The widest rows these kernels take: a [BM, TP] fp32 tile a tensor, BM * TP = 4,096 elements.
@@ -535,7 +535,7 @@ _SUMS = {"scan": 0, "bf16x2": 3, "bf16x3": 4}
 ENV_TUNING: dict = json.loads(os.environ.get("LENGTHBENCH_NARROW_TUNING") or "{}")
 
 
-def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[dict], list[dict], str]:
+def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[dict], list[dict] | tuple, str]:
     """Per launch (``_row_ranges``) the forward's and the backward's settings (``M0``, ``R_END``, ``BM``, ``TP``,
     ``TW``, ``BD``, ``SUMS``, ``CW``, ``CWT``, ``FAST``, warps, stages), and the backward's layout (``head`` or ``blocks``;
     ``blocks`` wherever the rows are split; ``rowwise`` for 1.5-entmax where ``entmax_backward`` takes it, by
@@ -546,10 +546,11 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
     head dim's), ``backward``, ``entmax_backward``, ``rows`` (``split``: each row range against the keys it can
     see; ``whole``: one launch over every row and all keys), ``tail`` (a range cut short against two tiles,
     ``_row_ranges``; its ``widths`` entry is that of its whole range's keys), ``max_tokens`` (read where the op is
-    chosen, :func:`capture_max_tokens`)."""
+    chosen, :func:`capture_max_tokens`), ``rowwise_bwd`` (``[BM, BN, warps]`` of the ``rowwise`` backward's kernels,
+    ``_rowwise.launch_settings``; with that layout the backward's settings returned are these)."""
     config = dict(bm=None, warps=None, stages=None, bwd_bm=None, bwd_warps=None, bwd_stages=None, backward="head",
                   rows="split", tail=True, bd=None, widths=None, entmax_backward=ENTMAX_BACKWARD, max_tokens=None,
-                  **TUNING)
+                  rowwise_bwd=None, **TUNING)
     tuning = dict(tuning or {})
     unknown = sorted((set(tuning) | set(ENV_TUNING)) - set(config))
     if unknown:
@@ -584,6 +585,7 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
         block_d = int(config["bd"])
         if block_d < pb.block_d or block_d & (block_d - 1):
             raise ValueError(f"narrow kernels: bd must be a power of two >= {pb.block_d}, got {config['bd']!r}")
+    rowwise_bwd = launch_settings(pb, {"bwd": config["rowwise_bwd"]})[1]
     if not isinstance(config["tail"], bool):
         raise ValueError(f"narrow kernels: tail must be true or false, got {config['tail']!r}")
     ranges = _row_ranges(pb.tokens, config["rows"] == "split", config["tail"])
@@ -617,7 +619,7 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
     taken = entmax_backward_taken(entmax_backward_setting(config["entmax_backward"]), pb.row_scale is not None,
                                   pb.tokens)
     if mech == ENTMAX15 and taken == "rowwise":
-        layout = "rowwise"
+        layout, bwd = "rowwise", rowwise_bwd
     return fwd, bwd, layout
 
 
@@ -660,7 +662,8 @@ class NarrowAttention(torch.autograd.Function):
         if layout == "rowwise":
             dq, dk, dv, g_sl, g_rs, _ = rowwise_backward(
                 dout, ctx.saved_tensors, sm_scale, ENTMAX, 2.0, grad_slopes=ctx.needs_input_grad[3],
-                grad_rs=ctx.needs_input_grad[4], grad_tau=False, rs_shape=ctx.rs_shape, tau_shape=None)
+                grad_rs=ctx.needs_input_grad[4], grad_tau=False, rs_shape=ctx.rs_shape, tau_shape=None,
+                launch=launch)
             return dq, dk, dv, g_sl, g_rs, None, None, None, None, None
         q, k, v, tau, slopes, row_scale = ctx.saved_tensors
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)

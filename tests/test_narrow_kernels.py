@@ -36,13 +36,15 @@ OPS = {
 # "rowwise" (1.5-entmax only) takes the backward of _rowwise.py on the forward's row statistics (the others name
 # the narrow backward: the default takes rowwise wherever there is a row scale); "notail" takes a range that the
 # tokens cut short (rows [32, 40), [64, 70)) against the power of two of keys above its end, not the two tiles of
-# narrow._row_ranges (40 and 70 tokens take the two tiles by default; 131 and 150, rows [128, 131) and [128, 150))
+# narrow._row_ranges (40 and 70 tokens take the two tiles by default; 131 and 150, rows [128, 131) and [128, 150));
+# "rwtiles" gives the rowwise backward tiles of 16 rows and 32 keys, 2 warps (``rowwise_bwd``)
 SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, "alibi"), (40, 16, "walk"), (40, 16, "bm16"), (33, 32, "walk-alibi-bm16"),
           (40, 16, "walk-bm16-blocks"), (33, 32, "alibi-bm16-blocks"), (40, 16, "walk-bm16-bwd32"),
           (70, 16, "walk-alibi"), (40, 16, "walk-whole"), (70, 16, "walk-alibi-bd32-own64"), (17, 16, "bd32"),
           (70, 16, "walk-alibi-fast"), (40, 16, "walk-bm16-blocks-fast"), (17, 16, "rowwise"),
           (70, 16, "walk-alibi-rowwise"), (40, 32, "alibi-whole-rowwise"), (70, 16, "walk-alibi-notail"),
-          (40, 16, "walk-bm16-blocks-notail"), (150, 16, "walk-alibi"), (131, 16, "alibi-fast")]
+          (40, 16, "walk-bm16-blocks-notail"), (150, 16, "walk-alibi"), (131, 16, "alibi-fast"),
+          (70, 16, "walk-alibi-rowwise-rwtiles")]
 TOLERANCE = 1e-4
 TIE = 2e-5
 
@@ -97,6 +99,7 @@ def run_case(case, device="cpu", dtype=None) -> dict:
               **({"widths": {"64": {"bm": 16, "bwd_bm": 16}}} if "own64" in extras else {}),
               **({"fast": True, "sums": "bf16x2", "cw": 32} if "fast" in extras else {}),
               **({"tail": False} if "notail" in extras else {}),
+              **({"rowwise_bwd": [16, 32, 2]} if "rwtiles" in extras else {}),
               "entmax_backward": "rowwise" if "rowwise" in extras else "narrow"}
     out = op(mine["q"], mine["k"], mine["v"], slopes=mine.get("slopes"), row_scale=mine.get("row_scale"),
              sm_scale=sm_scale, tuning=tuning, **op_params)
@@ -173,7 +176,8 @@ def test_narrow_kernel_on_the_gpu(op, shape, dtype):
     ({"bd": 8}, "bd must be a power of two >= 16"), ({"bd": 48}, "bd must be a power of two"),
     ({"widths": {"64": {"rows": "whole"}}}, "widths[64] takes"), ({"widths": {"32": {"bwd_bm": 24}}}, "bwd_bm"),
     ({"block": 32}, "unknown tuning keys"), ({"sums": "dot"}, "sums must be one of"), ({"cw": 8}, "cw must be"),
-    ({"entmax_backward": "dense"}, "entmax_backward must be auto, narrow or rowwise")])
+    ({"entmax_backward": "dense"}, "entmax_backward must be auto, narrow or rowwise"),
+    ({"rowwise_bwd": [24, 32, 4]}, "powers of two")])
 def test_bad_tuning_is_refused(tuning, message):
     import torch
 
@@ -238,6 +242,10 @@ def test_entmax_backward_is_rowwise_where_there_is_a_row_scale_past_128_keys():
                           narrow.ENTMAX15)[2] == "rowwise"
     assert narrow._launch(Problem(q, q, q, None, scale, None), {"entmax_backward": "narrow"},
                           narrow.ENTMAX15)[2] == "blocks"
+    # the rowwise backward's own tiles: the defaults, or rowwise_bwd's
+    assert narrow._launch(Problem(q, q, q, None, scale, None), None, narrow.ENTMAX15)[1] == (64, 64, 4)
+    assert narrow._launch(Problem(q, q, q, None, scale, None), {"rowwise_bwd": [32, 64, 2]},
+                          narrow.ENTMAX15)[1] == (32, 64, 2)
 
 
 def test_every_narrow_op_is_covered():
