@@ -505,7 +505,7 @@ def rowwise_backward(dout, saved, sm_scale, mech, power, *, grad_slopes, grad_rs
     d_rs = pb.rows() if grad_rs else None
     d_sl = pb.rows() if grad_sl else None
     d_tau = pb.rows() if grad_tau else None
-    bm, bn, warps = launch or (pb.block, pb.block, pb.num_warps)
+    bm, bn, warps = launch or launch_settings(pb, None)[1]
     common = dict(MECH=mech, POWER=power, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
                   DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, num_warps=warps, num_stages=2)
     _bwd_dq_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](q, k, v, do, dq, pb.opt(slopes), pb.opt(row_scale), pb.opt(tau_rows), pb.opt(m),
