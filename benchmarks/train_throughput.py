@@ -360,30 +360,38 @@ def entmax_backward(rows: pd.DataFrame, setting: str | None = None) -> pd.Series
 
 # the stick-breaking family's capture tiles before rows recorded their capture settings (capture_stick "wide")
 STICK_CAPTURE_BEFORE = {"fwd": [32, 32, 4, 2], "bwd": [32, 32, 4, 2]}
+# the ops whose capture settings were their own defaults (no tuning) before rows recorded them
+OWN_DEFAULTS_BEFORE = ("softpick", "tra")
 
 
 def _settings_json(settings: dict) -> str:
     return json.dumps(json.loads(json.dumps(settings)), sort_keys=True)  # tuples as lists, keys sorted
 
 
-def today_capture(fused_ops) -> str:
-    """The library's capture settings (``kernels.CAPTURE_TUNING``) of a row's fused ops, as JSON."""
-    ops = [] if fused_ops is None or pd.isna(fused_ops) else [op for op in str(fused_ops).split(",") if op]
-    return _settings_json({op: kernels.CAPTURE_TUNING.get(op, {}) for op in ops})
+def row_ops(fused_ops, attn=None) -> list[str]:
+    """A row's fused ops: its ``fused_ops``, or for rows from before that column, softpick's and TRA's own op
+    (:data:`OWN_DEFAULTS_BEFORE`; the others' rows then are told apart by other columns)."""
+    if fused_ops is None or pd.isna(fused_ops):
+        return [attn] if attn in OWN_DEFAULTS_BEFORE else []
+    return [op for op in str(fused_ops).split(",") if op]
+
+
+def today_capture(fused_ops, attn=None) -> str:
+    """The library's capture settings (``kernels.CAPTURE_TUNING``) of a row's fused ops (:func:`row_ops`), as JSON."""
+    return _settings_json({op: kernels.CAPTURE_TUNING.get(op, {}) for op in row_ops(fused_ops, attn)})
 
 
 def capture_settings(rows: pd.DataFrame) -> pd.Series:
     """The capture settings each row's fused ops ran with, as JSON: its ``capture_settings``, or for rows from before
     that column the library's with ``capture_tuning``'s keys joined (the stick-breaking family's "wide" ops on 32-row
-    tiles then)."""
+    tiles then, softpick and TRA on their own defaults)."""
     out = []
     for _, row in rows.iterrows():
         recorded = row.get("capture_settings")
         if isinstance(recorded, str) and recorded:
             out.append(recorded)
             continue
-        ops = row.get("fused_ops")
-        ops = [] if ops is None or pd.isna(ops) else [op for op in str(ops).split(",") if op]
+        ops = row_ops(row.get("fused_ops"), row.get("attn"))
         tuning = row.get("capture_tuning")
         overrides = kernels.capture_tuning_overrides(tuning) if isinstance(tuning, str) and tuning else {}
         settings = {}
@@ -391,6 +399,8 @@ def capture_settings(rows: pd.DataFrame) -> pd.Series:
             base = dict(kernels.CAPTURE_TUNING.get(op, {}))
             if op in kernels.STICK_FAMILY and row.get("capture_stick") == "wide":
                 base = dict(STICK_CAPTURE_BEFORE)
+            elif op in OWN_DEFAULTS_BEFORE:
+                base = {}
             settings[op] = {**base, **overrides.get(op, {})}
         out.append(_settings_json(settings))
     return pd.Series(out, index=rows.index, dtype=object)
@@ -415,7 +425,8 @@ def newest_summary(frame: pd.DataFrame) -> str:
     for column in ("narrow_tuning", "inductor_options"):
         if column in rows:
             tuned |= rows[column].fillna("").astype(str).str.len().gt(0)
-    tuned |= capture_settings(rows) != [today_capture(ops) for ops in rows.get("fused_ops", [None] * len(rows))]
+    tuned |= capture_settings(rows) != [today_capture(ops, attn) for ops, attn in
+                                        zip(rows.get("fused_ops", [None] * len(rows)), rows["attn"], strict=True)]
     tuned |= alibi_path(rows) != _sdpa.SDPA_ALIBI
     tuned |= entmax_backward(rows) != entmax_backward(rows, kernels.entmax_backward_setting())
     rows = rows[~other & ~tuned]

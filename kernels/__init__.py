@@ -60,15 +60,20 @@ def triton_available() -> bool:
 # sized by a count on the device), so that a CUDA graph can record it (the training step of
 # lengthbench/graph_step.py): entmax's threshold in one kernel and its output over all keys (no candidate
 # lists, no gathered open rows), TDA without its activity map and with tiles of 32 rows (three programs a head
-# at 91 tokens: the batch's thousands of short heads fill the GPU). The ops not named here (softpick, TRA)
-# record as they are, with the launch settings they take at every width (``_rowwise.launch_settings``: forward
-# tiles of 128 rows x 64 keys, backward 64 x 64); ``LENGTHBENCH_CAPTURE_TUNING`` gives them others, e.g.
-# ``{"softpick": {"fwd": [64, 32, 4], "bwd": [32, 32, 4]}}`` (not measured through whole steps yet).
+# at 91 tokens: the batch's thousands of short heads fill the GPU), and the pointwise ops of ``_rowwise.py``
+# (softpick, TRA) on tiles of 64 query rows x 32 keys forward and 32 x 32 backward (``ROWWISE_CAPTURE``) rather than
+# the 128 x 64 and 64 x 64 they take at every other width (``_rowwise.launch_settings``). Those tiles against the
+# others, ratios to softmax + RoPE's samples/s at batch 128 (paper models, H200, 2026-11-28, commit 77e1f96,
+# ``benchmarks/gpu_checks.sh ab``, results/benchmarks/gpu_logs/ab_rowwise_capture_tiles.txt): MQMTAR softpick
+# 0.85 -> 0.90; Copy softpick 0.86 -> 0.93 (RoPE) and 0.80 -> 0.93 (NAPE), TRA 1.00 -> 1.02 and 0.93 -> 0.95.
+ROWWISE_CAPTURE = {"fwd": (64, 32, 4), "bwd": (32, 32, 4)}
 CAPTURE_TUNING: dict[str, dict] = {
     "entmax": {"lists": False, "split": False},
     "sparsemax": {"lists": False, "split": False},
     "sieve-entmax": {"lists": False, "split": False},
     "tda": {"map": 0, "fwd": (32, 32, 4), "dq": (32, 32, 4), "dkdv": (32, 32, 4)},
+    "softpick": dict(ROWWISE_CAPTURE),
+    "tra": dict(ROWWISE_CAPTURE),
 }
 # The stick-breaking family's capturable ops: the long-context ones (``stickbreaking.py``, ``sieve.py``) at every width
 # (``wide``, the default), or the training-width kernels of ``narrow.py`` up to 128 keys (``narrow``;

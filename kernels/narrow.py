@@ -83,7 +83,10 @@ NEWTON_STEPS = tl.constexpr(16)  # at most; they stop once no row's threshold mo
 def capture_max_tokens(mechanism: str) -> int:
     """The widest rows the capturable path gives ``mechanism``'s training-width kernels: :data:`CAPTURE_MAX_TOKENS`,
     or fewer where ``LENGTHBENCH_NARROW_TUNING`` sets ``max_tokens`` (``0``: every width takes the long-context op,
-    a lever for benchmarks that compare the two through whole training steps)."""
+    a lever for benchmarks that compare the two through whole training steps). Sieve's Section 3 form on the
+    long-context op against these kernels, ratios to softmax + RoPE at batch 128 (paper models, H200, 2026-11-28,
+    commit 77e1f96, results/benchmarks/gpu_logs/ab_narrow_levers.txt): MQRAR 0.65 against 0.67, MQMTAR 0.70 against
+    0.72, Copy 0.63 against 0.63; so these kernels stay."""
     widest = CAPTURE_MAX_TOKENS["entmax" if mechanism == "entmax" else "stick"]
     bound = ENV_TUNING.get("max_tokens")
     if bound is None:
@@ -547,7 +550,9 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
     see; ``whole``: one launch over every row and all keys), ``tail`` (a range cut short against two tiles,
     ``_row_ranges``; its ``widths`` entry is that of its whole range's keys), ``max_tokens`` (read where the op is
     chosen, :func:`capture_max_tokens`), ``rowwise_bwd`` (``[BM, BN, warps]`` of the ``rowwise`` backward's kernels,
-    ``_rowwise.launch_settings``; with that layout the backward's settings returned are these)."""
+    ``_rowwise.launch_settings``; with that layout the backward's settings returned are these; ``[32, 64, 4]``
+    against the defaults' 64 x 64, ASEntmax on Copy: 0.74 against 0.75 of softmax + RoPE's samples/s, H200,
+    2026-11-28, results/benchmarks/gpu_logs/ab_narrow_levers.txt)."""
     config = dict(bm=None, warps=None, stages=None, bwd_bm=None, bwd_warps=None, bwd_stages=None, backward="head",
                   rows="split", tail=True, bd=None, widths=None, entmax_backward=ENTMAX_BACKWARD, max_tokens=None,
                   rowwise_bwd=None, **TUNING)

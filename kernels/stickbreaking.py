@@ -77,9 +77,11 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       ``exp``/``log``, ``softplus_2(x) = max(x, 0) + log2(1 + 2^-|x|)``.
     - ``exp2_soft`` (with ``exp2``): powers of two on the FMA units (``_exp2_soft``: a degree-5 polynomial and the
       exponent's bits) in place of the special-function unit's, for the weights (``weights``) or for the weights
-      and softplus's ``2^-|z|`` too (``all``); ``none`` keeps the hardware's. A lever for long walks, where the
-      special-function unit bounds the kernels (every score takes two of its operations in the forward, three in
-      the backward).
+      and softplus's ``2^-|z|`` too (``all``); ``none`` keeps the hardware's. A lever for long walks, measured
+      slower there: at 65,536 tokens on walk8 inputs (every key of a row walked), D 32, fwd / fwd+bwd ms, none
+      75.8 / 296, weights 100.9 / 365, all 107.9 / 413; D 64 84.7 / 376, 102.7 / 418, 126.0 / 456; sieve-alg1
+      alike (H200, 2026-11-28, commit 77e1f96, results/benchmarks/gpu_logs/long_walks_exp2_soft.txt). The
+      special-function unit does not bound these kernels.
     - ``log1p``: softplus's ``log(1 + exp(-|z|))`` by ``log`` (the special-function unit) or ``poly`` (a
       polynomial on the FMA units, ``_log1p_ratio``): one transcendental less per score.
     - ``split``: the forward's products of the weights with 16-bit values as two dots (hi + lo), so its fp32

@@ -71,7 +71,8 @@ CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=Fal
            "sieve-entmax": dict(lists=False, split=False),
            "tda": dict(map=0, fwd=(32, 32, 4), dq=(32, 32, 4), dkdv=(32, 32, 4)),
            "stickbreaking": dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2), full_tiles=True),
-           **{name: dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2)) for name in ("sieve", "sieve-alg1")}}
+           **{name: dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2)) for name in ("sieve", "sieve-alg1")},
+           **{name: dict(fwd=(64, 32, 4), bwd=(32, 32, 4)) for name in ("softpick", "tra")}}
 for _name, _tuning in CAPTURE.items():
     VARIANTS[_name] = [*VARIANTS.get(_name, []), ("capture", _tuning)]
 OPS = ["adatemp", "entmax", "rectified", "rela", "sieve", "sieve-alg1", "sieve-entmax", "softpick", "sparsemax",

@@ -217,6 +217,28 @@ def test_stick_family_rows_count_with_todays_capture_settings(tmp_path):
     assert list(settings == today) == [False, True, True]
 
 
+def test_softpick_rows_before_the_capture_column_ran_their_own_defaults():
+    """softpick's and TRA's rows from before ``capture_settings`` ran the ops' own tiles (no tuning): they stay out
+    of today's path, whose capture tiles are ``kernels.ROWWISE_CAPTURE``; rows that record today's count."""
+    from lengthbench import kernels
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    rows = []
+    for op in ("softpick", "tra"):
+        rows += [dict(attn=op, fused_ops=op, capture_tuning=""),
+                 dict(attn=op, fused_ops=op, capture_tuning="", capture_settings=train_throughput.today_capture(op)),
+                 dict(attn=op, fused_ops=None, capture_tuning="")]  # (from before the fused_ops column too)
+    settings = train_throughput.capture_settings(pd.DataFrame(rows))
+    assert kernels.CAPTURE_TUNING["softpick"]["fwd"] == kernels.ROWWISE_CAPTURE["fwd"]
+    today = {op: train_throughput.today_capture(op) for op in ("softpick", "tra")}
+    assert list(settings) == ['{"softpick": {}}', today["softpick"], '{"softpick": {}}', '{"tra": {}}', today["tra"],
+                              '{"tra": {}}']
+    assert [train_throughput.today_capture(row["fused_ops"], row["attn"]) for row in rows] == [
+        today["softpick"]] * 3 + [today["tra"]] * 3
+
+
 def test_entmax_rows_count_with_todays_training_width_backward():
     """1.5-entmax rows count where the backward their rule gave them is today's: rows from before the column took
     the narrow backward; a rule that took the rowwise one at every width differs from today's below 129 tokens."""
