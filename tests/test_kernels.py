@@ -128,7 +128,7 @@ def rel_err(a, b):
 
 def check(name, q, k, v, *, slopes=None, row_scale=None, seed=0, label="", tuning=None, allowed=None):
     """The op against the float64 reference (``tuning``: the op's launch settings, else the defaults); its errors.
-    ``allowed``: per error, a bound that replaces the dtype's tolerance where it is larger; False: no assertion."""
+    ``allowed``: per error, a bound that replaces the dtype's tolerance where it is larger."""
     dtype = q.dtype
     op = get_kernel(name) if tuning is None else functools.partial(get_kernel(name), tuning=tuning)
     sm_scale = 1.0 if name == "tra" else 1.0 / math.sqrt(q.shape[-1])
@@ -165,8 +165,6 @@ def check(name, q, k, v, *, slopes=None, row_scale=None, seed=0, label="", tunin
         assert a.grad is not None and torch.isfinite(a.grad).all(), f"{label_}: missing or non-finite"
         errors[label_] = rel_err(a.grad, b.grad)
     print(f"ERR {name:14s} {label:28s} ties={int(ties.sum())} " + " ".join(f"{key}={val:.2e}" for key, val in errors.items()))
-    if allowed is False:
-        return errors
     allowed = allowed or {}
     assert errors["out"] <= max(TOL_OUT[dtype], allowed.get("out", 0.0)), errors
     for key, val in errors.items():
@@ -321,8 +319,8 @@ def test_rowwise_tiles_match_reference(name, tokens, dtype, variant):
         gen = torch.Generator(device="cuda").manual_seed(7)
         extra = dict(slopes=torch.tensor([0.25, 0.0], device="cuda"),
                      row_scale=0.5 + torch.rand(2, 2, tokens, device="cuda", generator=gen))
-    # the op's own defaults (forward 128 x 64, backward 64 x 64)
-    defaults = check(name, q, k, v, seed=tokens, label="defaults", tuning={}, allowed=False, **extra)
+    # the op's own defaults (forward 128 x 64, backward 64 x 64), held to the dtype's tolerance
+    defaults = check(name, q, k, v, seed=tokens, label="defaults", tuning={}, **extra)
     check(name, q, k, v, seed=tokens, label=variant, tuning=ROWWISE_TILES[variant],
           allowed={key: DEFAULT_TILES_FACTOR * value for key, value in defaults.items()}, **extra)
 
