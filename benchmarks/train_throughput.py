@@ -146,6 +146,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 narrow_tuning=os.environ.get("LENGTHBENCH_NARROW_TUNING", ""),
                 inductor_options=os.environ.get("LENGTHBENCH_INDUCTOR_OPTIONS", ""), capture_stick=kernels.CAPTURE_STICK,
                 capture_tuning=os.environ.get("LENGTHBENCH_CAPTURE_TUNING", ""), sdpa_alibi=_sdpa.SDPA_ALIBI,
+                row_scale=kernels.ROW_SCALE,
                 capture_settings=today_capture(",".join(sorted(ops))),
                 entmax_backward=kernels.entmax_backward_setting(), captured=captured, capture_error=failed,
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
@@ -316,7 +317,8 @@ def write(rows: list[dict], out: Path) -> None:
 
 # the environment variables that choose the ops a training step takes: a command that set one names it
 PATH_VARIABLES = ("LENGTHBENCH_IN_GRAPH", "LENGTHBENCH_CAPTURE_STICK", "LENGTHBENCH_NARROW_TUNING",
-                  "LENGTHBENCH_CAPTURE_TUNING", "LENGTHBENCH_SDPA_ALIBI", "LENGTHBENCH_INDUCTOR_OPTIONS")
+                  "LENGTHBENCH_CAPTURE_TUNING", "LENGTHBENCH_SDPA_ALIBI", "LENGTHBENCH_INDUCTOR_OPTIONS",
+                  "LENGTHBENCH_ROW_SCALE")
 
 
 def command_line() -> str:
@@ -339,6 +341,13 @@ def alibi_path(rows: pd.DataFrame) -> pd.Series:
     path = rows["sdpa_alibi"] if "sdpa_alibi" in rows else pd.Series(None, index=rows.index, dtype=object)
     older = rows["attn"].isin(SDPA_MECHANISMS) & rows["pe"].isin(("nape", "alibi"))
     return path.where(path.notna(), older.map({True: "mask", False: _sdpa.SDPA_ALIBI}))
+
+
+def row_scale_path(rows: pd.DataFrame) -> pd.Series:
+    """How each row's row-scaled mechanisms took their factor (``kernels.ROW_SCALE``): its ``row_scale``, and for
+    rows from before that column ``kernel`` (the fused op's ``row_scale``)."""
+    path = rows["row_scale"] if "row_scale" in rows else pd.Series(None, index=rows.index, dtype=object)
+    return path.fillna("kernel")
 
 
 def entmax_backward(rows: pd.DataFrame, setting: str | None = None) -> pd.Series:
@@ -428,6 +437,7 @@ def newest_summary(frame: pd.DataFrame) -> str:
     tuned |= capture_settings(rows) != [today_capture(ops, attn) for ops, attn in
                                         zip(rows.get("fused_ops", [None] * len(rows)), rows["attn"], strict=True)]
     tuned |= alibi_path(rows) != _sdpa.SDPA_ALIBI
+    tuned |= row_scale_path(rows) != kernels.ROW_SCALE
     tuned |= entmax_backward(rows) != entmax_backward(rows, kernels.entmax_backward_setting())
     rows = rows[~other & ~tuned]
     if rows.empty:
@@ -461,7 +471,8 @@ def newest_summary(frame: pd.DataFrame) -> str:
     if tuned.any():
         older += (" Rows measured with `LENGTHBENCH_NARROW_TUNING` or `LENGTHBENCH_INDUCTOR_OPTIONS` set, with capture settings other than today's "
                   "(`LENGTHBENCH_CAPTURE_TUNING`, or the stick-breaking family's 32-row tiles before 64), or with "
-                  f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}`, or whose 1.5-entmax backward at the training widths "
+                  f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}` or `row_scale` other than `{kernels.ROW_SCALE}`, "
+                  "or whose 1.5-entmax backward at the training widths "
                   f"is not the one `{kernels.entmax_backward_setting()}` gives them (`entmax_backward`; rows without "
                   "the column took the narrow one) (levers compared against the library's settings; softmax and SSMax "
                   "with NAPE before the column took the bias as a mask), are left out of this table.")
@@ -503,6 +514,8 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
             columns.insert(columns.index("in_graph") + 1, column)
     if "sdpa_alibi" in frame and frame["sdpa_alibi"].notna().any():
         columns.insert(columns.index("in_graph") + 1, "sdpa_alibi")
+    if "row_scale" in frame and (frame["row_scale"].fillna("kernel") != "kernel").any():
+        columns.insert(columns.index("in_graph") + 1, "row_scale")
     if "halves" in frame and frame["halves"].notna().any():
         columns.append("halves")
     if "producer" in frame and frame["producer"].notna().any():

@@ -125,6 +125,17 @@ def entmax_backward_taken(setting: str, row_scale: bool, tokens: int) -> str:
     return mode
 
 
+# How the fused ops of the row-scaled mechanisms (ASEntmax, SEntmax, scalable-softpick) take their per-row factor
+# ``row_scale``: ``kernel`` (the op scales each row's scores and returns the factor's gradient) or ``queries`` (the
+# module multiplies each query row by it before the op, where that gives the same scores: no head with an ALiBi slope
+# is scaled, as under RoPE, NoPE and NAPE with the NoPE heads scaled; the op then runs as the plain mechanism's, and
+# the factor's gradient comes from the queries'). ``LENGTHBENCH_ROW_SCALE``: a lever for benchmarks that compare
+# the two through whole training steps (``benchmarks/gpu_checks.sh ab``).
+ROW_SCALE = os.environ.get("LENGTHBENCH_ROW_SCALE", "kernel")
+if ROW_SCALE not in ("kernel", "queries"):
+    raise ValueError(f"LENGTHBENCH_ROW_SCALE must be kernel or queries, got {ROW_SCALE!r}")
+
+
 def capture_tuning_overrides(text: str) -> dict[str, dict]:
     """``LENGTHBENCH_CAPTURE_TUNING``: a JSON object of mechanism -> tuning keys that replace or join that
     mechanism's :data:`CAPTURE_TUNING` (the long-context op's levers, e.g. ``{"sieve-alg1": {"rowmax_pass":

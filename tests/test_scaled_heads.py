@@ -154,3 +154,69 @@ def test_one_product_gives_the_projections_and_the_factor(name, pe):
                                 [layer.qkv.weight, layer.w_beta, layer.w_gamma])
     for joint, sep in zip(grads, apart, strict=True):
         torch.testing.assert_close(joint, sep)
+
+
+def dense_op(layer, calls):
+    """A float64 stand-in for the base map's fused op (``op(q, k, v, *, slopes, row_scale, **params)``): the
+    module's own base map of ``row_scale * (q.k / sqrt(d) - slope (r - j))``; records whether it got a row scale."""
+
+    def op(q, k, v, *, slopes=None, row_scale=None, **params):
+        calls.append(row_scale is not None)
+        tokens = q.shape[-2]
+        z = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        if slopes is not None:
+            distance = torch.arange(tokens)[:, None] - torch.arange(tokens)[None, :]
+            z = z - slopes.to(z.dtype)[:, None, None] * distance.to(z.dtype)
+        if row_scale is not None:
+            z = z * row_scale[..., None]
+        return layer.base_weights(z, causal_mask(torch.arange(tokens), tokens)) @ v
+
+    return op
+
+
+@pytest.mark.parametrize("name", ["asentmax", "sentmax", "scalable-softpick"])
+@pytest.mark.parametrize("pe, scaled_heads, on_queries", [
+    ("rope", "nope", True), ("none", "all", True), ("nape", "nope", True),
+    ("nape", "all", False), ("alibi", "nope", False)])
+def test_factor_on_queries_gives_the_factor_on_scores(name, pe, scaled_heads, on_queries, monkeypatch):
+    """``LENGTHBENCH_ROW_SCALE=queries`` (``kernels.ROW_SCALE``): where no scaled head has an ALiBi slope, the fused
+    op takes the queries times the factor and no ``row_scale``; the outputs and every gradient (inputs, ``qkv``,
+    the factor's own weights) are those of the factor on the scores (float64, a dense stand-in for the op). Where a
+    scaled head has a slope (its bias is scaled too), the op keeps ``row_scale``."""
+    from lengthbench import kernels
+
+    layer = build(name, pe=pe, scaled_heads=scaled_heads).double()
+    assert layer.factor_on_queries == on_queries
+    x = torch.randn(2, 9, layer.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    weights = torch.randn(2, 4, 9, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    results = {}
+    for mode in ("kernel", "queries"):
+        calls = []
+        monkeypatch.setattr(kernels, "ROW_SCALE", mode)
+        monkeypatch.setattr(layer, "kernel", lambda name=None, calls=calls: dense_op(layer, calls))
+        leaf = x.clone().requires_grad_()
+        q, k, v = layer.project(leaf)
+        factor = layer.head_factor(torch.arange(9), leaf)
+        out = layer.attend_scaled(q, k, v, factor, leaf)
+        leaves = [leaf, *layer.parameters()]
+        grads = torch.autograd.grad((out * weights).sum(), leaves, allow_unused=True)
+        results[mode] = (out.detach(), grads, calls)
+        # the factor is not one everywhere: the two forms could differ
+        assert (factor - 1).abs().max() > 1e-2
+    (out_k, grads_k, calls_k), (out_q, grads_q, calls_q) = results["kernel"], results["queries"]
+    assert calls_k == [True] and calls_q == [not on_queries]
+    torch.testing.assert_close(out_q, out_k)
+    used = [(a, b) for a, b in zip(grads_q, grads_k, strict=True) if b is not None]
+    assert len(used) >= 3  # x, the qkv weight and the factor's weights
+    for a, b in used:
+        torch.testing.assert_close(a, b)
+
+
+def test_row_scale_setting_is_checked():
+    import subprocess
+    import sys
+
+    env = {"LENGTHBENCH_ROW_SCALE": "scores", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", "import lengthbench.kernels"], capture_output=True, text=True,
+                          env=env)
+    assert done.returncode != 0 and "LENGTHBENCH_ROW_SCALE must be kernel or queries" in done.stderr

@@ -183,6 +183,29 @@ def test_rows_with_another_alibi_path_stay_out_of_the_summary(tmp_path):
     assert "| sdpa_alibi |" in table
 
 
+def test_rows_with_the_factor_on_the_other_side_stay_out_of_the_summary(tmp_path):
+    """A newer run with ``LENGTHBENCH_ROW_SCALE`` other than the library's (``row_scale``) compares a lever; rows from
+    before the column took the factor in the fused op (``kernel``)."""
+    from lengthbench import kernels
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    other = "queries" if kernels.ROW_SCALE == "kernel" else "kernel"
+    plain = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
+                              30_000.0))
+    lever = pd.DataFrame(rows(f"LENGTHBENCH_ROW_SCALE={other} python benchmarks/train_throughput.py",
+                              "2026-11-27T08:00:00", 45_000.0))
+    lever["row_scale"] = other
+    plain["row_scale"] = kernels.ROW_SCALE
+    summary, table = merged_markdown(tmp_path, plain, lever).split("Runs (device")
+    assert "| entmax | 0.60 (1) |" in summary and f"`row_scale` other than `{kernels.ROW_SCALE}`" in summary
+    assert "| row_scale |" in table
+    older = pd.DataFrame(dict(attn=["asentmax", "asentmax"], row_scale=[None, "queries"]))
+    assert list(train_throughput.row_scale_path(older)) == ["kernel", "queries"]
+    assert list(train_throughput.row_scale_path(older.drop(columns="row_scale"))) == ["kernel", "kernel"]
+
+
 def test_alibi_path_of_rows_from_before_the_column():
     """Rows without ``sdpa_alibi``: softmax/SSMax with NAPE or ALiBi took the mask; others the library's path."""
     from lengthbench.kernels import _sdpa
