@@ -379,15 +379,24 @@ class SieveListsAttention(torch.autograd.Function):
 def sieve_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=1.5, tuning: dict | None = None):
     """Sieve attention, ``[B, H, T, D]`` causal (``alpha`` must be 1.5). By candidate lists where entmax's
     list forward applies (``lists`` of the launch settings, ``_entmax_config.py``; ``tuning`` replaces some of
-    them), else the threshold, then the filtered stick-breaking forward over all keys."""
+    them), else the threshold, then the filtered stick-breaking forward over all keys; there ``tuning``'s
+    ``walk`` (a dict of ``stickbreaking.launch_config``'s keys, e.g. ``{"fwd": [64, 32, 4, 2]}``) sets that walk's
+    launch settings (a lever for the training step, whose capture settings take no lists)."""
     if float(alpha) != 1.5:
         raise ValueError(f"the sieve kernel implements alpha = 1.5 only, got {alpha}")
+    tuning = dict(tuning or {})
+    walk = tuning.pop("walk", None)
+    if walk is not None and not isinstance(walk, dict):
+        raise ValueError(f"sieve tuning: walk must be a dict of stick-breaking launch settings, got {walk!r}")
     if _lists_apply(q, tuning):
+        if walk is not None:
+            raise ValueError("sieve tuning: walk sets the walk after the threshold, which the list path does not "
+                             "take (set lists to false, or sieve_open for the list path's open rows)")
         return SieveListsAttention.apply(q, k, v, slopes, row_scale, None, sm_scale, False, tuning)
     with torch.no_grad():
         tau = entmax_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, strict=True,
                                tuning=tuning)
-    return StickBreakingAttention.apply(q, k, v, slopes, row_scale, tau, sm_scale, False)
+    return StickBreakingAttention.apply(q, k, v, slopes, row_scale, tau, sm_scale, False, walk)
 
 
 @triton.jit

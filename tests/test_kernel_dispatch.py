@@ -294,3 +294,16 @@ def test_capture_tuning_environment_joins_the_capture_settings():
                           env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"fwd": [64, 32, 4, 2], "bwd": [64, 32, 4, 2], "rowmax_pass": "fused"}
+
+
+def test_sieve_walk_setting_is_checked_before_any_launch():
+    """sieve-entmax's ``walk`` (the stick-breaking walk's launch settings after the threshold): a dict, and only
+    where the list path is off (that path walks its open rows on ``sieve_open``'s tiles)."""
+    pytest.importorskip("triton")
+    from lengthbench.kernels.sieve import sieve_attention
+
+    q = torch.randn(1, 2, 17, 16)
+    with pytest.raises(ValueError, match="walk must be a dict"):
+        sieve_attention(q, q, q, tuning={"lists": False, "walk": [64, 32, 4, 2]})
+    with pytest.raises(ValueError, match="the list path does not take"):
+        sieve_attention(q, q, q, tuning={"walk": {"fwd": [64, 32, 4, 2]}})

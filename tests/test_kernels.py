@@ -325,6 +325,23 @@ def test_rowwise_tiles_match_reference(name, tokens, dtype, variant):
           allowed={key: DEFAULT_TILES_FACTOR * value for key, value in defaults.items()}, **extra)
 
 
+# sieve-entmax's walk after the threshold on the stick-breaking capture tiles (``walk``, a lever of the training step
+# with ``LENGTHBENCH_NARROW_TUNING`` ``{"max_tokens": 0}``), beside its capture settings (no lists, one threshold kernel)
+SIEVE_WALK = dict(lists=False, split=False, walk=dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2)))
+
+
+@pytest.mark.parametrize("tokens, dtype, alibi", [(91, torch.bfloat16, False), (131, torch.float32, True),
+                                                  (300, torch.bfloat16, True)])
+def test_sieve_walk_tiles_match_reference(tokens, dtype, alibi):
+    q, k, v = make_inputs("sieve-entmax", 2, 2, tokens, 32, dtype, seed=tokens)
+    extra = {}
+    if alibi:
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        extra = dict(slopes=torch.tensor([0.25, 0.0], device="cuda"),
+                     row_scale=0.5 + torch.rand(2, 2, tokens, device="cuda", generator=gen))
+    check("sieve-entmax", q, k, v, seed=tokens, label="walk-64x32", tuning=SIEVE_WALK, **extra)
+
+
 def test_stick_tuning_rejects_unknown_keys_and_values():
     from lengthbench.kernels.stickbreaking import stickbreaking_attention
 

@@ -53,7 +53,9 @@ VARIANTS = {
     # Sieve's list path sorts its candidates (``tl.sort``), which the interpreter runs slowly: the defaults
     # (64 slots) at T = 1 only, 8 slots at T = 33 and with ALiBi; and the path without lists everywhere
     "sieve-entmax": [("lists-8", dict(list_size=8)), ("no-lists", dict(lists=False)),
-                     ("capture-sub2-32x16", dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16))],
+                     ("capture-sub2-32x16", dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16)),
+                     # the walk after the threshold on tiles of its own (``walk``), smaller than the tokens
+                     ("capture-walk", dict(lists=False, split=False, walk=dict(fwd=(16, 16, 4, 1), bwd=(32, 16, 4, 1))))],
     "entmax": [("no-lists", dict(lists=False)), ("lists-8", dict(list_size=8)),
                ("capture-sub2-32x16", dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16))],
     "sparsemax": [("no-lists", dict(lists=False))],
