@@ -181,9 +181,9 @@ class RowScaledAttention(AttentionLayer):
             factor = factor.squeeze(-1)
         op = self.kernel(self.base_kernel) if self.kernel_supported() else None
         if op is not None:
-            from lengthbench import kernels
+            from lengthbench.kernels import ROW_SCALE
 
-            if kernels.ROW_SCALE == "queries" and self.factor_on_queries:
+            if ROW_SCALE == "queries" and self.factor_on_queries:
                 # the same scores (a scaled head has no bias to scale), and the plain mechanism's op
                 q = as_compute(q) * factor.to(compute_dtype(q))[..., None]
                 return op(q, k, v, slopes=self.pe.slopes(), **self.kernel_params())
