@@ -146,7 +146,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 narrow_tuning=os.environ.get("LENGTHBENCH_NARROW_TUNING", ""),
                 inductor_options=os.environ.get("LENGTHBENCH_INDUCTOR_OPTIONS", ""), capture_stick=kernels.CAPTURE_STICK,
                 capture_tuning=os.environ.get("LENGTHBENCH_CAPTURE_TUNING", ""), sdpa_alibi=_sdpa.SDPA_ALIBI,
-                row_scale=kernels.ROW_SCALE,
+                **{column: getattr(kernels, name) for column, (name, _) in MODULE_SWITCHES.items()},
                 capture_settings=today_capture(",".join(sorted(ops))),
                 entmax_backward=kernels.entmax_backward_setting(), captured=captured, capture_error=failed,
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
@@ -318,7 +318,7 @@ def write(rows: list[dict], out: Path) -> None:
 # the environment variables that choose the ops a training step takes: a command that set one names it
 PATH_VARIABLES = ("LENGTHBENCH_IN_GRAPH", "LENGTHBENCH_CAPTURE_STICK", "LENGTHBENCH_NARROW_TUNING",
                   "LENGTHBENCH_CAPTURE_TUNING", "LENGTHBENCH_SDPA_ALIBI", "LENGTHBENCH_INDUCTOR_OPTIONS",
-                  "LENGTHBENCH_ROW_SCALE")
+                  "LENGTHBENCH_ROW_SCALE", "LENGTHBENCH_TDA_NORMALIZE")
 
 
 def command_line() -> str:
@@ -343,11 +343,17 @@ def alibi_path(rows: pd.DataFrame) -> pd.Series:
     return path.where(path.notna(), older.map({True: "mask", False: _sdpa.SDPA_ALIBI}))
 
 
-def row_scale_path(rows: pd.DataFrame) -> pd.Series:
-    """How each row's row-scaled mechanisms took their factor (``kernels.ROW_SCALE``): its ``row_scale``, and for
-    rows from before that column ``kernel`` (the fused op's ``row_scale``)."""
-    path = rows["row_scale"] if "row_scale" in rows else pd.Series(None, index=rows.index, dtype=object)
-    return path.fillna("kernel")
+# the modules' switches between two forms of the same computation on CUDA: row column -> (``kernels`` setting, the
+# form of rows from before the column)
+MODULE_SWITCHES = {"row_scale": ("ROW_SCALE", "kernel"), "tda_normalize": ("TDA_NORMALIZE", "module")}
+
+
+def switch_path(rows: pd.DataFrame, column: str) -> pd.Series:
+    """The form each row ran for a switch of :data:`MODULE_SWITCHES` (``row_scale``: how the row-scaled mechanisms
+    took their factor, ``kernels.ROW_SCALE``; ``tda_normalize``: where TDA's q and k became unit vectors,
+    ``kernels.TDA_NORMALIZE``): its column, and for rows from before the column the form there was then."""
+    path = rows[column] if column in rows else pd.Series(None, index=rows.index, dtype=object)
+    return path.fillna(MODULE_SWITCHES[column][1])
 
 
 def entmax_backward(rows: pd.DataFrame, setting: str | None = None) -> pd.Series:
@@ -437,7 +443,8 @@ def newest_summary(frame: pd.DataFrame) -> str:
     tuned |= capture_settings(rows) != [today_capture(ops, attn) for ops, attn in
                                         zip(rows.get("fused_ops", [None] * len(rows)), rows["attn"], strict=True)]
     tuned |= alibi_path(rows) != _sdpa.SDPA_ALIBI
-    tuned |= row_scale_path(rows) != kernels.ROW_SCALE
+    for column, (name, _) in MODULE_SWITCHES.items():
+        tuned |= switch_path(rows, column) != getattr(kernels, name)
     tuned |= entmax_backward(rows) != entmax_backward(rows, kernels.entmax_backward_setting())
     rows = rows[~other & ~tuned]
     if rows.empty:
@@ -471,7 +478,8 @@ def newest_summary(frame: pd.DataFrame) -> str:
     if tuned.any():
         older += (" Rows measured with `LENGTHBENCH_NARROW_TUNING` or `LENGTHBENCH_INDUCTOR_OPTIONS` set, with capture settings other than today's "
                   "(`LENGTHBENCH_CAPTURE_TUNING`, or the stick-breaking family's 32-row tiles before 64), or with "
-                  f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}` or `row_scale` other than `{kernels.ROW_SCALE}`, "
+                  f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}`, `row_scale` other than `{kernels.ROW_SCALE}` or "
+                  f"`tda_normalize` other than `{kernels.TDA_NORMALIZE}`, "
                   "or whose 1.5-entmax backward at the training widths "
                   f"is not the one `{kernels.entmax_backward_setting()}` gives them (`entmax_backward`; rows without "
                   "the column took the narrow one) (levers compared against the library's settings; softmax and SSMax "
@@ -514,8 +522,9 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
             columns.insert(columns.index("in_graph") + 1, column)
     if "sdpa_alibi" in frame and frame["sdpa_alibi"].notna().any():
         columns.insert(columns.index("in_graph") + 1, "sdpa_alibi")
-    if "row_scale" in frame and (frame["row_scale"].fillna("kernel") != "kernel").any():
-        columns.insert(columns.index("in_graph") + 1, "row_scale")
+    for column, (_, before) in MODULE_SWITCHES.items():
+        if column in frame and (frame[column].fillna(before) != before).any():
+            columns.insert(columns.index("in_graph") + 1, column)
     if "halves" in frame and frame["halves"].notna().any():
         columns.append("halves")
     if "producer" in frame and frame["producer"].notna().any():

@@ -134,6 +134,13 @@ def entmax_backward_taken(setting: str, row_scale: bool, tokens: int) -> str:
 ROW_SCALE = os.environ.get("LENGTHBENCH_ROW_SCALE", "kernel")
 if ROW_SCALE not in ("kernel", "queries"):
     raise ValueError(f"LENGTHBENCH_ROW_SCALE must be kernel or queries, got {ROW_SCALE!r}")
+# Where TDA's q and k become unit vectors on CUDA: ``module`` (``F.normalize`` in the module, around the op) or
+# ``kernel`` (the op takes the raw rotated rows and normalises them as it loads them, its gradients those of the raw
+# rows: ``tda_attention(normalize=True)``; no normalisation passes in the step). ``LENGTHBENCH_TDA_NORMALIZE``: a
+# lever for benchmarks that compare the two through whole training steps.
+TDA_NORMALIZE = os.environ.get("LENGTHBENCH_TDA_NORMALIZE", "module")
+if TDA_NORMALIZE not in ("module", "kernel"):
+    raise ValueError(f"LENGTHBENCH_TDA_NORMALIZE must be module or kernel, got {TDA_NORMALIZE!r}")
 
 
 def capture_tuning_overrides(text: str) -> dict[str, dict]:

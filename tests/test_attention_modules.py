@@ -150,3 +150,60 @@ def test_reference_scores_stay_float32_under_autocast(name):
     torch.testing.assert_close(under, exact, rtol=1e-6, atol=1e-5)
     assert coarse.dtype == torch.bfloat16  # what the scores were before
     assert (coarse.float() - torch.matmul(q, k.transpose(-1, -2))).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("pe", ["rope", "nape", "none"])
+def test_tda_on_raw_rows_gives_the_module_normalised_output_and_gradients(pe, monkeypatch):
+    """``LENGTHBENCH_TDA_NORMALIZE=kernel``: the module hands the op its raw rotated q and k rows (``normalize=True``)
+    instead of unit ones; with a float64 stand-in for the op that normalises them as ``F.normalize`` does, the output
+    and every gradient (x, both projections, beta, lambda, the output norm) equal the module's own path."""
+    import torch.nn.functional as F
+
+    from lengthbench.models.attention.base import causal_mask
+    from lengthbench.models.attention.threshold import tda_weights
+
+    torch.manual_seed(0)
+    layer = ATTENTION.get("tda")(32, 4, build_pe(pe, 4, 8)).double()
+    with torch.no_grad():
+        for parameter in layer.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    calls = []
+
+    def op(q1, k1, q2, k2, v, *, lam, slopes=None, sm_scale=1.0, normalize=False, **threshold):
+        calls.append(normalize)
+        tokens = q1.shape[-2]
+        q1, k1, q2, k2 = (F.normalize(t, dim=-1, eps=1e-6) for t in (q1, k1, q2, k2))
+        mask = causal_mask(torch.arange(tokens), tokens)
+        distance = (torch.arange(tokens)[:, None] - torch.arange(tokens)[None, :]).to(q1.dtype)
+        bias = 0 if slopes is None else slopes.to(q1.dtype)[:, None, None] * distance
+        z1, z2 = q1 @ k1.transpose(-1, -2) * sm_scale - bias, q2 @ k2.transpose(-1, -2) * sm_scale - bias
+        return tda_weights(z1, mask, z2, head_dim=q1.shape[-1], lam=lam, **threshold) @ v
+
+    x = torch.randn(2, 11, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    weights = torch.randn(2, 11, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    results = []
+    for stand_in in (None, op):
+        monkeypatch.setattr(layer, "normalizing_op", lambda x, stand_in=stand_in: stand_in)
+        leaf = x.clone().requires_grad_()
+        out = layer(leaf)
+        leaves = [leaf, *layer.parameters()]
+        results.append((out.detach(), torch.autograd.grad((out * weights).sum(), leaves, allow_unused=True)))
+    assert calls == [True]
+    (reference, grads), (raw, raw_grads) = results
+    torch.testing.assert_close(raw, reference)
+    used = [(a, b) for a, b in zip(raw_grads, grads, strict=True) if b is not None]
+    assert len(used) >= 5  # x, qkv, qk2, beta, lambda (and the output norm's weight)
+    for a, b in used:
+        torch.testing.assert_close(a, b)
+    # the rows handed over are not unit ones: a path that skipped the stand-in's normalisation would differ
+    ((q1, _), _), _ = layer.views(x, normalize=False)
+    assert (q1.norm(dim=-1) - 1).abs().max() > 0.1
+
+
+def test_tda_normalize_setting_is_checked():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import lengthbench.kernels"], capture_output=True, text=True,
+                          env={"LENGTHBENCH_TDA_NORMALIZE": "op", "PATH": "/usr/bin:/bin"})
+    assert done.returncode != 0 and "LENGTHBENCH_TDA_NORMALIZE must be module or kernel" in done.stderr
