@@ -86,9 +86,15 @@ CAPTURE_TUNING: dict[str, dict] = {
 # 0.86, sieve-alg1 0.70 -> 0.80; MQRAR stick-breaking 0.83 -> 0.87, Sieve 0.77 -> 0.82, sieve-alg1 0.77 -> 0.83.
 STICK_FAMILY = ("stickbreaking", "sieve", "sieve-alg1")
 STICK_CAPTURE = {"fwd": (64, 32, 4, 2), "bwd": (64, 32, 4, 2)}
-CAPTURE_STICK = os.environ.get("LENGTHBENCH_CAPTURE_STICK", "wide")
-if CAPTURE_STICK not in ("narrow", "wide"):
-    raise ValueError(f"LENGTHBENCH_CAPTURE_STICK must be narrow or wide, got {CAPTURE_STICK!r}")
+def _env_choice(variable: str, default: str, other: str) -> str:
+    """The environment's ``variable``: ``default`` where unset, else ``default`` or ``other`` (a ``ValueError``)."""
+    value = os.environ.get(variable, default)
+    if value not in (default, other):
+        raise ValueError(f"{variable} must be {default} or {other}, got {value!r}")
+    return value
+
+
+CAPTURE_STICK = _env_choice("LENGTHBENCH_CAPTURE_STICK", "wide", "narrow")
 if CAPTURE_STICK == "wide":
     for _name in STICK_FAMILY:
         CAPTURE_TUNING[_name] = dict(STICK_CAPTURE)
@@ -131,16 +137,12 @@ def entmax_backward_taken(setting: str, row_scale: bool, tokens: int) -> str:
 # is scaled, as under RoPE, NoPE and NAPE with the NoPE heads scaled; the op then runs as the plain mechanism's, and
 # the factor's gradient comes from the queries'). ``LENGTHBENCH_ROW_SCALE``: a lever for benchmarks that compare
 # the two through whole training steps (``benchmarks/gpu_checks.sh ab``).
-ROW_SCALE = os.environ.get("LENGTHBENCH_ROW_SCALE", "kernel")
-if ROW_SCALE not in ("kernel", "queries"):
-    raise ValueError(f"LENGTHBENCH_ROW_SCALE must be kernel or queries, got {ROW_SCALE!r}")
+ROW_SCALE = _env_choice("LENGTHBENCH_ROW_SCALE", "kernel", "queries")
 # Where TDA's q and k become unit vectors on CUDA: ``module`` (``F.normalize`` in the module, around the op) or
 # ``kernel`` (the op takes the raw rotated rows and normalises them as it loads them, its gradients those of the raw
 # rows: ``tda_attention(normalize=True)``; no normalisation passes in the step). ``LENGTHBENCH_TDA_NORMALIZE``: a
 # lever for benchmarks that compare the two through whole training steps.
-TDA_NORMALIZE = os.environ.get("LENGTHBENCH_TDA_NORMALIZE", "module")
-if TDA_NORMALIZE not in ("module", "kernel"):
-    raise ValueError(f"LENGTHBENCH_TDA_NORMALIZE must be module or kernel, got {TDA_NORMALIZE!r}")
+TDA_NORMALIZE = _env_choice("LENGTHBENCH_TDA_NORMALIZE", "module", "kernel")
 
 
 def capture_tuning_overrides(text: str) -> dict[str, dict]:
