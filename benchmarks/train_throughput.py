@@ -146,7 +146,6 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 narrow_tuning=os.environ.get("LENGTHBENCH_NARROW_TUNING", ""),
                 inductor_options=os.environ.get("LENGTHBENCH_INDUCTOR_OPTIONS", ""), capture_stick=kernels.CAPTURE_STICK,
                 capture_tuning=os.environ.get("LENGTHBENCH_CAPTURE_TUNING", ""), sdpa_alibi=_sdpa.SDPA_ALIBI,
-                **{column: getattr(kernels, name) for column, (name, _) in MODULE_SWITCHES.items()},
                 capture_settings=today_capture(",".join(sorted(ops))),
                 entmax_backward=kernels.entmax_backward_setting(), captured=captured, capture_error=failed,
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
@@ -317,8 +316,7 @@ def write(rows: list[dict], out: Path) -> None:
 
 # the environment variables that choose the ops a training step takes: a command that set one names it
 PATH_VARIABLES = ("LENGTHBENCH_IN_GRAPH", "LENGTHBENCH_CAPTURE_STICK", "LENGTHBENCH_NARROW_TUNING",
-                  "LENGTHBENCH_CAPTURE_TUNING", "LENGTHBENCH_SDPA_ALIBI", "LENGTHBENCH_INDUCTOR_OPTIONS",
-                  "LENGTHBENCH_ROW_SCALE", "LENGTHBENCH_TDA_NORMALIZE")
+                  "LENGTHBENCH_CAPTURE_TUNING", "LENGTHBENCH_SDPA_ALIBI", "LENGTHBENCH_INDUCTOR_OPTIONS")
 
 
 def command_line() -> str:
@@ -341,19 +339,6 @@ def alibi_path(rows: pd.DataFrame) -> pd.Series:
     path = rows["sdpa_alibi"] if "sdpa_alibi" in rows else pd.Series(None, index=rows.index, dtype=object)
     older = rows["attn"].isin(SDPA_MECHANISMS) & rows["pe"].isin(("nape", "alibi"))
     return path.where(path.notna(), older.map({True: "mask", False: _sdpa.SDPA_ALIBI}))
-
-
-# the modules' switches between two forms of the same computation on CUDA: row column -> (``kernels`` setting, the
-# form of rows from before the column)
-MODULE_SWITCHES = {"row_scale": ("ROW_SCALE", "kernel"), "tda_normalize": ("TDA_NORMALIZE", "module")}
-
-
-def switch_path(rows: pd.DataFrame, column: str) -> pd.Series:
-    """The form each row ran for a switch of :data:`MODULE_SWITCHES` (``row_scale``: how the row-scaled mechanisms
-    took their factor, ``kernels.ROW_SCALE``; ``tda_normalize``: where TDA's q and k became unit vectors,
-    ``kernels.TDA_NORMALIZE``): its column, and for rows from before the column the form there was then."""
-    path = rows[column] if column in rows else pd.Series(None, index=rows.index, dtype=object)
-    return path.fillna(MODULE_SWITCHES[column][1])
 
 
 def entmax_backward(rows: pd.DataFrame, setting: str | None = None) -> pd.Series:
@@ -443,8 +428,6 @@ def newest_summary(frame: pd.DataFrame) -> str:
     tuned |= capture_settings(rows) != [today_capture(ops, attn) for ops, attn in
                                         zip(rows.get("fused_ops", [None] * len(rows)), rows["attn"], strict=True)]
     tuned |= alibi_path(rows) != _sdpa.SDPA_ALIBI
-    for column, (name, _) in MODULE_SWITCHES.items():
-        tuned |= switch_path(rows, column) != getattr(kernels, name)
     tuned |= entmax_backward(rows) != entmax_backward(rows, kernels.entmax_backward_setting())
     rows = rows[~other & ~tuned]
     if rows.empty:
@@ -478,9 +461,7 @@ def newest_summary(frame: pd.DataFrame) -> str:
     if tuned.any():
         older += (" Rows measured with `LENGTHBENCH_NARROW_TUNING` or `LENGTHBENCH_INDUCTOR_OPTIONS` set, with capture settings other than today's "
                   "(`LENGTHBENCH_CAPTURE_TUNING`, or the stick-breaking family's 32-row tiles before 64), or with "
-                  f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}`, `row_scale` other than `{kernels.ROW_SCALE}` or "
-                  f"`tda_normalize` other than `{kernels.TDA_NORMALIZE}`, "
-                  "or whose 1.5-entmax backward at the training widths "
+                  f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}`, or whose 1.5-entmax backward at the training widths "
                   f"is not the one `{kernels.entmax_backward_setting()}` gives them (`entmax_backward`; rows without "
                   "the column took the narrow one) (levers compared against the library's settings; softmax and SSMax "
                   "with NAPE before the column took the bias as a mask), are left out of this table.")
@@ -522,9 +503,6 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
             columns.insert(columns.index("in_graph") + 1, column)
     if "sdpa_alibi" in frame and frame["sdpa_alibi"].notna().any():
         columns.insert(columns.index("in_graph") + 1, "sdpa_alibi")
-    for column, (_, before) in MODULE_SWITCHES.items():
-        if column in frame and (frame[column].fillna(before) != before).any():
-            columns.insert(columns.index("in_graph") + 1, column)
     if "halves" in frame and frame["halves"].notna().any():
         columns.append("halves")
     if "producer" in frame and frame["producer"].notna().any():

@@ -131,20 +131,6 @@ def entmax_backward_taken(setting: str, row_scale: bool, tokens: int) -> str:
     return mode
 
 
-# How the fused ops of the row-scaled mechanisms (ASEntmax, SEntmax, scalable-softpick) take their per-row factor
-# ``row_scale``: ``kernel`` (the op scales each row's scores and returns the factor's gradient) or ``queries`` (the
-# module multiplies each query row by it before the op, where that gives the same scores: no head with an ALiBi slope
-# is scaled, as under RoPE, NoPE and NAPE with the NoPE heads scaled; the op then runs as the plain mechanism's, and
-# the factor's gradient comes from the queries'). ``LENGTHBENCH_ROW_SCALE``: a lever for benchmarks that compare
-# the two through whole training steps (``benchmarks/gpu_checks.sh ab``).
-ROW_SCALE = _env_choice("LENGTHBENCH_ROW_SCALE", "kernel", "queries")
-# Where TDA's q and k become unit vectors on CUDA: ``module`` (``F.normalize`` in the module, around the op) or
-# ``kernel`` (the op takes the raw rotated rows and normalises them as it loads them, its gradients those of the raw
-# rows: ``tda_attention(normalize=True)``; no normalisation passes in the step). ``LENGTHBENCH_TDA_NORMALIZE``: a
-# lever for benchmarks that compare the two through whole training steps.
-TDA_NORMALIZE = _env_choice("LENGTHBENCH_TDA_NORMALIZE", "module", "kernel")
-
-
 def capture_tuning_overrides(text: str) -> dict[str, dict]:
     """``LENGTHBENCH_CAPTURE_TUNING``: a JSON object of mechanism -> tuning keys that replace or join that
     mechanism's :data:`CAPTURE_TUNING` (the long-context op's levers, e.g. ``{"sieve-alg1": {"rowmax_pass":

@@ -45,8 +45,6 @@ _TRA = tl.constexpr(TRA)
 # The activity map's tile: MAP_M query rows x MAP_N keys (the forward's query tile when it writes the map).
 MAP_M = tl.constexpr(128)
 MAP_N = tl.constexpr(64)
-# ``normalize``: the op takes raw q and k rows and their unit vectors here, as ``F.normalize(x, dim=-1, eps=1e-6)``
-NORM_EPS = tl.constexpr(1e-6)
 
 
 @triton.jit
@@ -67,43 +65,18 @@ def _either_active(z1, z2, valid, tau):
 
 
 @triton.jit
-def _unit(x, NORM: tl.constexpr):
-    """With ``NORM``, the rows of ``x`` over their norm (at least ``NORM_EPS``), in ``x``'s dtype: ``F.normalize``'s
-    unit vectors, taken here from the raw rows; else ``x``."""
-    if NORM:
-        xf = x.to(tl.float32)
-        inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(xf * xf, 1)), NORM_EPS)
-        return (xf * inv[:, None]).to(x.dtype)
-    return x
-
-
-@triton.jit
-def _unit_grad(g, x, NORM: tl.constexpr):
-    """With ``NORM``, the gradient ``g`` (fp32) of the unit rows taken back to the raw rows ``x``: ``(g - u (u.g)) /
-    |x|``, or ``g / NORM_EPS`` where ``|x|`` is at most ``NORM_EPS`` (``F.normalize``'s clamp); else ``g``."""
-    if NORM:
-        xf = x.to(tl.float32)
-        norm = tl.sqrt(tl.sum(xf * xf, 1))
-        inv = 1.0 / tl.maximum(norm, NORM_EPS)
-        u = xf * inv[:, None]
-        along = tl.sum(u * g, 1)
-        g = tl.where((norm > NORM_EPS)[:, None], g - u * along[:, None], g) * inv[:, None]
-    return g
-
-
-@triton.jit
 def _fwd_tile(acc, q1, q2, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, tau, lam,
               MASKED: tl.constexpr, POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
-              SKIP: tl.constexpr, ACTIVITY: tl.constexpr, NORM: tl.constexpr, DOT_PREC: tl.constexpr,
-              D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+              SKIP: tl.constexpr, ACTIVITY: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr):
     """One key tile of the forward; ``MASKED`` only for the tiles that cross the diagonal. ``SKIP``: a tile
     where neither view is active skips the value load and product (a branch in the loop); ``ACTIVITY``: also
     return whether the tile is active (for the activity map), else 0."""
     offs_n = start_n + tl.arange(0, BN)
     kv_mask = (offs_n < T)[:, None] & dmask[None, :]
     kv_off = base + offs_n[:, None] * D + offs_d[None, :]
-    k1 = _unit(tl.load(K1 + kv_off, mask=kv_mask, other=0.0), NORM)
-    k2 = _unit(tl.load(K2 + kv_off, mask=kv_mask, other=0.0), NORM)
+    k1 = tl.load(K1 + kv_off, mask=kv_mask, other=0.0)
+    k2 = tl.load(K2 + kv_off, mask=kv_mask, other=0.0)
     z1, _ = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
     z2, _ = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
     if MASKED:
@@ -128,7 +101,7 @@ def _fwd_tile(acc, q1, q2, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T, s
 @triton.jit
 def _fwd_kernel(Q1, K1, Q2, K2, V, Out, SL, RS, TAU, LAM, MAP, sm_scale, T, H, NQ, NK,
                 POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SKIP: tl.constexpr,
-                MAP_MODE: tl.constexpr, NKT: tl.constexpr, NORM: tl.constexpr, DOT_PREC: tl.constexpr,
+                MAP_MODE: tl.constexpr, NKT: tl.constexpr, DOT_PREC: tl.constexpr,
                 D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """``MAP_MODE`` 1 or 2: write the activity map, one int8 per (``MAP_M`` query rows, ``MAP_N`` keys) tile
     (``BM == MAP_M``), 1 where either view has an entry above the threshold; 1 keeps it in registers (a
@@ -139,8 +112,8 @@ def _fwd_kernel(Q1, K1, Q2, K2, V, Out, SL, RS, TAU, LAM, MAP, sm_scale, T, H, N
     base = bh.to(tl.int64) * T * D
     offs_m, offs_d, row_ok, dmask, rmask, q_off = tile_rows(pid_m * BM, T, D, BD, BM)
     q_off += base
-    q1 = _unit(tl.load(Q1 + q_off, mask=rmask, other=0.0), NORM)
-    q2 = _unit(tl.load(Q2 + q_off, mask=rmask, other=0.0), NORM)
+    q1 = tl.load(Q1 + q_off, mask=rmask, other=0.0)
+    q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
     slope = head_slope(SL, bh, H, HAS_SLOPES)
     rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
     tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
@@ -154,16 +127,14 @@ def _fwd_kernel(Q1, K1, Q2, K2, V, Out, SL, RS, TAU, LAM, MAP, sm_scale, T, H, N
     # Keys before the tile's first row (``diag``) are visible to all its rows: no mask there.
     for start_n in range(0, diag, BN):
         acc, act = _fwd_tile(acc, q1, q2, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope,
-                             rs, tau, lam, False, POWER, HAS_SLOPES, HAS_RS, SKIP, MAP_MODE > 0, NORM, DOT_PREC, D, BM,
-                             BN)
+                             rs, tau, lam, False, POWER, HAS_SLOPES, HAS_RS, SKIP, MAP_MODE > 0, DOT_PREC, D, BM, BN)
         if MAP_MODE == 1:
             flags = tl.where(kidx == start_n // MAP_N, tl.maximum(flags, act), flags)
         if MAP_MODE == 2:
             tl.store(map_row + start_n // MAP_N, act.to(tl.int8))
     for start_n in range(diag, hi, BN):
         acc, act = _fwd_tile(acc, q1, q2, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope,
-                             rs, tau, lam, True, POWER, HAS_SLOPES, HAS_RS, SKIP, MAP_MODE > 0, NORM, DOT_PREC, D, BM,
-                             BN)
+                             rs, tau, lam, True, POWER, HAS_SLOPES, HAS_RS, SKIP, MAP_MODE > 0, DOT_PREC, D, BM, BN)
         if MAP_MODE == 1:
             flags = tl.where(kidx == start_n // MAP_N, tl.maximum(flags, act), flags)
         if MAP_MODE == 2:
@@ -177,15 +148,14 @@ def _fwd_kernel(Q1, K1, Q2, K2, V, Out, SL, RS, TAU, LAM, MAP, sm_scale, T, H, N
 def _dq_tile(dq1, dq2, d_rs, d_sl, d_tau, d_lam, q1, q2, do, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T,
              sm_scale, slope, rs, tau, lam, POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
              GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, GRAD_TAU: tl.constexpr, GRAD_LAM: tl.constexpr,
-             SKIP: tl.constexpr, NORM: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr,
-             BN: tl.constexpr):
+             SKIP: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """One key tile of dq1/dq2 and the per-row gradients. ``SKIP``: test the tile's activity first (a
     branch); without it the caller knows the tile is active (the activity map)."""
     offs_n = start_n + tl.arange(0, BN)
     kv_mask = (offs_n < T)[:, None] & dmask[None, :]
     kv_off = base + offs_n[:, None] * D + offs_d[None, :]
-    k1 = _unit(tl.load(K1 + kv_off, mask=kv_mask, other=0.0), NORM)
-    k2 = _unit(tl.load(K2 + kv_off, mask=kv_mask, other=0.0), NORM)
+    k1 = tl.load(K1 + kv_off, mask=kv_mask, other=0.0)
+    k2 = tl.load(K2 + kv_off, mask=kv_mask, other=0.0)
     z1, zb1 = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
     z2, zb2 = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
     valid = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T)
@@ -215,8 +185,7 @@ def _bwd_dq_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, SL, RS, TAU, LAM, DRS, DSL, 
                    sm_scale, T, H, NQ,
                    POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
                    GRAD_SL: tl.constexpr, GRAD_TAU: tl.constexpr, GRAD_LAM: tl.constexpr, USE_MAP: tl.constexpr,
-                   NORM: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
-                   BN: tl.constexpr):
+                   DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """``USE_MAP``: visit only the key tiles of the activity map's list for this query tile (``LIST[STARTS[r]
     : STARTS[r + 1]]``, ``r`` its map row; ``BM`` divides ``MAP_M``, ``BN`` divides ``MAP_N``), no branch;
     else every key tile up to the diagonal, each tested first."""
@@ -225,8 +194,8 @@ def _bwd_dq_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, SL, RS, TAU, LAM, DRS, DSL, 
     base = bh.to(tl.int64) * T * D
     offs_m, offs_d, row_ok, dmask, rmask, q_off = tile_rows(pid_m * BM, T, D, BD, BM)
     q_off += base
-    q1 = _unit(tl.load(Q1 + q_off, mask=rmask, other=0.0), NORM)
-    q2 = _unit(tl.load(Q2 + q_off, mask=rmask, other=0.0), NORM)
+    q1 = tl.load(Q1 + q_off, mask=rmask, other=0.0)
+    q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
     do = tl.load(DO + q_off, mask=rmask, other=0.0)
     slope = head_slope(SL, bh, H, HAS_SLOPES)
     rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
@@ -248,17 +217,14 @@ def _bwd_dq_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, SL, RS, TAU, LAM, DRS, DSL, 
                 dq1, dq2, d_rs, d_sl, d_tau, d_lam = _dq_tile(
                     dq1, dq2, d_rs, d_sl, d_tau, d_lam, q1, q2, do, K1, K2, V, base, tile * MAP_N + sub * BN,
                     offs_m, offs_d, dmask, T, sm_scale, slope, rs, tau, lam, POWER, HAS_SLOPES, HAS_RS, GRAD_RS,
-                    GRAD_SL, GRAD_TAU, GRAD_LAM, False, NORM, DOT_PREC, D, BM, BN)
+                    GRAD_SL, GRAD_TAU, GRAD_LAM, False, DOT_PREC, D, BM, BN)
     else:
         hi = tl.minimum((pid_m + 1) * BM, T)
         for start_n in range(0, hi, BN):
             dq1, dq2, d_rs, d_sl, d_tau, d_lam = _dq_tile(
                 dq1, dq2, d_rs, d_sl, d_tau, d_lam, q1, q2, do, K1, K2, V, base, start_n, offs_m, offs_d, dmask,
                 T, sm_scale, slope, rs, tau, lam, POWER, HAS_SLOPES, HAS_RS, GRAD_RS, GRAD_SL, GRAD_TAU, GRAD_LAM,
-                True, NORM, DOT_PREC, D, BM, BN)
-    if NORM:  # the raw rows' gradients (their loads again: the unit rows above are rounded)
-        dq1 = _unit_grad(dq1, tl.load(Q1 + q_off, mask=rmask, other=0.0), NORM)
-        dq2 = _unit_grad(dq2, tl.load(Q2 + q_off, mask=rmask, other=0.0), NORM)
+                True, DOT_PREC, D, BM, BN)
     tl.store(DQ1 + q_off, (dq1 * sm_scale).to(DQ1.dtype.element_ty), mask=rmask)
     tl.store(DQ2 + q_off, (dq2 * sm_scale).to(DQ2.dtype.element_ty), mask=rmask)
     if GRAD_RS:
@@ -274,12 +240,12 @@ def _bwd_dq_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, SL, RS, TAU, LAM, DRS, DSL, 
 @triton.jit
 def _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, base, bh, start_m, offs_n, T, sm_scale, slope, lam,
                POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SKIP: tl.constexpr,
-               NORM: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
+               DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
     """One query tile of dk1/dk2/dv (``SKIP`` as in ``_dq_tile``)."""
     offs_m, _m_d, row_ok, _m_dmask, rmask, q_off = tile_rows(start_m, T, D, BD, BM)
     q_off += base
-    q1 = _unit(tl.load(Q1 + q_off, mask=rmask, other=0.0), NORM)
-    q2 = _unit(tl.load(Q2 + q_off, mask=rmask, other=0.0), NORM)
+    q1 = tl.load(Q1 + q_off, mask=rmask, other=0.0)
+    q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
     rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
     tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
     z1, _zb1 = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
@@ -303,8 +269,7 @@ def _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, base, bh, start_m, 
 @triton.jit
 def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STARTS, LIST, sm_scale, T, H, NK,
                      POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, USE_MAP: tl.constexpr,
-                     NORM: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
-                     BN: tl.constexpr):
+                     DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """``USE_MAP``: visit only the query tiles of the activity map's list for this key tile (``BN ==
     MAP_N``, ``BM`` divides ``MAP_M``), no branch; else every query tile from the diagonal, each tested."""
     pid_n = tl.program_id(0)
@@ -312,8 +277,8 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STAR
     base = bh.to(tl.int64) * T * D
     offs_n, offs_d, _n_ok, dmask, kv_mask, kv_off = tile_rows(pid_n * BN, T, D, BD, BN)
     kv_off += base
-    k1 = _unit(tl.load(K1 + kv_off, mask=kv_mask, other=0.0), NORM)
-    k2 = _unit(tl.load(K2 + kv_off, mask=kv_mask, other=0.0), NORM)
+    k1 = tl.load(K1 + kv_off, mask=kv_mask, other=0.0)
+    k2 = tl.load(K2 + kv_off, mask=kv_mask, other=0.0)
     v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
     slope = head_slope(SL, bh, H, HAS_SLOPES)
     lam = tl.load(LAM + bh % H)
@@ -329,16 +294,12 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STAR
             for sub in tl.static_range(MAP_M // BM):
                 dk1, dk2, dv = _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, base, bh,
                                           tile * MAP_M + sub * BM, offs_n, T, sm_scale, slope, lam, POWER,
-                                          HAS_SLOPES, HAS_RS, False, NORM, DOT_PREC, D, BD, BM)
+                                          HAS_SLOPES, HAS_RS, False, DOT_PREC, D, BD, BM)
     else:
         lo = (pid_n * BN // BM) * BM
         for start_m in range(lo, T, BM):
             dk1, dk2, dv = _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, base, bh, start_m, offs_n, T,
-                                      sm_scale, slope, lam, POWER, HAS_SLOPES, HAS_RS, True, NORM, DOT_PREC, D, BD,
-                                      BM)
-    if NORM:
-        dk1 = _unit_grad(dk1, tl.load(K1 + kv_off, mask=kv_mask, other=0.0), NORM)
-        dk2 = _unit_grad(dk2, tl.load(K2 + kv_off, mask=kv_mask, other=0.0), NORM)
+                                      sm_scale, slope, lam, POWER, HAS_SLOPES, HAS_RS, True, DOT_PREC, D, BD, BM)
     tl.store(DK1 + kv_off, (dk1 * sm_scale).to(DK1.dtype.element_ty), mask=kv_mask)
     tl.store(DK2 + kv_off, (dk2 * sm_scale).to(DK2.dtype.element_ty), mask=kv_mask)
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
@@ -410,8 +371,7 @@ class TDAAttention(torch.autograd.Function):
     ``slopes``."""
 
     @staticmethod
-    def forward(ctx, q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h, sm_scale, power, want_map=True, tuning=None,
-                normalize=False):
+    def forward(ctx, q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h, sm_scale, power, want_map=True, tuning=None):
         pb = Problem(q1, k1, v, slopes, row_scale, sm_scale)
         q2, k2 = _second_view(pb, q2, k2)
         out = torch.empty_like(pb.q)
@@ -432,11 +392,11 @@ class TDAAttention(torch.autograd.Function):
             pb.q, pb.k, q2, k2, pb.v, out, pb.opt(pb.slopes), pb.opt(pb.row_scale), tau_rows, lam_rows,
             pb.opt(amap), pb.sm_scale, pb.tokens, pb.heads, nq, nk, POWER=float(power),
             HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None, SKIP=bool(config["skip"]),
-            MAP_MODE=mode, NKT=triton.next_power_of_2(nk) if mode == 1 else 1, NORM=bool(normalize), DOT_PREC=pb.dot_prec,
+            MAP_MODE=mode, NKT=triton.next_power_of_2(nk) if mode == 1 else 1, DOT_PREC=pb.dot_prec,
             D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, num_warps=warps, num_stages=2)
         ctx.amap = amap
         ctx.config = config
-        ctx.consts = (pb.sm_scale, float(power), bool(normalize))
+        ctx.consts = (pb.sm_scale, float(power))
         ctx.tau_shape = tau.shape
         ctx.rs_shape = None if row_scale is None else row_scale.shape
         ctx.save_for_backward(pb.q, pb.k, q2, k2, pb.v, pb.slopes, pb.row_scale, tau_rows, lam_rows)
@@ -445,7 +405,7 @@ class TDAAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q1, k1, q2, k2, v, slopes, row_scale, tau_rows, lam_rows = ctx.saved_tensors
-        sm_scale, power, normalize = ctx.consts
+        sm_scale, power = ctx.consts
         pb = Problem(q1, k1, v, slopes, row_scale, sm_scale)
         do = dout.contiguous()
         grad_sl = slopes is not None and ctx.needs_input_grad[5]
@@ -458,7 +418,7 @@ class TDAAttention(torch.autograd.Function):
         d_lam = pb.rows() if grad_lam else None
         use_map = ctx.amap is not None
         common = dict(POWER=power, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
-                      USE_MAP=use_map, NORM=normalize, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, num_stages=2)
+                      USE_MAP=use_map, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, num_stages=2)
         config = ctx.config
         (q_starts, q_tiles), (k_starts, k_tiles) = _tile_lists(ctx.amap) if use_map else ((pb.dummy,) * 2,) * 2
         nq, nk = (ctx.amap.shape[1], ctx.amap.shape[2]) if use_map else (0, 0)
@@ -477,16 +437,14 @@ class TDAAttention(torch.autograd.Function):
         g_rs = _sum_to(d_rs, ctx.rs_shape) if grad_rs else None
         g_tau = _sum_to(d_tau, ctx.tau_shape) if grad_tau else None
         g_lam = d_lam.sum(dim=(0, 2)) if grad_lam else None
-        return dq1, dk1, dq2, dk2, dv, g_sl, g_rs, g_tau, g_lam, None, None, None, None, None
+        return dq1, dk1, dq2, dk2, dv, g_sl, g_rs, g_tau, g_lam, None, None, None, None
 
 
 def tda_attention(q1, k1, q2, k2, v, *, lam=0.5, slopes=None, row_scale=None, sm_scale=1.0, beta=1.0,
-                  kappa=1.0, power=2.0, tau_index="alg1", tuning: dict | None = None, normalize: bool = False):
+                  kappa=1.0, power=2.0, tau_index="alg1", tuning: dict | None = None):
     """TDA, ``[B, H, T, D]`` causal: ``tra(q1, k1, v) - lam * tra(q2, k2, v)`` in one pass; ``q_i``, ``k_i``
-    unit-norm (cosine scores with ``sm_scale=1``), or with ``normalize`` raw rows whose unit vectors the kernels
-    take on loading (``F.normalize(x, dim=-1, eps=1e-6)``, its gradient included: no normalisation passes around
-    the op). ``lam`` and ``beta``: float, 0-d or ``[H]`` tensor. ``tuning``: launch settings in place of
-    :func:`_config`'s (benchmarks, tests)."""
+    unit-norm (cosine scores with ``sm_scale=1``). ``lam`` and ``beta``: float, 0-d or ``[H]`` tensor.
+    ``tuning``: launch settings in place of :func:`_config`'s (benchmarks, tests)."""
     if sm_scale is None:
         sm_scale = 1.0
     if not math.isfinite(float(power)) or float(power) <= 0:
@@ -501,4 +459,4 @@ def tda_attention(q1, k1, q2, k2, v, *, lam=0.5, slopes=None, row_scale=None, sm
     want_map = torch.is_grad_enabled() and any(
         torch.is_tensor(t) and t.requires_grad for t in (q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h))
     return TDAAttention.apply(q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h, sm_scale, float(power), want_map,
-                              tuning, bool(normalize))
+                              tuning)

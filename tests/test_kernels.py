@@ -382,10 +382,8 @@ def tda_reference(q1, k1, q2, k2, v, lam, beta, power, slopes=None, row_scale=No
     return torch.matmul(w, v)
 
 
-def check_tda(tensors, *, lam, beta, power=2.0, slopes=None, row_scale=None, seed=0, label="", normalize=False,
-              tuning=None):
-    """The fused op against the float64 reference: output and the gradients of every tensor argument. With
-    ``normalize`` the q and k tensors are raw rows: the op normalises them, the reference by ``F.normalize``."""
+def check_tda(tensors, *, lam, beta, power=2.0, slopes=None, row_scale=None, seed=0, label=""):
+    """The fused op against the float64 reference: output and the gradients of every tensor argument."""
     dtype = tensors[0].dtype
     named = dict(zip(["q1", "k1", "q2", "k2", "v"], tensors, strict=True), lam=lam, beta=beta)
     if slopes is not None:
@@ -395,19 +393,14 @@ def check_tda(tensors, *, lam, beta, power=2.0, slopes=None, row_scale=None, see
     mine = {key: t.detach().clone().requires_grad_() for key, t in named.items()}
     theirs = {key: t.detach().double().requires_grad_() for key, t in named.items()}
 
-    def call(fn, a, views):
-        return fn(*views, a["v"], lam=a["lam"], beta=a["beta"], power=power, slopes=a.get("slopes"),
-                  row_scale=a.get("row_scale"))
+    def call(fn, a):
+        return fn(a["q1"], a["k1"], a["q2"], a["k2"], a["v"], lam=a["lam"], beta=a["beta"], power=power,
+                  slopes=a.get("slopes"), row_scale=a.get("row_scale"))
 
-    keys = ("q1", "k1", "q2", "k2")
-    extra = dict(normalize=True) if normalize else {}
-    if tuning is not None:
-        extra["tuning"] = tuning
-    out = call(functools.partial(get_kernel("tda"), sm_scale=1.0, **extra), mine, [mine[key] for key in keys])
+    out = call(functools.partial(get_kernel("tda"), sm_scale=1.0), mine)
     assert out.shape == tensors[0].shape and out.dtype == dtype
     assert torch.isfinite(out).all(), "NaN/inf in the output"
-    unit = [torch.nn.functional.normalize(theirs[key], dim=-1, eps=1e-6) if normalize else theirs[key] for key in keys]
-    ref_out = call(tda_reference, theirs, unit)
+    ref_out = call(tda_reference, theirs)
     errors = {"out": rel_err(out, ref_out)}
     gen = torch.Generator(device="cuda").manual_seed(seed + 1)
     dout = torch.randn(out.shape, device="cuda", generator=gen, dtype=torch.float64)
@@ -431,26 +424,6 @@ def test_tda_matches_reference(shape):
     tensors = make_tda_inputs(batch, heads, tokens, head_dim, dtype, seed=tokens + head_dim)
     lam, beta = torch.tensor(0.3, device="cuda"), torch.tensor(0.5, device="cuda")
     check_tda(tensors, lam=lam, beta=beta, seed=tokens, label=f"T={tokens} D={head_dim} {dtype}")
-
-
-@pytest.mark.parametrize("capture", [False, True], ids=["defaults", "capture"])
-@pytest.mark.parametrize("tokens, head_dim, dtype, alibi", [(91, 16, torch.bfloat16, False),
-                                                            (131, 32, torch.bfloat16, True),
-                                                            (1000, 32, torch.float32, True)])
-def test_tda_normalize_matches_reference(tokens, head_dim, dtype, alibi, capture):
-    """``normalize``: raw q and k rows (norms far from 1), their unit vectors taken by the kernels; output and every
-    gradient against ``F.normalize`` and the reference in float64, with the op's default tiles and the capture's."""
-    gen = torch.Generator(device="cuda").manual_seed(tokens)
-    tensors = [torch.randn(2, 2, tokens, head_dim, device="cuda", generator=gen).to(dtype) for _ in range(5)]
-    extra = {}
-    if alibi:
-        extra = dict(slopes=torch.tensor([0.25, 0.0], device="cuda"),
-                     row_scale=0.5 + torch.rand(2, 2, tokens, device="cuda", generator=gen))
-    lam, beta = torch.tensor(0.3, device="cuda"), torch.tensor(0.5, device="cuda")
-    from lengthbench.kernels import CAPTURE_TUNING
-
-    check_tda(tensors, lam=lam, beta=beta, seed=tokens, label=f"normalize T={tokens} {dtype}", normalize=True,
-              tuning=CAPTURE_TUNING["tda"] if capture else None, **extra)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])

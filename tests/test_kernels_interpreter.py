@@ -77,9 +77,6 @@ CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=Fal
            **{name: dict(fwd=(64, 32, 4), bwd=(32, 32, 4)) for name in ("softpick", "tra")}}
 for _name, _tuning in CAPTURE.items():
     VARIANTS[_name] = [*VARIANTS.get(_name, []), ("capture", _tuning)]
-# TDA on raw q and k rows, their unit vectors taken by the kernels (``normalize``, not a launch setting: the
-# worker passes it apart), with the defaults' tiles and with the capture's
-VARIANTS["tda"] += [("normalize", dict(normalize=True)), ("normalize-capture", dict(CAPTURE["tda"], normalize=True))]
 OPS = ["adatemp", "entmax", "rectified", "rela", "sieve", "sieve-alg1", "sieve-entmax", "softpick", "sparsemax",
        "stickbreaking", "tda", "tra"]
 TOLERANCE = 1e-4  # max |kernel - reference| / max(max |reference|, 0.01), per tensor (fp32 rounding: ~1e-6)
@@ -119,17 +116,12 @@ def run_case(case) -> dict:
 
     op_name, tokens, head_dim, extras, variant = case
     tuning = dict(VARIANTS.get(op_name, [])).get(variant)
-    normalize = False
-    if tuning is not None and "normalize" in tuning:
-        tuning = dict(tuning)
-        normalize = bool(tuning.pop("normalize"))
-        tuning = tuning or None
     gen = torch.Generator().manual_seed(1000 * tokens + head_dim)
     batch, heads = 1, 2
     two_views = op_name == "tda"
     tensors = [torch.randn(batch, heads, tokens, head_dim, generator=gen) for _ in range(5 if two_views else 3)]
     cosine = op_name in ("tra", "tda")
-    if cosine and not normalize:
+    if cosine:
         tensors[:-1] = [torch.nn.functional.normalize(t, dim=-1) for t in tensors[:-1]]
     sm_scale = 1.0 if cosine else 1.0 / math.sqrt(head_dim)
     named = dict(zip(["q1", "k1", "q2", "k2", "v"] if two_views else ["q", "k", "v"], tensors, strict=True))
@@ -154,9 +146,7 @@ def run_case(case) -> dict:
         return z
 
     if two_views:
-        unit = {key: torch.nn.functional.normalize(theirs[key], dim=-1, eps=1e-6) if normalize else theirs[key]
-                for key in ("q1", "k1", "q2", "k2")}
-        z1, z2 = scores(unit["q1"], unit["k1"], theirs), scores(unit["q2"], unit["k2"], theirs)
+        z1, z2 = scores(theirs["q1"], theirs["k1"], theirs), scores(theirs["q2"], theirs["k2"], theirs)
         w = attention_weights("tda", z1, scores2=z2, head_dim=head_dim, lam=theirs["lam"], beta=theirs["beta"])
         z = z1
     else:
@@ -170,8 +160,6 @@ def run_case(case) -> dict:
         kwargs["eps"] = 8.0
     if tuning is not None:
         kwargs["tuning"] = tuning
-    if normalize:
-        kwargs["normalize"] = True
     started = time.perf_counter()
     out = op(*(mine[key] for key in named), sm_scale=sm_scale, **kwargs)
     # rows whose selection is a near-tie (a score within TIE of 0 or of the threshold) may flip on rounding

@@ -183,32 +183,6 @@ def test_rows_with_another_alibi_path_stay_out_of_the_summary(tmp_path):
     assert "| sdpa_alibi |" in table
 
 
-@pytest.mark.parametrize("column, variable, forms", [("row_scale", "ROW_SCALE", ("kernel", "queries")),
-                                                     ("tda_normalize", "TDA_NORMALIZE", ("module", "kernel"))])
-def test_rows_of_the_other_form_of_a_module_switch_stay_out_of_the_summary(tmp_path, column, variable, forms):
-    """A newer run with ``LENGTHBENCH_ROW_SCALE`` or ``LENGTHBENCH_TDA_NORMALIZE`` other than the library's compares a
-    lever; rows from before the column ran the first form (the factor in the fused op; TDA normalised by the module)."""
-    from lengthbench import kernels
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import train_throughput
-
-    today = getattr(kernels, variable)
-    other = forms[1] if today == forms[0] else forms[0]
-    plain = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
-                              30_000.0))
-    lever = pd.DataFrame(rows(f"LENGTHBENCH_{variable}={other} python benchmarks/train_throughput.py",
-                              "2026-11-27T08:00:00", 45_000.0))
-    lever[column] = other
-    plain[column] = today
-    summary, table = merged_markdown(tmp_path, plain, lever).split("Runs (device")
-    assert "| entmax | 0.60 (1) |" in summary and f"`{column}` other than `{today}`" in summary
-    assert f"| {column} |" in table
-    older = pd.DataFrame({"attn": ["asentmax", "asentmax"], column: [None, forms[1]]})
-    assert list(train_throughput.switch_path(older, column)) == [forms[0], forms[1]]
-    assert list(train_throughput.switch_path(older.drop(columns=column), column)) == [forms[0]] * 2
-
-
 def test_alibi_path_of_rows_from_before_the_column():
     """Rows without ``sdpa_alibi``: softmax/SSMax with NAPE or ALiBi took the mask; others the library's path."""
     from lengthbench.kernels import _sdpa

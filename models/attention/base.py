@@ -272,16 +272,14 @@ class TwoViewAttention(AttentionLayer):
         """Hook applied to each view's rotated q and k (cosine mechanisms normalise them)."""
         return q, k
 
-    def views(self, x: torch.Tensor, normalize: bool = True):
-        """``((q1, k1), (q2, k2)), v``, each ``[B, H, T, head_dim]`` (without ``normalize``, the rotated q and k
-        before ``normalize_views``)."""
+    def views(self, x: torch.Tensor):
+        """``((q1, k1), (q2, k2)), v``, each ``[B, H, T, head_dim]``."""
         batch, tokens, _ = x.shape
         q1, k1, v = self.qkv(x).view(batch, tokens, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q2, k2 = self.qk2(x).view(batch, tokens, 2, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         positions = torch.arange(tokens, device=x.device)
-        view1, view2 = self.pe.rotate(q1, k1, positions), self.pe.rotate(q2, k2, positions)
-        if normalize:
-            view1, view2 = self.normalize_views(*view1), self.normalize_views(*view2)
+        view1 = self.normalize_views(*self.pe.rotate(q1, k1, positions))
+        view2 = self.normalize_views(*self.pe.rotate(q2, k2, positions))
         return (view1, view2), v
 
     def project(self, x):

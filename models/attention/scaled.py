@@ -30,7 +30,6 @@ from lengthbench.models.attention.base import (
     AttentionLayer,
     as_compute,
     causal_mask,
-    compute_dtype,
     per_head,
     per_row,
     row_counts,
@@ -125,8 +124,6 @@ class RowScaledAttention(AttentionLayer):
         # every forward would sync the GPU and break torch.compile's graph).
         biased = pe.biased_heads()
         self.scales_every_head = scaled_heads == "all" or not any(biased) or all(biased)
-        # the factor may multiply the queries instead of the scores: no head with a slope is scaled
-        self.factor_on_queries = not any(biased) or not self.scales_every_head
         if not self.scales_every_head:
             self.register_buffer("_unscaled", torch.tensor(biased), persistent=False)
 
@@ -173,20 +170,13 @@ class RowScaledAttention(AttentionLayer):
         return self.attend_scaled(q, k, v, self.head_factor(positions, x), x)
 
     def attend_scaled(self, q, k, v, factor, x):
-        """The per-head outputs on CUDA, given the factor (``head_factor``'s): the base map's fused op (the factor
-        as its ``row_scale``, or on the queries: ``lengthbench.kernels.ROW_SCALE``), SDPA for softmax, else the
-        reference."""
+        """The per-head outputs on CUDA, given the factor (``head_factor``'s): the base map's fused op, SDPA for
+        softmax, else the reference."""
         batch, heads, tokens, _ = q.shape
         if factor.dim() == 4:
             factor = factor.squeeze(-1)
         op = self.kernel(self.base_kernel) if self.kernel_supported() else None
         if op is not None:
-            from lengthbench.kernels import ROW_SCALE
-
-            if ROW_SCALE == "queries" and self.factor_on_queries:
-                # the same scores (a scaled head has no bias to scale), and the plain mechanism's op
-                q = as_compute(q) * factor.to(compute_dtype(q))[..., None]
-                return op(q, k, v, slopes=self.pe.slopes(), **self.kernel_params())
             scale = factor.expand(batch, heads, tokens).contiguous()
             return op(q, k, v, slopes=self.pe.slopes(), row_scale=scale, **self.kernel_params())
         if self.base_kernel == "softmax":

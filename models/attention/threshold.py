@@ -178,24 +178,6 @@ class TDAAttention(_Thresholded, TwoViewAttention):
     def kernel_names(self) -> tuple[str, ...]:
         return ("tda",)
 
-    def normalizing_op(self, x):
-        """The fused op where it takes the raw rows and normalises them itself (CUDA, ``lengthbench.kernels.
-        TDA_NORMALIZE`` ``kernel``), else None."""
-        if not x.is_cuda:
-            return None
-        from lengthbench.kernels import TDA_NORMALIZE
-
-        return self.kernel("tda") if TDA_NORMALIZE == "kernel" else None
-
-    def forward(self, x):
-        op = self.normalizing_op(x)
-        if op is None:
-            return super().forward(x)
-        ((q1, k1), (q2, k2)), v = self.views(x, normalize=False)
-        heads = op(q1, k1, q2, k2, v, lam=self.lam, slopes=self.pe.slopes(), sm_scale=1.0, normalize=True,
-                   **self.threshold_params())
-        return self.merge_heads(self.finish_heads(heads, x), x)
-
     def attend(self, q, k, v, x):
         if not q.is_cuda:
             return self.reference_attend(q, k, v, x)
