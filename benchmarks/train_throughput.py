@@ -4,8 +4,10 @@ Runs the real pipeline (background data workers -> device -> the Trainer's step 
 AdamW, clipping) for each task x mechanism x encoding x batch size x step kind and records samples/s after
 warm-up, and each row's ratio to the fastest softmax + RoPE row of its task and batch size in the same run.
 Where softmax + RoPE is the first of several cells, it runs again after the others: ``baseline_drift`` (its
-closing samples/s over its first) says whether the machine held steady through the run, and the summary marks
-a run that drifted by more than 10% ``unsteady``:
+closing samples/s over its first) says whether the machine held steady through the run, and ``halves`` (a cell's
+first half of timed steps over its second) whether the cell did; the summary marks a run that drifted, or a cell
+whose halves differ, by more than 10% ``unsteady``, and shows a cell's newest row measured steady where there is
+one:
 
     python benchmarks/train_throughput.py --tasks mqmtar,mqrar,copy --preset paper --batch-sizes 128,512 \
         --attns softmax,entmax,asentmax --pes rope,nape --train-steps graph,compiled --out results/benchmarks
@@ -325,8 +327,19 @@ def command_line() -> str:
     return " ".join([*env, "python", *sys.argv])
 
 
-# a run whose closing softmax + RoPE row differs from its first by more than this share is marked unsteady
+# a run whose closing softmax + RoPE row differs from its first by more than this share, or a row whose timed
+# steps' two halves do, is marked unsteady
 UNSTEADY = 0.10
+
+
+def unsteady_rows(rows: pd.DataFrame) -> pd.Series:
+    """Whether each row's ratio is an unsteady measurement: its run's ``baseline_drift`` or its own ``halves``
+    (rows without the columns count as steady) more than :data:`UNSTEADY` away from 1."""
+    flags = pd.Series(False, index=rows.index)
+    for column in ("baseline_drift", "halves"):
+        if column in rows:
+            flags |= (pd.to_numeric(rows[column], errors="coerce") - 1).abs() > UNSTEADY
+    return flags
 
 
 # the mechanisms whose training step calls torch SDPA (kernels/_sdpa.py) in the throughput table
@@ -434,10 +447,14 @@ def newest_summary(frame: pd.DataFrame) -> str:
         return ""
     if "closing" in rows:  # a run's closing softmax + RoPE row counts in its ratios (with_ratios), not here
         rows = rows[rows["closing"].fillna(False).astype(bool) == False]  # noqa: E712
-    rows = rows.sort_values("created_at", kind="stable").drop_duplicates(["task", "attn", "pe", "batch_size"],
-                                                                         keep="last")
-    drift = rows["baseline_drift"] if "baseline_drift" in rows else pd.Series(float("nan"), index=rows.index)
-    unsteady = (drift - 1).abs() > UNSTEADY
+    unsteady = unsteady_rows(rows)
+    # a cell's newest row measured steady (its halves recorded, and they and its run's drift within bounds); where
+    # there is none, its newest row
+    halves = rows["halves"] if "halves" in rows else pd.Series(float("nan"), index=rows.index)
+    rows = rows.assign(unsteady=unsteady, steady=halves.notna() & ~unsteady)
+    rows = rows.sort_values(["steady", "created_at"], kind="stable").drop_duplicates(
+        ["task", "attn", "pe", "batch_size"], keep="last")
+    unsteady = rows["unsteady"]
     rows = rows.assign(column=rows["task"] + " b" + rows["batch_size"].astype(str) + " " + rows["pe"],
                        cell=[f"{ratio:.2f} ({run}{', unsteady' if flag else ''})" for ratio, run, flag
                              in zip(rows["vs_softmax_rope"], rows["run"], unsteady, strict=True)])
@@ -467,7 +484,10 @@ def newest_summary(frame: pd.DataFrame) -> str:
                   "with NAPE before the column took the bias as a mask), are left out of this table.")
     if unsteady.any():
         older += (f" `unsteady`: the run measured softmax + RoPE at its start and again at its end, and the two differ "
-                  f"by more than {UNSTEADY:.0%} (`baseline_drift`): its ratios are not a steady measurement.")
+                  f"by more than {UNSTEADY:.0%} (`baseline_drift`), or the cell's own timed steps ran more than "
+                  f"{UNSTEADY:.0%} faster or slower in their first half than in their second (`halves`): its ratio is "
+                  "not a steady measurement. A cell shows its newest row measured steady, and its newest row only where "
+                  "no run measured it steady.")
     return ("The default step (one CUDA graph, compiled, fused ops): each mechanism's samples/s over softmax + "
             "RoPE's in the same run, from the newest run that measured it (its number in brackets; the runs are "
             "listed below). softmax + RoPE, samples/s (the faster of a run's first and closing rows): " + speeds + "." + older + "\n\n" + frame_markdown(table)

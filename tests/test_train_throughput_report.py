@@ -62,6 +62,31 @@ def test_a_run_whose_closing_baseline_drifted_is_marked_unsteady(tmp_path):
     assert "`unsteady`" in summary and "mqrar b128 51,000 (run 1)" in summary and "copy b128 80,000 (run 2)" in summary
 
 
+def test_a_cell_whose_halves_differ_is_unsteady_and_an_older_steady_row_is_shown(tmp_path):
+    """``halves`` (a cell's first half of timed steps over its second) more than 10% from 1 marks that row unsteady;
+    the summary then shows the cell's newest steady row (one that recorded its halves), and an unsteady row only
+    where no steady one exists."""
+    older = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
+                              40_000.0))
+    older["halves"] = [1.0, 1.02]
+    newer = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax --steps 30",
+                              "2026-11-27T09:00:00", 30_000.0))
+    newer["halves"] = [1.0, 0.76]
+    alone = pd.DataFrame(rows("python benchmarks/train_throughput.py --tasks copy", "2026-11-27T10:00:00", 25_000.0))
+    alone["task"] = "copy"
+    alone["halves"] = [0.99, 1.15]
+    summary = merged_markdown(tmp_path, older, newer, alone).split("Runs (device")[0]
+    assert "| entmax | 0.50 (3, unsteady) | 0.80 (1) |" in summary, summary
+    assert "`halves`" in summary and "newest row measured steady" in summary
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    flags = train_throughput.unsteady_rows(pd.DataFrame({"halves": [1.0, 0.89, 1.11, None],
+                                                         "baseline_drift": [1.2, 1.0, None, 1.05]}))
+    assert list(flags) == [True, True, True, False]
+    assert not train_throughput.unsteady_rows(pd.DataFrame({"attn": ["softmax"]})).any()
+
+
 def test_warm_commands_run_each_cell_for_a_few_steps():
     import argparse
 
