@@ -87,7 +87,8 @@ def capture_max_tokens(mechanism: str) -> int:
     long-context op against these kernels, ratios to softmax + RoPE at batch 128 (paper models, H200, 2026-11-28,
     commit 77e1f96, results/benchmarks/gpu_logs/ab_narrow_levers.txt): MQRAR 0.65 against 0.67, MQMTAR 0.70 against
     0.72, Copy 0.63 against 0.63; so these kernels stay. (That long-context op walked on its default 64 x 64 tiles;
-    ``sieve_attention``'s ``walk`` tuning gives it the stick-breaking capture tiles, not measured yet.)"""
+    on the stick-breaking capture tiles, ``sieve_attention``'s ``walk``: 0.68, 0.74 and 0.66 against 0.67, 0.72 and
+    0.64, results/benchmarks/gpu_logs/ab_sieve_entmax_walk.txt.)"""
     widest = CAPTURE_MAX_TOKENS["entmax" if mechanism == "entmax" else "stick"]
     bound = ENV_TUNING.get("max_tokens")
     if bound is None:
