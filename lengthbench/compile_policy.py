@@ -99,7 +99,9 @@ def model_dispatches_to_kernels(model) -> bool:
 # of the partials: on the paper MQMTAR model (d_model 512, 11,648 tokens a batch of 128) 18 sums of [728, 512]
 # partials took 270 us of a 3.2 ms step on an H200; off, every mechanism's step is 0.19-0.22 ms shorter there
 # (results/benchmarks/gpu_logs/ab_head_bridge_mix_order.txt). ``LENGTHBENCH_INDUCTOR_OPTIONS`` (a JSON object)
-# replaces or adds options, to compare them.
+# replaces or adds options, to compare them. ``coordinate_descent_tuning`` on, softmax + RoPE on MQMTAR at batch 128
+# (H200): 39,758 samples/s against 39,440 and 39,455 before and after it, with a warm-up of 62 s against 12-25 s
+# (results/benchmarks/gpu_logs/softmax_coordinate_descent.txt): left off.
 INDUCTOR_OPTIONS = {"triton.mix_order_reduction": False}
 INDUCTOR_OPTIONS_ENV = "LENGTHBENCH_INDUCTOR_OPTIONS"
 
