@@ -12,7 +12,8 @@ Three kernels, each visiting a (query tile, key tile) pair once for both views:
   map: one int8 per tile of 128 query rows x 64 keys, 1 where either view has an entry above the threshold;
 - dq, one program per query tile: ``dq1`` and ``dq2`` together, with the per-row gradients of ``tau``
   (``-sum_j dL/dz1 + dL/dz2``), ``lam`` (``-sum_j a2_rj do_r.v_j``), ``row_scale`` and ``slopes``;
-- dk/dv, one program per key tile: ``dk1``, ``dk2`` and ``dv`` together.
+- dk/dv, one program per key tile: ``dk1``, ``dk2`` and ``dv`` together (with the launch setting ``fused_bwd``,
+  also the dq kernel's sums, added atomically; the dq kernel then does not run).
 
 Both backward kernels visit only the tiles the map lists (``_tile_lists``): an inactive tile has zero
 weights and zero gradients in both views, so skipping it is exact, and TRA's thresholds leave most tiles
@@ -238,40 +239,64 @@ def _bwd_dq_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, SL, RS, TAU, LAM, DRS, DSL, 
 
 
 @triton.jit
-def _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, base, bh, start_m, offs_n, T, sm_scale, slope, lam,
-               POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SKIP: tl.constexpr,
-               DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
-    """One query tile of dk1/dk2/dv (``SKIP`` as in ``_dq_tile``)."""
+def _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, DQ1, DQ2, DRS, DSL, DTAU, DLAM, base, bh, start_m,
+               offs_n, T, sm_scale, slope, lam, POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+               SKIP: tl.constexpr, FUSED: tl.constexpr, GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr,
+               GRAD_TAU: tl.constexpr, GRAD_LAM: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
+               BD: tl.constexpr, BM: tl.constexpr):
+    """One query tile of dk1/dk2/dv (``SKIP`` as in ``_dq_tile``). ``FUSED``: also this tile's share of dq1/dq2
+    (unscaled, fp32) and of the per-row gradients, added atomically to ``DQ1``, ``DQ2``, ``DRS``, ``DSL``
+    (before its ``-row_scale`` factor), ``DTAU`` and ``DLAM``, as ``_dq_tile`` sums them."""
     offs_m, _m_d, row_ok, _m_dmask, rmask, q_off = tile_rows(start_m, T, D, BD, BM)
     q_off += base
     q1 = tl.load(Q1 + q_off, mask=rmask, other=0.0)
     q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
     rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
     tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
-    z1, _zb1 = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-    z2, _zb2 = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+    z1, zb1 = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+    z2, zb2 = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
     valid = (offs_n[None, :] <= offs_m[:, None]) & row_ok[:, None] & (offs_n[None, :] < T)
     go = 1
     if SKIP:
         go = _either_active(z1, z2, valid, tau)
     if go > 0:
         do = tl.load(DO + q_off, mask=rmask, other=0.0)
-        w = _view_weights(z1, valid, tau, POWER) - lam * _view_weights(z2, valid, tau, POWER)
+        w2 = _view_weights(z2, valid, tau, POWER)
+        w = _view_weights(z1, valid, tau, POWER) - lam * w2
         dv += tl.dot(tl.trans(w).to(do.dtype), do, input_precision=DOT_PREC)
         g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
-        dz1 = _view_dz(z1, valid, g, tau, POWER) * rs[:, None]
-        dz2 = -lam * _view_dz(z2, valid, g, tau, POWER) * rs[:, None]
+        e1 = _view_dz(z1, valid, g, tau, POWER)
+        e2 = -lam * _view_dz(z2, valid, g, tau, POWER)
+        dz1 = e1 * rs[:, None]
+        dz2 = e2 * rs[:, None]
         dk1 += tl.dot(tl.trans(dz1).to(q1.dtype), q1, input_precision=DOT_PREC)
         dk2 += tl.dot(tl.trans(dz2).to(q2.dtype), q2, input_precision=DOT_PREC)
+        if FUSED:
+            tl.atomic_add(DQ1 + q_off, tl.dot(dz1.to(k1.dtype), k1, input_precision=DOT_PREC), mask=rmask)
+            tl.atomic_add(DQ2 + q_off, tl.dot(dz2.to(k2.dtype), k2, input_precision=DOT_PREC), mask=rmask)
+            rows = bh * T + offs_m
+            if GRAD_RS:
+                tl.atomic_add(DRS + rows, tl.sum(e1 * zb1 + e2 * zb2, 1), mask=row_ok)
+            if GRAD_SL:
+                tl.atomic_add(DSL + rows, tl.sum((e1 + e2) * (offs_m[:, None] - offs_n[None, :]).to(tl.float32), 1),
+                              mask=row_ok)
+            if GRAD_TAU:
+                tl.atomic_add(DTAU + rows, -tl.sum(e1 + e2, 1), mask=row_ok)
+            if GRAD_LAM:
+                tl.atomic_add(DLAM + rows, -tl.sum(w2 * g, 1), mask=row_ok)
     return dk1, dk2, dv
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STARTS, LIST, sm_scale, T, H, NK,
+def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STARTS, LIST, DQ1, DQ2, DRS, DSL, DTAU,
+                     DLAM, sm_scale, T, H, NK,
                      POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, USE_MAP: tl.constexpr,
-                     DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+                     FUSED: tl.constexpr, GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, GRAD_TAU: tl.constexpr,
+                     GRAD_LAM: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr):
     """``USE_MAP``: visit only the query tiles of the activity map's list for this key tile (``BN ==
-    MAP_N``, ``BM`` divides ``MAP_M``), no branch; else every query tile from the diagonal, each tested."""
+    MAP_N``, ``BM`` divides ``MAP_M``), no branch; else every query tile from the diagonal, each tested.
+    ``FUSED``: dq and the per-row gradients too (``_dkdv_tile``), each (query tile, key tile) pair visited once."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
@@ -292,14 +317,16 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STAR
         for i in range(lo, hi):
             tile = tl.load(LIST + i)
             for sub in tl.static_range(MAP_M // BM):
-                dk1, dk2, dv = _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, base, bh,
-                                          tile * MAP_M + sub * BM, offs_n, T, sm_scale, slope, lam, POWER,
-                                          HAS_SLOPES, HAS_RS, False, DOT_PREC, D, BD, BM)
+                dk1, dk2, dv = _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, DQ1, DQ2, DRS, DSL, DTAU,
+                                          DLAM, base, bh, tile * MAP_M + sub * BM, offs_n, T, sm_scale, slope, lam,
+                                          POWER, HAS_SLOPES, HAS_RS, False, FUSED, GRAD_RS, GRAD_SL, GRAD_TAU,
+                                          GRAD_LAM, DOT_PREC, D, BD, BM)
     else:
         lo = (pid_n * BN // BM) * BM
         for start_m in range(lo, T, BM):
-            dk1, dk2, dv = _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, base, bh, start_m, offs_n, T,
-                                      sm_scale, slope, lam, POWER, HAS_SLOPES, HAS_RS, True, DOT_PREC, D, BD, BM)
+            dk1, dk2, dv = _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, DQ1, DQ2, DRS, DSL, DTAU, DLAM,
+                                      base, bh, start_m, offs_n, T, sm_scale, slope, lam, POWER, HAS_SLOPES, HAS_RS,
+                                      True, FUSED, GRAD_RS, GRAD_SL, GRAD_TAU, GRAD_LAM, DOT_PREC, D, BD, BM)
     tl.store(DK1 + kv_off, (dk1 * sm_scale).to(DK1.dtype.element_ty), mask=kv_mask)
     tl.store(DK2 + kv_off, (dk2 * sm_scale).to(DK2.dtype.element_ty), mask=kv_mask)
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
@@ -314,6 +341,10 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STAR
 # 222 ms testing every tile. Two views hold about twice the tiles of ``_rowwise.py``; the tile shapes are
 # those that ptxas compiled for sm_90 without spilling (bf16; at head dim 128 the backward still spills ~88
 # bytes). ``tda_attention(tuning=...)`` (a dict of the same form) overrides them: for benchmarks and tests.
+# ``fused_bwd`` (a lever, off): no dq kernel; the dk/dv kernel, which visits each (query tile, key tile) pair once,
+# also adds each pair's share of dq1, dq2 and the per-row gradients atomically into zeroed fp32 buffers, so the
+# backward computes both views' scores and their gradients once instead of twice (the short rows of training,
+# where the dq kernel was about half of TDA's backward: results/benchmarks/gpu_logs/step_profile_*). Not measured.
 MAX_MAP_TILES = 8192  # key tiles of MAP_N a register map covers (T up to 524,288); beyond, map 2
 
 
@@ -326,10 +357,13 @@ def _config(block_d: int, tuning: dict | None = None) -> dict:
         config = dict(fwd=(128, 64, 4), fwd_map=(128, 64, 4), dq=(64, 64, 4), dkdv=(64, 64, 4), skip=False, map=1)
     else:
         config = dict(fwd=(32, 32, 8), fwd_map=(32, 32, 8), dq=(32, 32, 8), dkdv=(32, 32, 8), skip=True, map=0)
+    config["fused_bwd"] = False
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(config))
     if unknown:
         raise ValueError(f"tda tuning: unknown keys {unknown}; the keys are {sorted(config)}")
+    if not isinstance(tuning.get("fused_bwd", False), bool):
+        raise ValueError(f"tda tuning: fused_bwd must be true or false, got {tuning['fused_bwd']!r}")
     if "fwd" in tuning and "fwd_map" not in tuning:
         tuning["fwd_map"] = tuning["fwd"]
     return {**config, **tuning}
@@ -411,28 +445,39 @@ class TDAAttention(torch.autograd.Function):
         grad_sl = slopes is not None and ctx.needs_input_grad[5]
         grad_rs = row_scale is not None and ctx.needs_input_grad[6]
         grad_tau, grad_lam = ctx.needs_input_grad[7], ctx.needs_input_grad[8]
-        dq1, dk1, dq2, dk2, dv = (torch.empty_like(t) for t in (q1, k1, q2, k2, v))
-        d_sl = pb.rows() if grad_sl else None
-        d_rs = pb.rows() if grad_rs else None
-        d_tau = pb.rows() if grad_tau else None
-        d_lam = pb.rows() if grad_lam else None
+        config = ctx.config
+        fused = bool(config["fused_bwd"])
+        dk1, dk2, dv = (torch.empty_like(t) for t in (k1, k2, v))
+        # fused: dq and the per-row gradients are sums of atomic adds, from zero
+        new = torch.zeros if fused else torch.empty
+        rows = (pb.batch, pb.heads, pb.tokens)
+        d_sl, d_rs, d_tau, d_lam = (new(rows, device=q1.device, dtype=torch.float32) if wanted else None
+                                    for wanted in (grad_sl, grad_rs, grad_tau, grad_lam))
         use_map = ctx.amap is not None
         common = dict(POWER=power, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
                       USE_MAP=use_map, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, num_stages=2)
-        config = ctx.config
+        grads = dict(GRAD_RS=grad_rs, GRAD_SL=grad_sl, GRAD_TAU=grad_tau, GRAD_LAM=grad_lam)
         (q_starts, q_tiles), (k_starts, k_tiles) = _tile_lists(ctx.amap) if use_map else ((pb.dummy,) * 2,) * 2
         nq, nk = (ctx.amap.shape[1], ctx.amap.shape[2]) if use_map else (0, 0)
         inputs = (q1, k1, q2, k2, v, do)
-        bm, bn, warps = config["dq"]
-        _bwd_dq_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
-            *inputs, dq1, dq2, pb.opt(slopes), pb.opt(row_scale), tau_rows, lam_rows, pb.opt(d_rs),
-            pb.opt(d_sl), pb.opt(d_tau), pb.opt(d_lam), q_starts, q_tiles, sm_scale, pb.tokens, pb.heads, nq,
-            GRAD_RS=grad_rs, GRAD_SL=grad_sl, GRAD_TAU=grad_tau, GRAD_LAM=grad_lam, BM=bm, BN=bn,
-            num_warps=warps, **common)
+        row_grads = tuple(pb.opt(t) for t in (d_rs, d_sl, d_tau, d_lam))
+        if fused:
+            dq1, dq2 = (torch.zeros(q1.shape, device=q1.device, dtype=torch.float32) for _ in range(2))
+        else:
+            dq1, dq2 = torch.empty_like(q1), torch.empty_like(q2)
+            bm, bn, warps = config["dq"]
+            _bwd_dq_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
+                *inputs, dq1, dq2, pb.opt(slopes), pb.opt(row_scale), tau_rows, lam_rows, *row_grads, q_starts,
+                q_tiles, sm_scale, pb.tokens, pb.heads, nq, BM=bm, BN=bn, num_warps=warps, **grads, **common)
         bm, bn, warps = config["dkdv"]
         _bwd_dkdv_kernel[(triton.cdiv(pb.tokens, bn), pb.bh)](
             *inputs, dk1, dk2, dv, pb.opt(slopes), pb.opt(row_scale), tau_rows, lam_rows, k_starts, k_tiles,
-            sm_scale, pb.tokens, pb.heads, nk, BM=bm, BN=bn, num_warps=warps, **common)
+            *((dq1, dq2, *row_grads) if fused else (pb.dummy,) * 6), sm_scale, pb.tokens, pb.heads, nk, FUSED=fused,
+            **(grads if fused else {key: False for key in grads}), BM=bm, BN=bn, num_warps=warps, **common)
+        if fused:
+            dq1, dq2 = (dq1 * sm_scale).to(q1.dtype), (dq2 * sm_scale).to(q2.dtype)
+            if grad_sl:  # as the dq kernel stores it
+                d_sl = -d_sl if row_scale is None else -d_sl * row_scale
         g_sl = reduce_slopes(d_sl) if grad_sl else None
         g_rs = _sum_to(d_rs, ctx.rs_shape) if grad_rs else None
         g_tau = _sum_to(d_tau, ctx.tau_shape) if grad_tau else None

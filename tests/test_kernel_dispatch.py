@@ -307,3 +307,15 @@ def test_sieve_walk_setting_is_checked_before_any_launch():
         sieve_attention(q, q, q, tuning={"lists": False, "walk": [64, 32, 4, 2]})
     with pytest.raises(ValueError, match="the list path does not take"):
         sieve_attention(q, q, q, tuning={"walk": {"fwd": [64, 32, 4, 2]}})
+
+
+def test_tda_fused_backward_setting_is_checked():
+    """TDA's ``fused_bwd`` (dq added atomically by the dk/dv kernel): off by default, a bool when set."""
+    pytest.importorskip("triton")
+    from lengthbench.kernels.tda import _config
+
+    assert _config(32)["fused_bwd"] is False and _config(128, {"fused_bwd": True})["fused_bwd"] is True
+    with pytest.raises(ValueError, match="fused_bwd must be true or false"):
+        _config(32, {"fused_bwd": "yes"})
+    with pytest.raises(ValueError, match="unknown keys"):
+        _config(32, {"fused": True})

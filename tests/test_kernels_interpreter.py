@@ -77,6 +77,9 @@ CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=Fal
            **{name: dict(fwd=(64, 32, 4), bwd=(32, 32, 4)) for name in ("softpick", "tra")}}
 for _name, _tuning in CAPTURE.items():
     VARIANTS[_name] = [*VARIANTS.get(_name, []), ("capture", _tuning)]
+# TDA's fused backward (dq and the per-row gradients added atomically by the dk/dv kernel), on the activity map's
+# lists (the default tiles) and testing every tile (the capture's)
+VARIANTS["tda"] += [("fused", dict(fused_bwd=True)), ("capture-fused", dict(CAPTURE["tda"], fused_bwd=True))]
 OPS = ["adatemp", "entmax", "rectified", "rela", "sieve", "sieve-alg1", "sieve-entmax", "softpick", "sparsemax",
        "stickbreaking", "tda", "tra"]
 TOLERANCE = 1e-4  # max |kernel - reference| / max(max |reference|, 0.01), per tensor (fp32 rounding: ~1e-6)
