@@ -315,10 +315,14 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, SL, RS, TAU, M, L, DELTA, DRS, DSL, DTAU, sm
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, SL, RS, TAU, M, L, DELTA, sm_scale, T, H,
+def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, SL, RS, TAU, M, L, DELTA, DQ, DRS, DSL, DTAU, sm_scale, T, H,
                      MECH: tl.constexpr, POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+                     FUSED: tl.constexpr, GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, GRAD_TAU: tl.constexpr,
                      DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
                      BN: tl.constexpr):
+    """``FUSED``: also each (query tile, key tile) pair's share of dq (unscaled, fp32) and of the per-row gradients
+    that ``_bwd_dq_kernel`` sums, added atomically to ``DQ``, ``DRS``, ``DSL`` (before its ``-row_scale`` factor) and
+    ``DTAU``; the programs visit each pair once."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
@@ -355,6 +359,17 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, SL, RS, TAU, M, L, DELTA, sm_scale, T,
                 g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
             dz = _score_grad(z, valid, g, m, den, tau, delta, MECH, POWER)
             dk += tl.dot(tl.trans(dz * rs[:, None]).to(q.dtype), q, input_precision=DOT_PREC)
+            if FUSED:
+                tl.atomic_add(DQ + base + offs_m[:, None] * D + offs_d[None, :],
+                              tl.dot((dz * rs[:, None]).to(k.dtype), k, input_precision=DOT_PREC), mask=rmask)
+                rows = bh * T + offs_m
+                if GRAD_RS:
+                    tl.atomic_add(DRS + rows, tl.sum(dz * zb, 1), mask=row_ok)
+                if GRAD_SL:
+                    tl.atomic_add(DSL + rows, tl.sum(dz * (offs_m[:, None] - offs_n[None, :]).to(tl.float32), 1),
+                                  mask=row_ok)
+                if GRAD_TAU:
+                    tl.atomic_add(DTAU + rows, -tl.sum(dz, 1), mask=row_ok)
     tl.store(DK + base + offs_n[:, None] * D + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + base + offs_n[:, None] * D + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
 
@@ -407,7 +422,7 @@ def _score_bound(pb: Problem) -> torch.Tensor:
     return bound.clamp_min(0).contiguous()
 
 
-ROWWISE_TUNING_KEYS = ("fwd", "bwd")
+ROWWISE_TUNING_KEYS = ("fwd", "bwd", "fused_bwd")
 
 
 def launch_settings(pb: Problem, tuning: dict | None) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -415,15 +430,17 @@ def launch_settings(pb: Problem, tuning: dict | None) -> tuple[tuple[int, int, i
     (forward 128 query rows x 64 keys, 8 warps, backward 64 x 64, 4 warps, for head dims up to 64), or those
     ``tuning`` gives (``{"fwd": [BM, BN, warps], "bwd": [...]}``: levers for benchmarks, e.g. through
     ``LENGTHBENCH_CAPTURE_TUNING`` for the training step). Tiles are powers of two of at least 16; the forward's
-    rows a multiple of its keys (its tiles before the diagonal go unmasked)."""
+    rows a multiple of its keys (its tiles before the diagonal go unmasked). ``fused_bwd`` (true or false, read by
+    :func:`fused_backward`) is checked here too."""
     fwd = (pb.fwd_block, pb.block, pb.fwd_warps)
     bwd = (pb.block, pb.block, pb.num_warps)
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(ROWWISE_TUNING_KEYS))
     if unknown:
         raise ValueError(f"rowwise kernels: unknown tuning keys {unknown}; the keys are {list(ROWWISE_TUNING_KEYS)}")
+    fused_backward(tuning)
     out = {"fwd": fwd, "bwd": bwd}
-    for key in ROWWISE_TUNING_KEYS:
+    for key in ("fwd", "bwd"):
         if tuning.get(key) is None:
             continue
         value = tuple(tuning[key])
@@ -439,6 +456,16 @@ def launch_settings(pb: Problem, tuning: dict | None) -> tuple[tuple[int, int, i
     return out["fwd"], out["bwd"]
 
 
+def fused_backward(tuning: dict | None) -> bool:
+    """``tuning``'s ``fused_bwd`` (a lever, off): the backward without its dq kernel, the dk/dv kernel adding each
+    (query tile, key tile) pair's share of dq and of the per-row gradients atomically (``_bwd_dkdv_kernel``'s
+    ``FUSED``), so the scores and their gradients are computed once instead of twice. Not measured."""
+    value = (tuning or {}).get("fused_bwd", False)
+    if not isinstance(value, bool):
+        raise ValueError(f"rowwise kernels: fused_bwd must be true or false, got {value!r}")
+    return value
+
+
 class RowwiseAttention(torch.autograd.Function):
     """``o = sum_j w_rj v_j`` for the pointwise mechanisms; ``tau`` ([B, H, T] or None) may need a gradient.
 
@@ -449,6 +476,7 @@ class RowwiseAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, mech, power, eps, tuning=None):
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
         (fwd_bm, fwd_bn, fwd_warps), ctx.bwd = launch_settings(pb, tuning)
+        ctx.fused = fused_backward(tuning)
         out = torch.empty_like(pb.q)
         m, den = pb.rows(), pb.rows()
         tau_rows = None
@@ -477,16 +505,17 @@ class RowwiseAttention(torch.autograd.Function):
         needs = ctx.needs_input_grad
         dq, dk, dv, g_sl, g_rs, g_tau = rowwise_backward(
             dout, ctx.saved_tensors, sm_scale, mech, power, grad_slopes=needs[3], grad_rs=needs[4],
-            grad_tau=needs[5], rs_shape=ctx.rs_shape, tau_shape=ctx.tau_shape, launch=ctx.bwd)
+            grad_tau=needs[5], rs_shape=ctx.rs_shape, tau_shape=ctx.tau_shape, launch=ctx.bwd, fused=ctx.fused)
         return dq, dk, dv, g_sl, g_rs, g_tau, None, None, None, None, None
 
 
 def rowwise_backward(dout, saved, sm_scale, mech, power, *, grad_slopes, grad_rs, grad_tau, rs_shape, tau_shape,
-                     launch=None):
+                     launch=None, fused=False):
     """``(dq, dk, dv, d_slopes, d_row_scale, d_tau)`` from the state ``RowwiseAttention.forward`` saves,
     ``saved = (q, k, v, out, slopes, row_scale, tau_rows, m, den, u)`` (entmax's list forward builds the same
     state and shares this backward). A gradient is None where its input is None or not asked for. ``launch``:
-    ``(BM, BN, warps)`` of both kernels (None: 64 x 64, 4 warps, for head dims up to 64)."""
+    ``(BM, BN, warps)`` of both kernels (None: 64 x 64, 4 warps, for head dims up to 64). ``fused``: the dk/dv
+    kernel alone, dq and the per-row gradients added atomically (:func:`fused_backward`)."""
     q, k, v, out, slopes, row_scale, tau_rows, m, den, u = saved
     pb = Problem(q, k, v, slopes, row_scale, sm_scale)
     do = dout.contiguous()
@@ -501,18 +530,30 @@ def rowwise_backward(dout, saved, sm_scale, mech, power, *, grad_slopes, grad_rs
     grad_tau = tau_rows is not None and grad_tau
     grad_rs = row_scale is not None and grad_rs
     grad_sl = slopes is not None and grad_slopes
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    d_rs = pb.rows() if grad_rs else None
-    d_sl = pb.rows() if grad_sl else None
-    d_tau = pb.rows() if grad_tau else None
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    # fused: dq and the per-row gradients are sums of atomic adds, from zero
+    new = torch.zeros if fused else torch.empty
+    d_rs, d_sl, d_tau = (new(pb.batch, pb.heads, pb.tokens, device=q.device, dtype=torch.float32) if wanted else None
+                         for wanted in (grad_rs, grad_sl, grad_tau))
     bm, bn, warps = launch or launch_settings(pb, None)[1]
     common = dict(MECH=mech, POWER=power, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
                   DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, num_warps=warps, num_stages=2)
-    _bwd_dq_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](q, k, v, do, dq, pb.opt(slopes), pb.opt(row_scale), pb.opt(tau_rows), pb.opt(m),
-                         pb.opt(den), pb.opt(delta), pb.opt(d_rs), pb.opt(d_sl), pb.opt(d_tau), sm_scale,
-                         pb.tokens, pb.heads, GRAD_RS=grad_rs, GRAD_SL=grad_sl, GRAD_TAU=grad_tau, **common)
-    _bwd_dkdv_kernel[(triton.cdiv(pb.tokens, bn), pb.bh)](q, k, v, do, dk, dv, pb.opt(slopes), pb.opt(row_scale), pb.opt(tau_rows),
-                           pb.opt(m), pb.opt(den), pb.opt(delta), sm_scale, pb.tokens, pb.heads, **common)
+    stats = (pb.opt(slopes), pb.opt(row_scale), pb.opt(tau_rows), pb.opt(m), pb.opt(den), pb.opt(delta))
+    row_grads = (pb.opt(d_rs), pb.opt(d_sl), pb.opt(d_tau))
+    grads = dict(GRAD_RS=grad_rs, GRAD_SL=grad_sl, GRAD_TAU=grad_tau)
+    if fused:
+        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    else:
+        dq = torch.empty_like(q)
+        _bwd_dq_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](q, k, v, do, dq, *stats, *row_grads, sm_scale, pb.tokens,
+                                                             pb.heads, **grads, **common)
+    _bwd_dkdv_kernel[(triton.cdiv(pb.tokens, bn), pb.bh)](
+        q, k, v, do, dk, dv, *stats, *((dq, *row_grads) if fused else (pb.dummy,) * 4), sm_scale, pb.tokens,
+        pb.heads, FUSED=fused, **(grads if fused else {key: False for key in grads}), **common)
+    if fused:
+        dq = (dq * sm_scale).to(q.dtype)
+        if grad_sl:  # as the dq kernel stores it
+            d_sl = -d_sl if row_scale is None else -d_sl * row_scale
     g_sl = reduce_slopes(d_sl) if grad_sl else None
     g_rs = None if d_rs is None else _sum_to(d_rs, rs_shape)
     g_tau = _sum_to(d_tau, tau_shape) if grad_tau else None

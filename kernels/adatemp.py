@@ -112,7 +112,8 @@ class SoftmaxEntropy(torch.autograd.Function):
                              pb.opt(d_rs), pb.opt(d_sl), pb.dummy, ctx.sm_scale, pb.tokens, pb.heads,
                              GRAD_RS=grad_rs, GRAD_SL=grad_sl, GRAD_TAU=False, **common)
         _bwd_dkdv_kernel[grid](q, k, k, k, dk, unused_dv, pb.opt(slopes), pb.opt(row_scale), entropy, m, den, g,
-                               ctx.sm_scale, pb.tokens, pb.heads, **common)
+                               *(pb.dummy,) * 4, ctx.sm_scale, pb.tokens, pb.heads, FUSED=False, GRAD_RS=False,
+                               GRAD_SL=False, GRAD_TAU=False, **common)
         g_sl = d_sl.sum(dim=(0, 2)) if grad_sl else None
         g_rs = _sum_to(d_rs, ctx.rs_shape) if grad_rs else None
         return dq, dk, g_sl, g_rs, None

@@ -554,10 +554,11 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
     chosen, :func:`capture_max_tokens`), ``rowwise_bwd`` (``[BM, BN, warps]`` of the ``rowwise`` backward's kernels,
     ``_rowwise.launch_settings``; with that layout the backward's settings returned are these; ``[32, 64, 4]``
     against the defaults' 64 x 64, ASEntmax on Copy: 0.74 against 0.75 of softmax + RoPE's samples/s, H200,
-    2026-11-28, results/benchmarks/gpu_logs/ab_narrow_levers.txt)."""
+    2026-11-28, results/benchmarks/gpu_logs/ab_narrow_levers.txt), ``rowwise_fused`` (that backward without its dq
+    kernel: ``_rowwise.fused_backward``; read by :func:`_rowwise_fused`)."""
     config = dict(bm=None, warps=None, stages=None, bwd_bm=None, bwd_warps=None, bwd_stages=None, backward="head",
                   rows="split", tail=True, bd=None, widths=None, entmax_backward=ENTMAX_BACKWARD, max_tokens=None,
-                  rowwise_bwd=None, **TUNING)
+                  rowwise_bwd=None, rowwise_fused=False, **TUNING)
     tuning = dict(tuning or {})
     unknown = sorted((set(tuning) | set(ENV_TUNING)) - set(config))
     if unknown:
@@ -593,6 +594,8 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
         if block_d < pb.block_d or block_d & (block_d - 1):
             raise ValueError(f"narrow kernels: bd must be a power of two >= {pb.block_d}, got {config['bd']!r}")
     rowwise_bwd = launch_settings(pb, {"bwd": config["rowwise_bwd"]})[1]
+    if not isinstance(config["rowwise_fused"], bool):
+        raise ValueError(f"narrow kernels: rowwise_fused must be true or false, got {config['rowwise_fused']!r}")
     if not isinstance(config["tail"], bool):
         raise ValueError(f"narrow kernels: tail must be true or false, got {config['tail']!r}")
     ranges = _row_ranges(pb.tokens, config["rows"] == "split", config["tail"])
@@ -630,6 +633,11 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
     return fwd, bwd, layout
 
 
+def _rowwise_fused(tuning: dict | None) -> bool:
+    """``rowwise_fused`` of ``tuning`` over ``LENGTHBENCH_NARROW_TUNING`` (checked by :func:`_launch`)."""
+    return bool({**ENV_TUNING, **(tuning or {})}.get("rowwise_fused", False))
+
+
 class NarrowAttention(torch.autograd.Function):
     """Stick-breaking (``mech`` STICK, ``filter`` 0 none, 1 Sieve's entmax support, 2 Algorithm 1's window of
     ``eps``) or 1.5-entmax (ENTMAX15) over rows of at most :data:`NARROW_MAX_TOKENS` keys. Gradients flow to q,
@@ -656,7 +664,7 @@ class NarrowAttention(torch.autograd.Function):
                               STATS=stats, **common, **part)
         if save:
             ctx.rs_shape = None if row_scale is None else row_scale.shape
-            ctx.consts = (pb.sm_scale, float(eps), common, bwd_launch, layout)
+            ctx.consts = (pb.sm_scale, float(eps), common, bwd_launch, layout, _rowwise_fused(tuning))
             if stats:  # the state RowwiseAttention keeps for ENTMAX: its backward runs on it
                 ctx.save_for_backward(pb.q, pb.k, pb.v, out, pb.slopes, pb.row_scale, tau, m, den, u)
             else:
@@ -665,12 +673,12 @@ class NarrowAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        sm_scale, eps, common, launch, layout = ctx.consts
+        sm_scale, eps, common, launch, layout, fused = ctx.consts
         if layout == "rowwise":
             dq, dk, dv, g_sl, g_rs, _ = rowwise_backward(
                 dout, ctx.saved_tensors, sm_scale, ENTMAX, 2.0, grad_slopes=ctx.needs_input_grad[3],
                 grad_rs=ctx.needs_input_grad[4], grad_tau=False, rs_shape=ctx.rs_shape, tau_shape=None,
-                launch=launch)
+                launch=launch, fused=fused)
             return dq, dk, dv, g_sl, g_rs, None, None, None, None, None
         q, k, v, tau, slopes, row_scale = ctx.saved_tensors
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)

@@ -301,7 +301,9 @@ def test_stick_variants_match_reference(name, case, variant):
 # the pointwise ops' launch settings (``_rowwise.launch_settings``) at the training widths: the training step's
 # (``lengthbench.kernels.CAPTURE_TUNING`` for softpick and TRA), another, and levers of ``LENGTHBENCH_CAPTURE_TUNING``
 ROWWISE_TILES = {"fwd64x32-bwd32x32": dict(fwd=(64, 32, 4), bwd=(32, 32, 4)),
-                 "fwd64x64-bwd32x64": dict(fwd=(64, 64, 4), bwd=(32, 64, 2))}
+                 "fwd64x64-bwd32x64": dict(fwd=(64, 64, 4), bwd=(32, 64, 2)),
+                 # the backward without its dq kernel (dq and the row gradients added atomically by the dk/dv kernel)
+                 "fwd64x32-bwd32x32-fused": dict(fwd=(64, 32, 4), bwd=(32, 32, 4), fused_bwd=True)}
 # Each is held to the dtype's tolerance, or where the default tiles on the same inputs are near it, to 1.5 times
 # theirs: the slopes' gradient at 83 bf16 tokens is a sum that cancels to a small total (errors 4.4e-2 and 5.6e-2
 # with forward tiles of 64 and of 32 keys, on an H200: bf16 roundings of the weights taken against running maxima

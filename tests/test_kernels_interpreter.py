@@ -66,8 +66,10 @@ VARIANTS = {
 # the pointwise ops' launch settings (``_rowwise.launch_settings``): tiles smaller than the tokens, the forward's
 # rows twice its keys and the backward's keys twice its rows, so several tiles cross the diagonal in each kernel
 ROWWISE_TILES = ("tiles-32x16", dict(fwd=(32, 16, 4), bwd=(16, 32, 2)))
+# and the same tiles with the backward's dq and row gradients added atomically by the dk/dv kernel (``fused_bwd``)
+ROWWISE_FUSED = ("tiles-32x16-fused", dict(ROWWISE_TILES[1], fused_bwd=True))
 for _name in ("rectified", "rela", "softpick", "tra"):
-    VARIANTS[_name] = [*VARIANTS.get(_name, []), ROWWISE_TILES]
+    VARIANTS[_name] = [*VARIANTS.get(_name, []), ROWWISE_TILES, ROWWISE_FUSED]
 # and the settings a CUDA graph records (the training step's: lengthbench.kernels.CAPTURE_TUNING)
 CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=False, split=False),
            "sieve-entmax": dict(lists=False, split=False),
@@ -264,9 +266,11 @@ def test_rowwise_launch_settings_default_and_refuse_bad_tiles():
     assert launch_settings(pb, None) == ((128, 64, 8), (64, 64, 4))
     assert launch_settings(pb, {"fwd": [64, 32, 4]}) == ((64, 32, 4), (64, 64, 4))
     assert launch_settings(pb, {"bwd": (16, 32, 2)})[1] == (16, 32, 2)
+    assert launch_settings(pb, {"fused_bwd": True}) == ((128, 64, 8), (64, 64, 4))
     for bad, message in (({"fwd": [32, 64, 4]}, "multiple of its keys"), ({"bwd": [24, 32, 4]}, "powers of two"),
                          ({"bwd": [16, 16]}, r"\[BM, BN, warps\]"), ({"fwd": [64, 64, 3]}, "warps"),
-                         ({"tiles": [64, 64, 4]}, "unknown tuning keys")):
+                         ({"tiles": [64, 64, 4]}, "unknown tuning keys"),
+                         ({"fused_bwd": "yes"}, "fused_bwd must be true or false")):
         with pytest.raises(ValueError, match=message):
             launch_settings(pb, bad)
 

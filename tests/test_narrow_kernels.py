@@ -37,14 +37,16 @@ OPS = {
 # the narrow backward: the default takes rowwise wherever there is a row scale); "notail" takes a range that the
 # tokens cut short (rows [32, 40), [64, 70)) against the power of two of keys above its end, not the two tiles of
 # narrow._row_ranges (40 and 70 tokens take the two tiles by default; 131 and 150, rows [128, 131) and [128, 150));
-# "rwtiles" gives the rowwise backward tiles of 16 rows and 32 keys, 2 warps (``rowwise_bwd``)
+# "rwtiles" gives the rowwise backward tiles of 16 rows and 32 keys, 2 warps (``rowwise_bwd``); "rwfused" takes that
+# backward without its dq kernel (``rowwise_fused``: dq and the row gradients added atomically by the dk/dv kernel)
 SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, "alibi"), (40, 16, "walk"), (40, 16, "bm16"), (33, 32, "walk-alibi-bm16"),
           (40, 16, "walk-bm16-blocks"), (33, 32, "alibi-bm16-blocks"), (40, 16, "walk-bm16-bwd32"),
           (70, 16, "walk-alibi"), (40, 16, "walk-whole"), (70, 16, "walk-alibi-bd32-own64"), (17, 16, "bd32"),
           (70, 16, "walk-alibi-fast"), (40, 16, "walk-bm16-blocks-fast"), (17, 16, "rowwise"),
           (70, 16, "walk-alibi-rowwise"), (40, 32, "alibi-whole-rowwise"), (70, 16, "walk-alibi-notail"),
           (40, 16, "walk-bm16-blocks-notail"), (150, 16, "walk-alibi"), (131, 16, "alibi-fast"),
-          (70, 16, "walk-alibi-rowwise-rwtiles")]
+          (70, 16, "walk-alibi-rowwise-rwtiles"), (70, 16, "walk-alibi-rowwise-rwtiles-rwfused"),
+          (40, 32, "alibi-rowwise-rwfused")]
 TOLERANCE = 1e-4
 TIE = 2e-5
 
@@ -100,6 +102,7 @@ def run_case(case, device="cpu", dtype=None) -> dict:
               **({"fast": True, "sums": "bf16x2", "cw": 32} if "fast" in extras else {}),
               **({"tail": False} if "notail" in extras else {}),
               **({"rowwise_bwd": [16, 32, 2]} if "rwtiles" in extras else {}),
+              **({"rowwise_fused": True} if "rwfused" in extras else {}),
               "entmax_backward": "rowwise" if "rowwise" in extras else "narrow"}
     out = op(mine["q"], mine["k"], mine["v"], slopes=mine.get("slopes"), row_scale=mine.get("row_scale"),
              sm_scale=sm_scale, tuning=tuning, **op_params)
@@ -152,7 +155,8 @@ GPU_SHAPES = [(17, 32, ""), (64, 32, "alibi"), (91, 32, "walk"), (131, 64, "alib
               (200, 64, "bm16"), (91, 32, "alibi-blocks"), (83, 16, "walk"), (131, 16, "alibi"), (83, 16, "walk-bd32"),
               (131, 16, "alibi-bd32-own64"), (83, 16, "walk-fast"), (128, 32, "alibi-fast"),
               (131, 16, "walk-alibi-bd32-fast"), (91, 32, "alibi-rowwise"), (131, 16, "walk-alibi-rowwise"),
-              (256, 32, "alibi-rowwise"), (83, 16, "rowwise")]
+              (256, 32, "alibi-rowwise"), (83, 16, "rowwise"), (131, 16, "walk-alibi-rowwise-rwfused"),
+              (131, 32, "alibi-rowwise-rwtiles-rwfused")]
 GPU_TOLERANCE = {"float32": (2e-3, 2e-3), "bfloat16": (2.5e-2, 5e-2)}  # (output, gradients), test_kernels.py's
 
 
@@ -177,7 +181,7 @@ def test_narrow_kernel_on_the_gpu(op, shape, dtype):
     ({"widths": {"64": {"rows": "whole"}}}, "widths[64] takes"), ({"widths": {"32": {"bwd_bm": 24}}}, "bwd_bm"),
     ({"block": 32}, "unknown tuning keys"), ({"sums": "dot"}, "sums must be one of"), ({"cw": 8}, "cw must be"),
     ({"entmax_backward": "dense"}, "entmax_backward must be auto, narrow or rowwise"),
-    ({"rowwise_bwd": [24, 32, 4]}, "powers of two")])
+    ({"rowwise_bwd": [24, 32, 4]}, "powers of two"), ({"rowwise_fused": 1}, "rowwise_fused must be true or false")])
 def test_bad_tuning_is_refused(tuning, message):
     import torch
 
