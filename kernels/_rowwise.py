@@ -361,15 +361,16 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, SL, RS, TAU, M, L, DELTA, DQ, DRS, DSL
             dk += tl.dot(tl.trans(dz * rs[:, None]).to(q.dtype), q, input_precision=DOT_PREC)
             if FUSED:
                 tl.atomic_add(DQ + base + offs_m[:, None] * D + offs_d[None, :],
-                              tl.dot((dz * rs[:, None]).to(k.dtype), k, input_precision=DOT_PREC), mask=rmask)
+                              tl.dot((dz * rs[:, None]).to(k.dtype), k, input_precision=DOT_PREC), mask=rmask,
+                              sem="relaxed")
                 rows = bh * T + offs_m
                 if GRAD_RS:
-                    tl.atomic_add(DRS + rows, tl.sum(dz * zb, 1), mask=row_ok)
+                    tl.atomic_add(DRS + rows, tl.sum(dz * zb, 1), mask=row_ok, sem="relaxed")
                 if GRAD_SL:
                     tl.atomic_add(DSL + rows, tl.sum(dz * (offs_m[:, None] - offs_n[None, :]).to(tl.float32), 1),
-                                  mask=row_ok)
+                                  mask=row_ok, sem="relaxed")
                 if GRAD_TAU:
-                    tl.atomic_add(DTAU + rows, -tl.sum(dz, 1), mask=row_ok)
+                    tl.atomic_add(DTAU + rows, -tl.sum(dz, 1), mask=row_ok, sem="relaxed")
     tl.store(DK + base + offs_n[:, None] * D + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + base + offs_n[:, None] * D + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
 

@@ -272,18 +272,20 @@ def _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, DQ1, DQ2, DRS, DSL,
         dk1 += tl.dot(tl.trans(dz1).to(q1.dtype), q1, input_precision=DOT_PREC)
         dk2 += tl.dot(tl.trans(dz2).to(q2.dtype), q2, input_precision=DOT_PREC)
         if FUSED:
-            tl.atomic_add(DQ1 + q_off, tl.dot(dz1.to(k1.dtype), k1, input_precision=DOT_PREC), mask=rmask)
-            tl.atomic_add(DQ2 + q_off, tl.dot(dz2.to(k2.dtype), k2, input_precision=DOT_PREC), mask=rmask)
+            tl.atomic_add(DQ1 + q_off, tl.dot(dz1.to(k1.dtype), k1, input_precision=DOT_PREC), mask=rmask,
+                          sem="relaxed")
+            tl.atomic_add(DQ2 + q_off, tl.dot(dz2.to(k2.dtype), k2, input_precision=DOT_PREC), mask=rmask,
+                          sem="relaxed")
             rows = bh * T + offs_m
             if GRAD_RS:
-                tl.atomic_add(DRS + rows, tl.sum(e1 * zb1 + e2 * zb2, 1), mask=row_ok)
+                tl.atomic_add(DRS + rows, tl.sum(e1 * zb1 + e2 * zb2, 1), mask=row_ok, sem="relaxed")
             if GRAD_SL:
                 tl.atomic_add(DSL + rows, tl.sum((e1 + e2) * (offs_m[:, None] - offs_n[None, :]).to(tl.float32), 1),
-                              mask=row_ok)
+                              mask=row_ok, sem="relaxed")
             if GRAD_TAU:
-                tl.atomic_add(DTAU + rows, -tl.sum(e1 + e2, 1), mask=row_ok)
+                tl.atomic_add(DTAU + rows, -tl.sum(e1 + e2, 1), mask=row_ok, sem="relaxed")
             if GRAD_LAM:
-                tl.atomic_add(DLAM + rows, -tl.sum(w2 * g, 1), mask=row_ok)
+                tl.atomic_add(DLAM + rows, -tl.sum(w2 * g, 1), mask=row_ok, sem="relaxed")
     return dk1, dk2, dv
 
 
