@@ -14,18 +14,16 @@ a few extra head channels of the queries and keys (``alibi_channels``), and SDPA
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
+
+from lengthbench.kernels import _env_choice
 
 # Query rows per SDPA call when the ALiBi bias is an explicit mask: O(chunk x L) memory.
 SDPA_BIAS_CHUNK = 2048
 
 # How SDPA gets an ALiBi bias: "keys" (extra query/key channels, flash attention) or "mask" (an explicit mask).
-SDPA_ALIBI = os.environ.get("LENGTHBENCH_SDPA_ALIBI", "keys")
-if SDPA_ALIBI not in ("keys", "mask"):
-    raise ValueError(f"LENGTHBENCH_SDPA_ALIBI must be 'keys' or 'mask', not {SDPA_ALIBI!r}")
+SDPA_ALIBI = _env_choice("LENGTHBENCH_SDPA_ALIBI", "keys", "mask")
 
 # Key positions as parts that a 16-bit float holds exactly (8 significant bits each): j = 65536 a + 256 b + c.
 POSITION_PART = 256
