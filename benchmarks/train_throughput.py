@@ -150,6 +150,8 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 capture_tuning=os.environ.get("LENGTHBENCH_CAPTURE_TUNING", ""), sdpa_alibi=_sdpa.SDPA_ALIBI,
                 capture_settings=today_capture(",".join(sorted(ops))),
                 entmax_backward=kernels.entmax_backward_setting(), captured=captured, capture_error=failed,
+                rowwise_fused=bool(json.loads(os.environ.get("LENGTHBENCH_NARROW_TUNING") or "{}").get(
+                    "rowwise_fused", kernels.ROWWISE_FUSED)),
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
                 dynamic=dynamic, compiled=trainer_compiled, dense_attention=trainer_dense, steps=steps,
                 samples_per_s=steps * batch_size / seconds,
@@ -372,9 +374,34 @@ def entmax_backward(rows: pd.DataFrame, setting: str | None = None) -> pd.Series
 
 
 # the stick-breaking family's capture tiles before rows recorded their capture settings (capture_stick "wide")
+def _narrow_settings(text) -> dict:
+    return json.loads(text) if isinstance(text, str) and text else {}
+
+
+def rowwise_fused(rows: pd.DataFrame) -> pd.Series:
+    """Whether each row's rowwise 1.5-entmax backward ran without its dq kernel: its ``rowwise_fused``, or for rows
+    from before that column its ``narrow_tuning``'s key, else false (the dq kernel ran)."""
+    recorded = rows["rowwise_fused"] if "rowwise_fused" in rows else pd.Series(None, index=rows.index, dtype=object)
+    tunings = rows["narrow_tuning"] if "narrow_tuning" in rows else pd.Series("", index=rows.index, dtype=object)
+    out = [bool(own) if own is not None and not pd.isna(own) else
+           bool(_narrow_settings(tuning).get("rowwise_fused", False)) for own, tuning in zip(recorded, tunings, strict=True)]
+    return pd.Series(out, index=rows.index, dtype=bool)
+
+
+def narrow_tuned(rows: pd.DataFrame) -> pd.Series:
+    """Whether each row's ``narrow_tuning`` set anything other than today's default (a key set to the library's
+    value, e.g. ``rowwise_fused`` measured before it became the default, is the library's path)."""
+    today = {"rowwise_fused": kernels.ROWWISE_FUSED}
+    tunings = rows["narrow_tuning"] if "narrow_tuning" in rows else pd.Series("", index=rows.index, dtype=object)
+    return pd.Series([any(key not in today or value != today[key] for key, value in _narrow_settings(tuning).items())
+                      for tuning in tunings], index=rows.index, dtype=bool)
+
+
 STICK_CAPTURE_BEFORE = {"fwd": [32, 32, 4, 2], "bwd": [32, 32, 4, 2]}
 # the ops whose capture settings were their own defaults (no tuning) before rows recorded them
 OWN_DEFAULTS_BEFORE = ("softpick", "tra")
+# capture settings the library took after rows recorded theirs: rows from before ran without them
+CAPTURE_KEYS_SINCE = {"tda": ("fused_bwd",)}
 
 
 def _settings_json(settings: dict) -> str:
@@ -382,10 +409,10 @@ def _settings_json(settings: dict) -> str:
 
 
 def row_ops(fused_ops, attn=None) -> list[str]:
-    """A row's fused ops: its ``fused_ops``, or for rows from before that column, softpick's and TRA's own op
-    (:data:`OWN_DEFAULTS_BEFORE`; the others' rows then are told apart by other columns)."""
+    """A row's fused ops: its ``fused_ops``, or for rows from before that column, softpick's, TRA's and TDA's own op
+    (:data:`OWN_DEFAULTS_BEFORE`, :data:`CAPTURE_KEYS_SINCE`; the others' rows then are told apart by other columns)."""
     if fused_ops is None or pd.isna(fused_ops):
-        return [attn] if attn in OWN_DEFAULTS_BEFORE else []
+        return [attn] if attn in OWN_DEFAULTS_BEFORE or attn in CAPTURE_KEYS_SINCE else []
     return [op for op in str(fused_ops).split(",") if op]
 
 
@@ -397,7 +424,7 @@ def today_capture(fused_ops, attn=None) -> str:
 def capture_settings(rows: pd.DataFrame) -> pd.Series:
     """The capture settings each row's fused ops ran with, as JSON: its ``capture_settings``, or for rows from before
     that column the library's with ``capture_tuning``'s keys joined (the stick-breaking family's "wide" ops on 32-row
-    tiles then, softpick and TRA on their own defaults)."""
+    tiles then, softpick and TRA on their own defaults, TDA without the keys of :data:`CAPTURE_KEYS_SINCE`)."""
     out = []
     for _, row in rows.iterrows():
         recorded = row.get("capture_settings")
@@ -414,6 +441,7 @@ def capture_settings(rows: pd.DataFrame) -> pd.Series:
                 base = dict(STICK_CAPTURE_BEFORE)
             elif op in OWN_DEFAULTS_BEFORE:
                 base = {}
+            base = {key: value for key, value in base.items() if key not in CAPTURE_KEYS_SINCE.get(op, ())}
             settings[op] = {**base, **overrides.get(op, {})}
         out.append(_settings_json(settings))
     return pd.Series(out, index=rows.index, dtype=object)
@@ -435,13 +463,14 @@ def newest_summary(frame: pd.DataFrame) -> str:
     other = rows["attn"].isin(kernels.STICK_FAMILY) & (taken != kernels.CAPTURE_STICK)
     # rows of a lever set from the environment (a tuning that is not the library's) are comparisons, not the path
     tuned = pd.Series(False, index=rows.index)
-    for column in ("narrow_tuning", "inductor_options"):
-        if column in rows:
-            tuned |= rows[column].fillna("").astype(str).str.len().gt(0)
+    if "inductor_options" in rows:
+        tuned |= rows["inductor_options"].fillna("").astype(str).str.len().gt(0)
+    tuned |= narrow_tuned(rows)
     tuned |= capture_settings(rows) != [today_capture(ops, attn) for ops, attn in
                                         zip(rows.get("fused_ops", [None] * len(rows)), rows["attn"], strict=True)]
     tuned |= alibi_path(rows) != _sdpa.SDPA_ALIBI
     tuned |= entmax_backward(rows) != entmax_backward(rows, kernels.entmax_backward_setting())
+    tuned |= (entmax_backward(rows) == "rowwise") & (rowwise_fused(rows) != kernels.ROWWISE_FUSED)
     rows = rows[~other & ~tuned]
     if rows.empty:
         return ""
@@ -458,7 +487,9 @@ def newest_summary(frame: pd.DataFrame) -> str:
     rows = rows.assign(column=rows["task"] + " b" + rows["batch_size"].astype(str) + " " + rows["pe"],
                        cell=[f"{ratio:.2f} ({run}{', unsteady' if flag else ''})" for ratio, run, flag
                              in zip(rows["vs_softmax_rope"], rows["run"], unsteady, strict=True)])
-    table = rows.pivot(index="attn", columns="column", values="cell").fillna("")
+    table = rows.pivot(index="attn", columns="column", values="cell")
+    missing = bool(table.isna().to_numpy().any())
+    table = table.fillna("-")
     table = table[sorted(table.columns)].reset_index()
     base = rows[(rows["attn"] == "softmax") & (rows["pe"] == "rope")]
     # the baseline of the ratios: the faster of a run's first and closing softmax + RoPE rows
@@ -476,11 +507,13 @@ def newest_summary(frame: pd.DataFrame) -> str:
                   f"(`capture_stick` not `{kernels.CAPTURE_STICK}`; rows without the column ran the training-width "
                   "kernels) are left out of this table.")
     if tuned.any():
-        older += (" Rows measured with `LENGTHBENCH_NARROW_TUNING` or `LENGTHBENCH_INDUCTOR_OPTIONS` set, with capture settings other than today's "
+        older += (" Rows measured with `LENGTHBENCH_NARROW_TUNING` (other than today's settings) or `LENGTHBENCH_INDUCTOR_OPTIONS` set, with capture settings other than today's "
                   "(`LENGTHBENCH_CAPTURE_TUNING`, or the stick-breaking family's 32-row tiles before 64), or with "
                   f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}`, or whose 1.5-entmax backward at the training widths "
                   f"is not the one `{kernels.entmax_backward_setting()}` gives them (`entmax_backward`; rows without "
-                  "the column took the narrow one) (levers compared against the library's settings; softmax and SSMax "
+                  "the column took the narrow one), or whose rowwise backward ran "
+                  f"{'with' if kernels.ROWWISE_FUSED else 'without'} its dq kernel (`rowwise_fused`; rows without "
+                  "the column and its tuning key ran it) (levers compared against the library's settings; softmax and SSMax "
                   "with NAPE before the column took the bias as a mask), are left out of this table.")
     if unsteady.any():
         older += (f" `unsteady`: the run measured softmax + RoPE at its start and again at its end, and the two differ "
@@ -488,6 +521,8 @@ def newest_summary(frame: pd.DataFrame) -> str:
                   f"{UNSTEADY:.0%} faster or slower in their first half than in their second (`halves`): its ratio is "
                   "not a steady measurement. A cell shows its newest row measured steady, and its newest row only where "
                   "no run measured it steady.")
+    if missing:
+        older += " `-`: no run measured the cell on today's path."
     return ("The default step (one CUDA graph, compiled, fused ops): each mechanism's samples/s over softmax + "
             "RoPE's in the same run, from the newest run that measured it (its number in brackets; the runs are "
             "listed below). softmax + RoPE, samples/s (the faster of a run's first and closing rows): " + speeds + "." + older + "\n\n" + frame_markdown(table)

@@ -66,12 +66,16 @@ def triton_available() -> bool:
 # others, ratios to softmax + RoPE's samples/s at batch 128 (paper models, H200, 2026-11-28, commit 77e1f96,
 # ``benchmarks/gpu_checks.sh ab``, results/benchmarks/gpu_logs/ab_rowwise_capture_tiles.txt): MQMTAR softpick
 # 0.85 -> 0.90; Copy softpick 0.86 -> 0.93 (RoPE) and 0.80 -> 0.93 (NAPE), TRA 1.00 -> 1.02 and 0.93 -> 0.95.
+# TDA's backward there without its dq kernel (``fused_bwd``: the dk/dv kernel adds dq and the per-row gradients
+# atomically), against the two kernels, same measure (H200, 2026-11-28, commit 4f94b3d,
+# results/benchmarks/gpu_logs/ab_fused_backward.txt), RoPE / NAPE: MQMTAR 0.66 -> 0.67 / 0.67 -> 0.69, MQRAR
+# 0.73 -> 0.73 / 0.74 -> 0.76, Copy 0.73 -> 0.75 / 0.73 -> 0.76.
 ROWWISE_CAPTURE = {"fwd": (64, 32, 4), "bwd": (32, 32, 4)}
 CAPTURE_TUNING: dict[str, dict] = {
     "entmax": {"lists": False, "split": False},
     "sparsemax": {"lists": False, "split": False},
     "sieve-entmax": {"lists": False, "split": False},
-    "tda": {"map": 0, "fwd": (32, 32, 4), "dq": (32, 32, 4), "dkdv": (32, 32, 4)},
+    "tda": {"map": 0, "fwd": (32, 32, 4), "dq": (32, 32, 4), "dkdv": (32, 32, 4), "fused_bwd": True},
     "softpick": dict(ROWWISE_CAPTURE),
     "tra": dict(ROWWISE_CAPTURE),
 }
@@ -112,6 +116,13 @@ if CAPTURE_STICK == "wide":
 # tiles of 128 + 16 keys, ``narrow._row_ranges``, may move the Copy comparison: not measured again since.)
 ENTMAX_BACKWARD = "auto"
 ROWWISE_FROM = 129
+# The ``rowwise`` backward without its dq kernel (``narrow.py``'s tuning key ``rowwise_fused``): the dk/dv kernel adds
+# each (query tile, key tile) pair's share of dq and of the per-row gradients atomically (``_rowwise.fused_backward``),
+# so the scores and their gradients are computed once instead of twice. Through whole training steps, ASEntmax on
+# Copy at batch 128 (rows of 131 keys: the rowwise backward), ratios to softmax + RoPE's samples/s, two kernels ->
+# fused: RoPE 0.74 -> 0.75, NAPE 0.75 -> 0.77 (H200, 2026-11-28, commit 4f94b3d,
+# results/benchmarks/gpu_logs/ab_fused_backward.txt).
+ROWWISE_FUSED = True
 ROW_SCALED_ENTMAX = ("asentmax", "sentmax")
 
 

@@ -458,9 +458,12 @@ def launch_settings(pb: Problem, tuning: dict | None) -> tuple[tuple[int, int, i
 
 
 def fused_backward(tuning: dict | None) -> bool:
-    """``tuning``'s ``fused_bwd`` (a lever, off): the backward without its dq kernel, the dk/dv kernel adding each
+    """``tuning``'s ``fused_bwd`` (off by default): the backward without its dq kernel, the dk/dv kernel adding each
     (query tile, key tile) pair's share of dq and of the per-row gradients atomically (``_bwd_dkdv_kernel``'s
-    ``FUSED``), so the scores and their gradients are computed once instead of twice. Not measured."""
+    ``FUSED``), so the scores and their gradients are computed once instead of twice. 1.5-entmax's rowwise backward
+    takes it by default (``narrow.ROWWISE_FUSED``, measured there); for softpick and TRA it passes the training step's
+    gradient test on the GPU (``tests/test_train_step_gpu.py`` with it in ``LENGTHBENCH_CAPTURE_TUNING``), and its
+    throughput is not measured."""
     value = (tuning or {}).get("fused_bwd", False)
     if not isinstance(value, bool):
         raise ValueError(f"rowwise kernels: fused_bwd must be true or false, got {value!r}")

@@ -64,7 +64,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lengthbench.kernels import ENTMAX_BACKWARD, entmax_backward_setting, entmax_backward_taken
+from lengthbench.kernels import ENTMAX_BACKWARD, ROWWISE_FUSED, entmax_backward_setting, entmax_backward_taken
 from lengthbench.kernels._common import Problem, reduce_slopes, score_tile, softplus
 from lengthbench.kernels._rowwise import ENTMAX, launch_settings, rowwise_backward
 from lengthbench.kernels.stickbreaking import LOG2E, _cumsum, _sigmoids, _softplus_e
@@ -554,11 +554,11 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
     chosen, :func:`capture_max_tokens`), ``rowwise_bwd`` (``[BM, BN, warps]`` of the ``rowwise`` backward's kernels,
     ``_rowwise.launch_settings``; with that layout the backward's settings returned are these; ``[32, 64, 4]``
     against the defaults' 64 x 64, ASEntmax on Copy: 0.74 against 0.75 of softmax + RoPE's samples/s, H200,
-    2026-11-28, results/benchmarks/gpu_logs/ab_narrow_levers.txt), ``rowwise_fused`` (that backward without its dq
-    kernel: ``_rowwise.fused_backward``; read by :func:`_rowwise_fused`)."""
+    2026-11-28, results/benchmarks/gpu_logs/ab_narrow_levers.txt), ``rowwise_fused`` (by default ``lengthbench.kernels.ROWWISE_FUSED``; read by
+    :func:`_rowwise_fused`)."""
     config = dict(bm=None, warps=None, stages=None, bwd_bm=None, bwd_warps=None, bwd_stages=None, backward="head",
                   rows="split", tail=True, bd=None, widths=None, entmax_backward=ENTMAX_BACKWARD, max_tokens=None,
-                  rowwise_bwd=None, rowwise_fused=False, **TUNING)
+                  rowwise_bwd=None, rowwise_fused=ROWWISE_FUSED, **TUNING)
     tuning = dict(tuning or {})
     unknown = sorted((set(tuning) | set(ENV_TUNING)) - set(config))
     if unknown:
@@ -635,7 +635,7 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
 
 def _rowwise_fused(tuning: dict | None) -> bool:
     """``rowwise_fused`` of ``tuning`` over ``LENGTHBENCH_NARROW_TUNING`` (checked by :func:`_launch`)."""
-    return bool({**ENV_TUNING, **(tuning or {})}.get("rowwise_fused", False))
+    return bool({**ENV_TUNING, **(tuning or {})}.get("rowwise_fused", ROWWISE_FUSED))
 
 
 class NarrowAttention(torch.autograd.Function):

@@ -12,8 +12,8 @@ Three kernels, each visiting a (query tile, key tile) pair once for both views:
   map: one int8 per tile of 128 query rows x 64 keys, 1 where either view has an entry above the threshold;
 - dq, one program per query tile: ``dq1`` and ``dq2`` together, with the per-row gradients of ``tau``
   (``-sum_j dL/dz1 + dL/dz2``), ``lam`` (``-sum_j a2_rj do_r.v_j``), ``row_scale`` and ``slopes``;
-- dk/dv, one program per key tile: ``dk1``, ``dk2`` and ``dv`` together (with the launch setting ``fused_bwd``,
-  also the dq kernel's sums, added atomically; the dq kernel then does not run).
+- dk/dv, one program per key tile: ``dk1``, ``dk2`` and ``dv`` together (with the launch setting ``fused_bwd``, the
+  training step's, also the dq kernel's sums, added atomically; the dq kernel then does not run).
 
 Both backward kernels visit only the tiles the map lists (``_tile_lists``): an inactive tile has zero
 weights and zero gradients in both views, so skipping it is exact, and TRA's thresholds leave most tiles
@@ -343,10 +343,12 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STAR
 # 222 ms testing every tile. Two views hold about twice the tiles of ``_rowwise.py``; the tile shapes are
 # those that ptxas compiled for sm_90 without spilling (bf16; at head dim 128 the backward still spills ~88
 # bytes). ``tda_attention(tuning=...)`` (a dict of the same form) overrides them: for benchmarks and tests.
-# ``fused_bwd`` (a lever, off): no dq kernel; the dk/dv kernel, which visits each (query tile, key tile) pair once,
+# ``fused_bwd`` (off here): no dq kernel; the dk/dv kernel, which visits each (query tile, key tile) pair once,
 # also adds each pair's share of dq1, dq2 and the per-row gradients atomically into zeroed fp32 buffers, so the
-# backward computes both views' scores and their gradients once instead of twice (the short rows of training,
-# where the dq kernel was about half of TDA's backward: results/benchmarks/gpu_logs/step_profile_*). Not measured.
+# backward computes both views' scores and their gradients once instead of twice. The training step's settings
+# take it (``lengthbench.kernels.CAPTURE_TUNING``, where it is measured: the short rows of training, where the dq
+# kernel was about half of TDA's backward, results/benchmarks/gpu_logs/step_profile_*); at long lengths, where each
+# query tile would take the atomic adds of every active key tile, it is not measured.
 MAX_MAP_TILES = 8192  # key tiles of MAP_N a register map covers (T up to 524,288); beyond, map 2
 
 

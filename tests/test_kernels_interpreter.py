@@ -73,15 +73,15 @@ for _name in ("rectified", "rela", "softpick", "tra"):
 # and the settings a CUDA graph records (the training step's: lengthbench.kernels.CAPTURE_TUNING)
 CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=False, split=False),
            "sieve-entmax": dict(lists=False, split=False),
-           "tda": dict(map=0, fwd=(32, 32, 4), dq=(32, 32, 4), dkdv=(32, 32, 4)),
+           "tda": dict(map=0, fwd=(32, 32, 4), dq=(32, 32, 4), dkdv=(32, 32, 4), fused_bwd=True),
            "stickbreaking": dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2), full_tiles=True),
            **{name: dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2)) for name in ("sieve", "sieve-alg1")},
            **{name: dict(fwd=(64, 32, 4), bwd=(32, 32, 4)) for name in ("softpick", "tra")}}
 for _name, _tuning in CAPTURE.items():
     VARIANTS[_name] = [*VARIANTS.get(_name, []), ("capture", _tuning)]
-# TDA's fused backward (dq and the per-row gradients added atomically by the dk/dv kernel), on the activity map's
-# lists (the default tiles) and testing every tile (the capture's)
-VARIANTS["tda"] += [("fused", dict(fused_bwd=True)), ("capture-fused", dict(CAPTURE["tda"], fused_bwd=True))]
+# TDA's fused backward (dq and the per-row gradients added atomically by the dk/dv kernel) on the activity map's
+# lists (the default tiles; the capture's, which test every tile, take it), and the capture's tiles with the dq kernel
+VARIANTS["tda"] += [("fused", dict(fused_bwd=True)), ("capture-two", dict(CAPTURE["tda"], fused_bwd=False))]
 OPS = ["adatemp", "entmax", "rectified", "rela", "sieve", "sieve-alg1", "sieve-entmax", "softpick", "sparsemax",
        "stickbreaking", "tda", "tra"]
 TOLERANCE = 1e-4  # max |kernel - reference| / max(max |reference|, 0.01), per tensor (fp32 rounding: ~1e-6)

@@ -37,16 +37,17 @@ OPS = {
 # the narrow backward: the default takes rowwise wherever there is a row scale); "notail" takes a range that the
 # tokens cut short (rows [32, 40), [64, 70)) against the power of two of keys above its end, not the two tiles of
 # narrow._row_ranges (40 and 70 tokens take the two tiles by default; 131 and 150, rows [128, 131) and [128, 150));
-# "rwtiles" gives the rowwise backward tiles of 16 rows and 32 keys, 2 warps (``rowwise_bwd``); "rwfused" takes that
-# backward without its dq kernel (``rowwise_fused``: dq and the row gradients added atomically by the dk/dv kernel)
+# "rwtiles" gives the rowwise backward tiles of 16 rows and 32 keys, 2 warps (``rowwise_bwd``); "rwtwo" takes that
+# backward with its dq kernel (``rowwise_fused`` false; by default the dk/dv kernel adds dq and the row gradients
+# atomically)
 SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, "alibi"), (40, 16, "walk"), (40, 16, "bm16"), (33, 32, "walk-alibi-bm16"),
           (40, 16, "walk-bm16-blocks"), (33, 32, "alibi-bm16-blocks"), (40, 16, "walk-bm16-bwd32"),
           (70, 16, "walk-alibi"), (40, 16, "walk-whole"), (70, 16, "walk-alibi-bd32-own64"), (17, 16, "bd32"),
           (70, 16, "walk-alibi-fast"), (40, 16, "walk-bm16-blocks-fast"), (17, 16, "rowwise"),
           (70, 16, "walk-alibi-rowwise"), (40, 32, "alibi-whole-rowwise"), (70, 16, "walk-alibi-notail"),
           (40, 16, "walk-bm16-blocks-notail"), (150, 16, "walk-alibi"), (131, 16, "alibi-fast"),
-          (70, 16, "walk-alibi-rowwise-rwtiles"), (70, 16, "walk-alibi-rowwise-rwtiles-rwfused"),
-          (40, 32, "alibi-rowwise-rwfused")]
+          (70, 16, "walk-alibi-rowwise-rwtiles"), (70, 16, "walk-alibi-rowwise-rwtiles-rwtwo"),
+          (40, 32, "alibi-rowwise-rwtwo")]
 TOLERANCE = 1e-4
 TIE = 2e-5
 
@@ -102,7 +103,7 @@ def run_case(case, device="cpu", dtype=None) -> dict:
               **({"fast": True, "sums": "bf16x2", "cw": 32} if "fast" in extras else {}),
               **({"tail": False} if "notail" in extras else {}),
               **({"rowwise_bwd": [16, 32, 2]} if "rwtiles" in extras else {}),
-              **({"rowwise_fused": True} if "rwfused" in extras else {}),
+              **({"rowwise_fused": False} if "rwtwo" in extras else {}),
               "entmax_backward": "rowwise" if "rowwise" in extras else "narrow"}
     out = op(mine["q"], mine["k"], mine["v"], slopes=mine.get("slopes"), row_scale=mine.get("row_scale"),
              sm_scale=sm_scale, tuning=tuning, **op_params)
@@ -155,8 +156,8 @@ GPU_SHAPES = [(17, 32, ""), (64, 32, "alibi"), (91, 32, "walk"), (131, 64, "alib
               (200, 64, "bm16"), (91, 32, "alibi-blocks"), (83, 16, "walk"), (131, 16, "alibi"), (83, 16, "walk-bd32"),
               (131, 16, "alibi-bd32-own64"), (83, 16, "walk-fast"), (128, 32, "alibi-fast"),
               (131, 16, "walk-alibi-bd32-fast"), (91, 32, "alibi-rowwise"), (131, 16, "walk-alibi-rowwise"),
-              (256, 32, "alibi-rowwise"), (83, 16, "rowwise"), (131, 16, "walk-alibi-rowwise-rwfused"),
-              (131, 32, "alibi-rowwise-rwtiles-rwfused")]
+              (256, 32, "alibi-rowwise"), (83, 16, "rowwise"), (131, 16, "walk-alibi-rowwise-rwtwo"),
+              (131, 32, "alibi-rowwise-rwtiles-rwtwo")]
 GPU_TOLERANCE = {"float32": (2e-3, 2e-3), "bfloat16": (2.5e-2, 5e-2)}  # (output, gradients), test_kernels.py's
 
 

@@ -242,6 +242,27 @@ def test_stick_family_rows_count_with_todays_capture_settings(tmp_path):
     assert list(settings == today) == [False, True, True]
 
 
+def test_tda_rows_before_the_capture_column_ran_the_dq_kernel():
+    """TDA's rows from before ``capture_settings`` ran its backward with the dq kernel (``fused_bwd`` came later):
+    they stay out of today's path; a row recording today's settings counts, and so does a lever row of that
+    setting from before it was the library's."""
+    from lengthbench import kernels
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    assert kernels.CAPTURE_TUNING["tda"]["fused_bwd"] is True
+    old = dict(attn="tda", fused_ops="tda", capture_tuning="")
+    lever = dict(old, capture_tuning=json.dumps({"tda": {"fused_bwd": True}}))
+    recorded = dict(old, capture_settings=train_throughput.today_capture("tda"))
+    older = dict(attn="tda", fused_ops=None, capture_tuning="")  # (from before the fused_ops column too)
+    rows = [old, lever, recorded, older]
+    settings = train_throughput.capture_settings(pd.DataFrame(rows))
+    today = [train_throughput.today_capture(row["fused_ops"], row["attn"]) for row in rows]
+    assert today == [train_throughput.today_capture("tda")] * 4
+    assert list(settings == today) == [False, True, True, False]
+
+
 def test_softpick_rows_before_the_capture_column_ran_their_own_defaults():
     """softpick's and TRA's rows from before ``capture_settings`` ran the ops' own tiles (no tuning): they stay out
     of today's path, whose capture tiles are ``kernels.ROWWISE_CAPTURE``; rows that record today's count."""
@@ -281,6 +302,26 @@ def test_entmax_rows_count_with_todays_training_width_backward():
     assert today == ["rowwise", "narrow", "narrow", "narrow", ""]
     assert kernels.entmax_backward_taken("rowwise", False, 10) == "rowwise"
     assert kernels.entmax_backward_taken(f"auto:{kernels.ROWWISE_FROM}", True, kernels.ROWWISE_FROM) == "rowwise"
+
+
+def test_rowwise_entmax_rows_count_with_todays_dq_kernel_choice():
+    """Rows of the rowwise 1.5-entmax backward count where they ran it as the library does now (``rowwise_fused``):
+    rows from before the column ran the dq kernel unless their narrow tuning said otherwise; a narrow tuning that
+    sets only today's value is the library's path, one that sets anything else is a lever."""
+    from lengthbench import kernels
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    fused = json.dumps({"rowwise_fused": kernels.ROWWISE_FUSED})
+    other = json.dumps({"rowwise_fused": not kernels.ROWWISE_FUSED})
+    frame = pd.DataFrame(dict(narrow_tuning=["", fused, other, "", json.dumps({"bm": 32}), ""],
+                              rowwise_fused=[None, None, None, True, None, False]))
+    assert list(train_throughput.rowwise_fused(frame)) == [False, kernels.ROWWISE_FUSED, not kernels.ROWWISE_FUSED,
+                                                           True, False, False]
+    assert list(train_throughput.narrow_tuned(frame)) == [False, False, True, False, True, False]
+    assert list(train_throughput.rowwise_fused(frame.drop(columns="rowwise_fused"))) == [
+        False, kernels.ROWWISE_FUSED, not kernels.ROWWISE_FUSED, False, False, False]
 
 
 def test_a_file_merged_twice_adds_its_rows_once(tmp_path):
