@@ -373,7 +373,6 @@ def entmax_backward(rows: pd.DataFrame, setting: str | None = None) -> pd.Series
     return pd.Series(out, index=rows.index, dtype=object)
 
 
-# the stick-breaking family's capture tiles before rows recorded their capture settings (capture_stick "wide")
 def _narrow_settings(text) -> dict:
     return json.loads(text) if isinstance(text, str) and text else {}
 
@@ -397,6 +396,7 @@ def narrow_tuned(rows: pd.DataFrame) -> pd.Series:
                       for tuning in tunings], index=rows.index, dtype=bool)
 
 
+# the stick-breaking family's capture tiles before rows recorded their capture settings (capture_stick "wide")
 STICK_CAPTURE_BEFORE = {"fwd": [32, 32, 4, 2], "bwd": [32, 32, 4, 2]}
 # the ops whose capture settings were their own defaults (no tuning) before rows recorded them
 OWN_DEFAULTS_BEFORE = ("softpick", "tra")

@@ -554,8 +554,8 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
     chosen, :func:`capture_max_tokens`), ``rowwise_bwd`` (``[BM, BN, warps]`` of the ``rowwise`` backward's kernels,
     ``_rowwise.launch_settings``; with that layout the backward's settings returned are these; ``[32, 64, 4]``
     against the defaults' 64 x 64, ASEntmax on Copy: 0.74 against 0.75 of softmax + RoPE's samples/s, H200,
-    2026-11-28, results/benchmarks/gpu_logs/ab_narrow_levers.txt), ``rowwise_fused`` (by default ``lengthbench.kernels.ROWWISE_FUSED``; read by
-    :func:`_rowwise_fused`)."""
+    2026-11-28, results/benchmarks/gpu_logs/ab_narrow_levers.txt), ``rowwise_fused`` (that backward without its dq
+    kernel; by default ``lengthbench.kernels.ROWWISE_FUSED``; read by :func:`_rowwise_fused`)."""
     config = dict(bm=None, warps=None, stages=None, bwd_bm=None, bwd_warps=None, bwd_stages=None, backward="head",
                   rows="split", tail=True, bd=None, widths=None, entmax_backward=ENTMAX_BACKWARD, max_tokens=None,
                   rowwise_bwd=None, rowwise_fused=ROWWISE_FUSED, **TUNING)
