@@ -150,7 +150,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 capture_tuning=os.environ.get("LENGTHBENCH_CAPTURE_TUNING", ""), sdpa_alibi=_sdpa.SDPA_ALIBI,
                 capture_settings=today_capture(",".join(sorted(ops))),
                 entmax_backward=kernels.entmax_backward_setting(), captured=captured, capture_error=failed,
-                rowwise_fused=bool(json.loads(os.environ.get("LENGTHBENCH_NARROW_TUNING") or "{}").get(
+                rowwise_fused=bool(_narrow_settings(os.environ.get("LENGTHBENCH_NARROW_TUNING")).get(
                     "rowwise_fused", kernels.ROWWISE_FUSED)),
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
                 dynamic=dynamic, compiled=trainer_compiled, dense_attention=trainer_dense, steps=steps,
@@ -348,10 +348,15 @@ def unsteady_rows(rows: pd.DataFrame) -> pd.Series:
 SDPA_MECHANISMS = ("softmax", "ssmax", "gated", "diffsoftmax", "assmax", "adatemp")
 
 
+def _column(rows: pd.DataFrame, name: str, fill=None) -> pd.Series:
+    """``rows[name]``, or for frames from before that column, ``fill`` in every row."""
+    return rows[name] if name in rows else pd.Series(fill, index=rows.index, dtype=object)
+
+
 def alibi_path(rows: pd.DataFrame) -> pd.Series:
     """How each row's SDPA took an ALiBi bias: its ``sdpa_alibi``, and for rows from before that column "mask"
     where an SDPA mechanism ran with a biased encoding; elsewhere the library's path (no bias to take)."""
-    path = rows["sdpa_alibi"] if "sdpa_alibi" in rows else pd.Series(None, index=rows.index, dtype=object)
+    path = _column(rows, "sdpa_alibi")
     older = rows["attn"].isin(SDPA_MECHANISMS) & rows["pe"].isin(("nape", "alibi"))
     return path.where(path.notna(), older.map({True: "mask", False: _sdpa.SDPA_ALIBI}))
 
@@ -360,7 +365,7 @@ def entmax_backward(rows: pd.DataFrame, setting: str | None = None) -> pd.Series
     """The training-width 1.5-entmax backward (``narrow`` or ``rowwise``) each row's mechanism took under
     ``setting``, or under its own ``entmax_backward`` (rows from before that column: ``narrow``); empty for the
     mechanisms that do not run it."""
-    recorded = rows["entmax_backward"] if "entmax_backward" in rows else pd.Series(None, index=rows.index)
+    recorded = _column(rows, "entmax_backward")
     out = []
     for attn, tokens, own in zip(rows["attn"], rows.get("tokens_per_sample", pd.Series(0, index=rows.index)),
                                  recorded, strict=True):
@@ -380,8 +385,8 @@ def _narrow_settings(text) -> dict:
 def rowwise_fused(rows: pd.DataFrame) -> pd.Series:
     """Whether each row's rowwise 1.5-entmax backward ran without its dq kernel: its ``rowwise_fused``, or for rows
     from before that column its ``narrow_tuning``'s key, else false (the dq kernel ran)."""
-    recorded = rows["rowwise_fused"] if "rowwise_fused" in rows else pd.Series(None, index=rows.index, dtype=object)
-    tunings = rows["narrow_tuning"] if "narrow_tuning" in rows else pd.Series("", index=rows.index, dtype=object)
+    recorded = _column(rows, "rowwise_fused")
+    tunings = _column(rows, "narrow_tuning", "")
     out = [bool(own) if own is not None and not pd.isna(own) else
            bool(_narrow_settings(tuning).get("rowwise_fused", False)) for own, tuning in zip(recorded, tunings, strict=True)]
     return pd.Series(out, index=rows.index, dtype=bool)
@@ -391,7 +396,7 @@ def narrow_tuned(rows: pd.DataFrame) -> pd.Series:
     """Whether each row's ``narrow_tuning`` set anything other than today's default (a key set to the library's
     value, e.g. ``rowwise_fused`` measured before it became the default, is the library's path)."""
     today = {"rowwise_fused": kernels.ROWWISE_FUSED}
-    tunings = rows["narrow_tuning"] if "narrow_tuning" in rows else pd.Series("", index=rows.index, dtype=object)
+    tunings = _column(rows, "narrow_tuning", "")
     return pd.Series([any(key not in today or value != today[key] for key, value in _narrow_settings(tuning).items())
                       for tuning in tunings], index=rows.index, dtype=bool)
 
@@ -459,7 +464,7 @@ def newest_summary(frame: pd.DataFrame) -> str:
                      for seen, taken in zip(rows["in_graph"], now, strict=True)]]
     # the stick-breaking family's ops as the library takes them now (kernels.CAPTURE_STICK); rows from before the
     # capture_stick column ran the training-width kernels (narrow)
-    taken = rows["capture_stick"].fillna("narrow") if "capture_stick" in rows else pd.Series("narrow", index=rows.index)
+    taken = _column(rows, "capture_stick").fillna("narrow")
     other = rows["attn"].isin(kernels.STICK_FAMILY) & (taken != kernels.CAPTURE_STICK)
     # rows of a lever set from the environment (a tuning that is not the library's) are comparisons, not the path
     tuned = pd.Series(False, index=rows.index)
@@ -479,7 +484,7 @@ def newest_summary(frame: pd.DataFrame) -> str:
     unsteady = unsteady_rows(rows)
     # a cell's newest row measured steady (its halves recorded, and they and its run's drift within bounds); where
     # there is none, its newest row
-    halves = rows["halves"] if "halves" in rows else pd.Series(float("nan"), index=rows.index)
+    halves = _column(rows, "halves", float("nan"))
     rows = rows.assign(unsteady=unsteady, steady=halves.notna() & ~unsteady)
     rows = rows.sort_values(["steady", "created_at"], kind="stable").drop_duplicates(
         ["task", "attn", "pe", "batch_size"], keep="last")
