@@ -98,6 +98,22 @@ def _env_choice(variable: str, default: str, other: str) -> str:
     return value
 
 
+# Where TDA takes its unit query and key views on CUDA: "op" (``views.unit_views``: RoPE, the norm and the copies to
+# [B, H, T, D] in one custom op each way) or "compiled" (the model's reference prologue, left to Inductor in the
+# training step); env ``LENGTHBENCH_UNIT_VIEWS``, for benchmarks that compare the two.
+UNIT_VIEWS = _env_choice("LENGTHBENCH_UNIT_VIEWS", "op", "compiled")
+UNIT_VIEWS_MECHANISMS = frozenset({"tda"})
+
+
+def unit_views_op() -> Callable | None:
+    """``views.unit_views`` where TDA's views take it (:data:`UNIT_VIEWS`) and Triton runs, else None."""
+    if UNIT_VIEWS != "op" or not triton_available():
+        return None
+    from lengthbench.kernels.views import unit_views
+
+    return unit_views
+
+
 CAPTURE_STICK = _env_choice("LENGTHBENCH_CAPTURE_STICK", "wide", "narrow")
 if CAPTURE_STICK == "wide":
     for _name in STICK_FAMILY:

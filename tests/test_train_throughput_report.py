@@ -332,3 +332,35 @@ def test_a_file_merged_twice_adds_its_rows_once(tmp_path):
     assert once == twice
     frame = pd.read_parquet(tmp_path / "out" / "train_throughput.parquet")
     assert len(frame) == 2
+
+
+def test_tda_rows_on_other_unit_views_stay_out_of_the_summary(tmp_path):
+    """TDA's rows whose unit views ran other than today's (``unit_views``; rows from before the column: compiled) are
+    a comparison; the column does not concern the other mechanisms."""
+    from lengthbench import kernels
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    other = "compiled" if kernels.UNIT_VIEWS == "op" else "op"
+
+    def tda(command, created, speed, views):
+        frame = pd.DataFrame(rows(command, created, speed))
+        frame["attn"] = ["softmax", "tda"]
+        frame["fused_ops"] = ["", "tda"]
+        frame["in_graph"] = [False, True]
+        frame["capture_settings"] = [train_throughput.today_capture(ops) for ops in frame["fused_ops"]]
+        if views is not None:
+            frame["unit_views"] = ["", views]
+        return frame
+
+    today = tda("python benchmarks/train_throughput.py --attns softmax,tda", "2026-11-27T07:00:00", 30_000.0,
+                kernels.UNIT_VIEWS)
+    lever = tda("LENGTHBENCH_UNIT_VIEWS=... python benchmarks/train_throughput.py", "2026-11-27T08:00:00", 45_000.0,
+                other)
+    summary, table = merged_markdown(tmp_path, today, lever).split("Runs (device")
+    assert "| tda | 0.60 (1) |" in summary and "unit views other than" in summary
+    assert "| unit_views |" in table
+    older = tda("python benchmarks/train_throughput.py --attns softmax,tda", "2026-11-27T09:00:00", 40_000.0, None)
+    summary = merged_markdown(tmp_path, today, older).split("Runs (device")[0]
+    assert ("| tda | 0.60 (1) |" if kernels.UNIT_VIEWS == "op" else "| tda | 0.80 (2) |") in summary

@@ -274,10 +274,14 @@ class TwoViewAttention(AttentionLayer):
 
     def views(self, x: torch.Tensor):
         """``((q1, k1), (q2, k2)), v``, each ``[B, H, T, head_dim]``."""
-        batch, tokens, _ = x.shape
-        q1, k1, v = self.qkv(x).view(batch, tokens, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q2, k2 = self.qk2(x).view(batch, tokens, 2, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        positions = torch.arange(tokens, device=x.device)
+        return self.views_of(self.qkv(x), self.qk2(x))
+
+    def views_of(self, qkv: torch.Tensor, qk2: torch.Tensor):
+        """:meth:`views` from the projections' outputs ``[B, T, 3 d_model]`` and ``[B, T, 2 d_model]``."""
+        batch, tokens, _ = qkv.shape
+        q1, k1, v = qkv.view(batch, tokens, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q2, k2 = qk2.view(batch, tokens, 2, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        positions = torch.arange(tokens, device=qkv.device)
         view1 = self.normalize_views(*self.pe.rotate(q1, k1, positions))
         view2 = self.normalize_views(*self.pe.rotate(q2, k2, positions))
         return (view1, view2), v

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lengthbench.kernels import unit_views_op
 from lengthbench.models.attention.base import (
     AttentionLayer,
     HeadRMSNorm,
@@ -37,6 +38,7 @@ from lengthbench.models.attention.base import (
     zeros_where_not,
 )
 from lengthbench.models.attention.registry import register_attention
+from lengthbench.models.positional import PositionalEncoding, RoPE
 
 
 def rela_weights(scores, mask, query_positions=None):
@@ -178,13 +180,28 @@ class TDAAttention(_Thresholded, TwoViewAttention):
     def kernel_names(self) -> tuple[str, ...]:
         return ("tda",)
 
+    def forward(self, x):
+        op = self.kernel("tda") if x.is_cuda else None
+        if op is None:
+            return super().forward(x)
+        qkv, qk2 = self.qkv(x), self.qk2(x)
+        views = unit_views_op()
+        rotates = type(self.pe).rotate is not PositionalEncoding.rotate
+        if (views is None or qkv.dtype not in (torch.bfloat16, torch.float16, torch.float32)
+                or (rotates and not isinstance(self.pe, RoPE))):
+            ((q1, k1), (q2, k2)), v = self.views_of(qkv, qk2)
+        else:  # RoPE, the norms and the copies to [B, H, T, D] in one op each way (kernels/views.py)
+            q1, k1, q2, k2, v = views(qkv, qk2, self.n_heads, self.pe.inv_freq if rotates else None)
+        # The one-pass op: both views per tile; its backward visits only the tiles with an active entry.
+        heads = op(q1, k1, q2, k2, v, lam=self.lam, slopes=self.pe.slopes(), sm_scale=1.0, **self.threshold_params())
+        return self.merge_heads(self.finish_heads(heads, x), x)
+
     def attend(self, q, k, v, x):
         if not q.is_cuda:
             return self.reference_attend(q, k, v, x)
         (q1, q2), (k1, k2) = self.split(q), self.split(k)
-        # The one-pass op: both views per tile; its backward visits only the tiles with an active entry.
         op = self.kernel("tda")
         if op is not None:
-            return op(q1.contiguous(), k1.contiguous(), q2.contiguous(), k2.contiguous(), v, lam=self.lam,
-                      slopes=self.pe.slopes(), sm_scale=1.0, **self.threshold_params())
+            return op(q1, k1, q2, k2, v, lam=self.lam, slopes=self.pe.slopes(), sm_scale=1.0,
+                      **self.threshold_params())
         return self.reference_attend(q, k, v, x)

@@ -1,0 +1,127 @@
+"""``kernels/views.py`` (TDA's unit query and key views, one op each way) against the model's float64 reference
+prologue (``RoPE.rotate``, ``F.normalize``, the copies to ``[B, H, T, D]``): outputs and the gradients of both
+projections. On the CPU under the Triton interpreter (this file run as a worker, as ``test_kernels_interpreter.py``),
+fp32; on the GPU, fp32, bf16 and fp16 at training and long lengths. The whole TDA layer and training step on the
+op: ``test_attention_cuda.py``, ``test_train_step_gpu.py``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from interpreter_helpers import interpreter_results, needs_triton, rel_err
+
+# (batch, tokens, heads, head_dim, two views, rope, tiny): ``tiny`` sets one query row to norm 1e-8, below the
+# norm's eps (F.normalize's clamp)
+CASES = [(2, 37, 3, 8, True, True, True), (2, 37, 3, 8, True, False, False), (1, 1, 2, 16, True, True, False),
+         (2, 33, 2, 32, False, True, True), (1, 70, 1, 6, False, False, False)]
+
+
+def reference(qkv, qk2, heads, inv_freq):
+    """The model's prologue (``TwoViewAttention.views_of`` with TDA's ``unit``), in the inputs' dtype."""
+    import torch
+    import torch.nn.functional as F
+
+    from lengthbench.models.positional import _rotate
+
+    batch, tokens, width = qkv.shape
+    head_dim = width // (3 * heads)
+    q1, k1, v = qkv.view(batch, tokens, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+    pairs = [(q1, k1)]
+    if qk2 is not None:
+        q2, k2 = qk2.view(batch, tokens, 2, heads, head_dim).permute(2, 0, 3, 1, 4)
+        pairs.append((q2, k2))
+    out = []
+    for q, k in pairs:
+        if inv_freq is not None:
+            angles = torch.arange(tokens, device=qkv.device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+            cos = torch.cat([angles.cos(), angles.cos()], -1).to(qkv.dtype)
+            sin = torch.cat([angles.sin(), angles.sin()], -1).to(qkv.dtype)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        out += [F.normalize(q, dim=-1, eps=1e-6), F.normalize(k, dim=-1, eps=1e-6)]
+    return [*out, v]
+
+
+def errors(case, device="cpu", dtype_name="float32", seed=0) -> dict:
+    """Relative errors of the op's outputs and of the gradients of ``qkv`` and ``qk2`` against float64."""
+    import torch
+
+    from lengthbench.kernels.views import unit_views
+    from lengthbench.models.positional import RoPE
+
+    batch, tokens, heads, head_dim, two, rope, tiny = case
+    dtype = getattr(torch, dtype_name)
+    generator = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(batch, tokens, 3 * heads * head_dim, generator=generator, dtype=torch.float64)
+    qk2 = torch.randn(batch, tokens, 2 * heads * head_dim, generator=generator, dtype=torch.float64) if two else None
+    if tiny:
+        qkv[0, tokens // 2, :head_dim] = 1e-8
+    qkv, qk2 = (None if t is None else t.to(dtype).to(device) for t in (qkv, qk2))  # the op's inputs, rounded
+    inv_freq = RoPE(heads, head_dim).inv_freq.to(device) if rope else None
+    leaves = [t.clone().requires_grad_() for t in (qkv, qk2) if t is not None]
+    got = unit_views(leaves[0], leaves[1] if two else None, heads, inv_freq)
+    exact = [t.double().requires_grad_() for t in (qkv, qk2) if t is not None]
+    want = reference(exact[0], exact[1] if two else None, heads, inv_freq)
+    weights = [torch.randn(w.shape, generator=generator, dtype=torch.float64).to(device) for w in want]
+    sum((w.to(dtype) * g).float().sum() for w, g in zip(weights, got, strict=True)).backward()
+    sum((w * g).sum() for w, g in zip(weights, want, strict=True)).backward()
+    # a clamped row's gradient is 1/eps times its upstream one: relative to each row's own largest entry
+    grads = [rel_err(a.grad / a.grad.double().abs().amax(-1, keepdim=True).clamp_min(1e-2).to(a.grad.dtype),
+                     b.grad / b.grad.abs().amax(-1, keepdim=True).clamp_min(1e-2))
+             for a, b in zip(leaves, exact, strict=True)]
+    return dict(out=max(rel_err(g, w) for g, w in zip(got, want, strict=True)), grads=grads,
+                contiguous=all(g.is_contiguous() for g in got), shapes=[list(g.shape) for g in got],
+                dtypes=sorted({str(g.dtype) for g in got}))
+
+
+@pytest.fixture(scope="module")
+def measured():
+    return interpreter_results(str(Path(__file__).resolve()), len(CASES))
+
+
+@needs_triton
+@pytest.mark.parametrize("index", range(len(CASES)))
+def test_unit_views_match_float64_reference(index, measured):
+    batch, tokens, heads, head_dim, two, _, _ = CASES[index]
+    record = measured[index]
+    assert record["out"] < 1e-6 and max(record["grads"]) < 1e-6, record
+    assert record["contiguous"] and record["dtypes"] == ["torch.float32"]
+    assert record["shapes"] == [[batch, heads, tokens, head_dim]] * (5 if two else 3)
+
+
+@needs_triton
+def test_unit_views_refuse_bad_shapes():
+    import torch
+
+    from lengthbench.kernels.views import unit_views
+
+    with pytest.raises(ValueError, match=r"qkv must be \[B, T, 3 H D\]"):
+        unit_views(torch.zeros(1, 4, 10), None, 2)
+    with pytest.raises(ValueError, match="head dimension must be even"):
+        unit_views(torch.zeros(1, 4, 18), None, 2)
+    with pytest.raises(ValueError, match=r"qk2 must be \[B, T, 2 H D\]"):
+        unit_views(torch.zeros(1, 4, 24), torch.zeros(1, 4, 12), 2)
+    with pytest.raises(ValueError, match=r"cos and sin must be \[T, D / 2\]"):
+        unit_views(torch.zeros(1, 4, 24), None, 2, torch.ones(3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, bound", [("float32", 1e-5), ("bfloat16", 1e-2), ("float16", 2e-3)])
+@pytest.mark.parametrize("case", [(4, 91, 8, 32, True, True, True), (2, 131, 8, 32, True, False, False),
+                                  (1, 4096, 4, 64, True, True, False), (2, 300, 4, 16, False, True, True)])
+def test_unit_views_on_the_gpu(case, dtype, bound):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    record = errors(case, "cuda", dtype, seed=1)
+    assert record["out"] < bound and max(record["grads"]) < bound, record
+    assert record["contiguous"] and record["dtypes"] == [f"torch.{dtype}"]
+
+
+if __name__ == "__main__":  # a worker of ``interpreter_results``: one JSON line a case
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    for index in map(int, sys.argv[1].split(",")):
+        print(json.dumps(dict(case=index, **errors(CASES[index]))), flush=True)
