@@ -100,7 +100,9 @@ def _env_choice(variable: str, default: str, other: str) -> str:
 
 # Where TDA takes its unit query and key views on CUDA: "op" (``views.unit_views``: RoPE, the norm and the copies to
 # [B, H, T, D] in one custom op each way) or "compiled" (the model's reference prologue, left to Inductor in the
-# training step); env ``LENGTHBENCH_UNIT_VIEWS``, for benchmarks that compare the two.
+# training step); env ``LENGTHBENCH_UNIT_VIEWS``, for benchmarks that compare the two. Whole steps at batch 128, ratios
+# to softmax + RoPE, op / compiled, RoPE and NAPE: MQMTAR 0.77 / 0.67 and 0.77 / 0.65, MQRAR 0.72 / 0.72 and 0.81 /
+# 0.71, Copy 0.83 / 0.73 and 0.82 / 0.70 (H200, 2026-11-28, commit ac1ca07, results/benchmarks/gpu_logs/ab_unit_views.txt).
 UNIT_VIEWS = _env_choice("LENGTHBENCH_UNIT_VIEWS", "op", "compiled")
 UNIT_VIEWS_MECHANISMS = frozenset({"tda"})
 

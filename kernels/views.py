@@ -1,20 +1,20 @@
-"""Unit query and key views from the fused projections, in one kernel each way: the prologue of the cosine-score
-mechanisms' ops (TDA).
+"""Unit query and key views from the fused projections, in one kernel each way: the prologue of TDA's op.
 
 ``unit_views(qkv, qk2, heads, inv_freq)`` takes the ``qkv`` projection's output ``[B, T, 3 H D]`` (and, for a
 second view, ``qk2``'s ``[B, T, 2 H D]``), rotates each query and key row by RoPE (inverse frequencies
-``inv_freq``; None: no rotation) and divides it by its norm (``F.normalize``, eps
-1e-6), and returns ``q1, k1[, q2, k2], v`` as ``[B, H, T, D]`` contiguous in the input's dtype: what the model's
-reference computes with ``RoPE.rotate``, ``F.normalize`` and a copy per tensor. The backward maps the five
-gradients to those of ``qkv`` and ``qk2`` in one kernel.
+``inv_freq``; None: no rotation), divides it by its norm (``F.normalize``, eps 1e-6) and returns
+``q1, k1[, q2, k2], v`` as ``[B, H, T, D]``, contiguous, in the input's dtype: what the model's reference computes
+with ``RoPE.rotate``, ``F.normalize`` and a copy per tensor. The backward maps the gradients of the views and of
+``v`` to those of ``qkv`` and ``qk2`` in one kernel. The kernels compute in fp32 and round once, on the store;
+RoPE's tables are rounded to the input's dtype, as the reference's are.
 
-Compiled, the same prologue and its backward were Inductor's kernels: on the paper MQMTAR model at batch 128,
-TDA's training step spent about 1.1 ms of its 4.7 on them and on recomputing the views for the op's backward
-(``benchmarks/step_profile.py``, H200, 2026-11-28, commit 0a0c661). Here it is a custom op (``lengthbench::unit_views``)
-with its own backward: one node of the compiled graph each way, capturable (no host sync). The kernels compute in
-fp32 and round once, on the store; the tables come in the input's dtype, as the reference's.
+It is a custom op (``lengthbench::unit_views``) with its own backward: one node of the compiled training step each
+way, capturable (no host sync). Compiled by Inductor, the same prologue, its backward and the views recomputed for
+the op's backward took about 1.2 ms of TDA's 4.7 ms step on the paper MQMTAR model at batch 128; the op's two
+kernels take 0.38 ms, and the step 3.9 ms (``benchmarks/step_profile.py``, H200, 2026-11-28, commits 0a0c661 and
+ac1ca07: results/benchmarks/gpu_logs/step_profile_b128_unit_views.txt). ``kernels.UNIT_VIEWS`` chooses between the
+two.
 """
-
 
 import torch
 import triton
