@@ -25,6 +25,23 @@ ROWS = 32  # token rows a program takes (of one head)
 
 
 @triton.jit
+def _tile(COS, SIN, T, n_rows, D: tl.constexpr, HALF: tl.constexpr, ROPE: tl.constexpr, BR: tl.constexpr):
+    """This program's token rows (``[BR]``: the rows, which are in range, their positions ``t`` and batches ``b``),
+    the half-row offsets and load mask, and RoPE's cos and sin ``[BR, HALF]`` of the rows (1 and 0 without RoPE)."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    row_ok = rows < n_rows
+    offs_h = tl.arange(0, HALF)
+    ok = row_ok[:, None] & (offs_h < D // 2)[None, :]
+    t = rows % T
+    c = tl.full([BR, HALF], 1.0, tl.float32)
+    s = tl.zeros([BR, HALF], tl.float32)
+    if ROPE:
+        c = tl.load(COS + t[:, None] * (D // 2) + offs_h[None, :], mask=ok, other=0.0).to(tl.float32)
+        s = tl.load(SIN + t[:, None] * (D // 2) + offs_h[None, :], mask=ok, other=0.0).to(tl.float32)
+    return rows, row_ok, offs_h, ok, t, rows // T, c, s
+
+
+@triton.jit
 def _rotated(SRC, rows, offs_h, ok, W, slot, HD, h, D: tl.constexpr, HALF: tl.constexpr, c, s, ROPE: tl.constexpr):
     """One view's rows ``[ROWS, HALF]`` x 2 (the halves), rotated, in fp32."""
     base = SRC + rows.to(tl.int64)[:, None] * W + slot * HD + h * D + offs_h[None, :]
@@ -52,17 +69,7 @@ def _forward_view(SRC, OUT, RINV, rows, t, b, offs_h, ok, row_ok, W, slot, view,
 def _forward_kernel(QKV, QK2, COS, SIN, Q1, K1, Q2, K2, V, RINV, T, H, B, n_rows, eps,
                     D: tl.constexpr, HALF: tl.constexpr, TWO: tl.constexpr, ROPE: tl.constexpr, BR: tl.constexpr):
     h = tl.program_id(1)
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    row_ok = rows < n_rows
-    offs_h = tl.arange(0, HALF)
-    ok = row_ok[:, None] & (offs_h < D // 2)[None, :]
-    t = rows % T
-    b = rows // T
-    c = 0.0
-    s = 0.0
-    if ROPE:
-        c = tl.load(COS + t[:, None] * (D // 2) + offs_h[None, :], mask=ok, other=0.0).to(tl.float32)
-        s = tl.load(SIN + t[:, None] * (D // 2) + offs_h[None, :], mask=ok, other=0.0).to(tl.float32)
+    rows, row_ok, offs_h, ok, t, b, c, s = _tile(COS, SIN, T, n_rows, D, HALF, ROPE, BR)
     HD = H * D
     _forward_view(QKV, Q1, RINV, rows, t, b, offs_h, ok, row_ok, 3 * HD, 0, 0, HD, h, H, T, B, D, HALF, c, s, ROPE, eps)
     _forward_view(QKV, K1, RINV, rows, t, b, offs_h, ok, row_ok, 3 * HD, 1, 1, HD, h, H, T, B, D, HALF, c, s, ROPE, eps)
@@ -107,17 +114,7 @@ def _backward_view(SRC, DY, DSRC, RINV, rows, t, b, offs_h, ok, row_ok, W, slot,
 def _backward_kernel(QKV, QK2, COS, SIN, DQ1, DK1, DQ2, DK2, DV, RINV, DQKV, DQK2, T, H, B, n_rows, eps,
                      D: tl.constexpr, HALF: tl.constexpr, TWO: tl.constexpr, ROPE: tl.constexpr, BR: tl.constexpr):
     h = tl.program_id(1)
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    row_ok = rows < n_rows
-    offs_h = tl.arange(0, HALF)
-    ok = row_ok[:, None] & (offs_h < D // 2)[None, :]
-    t = rows % T
-    b = rows // T
-    c = 0.0
-    s = 0.0
-    if ROPE:
-        c = tl.load(COS + t[:, None] * (D // 2) + offs_h[None, :], mask=ok, other=0.0).to(tl.float32)
-        s = tl.load(SIN + t[:, None] * (D // 2) + offs_h[None, :], mask=ok, other=0.0).to(tl.float32)
+    rows, row_ok, offs_h, ok, t, b, c, s = _tile(COS, SIN, T, n_rows, D, HALF, ROPE, BR)
     HD = H * D
     _backward_view(QKV, DQ1, DQKV, RINV, rows, t, b, offs_h, ok, row_ok, 3 * HD, 0, 0, HD, h, H, T, B, D, HALF, c, s,
                    ROPE, eps)
