@@ -108,6 +108,28 @@ def test_unit_views_refuse_bad_shapes():
         unit_views(torch.zeros(1, 4, 24), None, 2, torch.ones(3))
 
 
+def test_tda_hands_the_op_only_rotations_it_computes():
+    """TDA's layer gives ``unit_views`` RoPE's frequencies, None for encodings without a rotation, and False (the
+    model's own prologue) for an encoding that rotates otherwise, a subclass of RoPE's included."""
+    import torch
+
+    from lengthbench.models.attention import ATTENTION
+    from lengthbench.models.positional import RoPE, build_pe
+
+    def rotation(pe):
+        return ATTENTION.get("tda")(64, 4, pe).views_rotation()
+
+    assert torch.equal(rotation(build_pe("rope", 4, 16)), build_pe("rope", 4, 16).inv_freq)
+    for name in ("none", "alibi", "nape"):
+        assert rotation(build_pe(name, 4, 16)) is None
+
+    class Shifted(RoPE):
+        def rotate(self, q, k, positions):
+            return super().rotate(q, k, positions + 1)
+
+    assert rotation(Shifted(4, 16)) is False
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, bound", [("float32", 1e-5), ("bfloat16", 1e-2), ("float16", 2e-3)])
 @pytest.mark.parametrize("case", [(4, 91, 8, 32, True, True, True), (2, 131, 8, 32, True, False, False),

@@ -186,15 +186,23 @@ class TDAAttention(_Thresholded, TwoViewAttention):
             return super().forward(x)
         qkv, qk2 = self.qkv(x), self.qk2(x)
         views = unit_views_op()
-        rotates = type(self.pe).rotate is not PositionalEncoding.rotate
-        if (views is None or qkv.dtype not in (torch.bfloat16, torch.float16, torch.float32)
-                or (rotates and not isinstance(self.pe, RoPE))):
+        rotation = self.views_rotation()
+        if views is None or rotation is False or qkv.dtype not in (torch.bfloat16, torch.float16, torch.float32):
             ((q1, k1), (q2, k2)), v = self.views_of(qkv, qk2)
         else:  # RoPE, the norms and the copies to [B, H, T, D] in one op each way (kernels/views.py)
-            q1, k1, q2, k2, v = views(qkv, qk2, self.n_heads, self.pe.inv_freq if rotates else None)
+            q1, k1, q2, k2, v = views(qkv, qk2, self.n_heads, rotation)
         # The one-pass op: both views per tile; its backward visits only the tiles with an active entry.
         heads = op(q1, k1, q2, k2, v, lam=self.lam, slopes=self.pe.slopes(), sm_scale=1.0, **self.threshold_params())
         return self.merge_heads(self.finish_heads(heads, x), x)
+
+    def views_rotation(self):
+        """What ``kernels/views.py`` rotates the views by for this encoding: RoPE's inverse frequencies, None (an
+        encoding that does not rotate), or False where the op cannot apply it (an encoding with its own rotation,
+        a subclass of RoPE's included): the model's prologue then."""
+        rotate = type(self.pe).rotate
+        if rotate is PositionalEncoding.rotate:
+            return None
+        return self.pe.inv_freq if rotate is RoPE.rotate else False
 
     def attend(self, q, k, v, x):
         if not q.is_cuda:
