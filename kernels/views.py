@@ -21,7 +21,25 @@ import triton
 import triton.language as tl
 
 EPS = 1e-6  # F.normalize's default eps, as the models' ``unit``
-ROWS = 32  # token rows a program takes (of one head)
+# Launch tiles: token rows a program takes (of one head, a power of 2) and its warps, forward and backward.
+# ``unit_views(tuning=...)`` overrides them (benchmarks/views_kernels.py compares tiles).
+TILES = {"fwd": (32, 4), "bwd": (32, 4)}
+
+
+def tiles(tuning: dict | None = None) -> list[int]:
+    """``TILES`` with ``tuning``'s keys, as the op's argument ``[fwd rows, fwd warps, bwd rows, bwd warps]``."""
+    tuning = dict(tuning or {})
+    unknown = sorted(set(tuning) - set(TILES))
+    if unknown:
+        raise ValueError(f"unit_views tuning: unknown keys {unknown}; the keys are {sorted(TILES)}")
+    out = []
+    for key in ("fwd", "bwd"):
+        rows, warps = tuning.get(key, TILES[key])
+        if rows < 1 or rows & (rows - 1) or warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"unit_views tuning: {key} must be (rows, warps), rows a power of 2 and warps one of "
+                             f"1, 2, 4, 8, 16; got {tuning[key]!r}")
+        out += [int(rows), int(warps)]
+    return out
 
 
 @triton.jit
@@ -43,7 +61,7 @@ def _tile(COS, SIN, T, n_rows, D: tl.constexpr, HALF: tl.constexpr, ROPE: tl.con
 
 @triton.jit
 def _rotated(SRC, rows, offs_h, ok, W, slot, HD, h, D: tl.constexpr, HALF: tl.constexpr, c, s, ROPE: tl.constexpr):
-    """One view's rows ``[ROWS, HALF]`` x 2 (the halves), rotated, in fp32."""
+    """One view's rows ``[BR, HALF]`` x 2 (the halves), rotated, in fp32."""
     base = SRC + rows.to(tl.int64)[:, None] * W + slot * HD + h * D + offs_h[None, :]
     lo = tl.load(base, mask=ok, other=0.0).to(tl.float32)
     hi = tl.load(base + D // 2, mask=ok, other=0.0).to(tl.float32)
@@ -148,20 +166,21 @@ def _check(qkv: torch.Tensor, qk2: torch.Tensor | None, cos: torch.Tensor | None
     return batch, tokens, head_dim
 
 
-def _launch(kernel, qkv, qk2, cos, sin, *tensors, heads: int):
+def _launch(kernel, qkv, qk2, cos, sin, *tensors, heads: int, rows_per_program: int, warps: int):
     batch, tokens, head_dim = _check(qkv, qk2, cos, heads)
     rows = batch * tokens
     two = qk2 is not None
     rope = cos is not None
     dummy = qkv
-    kernel[(triton.cdiv(rows, ROWS), heads)](
+    kernel[(triton.cdiv(rows, rows_per_program), heads)](
         qkv, qk2 if two else dummy, cos if rope else dummy, sin if rope else dummy, *tensors, tokens, heads, batch,
-        rows, EPS, D=head_dim, HALF=triton.next_power_of_2(head_dim // 2), TWO=two, ROPE=rope, BR=ROWS, num_warps=4)
+        rows, EPS, D=head_dim, HALF=triton.next_power_of_2(head_dim // 2), TWO=two, ROPE=rope, BR=rows_per_program,
+        num_warps=warps)
 
 
 @torch.library.custom_op("lengthbench::unit_views", mutates_args=())
 def _unit_views(qkv: torch.Tensor, qk2: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None,
-                heads: int) -> list[torch.Tensor]:
+                heads: int, launch: list[int]) -> list[torch.Tensor]:
     batch, tokens, head_dim = _check(qkv, qk2, cos, heads)
     qkv = qkv.contiguous()
     qk2 = None if qk2 is None else qk2.contiguous()
@@ -173,12 +192,13 @@ def _unit_views(qkv: torch.Tensor, qk2: torch.Tensor | None, cos: torch.Tensor |
     rinv = torch.empty((n_views, batch, heads, tokens), device=qkv.device, dtype=torch.float32)
     q1, k1, *rest = views
     q2, k2, v = rest if n_views == 4 else (qkv, qkv, rest[0])
-    _launch(_forward_kernel, qkv, qk2, cos, sin, q1, k1, q2, k2, v, rinv, heads=heads)
+    _launch(_forward_kernel, qkv, qk2, cos, sin, q1, k1, q2, k2, v, rinv, heads=heads, rows_per_program=launch[0],
+            warps=launch[1])
     return [*views, rinv]
 
 
 @_unit_views.register_fake
-def _(qkv, qk2, cos, sin, heads):
+def _(qkv, qk2, cos, sin, heads, launch):
     batch, tokens, head_dim = _check(qkv, qk2, cos, heads)
     n_views = 4 if qk2 is not None else 2
     shape = (batch, heads, tokens, head_dim)
@@ -189,7 +209,7 @@ def _(qkv, qk2, cos, sin, heads):
 @torch.library.custom_op("lengthbench::unit_views_backward", mutates_args=())
 def _unit_views_backward(grads: list[torch.Tensor], qkv: torch.Tensor, qk2: torch.Tensor | None,
                          cos: torch.Tensor | None, sin: torch.Tensor | None, rinv: torch.Tensor,
-                         heads: int) -> list[torch.Tensor]:
+                         heads: int, launch: list[int]) -> list[torch.Tensor]:
     qkv = qkv.contiguous()
     qk2 = None if qk2 is None else qk2.contiguous()
     cos = None if cos is None else cos.contiguous()
@@ -200,18 +220,19 @@ def _unit_views_backward(grads: list[torch.Tensor], qkv: torch.Tensor, qk2: torc
     dq1, dk1, *rest = grads
     dq2, dk2, dv = rest if qk2 is not None else (dq1, dq1, rest[0])
     _launch(_backward_kernel, qkv, qk2, cos, sin, dq1, dk1, dq2, dk2, dv, rinv.contiguous(), dqkv,
-            dqkv if dqk2 is None else dqk2, heads=heads)
+            dqkv if dqk2 is None else dqk2, heads=heads, rows_per_program=launch[2], warps=launch[3])
     return [dqkv] if dqk2 is None else [dqkv, dqk2]
 
 
 @_unit_views_backward.register_fake
-def _(grads, qkv, qk2, cos, sin, rinv, heads):
+def _(grads, qkv, qk2, cos, sin, rinv, heads, launch):
     return [torch.empty_like(qkv)] if qk2 is None else [torch.empty_like(qkv), torch.empty_like(qk2)]
 
 
 def _setup_context(ctx, inputs, output):
-    qkv, qk2, cos, sin, heads = inputs
+    qkv, qk2, cos, sin, heads, launch = inputs
     ctx.heads = heads
+    ctx.launch = launch
     ctx.two = qk2 is not None
     ctx.save_for_backward(qkv, qk2, cos, sin, output[-1])
 
@@ -220,22 +241,23 @@ def _backward(ctx, grads):
     qkv, qk2, cos, sin, rinv = ctx.saved_tensors
     views = [torch.zeros(rinv.shape[1:] + (qkv.shape[-1] // (3 * ctx.heads),), device=qkv.device, dtype=qkv.dtype)
              if g is None else g for g in grads[:-1]]  # the gradient of rinv (an output for the backward) is not used
-    result = torch.ops.lengthbench.unit_views_backward(views, qkv, qk2, cos, sin, rinv, ctx.heads)
-    return result[0], (result[1] if ctx.two else None), None, None, None
+    result = torch.ops.lengthbench.unit_views_backward(views, qkv, qk2, cos, sin, rinv, ctx.heads, ctx.launch)
+    return result[0], (result[1] if ctx.two else None), None, None, None, None
 
 
 _unit_views.register_autograd(_backward, setup_context=_setup_context)
 
 
-def unit_views(qkv: torch.Tensor, qk2: torch.Tensor | None, heads: int,
-               inv_freq: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+def unit_views(qkv: torch.Tensor, qk2: torch.Tensor | None, heads: int, inv_freq: torch.Tensor | None = None,
+               tuning: dict | None = None) -> tuple[torch.Tensor, ...]:
     """``(q1, k1[, q2, k2], v)`` ``[B, H, T, D]``: each view's query and key rows rotated by RoPE of inverse
     frequencies ``inv_freq`` ``[D / 2]`` at positions ``0 .. T-1`` (None: not rotated) and of unit norm, ``v`` as
     it is; differentiable in ``qkv`` and ``qk2``. RoPE's tables are rounded to the input's dtype, as
-    ``RoPE.rotate``'s."""
+    ``RoPE.rotate``'s. ``tuning``: launch tiles in place of :data:`TILES`' (benchmarks, tests)."""
+    launch = tiles(tuning)
     cos = sin = None
     if inv_freq is not None:
         angles = torch.arange(qkv.shape[1], device=qkv.device, dtype=torch.float32)[:, None] * inv_freq[None, :]
         cos, sin = angles.cos().to(qkv.dtype), angles.sin().to(qkv.dtype)
-    out = torch.ops.lengthbench.unit_views(qkv, qk2, cos, sin, heads)
+    out = torch.ops.lengthbench.unit_views(qkv, qk2, cos, sin, heads, launch)
     return tuple(out[:-1])

@@ -7,16 +7,18 @@ op: ``test_attention_cuda.py``, ``test_train_step_gpu.py``."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from interpreter_helpers import interpreter_results, needs_triton, rel_err
 
-# (batch, tokens, heads, head_dim, two views, rope, tiny): ``tiny`` sets one query row to norm 1e-8, below the
-# norm's eps (F.normalize's clamp)
+# (batch, tokens, heads, head_dim, two views, rope, tiny[, tuning]): ``tiny`` sets one query row to norm 1e-8, below
+# the norm's eps (F.normalize's clamp); ``tuning``, launch tiles other than the defaults (``views.TILES``)
 CASES = [(2, 37, 3, 8, True, True, True), (2, 37, 3, 8, True, False, False), (1, 1, 2, 16, True, True, False),
-         (2, 33, 2, 32, False, True, True), (1, 70, 1, 6, False, False, False)]
+         (2, 33, 2, 32, False, True, True), (1, 70, 1, 6, False, False, False),
+         (2, 37, 3, 8, True, True, True, {"fwd": (16, 2), "bwd": (64, 1)})]
 
 
 def reference(qkv, qk2, heads, inv_freq, table_dtype):
@@ -52,7 +54,7 @@ def errors(case, device="cpu", dtype_name="float32", seed=0) -> dict:
     from lengthbench.kernels.views import unit_views
     from lengthbench.models.positional import RoPE
 
-    batch, tokens, heads, head_dim, two, rope, tiny = case
+    batch, tokens, heads, head_dim, two, rope, tiny, *tuning = case
     dtype = getattr(torch, dtype_name)
     generator = torch.Generator().manual_seed(seed)
     qkv = torch.randn(batch, tokens, 3 * heads * head_dim, generator=generator, dtype=torch.float64)
@@ -62,7 +64,7 @@ def errors(case, device="cpu", dtype_name="float32", seed=0) -> dict:
     qkv, qk2 = (None if t is None else t.to(dtype).to(device) for t in (qkv, qk2))  # the op's inputs, rounded
     inv_freq = RoPE(heads, head_dim).inv_freq.to(device) if rope else None
     leaves = [t.clone().requires_grad_() for t in (qkv, qk2) if t is not None]
-    got = unit_views(leaves[0], leaves[1] if two else None, heads, inv_freq)
+    got = unit_views(leaves[0], leaves[1] if two else None, heads, inv_freq, *tuning)
     exact = [t.double().requires_grad_() for t in (qkv, qk2) if t is not None]
     want = reference(exact[0], exact[1] if two else None, heads, inv_freq, dtype)
     weights = [torch.randn(w.shape, generator=generator, dtype=torch.float64).to(device) for w in want]
@@ -85,7 +87,7 @@ def measured():
 @needs_triton
 @pytest.mark.parametrize("index", range(len(CASES)))
 def test_unit_views_match_float64_reference(index, measured):
-    batch, tokens, heads, head_dim, two, _, _ = CASES[index]
+    batch, tokens, heads, head_dim, two, *_ = CASES[index]
     record = measured[index]
     assert record["out"] < 1e-6 and max(record["grads"]) < 1e-6, record
     assert record["contiguous"] and record["dtypes"] == ["torch.float32"]
@@ -106,6 +108,10 @@ def test_unit_views_refuse_bad_shapes():
         unit_views(torch.zeros(1, 4, 24), torch.zeros(1, 4, 12), 2)
     with pytest.raises(ValueError, match=r"cos and sin must be \[T, D / 2\]"):
         unit_views(torch.zeros(1, 4, 24), None, 2, torch.ones(3))
+    for tuning, said in (({"fwd": (24, 4)}, "rows a power of 2"), ({"bwd": (32, 3)}, "warps one of"),
+                         ({"rows": 32}, "unknown keys")):
+        with pytest.raises(ValueError, match=said):
+            unit_views(torch.zeros(1, 4, 24), None, 2, tuning=tuning)
 
 
 def test_tda_hands_the_op_only_rotations_it_computes():
@@ -128,6 +134,42 @@ def test_tda_hands_the_op_only_rotations_it_computes():
             return super().rotate(q, k, positions + 1)
 
     assert rotation(Shifted(4, 16)) is False
+
+
+BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "views_kernels.py"
+
+
+@pytest.mark.parametrize("rope", [True, False])
+def test_benchmark_baseline_is_the_models_prologue(rope):
+    """``benchmarks/views_kernels.py`` times the op against TDA's own prologue: the same views as this file's
+    reference (float64, on the CPU)."""
+    import torch
+
+    sys.path.insert(0, str(BENCHMARK.parent))
+    import views_kernels
+
+    call, inv_freq = views_kernels.prologue(2, 8, rope, device="cpu")
+    qkv, qk2 = torch.randn(3, 11, 48, dtype=torch.float64), torch.randn(3, 11, 32, dtype=torch.float64)
+    for got, want in zip(call(qkv, qk2), reference(qkv, qk2, 2, inv_freq, torch.float64), strict=True):
+        assert got.is_contiguous()
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert views_kernels.traffic(1, 1, 1, 2) == (2 * 10 * 2 + 16, 2 * 15 * 2 + 16)
+
+
+@pytest.mark.parametrize("argv, said", [(["--shapes", "128x91x8"], "is not batch x tokens x heads x head_dim"),
+                                        (["--variant", "r64"], "is not NAME=JSON"),
+                                        (["--variant", "r64=[64]"], "must be a JSON object"),
+                                        (["--rope", "maybe"], "--rope takes on, off"),
+                                        ([], "needs a CUDA GPU")])
+def test_benchmark_refuses_bad_input_in_one_line(argv, said, tmp_path):
+    import torch
+
+    if not argv and torch.cuda.is_available():
+        pytest.skip("a GPU is here: the benchmark would run")
+    done = subprocess.run([sys.executable, str(BENCHMARK), *argv, "--out", str(tmp_path)], capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.gpu
