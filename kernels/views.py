@@ -166,8 +166,8 @@ def _check(qkv: torch.Tensor, qk2: torch.Tensor | None, cos: torch.Tensor | None
     return batch, tokens, head_dim
 
 
-def _launch(kernel, qkv, qk2, cos, sin, *tensors, heads: int, rows_per_program: int, warps: int):
-    batch, tokens, head_dim = _check(qkv, qk2, cos, heads)
+def _launch(kernel, dims: tuple[int, ...], qkv, qk2, cos, sin, *tensors, heads: int, rows_per_program: int, warps: int):
+    batch, tokens, head_dim = dims  # _check's
     rows = batch * tokens
     two = qk2 is not None
     rope = cos is not None
@@ -181,7 +181,7 @@ def _launch(kernel, qkv, qk2, cos, sin, *tensors, heads: int, rows_per_program: 
 @torch.library.custom_op("lengthbench::unit_views", mutates_args=())
 def _unit_views(qkv: torch.Tensor, qk2: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None,
                 heads: int, launch: list[int]) -> list[torch.Tensor]:
-    batch, tokens, head_dim = _check(qkv, qk2, cos, heads)
+    batch, tokens, head_dim = dims = _check(qkv, qk2, cos, heads)
     qkv = qkv.contiguous()
     qk2 = None if qk2 is None else qk2.contiguous()
     cos = None if cos is None else cos.contiguous()
@@ -192,7 +192,7 @@ def _unit_views(qkv: torch.Tensor, qk2: torch.Tensor | None, cos: torch.Tensor |
     rinv = torch.empty((n_views, batch, heads, tokens), device=qkv.device, dtype=torch.float32)
     q1, k1, *rest = views
     q2, k2, v = rest if n_views == 4 else (qkv, qkv, rest[0])
-    _launch(_forward_kernel, qkv, qk2, cos, sin, q1, k1, q2, k2, v, rinv, heads=heads, rows_per_program=launch[0],
+    _launch(_forward_kernel, dims, qkv, qk2, cos, sin, q1, k1, q2, k2, v, rinv, heads=heads, rows_per_program=launch[0],
             warps=launch[1])
     return [*views, rinv]
 
@@ -219,7 +219,7 @@ def _unit_views_backward(grads: list[torch.Tensor], qkv: torch.Tensor, qk2: torc
     dqk2 = torch.empty_like(qk2) if qk2 is not None else None
     dq1, dk1, *rest = grads
     dq2, dk2, dv = rest if qk2 is not None else (dq1, dq1, rest[0])
-    _launch(_backward_kernel, qkv, qk2, cos, sin, dq1, dk1, dq2, dk2, dv, rinv.contiguous(), dqkv,
+    _launch(_backward_kernel, _check(qkv, qk2, cos, heads), qkv, qk2, cos, sin, dq1, dk1, dq2, dk2, dv, rinv.contiguous(), dqkv,
             dqkv if dqk2 is None else dqk2, heads=heads, rows_per_program=launch[2], warps=launch[3])
     return [dqkv] if dqk2 is None else [dqkv, dqk2]
 

@@ -182,7 +182,7 @@ class TDAAttention(_Thresholded, TwoViewAttention):
 
     def forward(self, x):
         op = self.kernel("tda") if x.is_cuda else None
-        if op is None:
+        if op is None:  # the reference: project (views concatenated per head), scores, weights
             return super().forward(x)
         qkv, qk2 = self.qkv(x), self.qk2(x)
         views = unit_views_op()
@@ -204,12 +204,3 @@ class TDAAttention(_Thresholded, TwoViewAttention):
             return None
         return self.pe.inv_freq if rotate is RoPE.rotate else False
 
-    def attend(self, q, k, v, x):
-        if not q.is_cuda:
-            return self.reference_attend(q, k, v, x)
-        (q1, q2), (k1, k2) = self.split(q), self.split(k)
-        op = self.kernel("tda")
-        if op is not None:
-            return op(q1, k1, q2, k2, v, lam=self.lam, slopes=self.pe.slopes(), sm_scale=1.0,
-                      **self.threshold_params())
-        return self.reference_attend(q, k, v, x)
