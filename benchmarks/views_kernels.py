@@ -27,6 +27,9 @@ import torch
 from lengthbench.devices import provenance
 from lengthbench.leaderboard import frame_markdown
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import parse_variants  # noqa: E402  (benchmarks/kernels.py: --variant NAME=JSON, one-line errors)
+
 SHAPES = "128x91x8x32,128x83x8x32,128x131x8x32"
 
 
@@ -39,23 +42,6 @@ def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
             raise ValueError(f"--shapes: {entry!r} is not batch x tokens x heads x head_dim (e.g. 128x91x8x32)")
         shapes.append(tuple(int(part) for part in parts))
     return shapes
-
-
-def parse_variants(items: list[str]) -> dict[str, dict]:
-    """``NAME=JSON`` entries as name -> tuning; a ``ValueError`` for a malformed one."""
-    variants = {}
-    for item in items:
-        name, _, text = item.partition("=")
-        if not name or not text:
-            raise ValueError(f"--variant: {item!r} is not NAME=JSON")
-        try:
-            tuning = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"--variant {name}: {error}") from None
-        if not isinstance(tuning, dict):
-            raise ValueError(f"--variant {name}: the tuning must be a JSON object")
-        variants[name] = tuning
-    return variants
 
 
 def prologue(heads: int, head_dim: int, rope: bool, device: str = "cuda"):
@@ -97,7 +83,7 @@ def measure(shape, rope: bool, variants: dict[str, dict]) -> list[dict]:
     reference, inv_freq = prologue(heads, head_dim, rope)
     compiled = torch.compile(reference, dynamic=False)
     calls = {"compiled": lambda: compiled(qkv, qk2)}
-    for name, tuning in {"default": None, **variants}.items():
+    for name, tuning in variants.items():
         calls[name] = lambda tuning=tuning: unit_views(qkv, qk2, heads, inv_freq, tuning)
     grads = [torch.randn(batch, heads, tokens, head_dim, device="cuda", generator=gen, dtype=torch.bfloat16)
              for _ in range(5)]
@@ -111,7 +97,7 @@ def measure(shape, rope: bool, variants: dict[str, dict]) -> list[dict]:
         forward = triton.testing.do_bench(call)
         total = triton.testing.do_bench(both, grad_to_none=[qkv, qk2])
         rows.append(dict(batch=batch, tokens=tokens, heads=heads, head_dim=head_dim, rope=rope, path=name,
-                         tuning=json.dumps(variants.get(name)) if name in variants else "",
+                         tuning=json.dumps(variants[name]) if variants.get(name) else "",
                          fwd_us=1000 * forward, fwd_bwd_us=1000 * total,
                          fwd_gb_s=forward_bytes / forward / 1e6,
                          bwd_gb_s=backward_bytes / max(total - forward, 1e-6) / 1e6))
@@ -130,7 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     try:
         shapes = parse_shapes(args.shapes)
-        variants = parse_variants(args.variant)
+        variants = dict(parse_variants(args.variant))  # "default" first, its tuning None
         ropes = [{"on": True, "off": False}[value] for value in args.rope.split(",")]
     except (KeyError, ValueError) as error:
         print(f"error: {error}" if isinstance(error, ValueError) else "error: --rope takes on, off or on,off",

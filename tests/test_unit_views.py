@@ -157,8 +157,9 @@ def test_benchmark_baseline_is_the_models_prologue(rope):
 
 
 @pytest.mark.parametrize("argv, said", [(["--shapes", "128x91x8"], "is not batch x tokens x heads x head_dim"),
-                                        (["--variant", "r64"], "is not NAME=JSON"),
-                                        (["--variant", "r64=[64]"], "must be a JSON object"),
+                                        (["--variant", "r64"], "give NAME=JSON"),
+                                        (["--variant", "r64=[64]"], "give NAME=JSON"),
+                                        (["--variant", "r64={"], "the tuning is not JSON"),
                                         (["--rope", "maybe"], "--rope takes on, off"),
                                         ([], "needs a CUDA GPU")])
 def test_benchmark_refuses_bad_input_in_one_line(argv, said, tmp_path):
