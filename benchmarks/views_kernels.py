@@ -30,7 +30,7 @@ from lengthbench.leaderboard import frame_markdown
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels import parse_variants  # noqa: E402  (benchmarks/kernels.py: --variant NAME=JSON, one-line errors)
 
-SHAPES = "128x91x8x32,128x83x8x32,128x131x8x32"
+SHAPES = "128x91x16x32,128x83x16x16,128x131x16x16"  # the paper MQMTAR, MQRAR and Copy models
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
