@@ -148,7 +148,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 narrow_tuning=os.environ.get("LENGTHBENCH_NARROW_TUNING", ""),
                 inductor_options=os.environ.get("LENGTHBENCH_INDUCTOR_OPTIONS", ""), capture_stick=kernels.CAPTURE_STICK,
                 capture_tuning=os.environ.get("LENGTHBENCH_CAPTURE_TUNING", ""), sdpa_alibi=_sdpa.SDPA_ALIBI,
-                unit_views=kernels.UNIT_VIEWS if attn in kernels.UNIT_VIEWS_MECHANISMS else "",
+                views=kernels.VIEWS if kernels.takes_views(ops) else "",
                 capture_settings=today_capture(",".join(sorted(ops))),
                 entmax_backward=kernels.entmax_backward_setting(), captured=captured, capture_error=failed,
                 rowwise_fused=bool(_narrow_settings(os.environ.get("LENGTHBENCH_NARROW_TUNING")).get(
@@ -322,7 +322,7 @@ def write(rows: list[dict], out: Path) -> None:
 # the environment variables that choose the ops a training step takes: a command that set one names it
 PATH_VARIABLES = ("LENGTHBENCH_IN_GRAPH", "LENGTHBENCH_CAPTURE_STICK", "LENGTHBENCH_NARROW_TUNING",
                   "LENGTHBENCH_CAPTURE_TUNING", "LENGTHBENCH_SDPA_ALIBI", "LENGTHBENCH_INDUCTOR_OPTIONS",
-                  "LENGTHBENCH_UNIT_VIEWS")
+                  "LENGTHBENCH_VIEWS")
 
 
 def command_line() -> str:
@@ -394,13 +394,18 @@ def rowwise_fused(rows: pd.DataFrame) -> pd.Series:
     return pd.Series(out, index=rows.index, dtype=bool)
 
 
-def unit_views(rows: pd.DataFrame) -> pd.Series:
-    """Where each row's TDA took its unit views (``kernels.UNIT_VIEWS``): its ``unit_views``, and for rows from
-    before that column "compiled" (the model's prologue under Inductor); "" for the mechanisms without the op."""
-    recorded = _column(rows, "unit_views")
-    takes = rows["attn"].isin(kernels.UNIT_VIEWS_MECHANISMS)
-    out = [(own if isinstance(own, str) and own else "compiled") if taken else ""
-           for own, taken in zip(recorded, takes, strict=True)]
+def views(rows: pd.DataFrame) -> pd.Series:
+    """Where each row's model took its query, key and value views (``kernels.VIEWS``): its ``views``; for rows from
+    before that column, TDA's ``unit_views`` (TDA alone took the op then), else "compiled" (the model's prologue under
+    Inductor); "" for the models that call no fused op (SDPA's)."""
+    recorded, older = _column(rows, "views"), _column(rows, "unit_views")
+    names = [[*row_ops(ops, attn), attn] for ops, attn in zip(_column(rows, "fused_ops"), rows["attn"], strict=True)]
+    out = []
+    for own, old, ops in zip(recorded, older, names, strict=True):
+        if not (kernels.takes_views(ops) or ops[-1] in kernels.ROW_SCALED_ENTMAX):
+            out.append("")
+        else:
+            out.append(next((value for value in (own, old) if isinstance(value, str) and value), "compiled"))
     return pd.Series(out, index=rows.index, dtype=object)
 
 
@@ -486,7 +491,8 @@ def newest_summary(frame: pd.DataFrame) -> str:
     tuned |= capture_settings(rows) != [today_capture(ops, attn) for ops, attn in
                                         zip(rows.get("fused_ops", [None] * len(rows)), rows["attn"], strict=True)]
     tuned |= alibi_path(rows) != _sdpa.SDPA_ALIBI
-    tuned |= rows["attn"].isin(kernels.UNIT_VIEWS_MECHANISMS) & (unit_views(rows) != kernels.UNIT_VIEWS)
+    prologue = views(rows)
+    tuned |= (prologue != "") & (prologue != kernels.VIEWS)
     tuned |= entmax_backward(rows) != entmax_backward(rows, kernels.entmax_backward_setting())
     tuned |= (entmax_backward(rows) == "rowwise") & (rowwise_fused(rows) != kernels.ROWWISE_FUSED)
     rows = rows[~other & ~tuned]
@@ -531,8 +537,9 @@ def newest_summary(frame: pd.DataFrame) -> str:
                   f"is not the one `{kernels.entmax_backward_setting()}` gives them (`entmax_backward`; rows without "
                   "the column took the narrow one), or whose rowwise backward ran "
                   f"{'with' if kernels.ROWWISE_FUSED else 'without'} its dq kernel (`rowwise_fused`; rows without "
-                  f"the column and its tuning key ran it), or whose TDA took its unit views other than `{kernels.UNIT_VIEWS}` "
-                  "(`unit_views`; rows without the column took them compiled) (levers compared against the library's settings; softmax and SSMax "
+                  f"the column and its tuning key ran it), or whose model with a fused op took its query, key and value "
+                  f"views other than `{kernels.VIEWS}` (`views`; rows without the column took them compiled, TDA's "
+                  "as its `unit_views` says) (levers compared against the library's settings; softmax and SSMax "
                   "with NAPE before the column took the bias as a mask), are left out of this table.")
     if unsteady.any():
         older += (f" `unsteady`: the run measured softmax + RoPE at its start and again at its end, and the two differ "
@@ -577,8 +584,9 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
             columns.insert(columns.index("in_graph") + 1, column)
     if "sdpa_alibi" in frame and frame["sdpa_alibi"].notna().any():
         columns.insert(columns.index("in_graph") + 1, "sdpa_alibi")
-    if "unit_views" in frame and frame["unit_views"].fillna("").astype(str).str.len().gt(0).any():
-        columns.insert(columns.index("in_graph") + 1, "unit_views")
+    for column in ("unit_views", "views"):
+        if column in frame and frame[column].fillna("").astype(str).str.len().gt(0).any():
+            columns.insert(columns.index("in_graph") + 1, column)
     if "halves" in frame and frame["halves"].notna().any():
         columns.append("halves")
     if "producer" in frame and frame["producer"].notna().any():

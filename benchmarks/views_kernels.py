@@ -11,7 +11,7 @@ and the bandwidth that makes of its time:
     python benchmarks/views_kernels.py --variant 'r64={"fwd": [64, 4], "bwd": [64, 4]}' --out results/benchmarks
 
 Writes ``views_kernels.parquet`` and ``.md`` with the device, date, commit and command; the kernels' GPU tests are
-``tests/test_unit_views.py``.
+``tests/test_views.py``.
 """
 
 from __future__ import annotations

@@ -98,22 +98,28 @@ def _env_choice(variable: str, default: str, other: str) -> str:
     return value
 
 
-# Where TDA takes its unit query and key views on CUDA: "op" (``views.unit_views``: RoPE, the norm and the copies to
-# [B, H, T, D] in one custom op each way) or "compiled" (the model's reference prologue, left to Inductor in the
-# training step); env ``LENGTHBENCH_UNIT_VIEWS``, for benchmarks that compare the two. Whole steps at batch 128, ratios
-# to softmax + RoPE, op / compiled, RoPE and NAPE: MQMTAR 0.77 / 0.67 and 0.77 / 0.65, MQRAR 0.72 / 0.72 and 0.81 /
-# 0.71, Copy 0.83 / 0.73 and 0.82 / 0.70 (H200, 2026-11-28, commit ac1ca07, results/benchmarks/gpu_logs/ab_unit_views.txt).
-UNIT_VIEWS = _env_choice("LENGTHBENCH_UNIT_VIEWS", "op", "compiled")
-UNIT_VIEWS_MECHANISMS = frozenset({"tda"})
+# Where the modules that call a fused op (:func:`get_kernel`) take their query, key and value views on CUDA: "op"
+# (``views.py``: RoPE, the norms of TDA's and TRA's cosine scores, and the copies to [B, H, T, D] in one custom op each
+# way) or "compiled" (the model's own prologue, left to Inductor in the training step); env ``LENGTHBENCH_VIEWS``, for
+# benchmarks that compare the two. TDA's unit views, whole steps at batch 128, ratios to softmax + RoPE, op / compiled,
+# RoPE and NAPE: MQMTAR 0.77 / 0.67 and 0.77 / 0.65, MQRAR 0.72 / 0.72 and 0.81 / 0.71, Copy 0.83 / 0.73 and 0.82 /
+# 0.70 (H200, 2026-11-28, commit ac1ca07, results/benchmarks/gpu_logs/ab_unit_views.txt).
+VIEWS = _env_choice("LENGTHBENCH_VIEWS", "op", "compiled")
 
 
-def unit_views_op() -> Callable | None:
-    """``views.unit_views`` where TDA's views take it (:data:`UNIT_VIEWS`) and Triton runs, else None."""
-    if UNIT_VIEWS != "op" or not triton_available():
+def views_op() -> Callable | None:
+    """``views.fused_views`` where the modules take it (:data:`VIEWS`) and Triton runs, else None."""
+    if VIEWS != "op" or not triton_available():
         return None
-    from lengthbench.kernels.views import unit_views
+    from lengthbench.kernels.views import fused_views
 
-    return unit_views
+    return fused_views
+
+
+def takes_views(ops) -> bool:
+    """Whether a model whose modules name the fused ops ``ops`` (their ``kernel_names``) takes :data:`VIEWS`' path:
+    where one of them is an op of this package (softmax's name is SDPA's)."""
+    return bool(set(ops) & set(_KERNELS))
 
 
 CAPTURE_STICK = _env_choice("LENGTHBENCH_CAPTURE_STICK", "wide", "narrow")

@@ -15,7 +15,11 @@ def rows(command, created, entmax_speed, commit="abc1234"):
     base = dict(task="mqrar", pe="rope", batch_size=128, train_step="graph-compiled", train_attention="fused",
                 compile_mode="", captured=True, step_ms=1.0, mean_padded_width=83.0, warmup_s=5.0,
                 device="NVIDIA H200", created_at=created, commit=commit, command=command)
-    return [dict(base, attn="softmax", samples_per_s=50_000.0), dict(base, attn="entmax", samples_per_s=entmax_speed)]
+    from lengthbench import kernels
+
+    # entmax's fused op on today's views (``kernels.VIEWS``); softmax calls none
+    return [dict(base, attn="softmax", samples_per_s=50_000.0, views=""),
+            dict(base, attn="entmax", samples_per_s=entmax_speed, views=kernels.VIEWS)]
 
 
 def merged_markdown(tmp_path, *frames) -> str:
@@ -334,33 +338,41 @@ def test_a_file_merged_twice_adds_its_rows_once(tmp_path):
     assert len(frame) == 2
 
 
-def test_tda_rows_on_other_unit_views_stay_out_of_the_summary(tmp_path):
-    """TDA's rows whose unit views ran other than today's (``unit_views``; rows from before the column: compiled) are
-    a comparison; the column does not concern the other mechanisms."""
+@pytest.mark.parametrize("attn, ops", [("tda", "tda"), ("softpick", "softpick"), ("sieve-entmax", "sieve-entmax")])
+def test_rows_on_other_views_stay_out_of_the_summary(tmp_path, attn, ops):
+    """Rows whose model took its query, key and value views other than today's (``views``; rows from before the
+    column: compiled, TDA's as its older ``unit_views`` column says) are a comparison; the column does not concern
+    the models without a fused op (softmax's rows stay)."""
     from lengthbench import kernels
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import train_throughput
 
-    other = "compiled" if kernels.UNIT_VIEWS == "op" else "op"
+    other = "compiled" if kernels.VIEWS == "op" else "op"
 
-    def tda(command, created, speed, views):
+    def run(command, created, speed, views, column="views"):
         frame = pd.DataFrame(rows(command, created, speed))
-        frame["attn"] = ["softmax", "tda"]
-        frame["fused_ops"] = ["", "tda"]
+        frame["attn"] = ["softmax", attn]
+        frame["fused_ops"] = ["softmax", ops]
         frame["in_graph"] = [False, True]
-        frame["capture_settings"] = [train_throughput.today_capture(ops) for ops in frame["fused_ops"]]
+        frame["capture_settings"] = [train_throughput.today_capture(names) for names in frame["fused_ops"]]
+        frame = frame.drop(columns="views")  # a run from before the column, unless
         if views is not None:
-            frame["unit_views"] = ["", views]
+            frame[column] = ["", views]
         return frame
 
-    today = tda("python benchmarks/train_throughput.py --attns softmax,tda", "2026-11-27T07:00:00", 30_000.0,
-                kernels.UNIT_VIEWS)
-    lever = tda("LENGTHBENCH_UNIT_VIEWS=... python benchmarks/train_throughput.py", "2026-11-27T08:00:00", 45_000.0,
-                other)
+    today = run(f"python benchmarks/train_throughput.py --attns softmax,{attn}", "2026-11-27T07:00:00", 30_000.0,
+                kernels.VIEWS)
+    lever = run("LENGTHBENCH_VIEWS=... python benchmarks/train_throughput.py", "2026-11-27T08:00:00", 45_000.0, other)
     summary, table = merged_markdown(tmp_path, today, lever).split("Runs (device")
-    assert "| tda | 0.60 (1) |" in summary and "unit views other than" in summary
-    assert "| unit_views |" in table
-    older = tda("python benchmarks/train_throughput.py --attns softmax,tda", "2026-11-27T09:00:00", 40_000.0, None)
+    assert f"| {attn} | 0.60 (1) |" in summary and "value views other than" in summary
+    assert "| softmax | 1.00 (2) |" in summary  # the lever's softmax row is the library's path
+    assert "| views |" in table
+    older = run(f"python benchmarks/train_throughput.py --attns softmax,{attn}", "2026-11-27T09:00:00", 40_000.0, None)
     summary = merged_markdown(tmp_path, today, older).split("Runs (device")[0]
-    assert ("| tda | 0.60 (1) |" if kernels.UNIT_VIEWS == "op" else "| tda | 0.80 (2) |") in summary
+    assert (f"| {attn} | 0.60 (1) |" if kernels.VIEWS == "op" else f"| {attn} | 0.80 (2) |") in summary
+    if attn == "tda":  # TDA's rows of the older column say which views they took
+        older = run("python benchmarks/train_throughput.py --attns softmax,tda", "2026-11-27T09:00:00", 40_000.0,
+                    kernels.VIEWS, column="unit_views")
+        summary = merged_markdown(tmp_path, today, older).split("Runs (device")[0]
+        assert "| tda | 0.80 (" in summary

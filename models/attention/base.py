@@ -24,9 +24,11 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from lengthbench.models.positional import PositionalEncoding
+from lengthbench.kernels import views_op
+from lengthbench.models.positional import PositionalEncoding, RoPE
 
 WeightFunction = Callable[..., torch.Tensor]
+VIEWS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the views op (kernels/views.py) takes
 
 
 def causal_mask(query_positions: torch.Tensor, n_keys: int) -> torch.Tensor:
@@ -162,8 +164,11 @@ class AttentionLayer(nn.Module):
         return self.split_qkv(self.qkv(x))
 
     def split_qkv(self, qkv: torch.Tensor):
-        """``q, k, v`` as ``[B, H, T, head_dim]`` from the ``qkv`` projection's output ``[B, T, 3 d_model]``,
-        positions applied."""
+        """``q, k, v`` as ``[B, H, T, head_dim]`` from the ``qkv`` projection's output ``[B, T, 3 d_model]`` (or a
+        slice of a wider one's rows), positions applied."""
+        views = self.fused_views(qkv)
+        if views is not None:
+            return views
         batch, tokens, _ = qkv.shape
         q, k, v = qkv.view(batch, tokens, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         positions = torch.arange(tokens, device=qkv.device)
@@ -202,6 +207,28 @@ class AttentionLayer(nn.Module):
         return heads
 
     # -- shared machinery --------------------------------------------------------------------------
+    def fused_views(self, qkv: torch.Tensor, qk2: torch.Tensor | None = None, norm: bool = False):
+        """``(q1, k1[, q2, k2], v)`` ``[B, H, T, head_dim]``, contiguous, from the projections' outputs by the op of
+        ``kernels/views.py`` (RoPE, unit norms where ``norm``, the copies: one kernel each way), or None where the
+        model's own prologue computes them: off CUDA, under ``LENGTHBENCH_VIEWS=compiled``, for an encoding whose
+        rotation the op does not compute, or in a module that calls no fused op (SDPA reads the rows in place)."""
+        if not (qkv.is_cuda and qkv.dtype in VIEWS_DTYPES) or not self.dispatches_to_kernel():
+            return None
+        op = views_op()
+        rotation = self.views_rotation()
+        if op is None or rotation is False:
+            return None
+        return op(qkv, qk2, self.n_heads, rotation, norm=norm)
+
+    def views_rotation(self):
+        """What ``kernels/views.py`` rotates the views by for this encoding: RoPE's inverse frequencies, None (an
+        encoding that does not rotate), or False where the op cannot apply it (an encoding with its own rotation,
+        a subclass of RoPE's included): the model's prologue then."""
+        rotate = type(self.pe).rotate
+        if rotate is PositionalEncoding.rotate:
+            return None
+        return self.pe.inv_freq if rotate is RoPE.rotate else False
+
     def kernel(self, name: str | None = None):
         """The fused op for ``name`` (default: this mechanism) from ``lengthbench.kernels``, or None."""
         if not self.use_kernels:

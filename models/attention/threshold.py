@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lengthbench.kernels import unit_views_op
 from lengthbench.models.attention.base import (
     AttentionLayer,
     HeadRMSNorm,
@@ -38,7 +37,6 @@ from lengthbench.models.attention.base import (
     zeros_where_not,
 )
 from lengthbench.models.attention.registry import register_attention
-from lengthbench.models.positional import PositionalEncoding, RoPE
 
 
 def rela_weights(scores, mask, query_positions=None):
@@ -138,7 +136,11 @@ class TRAAttention(_Thresholded, AttentionLayer):
         self._init_threshold(beta, kappa, power, tau_index)
 
     def project(self, x):
-        q, k, v = AttentionLayer.project(self, x)
+        qkv = self.qkv(x)
+        views = self.fused_views(qkv, norm=True)  # RoPE, the norms and the copies in one op each way
+        if views is not None:
+            return views
+        q, k, v = self.split_qkv(qkv)
         return unit(q), unit(k), v
 
     def weights(self, scores, query_positions, x_rows):
@@ -185,22 +187,13 @@ class TDAAttention(_Thresholded, TwoViewAttention):
         if op is None:  # the reference: project (views concatenated per head), scores, weights
             return super().forward(x)
         qkv, qk2 = self.qkv(x), self.qk2(x)
-        views = unit_views_op()
-        rotation = self.views_rotation()
-        if views is None or rotation is False or qkv.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        views = self.fused_views(qkv, qk2, norm=True)  # RoPE, the norms and the copies in one op each way
+        if views is None:
             ((q1, k1), (q2, k2)), v = self.views_of(qkv, qk2)
-        else:  # RoPE, the norms and the copies to [B, H, T, D] in one op each way (kernels/views.py)
-            q1, k1, q2, k2, v = views(qkv, qk2, self.n_heads, rotation)
+        else:
+            q1, k1, q2, k2, v = views
         # The one-pass op: both views per tile; its backward visits only the tiles with an active entry.
         heads = op(q1, k1, q2, k2, v, lam=self.lam, slopes=self.pe.slopes(), sm_scale=1.0, **self.threshold_params())
         return self.merge_heads(self.finish_heads(heads, x), x)
 
-    def views_rotation(self):
-        """What ``kernels/views.py`` rotates the views by for this encoding: RoPE's inverse frequencies, None (an
-        encoding that does not rotate), or False where the op cannot apply it (an encoding with its own rotation,
-        a subclass of RoPE's included): the model's prologue then."""
-        rotate = type(self.pe).rotate
-        if rotate is PositionalEncoding.rotate:
-            return None
-        return self.pe.inv_freq if rotate is RoPE.rotate else False
 

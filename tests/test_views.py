@@ -1,8 +1,8 @@
-"""``kernels/views.py`` (TDA's unit query and key views, one op each way) against the model's float64 reference
-prologue (``RoPE.rotate``, ``F.normalize``, the copies to ``[B, H, T, D]``): outputs and the gradients of both
-projections. On the CPU under the Triton interpreter (this file run as a worker, as ``test_kernels_interpreter.py``),
-fp32; on the GPU, fp32, bf16 and fp16 at training and long lengths. The whole TDA layer and training step on the
-op: ``test_attention_cuda.py``, ``test_train_step_gpu.py``."""
+"""``kernels/views.py`` (the query, key and value views of the fused projections, one op each way) against the
+model's float64 reference prologue (``RoPE.rotate``, ``F.normalize`` for TDA's unit views, the copies to ``[B, H, T,
+D]``): outputs and the gradients of both projections. On the CPU under the Triton interpreter (this file run as a
+worker, as ``test_kernels_interpreter.py``), fp32; on the GPU, fp32, bf16 and fp16 at training and long lengths. The
+whole layers and training steps on the op: ``test_attention_cuda.py``, ``test_train_step_gpu.py``."""
 
 from __future__ import annotations
 
@@ -14,16 +14,23 @@ from pathlib import Path
 import pytest
 from interpreter_helpers import interpreter_results, needs_triton, rel_err
 
-# (batch, tokens, heads, head_dim, two views, rope, tiny[, tuning]): ``tiny`` sets one query row to norm 1e-8, below
-# the norm's eps (F.normalize's clamp); ``tuning``, launch tiles other than the defaults (``views.TILES``)
-CASES = [(2, 37, 3, 8, True, True, True), (2, 37, 3, 8, True, False, False), (1, 1, 2, 16, True, True, False),
-         (2, 33, 2, 32, False, True, True), (1, 70, 1, 6, False, False, False),
-         (2, 37, 3, 8, True, True, True, {"fwd": (16, 2), "bwd": (64, 1)})]
+# (batch, tokens, heads, head_dim, two views, rope, tiny, norm, extra, tuning): ``tiny`` sets one query row to norm
+# 1e-8, below the norm's eps (F.normalize's clamp); ``norm``, unit views (TDA's, ``unit_views``) or the rows as they
+# are (``head_views``); ``extra``, columns after ``qkv``'s in a wider projection it is a slice of (ASEntmax's
+# ``w_beta`` and ``w_gamma``); ``tuning``, launch tiles other than the defaults (``views.TILES``)
+CASES = [(2, 37, 3, 8, True, True, True, True, 0, None), (2, 37, 3, 8, True, False, False, True, 0, None),
+         (1, 1, 2, 16, True, True, False, True, 0, None), (2, 33, 2, 32, False, True, True, True, 0, None),
+         (1, 70, 1, 6, False, False, False, True, 0, None),
+         (2, 37, 3, 8, True, True, True, True, 0, {"fwd": (16, 2), "bwd": (64, 1)}),
+         (2, 37, 3, 8, False, True, False, False, 0, None), (2, 33, 2, 32, False, False, False, False, 0, None),
+         (3, 29, 4, 8, False, True, False, False, 8, None), (1, 1, 2, 16, False, True, False, False, 4, None),
+         (2, 37, 3, 8, False, True, False, False, 6, {"fwd": (8, 1), "bwd": (128, 2)})]
 
 
-def reference(qkv, qk2, heads, inv_freq, table_dtype):
-    """The model's prologue (``TwoViewAttention.views_of`` with TDA's ``unit``), in the inputs' dtype, RoPE's tables
-    rounded to ``table_dtype`` (as the model rounds them to its activations')."""
+def reference(qkv, qk2, heads, inv_freq, table_dtype, norm=True):
+    """The model's prologue (``AttentionLayer.split_qkv``; ``TwoViewAttention.views_of`` with TDA's ``unit`` where
+    ``norm``), in the inputs' dtype, RoPE's tables rounded to ``table_dtype`` (as the model rounds them to its
+    activations')."""
     import torch
     import torch.nn.functional as F
 
@@ -31,7 +38,7 @@ def reference(qkv, qk2, heads, inv_freq, table_dtype):
 
     batch, tokens, width = qkv.shape
     head_dim = width // (3 * heads)
-    q1, k1, v = qkv.view(batch, tokens, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+    q1, k1, v = qkv.reshape(batch, tokens, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
     pairs = [(q1, k1)]
     if qk2 is not None:
         q2, k2 = qk2.view(batch, tokens, 2, heads, head_dim).permute(2, 0, 3, 1, 4)
@@ -43,7 +50,7 @@ def reference(qkv, qk2, heads, inv_freq, table_dtype):
             cos = torch.cat([angles.cos(), angles.cos()], -1).to(table_dtype).to(qkv.dtype)
             sin = torch.cat([angles.sin(), angles.sin()], -1).to(table_dtype).to(qkv.dtype)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        out += [F.normalize(q, dim=-1, eps=1e-6), F.normalize(k, dim=-1, eps=1e-6)]
+        out += [F.normalize(q, dim=-1, eps=1e-6), F.normalize(k, dim=-1, eps=1e-6)] if norm else [q, k]
     return [*out, v]
 
 
@@ -51,22 +58,26 @@ def errors(case, device="cpu", dtype_name="float32", seed=0) -> dict:
     """Relative errors of the op's outputs and of the gradients of ``qkv`` and ``qk2`` against float64."""
     import torch
 
-    from lengthbench.kernels.views import unit_views
+    from lengthbench.kernels.views import head_views, unit_views
     from lengthbench.models.positional import RoPE
 
-    batch, tokens, heads, head_dim, two, rope, tiny, *tuning = case
+    batch, tokens, heads, head_dim, two, rope, tiny, norm, extra, tuning = case
     dtype = getattr(torch, dtype_name)
     generator = torch.Generator().manual_seed(seed)
-    qkv = torch.randn(batch, tokens, 3 * heads * head_dim, generator=generator, dtype=torch.float64)
+    qkv = torch.randn(batch, tokens, 3 * heads * head_dim + extra, generator=generator, dtype=torch.float64)
     qk2 = torch.randn(batch, tokens, 2 * heads * head_dim, generator=generator, dtype=torch.float64) if two else None
     if tiny:
         qkv[0, tokens // 2, :head_dim] = 1e-8
     qkv, qk2 = (None if t is None else t.to(dtype).to(device) for t in (qkv, qk2))  # the op's inputs, rounded
     inv_freq = RoPE(heads, head_dim).inv_freq.to(device) if rope else None
     leaves = [t.clone().requires_grad_() for t in (qkv, qk2) if t is not None]
-    got = unit_views(leaves[0], leaves[1] if two else None, heads, inv_freq, *tuning)
     exact = [t.double().requires_grad_() for t in (qkv, qk2) if t is not None]
-    want = reference(exact[0], exact[1] if two else None, heads, inv_freq, dtype)
+    width = 3 * heads * head_dim
+    if norm:
+        got = unit_views(leaves[0], leaves[1] if two else None, heads, inv_freq, tuning)
+    else:  # the rows of a slice where ``extra``: the op reads them in place
+        got = head_views(leaves[0][..., :width], heads, inv_freq, tuning)
+    want = reference(exact[0][..., :width], exact[1] if two else None, heads, inv_freq, dtype, norm)
     weights = [torch.randn(w.shape, generator=generator, dtype=torch.float64).to(device) for w in want]
     sum((w.to(dtype) * g).float().sum() for w, g in zip(weights, got, strict=True)).backward()
     sum((w.to(dtype).double() * g).sum() for w, g in zip(weights, want, strict=True)).backward()  # the same upstream
@@ -76,7 +87,8 @@ def errors(case, device="cpu", dtype_name="float32", seed=0) -> dict:
              for a, b in zip(leaves, exact, strict=True)]
     return dict(out=max(rel_err(g, w) for g, w in zip(got, want, strict=True)), grads=grads,
                 contiguous=all(g.is_contiguous() for g in got), shapes=[list(g.shape) for g in got],
-                dtypes=sorted({str(g.dtype) for g in got}))
+                dtypes=sorted({str(g.dtype) for g in got}),
+                extra_grad=0.0 if not extra else leaves[0].grad[..., width:].abs().max().item())
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +98,11 @@ def measured():
 
 @needs_triton
 @pytest.mark.parametrize("index", range(len(CASES)))
-def test_unit_views_match_float64_reference(index, measured):
+def test_views_match_float64_reference(index, measured):
     batch, tokens, heads, head_dim, two, *_ = CASES[index]
     record = measured[index]
     assert record["out"] < 1e-6 and max(record["grads"]) < 1e-6, record
+    assert record["extra_grad"] == 0.0, record  # the columns after a slice's get none
     assert record["contiguous"] and record["dtypes"] == ["torch.float32"]
     assert record["shapes"] == [[batch, heads, tokens, head_dim]] * (5 if two else 3)
 
@@ -175,17 +188,23 @@ def test_benchmark_refuses_bad_input_in_one_line(argv, said, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, bound", [("float32", 1e-5), ("bfloat16", 1e-2), ("float16", 2e-3)])
-@pytest.mark.parametrize("case", [(4, 91, 8, 32, True, True, True), (2, 131, 8, 32, True, False, False),
-                                  (1, 4096, 4, 64, True, True, False), (2, 300, 4, 16, False, True, True)])
-def test_unit_views_on_the_gpu(case, dtype, bound):
+@pytest.mark.parametrize("case", [(4, 91, 8, 32, True, True, True, True, 0, None),
+                                  (2, 131, 8, 32, True, False, False, True, 0, None),
+                                  (1, 4096, 4, 64, True, True, False, True, 0, None),
+                                  (2, 300, 4, 16, False, True, True, True, 0, None),
+                                  (4, 91, 16, 32, False, True, False, False, 32, None),
+                                  (4, 131, 16, 16, False, False, False, False, 0, None),
+                                  (1, 4096, 4, 64, False, True, False, False, 8, None)])
+def test_views_on_the_gpu(case, dtype, bound):
     import torch
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    if dtype == "float16" and case[-1]:  # a clamped row's gradient, 1e6 times its upstream one, overflows fp16
-        case = (*case[:-1], False)
+    if dtype == "float16" and case[6]:  # a clamped row's gradient, 1e6 times its upstream one, overflows fp16
+        case = (*case[:6], False, *case[7:])
     record = errors(case, "cuda", dtype, seed=1)
     assert record["out"] < bound and max(record["grads"]) < bound, record
+    assert record["extra_grad"] == 0.0, record
     assert record["contiguous"] and record["dtypes"] == [f"torch.{dtype}"]
 
 
