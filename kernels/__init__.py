@@ -219,13 +219,19 @@ if _in_graph_env is not None:
     IN_GRAPH = in_graph_set(_in_graph_env)
 
 
+def has_kernel(mechanism: str) -> bool:
+    """Whether :func:`get_kernel` gives ``mechanism`` an op here, decided without loading it: a forward that
+    torch.compile traces may ask (``importlib`` in :func:`load_op` would break its graph; in ASEntmax's training step
+    the compile failed on it)."""
+    return mechanism in _KERNELS and triton_available()
+
+
 def get_kernel(mechanism: str, capturable: bool = False, in_graph: bool = False) -> Callable | None:
     """The fused op of ``mechanism``, or None where it cannot run here (no CUDA, no Triton, or no kernel for
     the mechanism). ``capturable``: the op with the launch settings a CUDA graph can record
     (:data:`CAPTURE_TUNING`); ``in_graph``: for the mechanisms of :data:`IN_GRAPH`, as a node of a compiled
     graph rather than a graph break where autograd records the call (``_bridge.py``)."""
-    target = _KERNELS.get(mechanism)
-    if target is None or not triton_available():
+    if not has_kernel(mechanism):
         return None
     if in_graph and mechanism in IN_GRAPH:
         from lengthbench.kernels._bridge import bridged

@@ -149,6 +149,24 @@ def test_tda_hands_the_op_only_rotations_it_computes():
     assert rotation(Shifted(4, 16)) is False
 
 
+@pytest.mark.parametrize("attn", ["entmax", "asentmax", "sieve-entmax", "stickbreaking", "tra", "tda", "softmax"])
+def test_the_views_choice_traces_without_a_graph_break(attn, monkeypatch):
+    """Whether a layer takes the views op is decided inside the forward that torch.compile traces: without loading
+    an op (``importlib`` there broke ASEntmax's compiled training step), as a graph of its own (``fullgraph``)."""
+    import torch
+
+    from lengthbench import kernels
+    from lengthbench.models.attention import ATTENTION
+    from lengthbench.models.positional import build_pe
+
+    monkeypatch.setattr(kernels, "triton_available", lambda: True)  # as on a GPU
+    layer = ATTENTION.get(attn)(64, 4, build_pe("rope", 4, 16))
+    torch._dynamo.reset()
+    decided = torch.compile(lambda x: x + 1 if layer.dispatches_to_kernel() else x - 1, backend="eager",
+                            fullgraph=True)(torch.zeros(2))
+    assert torch.equal(decided, torch.full((2,), 1.0 if attn != "softmax" else -1.0))  # softmax's is SDPA
+
+
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "views_kernels.py"
 
 

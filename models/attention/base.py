@@ -244,12 +244,13 @@ class AttentionLayer(nn.Module):
         return (self.name,)
 
     def dispatches_to_kernel(self) -> bool:
-        """Whether a forward on CUDA may call a fused op here."""
+        """Whether a forward on CUDA may call a fused op here; decided without loading the ops, so that a forward
+        that torch.compile traces may ask (:meth:`fused_views`) without a graph break."""
         if not self.use_kernels:
             return False
-        from lengthbench.kernels import get_kernel
+        from lengthbench.kernels import has_kernel
 
-        return any(get_kernel(name) is not None for name in self.kernel_names())
+        return any(has_kernel(name) for name in self.kernel_names())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.project(x)
