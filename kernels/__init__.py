@@ -101,9 +101,14 @@ def _env_choice(variable: str, default: str, other: str) -> str:
 # Where the modules that call a fused op (:func:`get_kernel`) take their query, key and value views on CUDA: "op"
 # (``views.py``: RoPE, the norms of TDA's and TRA's cosine scores, and the copies to [B, H, T, D] in one custom op each
 # way) or "compiled" (the model's own prologue, left to Inductor in the training step); env ``LENGTHBENCH_VIEWS``, for
-# benchmarks that compare the two. TDA's unit views, whole steps at batch 128, ratios to softmax + RoPE, op / compiled,
-# RoPE and NAPE: MQMTAR 0.77 / 0.67 and 0.77 / 0.65, MQRAR 0.72 / 0.72 and 0.81 / 0.71, Copy 0.83 / 0.73 and 0.82 /
-# 0.70 (H200, 2026-11-28, commit ac1ca07, results/benchmarks/gpu_logs/ab_unit_views.txt).
+# benchmarks that compare the two. Through whole training steps at batch 128 with RoPE, ratios to softmax + RoPE's
+# samples/s, the compiled prologue (train_throughput.md's cells before) -> the op (H200, 2026-11-28, commit 110dac9,
+# results/benchmarks/gpu_logs/views_all_mechanisms.txt), MQMTAR / MQRAR / Copy: entmax 0.86 / 0.87 / 0.82 -> 0.91 /
+# 0.92 / 0.86, ASEntmax 0.79 / 0.80 / 0.75 -> 0.83 / 0.85 / 0.79, stick-breaking 0.89 / 0.88 / 0.88 -> 0.94 / 0.92 /
+# 0.91, Sieve 0.83 / 0.83 / 0.81 -> 0.88 / 0.86 / 0.84, sieve-entmax 0.72 / 0.67 / 0.64 -> 0.76 / 0.69 / 0.66, TRA
+# 0.89 / 0.99 / 1.02 -> 1.01 / 1.09 / 1.11. TDA's unit views, op / compiled, RoPE and NAPE: MQMTAR 0.77 / 0.67 and
+# 0.77 / 0.65, MQRAR 0.72 / 0.72 and 0.81 / 0.71, Copy 0.83 / 0.73 and 0.82 / 0.70 (commit ac1ca07,
+# results/benchmarks/gpu_logs/ab_unit_views.txt).
 VIEWS = _env_choice("LENGTHBENCH_VIEWS", "op", "compiled")
 
 

@@ -17,7 +17,9 @@ by Inductor, the model's prologue is a rotation, a copy to that layout, and thei
 copy. For TDA, that prologue, its backward and the views recomputed for the op's backward took about 1.2 ms of its
 4.7 ms step on the paper MQMTAR model at batch 128; the op's two kernels take 0.38 ms, and the step 3.9 ms
 (``benchmarks/step_profile.py``, H200, 2026-11-28, commits 0a0c661 and ac1ca07:
-results/benchmarks/gpu_logs/step_profile_b128_unit_views.txt). ``kernels.VIEWS`` chooses between the two.
+results/benchmarks/gpu_logs/step_profile_b128_unit_views.txt). At batch 128 with RoPE every other fused
+mechanism's training step gained 0.02-0.12 of softmax + RoPE's samples/s on it (commit 110dac9,
+results/benchmarks/gpu_logs/views_all_mechanisms.txt). ``lengthbench.kernels.VIEWS`` chooses between the two.
 """
 
 import torch
