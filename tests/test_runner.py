@@ -236,6 +236,7 @@ def test_compiled_training_and_dense_references(monkeypatch, attn, pe, kernel, d
     from lengthbench.runner import DENSE_TRAIN_MAX_TOKENS, Trainer, compiles, trains_dense
 
     monkeypatch.setattr(kernels, "get_kernel", lambda name, **kw: (lambda *a, **k: None) if name == kernel else None)
+    monkeypatch.setattr(kernels, "has_kernel", lambda name: name == kernel)  # the layers ask before loading an op
     config = build_config("copy", attn, pe, "paper", **{**TINY, "compile": True, "train_attention": "reference"})
     task = get_task("copy")
     trainer = Trainer(config, task, torch.device("cpu"), Path("/nonexistent"), progress=False)
