@@ -275,7 +275,6 @@ def _setup_context(ctx, inputs, output):
     qkv, qk2, cos, sin, heads, norm, launch = inputs
     ctx.launch = launch
     ctx.two = qk2 is not None
-    ctx.norm = norm
     ctx.head_shape = tuple(output[0].shape)
     # without the norm the backward is the gradients' rotation alone: the projections are not kept for it
     ctx.save_for_backward(cos, sin, output[-1], *((qkv, qk2) if norm else ()))
