@@ -94,7 +94,7 @@ def takes_narrow(mechanism: str, op: str, tokens: int) -> bool:
         return False
     if op != "capturable":  # a variant: the training-width op itself
         return tokens <= narrow.NARROW_MAX_TOKENS
-    if mechanism in kernels.STICK_FAMILY and kernels.CAPTURE_STICK == "wide":
+    if mechanism in kernels.WIDE_CAPTURE and kernels.CAPTURE_STICK == "wide":
         return False
     return tokens <= narrow.CAPTURE_MAX_TOKENS["entmax" if mechanism == "entmax" else "stick"]
 

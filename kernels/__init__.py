@@ -89,6 +89,8 @@ CAPTURE_TUNING: dict[str, dict] = {
 # rows and 32 keys, same machine and commit (d93ab1b, gpu_logs/train_tiles_sweep.txt): Copy stick-breaking 0.77 ->
 # 0.86, sieve-alg1 0.70 -> 0.80; MQRAR stick-breaking 0.83 -> 0.87, Sieve 0.77 -> 0.82, sieve-alg1 0.77 -> 0.83.
 STICK_FAMILY = ("stickbreaking", "sieve", "sieve-alg1")
+# the mechanisms that take the long-context op at every width under ``wide``
+WIDE_CAPTURE = (*STICK_FAMILY, "sieve-entmax")
 STICK_CAPTURE = {"fwd": (64, 32, 4, 2), "bwd": (64, 32, 4, 2)}
 def _env_choice(variable: str, default: str, other: str) -> str:
     """The environment's ``variable``: ``default`` where unset, else ``default`` or ``other`` (a ``ValueError``)."""
@@ -127,11 +129,17 @@ def takes_views(ops) -> bool:
     return bool(set(ops) & set(_KERNELS))
 
 
+# Sieve's Section 3 form (``sieve-entmax``) under ``wide``: its threshold found with every row's keys in registers
+# (``narrow.sieve_threshold``, up to 256 keys), then the long-context op's filtered walk on the stick-breaking capture
+# tiles, at every width; under ``narrow``, the training-width kernels up to 128 keys and past them the threshold
+# search of ``_entmax_search.py`` before that walk.
+SIEVE_ENTMAX_CAPTURE = {"lists": False, "split": False, "threshold": "narrow", "walk": dict(STICK_CAPTURE)}
 CAPTURE_STICK = _env_choice("LENGTHBENCH_CAPTURE_STICK", "wide", "narrow")
 if CAPTURE_STICK == "wide":
     for _name in STICK_FAMILY:
         CAPTURE_TUNING[_name] = dict(STICK_CAPTURE)
     CAPTURE_TUNING["stickbreaking"]["full_tiles"] = True  # (the filter of Sieve's ops keeps the masks)
+    CAPTURE_TUNING["sieve-entmax"] = dict(SIEVE_ENTMAX_CAPTURE)
 
 # 1.5-entmax's backward at the training widths (``kernels/narrow.py``, its ``entmax_backward`` tuning key):
 # ``narrow`` (a row block a program against all keys), ``rowwise`` (the forward also keeps ``sum s``, ``sum s^2``
@@ -256,7 +264,7 @@ def load_op(mechanism: str, capturable: bool = False) -> Callable:
     op = getattr(module, function_name)
     if capturable and mechanism in CAPTURE_TUNING:
         op = functools.partial(op, tuning=CAPTURE_TUNING[mechanism])
-    if capturable and mechanism in NARROW_OPS and not (mechanism in STICK_FAMILY and CAPTURE_STICK == "wide"):
+    if capturable and mechanism in NARROW_OPS and not (mechanism in WIDE_CAPTURE and CAPTURE_STICK == "wide"):
         op = _narrow_or(mechanism, op)
     # torch.compile must not trace into the Triton launches (Inductor re-types their constants);
     # a graph break keeps the op an opaque autograd function inside compiled models.
@@ -264,7 +272,7 @@ def load_op(mechanism: str, capturable: bool = False) -> Callable:
 
 
 # The training-width ops (``narrow.py``, every row's keys in registers): taken on the capturable path by 1.5-entmax
-# and Sieve's Section 3 form (and by the rest of the stick-breaking family under ``LENGTHBENCH_CAPTURE_STICK=narrow``)
+# (and by the stick-breaking family, Sieve's Section 3 form among them, under ``LENGTHBENCH_CAPTURE_STICK=narrow``)
 # where the rows are at most ``narrow.CAPTURE_MAX_TOKENS`` wide (256 keys for entmax, 128 for the stick-breaking
 # family; fewer under ``LENGTHBENCH_NARROW_TUNING``'s ``max_tokens``, ``narrow.capture_max_tokens``) and the parameters
 # are theirs (alpha 1.5, Sieve's masked weights); the op of ``_KERNELS`` elsewhere.

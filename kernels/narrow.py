@@ -334,6 +334,35 @@ def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, M, L, U, sm_scale, eps, T, H, M0, R_E
 
 
 @triton.jit
+def _tau_kernel(Q, K, TAU, SL, RS, sm_scale, T, H, M0, R_END, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
+                DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr,
+                TW: tl.constexpr):
+    """Sieve's filter threshold of one row block (Section 3): ``tau`` of 1.5-entmax over the keys ``j < r``
+    (``_entmax_tau`` on ``X = z / 2``, the keys ``[0, TP)`` and, where ``TW``, ``[TP, TP + TW)`` in registers);
+    ``+inf`` on a row that sees no key."""
+    pid_m = tl.program_id(0) + M0
+    bh = tl.program_id(1)
+    base = bh.to(tl.int64) * T * D
+    offs_m, offs_d, row_ok, rmask, q, slope, rs = _head_rows(Q, SL, RS, base, bh, pid_m, T, R_END, H, HAS_SLOPES,
+                                                             HAS_RS, D, BD, BM)
+    offs_n = tl.arange(0, TP)
+    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :],
+                mask=(offs_n < T)[:, None] & (offs_d < D)[None, :], other=0.0)
+    z, _ = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+    earlier = (offs_n[None, :] < offs_m[:, None]) & (offs_n[None, :] < T)
+    if TW > 0:
+        offs_t = TP + tl.arange(0, TW)
+        k2 = tl.load(K + base + offs_t[:, None] * D + offs_d[None, :],
+                     mask=(offs_t < T)[:, None] & (offs_d < D)[None, :], other=0.0)
+        z2, _ = score_tile(q, k2, offs_m, offs_t, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+        earlier2 = (offs_t[None, :] < offs_m[:, None]) & (offs_t[None, :] < T)
+    else:
+        z2, earlier2 = z, earlier
+    tau = _entmax_tau(z * 0.5, earlier, z2 * 0.5, earlier2, TW)
+    tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
+
+
+@triton.jit
 def _tile_grads(dz, w, q, k, do, rs, DOT_PREC: tl.constexpr):
     """For one tile of keys ``k``: ``(dq, dk, dv)`` from the score gradients ``dz`` and weights ``w`` (``dk``
     before ``sm_scale``), fp32."""
@@ -736,6 +765,27 @@ def narrow_sieve_entmax(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, 
     if float(alpha) != 1.5:
         raise ValueError(f"the narrow kernels implement alpha = 1.5 only, got {alpha}")
     return NarrowAttention.apply(q, k, v, slopes, row_scale, sm_scale, STICK, 1, 0.0, tuning)
+
+
+def sieve_threshold(q, k, *, slopes=None, row_scale=None, sm_scale=None, tuning: dict | None = None) -> torch.Tensor:
+    """Sieve's filter threshold (Section 3) over at most :data:`NARROW_MAX_TOKENS` tokens: ``tau`` ``[B, H, T]``
+    fp32 of 1.5-entmax over each row's keys ``j < r`` on the scale ``X = z / 2`` (``+inf`` for row 0), as
+    ``_entmax_search.entmax_threshold(..., strict=True)`` finds it, with every row's keys in registers
+    (``_entmax_tau``: Newton's steps, then the exact root on the support) in the row ranges and row blocks of
+    1.5-entmax's forward (``_launch``; ``tuning`` its keys). No gradient."""
+    pb = Problem(q, k, k, slopes, row_scale, sm_scale)
+    if pb.tokens > NARROW_MAX_TOKENS:
+        raise ValueError(f"the narrow kernels take at most {NARROW_MAX_TOKENS} tokens, got {pb.tokens}")
+    launch, _, _ = _launch(pb, tuning, ENTMAX15)
+    tau = pb.rows()
+    for part in launch:
+        grid = (triton.cdiv(part["R_END"] - part["M0"] * part["BM"], part["BM"]), pb.bh)
+        _tau_kernel[grid](pb.q, pb.k, tau, pb.opt(pb.slopes), pb.opt(pb.row_scale), pb.sm_scale, pb.tokens, pb.heads,
+                          part["M0"], part["R_END"], HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
+                          DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=part["BD"], BM=part["BM"], TP=part["TP"],
+                          TW=part["TW"], num_warps=part["num_warps"],
+                          **({"num_stages": part["num_stages"]} if "num_stages" in part else {}))
+    return tau
 
 
 def narrow_entmax(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=1.5, tuning: dict | None = None):

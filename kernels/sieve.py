@@ -58,6 +58,7 @@ from lengthbench.kernels._entmax_config import launch_config
 from lengthbench.kernels._entmax_lists import _list_keys, _list_rows, _list_scores, _lists_apply, _lists_start
 from lengthbench.kernels._entmax_search import entmax_threshold
 from lengthbench.kernels._open_rows import _open_rows, _phases
+from lengthbench.kernels.narrow import NARROW_MAX_TOKENS, sieve_threshold
 from lengthbench.kernels.stickbreaking import (
     EXIT_AT,
     StickBreakingAttention,
@@ -376,31 +377,40 @@ class SieveListsAttention(torch.autograd.Function):
         return dq, dk, dv, g_sl, g_rs, None, None, None, None
 
 
+# How the path without lists finds Sieve's threshold (``sieve_attention``'s tuning key ``threshold``)
+THRESHOLDS = ("search", "narrow")
+
+
 def sieve_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=1.5, tuning: dict | None = None):
     """Sieve attention, ``[B, H, T, D]`` causal (``alpha`` must be 1.5). By candidate lists where entmax's
     list forward applies (``lists`` of the launch settings, ``_entmax_config.py``; ``tuning`` replaces some of
     them), else the threshold, then the filtered stick-breaking forward over all keys; there ``tuning``'s
     ``walk`` (a dict of ``stickbreaking.launch_config``'s keys, e.g. ``{"fwd": [64, 32, 4, 2]}``) sets that walk's
-    launch settings (a lever for the training step, whose capture settings take no lists). Measured through whole
-    training steps on an H200 at batch 128 with RoPE, sieve-entmax on this op with ``walk`` 64 x 32 forward and
-    backward (4 warps, 2 stages) against the default step (the training-width kernels), ratios to softmax + RoPE:
-    MQMTAR 0.72 -> 0.74, MQRAR 0.67 -> 0.68, Copy 0.64 -> 0.66 (``results/benchmarks/gpu_logs/ab_sieve_entmax_walk.txt``);
-    one to two points, near the spread between runs, and the training step's gradient test has not run on that path:
-    not the default."""
+    launch settings, and ``threshold`` how ``tau`` is found: ``search`` (``_entmax_search.entmax_threshold``, its
+    Newton passes over key tiles) or ``narrow`` (``narrow.sieve_threshold``, every row's keys in registers, up to
+    :data:`narrow.NARROW_MAX_TOKENS` tokens; the search past them). The training step takes ``narrow`` with the
+    stick-breaking capture tiles (``lengthbench.kernels.SIEVE_ENTMAX_CAPTURE``)."""
     if float(alpha) != 1.5:
         raise ValueError(f"the sieve kernel implements alpha = 1.5 only, got {alpha}")
     tuning = dict(tuning or {})
     walk = tuning.pop("walk", None)
+    threshold = tuning.pop("threshold", "search")
     if walk is not None and not isinstance(walk, dict):
         raise ValueError(f"sieve tuning: walk must be a dict of stick-breaking launch settings, got {walk!r}")
+    if threshold not in THRESHOLDS:
+        raise ValueError(f"sieve tuning: threshold must be one of {list(THRESHOLDS)}, got {threshold!r}")
     if _lists_apply(q, tuning):
-        if walk is not None:
-            raise ValueError("sieve tuning: walk sets the walk after the threshold, which the list path does not "
-                             "take (set lists to false, or sieve_open for the list path's open rows)")
+        if walk is not None or threshold != "search":
+            raise ValueError("sieve tuning: walk and threshold set the path without lists (the threshold, then the "
+                             "walk), which the list path does not take (set lists to false, or sieve_open for the "
+                             "list path's open rows)")
         return SieveListsAttention.apply(q, k, v, slopes, row_scale, None, sm_scale, False, tuning)
     with torch.no_grad():
-        tau = entmax_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, strict=True,
-                               tuning=tuning)
+        if threshold == "narrow" and q.shape[-2] <= NARROW_MAX_TOKENS:
+            tau = sieve_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale)
+        else:
+            tau = entmax_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, strict=True,
+                                   tuning=tuning)
     return StickBreakingAttention.apply(q, k, v, slopes, row_scale, tau, sm_scale, False, walk)
 
 

@@ -245,10 +245,10 @@ def test_capturable_stick_breaking_takes_the_narrow_kernels_up_to_128_tokens(mon
 
 @pytest.mark.parametrize("mechanism, module, function", [
     ("stickbreaking", "stickbreaking", "stickbreaking_attention"), ("sieve", "sieve", "sieve_alg1_attention"),
-    ("sieve-alg1", "sieve", "sieve_alg1_attention")])
+    ("sieve-alg1", "sieve", "sieve_alg1_attention"), ("sieve-entmax", "sieve", "sieve_attention")])
 def test_capturable_stick_family_takes_the_long_context_op_with_its_training_tiles(monkeypatch, mechanism, module, function):
-    """The default (``LENGTHBENCH_CAPTURE_STICK`` unset): the long-context op at every width, 64-row 32-key tiles;
-    Sieve's Section 3 form keeps its training-width kernels."""
+    """The default (``LENGTHBENCH_CAPTURE_STICK`` unset): the long-context op at every width, 64-row 32-key tiles
+    (Sieve's Section 3 form: its threshold with the rows in registers, then the walk on those tiles)."""
     pytest.importorskip("triton")
     import importlib
 
@@ -265,8 +265,9 @@ def test_capturable_stick_family_takes_the_long_context_op_with_its_training_til
         op(q, q, q)
     tiles = {"fwd": (64, 32, 4, 2), "bwd": (64, 32, 4, 2)}
     expected = dict(tiles, full_tiles=True) if mechanism == "stickbreaking" else tiles
+    if mechanism == "sieve-entmax":
+        expected = {"lists": False, "split": False, "threshold": "narrow", "walk": tiles}
     assert calls == [("wide", expected)] * 3
-    assert "sieve-entmax" not in kernels.STICK_FAMILY and "sieve-entmax" in kernels.NARROW_OPS
 
 
 def test_capture_tuning_overrides_parse_and_reject():
@@ -307,6 +308,26 @@ def test_sieve_walk_setting_is_checked_before_any_launch():
         sieve_attention(q, q, q, tuning={"lists": False, "walk": [64, 32, 4, 2]})
     with pytest.raises(ValueError, match="the list path does not take"):
         sieve_attention(q, q, q, tuning={"walk": {"fwd": [64, 32, 4, 2]}})
+    with pytest.raises(ValueError, match="threshold must be one of"):
+        sieve_attention(q, q, q, tuning={"lists": False, "threshold": "rows"})
+    with pytest.raises(ValueError, match="the list path does not take"):
+        sieve_attention(q, q, q, tuning={"threshold": "narrow"})
+
+
+def test_sieve_narrow_threshold_takes_rows_up_to_256_keys(monkeypatch):
+    """``threshold`` ``narrow``: ``narrow.sieve_threshold`` up to 256 tokens, the threshold search past them."""
+    pytest.importorskip("triton")
+    from lengthbench.kernels import sieve
+
+    calls = []
+    monkeypatch.setattr(sieve, "sieve_threshold", lambda q, k, **kw: calls.append("narrow") or q[..., 0].float())
+    monkeypatch.setattr(sieve, "entmax_threshold", lambda q, k, **kw: calls.append("search") or q[..., 0].float())
+    monkeypatch.setattr(sieve.StickBreakingAttention, "apply", lambda q, *rest: q)
+    for tokens in (17, 256, 257):
+        q = torch.zeros(1, 1, tokens, 4)
+        sieve.sieve_attention(q, q, q, tuning={"lists": False, "threshold": "narrow"})
+    sieve.sieve_attention(q, q, q, tuning={"lists": False})
+    assert calls == ["narrow", "narrow", "search", "search"]
 
 
 def test_tda_fused_backward_setting_is_checked():

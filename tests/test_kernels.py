@@ -327,21 +327,25 @@ def test_rowwise_tiles_match_reference(name, tokens, dtype, variant):
           allowed={key: DEFAULT_TILES_FACTOR * value for key, value in defaults.items()}, **extra)
 
 
-# sieve-entmax's walk after the threshold on the stick-breaking capture tiles (``walk``, a lever of the training step
-# with ``LENGTHBENCH_NARROW_TUNING`` ``{"max_tokens": 0}``), beside its capture settings (no lists, one threshold kernel)
+# sieve-entmax's walk after the threshold on the stick-breaking capture tiles (``walk``), the threshold found by the
+# search (one kernel, no lists) or with every row's keys in registers (``threshold`` ``narrow``: the training step's,
+# ``lengthbench.kernels.SIEVE_ENTMAX_CAPTURE``; the search past 256 tokens)
 SIEVE_WALK = dict(lists=False, split=False, walk=dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2)))
+SIEVE_WALKS = {"walk-64x32": SIEVE_WALK, "narrow-walk-64x32": dict(SIEVE_WALK, threshold="narrow")}
 
 
-@pytest.mark.parametrize("tokens, dtype, alibi", [(91, torch.bfloat16, False), (131, torch.float32, True),
-                                                  (300, torch.bfloat16, True)])
-def test_sieve_walk_tiles_match_reference(tokens, dtype, alibi):
-    q, k, v = make_inputs("sieve-entmax", 2, 2, tokens, 32, dtype, seed=tokens)
+@pytest.mark.parametrize("label", sorted(SIEVE_WALKS))
+@pytest.mark.parametrize("tokens, dtype, alibi, shift", [
+    (91, torch.bfloat16, False, 0.0), (131, torch.float32, True, 0.0), (300, torch.bfloat16, True, 0.0),
+    (256, torch.float16, True, 0.0), (83, torch.bfloat16, True, -8.0), (64, torch.float32, False, -4.0)])
+def test_sieve_walk_tiles_match_reference(tokens, dtype, alibi, shift, label):
+    q, k, v = make_inputs("sieve-entmax", 2, 2, tokens, 32, dtype, seed=tokens, shift=shift)
     extra = {}
     if alibi:
         gen = torch.Generator(device="cuda").manual_seed(7)
         extra = dict(slopes=torch.tensor([0.25, 0.0], device="cuda"),
                      row_scale=0.5 + torch.rand(2, 2, tokens, device="cuda", generator=gen))
-    check("sieve-entmax", q, k, v, seed=tokens, label="walk-64x32", tuning=SIEVE_WALK, **extra)
+    check("sieve-entmax", q, k, v, seed=tokens, label=label, tuning=SIEVE_WALKS[label], **extra)
 
 
 def test_stick_tuning_rejects_unknown_keys_and_values():

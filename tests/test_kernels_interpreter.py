@@ -55,7 +55,13 @@ VARIANTS = {
     "sieve-entmax": [("lists-8", dict(list_size=8)), ("no-lists", dict(lists=False)),
                      ("capture-sub2-32x16", dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16)),
                      # the walk after the threshold on tiles of its own (``walk``), smaller than the tokens
-                     ("capture-walk", dict(lists=False, split=False, walk=dict(fwd=(16, 16, 4, 1), bwd=(32, 16, 4, 1))))],
+                     ("capture-walk", dict(lists=False, split=False, walk=dict(fwd=(16, 16, 4, 1), bwd=(32, 16, 4, 1)))),
+                     # the threshold found with every row's keys in registers (``narrow.sieve_threshold``), then
+                     # that walk; and the threshold search before the capture's walk (the training step's under
+                     # ``LENGTHBENCH_CAPTURE_STICK=narrow`` past 128 keys)
+                     ("narrow-walk", dict(lists=False, split=False, threshold="narrow",
+                                          walk=dict(fwd=(16, 16, 4, 1), bwd=(32, 16, 4, 1)))),
+                     ("capture-search", dict(lists=False, split=False))],
     "entmax": [("no-lists", dict(lists=False)), ("lists-8", dict(list_size=8)),
                ("capture-sub2-32x16", dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16))],
     "sparsemax": [("no-lists", dict(lists=False))],
@@ -72,7 +78,8 @@ for _name in ("rectified", "rela", "softpick", "tra"):
     VARIANTS[_name] = [*VARIANTS.get(_name, []), ROWWISE_TILES, ROWWISE_FUSED]
 # and the settings a CUDA graph records (the training step's: lengthbench.kernels.CAPTURE_TUNING)
 CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=False, split=False),
-           "sieve-entmax": dict(lists=False, split=False),
+           "sieve-entmax": dict(lists=False, split=False, threshold="narrow", walk=dict(fwd=(64, 32, 4, 2),
+                                                                                         bwd=(64, 32, 4, 2))),
            "tda": dict(map=0, fwd=(32, 32, 4), dq=(32, 32, 4), dkdv=(32, 32, 4), fused_bwd=True),
            "stickbreaking": dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2), full_tiles=True),
            **{name: dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2)) for name in ("sieve", "sieve-alg1")},

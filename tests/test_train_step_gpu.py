@@ -23,8 +23,8 @@ from lengthbench.data import make_train_batch
 from lengthbench.tasks import IGNORE_INDEX, get_task
 from lengthbench.training import Trainer
 
-MECHANISMS = ("softmax", "ssmax", "entmax", "asentmax", "stickbreaking", "sieve", "sieve-alg1", "softpick", "tra",
-              "tda")
+MECHANISMS = ("softmax", "ssmax", "entmax", "asentmax", "stickbreaking", "sieve", "sieve-alg1", "sieve-entmax",
+              "softpick", "tra", "tda")
 ENCODINGS = ("rope", "nape")
 # bf16 autocast against float64, per parameter (the weights perturbed so that no gradient is zero by symmetry):
 # measured up to 4.5e-2 on an H200 (softpick's attn_norm), 1e-2 to 3e-2 for most. TRA and TDA are the exception,
