@@ -452,11 +452,19 @@ class TDAAttention(torch.autograd.Function):
         config = ctx.config
         fused = bool(config["fused_bwd"])
         dk1, dk2, dv = (torch.empty_like(t) for t in (k1, k2, v))
-        # fused: dq and the per-row gradients are sums of atomic adds, from zero
-        new = torch.zeros if fused else torch.empty
         rows = (pb.batch, pb.heads, pb.tokens)
-        d_sl, d_rs, d_tau, d_lam = (new(rows, device=q1.device, dtype=torch.float32) if wanted else None
-                                    for wanted in (grad_sl, grad_rs, grad_tau, grad_lam))
+        if fused:
+            # dq of both views and the per-row gradients are sums of atomic adds, from zero: one fp32 buffer, one
+            # fill (the row gradients that leave reduced share it; the row scale's, returned whole, has its own)
+            size, reduced = q1.numel(), (grad_sl, grad_tau, grad_lam)
+            zeros = torch.zeros(2 * size + sum(reduced) * pb.bh * pb.tokens, device=q1.device, dtype=torch.float32)
+            dq1, dq2 = zeros[:size].view(q1.shape), zeros[size:2 * size].view(q1.shape)
+            parts = iter(zeros[2 * size:].view(-1, *rows))
+            d_sl, d_tau, d_lam = (next(parts) if wanted else None for wanted in reduced)
+            d_rs = torch.zeros(rows, device=q1.device, dtype=torch.float32) if grad_rs else None
+        else:
+            d_sl, d_rs, d_tau, d_lam = (torch.empty(rows, device=q1.device, dtype=torch.float32) if wanted else None
+                                        for wanted in (grad_sl, grad_rs, grad_tau, grad_lam))
         use_map = ctx.amap is not None
         common = dict(POWER=power, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
                       USE_MAP=use_map, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, num_stages=2)
@@ -465,9 +473,7 @@ class TDAAttention(torch.autograd.Function):
         nq, nk = (ctx.amap.shape[1], ctx.amap.shape[2]) if use_map else (0, 0)
         inputs = (q1, k1, q2, k2, v, do)
         row_grads = tuple(pb.opt(t) for t in (d_rs, d_sl, d_tau, d_lam))
-        if fused:
-            dq1, dq2 = (torch.zeros(q1.shape, device=q1.device, dtype=torch.float32) for _ in range(2))
-        else:
+        if not fused:
             dq1, dq2 = torch.empty_like(q1), torch.empty_like(q2)
             bm, bn, warps = config["dq"]
             _bwd_dq_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
@@ -478,11 +484,12 @@ class TDAAttention(torch.autograd.Function):
             *inputs, dk1, dk2, dv, pb.opt(slopes), pb.opt(row_scale), tau_rows, lam_rows, k_starts, k_tiles,
             *((dq1, dq2, *row_grads) if fused else (pb.dummy,) * 6), sm_scale, pb.tokens, pb.heads, nk, FUSED=fused,
             **(grads if fused else {key: False for key in grads}), BM=bm, BN=bn, num_warps=warps, **common)
-        if fused:
-            dq1, dq2 = (dq1 * sm_scale).to(q1.dtype), (dq2 * sm_scale).to(q2.dtype)
-            if grad_sl:  # as the dq kernel stores it
-                d_sl = -d_sl if row_scale is None else -d_sl * row_scale
-        g_sl = reduce_slopes(d_sl) if grad_sl else None
+        if fused:  # (TDA's cosine scores take sm_scale 1: the casts alone, copies that share no memory)
+            dq1, dq2 = ((dq if sm_scale == 1.0 else dq * sm_scale).to(q1.dtype, copy=True) for dq in (dq1, dq2))
+        g_sl = None
+        if grad_sl:  # (the fused backward's per-row sums before the dq kernel's sign and row scale)
+            g_sl = reduce_slopes(d_sl if not fused else d_sl if row_scale is None else d_sl * row_scale)
+            g_sl = -g_sl if fused else g_sl
         g_rs = _sum_to(d_rs, ctx.rs_shape) if grad_rs else None
         g_tau = _sum_to(d_tau, ctx.tau_shape) if grad_tau else None
         g_lam = d_lam.sum(dim=(0, 2)) if grad_lam else None
