@@ -26,6 +26,9 @@ from pathlib import Path
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_throughput import PATH_VARIABLES, command_line  # noqa: E402
+
 
 def train_one(task: str, attn: str, pe: str, seed: int, train_step: str, train_samples: int, eval_samples: int,
               results: str, preset: str = "quick", device: str = "cuda") -> dict:
@@ -102,6 +105,7 @@ def main() -> None:
     jobs = [(task, attn, pe, int(seed), step) for task, attn, pe in cells for seed in args.seeds.split(",")
             for step in steps]
     info = provenance(torch.device(args.device), sys.argv)
+    info["command"] = command_line()  # (with the path variables it ran under: LENGTHBENCH_VIEWS and the like)
     rows = []
     scratch = Path(args.results)
     scratch.mkdir(parents=True, exist_ok=True)
@@ -137,14 +141,24 @@ def main() -> None:
     write(frame, Path(args.out), args.preset)
 
 
+def path_variables(command: str) -> str:
+    """The path variables a recorded command set before ``python`` (``train_throughput.PATH_VARIABLES``), as they
+    were written: ``"LENGTHBENCH_VIEWS=compiled"``; empty where it set none."""
+    words = str(command).split()
+    ahead = words[:words.index("python")] if "python" in words else []
+    return " ".join(word for word in ahead if word.split("=", 1)[0] in PATH_VARIABLES)
+
+
 def labelled(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """The rows with a ``step`` column: the training step, and its commit where the rows come from several runs
-    (newest run first); and the steps in that order."""
+    """The rows with a ``step`` column: the training step, with the path variables its command set, and its commit
+    where the rows come from several runs (newest run first); and the steps in that order."""
     frame = frame.copy()
     runs = frame.drop_duplicates("command").sort_values("created_at", ascending=False)
     several = len(runs) > 1
-    frame["step"] = [f"{step} at {sha}" if several else step
-                     for step, sha in zip(frame["train_step"], frame["git_sha"], strict=True)]
+    frame["step"] = [" ".join(filter(None, [step, f"({path_variables(command)})" if path_variables(command) else "",
+                                            f"at {sha}" if several else ""]))
+                     for step, sha, command in zip(frame["train_step"], frame["git_sha"], frame["command"],
+                                                   strict=True)]
     order = []
     for command in runs["command"]:
         order += [step for step in dict.fromkeys(frame[frame["command"] == command]["step"]) if step not in order]

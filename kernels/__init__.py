@@ -132,7 +132,10 @@ def takes_views(ops) -> bool:
 # Sieve's Section 3 form (``sieve-entmax``) under ``wide``: its threshold found with every row's keys in registers
 # (``narrow.sieve_threshold``, up to 256 keys), then the long-context op's filtered walk on the stick-breaking capture
 # tiles, at every width; under ``narrow``, the training-width kernels up to 128 keys and past them the threshold
-# search of ``_entmax_search.py`` before that walk.
+# search of ``_entmax_search.py`` before the op's own walk. Ratios to softmax + RoPE's samples/s at batch 128 with
+# RoPE, the training-width kernels (train_throughput.md's cells at commit 110dac9) -> this path (H200, 2026-11-28,
+# commit cfafbf4, results/benchmarks/gpu_logs/sieve_entmax_threshold_tda_fill.txt): MQMTAR 0.76 -> 0.85, MQRAR 0.69
+# -> 0.82, Copy 0.66 -> 0.77; at batch 512 MQMTAR 0.71 -> 0.81, MQRAR 0.62 -> 0.78.
 SIEVE_ENTMAX_CAPTURE = {"lists": False, "split": False, "threshold": "narrow", "walk": dict(STICK_CAPTURE)}
 CAPTURE_STICK = _env_choice("LENGTHBENCH_CAPTURE_STICK", "wide", "narrow")
 if CAPTURE_STICK == "wide":

@@ -46,10 +46,11 @@ and ``dq = sm_scale rs dz k``, ``dk = sm_scale sum_r rs_r dz_r q_r``, ``dv = w^T
 ALiBi slopes take ``dz`` times the biased score and ``-rs (r - j)``.
 
 The long-context ops stay what validation and scoring call; these are taken where the training step is recorded
-into a CUDA graph (``lengthbench.kernels.get_kernel(..., capturable=True)``) and the rows are narrow: by 1.5-entmax
-and Sieve's Section 3 form, and by stick-breaking and Sieve's Algorithm 1 only under
-``LENGTHBENCH_CAPTURE_STICK=narrow`` (by default those take the long-context ops with 64-row, 32-key tiles,
-measured faster through whole training steps: ``lengthbench.kernels.CAPTURE_STICK``). :data:`TUNING`'s ``fast``
+into a CUDA graph (``lengthbench.kernels.get_kernel(..., capturable=True)``) and the rows are narrow: by 1.5-entmax,
+and by the stick-breaking family (Sieve's two forms among it) only under ``LENGTHBENCH_CAPTURE_STICK=narrow`` (by
+default those take the long-context ops with 64-row, 32-key tiles, measured faster through whole training steps:
+``lengthbench.kernels.CAPTURE_STICK``; Sieve's Section 3 form there finds its threshold here, :func:`sieve_threshold`,
+every row's keys in registers, before the long-context op's walk). :data:`TUNING`'s ``fast``
 and triangular-product ``sums`` (the long-context op's arithmetic) measured no faster here at head dims 16 and 32
 (results/benchmarks/gpu_logs/narrow_kernels_d16_sweep.txt), so they stay off.
 """
@@ -86,9 +87,11 @@ def capture_max_tokens(mechanism: str) -> int:
     a lever for benchmarks that compare the two through whole training steps). Sieve's Section 3 form on the
     long-context op against these kernels, ratios to softmax + RoPE at batch 128 (paper models, H200, 2026-11-28,
     commit 77e1f96, results/benchmarks/gpu_logs/ab_narrow_levers.txt): MQRAR 0.65 against 0.67, MQMTAR 0.70 against
-    0.72, Copy 0.63 against 0.63; so these kernels stay. (That long-context op walked on its default 64 x 64 tiles;
-    on the stick-breaking capture tiles, ``sieve_attention``'s ``walk``: 0.68, 0.74 and 0.66 against 0.67, 0.72 and
-    0.64, results/benchmarks/gpu_logs/ab_sieve_entmax_walk.txt.)"""
+    0.72, Copy 0.63 against 0.63 (that long-context op walked on its default 64 x 64 tiles; on the stick-breaking
+    capture tiles, ``sieve_attention``'s ``walk``: 0.68, 0.74 and 0.66 against 0.67, 0.72 and 0.64,
+    results/benchmarks/gpu_logs/ab_sieve_entmax_walk.txt). Both found the threshold by the search of
+    ``_entmax_search.py``; with :func:`sieve_threshold` before that walk Sieve's Section 3 form leaves these kernels
+    (``lengthbench.kernels.SIEVE_ENTMAX_CAPTURE``) but under ``LENGTHBENCH_CAPTURE_STICK=narrow``."""
     widest = CAPTURE_MAX_TOKENS["entmax" if mechanism == "entmax" else "stick"]
     bound = ENV_TUNING.get("max_tokens")
     if bound is None:

@@ -55,3 +55,20 @@ def test_merged_runs_name_each_step_by_its_commit_newest_first(tmp_path):
     text = (tmp_path / "out" / "train_parity.md").read_text()
     assert "graph-compiled at aaa - graph-compiled at bbb" in text and "commit bbb" in text
     assert len(pd.read_parquet(tmp_path / "out" / "train_parity.parquet")) == 3
+
+
+def test_a_step_run_under_a_path_variable_is_its_own_step():
+    """Rows of one commit and step, one run under ``LENGTHBENCH_VIEWS=compiled``: two steps, not one of 2 x the seeds."""
+    def row(seed, accuracy, command, created):
+        return dict(cell="mqmtar:asentmax:nape", seed=seed, train_step="graph-compiled", id_token_accuracy=accuracy,
+                    git_sha="ccc", created_at=created, command=command)
+
+    frame = pd.DataFrame([row(0, 0.5, "python benchmarks/train_parity.py --seeds 0", "2026-03-01"),
+                          row(0, 0.9, "LENGTHBENCH_VIEWS=compiled python benchmarks/train_parity.py --seeds 0",
+                              "2026-03-02")])
+    shown, steps = parity.labelled(frame)
+    assert steps == ["graph-compiled (LENGTHBENCH_VIEWS=compiled) at ccc", "graph-compiled at ccc"]
+    assert parity.path_variables("LENGTHBENCH_VIEWS=op OTHER=1 python x.py A=B") == "LENGTHBENCH_VIEWS=op"
+    table = parity.summary(shown.assign(train_step=shown["step"]), steps)
+    assert table.iloc[0]["graph-compiled at ccc - graph-compiled (LENGTHBENCH_VIEWS=compiled) at ccc"] == \
+        pytest.approx(-0.4)
