@@ -2,7 +2,8 @@
 Triton interpreter: output and every gradient (q, k, v, ``slopes``, ``row_scale``) of stick-breaking, Sieve
 (Algorithm 1 with eps 8 and 2, Section 3's entmax support) and 1.5-entmax, on random scores and on long walks
 (every score shifted down by 8, so that the stick is broken over the whole row), one row block and several
-(``bm`` 16), with ALiBi slopes and a row scale. On a GPU (``gpu`` mark) the same comparison at the training
+(``bm`` 16), with ALiBi slopes and a row scale; and Sieve's threshold alone (``sieve_threshold``) against the
+float64 one. On a GPU (``gpu`` mark) the same comparison at the training
 widths (17 to 256 tokens), head dims 32 and 64, in fp32 and bf16 (the tolerances of ``test_kernels.py``).
 
 ``TRITON_INTERPRET=1`` must be set before Triton is imported: the cases run in a worker process (this file run
@@ -136,9 +137,59 @@ def near_ties(name, z, tokens, params):
     return torch.zeros(z.shape[:-1], dtype=torch.bool)
 
 
+# Sieve's threshold alone (``narrow.sieve_threshold``, the training step's before the long-context walk) against the
+# float64 one, (tokens, head_dim, extras) as above: every launch of the row ranges, the two tiles of a range the tokens
+# cut short (70, 131), row blocks of 16 ("bm16")
+THRESHOLD_SHAPES = [(17, 16, ""), (40, 16, "walk-bm16"), (70, 16, "alibi"), (131, 16, "alibi"), (131, 32, "walk")]
+
+
+def run_threshold_case(shape) -> dict:
+    """``|tau - tau64| / (1 + |tau64|)`` over the rows that see a key, and whether row 0 (none) got ``+inf``."""
+    import torch
+
+    from lengthbench.kernels import narrow
+
+    tokens, head_dim, extras = shape
+    gen = torch.Generator().manual_seed(7 * tokens + head_dim)
+    q, k = (torch.randn(2, 2, tokens, head_dim, generator=gen) for _ in range(2))
+    sm_scale = 1.0 / math.sqrt(head_dim)
+    if "walk" in extras:
+        q[..., 0] = 1.0
+        k[..., 0] = -8.0 / sm_scale
+    slopes = row_scale = None
+    z = torch.matmul(q.double(), k.double().transpose(-1, -2)) * sm_scale
+    if "alibi" in extras:
+        slopes = torch.tensor([0.5, 0.0625])
+        row_scale = 0.5 + torch.rand(2, 2, tokens, generator=gen)
+        pos = torch.arange(tokens)
+        z = (z - slopes.double()[:, None, None] * (pos[:, None] - pos[None, :]).double()) * row_scale.double()[..., None]
+    tau = narrow.sieve_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale,
+                                 tuning={"bm": 16} if "bm16" in extras else None)
+    pos = torch.arange(tokens)
+    x = torch.where(pos[None, :] < pos[:, None], z / 2, torch.full_like(z, float("-inf")))
+    ref = entmax_threshold64(x, 1.5)
+    err = ((tau[..., 1:].double() - ref[..., 1:]).abs() / (1 + ref[..., 1:].abs())).max().item() if tokens > 1 else 0.0
+    return dict(errors={"tau": err}, ties=0, finite=bool(torch.isinf(tau[..., 0]).all()))
+
+
+def all_cases() -> list:
+    """The op cases, then the threshold cases (the worker's indices run over both)."""
+    return [*cases(), *[("threshold", *shape) for shape in THRESHOLD_SHAPES]]
+
+
 @pytest.fixture(scope="module")
 def measured() -> dict[int, dict]:
-    return interpreter_results(str(Path(__file__).resolve()), len(cases()))
+    return interpreter_results(str(Path(__file__).resolve()), len(all_cases()))
+
+
+@needs_triton
+@pytest.mark.parametrize("index", range(len(THRESHOLD_SHAPES)),
+                         ids=[f"T{t}-D{d}{'-' + e if e else ''}" for t, d, e in THRESHOLD_SHAPES])
+def test_sieve_threshold_matches_float64(index, measured):
+    result = measured[len(cases()) + index]
+    print(THRESHOLD_SHAPES[index], result["errors"])
+    assert result["finite"], "row 0 (no key to see) must get +inf"
+    assert result["errors"]["tau"] <= 1e-5, result["errors"]
 
 
 @needs_triton
@@ -261,7 +312,9 @@ def test_every_narrow_op_is_covered():
 
 if __name__ == "__main__":
     for index in [int(i) for i in sys.argv[1].split(",") if i]:
-        print(json.dumps({"case": index, **run_case(cases()[index])}), flush=True)
+        case = all_cases()[index]
+        record = run_threshold_case(case[1:]) if case[0] == "threshold" else run_case(case)
+        print(json.dumps({"case": index, **record}), flush=True)
 
 
 def test_environment_tuning_is_a_default_the_call_overrides(monkeypatch):
