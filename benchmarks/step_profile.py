@@ -2,8 +2,9 @@
 
 Builds the runner's Trainer for each ``--attns`` entry (the default step: one CUDA graph, compiled), runs its
 warm-up and capture, then profiles three steps of the same code outside the graph (``GraphStep._eager``: the
-kernels the graph replays) and prints each mechanism's GPU time a step and, against the first mechanism, the
-kernels whose time differs most:
+kernels the graph replays) and prints each mechanism's GPU time a step, the captured step's own time a step (its
+replays timed end to end: where it exceeds the kernels' time, the GPU waits between them) and, against the first
+mechanism, the kernels whose time differs most:
 
     python benchmarks/step_profile.py --task mqmtar --attns softmax,stickbreaking,asentmax --pe rope --batch-size 128
 
@@ -32,8 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_throughput import command_line  # noqa: E402
 
 
-def kernel_times(task_name: str, attn: str, pe: str, batch_size: int, steps: int = 3) -> dict[str, tuple[float, int]]:
-    """Per kernel name: (GPU microseconds a step, launches a step) of the default training step."""
+def kernel_times(task_name: str, attn: str, pe: str, batch_size: int, steps: int = 3,
+                 replays: int = 50) -> tuple[dict[str, tuple[float, int]], float]:
+    """Per kernel name: (GPU microseconds a step, launches a step) of the default training step; and the
+    microseconds a step of the captured step itself, ``replays`` of it timed end to end on the GPU (the kernels,
+    the gaps between them and whatever the host keeps the GPU waiting for)."""
     torch._dynamo.reset()
     config = build_config(task_name, attn, pe, "paper", batch_size=batch_size, train_samples=10**6)
     trainer = Trainer(config, get_task(task_name), torch.device("cuda"), Path("/tmp/lengthbench-profile"),
@@ -56,8 +60,15 @@ def kernel_times(task_name: str, attn: str, pe: str, batch_size: int, steps: int
         for _ in range(steps):
             trainer.step_fn._eager(*padded)
         torch.cuda.synchronize()
-    return {event.key[:90]: (event.device_time_total / steps, event.count // steps)
-            for event in prof.key_averages() if event.device_time_total > 0}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        trainer.step_fn(*batches[5])
+    end.record()
+    torch.cuda.synchronize()
+    kernels = {event.key[:90]: (event.device_time_total / steps, event.count // steps)
+               for event in prof.key_averages() if event.device_time_total > 0}
+    return kernels, start.elapsed_time(end) * 1000.0 / replays
 
 
 def main() -> None:
@@ -85,12 +96,14 @@ def main() -> None:
     attns = args.attns.split(",")
     totals = {}
     for attn in attns:
-        totals[attn] = kernel_times(args.task, attn, args.pe, args.batch_size)
+        totals[attn], replayed = kernel_times(args.task, attn, args.pe, args.batch_size)
         from lengthbench.kernels._bridge import STATS
 
-        say(f"{attn}: {sum(t for t, _ in totals[attn].values()):,.0f} us a step (outside the graph, "
+        busy = sum(t for t, _ in totals[attn].values())
+        say(f"{attn}: {busy:,.0f} us a step (outside the graph, "
             f"{len(totals[attn])} kernel names; op backwards through the forward's graph {STATS['saved']}, "
-            f"by a second forward {STATS['recomputed']})")
+            f"by a second forward {STATS['recomputed']}); the captured step {replayed:,.0f} us a step "
+            f"({replayed - busy:+,.0f} us beside those kernels' time)")
     base = totals[attns[0]]
     say(f"\n{attns[0]}: its {args.top} longest kernels")
     for name, (micros, count) in sorted(base.items(), key=lambda item: -item[1][0])[:args.top]:
