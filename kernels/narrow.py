@@ -770,6 +770,10 @@ def narrow_sieve_entmax(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, 
     return NarrowAttention.apply(q, k, v, slopes, row_scale, sm_scale, STICK, 1, 0.0, tuning)
 
 
+# the keys of a forward launch (``_launch``) that the threshold kernel takes
+_TAU_LAUNCH = ("M0", "R_END", "BD", "BM", "TP", "TW", "num_warps", "num_stages")
+
+
 def sieve_threshold(q, k, *, slopes=None, row_scale=None, sm_scale=None, tuning: dict | None = None) -> torch.Tensor:
     """Sieve's filter threshold (Section 3) over at most :data:`NARROW_MAX_TOKENS` tokens: ``tau`` ``[B, H, T]``
     fp32 of 1.5-entmax over each row's keys ``j < r`` on the scale ``X = z / 2`` (``+inf`` for row 0), as
@@ -784,10 +788,8 @@ def sieve_threshold(q, k, *, slopes=None, row_scale=None, sm_scale=None, tuning:
     for part in launch:
         grid = (triton.cdiv(part["R_END"] - part["M0"] * part["BM"], part["BM"]), pb.bh)
         _tau_kernel[grid](pb.q, pb.k, tau, pb.opt(pb.slopes), pb.opt(pb.row_scale), pb.sm_scale, pb.tokens, pb.heads,
-                          part["M0"], part["R_END"], HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
-                          DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=part["BD"], BM=part["BM"], TP=part["TP"],
-                          TW=part["TW"], num_warps=part["num_warps"],
-                          **({"num_stages": part["num_stages"]} if "num_stages" in part else {}))
+                          HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None, DOT_PREC=pb.dot_prec,
+                          D=pb.head_dim, **{key: value for key, value in part.items() if key in _TAU_LAUNCH})
     return tau
 
 

@@ -487,9 +487,8 @@ class TDAAttention(torch.autograd.Function):
         if fused:  # (TDA's cosine scores take sm_scale 1: the casts alone, copies that share no memory)
             dq1, dq2 = ((dq if sm_scale == 1.0 else dq * sm_scale).to(q1.dtype, copy=True) for dq in (dq1, dq2))
         g_sl = None
-        if grad_sl:  # (the fused backward's per-row sums before the dq kernel's sign and row scale)
-            g_sl = reduce_slopes(d_sl if not fused else d_sl if row_scale is None else d_sl * row_scale)
-            g_sl = -g_sl if fused else g_sl
+        if grad_sl:  # (the fused backward's per-row sums come before the dq kernel's sign and row scale)
+            g_sl = reduce_slopes(d_sl) if not fused else -reduce_slopes(d_sl if row_scale is None else d_sl * row_scale)
         g_rs = _sum_to(d_rs, ctx.rs_shape) if grad_rs else None
         g_tau = _sum_to(d_tau, ctx.tau_shape) if grad_tau else None
         g_lam = d_lam.sum(dim=(0, 2)) if grad_lam else None
