@@ -21,7 +21,12 @@ eager step.
 Inductor's kernels compiled (on a 16-core machine it shortens a 30-cell command several times over; the rows'
 ``warmup_s`` is then not a fresh machine's, and they say ``cache_warmed``). Each row's ``first_warmup_s`` is then
 its cell's warm-up in that first pass: construction, compilation and graph capture with the caches the command
-found (empty on a fresh machine), N cells compiling at once.
+found (empty on a fresh machine), N cells compiling at once. ``--fresh-caches`` gives each warm process empty
+Inductor and Triton caches of its own: with ``--warm-jobs 1`` each row's ``first_warmup_s`` is then its cell's warm-up
+alone on a fresh machine (the rows say ``fresh_caches``)::
+
+    python benchmarks/train_throughput.py --preset paper --tasks copy --attns asentmax,tda --pes rope \
+        --batch-sizes 512 --warm-jobs 1 --fresh-caches --out results/benchmarks
 
 Run it alone on its machine: its data workers need the host's cores. Four commands at once on a host of four
 GPUs, one GPU each, left 19 of their 69 cells at batch 128 waiting 40-82% of the timed seconds for data, and
@@ -196,8 +201,13 @@ def main() -> None:
     parser.add_argument("--warm-jobs", type=int, default=0, help="first compile every cell in this many processes at "
                         "once, a few steps each (Inductor keeps what it compiles on disk), so that the timed pass finds "
                         "its kernels compiled; its warmup_s is then not a fresh machine's (the rows say cache_warmed)")
+    parser.add_argument("--fresh-caches", action="store_true", help="with --warm-jobs: each cell's warm process "
+                        "starts with empty Inductor and Triton caches of its own, so that its first_warmup_s is a fresh "
+                        "machine's (with --warm-jobs 1, the cell's alone)")
     parser.add_argument("--out", default="results/throughput")
     args = parser.parse_args()
+    if args.fresh_caches and args.warm_jobs < 1:
+        parser.error("--fresh-caches: the caches are the warm processes' (--warm-jobs 1 or more)")
     if args.in_graph:
         try:
             kernels.IN_GRAPH = kernels.in_graph_set(args.in_graph)
@@ -232,6 +242,7 @@ def main() -> None:
                                   args.dynamic, args.trace, path, train_step)
                     row["closing"] = index == len(cells)
                     row["cache_warmed"] = args.warm_jobs > 0
+                    row["fresh_caches"] = args.fresh_caches
                     row["first_warmup_s"] = first_warmups.get((task, str(batch_size), train_step, attn, pe, path))
                     rows.append(row)
                     if row["closing"]:
@@ -275,13 +286,20 @@ def warm_commands(args: argparse.Namespace) -> list[list[str]]:
 
 def warm(args: argparse.Namespace) -> dict[tuple, float]:
     """Runs :func:`warm_commands` ``args.warm_jobs`` at a time (their compilations use the CPU's cores at once,
-    where one process compiles one cell after another). Returns each warmed cell's ``warmup_s`` by ``(task,
+    where one process compiles one cell after another); with ``args.fresh_caches`` each in empty Inductor and Triton
+    caches of its own (the timed pass then compiles again, in the command's caches). Returns each warmed cell's ``warmup_s`` by ``(task,
     batch size, step, attn, pe, path)``, the strings of the command line."""
     commands = warm_commands(args)
     started = time.perf_counter()
 
     def one(command: list[str]) -> tuple[str, dict]:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        with contextlib.ExitStack() as stack:
+            env = None
+            if getattr(args, "fresh_caches", False):  # a fresh machine's: nothing compiled on disk for this cell
+                caches = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lengthbench-caches-")))
+                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+                       "TRITON_CACHE_DIR": str(caches / "triton")}
+            done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
         if done.returncode == 0:
             table = Path(command[command.index("--out") + 1]) / "train_throughput.parquet"
             row = pd.read_parquet(table).iloc[0]
@@ -595,6 +613,8 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
         columns.append("cache_warmed")
     if "first_warmup_s" in frame and frame["first_warmup_s"].notna().any():
         columns.insert(columns.index("warmup_s") + 1, "first_warmup_s")
+    if "fresh_caches" in frame and frame["fresh_caches"].fillna(False).astype(bool).any():
+        columns.insert(columns.index("first_warmup_s") + 1, "fresh_caches")
     if "baseline_drift" in frame and frame["baseline_drift"].notna().any():
         columns.append("baseline_drift")
     if frame["note"].fillna("").str.len().gt(0).any():  # what a row's numbers alone do not say
@@ -605,7 +625,7 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
         "by the same run. `warmup_s`: the model's construction and the untimed first steps (compilation, graph "
         "capture); with `cache_warmed`, Inductor's caches were filled first by `--warm-jobs` processes, and "
         "`first_warmup_s` is the cell's warm-up in its own such process (with the caches the command found, several "
-        "cells compiling at once). `data_wait_share`: the share of the timed seconds spent waiting for the data workers' next "
+        "cells compiling at once; with `fresh_caches`, empty caches of its own: a fresh machine's). `data_wait_share`: the share of the timed seconds spent waiting for the data workers' next "
         "batch (`producer` `shared`: the producer that fed the warm-up feeds the timed steps, as in a training run; "
         "rows without it started one for the timed steps, and its workers' start-up fell in their timed seconds). "
         "`halves`: "

@@ -75,7 +75,7 @@ CAPTURE_TUNING: dict[str, dict] = {
     "entmax": {"lists": False, "split": False},
     "sparsemax": {"lists": False, "split": False},
     "sieve-entmax": {"lists": False, "split": False},
-    "tda": {"map": 0, "fwd": (32, 32, 4), "dq": (32, 32, 4), "dkdv": (32, 32, 4), "fused_bwd": True},
+    "tda": {"map": 0, "fwd": (32, 32, 4), "dq": (32, 32, 4), "dkdv": (64, 32, 4), "fused_bwd": True},
     "softpick": dict(ROWWISE_CAPTURE),
     "tra": dict(ROWWISE_CAPTURE),
 }

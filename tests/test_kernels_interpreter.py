@@ -80,7 +80,7 @@ for _name in ("rectified", "rela", "softpick", "tra"):
 CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=False, split=False),
            "sieve-entmax": dict(lists=False, split=False, threshold="narrow", walk=dict(fwd=(64, 32, 4, 2),
                                                                                          bwd=(64, 32, 4, 2))),
-           "tda": dict(map=0, fwd=(32, 32, 4), dq=(32, 32, 4), dkdv=(32, 32, 4), fused_bwd=True),
+           "tda": dict(map=0, fwd=(32, 32, 4), dq=(32, 32, 4), dkdv=(64, 32, 4), fused_bwd=True),
            "stickbreaking": dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2), full_tiles=True),
            **{name: dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2)) for name in ("sieve", "sieve-alg1")},
            **{name: dict(fwd=(64, 32, 4), bwd=(32, 32, 4)) for name in ("softpick", "tra")}}

@@ -177,6 +177,43 @@ def test_warm_returns_each_cells_first_warm_up(monkeypatch):
     assert first == {("mqrar", "128", "graph-compiled", "softmax", "rope", "fused"): 42.5}
 
 
+def test_fresh_caches_give_each_warm_process_empty_caches_of_its_own(monkeypatch):
+    """``--fresh-caches``: every warm process runs with Inductor and Triton cache folders of its own, empty when it
+    starts (a fresh machine's warm-up) and gone when it ends; without it the processes share the command's."""
+    import argparse
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    seen = []
+
+    def fake_run(command, env=None, **kwargs):
+        seen.append(env)
+        if env is not None:
+            for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+                folder = Path(env[variable])
+                assert folder.parent.is_dir() and not folder.exists()  # nothing compiled there yet
+        out = Path(command[command.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame([dict(task="copy", batch_size=512, train_step="graph-compiled",
+                           attn=command[command.index("--attns") + 1], pe="rope", train_attention="fused",
+                           warmup_s=30.0)]).to_parquet(out / "train_throughput.parquet")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(train_throughput.subprocess, "run", fake_run)
+    args = argparse.Namespace(tasks="copy", attns="softmax,asentmax", pes="rope", preset="paper", batch_sizes="512",
+                              train_steps="graph-compiled", train_attentions="fused", compile_modes="default",
+                              pad_multiples="8", dynamic="static", warmup=6, in_graph="", warm_jobs=1,
+                              fresh_caches=True)
+    assert len(train_throughput.warm(args)) == 2
+    folders = [Path(env[variable]) for env in seen for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")]
+    assert len(set(folders)) == 4 and not any(folder.parent.exists() for folder in folders)
+    seen.clear()
+    args.fresh_caches = False
+    train_throughput.warm(args)
+    assert seen == [None, None]
+
+
 @pytest.mark.parametrize("variable, column, value, said", [
     ("LENGTHBENCH_CAPTURE_TUNING", "capture_tuning", '{"entmax": {"split": true}}', "capture settings other than today's"),
     ("LENGTHBENCH_INDUCTOR_OPTIONS", "inductor_options", '{"triton.mix_order_reduction": true}',
