@@ -287,8 +287,8 @@ def warm_commands(args: argparse.Namespace) -> list[list[str]]:
 def warm(args: argparse.Namespace) -> dict[tuple, float]:
     """Runs :func:`warm_commands` ``args.warm_jobs`` at a time (their compilations use the CPU's cores at once,
     where one process compiles one cell after another); with ``args.fresh_caches`` each in empty Inductor and Triton
-    caches of its own (the timed pass then compiles again, in the command's caches). Returns each warmed cell's ``warmup_s`` by ``(task,
-    batch size, step, attn, pe, path)``, the strings of the command line."""
+    caches of its own (the timed pass then compiles again, in the command's caches). Returns each warmed cell's
+    ``warmup_s`` by ``(task, batch size, step, attn, pe, path)``, the strings of the command line."""
     commands = warm_commands(args)
     started = time.perf_counter()
 
@@ -625,7 +625,8 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
         "by the same run. `warmup_s`: the model's construction and the untimed first steps (compilation, graph "
         "capture); with `cache_warmed`, Inductor's caches were filled first by `--warm-jobs` processes, and "
         "`first_warmup_s` is the cell's warm-up in its own such process (with the caches the command found, several "
-        "cells compiling at once; with `fresh_caches`, empty caches of its own: a fresh machine's). `data_wait_share`: the share of the timed seconds spent waiting for the data workers' next "
+        "cells compiling at once; with `fresh_caches`, empty caches of its own: a fresh machine's). `data_wait_share`: "
+        "the share of the timed seconds spent waiting for the data workers' next "
         "batch (`producer` `shared`: the producer that fed the warm-up feeds the timed steps, as in a training run; "
         "rows without it started one for the timed steps, and its workers' start-up fell in their timed seconds). "
         "`halves`: "
