@@ -63,8 +63,8 @@ def triton_available() -> bool:
 # head at 91 tokens: the batch's thousands of short heads fill the GPU) and its backward on 64 x 32, and the
 # pointwise ops of ``_rowwise.py`` (softpick, TRA) on tiles of 64 query rows x 32 keys forward and 32 x 32
 # backward (``ROWWISE_CAPTURE``) rather than the 128 x 64 and 64 x 64 they take at every other width
-# (``_rowwise.launch_settings``). Those tiles against the others, ratios to softmax + RoPE's samples/s at batch 128 (paper models, H200, 2026-11-28, commit 77e1f96,
-# ``benchmarks/gpu_checks.sh ab``, results/benchmarks/gpu_logs/ab_rowwise_capture_tiles.txt): MQMTAR softpick
+# (``_rowwise.launch_settings``). Those tiles against the others, ratios to softmax + RoPE's samples/s at batch
+# 128 (paper models, H200, 2026-11-28, commit 77e1f96, ``benchmarks/gpu_checks.sh ab``, results/benchmarks/gpu_logs/ab_rowwise_capture_tiles.txt): MQMTAR softpick
 # 0.85 -> 0.90; Copy softpick 0.86 -> 0.93 (RoPE) and 0.80 -> 0.93 (NAPE), TRA 1.00 -> 1.02 and 0.93 -> 0.95.
 # TDA's backward there without its dq kernel (``fused_bwd``: the dk/dv kernel adds dq and the per-row gradients
 # atomically), against the two kernels, same measure (H200, 2026-11-28, commit 4f94b3d,
