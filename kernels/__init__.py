@@ -56,23 +56,22 @@ def triton_available() -> bool:
     return torch.cuda.is_available()
 
 
-# The launch settings under which an op decides nothing on the host from its data (no host sync, no launch
-# sized by a count on the device), so that a CUDA graph can record it (the training step of
-# lengthbench/graph_step.py): entmax's threshold in one kernel and its output over all keys (no candidate
-# lists, no gathered open rows), TDA without its activity map, its forward on tiles of 32 rows (three programs a
-# head at 91 tokens: the batch's thousands of short heads fill the GPU) and its backward on 64 x 32, and the
-# pointwise ops of ``_rowwise.py`` (softpick, TRA) on tiles of 64 query rows x 32 keys forward and 32 x 32
-# backward (``ROWWISE_CAPTURE``) rather than the 128 x 64 and 64 x 64 they take at every other width
-# (``_rowwise.launch_settings``). Those tiles against the others, ratios to softmax + RoPE's samples/s at batch
-# 128 (paper models, H200, 2026-11-28, commit 77e1f96, ``benchmarks/gpu_checks.sh ab``, results/benchmarks/gpu_logs/ab_rowwise_capture_tiles.txt): MQMTAR softpick
-# 0.85 -> 0.90; Copy softpick 0.86 -> 0.93 (RoPE) and 0.80 -> 0.93 (NAPE), TRA 1.00 -> 1.02 and 0.93 -> 0.95.
-# TDA's backward there without its dq kernel (``fused_bwd``: the dk/dv kernel adds dq and the per-row gradients
-# atomically), against the two kernels, same measure (H200, 2026-11-28, commit 4f94b3d,
-# results/benchmarks/gpu_logs/ab_fused_backward.txt), RoPE / NAPE: MQMTAR 0.66 -> 0.67 / 0.67 -> 0.69, MQRAR
-# 0.73 -> 0.73 / 0.74 -> 0.76, Copy 0.73 -> 0.75 / 0.73 -> 0.76. That dk/dv kernel on 64 query rows x 32 keys rather
-# than 32 x 32 (each key tile's program takes its query rows 64 at a time), same measure with RoPE (H200,
-# 2026-11-28, commit b032cf2, results/benchmarks/gpu_logs/ab_tda_dkdv_tiles.txt): MQMTAR 0.78 -> 0.79, Copy 0.84 ->
-# 0.89; the forward on 64 x 32 as well left MQMTAR at 0.79.
+# The launch settings under which an op decides nothing on the host from its data (no host sync, no launch sized by a
+# count on the device), so that a CUDA graph can record it (the training step of lengthbench/graph_step.py): entmax's
+# threshold in one kernel and its output over all keys (no candidate lists, no gathered open rows), TDA without its
+# activity map, its forward on tiles of 32 rows (three programs a head at 91 tokens: the batch's thousands of short
+# heads fill the GPU) and its backward on 64 x 32, and the pointwise ops of ``_rowwise.py`` (softpick, TRA) on tiles
+# of 64 query rows x 32 keys forward and 32 x 32 backward (``ROWWISE_CAPTURE``) rather than the 128 x 64 and 64 x 64
+# they take at every other width (``_rowwise.launch_settings``). Those tiles against the others, ratios to softmax +
+# RoPE's samples/s at batch 128 (paper models, H200, 2026-11-28, commit 77e1f96, ``benchmarks/gpu_checks.sh ab``,
+# results/benchmarks/gpu_logs/ab_rowwise_capture_tiles.txt): MQMTAR softpick 0.85 -> 0.90; Copy softpick 0.86 -> 0.93
+# (RoPE) and 0.80 -> 0.93 (NAPE), TRA 1.00 -> 1.02 and 0.93 -> 0.95. TDA's backward there without its dq kernel
+# (``fused_bwd``: the dk/dv kernel adds dq and the per-row gradients atomically), against the two kernels, same
+# measure (H200, 2026-11-28, commit 4f94b3d, results/benchmarks/gpu_logs/ab_fused_backward.txt), RoPE / NAPE: MQMTAR
+# 0.66 -> 0.67 / 0.67 -> 0.69, MQRAR 0.73 -> 0.73 / 0.74 -> 0.76, Copy 0.73 -> 0.75 / 0.73 -> 0.76. That dk/dv kernel
+# on 64 query rows x 32 keys rather than 32 x 32 (each key tile's program takes its query rows 64 at a time), same
+# measure with RoPE (H200, 2026-11-28, commit b032cf2, results/benchmarks/gpu_logs/ab_tda_dkdv_tiles.txt): MQMTAR 0.78
+# -> 0.79, Copy 0.84 -> 0.89; the forward on 64 x 32 as well left MQMTAR at 0.79.
 ROWWISE_CAPTURE = {"fwd": (64, 32, 4), "bwd": (32, 32, 4)}
 CAPTURE_TUNING: dict[str, dict] = {
     "entmax": {"lists": False, "split": False},
