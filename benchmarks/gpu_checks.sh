@@ -12,6 +12,7 @@
 #                                                    # times their scoring at 65,536 tokens and their kernels' inputs
 #   bash benchmarks/gpu_checks.sh throughput OUT  # training throughput of the paper models (default step, batch 128;
 #                                                  # BATCH=512 for the other)
+#   bash benchmarks/gpu_checks.sh warmup OUT      # each cell's warm-up alone in empty caches (a fresh machine's)
 #   bash benchmarks/gpu_checks.sh parity OUT      # short trainings of the default step and the step before it
 #   bash benchmarks/gpu_checks.sh profile OUT     # where the training step's GPU time goes, per kernel, ATTNS against
 #                                                  # softmax + RoPE on TASKS (benchmarks/step_profile.py), to OUT/step_profile.txt
@@ -22,7 +23,7 @@
 # Run from the repository root with lengthbench installed (pip install -e . or pip install .).
 set -u -o pipefail
 if [ $# -lt 1 ]; then
-  echo "usage: gpu_checks.sh tests|tests-lists|tests-modules|kernels|long-walks|eval|eval-trained|throughput|ab|parity|profile [OUT]" >&2
+  echo "usage: gpu_checks.sh tests|tests-lists|tests-modules|kernels|long-walks|eval|eval-trained|throughput|warmup|ab|parity|profile [OUT]" >&2
   exit 2
 fi
 part=$1
@@ -97,6 +98,15 @@ case "$part" in
         --steps 300 --warmup "$([ "${BATCH:-128}" = 512 ] && echo 600 || echo 20)" --warm-jobs 6 --out "$out/$task" 2>&1 \
         | grep -v -i warn
     done 2>&1 | tee -a "$out/throughput_log.txt" ;;
+  warmup)
+    # the warm-up target (under 60 s a cell on a fresh machine): each cell's warm process alone (--warm-jobs 1) in
+    # Inductor and Triton caches of its own, empty when it starts (--fresh-caches); the rows' first_warmup_s. About 40 s
+    # a cell warm and again timed (the timed pass compiles in the command's caches); ATTNS, TASKS, BATCH choose others
+    for task in ${TASKS:-copy mqmtar}; do
+      python3 benchmarks/train_throughput.py --tasks "$task" --preset paper --pes "${PES:-rope}" --batch-sizes "${BATCH:-512}" \
+        --attns "${ATTNS:-softmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda}" \
+        --steps 30 --warmup 60 --warm-jobs 1 --fresh-caches --out "$out/$task" 2>&1 | grep -v -i warn
+    done 2>&1 | tee -a "$out/warmup_log.txt" ;;
   ab)
     # a lever through whole training steps: the default step of ATTNS (and softmax + RoPE, the baseline) against the
     # same with CAPTURE and/or NARROW (JSON, as LENGTHBENCH_CAPTURE_TUNING / LENGTHBENCH_NARROW_TUNING) and/or ENV
@@ -130,5 +140,5 @@ print(json.dumps({"lever": v}))')
     done ;;
   *)
     echo "error: unknown part '$part'; choose from: tests, tests-lists, tests-modules, kernels, long-walks, eval," \
-      "eval-trained, throughput, ab, parity, profile" >&2; exit 2 ;;
+      "eval-trained, throughput, warmup, ab, parity, profile" >&2; exit 2 ;;
 esac

@@ -5,7 +5,7 @@ import subprocess
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_checks.sh"
-PARTS = ["tests", "tests-lists", "tests-modules", "kernels", "long-walks", "eval", "eval-trained", "throughput",
+PARTS = ["tests", "tests-lists", "tests-modules", "kernels", "long-walks", "eval", "eval-trained", "throughput", "warmup",
          "ab", "parity", "profile"]
 
 
