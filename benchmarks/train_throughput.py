@@ -293,12 +293,11 @@ def warm(args: argparse.Namespace) -> dict[tuple, float]:
     started = time.perf_counter()
 
     def one(command: list[str]) -> tuple[str, dict]:
-        with contextlib.ExitStack() as stack:
-            env = None
-            if getattr(args, "fresh_caches", False):  # a fresh machine's: nothing compiled on disk for this cell
-                caches = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lengthbench-caches-")))
-                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
-                       "TRITON_CACHE_DIR": str(caches / "triton")}
+        # --fresh-caches: a fresh machine's, nothing compiled on disk for this cell
+        fresh = getattr(args, "fresh_caches", False)
+        with tempfile.TemporaryDirectory(prefix="lengthbench-caches-") if fresh else contextlib.nullcontext() as caches:
+            env = None if caches is None else {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{caches}/inductor",
+                                               "TRITON_CACHE_DIR": f"{caches}/triton"}
             done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
         if done.returncode == 0:
             table = Path(command[command.index("--out") + 1]) / "train_throughput.parquet"
