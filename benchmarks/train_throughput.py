@@ -153,7 +153,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 narrow_tuning=os.environ.get("LENGTHBENCH_NARROW_TUNING", ""),
                 inductor_options=os.environ.get("LENGTHBENCH_INDUCTOR_OPTIONS", ""), capture_stick=kernels.CAPTURE_STICK,
                 capture_tuning=os.environ.get("LENGTHBENCH_CAPTURE_TUNING", ""), sdpa_alibi=_sdpa.SDPA_ALIBI,
-                views=kernels.VIEWS if kernels.takes_views(ops) else "",
+                sdpa_backend=_sdpa.SDPA_BACKEND, views=kernels.VIEWS if kernels.takes_views(ops) else "",
                 capture_settings=today_capture(",".join(sorted(ops))),
                 entmax_backward=kernels.entmax_backward_setting(), captured=captured, capture_error=failed,
                 rowwise_fused=bool(_narrow_settings(os.environ.get("LENGTHBENCH_NARROW_TUNING")).get(
@@ -338,8 +338,8 @@ def write(rows: list[dict], out: Path) -> None:
 
 # the environment variables that choose the ops a training step takes: a command that set one names it
 PATH_VARIABLES = ("LENGTHBENCH_IN_GRAPH", "LENGTHBENCH_CAPTURE_STICK", "LENGTHBENCH_NARROW_TUNING",
-                  "LENGTHBENCH_CAPTURE_TUNING", "LENGTHBENCH_SDPA_ALIBI", "LENGTHBENCH_INDUCTOR_OPTIONS",
-                  "LENGTHBENCH_VIEWS")
+                  "LENGTHBENCH_CAPTURE_TUNING", "LENGTHBENCH_SDPA_ALIBI", "LENGTHBENCH_SDPA_BACKEND",
+                  "LENGTHBENCH_INDUCTOR_OPTIONS", "LENGTHBENCH_VIEWS")
 
 
 def command_line() -> str:
@@ -378,6 +378,12 @@ def alibi_path(rows: pd.DataFrame) -> pd.Series:
     path = _column(rows, "sdpa_alibi")
     older = rows["attn"].isin(SDPA_MECHANISMS) & rows["pe"].isin(("nape", "alibi"))
     return path.where(path.notna(), older.map({True: "mask", False: _sdpa.SDPA_ALIBI}))
+
+
+def sdpa_backend(rows: pd.DataFrame) -> pd.Series:
+    """Each row's SDPA backend (``LENGTHBENCH_SDPA_BACKEND``): its ``sdpa_backend``; rows from before that column took
+    torch's own (``auto``)."""
+    return _column(rows, "sdpa_backend").fillna("auto")
 
 
 def entmax_backward(rows: pd.DataFrame, setting: str | None = None) -> pd.Series:
@@ -508,6 +514,7 @@ def newest_summary(frame: pd.DataFrame) -> str:
     tuned |= capture_settings(rows) != [today_capture(ops, attn) for ops, attn in
                                         zip(rows.get("fused_ops", [None] * len(rows)), rows["attn"], strict=True)]
     tuned |= alibi_path(rows) != _sdpa.SDPA_ALIBI
+    tuned |= sdpa_backend(rows) != _sdpa.SDPA_BACKEND
     prologue = views(rows)
     tuned |= (prologue != "") & (prologue != kernels.VIEWS)
     tuned |= entmax_backward(rows) != entmax_backward(rows, kernels.entmax_backward_setting())
@@ -550,7 +557,8 @@ def newest_summary(frame: pd.DataFrame) -> str:
     if tuned.any():
         older += (" Rows measured with `LENGTHBENCH_NARROW_TUNING` (other than today's settings) or `LENGTHBENCH_INDUCTOR_OPTIONS` set, with capture settings other than today's "
                   "(`LENGTHBENCH_CAPTURE_TUNING`, or the stick-breaking family's 32-row tiles before 64), or with "
-                  f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}`, or whose 1.5-entmax backward at the training widths "
+                  f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}` or `sdpa_backend` other than `{_sdpa.SDPA_BACKEND}` "
+                  "(rows without the column took torch's own), or whose 1.5-entmax backward at the training widths "
                   f"is not the one `{kernels.entmax_backward_setting()}` gives them (`entmax_backward`; rows without "
                   "the column took the narrow one), or whose rowwise backward ran "
                   f"{'with' if kernels.ROWWISE_FUSED else 'without'} its dq kernel (`rowwise_fused`; rows without "
@@ -601,6 +609,8 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
             columns.insert(columns.index("in_graph") + 1, column)
     if "sdpa_alibi" in frame and frame["sdpa_alibi"].notna().any():
         columns.insert(columns.index("in_graph") + 1, "sdpa_alibi")
+    if "sdpa_backend" in frame and frame["sdpa_backend"].fillna("auto").ne("auto").any():
+        columns.insert(columns.index("in_graph") + 1, "sdpa_backend")
     for column in ("unit_views", "views"):
         if column in frame and frame[column].fillna("").astype(str).str.len().gt(0).any():
             columns.insert(columns.index("in_graph") + 1, column)

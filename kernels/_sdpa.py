@@ -9,13 +9,17 @@ unchanged, so what is left, ``row_scale_r * slope_h * j``, is a product of a que
 a few extra head channels of the queries and keys (``alibi_channels``), and SDPA's flash backend again
 (``SDPA_ALIBI = "keys"``, the default, for 16-bit inputs: ``alibi_as_channels`` says when). Otherwise, and with
 ``SDPA_ALIBI = "mask"`` (env ``LENGTHBENCH_SDPA_ALIBI=mask``), the bias goes to SDPA as an explicit mask,
-``SDPA_BIAS_CHUNK`` query rows per call (O(chunk x L) memory).
+``SDPA_BIAS_CHUNK`` query rows per call (O(chunk x L) memory). On CUDA, the calls without a mask take the backend of
+``SDPA_BACKEND`` (env ``LENGTHBENCH_SDPA_BACKEND``).
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lengthbench.kernels import _env_choice
 
@@ -24,6 +28,24 @@ SDPA_BIAS_CHUNK = 2048
 
 # How SDPA gets an ALiBi bias: "keys" (extra query/key channels, flash attention) or "mask" (an explicit mask).
 SDPA_ALIBI = _env_choice("LENGTHBENCH_SDPA_ALIBI", "keys", "mask")
+
+# SDPA's backend for the calls without a mask on CUDA: "auto" (torch's own order; on Hopper cuDNN's attention first),
+# "flash" (FlashAttention-2), "cudnn" or "efficient" (memory-efficient attention). Env ``LENGTHBENCH_SDPA_BACKEND``, for
+# benchmarks that compare them through whole training steps.
+SDPA_BACKENDS = {"auto": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def sdpa_backend_setting(text: str | None) -> str:
+    """``LENGTHBENCH_SDPA_BACKEND``'s value checked: one of :data:`SDPA_BACKENDS` (unset or empty: ``auto``); a
+    ``ValueError`` names the choices."""
+    value = text or "auto"
+    if value not in SDPA_BACKENDS:
+        raise ValueError(f"LENGTHBENCH_SDPA_BACKEND must be one of {', '.join(SDPA_BACKENDS)}, got {value!r}")
+    return value
+
+
+SDPA_BACKEND = sdpa_backend_setting(os.environ.get("LENGTHBENCH_SDPA_BACKEND"))
 
 # Key positions as parts that a 16-bit float holds exactly (8 significant bits each): j = 65536 a + 256 b + c.
 POSITION_PART = 256
@@ -122,7 +144,7 @@ def sdpa_attend(q, k, v, slopes: torch.Tensor | None, scale: float | None = None
     else:
         q_scaled = q
     if slopes is None:
-        return F.scaled_dot_product_attention(q_scaled, k, v, is_causal=True, scale=scale)
+        return _causal(q_scaled, k, v, scale)
     if alibi_as_channels(q, slopes, row_scale):
         return _channels(q_scaled, k, v, slopes, scale, row_scale)
     return _masked(q_scaled, k, v, slopes, scale, row_scale)
@@ -136,9 +158,17 @@ def _channels(q, k, v, slopes, scale, row_scale):
     # flash attention wants one head width for q, k and v (diffsoftmax's v is twice as wide as its q)
     width = max(q_new.shape[-1], v.shape[-1])
     q_new, k_new = (F.pad(t, (0, width - t.shape[-1])) for t in (q_new, k_new))
-    out = F.scaled_dot_product_attention(q_new, k_new, F.pad(v, (0, width - v.shape[-1])), is_causal=True,
-                                         scale=scale)
+    out = _causal(q_new, k_new, F.pad(v, (0, width - v.shape[-1])), scale)
     return out[..., :v.shape[-1]]
+
+
+def _causal(q, k, v, scale):
+    """Causal SDPA without a mask, on CUDA by :data:`SDPA_BACKEND`'s backend where it names one."""
+    backend = SDPA_BACKENDS[SDPA_BACKEND]
+    if backend is None or not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    with sdpa_kernel(backend):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
 
 
 def _masked(q, k, v, slopes, scale, row_scale):

@@ -134,3 +134,54 @@ def test_sdpa_alibi_channels_in_bfloat16_against_float64(monkeypatch, tokens, gr
     print(f"ERR sdpa-alibi tokens={tokens} keys={errors['keys']} mask={errors['mask']}")
     for key, mask_error in errors["mask"].items():
         assert errors["keys"][key] <= max(1.5 * mask_error, 1e-2), (key, errors)
+
+
+@pytest.mark.parametrize("backend", ["auto", "flash", "cudnn", "efficient"])
+@pytest.mark.parametrize("dim, tokens, alibi", [(16, 131, False), (32, 91, False), (32, 91, True), (64, 1000, False)])
+def test_sdpa_backends_against_float64(monkeypatch, backend, dim, tokens, alibi):
+    """Each SDPA backend that ``LENGTHBENCH_SDPA_BACKEND`` can name (``kernels/_sdpa.py``) in bfloat16 against float64
+    scores, output and gradients to q, k, v (and the ALiBi slopes through the bias channels), at the paper models'
+    head dims and training widths; and that the named backend is the one that ran (the others refused)."""
+    from torch.nn.attention import SDPBackend
+
+    from lengthbench.kernels import _sdpa
+
+    monkeypatch.setattr(_sdpa, "SDPA_BACKEND", backend)
+    called = []
+    real = _sdpa.sdpa_kernel
+
+    def spy(backends):
+        called.append(backends)
+        return real(backends)
+
+    monkeypatch.setattr(_sdpa, "sdpa_kernel", spy)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    heads = 4
+    q, k, v = (torch.randn(3, heads, tokens, dim, device="cuda", generator=gen, dtype=torch.float64)
+               for _ in range(3))
+    slopes = torch.tensor([1.0, 0.5, 1 / 64, 0.0], device="cuda", dtype=torch.float64) if alibi else None
+    weight = torch.randn(3, heads, tokens, dim, device="cuda", generator=gen, dtype=torch.float64)
+    pos = torch.arange(tokens, device="cuda", dtype=torch.float64)
+
+    def reference(q_, k_, v_, sl):
+        z = q_ @ k_.transpose(-1, -2) / dim ** 0.5
+        if sl is not None:
+            z = z - sl[:, None, None] * (pos[:, None] - pos)
+        return torch.softmax(z.masked_fill(pos[None, :] > pos[:, None], float("-inf")), -1) @ v_
+
+    def grads(fn, dtype):
+        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        sl = None if slopes is None else slopes.float().requires_grad_()
+        out = fn(*leaves, sl)
+        got = torch.autograd.grad((out.double() * weight).sum(), leaves + ([sl] if sl is not None else []))
+        return [out.double(), *(g.double() for g in got)]
+
+    expected = grads(reference, torch.float64)
+    got = grads(lambda a, b, c, sl: _sdpa.sdpa_attend(a, b, c, sl), torch.bfloat16)
+    for name, g, e in zip(("out", "dq", "dk", "dv", "dslopes"), got, expected, strict=False):
+        error = ((g - e).abs().max() / e.abs().max().clamp_min(1e-2)).item()
+        assert error < 2e-2, f"{backend} {name}: {error:.3g}"
+    if backend == "auto":
+        assert not called
+    else:
+        assert called == [_sdpa.SDPA_BACKENDS[backend]] and isinstance(called[0], SDPBackend)

@@ -192,6 +192,21 @@ def test_sdpa_attend_keeps_a_sample_independent_factor_and_its_bias_at_batch_one
     torch.testing.assert_close(_sdpa.sdpa_attend(q, k, v, slopes, row_scale=shared.detach()[0]), expected.detach())
 
 
+def test_sdpa_backend_setting_is_checked_and_leaves_cpu_calls_alone(monkeypatch):
+    """``LENGTHBENCH_SDPA_BACKEND``: unset or empty is torch's own choice, a name outside the four a ValueError that
+    lists them; a backend named for CUDA leaves the calls on a CPU as they were."""
+    from lengthbench.kernels import _sdpa
+
+    assert _sdpa.sdpa_backend_setting(None) == _sdpa.sdpa_backend_setting("") == "auto"
+    assert _sdpa.sdpa_backend_setting("flash") == "flash"
+    with pytest.raises(ValueError, match="auto, flash, cudnn, efficient"):
+        _sdpa.sdpa_backend_setting("fa3")
+    q, k, v = (torch.randn(1, 2, 9, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    expected = _sdpa.sdpa_attend(q, k, v, None)
+    monkeypatch.setattr(_sdpa, "SDPA_BACKEND", "cudnn")  # no cuDNN attention on a CPU: it would raise if taken
+    torch.testing.assert_close(_sdpa.sdpa_attend(q, k, v, None), expected)
+
+
 def test_adatemp_temperature_is_the_reference_polynomial():
     """The fused op's ``theta(H)`` against the reference weight function's, entropy by entropy."""
     from lengthbench.kernels._sdpa import temperature

@@ -249,6 +249,22 @@ def test_rows_with_another_alibi_path_stay_out_of_the_summary(tmp_path):
     assert "| sdpa_alibi |" in table
 
 
+def test_rows_with_another_sdpa_backend_stay_out_of_the_summary(tmp_path):
+    """A newer run whose SDPA took another backend (``LENGTHBENCH_SDPA_BACKEND``: its softmax baseline too) compares a
+    lever; rows from before the column count as torch's own choice."""
+    from lengthbench.kernels import _sdpa
+
+    other = "flash" if _sdpa.SDPA_BACKEND != "flash" else "cudnn"
+    plain = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
+                              30_000.0))
+    lever = pd.DataFrame(rows("LENGTHBENCH_SDPA_BACKEND=flash python benchmarks/train_throughput.py",
+                              "2026-11-27T08:00:00", 45_000.0))
+    lever["sdpa_backend"] = other
+    summary, table = merged_markdown(tmp_path, plain, lever).split("Runs (device")
+    assert "| entmax | 0.60 (1) |" in summary and f"`sdpa_backend` other than `{_sdpa.SDPA_BACKEND}`" in summary
+    assert "| sdpa_backend |" in table
+
+
 def test_alibi_path_of_rows_from_before_the_column():
     """Rows without ``sdpa_alibi``: softmax/SSMax with NAPE or ALiBi took the mask; others the library's path."""
     from lengthbench.kernels import _sdpa
