@@ -137,7 +137,9 @@ def takes_views(ops) -> bool:
 # search of ``_entmax_search.py`` before the op's own walk. Ratios to softmax + RoPE's samples/s at batch 128 with
 # RoPE, the training-width kernels (train_throughput.md's cells at commit 110dac9) -> this path (H200, 2026-11-28,
 # commit cfafbf4, results/benchmarks/gpu_logs/sieve_entmax_threshold_tda_fill.txt): MQMTAR 0.76 -> 0.85, MQRAR 0.69
-# -> 0.82, Copy 0.66 -> 0.77; at batch 512 MQMTAR 0.71 -> 0.81, MQRAR 0.62 -> 0.78.
+# -> 0.82, Copy 0.66 -> 0.77; at batch 512 MQMTAR 0.71 -> 0.81, MQRAR 0.62 -> 0.78. Other walk tiles on Copy, same
+# measure (H200, 2026-11-28, commit 9ef32c8, results/benchmarks/gpu_logs/ab_sdpa_backend_inductor_walk.txt): 64 x 32
+# (these) 0.77, 32 x 32 0.69, a forward of 64 x 64 0.75, 3 stages 0.77.
 SIEVE_ENTMAX_CAPTURE = {"lists": False, "split": False, "threshold": "narrow", "walk": dict(STICK_CAPTURE)}
 CAPTURE_STICK = _env_choice("LENGTHBENCH_CAPTURE_STICK", "wide", "narrow")
 if CAPTURE_STICK == "wide":

@@ -31,7 +31,9 @@ SDPA_ALIBI = _env_choice("LENGTHBENCH_SDPA_ALIBI", "keys", "mask")
 
 # SDPA's backend for the calls without a mask on CUDA: "auto" (torch's own order; on Hopper cuDNN's attention first),
 # "flash" (FlashAttention-2), "cudnn" or "efficient" (memory-efficient attention). Env ``LENGTHBENCH_SDPA_BACKEND``, for
-# benchmarks that compare them through whole training steps.
+# benchmarks that compare them through whole training steps. softmax + RoPE on the paper MQMTAR model at batch 128
+# (H200, 2026-11-28, commit 9ef32c8, results/benchmarks/gpu_logs/ab_sdpa_backend_inductor_walk.txt): auto (cuDNN)
+# 38,851 samples/s, flash 38,963, efficient 37,693: auto stays.
 SDPA_BACKENDS = {"auto": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                  "efficient": SDPBackend.EFFICIENT_ATTENTION}
 

@@ -101,7 +101,11 @@ def model_dispatches_to_kernels(model) -> bool:
 # (results/benchmarks/gpu_logs/ab_head_bridge_mix_order.txt). ``LENGTHBENCH_INDUCTOR_OPTIONS`` (a JSON object)
 # replaces or adds options, to compare them. ``coordinate_descent_tuning`` on, softmax + RoPE on MQMTAR at batch 128
 # (H200): 39,758 samples/s against 39,440 and 39,455 before and after it, with a warm-up of 62 s against 12-25 s
-# (results/benchmarks/gpu_logs/softmax_coordinate_descent.txt): left off.
+# (results/benchmarks/gpu_logs/softmax_coordinate_descent.txt): left off. Same measure, each beside the default
+# (H200, 2026-11-28, commit 9ef32c8, results/benchmarks/gpu_logs/ab_sdpa_backend_inductor_walk.txt): ``combo_kernels``
+# 21,219 against 38,861 samples/s; ``triton.enable_pdl`` 39,243 against 38,861 (Copy: 75,737 against 74,630), and
+# every mechanism's ratio to softmax + RoPE within 0.01 of the default's (TDA on MQMTAR 0.79; ASEntmax and
+# sieve-entmax on Copy): both left off.
 INDUCTOR_OPTIONS = {"triton.mix_order_reduction": False}
 INDUCTOR_OPTIONS_ENV = "LENGTHBENCH_INDUCTOR_OPTIONS"
 
