@@ -94,11 +94,13 @@ STICK_FAMILY = ("stickbreaking", "sieve", "sieve-alg1")
 # the mechanisms that take the long-context op at every width under ``wide``
 WIDE_CAPTURE = (*STICK_FAMILY, "sieve-entmax")
 STICK_CAPTURE = {"fwd": (64, 32, 4, 2), "bwd": (64, 32, 4, 2)}
-def _env_choice(variable: str, default: str, other: str) -> str:
-    """The environment's ``variable``: ``default`` where unset, else ``default`` or ``other`` (a ``ValueError``)."""
+def _env_choice(variable: str, default: str, *others: str) -> str:
+    """The environment's ``variable``: ``default`` where unset, else ``default`` or one of ``others`` (a
+    ``ValueError`` that names them)."""
     value = os.environ.get(variable, default)
-    if value not in (default, other):
-        raise ValueError(f"{variable} must be {default} or {other}, got {value!r}")
+    choices = (default, *others)
+    if value not in choices:
+        raise ValueError(f"{variable} must be {', '.join(choices[:-1])} or {choices[-1]}, got {value!r}")
     return value
 
 

@@ -15,8 +15,6 @@ a few extra head channels of the queries and keys (``alibi_channels``), and SDPA
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -36,18 +34,7 @@ SDPA_ALIBI = _env_choice("LENGTHBENCH_SDPA_ALIBI", "keys", "mask")
 # 38,851 samples/s, flash 38,963, efficient 37,693: auto stays.
 SDPA_BACKENDS = {"auto": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                  "efficient": SDPBackend.EFFICIENT_ATTENTION}
-
-
-def sdpa_backend_setting(text: str | None) -> str:
-    """``LENGTHBENCH_SDPA_BACKEND``'s value checked: one of :data:`SDPA_BACKENDS` (unset or empty: ``auto``); a
-    ``ValueError`` names the choices."""
-    value = text or "auto"
-    if value not in SDPA_BACKENDS:
-        raise ValueError(f"LENGTHBENCH_SDPA_BACKEND must be one of {', '.join(SDPA_BACKENDS)}, got {value!r}")
-    return value
-
-
-SDPA_BACKEND = sdpa_backend_setting(os.environ.get("LENGTHBENCH_SDPA_BACKEND"))
+SDPA_BACKEND = _env_choice("LENGTHBENCH_SDPA_BACKEND", *SDPA_BACKENDS)
 
 # Key positions as parts that a 16-bit float holds exactly (8 significant bits each): j = 65536 a + 256 b + c.
 POSITION_PART = 256

@@ -193,14 +193,17 @@ def test_sdpa_attend_keeps_a_sample_independent_factor_and_its_bias_at_batch_one
 
 
 def test_sdpa_backend_setting_is_checked_and_leaves_cpu_calls_alone(monkeypatch):
-    """``LENGTHBENCH_SDPA_BACKEND``: unset or empty is torch's own choice, a name outside the four a ValueError that
-    lists them; a backend named for CUDA leaves the calls on a CPU as they were."""
-    from lengthbench.kernels import _sdpa
+    """``LENGTHBENCH_SDPA_BACKEND``: unset is torch's own choice, a name outside the four a ValueError that lists
+    them; a backend named for CUDA leaves the calls on a CPU as they were."""
+    from lengthbench.kernels import _env_choice, _sdpa
 
-    assert _sdpa.sdpa_backend_setting(None) == _sdpa.sdpa_backend_setting("") == "auto"
-    assert _sdpa.sdpa_backend_setting("flash") == "flash"
-    with pytest.raises(ValueError, match="auto, flash, cudnn, efficient"):
-        _sdpa.sdpa_backend_setting("fa3")
+    monkeypatch.delenv("LENGTHBENCH_SDPA_BACKEND", raising=False)
+    assert _env_choice("LENGTHBENCH_SDPA_BACKEND", *_sdpa.SDPA_BACKENDS) == "auto"
+    monkeypatch.setenv("LENGTHBENCH_SDPA_BACKEND", "flash")
+    assert _env_choice("LENGTHBENCH_SDPA_BACKEND", *_sdpa.SDPA_BACKENDS) == "flash"
+    monkeypatch.setenv("LENGTHBENCH_SDPA_BACKEND", "fa3")
+    with pytest.raises(ValueError, match="must be auto, flash, cudnn or efficient, got 'fa3'"):
+        _env_choice("LENGTHBENCH_SDPA_BACKEND", *_sdpa.SDPA_BACKENDS)
     q, k, v = (torch.randn(1, 2, 9, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
     expected = _sdpa.sdpa_attend(q, k, v, None)
     monkeypatch.setattr(_sdpa, "SDPA_BACKEND", "cudnn")  # no cuDNN attention on a CPU: it would raise if taken
