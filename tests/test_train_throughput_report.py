@@ -233,36 +233,28 @@ def test_rows_of_a_lever_set_from_the_environment_stay_out_of_the_summary(tmp_pa
     assert f"| {column} |" in table
 
 
-def test_rows_with_another_alibi_path_stay_out_of_the_summary(tmp_path):
-    """A newer run with ``LENGTHBENCH_SDPA_ALIBI`` other than the library's (``sdpa_alibi``) compares a lever."""
+@pytest.mark.parametrize("variable, column, plain_has_column", [
+    ("LENGTHBENCH_SDPA_ALIBI", "sdpa_alibi", True),
+    ("LENGTHBENCH_SDPA_BACKEND", "sdpa_backend", False),  # rows from before the column: torch's own backend
+])
+def test_rows_with_another_sdpa_path_stay_out_of_the_summary(tmp_path, variable, column, plain_has_column):
+    """A newer run whose SDPA took the ALiBi bias (``sdpa_alibi``) or a backend (``sdpa_backend``: its softmax
+    baseline too) other than the library's compares a lever."""
     from lengthbench.kernels import _sdpa
 
-    other = "mask" if _sdpa.SDPA_ALIBI == "keys" else "keys"
+    library = {"sdpa_alibi": _sdpa.SDPA_ALIBI, "sdpa_backend": _sdpa.SDPA_BACKEND}[column]
+    other = {"sdpa_alibi": "mask" if library == "keys" else "keys",
+             "sdpa_backend": "flash" if library != "flash" else "cudnn"}[column]
     plain = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
                               30_000.0))
-    plain["sdpa_alibi"] = _sdpa.SDPA_ALIBI
-    lever = pd.DataFrame(rows("LENGTHBENCH_SDPA_ALIBI=... python benchmarks/train_throughput.py",
-                              "2026-11-27T08:00:00", 45_000.0))
-    lever["sdpa_alibi"] = other
+    if plain_has_column:
+        plain[column] = library
+    lever = pd.DataFrame(rows(f"{variable}=... python benchmarks/train_throughput.py", "2026-11-27T08:00:00",
+                              45_000.0))
+    lever[column] = other
     summary, table = merged_markdown(tmp_path, plain, lever).split("Runs (device")
-    assert "| entmax | 0.60 (1) |" in summary and f"`sdpa_alibi` other than `{_sdpa.SDPA_ALIBI}`" in summary
-    assert "| sdpa_alibi |" in table
-
-
-def test_rows_with_another_sdpa_backend_stay_out_of_the_summary(tmp_path):
-    """A newer run whose SDPA took another backend (``LENGTHBENCH_SDPA_BACKEND``: its softmax baseline too) compares a
-    lever; rows from before the column count as torch's own choice."""
-    from lengthbench.kernels import _sdpa
-
-    other = "flash" if _sdpa.SDPA_BACKEND != "flash" else "cudnn"
-    plain = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
-                              30_000.0))
-    lever = pd.DataFrame(rows("LENGTHBENCH_SDPA_BACKEND=flash python benchmarks/train_throughput.py",
-                              "2026-11-27T08:00:00", 45_000.0))
-    lever["sdpa_backend"] = other
-    summary, table = merged_markdown(tmp_path, plain, lever).split("Runs (device")
-    assert "| entmax | 0.60 (1) |" in summary and f"`sdpa_backend` other than `{_sdpa.SDPA_BACKEND}`" in summary
-    assert "| sdpa_backend |" in table
+    assert "| entmax | 0.60 (1) |" in summary and f"`{column}` other than `{library}`" in summary
+    assert f"| {column} |" in table
 
 
 def test_alibi_path_of_rows_from_before_the_column():
