@@ -67,6 +67,7 @@ from lengthbench.kernels.stickbreaking import (
     _fwd_store,
     _fwd_walk,
     grad_buffers,
+    max_registers,
     param_grads,
     row_max_earlier,
 )
@@ -441,12 +442,12 @@ def sieve_alg1_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None,
     config = launch_config_sb(pb, tuning)
     if config["rowmax_pass"] == "fused":  # the forward kernel finds the row maxima before its walk
         return StickBreakingAttention.apply(q, k, v, slopes, row_scale, float(eps), sm_scale, bool(masked), tuning)
-    bm, bn, warps, stages = config["rowmax"]
+    bm, bn, warps, stages, regs = config["rowmax"]
     rowmax = pb.rows()
     _rowmax_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
         pb.q, pb.k, pb.opt(pb.slopes), pb.opt(pb.row_scale), rowmax, pb.sm_scale, pb.tokens, pb.heads,
         HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None, DOT_PREC=pb.dot_prec, D=pb.head_dim,
-        BD=pb.block_d, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
+        BD=pb.block_d, BM=bm, BN=bn, num_warps=warps, num_stages=stages, **max_registers(regs))
     # the stick-breaking kernels keep the weights where z / 2 > tau; a sliver below eps keeps z = max - eps
     tau = (rowmax - float(eps)) * 0.5 - 1e-6
     return StickBreakingAttention.apply(q, k, v, slopes, row_scale, tau, sm_scale, bool(masked), tuning)

@@ -49,10 +49,10 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 # The levers of ``tuning`` (``stickbreaking_attention``, ``sieve_alg1_attention``) and their defaults; see
 # ``launch_config``.
-TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="bf16x2", cumsum_width=None, exp2=True, exp2_soft="none",
+TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="bf16", cumsum_width=None, exp2=True, exp2_soft="none",
               log1p="poly", split=False, backward="prefix", sigmoid="reuse", skip_empty=True, loop="while",
-              full_tiles=False, rowmax_pass="kernel")
-_CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3"), backward=("suffix", "prefix"),
+              full_tiles=True, rowmax_pass="kernel")
+_CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3", "bf16"), backward=("suffix", "prefix"),
                 rowmax_pass=("kernel", "fused"), exp2_soft=("none", "weights", "all"),
                 sigmoid=("exp", "reuse"), loop=("while", "for"), log1p=("log", "poly"))
 
@@ -61,15 +61,17 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     """The kernels' launch settings and levers for problem ``pb``: ``TUNING`` with ``tuning``'s keys replacing
     theirs (a ``ValueError`` names an unknown key or value).
 
-    - ``fwd``, ``bwd``: the forward's and the backward's tiles ``(bm, bn, warps, stages)`` (None: ``bm = bn =
-      Problem.block``, ``Problem.num_warps``, 2 stages); ``rowmax`` those of ``sieve_alg1_attention``'s row-max
-      pass (None: ``Problem.fwd_block`` rows, ``Problem.block`` keys, ``Problem.fwd_warps``, 2).
+    - ``fwd``, ``bwd``: the forward's and the backward's tiles ``(bm, bn, warps, stages[, maxnreg])`` (None:
+      64 query rows and 32 keys, 32 x 32 past head dim 64, ``Problem.num_warps``, 2 stages, the forward's
+      registers capped at 128 up to head dim 64); ``rowmax`` those of ``sieve_alg1_attention``'s row-max pass
+      (None: ``Problem.fwd_block`` rows, ``Problem.block`` keys, ``Problem.fwd_warps``, 2). ``maxnreg`` caps the
+      kernel's registers a thread (``max_registers``; 0 or left out: the compiler's choice).
     - ``cumsum``: the in-tile cumulative sums of softplus (and of the backward's ``c``): ``scan``
       (``tl.cumsum``), or products with a triangular ones matrix on the tensor cores: ``dot`` (the operand in
       tf32: 10 bits), ``dot2`` (two products, the operand split into its tf32 head and the rest: about 21
-      bits), ``bf16x2`` (two bf16 parts: 16 bits, at bf16's rate), ``bf16x3`` (three: 24 bits). With fp32
-      inputs ``dot`` and ``bf16x2`` run as ``dot2`` (the fp32 ops keep fp32 accuracy, as their ``ieee`` dots
-      do). Only the sums inside a key tile are so computed (the sum carried across tiles stays fp32): a
+      bits), ``bf16x2`` (two bf16 parts: 16 bits, at bf16's rate), ``bf16x3`` (three: 24 bits), ``bf16`` (one
+      product: 8 bits). With fp32 inputs ``dot``, ``bf16x2`` and ``bf16`` run as ``dot2`` (the fp32 ops keep fp32
+      accuracy, as their ``ieee`` dots do). Only the sums inside a key tile are so computed (the sum carried across tiles stays fp32): a
       weight's relative error from them is about ``2^-bits`` times its in-tile suffix sum.
     - ``cumsum_width``: the width of the triangular blocks (None: the key tile ``bn``; 16 or 32: the tile's
       blocks of that many keys, their own sums added after in fp32; a power of two <= ``bn``).
@@ -100,8 +102,9 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     - ``loop``: the forward's walk as a ``while`` loop that ends once the stick is spent, or a counted ``for``
       loop over every key tile whose loads ``num_stages`` can pipeline (masked off once the stick is spent);
       the ``prefix`` backward's walk is a counted loop either way, the ``suffix`` one a ``while`` loop.
-    - ``full_tiles``: the forward of stick-breaking (no filter) takes the key tiles that lie before every row
-      of its query tile (all but the diagonal's) without the causal masks' selects.
+    - ``full_tiles``: the forward takes the key tiles that lie before every row of its query tile (all but the
+      diagonal's) without the causal masks' selects: stick-breaking's and ``sieve-alg1``'s, whose stick is broken
+      over every earlier key (not Sieve's, whose filter decides which keys break it).
     - ``rowmax_pass``: ``sieve_alg1_attention``'s row maxima by a pass of their own (``kernel``: one more launch,
       and the threshold's arithmetic as PyTorch ops) or by the forward kernel itself before its walk
       (``fused``: the same scores, each query tile's keys read once more by the same program), which stores the
@@ -115,16 +118,19 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     for key, choices in _CHOICES.items():
         if config[key] not in choices:
             raise ValueError(f"stick-breaking tuning: {key} must be one of {list(choices)}, got {config[key]!r}")
-    defaults = dict(fwd=(pb.block, pb.block, pb.num_warps, 2), bwd=(pb.block, pb.block, pb.num_warps, 2),
+    # 32-key tiles, the forward's registers capped at 128 a thread (four programs a multiprocessor, not two)
+    narrow = (64, 32, pb.num_warps, 2) if pb.block_d <= 64 else (32, 32, pb.num_warps, 2)
+    defaults = dict(fwd=(*narrow, 128 if pb.block_d <= 64 else 0), bwd=narrow,
                     rowmax=(pb.fwd_block, pb.block, pb.fwd_warps, 2))
     for key, default in defaults.items():
         tiles = tuple(int(x) for x in (config[key] or default))
-        bm, bn, warps, stages = tiles if len(tiles) == 4 else (0, 0, 0, 0)
+        bm, bn, warps, stages, regs = (*tiles, 0) if len(tiles) == 4 else tiles if len(tiles) == 5 else (0,) * 5
         if not (_power_of_two(bm) and _power_of_two(bn) and bm >= 16 and bn >= 16 and _power_of_two(warps)
-                and warps <= 16 and stages >= 1):
-            raise ValueError(f"stick-breaking tuning: {key} must be (bm, bn, warps, stages), bm and bn powers of "
-                             f"two >= 16, warps a power of two <= 16, got {config[key]!r}")
-        config[key] = tiles
+                and warps <= 16 and stages >= 1 and (regs == 0 or 24 <= regs <= 255)):
+            raise ValueError(f"stick-breaking tuning: {key} must be (bm, bn, warps, stages[, maxnreg]), bm and bn "
+                             f"powers of two >= 16, warps a power of two <= 16, maxnreg 24 to 255 (0: the "
+                             f"compiler's choice), got {config[key]!r}")
+        config[key] = (bm, bn, warps, stages, regs)
     if config["exp2_soft"] != "none" and not config["exp2"]:
         raise ValueError("stick-breaking tuning: exp2_soft needs exp2 (the software powers are of two)")
     if not config["split"] and config["backward"] == "suffix":
@@ -137,13 +143,23 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
         config["cumsum"] = "dot2"
     config["loop"] = _CHOICES["loop"].index(config["loop"])
     config["log1p"] = _CHOICES["log1p"].index(config["log1p"])
+    # the kernels' CUMSUM: the choice's index; 6 is bf16's form (each key's own softplus outside the sums) with
+    # fp32 inputs, whose sums take two tf32 products (dot2)
     config["cumsum"] = _CHOICES["cumsum"].index(config["cumsum"])
+    if pb.q.dtype == torch.float32 and config["cumsum"] == 5:
+        config["cumsum"] = 6
     config["sigmoid"] = _CHOICES["sigmoid"].index(config["sigmoid"])
     for key in ("exp2", "split", "skip_empty", "full_tiles"):
         config[key] = bool(config[key])
     # the kernels' EXP2: 0 natural exp/log, 1 the hardware's powers of two, 2 the weights' in software, 3 all
     config["exp2"] = int(config["exp2"]) + _CHOICES["exp2_soft"].index(config.pop("exp2_soft"))
     return config
+
+
+def max_registers(regs: int) -> dict:
+    """The launch option that caps a kernel's registers a thread at ``regs`` (Triton's ``maxnreg``; 0: none, the
+    compiler's choice). Fewer registers let more programs share a multiprocessor, at the price of spills."""
+    return {"maxnreg": regs} if regs else {}
 
 
 def _power_of_two(x: int) -> bool:
@@ -254,12 +270,15 @@ def _sigmoids(z, e, SIG: tl.constexpr, EXP2: tl.constexpr):
 
 @triton.jit
 def _cumsum(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CW: tl.constexpr):
-    """Along the keys of a ``[BM, BN]`` fp32 tile: the suffix sums ``sum_{k >= j} x_k`` (``PREFIX`` 0) or the
-    prefix sums ``sum_{k < j} x_k`` (1). ``CUMSUM`` 0 a scan; else products with a triangular ones matrix on
-    the tensor cores (``_tri_dot``), over blocks of ``CW`` keys (the blocks' own sums added after, in fp32)."""
+    """Along the keys of a ``[BM, BN]`` fp32 tile: the suffix sums ``sum_{k >= j} x_k`` (``PREFIX`` 0), the
+    prefix sums ``sum_{k < j} x_k`` (1) or the suffix sums without the key's own, ``sum_{k > j} x_k`` (2).
+    ``CUMSUM`` 0 a scan; else products with a triangular ones matrix on the tensor cores (``_tri_dot``), over
+    blocks of ``CW`` keys (the blocks' own sums added after, in fp32)."""
     if CUMSUM == 0:
-        if PREFIX:
+        if PREFIX == 1:
             out = tl.cumsum(x, 1) - x
+        elif PREFIX == 2:
+            out = tl.cumsum(x, 1, reverse=True) - x
         else:
             out = tl.cumsum(x, 1, reverse=True)
     elif CW == BN:
@@ -268,7 +287,7 @@ def _cumsum(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, BM: tl.constexpr, BN:
         NB: tl.constexpr = BN // CW
         inner = tl.reshape(_tri_dot(tl.reshape(x, [BM * NB, CW]), PREFIX, CUMSUM, CW), [BM, NB, CW])
         totals = tl.sum(tl.reshape(x, [BM, NB, CW]), 2)
-        if PREFIX:  # the blocks before
+        if PREFIX == 1:  # the blocks before
             offs = tl.cumsum(totals, 1) - totals
         else:  # the blocks after
             offs = tl.cumsum(totals, 1, reverse=True) - totals
@@ -281,19 +300,23 @@ def _tri_dot(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr):
     """``_cumsum`` of a ``[M, W]`` fp32 block as a product with the ``[W, W]`` triangular ones matrix (exact in
     every format): ``CUMSUM`` 1 ``x`` in tf32 (10 bits); 2 ``x`` split into its tf32 head (the top 10 mantissa
     bits, cut by a mask) and the rest, two products (about 21 bits); 3 ``x`` split into two bf16 parts (16
-    bits); 4 into three (24 bits)."""
+    bits); 4 into three (24 bits); 5 ``x`` in bf16 (8 bits); 6 as 2. ``PREFIX`` as ``_cumsum``'s."""
     rows = tl.arange(0, W)[:, None]
     cols = tl.arange(0, W)[None, :]
-    if PREFIX:
+    if PREFIX == 1:
         tri = rows < cols
+    elif PREFIX == 2:
+        tri = rows > cols
     else:
         tri = rows >= cols
     if CUMSUM == 1:
         out = tl.dot(x, tri.to(tl.float32), input_precision="tf32")
-    elif CUMSUM == 2:
+    elif CUMSUM == 2 or CUMSUM == 6:
         hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
         out = tl.dot(hi, tri.to(tl.float32), input_precision="tf32")
         out = tl.dot(x - hi, tri.to(tl.float32), out, input_precision="tf32")
+    elif CUMSUM == 5:
+        out = tl.dot(x.to(tl.bfloat16), tri.to(tl.bfloat16))
     else:
         ones = tri.to(tl.bfloat16)
         hi = x.to(tl.bfloat16)
@@ -310,12 +333,16 @@ def _tri_dot(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr):
 def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, BM: tl.constexpr,
            BN: tl.constexpr, CW: tl.constexpr, MASKED: tl.constexpr):
     """Softplus of the tile's active scores and their weights, given the softplus sum to the right (without
-    ``MASKED`` every key of the tile is active)."""
+    ``MASKED`` every key of the tile is active). ``CUMSUM`` 5 and 6: a key's own softplus stays outside the
+    products (``log a_j = (z_j - softplus z_j) - sum_{k > j}``), so that their rounding touches only the sums
+    over the keys between it and the row, which make its weight small where they are large."""
     sp, _ = _softplus_e(z, EXP2, LOG1P)
     if MASKED:
         sp = tl.where(valid, sp, 0.0)
-    suffix = _cumsum(sp, 0, CUMSUM, BM, BN, CW)
-    a = _exp(z - lsum[:, None] - suffix, EXP2)
+    if CUMSUM >= 5:
+        a = _exp((z - sp) - lsum[:, None] - _cumsum(sp, 2, CUMSUM, BM, BN, CW), EXP2)
+    else:
+        a = _exp(z - lsum[:, None] - _cumsum(sp, 0, CUMSUM, BM, BN, CW), EXP2)
     if MASKED:
         a = tl.where(valid, a, 0.0)
     return sp, a
@@ -445,9 +472,15 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
         if FULL:  # every key of the tile is before every row's limit: no masks
             full = (n_tiles - t) * BN <= lowest
         if full:
-            v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=dmask[None, :], other=0.0)
-            acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2,
-                                LOG1P, False)
+            kept = 1
+            if SKIP:
+                kept = tl.max(keep.to(tl.int32))
+            if kept > 0:
+                v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=dmask[None, :], other=0.0)
+                acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2,
+                                    LOG1P, False)
+            else:  # no kept key: the stick alone
+                sp, _ = _softplus_e(z, EXP2, LOG1P)
             lsum += tl.sum(sp, 1)
             lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
         # Sieve's supports are small: most tiles hold none of them and cost only the score product.
@@ -640,7 +673,11 @@ def _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T,
                 kept = tl.max(keep.to(tl.int32))
             if kept > 0:
                 v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-                a = tl.where(valid, _exp(z - lsum[:, None] - _cumsum(sp, 0, CUMSUM, BM, BN, CW), EXP2), 0.0)
+                if CUMSUM >= 5:  # (``_stick``'s form)
+                    a = _exp((z - sp) - lsum[:, None] - _cumsum(sp, 2, CUMSUM, BM, BN, CW), EXP2)
+                else:
+                    a = _exp(z - lsum[:, None] - _cumsum(sp, 0, CUMSUM, BM, BN, CW), EXP2)
+                a = tl.where(valid, a, 0.0)
                 if FILTER == 2:
                     a = tl.where(keep, a, 0.0)
                 g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
@@ -743,7 +780,12 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
             if kept > 0:
                 if SKIP:
                     v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-                a = tl.where(valid, _exp(z - (lse - psum)[:, None] + _cumsum(sp, 1, CUMSUM, BM, BN, CW), EXP2), 0.0)
+                if CUMSUM >= 5:  # ``_stick``'s form: the walked keys after the tile, then those after j in it
+                    after = lse - psum - tl.sum(sp, 1)
+                    a = _exp((z - sp) - after[:, None] - _cumsum(sp, 2, CUMSUM, BM, BN, CW), EXP2)
+                else:
+                    a = _exp(z - (lse - psum)[:, None] + _cumsum(sp, 1, CUMSUM, BM, BN, CW), EXP2)
+                a = tl.where(valid, a, 0.0)
                 g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
                 if FILTER == 2:
                     a = tl.where(keep, a, 0.0)
@@ -814,7 +856,7 @@ class StickBreakingAttention(torch.autograd.Function):
                 pb.batch, pb.heads, pb.tokens).contiguous()
         mode = 0 if tau is None else (2 if weights_only else 1)
         ctx.mode = mode
-        bm, bn, warps, stages = config["fwd"]
+        bm, bn, warps, stages, regs = config["fwd"]
         _fwd_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
             pb.q, pb.k, pb.v, out, pb.opt(o32), pb.opt(rem), pb.opt(lse), pb.opt(start), pb.opt(pb.slopes),
             pb.opt(pb.row_scale), pb.opt(tau), pb.sm_scale, pb.tokens, pb.heads, EXIT_AT, eps,
@@ -823,8 +865,8 @@ class StickBreakingAttention(torch.autograd.Function):
             DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, CUMSUM=config["cumsum"],
             CW=min(bn, config["cumsum_width"] or bn),
             EXP2=config["exp2"], LOG1P=config["log1p"], SKIP=config["skip_empty"] and mode == 2, LOOP=config["loop"],
-            FULL=config["full_tiles"] and mode == 0,
-            num_warps=warps, num_stages=stages)
+            FULL=config["full_tiles"] and mode != 1,
+            num_warps=warps, num_stages=stages, **max_registers(regs))
         if save:
             ctx.save_for_backward(pb.q, pb.k, pb.v, o32, rem, lse, start, pb.slopes, pb.row_scale, tau)
             ctx.sm_scale = pb.sm_scale
@@ -839,13 +881,14 @@ class StickBreakingAttention(torch.autograd.Function):
         config = ctx.config
         do = dout.contiguous()
         grad_rs, grad_sl, dq, dk32, dv32, d_rs, d_sl = grad_buffers(ctx, pb)
-        bm, bn, warps, stages = config["bwd"]
+        bm, bn, warps, stages, regs = config["bwd"]
         common = dict(FILTER=ctx.mode, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
                       GRAD_RS=grad_rs, GRAD_SL=grad_sl, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm,
                       BN=bn, CUMSUM=config["cumsum"], CW=min(bn, config["cumsum_width"] or bn), EXP2=config["exp2"],
                       LOG1P=config["log1p"],
                       SIG=config["sigmoid"],
-                      SKIP=config["skip_empty"] and ctx.mode == 2, num_warps=warps, num_stages=stages)
+                      SKIP=config["skip_empty"] and ctx.mode == 2, num_warps=warps, num_stages=stages,
+                      **max_registers(regs))
         grid = (triton.cdiv(pb.tokens, bm), pb.bh)
         if config["backward"] == "prefix":
             _bwd_prefix_kernel[grid](q, k, v, do, dq, dk32, dv32, lse, start, pb.opt(slopes), pb.opt(row_scale),

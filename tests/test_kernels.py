@@ -266,6 +266,11 @@ STICK_VARIANTS = {
     # training-width tiles: 64 query rows, 32 keys, forward and backward (stick-breaking also on its full tiles)
     "train-64x32": dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2)),
     "train-64x32-full": dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2), full_tiles=True),
+    # the defaults before one-bf16 sums: 64 x 64 tiles, two bf16 parts, the causal masks on every tile
+    "bf16x2-64x64": dict(fwd=(64, 64, 4, 2), bwd=(64, 64, 4, 2), cumsum="bf16x2", full_tiles=False),
+    # one-bf16 sums through the suffix backward (the forward's fp32 output), and with the registers uncapped
+    "bf16-suffix": dict(cumsum="bf16", backward="suffix", split=True),
+    "bf16-free-registers": dict(fwd=(64, 32, 4, 2, 0), cumsum="bf16"),
 }
 # Levers measured outside the float64 tolerance, on an H200: tf32's 10-bit triangular sums (dq 0.057)
 STICK_VARIANTS_COARSE = {("stickbreaking", "dot", "T300-D64-bf16-alibi"):
@@ -277,6 +282,8 @@ STICK_CASES = {  # (tokens, head_dim, dtype, shift, alibi)
     "T4096-D64-bf16-walk8": (4096, 64, torch.bfloat16, -8.0, False),
     "T2000-D32-fp32-walk4": (2000, 32, torch.float32, -4.0, False),
     "T1000-D32-fp16-walk8-alibi": (1000, 32, torch.float16, -8.0, True),
+    # every score moved by +8: a key's own softplus is about its score, the stick spent within a few keys
+    "T1000-D64-bf16-hot8": (1000, 64, torch.bfloat16, 8.0, False),
 }
 
 

@@ -41,6 +41,11 @@ STICK_VARIANTS = [
     ("exp2-soft", dict(SMALL, exp2_soft="all")),  # powers of two on the FMA units (``_exp2_soft``)
     ("exp2-soft-weights", dict(SMALL, exp2_soft="weights", backward="suffix", split=True, sigmoid="exp")),
     ("full", dict(SMALL, full_tiles=True)),
+    # the weights with each key's own softplus outside the sums (``cumsum`` bf16; fp32 inputs take two tf32
+    # products), both backwards, and the launch option that caps the registers
+    ("own", dict(fwd=(16, 16, 4, 1, 96), bwd=(32, 16, 4, 1, 128), cumsum="bf16", full_tiles=True)),
+    ("own-suffix", dict(SMALL, cumsum="bf16", backward="suffix", split=True, full_tiles=False, skip_empty=False)),
+    ("own-w16", dict(fwd=(16, 32, 4, 1), bwd=(32, 32, 4, 1), cumsum="bf16", cumsum_width=16, loop="for")),
     ("prefix", dict(SMALL, backward="prefix")),
     ("poly", dict(SMALL, log1p="poly")),
     ("prefix-all", dict(fwd=(32, 16, 4, 1), bwd=(16, 32, 4, 1), backward="prefix", cumsum="dot2", exp2=True,
