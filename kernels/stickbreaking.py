@@ -63,7 +63,7 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
 
     - ``fwd``, ``bwd``: the forward's and the backward's tiles ``(bm, bn, warps, stages[, maxnreg])`` (None:
       64 query rows and 32 keys, 32 x 32 past head dim 64, ``Problem.num_warps``, 2 stages, the registers
-      capped at 128 in the forward and 168 in the backward up to head dim 64); ``rowmax`` those of ``sieve_alg1_attention``'s row-max pass
+      capped at 128 in the forward up to head dim 64 and at 168 in the backward up to 32); ``rowmax`` those of ``sieve_alg1_attention``'s row-max pass
       (None: ``Problem.fwd_block`` rows, ``Problem.block`` keys, ``Problem.fwd_warps``, 2). ``maxnreg`` caps the
       kernel's registers a thread (``max_registers``; 0 or left out: the compiler's choice).
     - ``cumsum``: the in-tile cumulative sums of softplus (and of the backward's ``c``): ``scan``
@@ -119,10 +119,9 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
         if config[key] not in choices:
             raise ValueError(f"stick-breaking tuning: {key} must be one of {list(choices)}, got {config[key]!r}")
     # 32-key tiles, the registers capped at 128 a thread in the forward (four programs a multiprocessor, not two)
-    # and 168 in the backward (three)
+    # and, up to head dim 32, at 168 in the backward (three)
     narrow = (64, 32, pb.num_warps, 2) if pb.block_d <= 64 else (32, 32, pb.num_warps, 2)
-    small = pb.block_d <= 64
-    defaults = dict(fwd=(*narrow, 128 if small else 0), bwd=(*narrow, 168 if small else 0),
+    defaults = dict(fwd=(*narrow, 128 if pb.block_d <= 64 else 0), bwd=(*narrow, 168 if pb.block_d <= 32 else 0),
                     rowmax=(pb.fwd_block, pb.block, pb.fwd_warps, 2))
     for key, default in defaults.items():
         tiles = tuple(int(x) for x in (config[key] or default))
