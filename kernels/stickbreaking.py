@@ -134,6 +134,10 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
         config[key] = (bm, bn, warps, stages, regs)
     if config["exp2_soft"] != "none" and not config["exp2"]:
         raise ValueError("stick-breaking tuning: exp2_soft needs exp2 (the software powers are of two)")
+    if config["cumsum"] == "bf16" and config["backward"] == "suffix":
+        raise ValueError("stick-breaking tuning: cumsum bf16 needs backward prefix (the suffix backward takes the sums "
+                         "before each key as its row's total less those from it, which one bf16 product leaves too "
+                         "coarse for the gradients)")
     if not config["split"] and config["backward"] == "suffix":
         raise ValueError("stick-breaking tuning: split False needs backward prefix (the suffix backward reads the "
                          "forward's output, which one 16-bit dot leaves too coarse for the gradients)")

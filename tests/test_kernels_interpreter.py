@@ -39,12 +39,13 @@ STICK_VARIANTS = [
     ("dot2-w16", dict(fwd=(16, 32, 4, 1), bwd=(32, 32, 4, 1), cumsum="dot2", cumsum_width=16, backward="prefix")),
     ("exp2-reuse", dict(SMALL, exp2=True, sigmoid="reuse", cumsum="dot2", loop="for", full_tiles=True)),
     ("exp2-soft", dict(SMALL, exp2_soft="all")),  # powers of two on the FMA units (``_exp2_soft``)
-    ("exp2-soft-weights", dict(SMALL, exp2_soft="weights", backward="suffix", split=True, sigmoid="exp")),
+    ("exp2-soft-weights", dict(SMALL, exp2_soft="weights", backward="suffix", split=True, sigmoid="exp",
+                               cumsum="dot2")),
     ("full", dict(SMALL, full_tiles=True)),
     # the weights with each key's own softplus outside the sums (``cumsum`` bf16; fp32 inputs take two tf32
-    # products), both backwards, and the launch option that caps the registers
+    # products), and the launch option that caps the registers
     ("own", dict(fwd=(16, 16, 4, 1, 96), bwd=(32, 16, 4, 1, 128), cumsum="bf16", full_tiles=True)),
-    ("own-suffix", dict(SMALL, cumsum="bf16", backward="suffix", split=True, full_tiles=False, skip_empty=False)),
+    ("own-masked", dict(SMALL, cumsum="bf16", full_tiles=False, skip_empty=False)),
     ("own-w16", dict(fwd=(16, 32, 4, 1), bwd=(32, 32, 4, 1), cumsum="bf16", cumsum_width=16, loop="for")),
     ("prefix", dict(SMALL, backward="prefix")),
     ("poly", dict(SMALL, log1p="poly")),
@@ -304,6 +305,35 @@ def test_exp2_soft_is_a_checked_lever_of_the_powers_of_two():
                          ({"exp2_soft": "poly"}, "exp2_soft must be one of")):
         with pytest.raises(ValueError, match=message):
             launch_config(pb, bad)
+
+
+@needs_triton
+def test_stick_tiles_take_a_register_cap_and_bf16_sums_need_the_prefix_backward():
+    """The tiles' fifth entry caps the registers (0: none; the defaults cap the forward's at 128 up to head dim 64 and
+    the backward's at 168 up to 32); one-bf16 sums with fp32 inputs take bf16's form on two tf32 products (6); the
+    suffix backward refuses them, and a cap outside 24..255 is refused."""
+    import torch
+
+    from lengthbench.kernels._common import Problem
+    from lengthbench.kernels.stickbreaking import launch_config, max_registers
+
+    def problem(dim, dtype=torch.bfloat16):
+        q = torch.zeros(1, 2, 40, dim, dtype=dtype)
+        return Problem(q, q, q, None, None, None)
+
+    assert launch_config(problem(32))["fwd"] == (64, 32, 4, 2, 128)
+    assert launch_config(problem(32))["bwd"] == (64, 32, 4, 2, 168)
+    assert launch_config(problem(64))["bwd"] == (64, 32, 4, 2, 0)
+    assert launch_config(problem(128))["fwd"] == (32, 32, 4, 2, 0)
+    assert launch_config(problem(32), {"fwd": (32, 16, 4, 1)})["fwd"] == (32, 16, 4, 1, 0)
+    assert launch_config(problem(32))["cumsum"] == 5 and launch_config(problem(32, torch.float32))["cumsum"] == 6
+    assert max_registers(0) == {} and max_registers(96) == {"maxnreg": 96}
+    for bad, message in (({"fwd": (64, 32, 4, 2, 300)}, "maxnreg 24 to 255"),
+                         ({"bwd": (64, 32, 4, 2, 8)}, "maxnreg 24 to 255"),
+                         ({"backward": "suffix", "split": True}, "cumsum bf16 needs backward prefix")):
+        with pytest.raises(ValueError, match=message):
+            launch_config(problem(32), bad)
+    launch_config(problem(32), {"backward": "suffix", "split": True, "cumsum": "bf16x2"})
 
 
 if __name__ == "__main__":
