@@ -4,9 +4,12 @@ For query row ``r`` and key ``j < r``: ``log a_rj = z_rj - sum_{j <= k < r} soft
 (= logsigmoid(z_rj) - sum_{j<k<r} softplus(z_rk)); ``o_r = sum_j a_rj v_j + (1 - sum_j a_rj) v_r``.
 
 Forward: one program per query tile walks the key tiles right to left from the diagonal, carrying the
-fp32 sum of softplus of the keys already passed; inside a tile the suffix sums come from products with a
-triangular ones matrix on the tensor cores (the softplus split into two bf16 parts: 16 bits, the sum carried
-across tiles in fp32), softplus in base 2 with its ``log1p`` as a polynomial on the FMA units. Once every row of
+fp32 sum of softplus of the keys already passed; inside a tile the sums over the keys after each one come from
+one product of the softplus in bf16 with a triangular ones matrix on the tensor cores (a key's own softplus
+stays outside it, in fp32: ``log a_j = logsigmoid(z_j) - ...``, so its rounding only touches weights that those
+sums make small; the sum carried across tiles in fp32), softplus in base 2 with its ``log1p`` as a polynomial
+on the FMA units. The tiles are 64 query rows by 32 keys, with the registers capped (``maxnreg``) so that
+several programs share a multiprocessor. Once every row of
 the tile has accumulated more than ``EXIT_AT`` (60) nats the remaining weights are below ``e^-60`` and the walk
 stops: the Out(L^2) work shrinks to Out(L x reach). The forward keeps per row only its softplus sum ``L_r`` and
 the first key walked.
@@ -29,9 +32,11 @@ of the same quantities: the right-to-left ``suffix`` backward from the forward's
 bf16 dots), ``tl.cumsum`` scans or tf32 sums, natural-log arithmetic, other tiles and loops. Long walks (scores
 that stay negative, as in trained models that recall far back) are where they matter: the stick is then not
 spent within a few keys and every key tile of a row is visited. On an H200 at 65,536 tokens, scores shifted by
--8 (``benchmarks/kernels.py --inputs walk8``), these defaults took stick-breaking's forward from 163 to 76 ms and
-its forward+backward from 495 to 297 ms at head dim 32 (SDPA: 19.9 and 73.1), and halved its times on random
-inputs (the ``previous`` rows of results/benchmarks/kernels.md).
+-8 (``benchmarks/kernels.py --inputs walk8``), head dim 32, SDPA 19.9 / 73.0 ms forward / forward+backward:
+stick-breaking 163 / 495 ms on the first forms (the ``previous`` rows of results/benchmarks/kernels.md), 75.7 /
+297 on 64 x 64 tiles with two-bf16 sums (``bf16x2-64x64``), 47.2 / 208 on these defaults; sieve-alg1 123 / 405 ->
+86.6 / 257. Nsight Compute put the 64 x 64 kernels at 255 registers a thread, two programs a multiprocessor and
+under half the issue slots busy, the backward spilling (results/benchmarks/gpu_logs/long_walks_bf16_sums.txt).
 """
 
 from __future__ import annotations
