@@ -447,6 +447,24 @@ STICK_CAPTURE_BEFORE = {"fwd": [32, 32, 4, 2], "bwd": [32, 32, 4, 2]}
 OWN_DEFAULTS_BEFORE = ("softpick", "tra")
 # capture settings the library took after rows recorded theirs: rows from before ran without them
 CAPTURE_KEYS_SINCE = {"tda": ("fused_bwd",)}
+# keys the library's capture settings took later to keep what rows without them ran (the op's default then): the
+# stick-breaking kernels' two-bf16 sums and, for Sieve's ops, the causal masks on every tile, pinned for the training
+# step when the long-context defaults moved on (sieve-entmax: in its ``walk``)
+PINNED_SINCE = {"stickbreaking": {"cumsum": "bf16x2"}, "sieve": {"cumsum": "bf16x2", "full_tiles": False},
+                "sieve-alg1": {"cumsum": "bf16x2", "full_tiles": False}}
+PINNED_WALK = {"sieve-entmax": {"cumsum": "bf16x2", "full_tiles": False}}
+
+
+def _pinned(settings: dict) -> dict:
+    """``settings`` (op -> capture settings) with the keys of :data:`PINNED_SINCE` and :data:`PINNED_WALK` that a
+    row's op lacks filled with what it ran."""
+    out = {}
+    for op, tuning in settings.items():
+        tuning = {**PINNED_SINCE.get(op, {}), **tuning}
+        if op in PINNED_WALK and isinstance(tuning.get("walk"), dict):
+            tuning["walk"] = {**PINNED_WALK[op], **tuning["walk"]}
+        out[op] = tuning
+    return out
 
 
 def _settings_json(settings: dict) -> str:
@@ -474,7 +492,7 @@ def capture_settings(rows: pd.DataFrame) -> pd.Series:
     for _, row in rows.iterrows():
         recorded = row.get("capture_settings")
         if isinstance(recorded, str) and recorded:
-            out.append(recorded)
+            out.append(_settings_json(_pinned(json.loads(recorded))))
             continue
         ops = row_ops(row.get("fused_ops"), row.get("attn"))
         tuning = row.get("capture_tuning")
@@ -488,7 +506,7 @@ def capture_settings(rows: pd.DataFrame) -> pd.Series:
                 base = {}
             base = {key: value for key, value in base.items() if key not in CAPTURE_KEYS_SINCE.get(op, ())}
             settings[op] = {**base, **overrides.get(op, {})}
-        out.append(_settings_json(settings))
+        out.append(_settings_json(_pinned(settings)))
     return pd.Series(out, index=rows.index, dtype=object)
 
 

@@ -291,6 +291,23 @@ def test_stick_family_rows_count_with_todays_capture_settings(tmp_path):
     assert list(settings == today) == [False, True, True]
 
 
+def test_stick_rows_recorded_before_the_pinned_sums_count_as_todays_step():
+    """The training step pins the stick-breaking kernels' two-bf16 sums (and Sieve's ops' masked tiles) that rows
+    recorded without those keys ran: such rows count as today's step; a row of the one-bf16 lever does not."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    before = {"stickbreaking": {"fwd": [64, 32, 4, 2], "bwd": [64, 32, 4, 2], "full_tiles": True},
+              "sieve-alg1": {"fwd": [64, 32, 4, 2], "bwd": [64, 32, 4, 2]},
+              "sieve-entmax": {"lists": False, "split": False, "threshold": "narrow",
+                               "walk": {"fwd": [64, 32, 4, 2], "bwd": [64, 32, 4, 2]}}}
+    lever = {"stickbreaking": {**before["stickbreaking"], "cumsum": "bf16"}}
+    rows = pd.DataFrame([dict(attn=op, fused_ops=op, capture_stick="wide", capture_settings=json.dumps({op: tuning}))
+                         for op, tuning in [*before.items(), *lever.items()]])
+    today = [train_throughput.today_capture(op) for op in rows["fused_ops"]]
+    assert list(train_throughput.capture_settings(rows) == today) == [True, True, True, False]
+
+
 def test_tda_rows_before_the_capture_column_ran_the_dq_kernel():
     """TDA's rows from before ``capture_settings`` ran its backward with the dq kernel (``fused_bwd`` came later):
     they stay out of today's path; a row recording today's settings counts, and so does a lever row of that
