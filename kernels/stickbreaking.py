@@ -76,9 +76,12 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       (``tl.cumsum``), or products with a triangular ones matrix on the tensor cores: ``dot`` (the operand in
       tf32: 10 bits), ``dot2`` (two products, the operand split into its tf32 head and the rest: about 21
       bits), ``bf16x2`` (two bf16 parts: 16 bits, at bf16's rate), ``bf16x3`` (three: 24 bits), ``bf16`` (one
-      product: 8 bits). With fp32 inputs ``dot``, ``bf16x2`` and ``bf16`` run as ``dot2`` (the fp32 ops keep fp32
-      accuracy, as their ``ieee`` dots do). Only the sums inside a key tile are so computed (the sum carried across tiles stays fp32): a
-      weight's relative error from them is about ``2^-bits`` times its in-tile suffix sum.
+      product: 8 bits, each key's own softplus kept out of it: ``_stick``; the ``prefix`` backward only). With
+      fp32 inputs ``dot`` and ``bf16x2`` run as ``dot2``, and ``bf16`` keeps its form on ``dot2``'s products (the
+      fp32 ops keep fp32 accuracy, as their ``ieee`` dots do). Only the sums inside a key tile are so computed
+      (the sum carried across tiles stays fp32): a weight's relative error from them is about ``2^-bits`` times
+      its in-tile suffix sum (``bf16``: the sum over the keys after it, which bounds that error by ``2^-bits /
+      e`` in absolute terms).
     - ``cumsum_width``: the width of the triangular blocks (None: the key tile ``bn``; 16 or 32: the tile's
       blocks of that many keys, their own sums added after in fp32; a power of two <= ``bn``).
     - ``exp2``: the stick in bits, ``log2 e`` folded into the scale: ``exp2``/``log2`` in place of
