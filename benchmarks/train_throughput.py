@@ -447,22 +447,22 @@ STICK_CAPTURE_BEFORE = {"fwd": [32, 32, 4, 2], "bwd": [32, 32, 4, 2]}
 OWN_DEFAULTS_BEFORE = ("softpick", "tra")
 # capture settings the library took after rows recorded theirs: rows from before ran without them
 CAPTURE_KEYS_SINCE = {"tda": ("fused_bwd",)}
-# keys the library's capture settings took later to keep what rows without them ran (the op's default then): the
-# stick-breaking kernels' two-bf16 sums and, for Sieve's ops, the causal masks on every tile, pinned for the training
-# step when the long-context defaults moved on (sieve-entmax: in its ``walk``)
-PINNED_SINCE = {"stickbreaking": {"cumsum": "bf16x2"}, "sieve": {"cumsum": "bf16x2", "full_tiles": False},
-                "sieve-alg1": {"cumsum": "bf16x2", "full_tiles": False}}
-PINNED_WALK = {"sieve-entmax": {"cumsum": "bf16x2", "full_tiles": False}}
+# keys the stick-breaking family's capture settings took later to keep what rows without them ran (the kernels'
+# defaults then: two-bf16 sums, the causal masks on every tile), pinned for the training step when the long-context
+# defaults moved on; sieve-entmax takes them in its ``walk``
+PINNED_SINCE = ("cumsum", "full_tiles")
 
 
 def _pinned(settings: dict) -> dict:
-    """``settings`` (op -> capture settings) with the keys of :data:`PINNED_SINCE` and :data:`PINNED_WALK` that a
-    row's op lacks filled with what it ran."""
+    """``settings`` (op -> capture settings) with the keys of :data:`PINNED_SINCE` that a stick-breaking op (or
+    sieve-entmax's walk) lacks filled with what it ran (``kernels.STICK_CAPTURE``'s)."""
+    pinned = {key: kernels.STICK_CAPTURE[key] for key in PINNED_SINCE}
     out = {}
     for op, tuning in settings.items():
-        tuning = {**PINNED_SINCE.get(op, {}), **tuning}
-        if op in PINNED_WALK and isinstance(tuning.get("walk"), dict):
-            tuning["walk"] = {**PINNED_WALK[op], **tuning["walk"]}
+        if op in kernels.STICK_FAMILY:
+            tuning = {**pinned, **tuning}
+        elif op == "sieve-entmax" and isinstance(tuning.get("walk"), dict):
+            tuning = {**tuning, "walk": {**pinned, **tuning["walk"]}}
         out[op] = tuning
     return out
 
