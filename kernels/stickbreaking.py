@@ -56,10 +56,10 @@ LN2 = tl.constexpr(0.6931471805599453)
 # ``launch_config``.
 TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="bf16", cumsum_width=None, exp2=True, exp2_soft="none",
               log1p="poly", split=False, backward="prefix", sigmoid="reuse", skip_empty=True, loop="while",
-              full_tiles=True, rowmax_pass="kernel")
+              full_tiles=True, prefetch=False, rowmax_pass="kernel")
 _CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3", "bf16"), backward=("suffix", "prefix"),
                 rowmax_pass=("kernel", "fused"), exp2_soft=("none", "weights", "all"),
-                sigmoid=("exp", "reuse"), loop=("while", "for"), log1p=("log", "poly"))
+                sigmoid=("exp", "reuse"), loop=("while", "for"), log1p=("log", "poly", "poly8"))
 
 
 def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
@@ -93,8 +93,9 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       75.8 / 296, weights 100.9 / 365, all 107.9 / 413; D 64 84.7 / 376, 102.7 / 418, 126.0 / 456; sieve-alg1
       alike (H200, 2026-11-28, commit 77e1f96, results/benchmarks/gpu_logs/long_walks_exp2_soft.txt). The
       special-function unit does not bound these kernels.
-    - ``log1p``: softplus's ``log(1 + exp(-|z|))`` by ``log`` (the special-function unit) or ``poly`` (a
-      polynomial on the FMA units, ``_log1p_ratio``): one transcendental less per score.
+    - ``log1p``: softplus's ``log(1 + exp(-|z|))`` by ``log`` (Triton's ``log``/``log2``: libdevice's full-precision
+      functions, some twenty instructions each), or on the FMA units (``_log1p_ratio``): ``poly`` a degree-6
+      polynomial in the stick's base (seven FMAs with softplus's own add), ``poly8`` a degree-8 one in nats (ten).
     - ``split``: the forward's products of the weights with 16-bit values as two dots (hi + lo), so its fp32
       output is accurate to fp32 rounding; False: one dot (the weights rounded to the values' dtype), with the
       ``prefix`` backward only (the ``suffix`` one reads that output: on an H200 its dq and ALiBi slope
@@ -111,6 +112,9 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     - ``loop``: the forward's walk as a ``while`` loop that ends once the stick is spent, or a counted ``for``
       loop over every key tile whose loads ``num_stages`` can pipeline (masked off once the stick is spent);
       the ``prefix`` backward's walk is a counted loop either way, the ``suffix`` one a ``while`` loop.
+    - ``prefetch``: the forward's ``while`` walk loads the next key tile's keys and values before the work on
+      its own (a pipeline the compiler does not build for a ``while`` loop; the values loaded even where
+      ``skip_empty`` then skips them).
     - ``full_tiles``: the forward takes the key tiles that lie before every row of its query tile (all but the
       diagonal's) without the causal masks' selects: stick-breaking's and ``sieve-alg1``'s, whose stick is broken
       over every earlier key (not Sieve's, whose filter decides which keys break it).
@@ -165,7 +169,7 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     if pb.q.dtype == torch.float32 and config["cumsum"] == 5:
         config["cumsum"] = 6
     config["sigmoid"] = _CHOICES["sigmoid"].index(config["sigmoid"])
-    for key in ("exp2", "split", "skip_empty", "full_tiles"):
+    for key in ("exp2", "split", "skip_empty", "full_tiles", "prefetch"):
         config[key] = bool(config[key])
     # the kernels' EXP2: 0 natural exp/log, 1 the hardware's powers of two, 2 the weights' in software, 3 all
     config["exp2"] = int(config["exp2"]) + _CHOICES["exp2_soft"].index(config.pop("exp2_soft"))
@@ -184,20 +188,21 @@ def _power_of_two(x: int) -> bool:
 
 @triton.jit
 def _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau, upto, FILTER: tl.constexpr,
-              HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr):
-    """Loads a key tile; its scores, biased scores, the keys each row breaks the stick over (those before
+              HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, k=None):
+    """Loads a key tile (``k``: loaded already); its scores, biased scores, the keys each row breaks the stick over (those before
     ``upto``: ``offs_m``, or where a phase of Sieve's open walk stopped) and those whose weights it keeps (``FILTER``: 0 every earlier key; 1 Sieve, both only where ``z / 2 > tau``; 2
     ``sieve-alg1``, the stick over every earlier key, the weights only where ``z / 2 > tau``)."""
-    kv_mask = (offs_n < T)[:, None] & dmask[None, :]
-    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+    if k is None:
+        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=(offs_n < T)[:, None] & dmask[None, :],
+                    other=0.0)
     z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
     valid = offs_n[None, :] < upto[:, None]
     keep = valid
     if FILTER == 1:
-        valid = valid & (z * 0.5 > tau[:, None])
+        valid = valid & (z > (tau * 2.0)[:, None])  # z / 2 > tau, one multiply a row
         keep = valid
     elif FILTER == 2:
-        keep = valid & (z * 0.5 > tau[:, None])
+        keep = valid & (z > (tau * 2.0)[:, None])
     return k, z, zb, valid, keep
 
 
@@ -231,9 +236,7 @@ def _softplus_e(z, EXP2: tl.constexpr, LOG1P: tl.constexpr):
     else:
         e = tl.exp(-tl.abs(z))
     if LOG1P:
-        lg = e * _log1p_ratio(e)
-        if EXP2:
-            lg = lg * LOG2E
+        lg = e * _log1p_ratio(e, EXP2, LOG1P)
     elif EXP2:
         lg = tl.log2(1.0 + e)
     else:
@@ -242,17 +245,38 @@ def _softplus_e(z, EXP2: tl.constexpr, LOG1P: tl.constexpr):
 
 
 @triton.jit
-def _log1p_ratio(x):
-    """``log(1 + x) / x`` on ``[0, 1]`` by a degree-8 polynomial (a Chebyshev fit; relative error below 2.5e-7
-    in fp32, where ``log(1 + x)`` in fp32 loses ``x``'s low bits to the rounding of ``1 + x``): FMAs only."""
-    p = 0.005253490526229143 * x - 0.029588690027594566
-    p = p * x + 0.07836206257343292
-    p = p * x - 0.13674813508987427
-    p = p * x + 0.19111457467079163
-    p = p * x - 0.24844379723072052
-    p = p * x + 0.33319273591041565
-    p = p * x - 0.49999502301216125
-    return p * x + 1.0
+def _log1p_ratio(x, EXP2: tl.constexpr, LOG1P: tl.constexpr):
+    """``log(1 + x) / x`` on ``[0, 1]`` (``log2(1 + x) / x`` with ``EXP2``) on the FMA units, where ``log(1 + x)``
+    in fp32 loses ``x``'s low bits to the rounding of ``1 + x``. ``LOG1P`` 1: a degree-6 polynomial fitted to the
+    ratio in the stick's own base (relative error below 1.5e-6 in fp32, so that softplus takes one FMA after it);
+    2: a degree-8 one in nats (below 2.5e-7; with ``EXP2`` one more multiply by ``log2 e``)."""
+    if LOG1P == 1:
+        if EXP2:
+            p = 0.020413657650351524 * x - 0.0958419069647789
+            p = p * x + 0.21534417569637299
+            p = p * x - 0.3391266167163849
+            p = p * x + 0.4776794910430908
+            p = p * x - 0.7211607694625854
+            p = p * x + 1.4426932334899902
+        else:
+            p = 0.01414966955780983 * x - 0.06643254309892654
+            p = p * x + 0.14926519989967346
+            p = p * x - 0.23506467044353485
+            p = p * x + 0.331102192401886
+            p = p * x - 0.49987056851387024
+            p = p * x + 0.9999987483024597
+    else:
+        p = 0.005253490526229143 * x - 0.029588690027594566
+        p = p * x + 0.07836206257343292
+        p = p * x - 0.13674813508987427
+        p = p * x + 0.19111457467079163
+        p = p * x - 0.24844379723072052
+        p = p * x + 0.33319273591041565
+        p = p * x - 0.49999502301216125
+        p = p * x + 1.0
+        if EXP2:
+            p = p * LOG2E
+    return p
 
 
 @triton.jit
@@ -285,11 +309,13 @@ def _sigmoids(z, e, SIG: tl.constexpr, EXP2: tl.constexpr):
 
 
 @triton.jit
-def _cumsum(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CW: tl.constexpr):
+def _cumsum(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CW: tl.constexpr,
+            ones=None):
     """Along the keys of a ``[BM, BN]`` fp32 tile: the suffix sums ``sum_{k >= j} x_k`` (``PREFIX`` 0), the
     prefix sums ``sum_{k < j} x_k`` (1) or the suffix sums without the key's own, ``sum_{k > j} x_k`` (2).
-    ``CUMSUM`` 0 a scan; else products with a triangular ones matrix on the tensor cores (``_tri_dot``), over
-    blocks of ``CW`` keys (the blocks' own sums added after, in fp32)."""
+    ``CUMSUM`` 0 a scan; else products with a triangular ones matrix on the tensor cores (``_tri_dot``; ``ones``
+    that matrix, ``_tri_ones(PREFIX, CUMSUM, CW)``, where a walk built it before its loop), over blocks of ``CW``
+    keys (the blocks' own sums added after, in fp32)."""
     if CUMSUM == 0:
         if PREFIX == 1:
             out = tl.cumsum(x, 1) - x
@@ -298,10 +324,10 @@ def _cumsum(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, BM: tl.constexpr, BN:
         else:
             out = tl.cumsum(x, 1, reverse=True)
     elif CW == BN:
-        out = _tri_dot(x, PREFIX, CUMSUM, CW)
+        out = _tri_dot(x, PREFIX, CUMSUM, CW, ones)
     else:
         NB: tl.constexpr = BN // CW
-        inner = tl.reshape(_tri_dot(tl.reshape(x, [BM * NB, CW]), PREFIX, CUMSUM, CW), [BM, NB, CW])
+        inner = tl.reshape(_tri_dot(tl.reshape(x, [BM * NB, CW]), PREFIX, CUMSUM, CW, ones), [BM, NB, CW])
         totals = tl.sum(tl.reshape(x, [BM, NB, CW]), 2)
         if PREFIX == 1:  # the blocks before
             offs = tl.cumsum(totals, 1) - totals
@@ -312,11 +338,10 @@ def _cumsum(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, BM: tl.constexpr, BN:
 
 
 @triton.jit
-def _tri_dot(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr):
-    """``_cumsum`` of a ``[M, W]`` fp32 block as a product with the ``[W, W]`` triangular ones matrix (exact in
-    every format): ``CUMSUM`` 1 ``x`` in tf32 (10 bits); 2 ``x`` split into its tf32 head (the top 10 mantissa
-    bits, cut by a mask) and the rest, two products (about 21 bits); 3 ``x`` split into two bf16 parts (16
-    bits); 4 into three (24 bits); 5 ``x`` in bf16 (8 bits); 6 as 2. ``PREFIX`` as ``_cumsum``'s."""
+def _tri_ones(PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr):
+    """``_tri_dot``'s ``[W, W]`` triangular ones matrix, in its products' dtype (fp32 for the tf32 ones, bf16 for
+    the others). A walk builds it once before its loop: built inside, the compiler stores it to shared memory
+    again for every tile."""
     rows = tl.arange(0, W)[:, None]
     cols = tl.arange(0, W)[None, :]
     if PREFIX == 1:
@@ -325,16 +350,31 @@ def _tri_dot(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr):
         tri = rows > cols
     else:
         tri = rows >= cols
+    if CUMSUM == 1 or CUMSUM == 2 or CUMSUM == 6:
+        out = tri.to(tl.float32)
+    else:
+        out = tri.to(tl.bfloat16)
+    return out
+
+
+@triton.jit
+def _tri_dot(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr, ones=None):
+    """``_cumsum`` of a ``[M, W]`` fp32 block as a product with the ``[W, W]`` triangular ones matrix (exact in
+    every format; ``ones``, else ``_tri_ones``): ``CUMSUM`` 1 ``x`` in tf32 (10 bits); 2 ``x`` split into its tf32
+    head (the top 10 mantissa bits, cut by a mask) and the rest, two products (about 21 bits); 3 ``x`` split into
+    two bf16 parts (16 bits); 4 into three (24 bits); 5 ``x`` in bf16 (8 bits); 6 as 2. ``PREFIX`` as
+    ``_cumsum``'s."""
+    if ones is None:
+        ones = _tri_ones(PREFIX, CUMSUM, W)
     if CUMSUM == 1:
-        out = tl.dot(x, tri.to(tl.float32), input_precision="tf32")
+        out = tl.dot(x, ones, input_precision="tf32")
     elif CUMSUM == 2 or CUMSUM == 6:
         hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-        out = tl.dot(hi, tri.to(tl.float32), input_precision="tf32")
-        out = tl.dot(x - hi, tri.to(tl.float32), out, input_precision="tf32")
+        out = tl.dot(hi, ones, input_precision="tf32")
+        out = tl.dot(x - hi, ones, out, input_precision="tf32")
     elif CUMSUM == 5:
-        out = tl.dot(x.to(tl.bfloat16), tri.to(tl.bfloat16))
+        out = tl.dot(x.to(tl.bfloat16), ones)
     else:
-        ones = tri.to(tl.bfloat16)
         hi = x.to(tl.bfloat16)
         rest = x - hi.to(tl.float32)
         mid = rest.to(tl.bfloat16)
@@ -347,21 +387,27 @@ def _tri_dot(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr):
 
 @triton.jit
 def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, BM: tl.constexpr,
-           BN: tl.constexpr, CW: tl.constexpr, MASKED: tl.constexpr):
+           BN: tl.constexpr, CW: tl.constexpr, MASKED: tl.constexpr, ones=None):
     """Softplus of the tile's active scores and their weights, given the softplus sum to the right (without
-    ``MASKED`` every key of the tile is active). ``CUMSUM`` 5 and 6: a key's own softplus stays outside the
+    ``MASKED`` every key of the tile is active; ``ones``: ``_stick_ones``). ``CUMSUM`` 5 and 6: a key's own softplus stays outside the
     products (``log a_j = (z_j - softplus z_j) - sum_{k > j}``), so that their rounding touches only the sums
     over the keys between it and the row, which make its weight small where they are large."""
     sp, _ = _softplus_e(z, EXP2, LOG1P)
     if MASKED:
         sp = tl.where(valid, sp, 0.0)
     if CUMSUM >= 5:
-        a = _exp((z - sp) - lsum[:, None] - _cumsum(sp, 2, CUMSUM, BM, BN, CW), EXP2)
+        a = _exp((z - sp) - lsum[:, None] - _cumsum(sp, 2, CUMSUM, BM, BN, CW, ones), EXP2)
     else:
-        a = _exp(z - lsum[:, None] - _cumsum(sp, 0, CUMSUM, BM, BN, CW), EXP2)
+        a = _exp(z - lsum[:, None] - _cumsum(sp, 0, CUMSUM, BM, BN, CW, ones), EXP2)
     if MASKED:
         a = tl.where(valid, a, 0.0)
     return sp, a
+
+
+@triton.jit
+def _stick_ones(CUMSUM: tl.constexpr, CW: tl.constexpr):
+    """The triangular ones matrix of ``_stick``'s sums (``_tri_ones``), for a walk to build before its loop."""
+    return _tri_ones(2 if CUMSUM >= 5 else 0, CUMSUM, CW)
 
 
 @triton.jit
@@ -370,7 +416,8 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
                 HAS_RS: tl.constexpr,
                 SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
-                LOG1P: tl.constexpr, SKIP: tl.constexpr, LOOP: tl.constexpr, FULL: tl.constexpr):
+                LOG1P: tl.constexpr, SKIP: tl.constexpr, LOOP: tl.constexpr, FULL: tl.constexpr,
+                PREFETCH: tl.constexpr):
     """The forward of a query tile. ``SAVE`` 1 keeps the remainder and the fp32 output (``suffix`` backward);
     3 the softplus sum ``L_r`` (nats) and the first key walked, per row (``prefix`` backward). ``ROWMAX``: the
     filter's threshold is Algorithm 1's, ``(max_{j<r} z_rj - eps) / 2``, found here over the row's earlier keys
@@ -413,7 +460,8 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
         acc, lsum, t = _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, scale, slope, rs, tau,
                                        n_tiles, exit_at, tl.zeros([BM, BD], dtype=tl.float32),
                                        tl.zeros([BM], dtype=tl.float32), offs_m, n_tiles, FILTER, HAS_SLOPES, HAS_RS,
-                                       SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM, CW, EXP2, LOG1P, SKIP, FULL)
+                                       SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM, CW, EXP2, LOG1P, SKIP, FULL,
+                                       PREFETCH)
     if EXP2:
         lsum = lsum * LN2
     if SAVE == 3:
@@ -470,31 +518,44 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
                     HAS_RS: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
                     BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
                     CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SKIP: tl.constexpr,
-                    FULL: tl.constexpr):
+                    FULL: tl.constexpr, PREFETCH: tl.constexpr = False):
     """``(acc, lsum, t)``: the weighted values and the softplus sum of the rows ``offs_m``, from ``acc`` and
     ``lsum``, over their keys before ``upto`` in the key tiles ``n_tiles - 1`` down, stopping once every row
     (``row_ok``) has passed ``exit_at`` nats (bits with ``EXP2``), or after ``max_tiles`` tiles; ``t`` the tiles
     walked (Sieve's gathered open rows reuse it, a phase at a time: ``sieve._open_kernel``). ``CUMSUM``,
-    ``EXP2``, ``LOG1P``, ``SKIP``, ``FULL``: the levers ``cumsum``, ``exp2``, ``log1p``, ``skip_empty`` and
-    ``full_tiles`` of ``launch_config``."""
+    ``EXP2``, ``LOG1P``, ``SKIP``, ``FULL``, ``PREFETCH``: the levers ``cumsum``, ``exp2``, ``log1p``,
+    ``skip_empty``, ``full_tiles`` and ``prefetch`` of ``launch_config``."""
     t = 0
     lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
     lowest = tl.min(upto, 0)
+    ones = _stick_ones(CUMSUM, CW)
+    if PREFETCH:  # the first tile's keys and values; each tile then loads the next one's before its own work
+        k_next, v_next = _kv_tile(K, V, base, (n_tiles - 1) * BN + tl.arange(0, BN), offs_d, dmask, T, D)
     while (t < n_tiles) & (lmin < exit_at) & (t < max_tiles):
         offs_n = (n_tiles - 1 - t) * BN + tl.arange(0, BN)
+        k_here = None
+        if PREFETCH:
+            k_here = k_next
+            v_here = v_next
+            k_next, v_next = _kv_tile(K, V, base, offs_n - BN, offs_d, dmask, T, D)
         k, z, zb, valid, keep = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau,
-                                          upto, FILTER, HAS_SLOPES, HAS_RS, DOT_PREC, D)
+                                          upto, FILTER, HAS_SLOPES, HAS_RS, DOT_PREC, D, k_here)
         full = 0
         if FULL:  # every key of the tile is before every row's limit: no masks
             full = (n_tiles - t) * BN <= lowest
         if full:
+            if FILTER == 2:  # every key of the tile is earlier: the filter alone
+                keep = z > (tau * 2.0)[:, None]
             kept = 1
             if SKIP:
                 kept = tl.max(keep.to(tl.int32))
             if kept > 0:
-                v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=dmask[None, :], other=0.0)
+                if PREFETCH:
+                    v = v_here
+                else:
+                    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=dmask[None, :], other=0.0)
                 acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2,
-                                    LOG1P, False)
+                                    LOG1P, False, ones)
             else:  # no kept key: the stick alone
                 sp, _ = _softplus_e(z, EXP2, LOG1P)
             lsum += tl.sum(sp, 1)
@@ -505,10 +566,13 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
             if SKIP:
                 kept = tl.max(keep.to(tl.int32))
             if kept > 0:
-                v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :],
-                            mask=(offs_n < T)[:, None] & dmask[None, :], other=0.0)
+                if PREFETCH:
+                    v = v_here
+                else:
+                    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :],
+                                mask=(offs_n < T)[:, None] & dmask[None, :], other=0.0)
                 acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2,
-                                    LOG1P, True)
+                                    LOG1P, True, ones)
             else:  # no kept key: the stick alone
                 sp, _ = _softplus_e(z, EXP2, LOG1P)
                 sp = tl.where(valid, sp, 0.0)
@@ -519,12 +583,21 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
 
 
 @triton.jit
+def _kv_tile(K, V, base, offs_n, offs_d, dmask, T, D: tl.constexpr):
+    """The key and value tile of keys ``offs_n`` (zeros outside ``[0, T)``)."""
+    kv_mask = ((offs_n >= 0) & (offs_n < T))[:, None] & dmask[None, :]
+    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+    return k, v
+
+
+@triton.jit
 def _fwd_tile(z, valid, keep, v, acc, lsum, FILTER: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
               BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
-              LOG1P: tl.constexpr, MASKED: tl.constexpr):
-    """``(acc, sp)``: a key tile's weighted values added to ``acc``, and its softplus (``MASKED``: see
+              LOG1P: tl.constexpr, MASKED: tl.constexpr, ones=None):
+    """``(acc, sp)``: a key tile's weighted values added to ``acc``, and its softplus (``MASKED``, ``ones``: see
     ``_stick``)."""
-    sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, LOG1P, BM, BN, CW, MASKED)
+    sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, LOG1P, BM, BN, CW, MASKED, ones)
     if FILTER == 2:
         a = tl.where(keep, a, 0.0)
     if SPLIT:
@@ -550,6 +623,7 @@ def _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slo
     t = 0
     lmin = tl.min(tl.zeros([BM], dtype=tl.float32), 0)
     lowest = tl.min(offs_m, 0)
+    ones = _stick_ones(CUMSUM, CW)
     for i in range(0, n_tiles):
         walking = lmin < exit_at
         offs_n = (n_tiles - 1 - i) * BN + tl.arange(0, BN)
@@ -561,16 +635,16 @@ def _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slo
             valid = offs_n[None, :] < offs_m[:, None]
             keep = valid
             if FILTER == 1:
-                valid = valid & (z * 0.5 > tau[:, None])
+                valid = valid & (z > (tau * 2.0)[:, None])
                 keep = valid
             elif FILTER == 2:
-                keep = valid & (z * 0.5 > tau[:, None])
+                keep = valid & (z > (tau * 2.0)[:, None])
             full = 0
             if FULL:  # every key of the tile is before every row: no masks
                 full = (n_tiles - i) * BN <= lowest
             if full:
                 acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW,
-                                    EXP2, LOG1P, False)
+                                    EXP2, LOG1P, False, ones)
                 lsum += tl.sum(sp, 1)
                 lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
             elif tl.max(valid.to(tl.int32)) > 0:
@@ -579,7 +653,7 @@ def _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slo
                     kept = tl.max(keep.to(tl.int32))
                 if kept > 0:
                     acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW,
-                                        EXP2, LOG1P, True)
+                                        EXP2, LOG1P, True, ones)
                 else:
                     sp, _ = _softplus_e(z, EXP2, LOG1P)
                     sp = tl.where(valid, sp, 0.0)
@@ -776,6 +850,8 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
     d_rs = tl.zeros([BM], dtype=tl.float32)
     d_sl = tl.zeros([BM], dtype=tl.float32)
     n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
+    ones_sp = _tri_ones(2 if CUMSUM >= 5 else 1, CUMSUM, CW)
+    ones_c = _tri_ones(1, CUMSUM, CW)
     for tile in range(tl.min(first, 0) // BN, n_tiles):
         offs_n = tile * BN + tl.arange(0, BN)
         k, z, zb, valid, keep = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, scale, slope, rs, tau,
@@ -798,9 +874,9 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
                     v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
                 if CUMSUM >= 5:  # ``_stick``'s form: the walked keys after the tile, then those after j in it
                     after = lse - psum - tl.sum(sp, 1)
-                    a = _exp((z - sp) - after[:, None] - _cumsum(sp, 2, CUMSUM, BM, BN, CW), EXP2)
+                    a = _exp((z - sp) - after[:, None] - _cumsum(sp, 2, CUMSUM, BM, BN, CW, ones_sp), EXP2)
                 else:
-                    a = _exp(z - (lse - psum)[:, None] + _cumsum(sp, 1, CUMSUM, BM, BN, CW), EXP2)
+                    a = _exp(z - (lse - psum)[:, None] + _cumsum(sp, 1, CUMSUM, BM, BN, CW, ones_sp), EXP2)
                 a = tl.where(valid, a, 0.0)
                 g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
                 if FILTER == 2:
@@ -808,7 +884,7 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
                     c = g * a
                 else:
                     c = tl.where(valid, (g - g_r[:, None]) * a, 0.0)
-                before = csum[:, None] + _cumsum(c, 1, CUMSUM, BM, BN, CW)
+                before = csum[:, None] + _cumsum(c, 1, CUMSUM, BM, BN, CW, ones_c)
                 dz = tl.where(valid, c * sn - s * before, 0.0)
                 dv_tile = tl.dot(tl.trans(a).to(do.dtype), do, input_precision=DOT_PREC)
                 tl.atomic_add(DV + base + offs_n[:, None] * D + offs_d[None, :], dv_tile, mask=kv_mask,
@@ -881,7 +957,7 @@ class StickBreakingAttention(torch.autograd.Function):
             DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, CUMSUM=config["cumsum"],
             CW=min(bn, config["cumsum_width"] or bn),
             EXP2=config["exp2"], LOG1P=config["log1p"], SKIP=config["skip_empty"] and mode == 2, LOOP=config["loop"],
-            FULL=config["full_tiles"] and mode != 1,
+            FULL=config["full_tiles"] and mode != 1, PREFETCH=config["prefetch"],
             num_warps=warps, num_stages=stages, **max_registers(regs))
         if save:
             ctx.save_for_backward(pb.q, pb.k, pb.v, o32, rem, lse, start, pb.slopes, pb.row_scale, tau)

@@ -252,6 +252,9 @@ STICK_VARIANTS = {
     "exp2-soft": dict(exp2_soft="all"),  # powers of two on the FMA units (_exp2_soft)
     "exp2-soft-weights": dict(exp2_soft="weights", loop="for", full_tiles=True),
     "poly": dict(log1p="poly"),
+    "poly8": dict(log1p="poly8"),
+    "prefetch": dict(prefetch=True),
+    "prefetch-no-skip": dict(prefetch=True, skip_empty=False),
     "prefix": dict(backward="prefix"),
     "prefix-nosplit": dict(backward="prefix", split=False),
     "empty-tiles": dict(skip_empty=True),
