@@ -93,10 +93,13 @@ CAPTURE_TUNING: dict[str, dict] = {
 STICK_FAMILY = ("stickbreaking", "sieve", "sieve-alg1")
 # the mechanisms that take the long-context op at every width under ``wide``
 WIDE_CAPTURE = (*STICK_FAMILY, "sieve-entmax")
-# The training step keeps the sums in two bf16 parts and the causal masks on every tile of Sieve's Algorithm 1 (its
-# measured form); the long-context defaults' one-bf16 sums (``stickbreaking.TUNING``) are not yet measured through
-# whole training steps (``LENGTHBENCH_CAPTURE_TUNING='{"stickbreaking": {"cumsum": "bf16"}}'`` compares them).
-STICK_CAPTURE = {"fwd": (64, 32, 4, 2), "bwd": (64, 32, 4, 2), "cumsum": "bf16x2", "full_tiles": False}
+# The training step keeps the sums in two bf16 parts, the causal masks on every tile of Sieve's Algorithm 1, the
+# forward's loads in turn and the value loads of sieve-alg1's key tiles without a kept key skipped (its measured
+# form); the long-context defaults' one-bf16 sums, loads ahead and unskipped tiles (``stickbreaking.TUNING``) are not
+# yet measured through whole training steps (``LENGTHBENCH_CAPTURE_TUNING='{"stickbreaking": {"cumsum": "bf16",
+# "prefetch": true}}'`` compares them).
+STICK_CAPTURE = {"fwd": (64, 32, 4, 2), "bwd": (64, 32, 4, 2), "cumsum": "bf16x2", "full_tiles": False,
+                 "prefetch": False, "skip_empty": True}
 def _env_choice(variable: str, default: str, *others: str) -> str:
     """The environment's ``variable``: ``default`` where unset, else ``default`` or one of ``others`` (a
     ``ValueError`` that names them)."""

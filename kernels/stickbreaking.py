@@ -55,8 +55,8 @@ LN2 = tl.constexpr(0.6931471805599453)
 # The levers of ``tuning`` (``stickbreaking_attention``, ``sieve_alg1_attention``) and their defaults; see
 # ``launch_config``.
 TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="bf16", cumsum_width=None, exp2=True, exp2_soft="none",
-              log1p="poly", split=False, backward="prefix", sigmoid="reuse", skip_empty=True, loop="while",
-              full_tiles=True, prefetch=False, rowmax_pass="kernel")
+              log1p="poly", split=False, backward="prefix", sigmoid="reuse", skip_empty=False, loop="while",
+              full_tiles=True, prefetch=True, rowmax_pass="kernel")
 _CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3", "bf16"), backward=("suffix", "prefix"),
                 rowmax_pass=("kernel", "fused"), exp2_soft=("none", "weights", "all"),
                 sigmoid=("exp", "reuse"), loop=("while", "for"), log1p=("log", "poly", "poly8"))

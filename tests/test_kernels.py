@@ -253,8 +253,7 @@ STICK_VARIANTS = {
     "exp2-soft-weights": dict(exp2_soft="weights", loop="for", full_tiles=True),
     "poly": dict(log1p="poly"),
     "poly8": dict(log1p="poly8"),
-    "prefetch": dict(prefetch=True),
-    "prefetch-no-skip": dict(prefetch=True, skip_empty=False),
+    "no-prefetch": dict(prefetch=False),  # the forward's walk without the next tile's loads ahead
     "prefix": dict(backward="prefix"),
     "prefix-nosplit": dict(backward="prefix", split=False),
     "empty-tiles": dict(skip_empty=True),

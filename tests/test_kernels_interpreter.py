@@ -51,7 +51,7 @@ STICK_VARIANTS = [
     ("poly", dict(SMALL, log1p="poly")),
     ("poly8", dict(SMALL, log1p="poly8")),
     # the forward's next key tile loaded before the work on its own, with and without masked tiles
-    ("prefetch", dict(SMALL, prefetch=True, full_tiles=True)),
+    ("no-prefetch", dict(SMALL, prefetch=False, full_tiles=True)),
     ("prefetch-masked", dict(SMALL, prefetch=True, full_tiles=False, skip_empty=True)),
     ("prefix-all", dict(fwd=(32, 16, 4, 1), bwd=(16, 32, 4, 1), backward="prefix", cumsum="dot2", exp2=True,
                         sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly")),
