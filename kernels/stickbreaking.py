@@ -476,15 +476,46 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
 def row_max_earlier(q, K, base, offs_m, offs_d, dmask, pid_m, T, sm_scale, slope, rs, HAS_SLOPES: tl.constexpr,
                     HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr,
                     BN: tl.constexpr):
-    """``max_{j<r} z_rj`` of a query tile's rows (-inf for row 0): Algorithm 1's row maxima (``sieve.py``)."""
+    """``max_{j<r} z_rj`` of a query tile's rows (-inf for row 0): Algorithm 1's row maxima (``sieve.py``). The key
+    tiles before the query tile's first row take no causal masks; without ALiBi slopes or row scales their maximum is
+    that of the raw products, scaled once (for ``sm_scale > 0`` the rounding of a product by it is monotone: the
+    same value as the maximum of the scaled ones)."""
     best = tl.full([BM], float("-inf"), dtype=tl.float32)
-    for start_n in range(0, tl.minimum((pid_m + 1) * BM, T), BN):
+    before = (pid_m * BM) // BN * BN  # the keys before every row of the tile
+    if not HAS_SLOPES and not HAS_RS:
+        if sm_scale > 0:
+            raw = tl.full([BM], float("-inf"), dtype=tl.float32)
+            for start_n in range(0, before, BN):
+                offs_n = start_n + tl.arange(0, BN)
+                k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=dmask[None, :], other=0.0)
+                raw = tl.maximum(raw, tl.max(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), 1))
+            best = raw * sm_scale
+        else:
+            best = _max_scores(q, K, base, offs_m, offs_d, dmask, before, sm_scale, slope, rs, HAS_SLOPES, HAS_RS,
+                               DOT_PREC, D, BM, BN)
+    else:
+        best = _max_scores(q, K, base, offs_m, offs_d, dmask, before, sm_scale, slope, rs, HAS_SLOPES, HAS_RS,
+                           DOT_PREC, D, BM, BN)
+    for start_n in range(before, tl.minimum((pid_m + 1) * BM, T), BN):  # the tiles the diagonal crosses
         offs_n = start_n + tl.arange(0, BN)
         k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=(offs_n < T)[:, None] & dmask[None, :],
                     other=0.0)
         z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
         earlier = (offs_n[None, :] < offs_m[:, None]) & (offs_n[None, :] < T)
         best = tl.maximum(best, tl.max(tl.where(earlier, z, float("-inf")), 1))
+    return best
+
+
+@triton.jit
+def _max_scores(q, K, base, offs_m, offs_d, dmask, upto, sm_scale, slope, rs, HAS_SLOPES: tl.constexpr,
+                HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """The rows' maximum score over the keys before ``upto`` (a multiple of ``BN``, before every row), unmasked."""
+    best = tl.full([BM], float("-inf"), dtype=tl.float32)
+    for start_n in range(0, upto, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=dmask[None, :], other=0.0)
+        z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+        best = tl.maximum(best, tl.max(z, 1))
     return best
 
 

@@ -57,6 +57,7 @@ STICK_VARIANTS = [
                         sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly")),
     ("skip", dict(SMALL, skip_empty=True)),
     ("rowmax-fused", dict(SMALL, rowmax_pass="fused")),  # sieve-alg1's row maxima inside its forward kernel
+    ("rowmax-16", dict(SMALL, rowmax=(16, 16, 4, 1))),  # its row-max pass on tiles with keys before every row
 ]
 # per op: (label, tuning) of the launch paths to run besides the defaults, and on which shapes
 VARIANTS = {
@@ -75,8 +76,8 @@ VARIANTS = {
     "entmax": [("no-lists", dict(lists=False)), ("lists-8", dict(list_size=8)),
                ("capture-sub2-32x16", dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16))],
     "sparsemax": [("no-lists", dict(lists=False))],
-    # (skip and rowmax-fused: sieve-alg1's levers)
-    "stickbreaking": [(label, tuning) for label, tuning in STICK_VARIANTS if label not in ("skip", "rowmax-fused")],
+    # (skip, rowmax-fused and rowmax-16: sieve-alg1's levers)
+    "stickbreaking": [(label, tuning) for label, tuning in STICK_VARIANTS if label not in ("skip", "rowmax-fused", "rowmax-16")],
     "sieve-alg1": STICK_VARIANTS,
 }
 # the pointwise ops' launch settings (``_rowwise.launch_settings``): tiles smaller than the tokens, the forward's
