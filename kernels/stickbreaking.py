@@ -7,10 +7,10 @@ Forward: one program per query tile walks the key tiles right to left from the d
 fp32 sum of softplus of the keys already passed; inside a tile the sums over the keys after each one come from
 one product of the softplus in bf16 with a triangular ones matrix on the tensor cores (a key's own softplus
 stays outside it, in fp32: ``log a_j = logsigmoid(z_j) - ...``, so its rounding only touches weights that those
-sums make small; the sum carried across tiles in fp32), softplus in base 2 with its ``log1p`` as a polynomial
-on the FMA units. The tiles are 64 query rows by 32 keys, with the registers capped (``maxnreg``) so that
-several programs share a multiprocessor. Once every row of
-the tile has accumulated more than ``EXIT_AT`` (60) nats the remaining weights are below ``e^-60`` and the walk
+sums make small; the sum carried across tiles in fp32; the triangular matrix built once, before the walk),
+softplus in base 2 with its ``log1p`` a degree-6 polynomial on the FMA units. The tiles are 64 query rows by 32
+keys, with the registers capped (``maxnreg``) so that several programs share a multiprocessor; each tile loads
+the next one's keys and values before its own work. Once every row of the tile has accumulated more than ``EXIT_AT`` (60) nats the remaining weights are below ``e^-60`` and the walk
 stops: the Out(L^2) work shrinks to Out(L x reach). The forward keeps per row only its softplus sum ``L_r`` and
 the first key walked.
 
@@ -23,8 +23,7 @@ sum_j a_rj) do_r`` is added outside. Gradients flow to q, k, v, ``row_scale`` an
 
 ``FILTER`` restricts the keys to ``{j : z_rj / 2 > tau_r}`` (Sieve: ``tau`` the 1.5-entmax threshold of the row
 over ``j < r``), without gradient through the filter; see ``sieve.py``. Its third mode (``sieve-alg1``) breaks
-the stick over every earlier key and keeps only the weights inside the filter (key tiles without a kept key
-skip the values); the backward then takes the general form ``c_j = g_j a_j`` with the remainder's share on the
+the stick over every earlier key and keeps only the weights inside the filter; the backward then takes the general form ``c_j = g_j a_j`` with the remainder's share on the
 prefix (the weights no longer sum to one with the remainder).
 
 What the above describes are the defaults (``TUNING``); ``tuning`` (``launch_config``) selects the other forms
@@ -34,9 +33,10 @@ that stay negative, as in trained models that recall far back) are where they ma
 spent within a few keys and every key tile of a row is visited. On an H200 at 65,536 tokens, scores shifted by
 -8 (``benchmarks/kernels.py --inputs walk8``), head dim 32, SDPA 19.9 / 73.0 ms forward / forward+backward:
 stick-breaking 163 / 495 ms on the first forms (the ``previous`` rows of results/benchmarks/kernels.md), 75.7 /
-297 on 64 x 64 tiles with two-bf16 sums (``bf16x2-64x64``), 47.2 / 208 on these defaults; sieve-alg1 123 / 405 ->
-86.6 / 257. Nsight Compute put the 64 x 64 kernels at 255 registers a thread, two programs a multiprocessor and
-under half the issue slots busy, the backward spilling (results/benchmarks/gpu_logs/long_walks_bf16_sums.txt).
+297 on 64 x 64 tiles with two-bf16 sums (``bf16x2-64x64``), 39.2 / 191 on these defaults; sieve-alg1 123 / 405 ->
+51.1 / 198. Nsight Compute put the 64 x 64 kernels at 255 registers a thread, two programs a multiprocessor and
+under half the issue slots busy, the backward spilling (results/benchmarks/gpu_logs/long_walks_bf16_sums.txt);
+the steps since are in results/benchmarks/gpu_logs/long_walks_prefetch.txt.
 """
 
 from __future__ import annotations
@@ -108,22 +108,29 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     - ``sigmoid``: the backward's ``sigma(z)`` and ``sigma(-z)`` by ``tl.sigmoid`` (``exp``) or from the
       softplus's ``exp(-|z|)`` (``reuse``: one division, no other exponential).
     - ``skip_empty``: with the filter on the weights alone (``sieve-alg1``), key tiles without a kept key
-      skip the values (their load, products and ``dv``), the stick still broken over them.
+      skip the values (their load, products and ``dv``), the stick still broken over them. Off by default: the
+      test is a reduction over the whole tile, and the tiles it would skip are few. sieve-alg1's forward at
+      65,536 tokens, D 32, with and without it (loads ahead): walk8 72.4 / 61.9 ms, random 17.2 / 17.1; a trained
+      MQRAR model's inputs (D 16) 28.3 / 25.8 (H200, 2026-11-28, commits 178cbc3 and 570715b,
+      results/benchmarks/gpu_logs/long_walks_prefetch.txt).
     - ``loop``: the forward's walk as a ``while`` loop that ends once the stick is spent, or a counted ``for``
       loop over every key tile whose loads ``num_stages`` can pipeline (masked off once the stick is spent);
       the ``prefix`` backward's walk is a counted loop either way, the ``suffix`` one a ``while`` loop.
     - ``prefetch``: the forward's ``while`` walk loads the next key tile's keys and values before the work on
       its own (a pipeline the compiler does not build for a ``while`` loop; the values loaded even where
-      ``skip_empty`` then skips them).
+      ``skip_empty`` then skips them). stick-breaking's forward at 65,536 tokens on walk8 inputs, with and
+      without: D 32 39.2 / 44.2 ms, D 64 47.7 / 51.0 (H200, 2026-11-28, commit 570715b).
     - ``full_tiles``: the forward takes the key tiles that lie before every row of its query tile (all but the
       diagonal's) without the causal masks' selects: stick-breaking's and ``sieve-alg1``'s, whose stick is broken
       over every earlier key (not Sieve's, whose filter decides which keys break it).
     - ``rowmax_pass``: ``sieve_alg1_attention``'s row maxima by a pass of their own (``kernel``: one more launch,
       and the threshold's arithmetic as PyTorch ops) or by the forward kernel itself before its walk
       (``fused``: the same scores, each query tile's keys read once more by the same program), which stores the
-      threshold for the backward. At 65,536 tokens, head dim 32, the pass is most of the forward on random inputs
-      (17.2 ms of it); ``fused`` took 21.4 ms, and no other tiles of the pass beat its defaults (H200, 2026-11-28,
-      commit 08d3a61, results/benchmarks/gpu_logs/long_walks_bf16_sums.txt).
+      threshold for the backward. The pass (``row_max_earlier``) takes the key tiles before its query tile's rows
+      without masks: at 65,536 tokens, head dim 32, sieve-alg1's whole forward on random inputs went from 17.0 ms
+      (most of it the pass) to 5.8 (H200, 2026-11-28, commits 570715b and ee3ddb6). Before that change ``fused``
+      took 21.4 ms against 17.2, and no other tiles of the pass beat its defaults (commit 08d3a61,
+      results/benchmarks/gpu_logs/long_walks_bf16_sums.txt).
     """
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(TUNING))
