@@ -110,8 +110,8 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     - ``skip_empty``: with the filter on the weights alone (``sieve-alg1``), key tiles without a kept key
       skip the values (their load, products and ``dv``), the stick still broken over them. Off by default: the
       test is a reduction over the whole tile, and the tiles it would skip are few. sieve-alg1's forward at
-      65,536 tokens, D 32, with and without it (loads ahead): walk8 72.4 / 61.9 ms, random 17.2 / 17.1; a trained
-      MQRAR model's inputs (D 16) 28.3 / 25.8 (H200, 2026-11-28, commits 178cbc3 and 570715b,
+      65,536 tokens, D 32, with and without it (loads ahead): walk8 72.4 / 61.9 ms, random 17.2 / 17.1 (commit
+      178cbc3); a trained MQRAR model's inputs (D 16) 17.2 / 14.7 (commit 30d1207; H200, 2026-11-28,
       results/benchmarks/gpu_logs/long_walks_prefetch.txt).
     - ``loop``: the forward's walk as a ``while`` loop that ends once the stick is spent, or a counted ``for``
       loop over every key tile whose loads ``num_stages`` can pipeline (masked off once the stick is spent);
