@@ -255,23 +255,18 @@ def _softplus_e(z, EXP2: tl.constexpr, LOG1P: tl.constexpr):
 def _log1p_ratio(x, EXP2: tl.constexpr, LOG1P: tl.constexpr):
     """``log(1 + x) / x`` on ``[0, 1]`` (``log2(1 + x) / x`` with ``EXP2``) on the FMA units, where ``log(1 + x)``
     in fp32 loses ``x``'s low bits to the rounding of ``1 + x``. ``LOG1P`` 1: a degree-6 polynomial fitted to the
-    ratio in the stick's own base (relative error below 1.5e-6 in fp32, so that softplus takes one FMA after it);
-    2: a degree-8 one in nats (below 2.5e-7; with ``EXP2`` one more multiply by ``log2 e``)."""
+    ratio in bits (relative error below 1.5e-6 in fp32, so that softplus in bits takes one FMA after it; in nats
+    one more multiply by ``ln 2``); 2: a degree-8 one in nats (below 2.5e-7; in bits one more multiply by ``log2
+    e``)."""
     if LOG1P == 1:
-        if EXP2:
-            p = 0.020413657650351524 * x - 0.0958419069647789
-            p = p * x + 0.21534417569637299
-            p = p * x - 0.3391266167163849
-            p = p * x + 0.4776794910430908
-            p = p * x - 0.7211607694625854
-            p = p * x + 1.4426932334899902
-        else:
-            p = 0.01414966955780983 * x - 0.06643254309892654
-            p = p * x + 0.14926519989967346
-            p = p * x - 0.23506467044353485
-            p = p * x + 0.331102192401886
-            p = p * x - 0.49987056851387024
-            p = p * x + 0.9999987483024597
+        p = 0.020413657650351524 * x - 0.0958419069647789
+        p = p * x + 0.21534417569637299
+        p = p * x - 0.3391266167163849
+        p = p * x + 0.4776794910430908
+        p = p * x - 0.7211607694625854
+        p = p * x + 1.4426932334899902
+        if not EXP2:
+            p = p * LN2
     else:
         p = 0.005253490526229143 * x - 0.029588690027594566
         p = p * x + 0.07836206257343292

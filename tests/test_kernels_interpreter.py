@@ -50,6 +50,9 @@ STICK_VARIANTS = [
     ("prefix", dict(SMALL, backward="prefix")),
     ("poly", dict(SMALL, log1p="poly")),
     ("poly8", dict(SMALL, log1p="poly8")),
+    # the stick in nats (``exp``/``log``), softplus's log1p by either polynomial
+    ("nats", dict(SMALL, exp2=False)),
+    ("nats-poly8", dict(SMALL, exp2=False, log1p="poly8")),
     # the forward's next key tile loaded before the work on its own, with and without masked tiles
     ("no-prefetch", dict(SMALL, prefetch=False, full_tiles=True)),
     ("prefetch-masked", dict(SMALL, prefetch=True, full_tiles=False, skip_empty=True)),
