@@ -448,8 +448,8 @@ OWN_DEFAULTS_BEFORE = ("softpick", "tra")
 # capture settings the library took after rows recorded theirs: rows from before ran without them
 CAPTURE_KEYS_SINCE = {"tda": ("fused_bwd",)}
 # keys the stick-breaking family's capture settings took later to keep what rows without them ran (the kernels'
-# defaults then: two-bf16 sums, the causal masks on every tile, no loads ahead, empty tiles' values skipped), pinned for the training step when the long-context
-# defaults moved on; sieve-entmax takes them in its ``walk``
+# defaults then: two-bf16 sums, the causal masks on every tile, no loads ahead, empty tiles' values skipped),
+# pinned for the training step when the long-context defaults moved on; sieve-entmax takes them in its ``walk``
 PINNED_SINCE = ("cumsum", "full_tiles", "prefetch", "skip_empty")
 
 

@@ -10,8 +10,9 @@ stays outside it, in fp32: ``log a_j = logsigmoid(z_j) - ...``, so its rounding 
 sums make small; the sum carried across tiles in fp32; the triangular matrix built once, before the walk),
 softplus in base 2 with its ``log1p`` a degree-6 polynomial on the FMA units. The tiles are 64 query rows by 32
 keys, with the registers capped (``maxnreg``) so that several programs share a multiprocessor; each tile loads
-the next one's keys and values before its own work. Once every row of the tile has accumulated more than ``EXIT_AT`` (60) nats the remaining weights are below ``e^-60`` and the walk
-stops: the Out(L^2) work shrinks to Out(L x reach). The forward keeps per row only its softplus sum ``L_r`` and
+the next one's keys and values before its own work. Once every row of the tile has accumulated more than
+``EXIT_AT`` (60) nats the remaining weights are below ``e^-60`` and the walk stops: the Out(L^2) work shrinks to
+Out(L x reach). The forward keeps per row only its softplus sum ``L_r`` and
 the first key walked.
 
 Backward (one kernel, a walk from the left over the very keys the forward walked): with ``g_j = do_r.v_j`` and
@@ -23,8 +24,9 @@ sum_j a_rj) do_r`` is added outside. Gradients flow to q, k, v, ``row_scale`` an
 
 ``FILTER`` restricts the keys to ``{j : z_rj / 2 > tau_r}`` (Sieve: ``tau`` the 1.5-entmax threshold of the row
 over ``j < r``), without gradient through the filter; see ``sieve.py``. Its third mode (``sieve-alg1``) breaks
-the stick over every earlier key and keeps only the weights inside the filter; the backward then takes the general form ``c_j = g_j a_j`` with the remainder's share on the
-prefix (the weights no longer sum to one with the remainder).
+the stick over every earlier key and keeps only the weights inside the filter; the backward then takes the
+general form ``c_j = g_j a_j`` with the remainder's share on the prefix (the weights no longer sum to one with the
+remainder).
 
 What the above describes are the defaults (``TUNING``); ``tuning`` (``launch_config``) selects the other forms
 of the same quantities: the right-to-left ``suffix`` backward from the forward's fp32 output (split in two
@@ -196,9 +198,10 @@ def _power_of_two(x: int) -> bool:
 @triton.jit
 def _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs, tau, upto, FILTER: tl.constexpr,
               HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, k=None):
-    """Loads a key tile (``k``: loaded already); its scores, biased scores, the keys each row breaks the stick over (those before
-    ``upto``: ``offs_m``, or where a phase of Sieve's open walk stopped) and those whose weights it keeps (``FILTER``: 0 every earlier key; 1 Sieve, both only where ``z / 2 > tau``; 2
-    ``sieve-alg1``, the stick over every earlier key, the weights only where ``z / 2 > tau``)."""
+    """Loads a key tile (``k``: loaded already); its scores, biased scores, the keys each row breaks the stick
+    over (those before ``upto``: ``offs_m``, or where a phase of Sieve's open walk stopped) and those whose weights
+    it keeps (``FILTER``: 0 every earlier key; 1 Sieve, both only where ``z / 2 > tau``; 2 ``sieve-alg1``, the
+    stick over every earlier key, the weights only where ``z / 2 > tau``)."""
     if k is None:
         k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=(offs_n < T)[:, None] & dmask[None, :],
                     other=0.0)
@@ -391,9 +394,10 @@ def _tri_dot(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr, one
 def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, BM: tl.constexpr,
            BN: tl.constexpr, CW: tl.constexpr, MASKED: tl.constexpr, ones=None):
     """Softplus of the tile's active scores and their weights, given the softplus sum to the right (without
-    ``MASKED`` every key of the tile is active; ``ones``: ``_stick_ones``). ``CUMSUM`` 5 and 6: a key's own softplus stays outside the
-    products (``log a_j = (z_j - softplus z_j) - sum_{k > j}``), so that their rounding touches only the sums
-    over the keys between it and the row, which make its weight small where they are large."""
+    ``MASKED`` every key of the tile is active; ``ones``: ``_stick_ones``). ``CUMSUM`` 5 and 6: a key's own
+    softplus stays outside the products (``log a_j = (z_j - softplus z_j) - sum_{k > j}``), so that their rounding
+    touches only the sums over the keys between it and the row, which make its weight small where they are
+    large."""
     sp, _ = _softplus_e(z, EXP2, LOG1P)
     if MASKED:
         sp = tl.where(valid, sp, 0.0)
