@@ -571,6 +571,7 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
     while (t < n_tiles) & (lmin < exit_at) & (t < max_tiles):
         offs_n = (n_tiles - 1 - t) * BN + tl.arange(0, BN)
         k_here = None
+        v_here = None
         if PREFETCH:
             k_here = k_next
             v_here = v_next
@@ -587,10 +588,7 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
             if SKIP:
                 kept = tl.max(keep.to(tl.int32))
             if kept > 0:
-                if PREFETCH:
-                    v = v_here
-                else:
-                    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=dmask[None, :], other=0.0)
+                v = _value_tile(V, base, offs_n, offs_d, dmask[None, :], D, v_here)
                 acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2,
                                     LOG1P, False, ones)
             else:  # no kept key: the stick alone
@@ -603,11 +601,7 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
             if SKIP:
                 kept = tl.max(keep.to(tl.int32))
             if kept > 0:
-                if PREFETCH:
-                    v = v_here
-                else:
-                    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :],
-                                mask=(offs_n < T)[:, None] & dmask[None, :], other=0.0)
+                v = _value_tile(V, base, offs_n, offs_d, (offs_n < T)[:, None] & dmask[None, :], D, v_here)
                 acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2,
                                     LOG1P, True, ones)
             else:  # no kept key: the stick alone
@@ -617,6 +611,14 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
             lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
         t += 1
     return acc, lsum, t
+
+
+@triton.jit
+def _value_tile(V, base, offs_n, offs_d, mask, D: tl.constexpr, v=None):
+    """The value tile of keys ``offs_n`` (``mask`` its load mask), or ``v`` where the walk loaded it ahead."""
+    if v is None:
+        v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=mask, other=0.0)
+    return v
 
 
 @triton.jit
