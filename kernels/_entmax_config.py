@@ -14,7 +14,9 @@ The keys:
 - The search: ``subset`` (0: the 16 largest tile maxima, no certificate; d in 1..4: the top d of every
   column), ``acc`` (elementwise partial sums in the exact-root Newton passes), ``fold`` (one product by
   ``sm_scale * XS`` where there are no slopes and no row scale), ``lean`` (the Newton passes accumulate only
-  what Newton's step needs; False: also the support's count and least score, for the exact root) and
+  what Newton's step needs; False: also the support's count and least score, for the exact root),
+  ``bracket`` (with ``lean``, 1.5-entmax: the passes also count the support, and a row ends once the
+  support's quadratic brackets ``tau*`` within ``tol``, ``_entmax_search._bracket``) and
   ``pairs`` (the top-4 first stage merges two key tiles a step, ``_insert_pair``; the kept values are the
   same, bit for bit).
 - ``lists``: the forward of ``entmax_attention`` and ``sieve_attention`` finishes the certified rows from
@@ -56,10 +58,10 @@ def launch_config(block_d: int, tuning: dict | None = None) -> dict:
         # 78.1 -> 69.8, 69.1 -> 61.8 and 28.0 -> 26.9 ms (results/benchmarks/gpu_logs/entmax_newton_tiles.txt).
         # Sieve's open rows keep their walk on 32-key tiles (``sieve_open``).
         config = dict(bm=64, bn=64, bn_subset=64, warps=4, stages=2, newton=(64, 64, 4, 3), split=True, subset=4,
-                      acc=False, fold=True, lean=True, pairs=True)
+                      acc=False, fold=True, lean=True, bracket=True, pairs=True)
     else:  # the single-view kernels' tiles, not measured
         config = dict(bm=32, bn=32, bn_subset=32, warps=4, stages=2, newton=(32, 32, 4, 2), split=True, subset=4,
-                      acc=False, fold=True, lean=True, pairs=True)
+                      acc=False, fold=True, lean=True, bracket=True, pairs=True)
     # ``finish`` not measured; Sieve's ``list_backward`` and ``open_backward`` measured once (the backward 52 ms
     # at L 65,536 on the H100), no other setting tried.
     config.update(lists=True, list_size=64, finish=(max(1, 128 // block_d), 4), list_backward=(4096, 4),

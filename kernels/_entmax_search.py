@@ -16,8 +16,11 @@ a step that moves ``tau``. (``subset`` 0 keeps the 16 largest tile maxima instea
 row then takes the 2-3 full passes.)
 
 The Newton passes then run on the rows left open only, gathered per head into tiles of their own (a second
-kernel; ``split``). With ``lean`` (the default) a pass accumulates only ``s1 = sum (X - tau)_+`` and ``s2 =
-sum (X - tau)_+^2`` and takes Newton's step below, 4 instructions a score. Without it a pass accumulates, per
+kernel; ``split``). With ``lean`` (the default) a pass accumulates only ``s1 = sum (X - tau)_+``, ``s2 =
+sum (X - tau)_+^2`` and the support size, and takes Newton's step below; the support's quadratic bounds
+``tau*`` from above (``_bracket``), so a row also ends once that bracket is narrower than ``tol``, a pass
+before its step would fall below ``tol``. The count costs instructions and registers: a pass takes longer, and
+wide rows (a fresh model's) take one pass fewer. Without ``lean`` a pass accumulates, per
 row, ``s1``, ``s2``, the support size and the least ``X`` in the support; from them either the exact root of
 ``sum_S (X - t)^2 = 1`` on the current support ``S`` (accepted when no element of ``S`` falls below it: then
 it is ``tau*``), or a Newton step on ``h(tau) = ||(X - tau)_+||_2 - 1``: ``tau <- tau + (s2 - sqrt(s2)) /
@@ -81,13 +84,15 @@ def _accumulate(a1, a2, a3, a4, x, tau):
 
 
 @triton.jit
-def _lean_accumulate(a1, a2, x, tau, XS: tl.constexpr):
-    """Add a ``[BM, BN]`` tile of ``X`` to elementwise partial sums of ``s = (X - tau)_+`` and of ``s^2``
-    (sparsemax, ``XS == 1``: of ``1[s > 0]``): one fused multiply-add, one maximum, two adds a score."""
+def _lean_accumulate(a1, a2, a3, x, tau, XS: tl.constexpr, COUNT: tl.constexpr):
+    """Add a ``[BM, BN]`` tile of ``X`` to elementwise partial sums of ``s = (X - tau)_+``, of ``s^2`` and, with
+    ``COUNT``, of ``1[s > 0]`` (sparsemax, ``XS == 1``: of ``s`` and ``1[s > 0]``; ``a3`` unchanged)."""
     s = tl.maximum(x - tau[:, None], 0.0)
     if XS == 1.0:
-        return a1 + s, a2 + (s > 0).to(tl.float32)
-    return a1 + s, a2 + s * s
+        return a1 + s, a2 + (s > 0).to(tl.float32), a3
+    if COUNT:
+        a3 += (s > 0).to(tl.float32)
+    return a1 + s, a2 + s * s, a3
 
 
 @triton.jit
@@ -106,6 +111,17 @@ def _exact(s1, s2, cnt):
     ``tau`` (rationalised form)."""
     disc = tl.maximum(s1 * s1 - cnt * (s2 - 1.0), 0.0)
     return (s2 - 1.0) / tl.where(s1 > 0, s1 + tl.sqrt(disc), 1.0)
+
+
+@triton.jit
+def _bracket(s1, s2, cnt):
+    """An upper bound on ``tau* - tau`` (1.5-entmax; ``+inf`` where there is none) from the sums of ``s = (X -
+    tau)_+`` over the current support ``S``, for ``tau <= tau*``: the root of the support's quadratic ``g(t) =
+    sum_S (X - t)^2 = 1`` (``_exact``), where it has one. ``f(t) = sum (X - t)_+^2`` is at most ``g(t)`` for
+    every ``t >= tau`` (``g`` also counts, squared, the keys of ``S`` that ``t`` has passed), so at that root
+    ``f <= 1 = f(tau*)``, and ``f`` decreasing puts the root at or above ``tau*``."""
+    disc = s1 * s1 - cnt * (s2 - 1.0)
+    return tl.where((disc >= 0) & (s1 > 0), _exact(s1, s2, cnt), float("inf"))
 
 
 @triton.jit
@@ -348,9 +364,10 @@ def _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, di
                    XS: tl.constexpr, LEAN: tl.constexpr):
     """``tau`` after the Newton passes, which run while a row not ``fixed`` (certified, empty or past ``T``:
     kept as they are) is neither exact nor still. ``ACC``: elementwise ``[BM, BN]`` partial sums, reduced once
-    per pass, instead of reducing every key tile. ``LEAN`` (the default): Newton's steps alone, from the two
-    sums they need (elementwise), which a pass computes in a quarter of the instructions; a row is done when
-    its step falls below ``tol``, or after 8 passes below ``1e-5`` (rounding noise). ``(tau, done)``: ``done``
+    per pass, instead of reducing every key tile. ``LEAN`` 1 or 2 (2 the default): Newton's steps alone, from
+    elementwise sums (``s1``, ``s2``, and with 2 the support size), which a pass computes in under half the
+    instructions; a row is done when its step (or with 2 its bracket, ``_bracket``) falls below ``tol``, or
+    after 8 passes when its step falls below ``1e-5`` (rounding noise). ``(tau, done)``: ``done``
     the rows that ended (or are ``fixed``); the passes count from ``it0`` to ``max_iter`` at most (a later launch
     of ``newton_phases`` goes on from where an earlier one stopped)."""
     start = tau
@@ -363,27 +380,35 @@ def _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, di
             # (sparsemax). No exact root: no least X of the support, no count for 1.5-entmax.
             a1 = tl.zeros([BM, BN], dtype=tl.float32)
             a2 = tl.zeros([BM, BN], dtype=tl.float32)
+            a3 = tl.zeros([BM, BN], dtype=tl.float32)
             for start_n in range(0, diag, BN):
                 x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, False, STRICT,
                             HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BN, XS)
-                a1, a2 = _lean_accumulate(a1, a2, x, tau, XS)
+                a1, a2, a3 = _lean_accumulate(a1, a2, a3, x, tau, XS, LEAN == 2)
             for start_n in range(diag, hi, BN):
                 x = _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, True, STRICT,
                             HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BN, XS)
-                a1, a2 = _lean_accumulate(a1, a2, x, tau, XS)
+                a1, a2, a3 = _lean_accumulate(a1, a2, a3, x, tau, XS, LEAN == 2)
             s1 = tl.sum(a1, 1)
             s2 = tl.sum(a2, 1)
             if XS == 1.0:  # s2 holds the count
                 step = tl.where(s2 > 0, (s1 - 1.0) / tl.where(s2 > 0, s2, 1.0), 0.0)
             else:
                 step = tl.where(s1 > 0, (s2 - tl.sqrt(s2)) / tl.where(s1 > 0, s1, 1.0), 0.0)
+            width = step + float("inf")
+            if XS != 1.0 and LEAN == 2:
+                # The bracket: tau* lies between Newton's step (below it) and the root of the current support's
+                # quadratic, where it has one (above it; ``_bracket``). Its width bounds the error of the step.
+                width = _bracket(s1, s2, tl.sum(a3, 1)) - step
             step = tl.maximum(step, 0.0)
             tau += step
             # Newton's steps from below shrink (by at least 0.6 a step far from tau* in a float64 model, then
             # quadratically; 8 passes at most to 1e-9 there), so a row still stepping after 8 passes is stepping
-            # on rounding noise: from then on a step below 1e-5 ends it too.
+            # on rounding noise: from then on a step below 1e-5 ends it too. A row also ends once its bracket is
+            # narrower than ``tol``: its new ``tau`` is then within ``tol`` of ``tau*``, without the pass that
+            # would find the next step small.
             scale = 1.0 + tl.abs(tau)
-            done = (step <= tol * scale) | ((it >= 8) & (step <= 1e-5 * scale)) | fixed
+            done = (step <= tol * scale) | (width <= tol * scale) | ((it >= 8) & (step <= 1e-5 * scale)) | fixed
             pending = tl.sum((done == 0).to(tl.int32), 0)
             it += 1
         elif ACC:
@@ -523,7 +548,7 @@ def entmax_threshold(q, k, *, slopes=None, row_scale=None, sm_scale=None, strict
     grid = (triton.cdiv(pb.tokens, bm), pb.bh)
     if not split:
         _threshold_kernel[grid](*args, pb.sm_scale, pb.tokens, pb.heads, float(tol), int(max_iter), BM=bm, BN=bn,
-                                ACC=bool(config["acc"]), LEAN=bool(config["lean"]), num_warps=config["warps"],
+                                ACC=bool(config["acc"]), LEAN=_lean(config), num_warps=config["warps"],
                                 num_stages=config["stages"], **first, **common)
         return tau
     done = torch.empty(tau.shape, device=tau.device, dtype=torch.int8)
@@ -534,6 +559,14 @@ def entmax_threshold(q, k, *, slopes=None, row_scale=None, sm_scale=None, strict
     return tau
 
 
+def _lean(config: dict) -> int:
+    """The Newton passes' ``LEAN``: 0 (``lean`` off: the exact root), 1 (Newton's steps) or 2 (with the bracket,
+    ``bracket`` on)."""
+    if not config["lean"]:
+        return 0
+    return 2 if config["bracket"] else 1
+
+
 def _newton_launch(pb: Problem, args, rows, count, tol, max_iter, config, tiles, common):
     """The Newton passes over the open rows ``rows, count``: one launch, or with ``newton_phases`` (passes a
     launch) one launch a phase over the rows not yet done, gathered again after each (a tile runs as many
@@ -541,7 +574,7 @@ def _newton_launch(pb: Problem, args, rows, count, tol, max_iter, config, tiles,
     phase up to ``max_iter``."""
     nbm, nbn, nwarps, nstages = tiles
     phases = _phases(config, "newton_phases", pb.tokens)
-    launch = dict(ACC=bool(config["acc"]), LEAN=bool(config["lean"]), BM=nbm, BN=nbn, num_warps=nwarps,
+    launch = dict(ACC=bool(config["acc"]), LEAN=_lean(config), BM=nbm, BN=nbn, num_warps=nwarps,
                   num_stages=nstages, **common)
     grid = (triton.cdiv(pb.tokens, nbm), pb.bh)
     pend = torch.zeros(pb.bh, pb.tokens, device=pb.q.device, dtype=torch.int32) if phases else pb.dummy

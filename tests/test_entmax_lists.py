@@ -566,9 +566,11 @@ def test_phases_regather_the_open_rows(name, monkeypatch):
     launch's (up to the Newton tolerance and the ``e^-60`` of the stick left at an early exit) and the output
     and gradients the float64 reference's."""
     q, k, v = make(1, 2, 700, 32, torch.float32, seed=45, scale=0.6)
-    listed, total, *_ = path_counts(name, q, k, v, tuning=dict(list_size=8, few_open=None))
+    # Newton's steps alone (no bracket): with it, every open row here ends within the first phase's two passes
+    base = dict(list_size=8, few_open=None, bracket=False)
+    listed, total, *_ = path_counts(name, q, k, v, tuning=base)
     assert listed < total, (listed, total)
-    single = op_of(name, dict(list_size=8, few_open=None))(q, k, v)
+    single = op_of(name, base)(q, k, v)
     counts = []
     real = open_rows._open_rows
 
@@ -579,7 +581,7 @@ def test_phases_regather_the_open_rows(name, monkeypatch):
 
     for module in (search, entmax_lists, sieve):  # every module that gathers open rows
         monkeypatch.setattr(module, "_open_rows", spy)
-    phases = dict(list_size=8, few_open=None, phases_from=0, newton_phases=(2, 1), sieve_phases=(64, 128))
+    phases = dict(base, phases_from=0, newton_phases=(2, 1), sieve_phases=(64, 128))
     phased = op_of(name, phases)(q, k, v)
     # _lists_start: the rescue's rows, the open rows, the Newton phases' rows; Sieve: its walk's phases'
     n_open = counts[1]
@@ -602,3 +604,40 @@ def test_bad_phases_fail_before_any_launch():
     for bad in (dict(newton_phases=(0,)), dict(sieve_phases=(64, -1))):
         with pytest.raises(ValueError, match="bad launch settings"):
             sieve.sieve_attention(q, k, v, tuning=bad)
+
+
+
+
+@pytest.mark.parametrize("subset, left", [(4, 0.0), (2, 0.35)])
+def test_newton_bracket_ends_rows_early(subset, left, monkeypatch):
+    """A lean Newton pass ends a row once its bracket (``_bracket``) is narrower than ``tol``: one pass before
+    Newton's step alone would show the row converged. On near-uniform rows (supports of hundreds of keys, 888
+    rows open after the default first stage), every open row has ended after the first phase of two passes;
+    from a weaker start (the top 2 of each column) at most ``left`` of them go on. By Newton's step alone
+    (``bracket`` False) over three quarters of them go on. The thresholds are the float64 ones within ``tol``."""
+    q, k, _ = make(1, 2, 700, 32, torch.float32, seed=91, scale=0.3)
+    z = dense_scores(q.double(), k.double(), 1.0 / math.sqrt(32), None, None)
+    future = torch.ones(700, 700, dtype=torch.bool, device=z.device).triu(1)
+    want = exact_tau(z.masked_fill(future, float("-inf")) * 0.5, 1.5)
+    counts = []
+    real = open_rows._open_rows
+
+    def spy(done):
+        rows, count = real(done)
+        counts.append(int(count.sum()))
+        return rows, count
+
+    monkeypatch.setattr(search, "_open_rows", spy)
+    bound = 2e-6 * (1 + want.abs().max().item())
+    for bracket in (True, False):
+        counts.clear()
+        tuning = dict(subset=subset, newton_phases=(2,), phases_from=0, bracket=bracket)
+        err = (entmax.entmax_threshold(q, k, tuning=tuning).double() - want).abs().max().item()
+        print(f"ERR subset {subset} bracket {bracket}: open rows {counts}, |tau - tau*| {err:.2e}")
+        # the rows the first stage left open, then those still going after two passes
+        assert len(counts) == 2 and counts[0] > 800, counts
+        if bracket:
+            assert counts[1] <= left * counts[0], counts
+        else:
+            assert counts[1] > 0.75 * counts[0], counts
+        assert err <= bound
