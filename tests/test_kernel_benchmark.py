@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -158,3 +159,16 @@ def test_narrow_kernel_rows_say_which_op_ran():
     assert narrow_kernels.takes_narrow("sieve", "bd32", 131)
     assert not narrow_kernels.takes_narrow("sieve", "wide32", 83)
     assert not narrow_kernels.takes_narrow("softpick", "capturable", 83)
+
+
+def test_entmax_search_bad_input_exits_2_with_one_line():
+    """``benchmarks/entmax_search.py``: a variant that is not JSON, a scale that is not a number, and a machine
+    without a GPU each end it with one line and exit 2 before anything is measured."""
+    script = str(ROOT / "benchmarks" / "entmax_search.py")
+    for argv, words in ((["--variant", "x=notjson"], "not JSON"), (["--scales", "a"], "--scales"),
+                        ([], "CUDA GPU")):
+        if not argv and torch.cuda.is_available():
+            continue
+        done = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, check=False)
+        assert done.returncode == 2, (argv, done.stderr)
+        assert done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
