@@ -558,6 +558,22 @@ def test_sieve_few_open_rows_by_default():
     assert verdicts == [True, True], verdicts
 
 
+def count_open_rows(monkeypatch) -> list[int]:
+    """A list that every gathering of open rows (``_open_rows``, in every module that calls it) appends its
+    total count to, in order."""
+    counts = []
+    real = open_rows._open_rows
+
+    def spy(done):
+        rows, count = real(done)
+        counts.append(int(count.sum()))
+        return rows, count
+
+    for module in (search, entmax_lists, sieve):
+        monkeypatch.setattr(module, "_open_rows", spy)
+    return counts
+
+
 @pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve-entmax"])
 def test_phases_regather_the_open_rows(name, monkeypatch):
     """``newton_phases`` and ``sieve_phases``: the Newton passes and Sieve's open walk in phases,
@@ -571,16 +587,7 @@ def test_phases_regather_the_open_rows(name, monkeypatch):
     listed, total, *_ = path_counts(name, q, k, v, tuning=base)
     assert listed < total, (listed, total)
     single = op_of(name, base)(q, k, v)
-    counts = []
-    real = open_rows._open_rows
-
-    def spy(done):
-        rows, count = real(done)
-        counts.append(int(count.sum()))
-        return rows, count
-
-    for module in (search, entmax_lists, sieve):  # every module that gathers open rows
-        monkeypatch.setattr(module, "_open_rows", spy)
+    counts = count_open_rows(monkeypatch)
     phases = dict(base, phases_from=0, newton_phases=(2, 1), sieve_phases=(64, 128))
     phased = op_of(name, phases)(q, k, v)
     # _lists_start: the rescue's rows, the open rows, the Newton phases' rows; Sieve: its walk's phases'
@@ -619,15 +626,7 @@ def test_newton_bracket_ends_rows_early(subset, left, monkeypatch):
     z = dense_scores(q.double(), k.double(), 1.0 / math.sqrt(32), None, None)
     future = torch.ones(700, 700, dtype=torch.bool, device=z.device).triu(1)
     want = exact_tau(z.masked_fill(future, float("-inf")) * 0.5, 1.5)
-    counts = []
-    real = open_rows._open_rows
-
-    def spy(done):
-        rows, count = real(done)
-        counts.append(int(count.sum()))
-        return rows, count
-
-    monkeypatch.setattr(search, "_open_rows", spy)
+    counts = count_open_rows(monkeypatch)
     bound = 2e-6 * (1 + want.abs().max().item())
     for bracket in (True, False):
         counts.clear()
