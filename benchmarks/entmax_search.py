@@ -114,6 +114,15 @@ def main() -> int:
         layers = [int(x) for x in args.layers.split(",") if x]
     except ValueError as error:
         return _usage(f"--scales / --layers: {error}")
+    if args.fresh:
+        from lengthbench.config import build_config
+        from lengthbench.errors import UsageError
+
+        task_name, _, attn = args.fresh.partition(":")
+        try:
+            build_config(task_name, attn or "entmax", "rope", "paper")
+        except (UsageError, ValueError) as error:
+            return _usage(f"--fresh {args.fresh!r}: {error}")
     if not torch.cuda.is_available():
         return _usage("needs a CUDA GPU")
     device = torch.device("cuda")

@@ -162,10 +162,12 @@ def test_narrow_kernel_rows_say_which_op_ran():
 
 
 def test_entmax_search_bad_input_exits_2_with_one_line():
-    """``benchmarks/entmax_search.py``: a variant that is not JSON, a scale that is not a number, and a machine
-    without a GPU each end it with one line and exit 2 before anything is measured."""
+    """``benchmarks/entmax_search.py``: a variant that is not JSON, a scale that is not a number, an unknown task
+    or mechanism for the fresh model, and a machine without a GPU each end it with one line and exit 2 before
+    anything is measured."""
     script = str(ROOT / "benchmarks" / "entmax_search.py")
     for argv, words in ((["--variant", "x=notjson"], "not JSON"), (["--scales", "a"], "--scales"),
+                        (["--fresh", "nope:entmax"], "unknown task"), (["--fresh", "mqmtar:nope"], "unknown attention"),
                         ([], "CUDA GPU")):
         if not argv and torch.cuda.is_available():
             continue
