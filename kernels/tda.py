@@ -5,7 +5,7 @@
 the same threshold ``tau_r`` of ``tra.tra_threshold``, its ``tau_index`` convention included, for both views), shared values ``v``, no normaliser.
 The RMSNorm on the output is the module's (``models/attention/threshold.py``).
 
-Three kernels, each visiting a (query tile, key tile) pair once for both views:
+Four kernels, each visiting a (query tile, key tile) pair once for both views:
 
 - forward, one program per query tile (its height a multiple of the key tile's): both score tiles, the
   combined weight tile, one product with ``v``. When a backward may follow it also writes the activity
@@ -13,9 +13,13 @@ Three kernels, each visiting a (query tile, key tile) pair once for both views:
 - dq, one program per query tile: ``dq1`` and ``dq2`` together, with the per-row gradients of ``tau``
   (``-sum_j dL/dz1 + dL/dz2``), ``lam`` (``-sum_j a2_rj do_r.v_j``), ``row_scale`` and ``slopes``;
 - dk/dv, one program per key tile: ``dk1``, ``dk2`` and ``dv`` together (with the launch setting ``fused_bwd``, the
-  training step's, also the dq kernel's sums, added atomically; the dq kernel then does not run).
+  training step's, also the dq kernel's sums, added atomically; the dq kernel then does not run);
+- whole rows (the launch setting ``rows``, ``[BM, BN, warps]``), one program per head where its ``T <= BM`` rows
+  fit one query tile: each key tile's dk1, dk2 and dv whole, dq1, dq2 and the per-row gradients summed over the
+  key tiles in registers; every gradient stored once (no atomics, no zeroed buffer, no casts after): the short
+  rows of training.
 
-Both backward kernels visit only the tiles the map lists (``_tile_lists``): an inactive tile has zero
+The dq and dk/dv kernels visit only the tiles the map lists (``_tile_lists``): an inactive tile has zero
 weights and zero gradients in both views, so skipping it is exact, and TRA's thresholds leave most tiles
 inactive at long lengths (random unit inputs at 65,536 tokens: almost all but the diagonal's). Without a map
 (head dims above 64) they test every tile by a branch.
@@ -334,6 +338,77 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STAR
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
+@triton.jit
+def _bwd_rows_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, DK1, DK2, DV, SL, RS, TAU, LAM, DRS, DSL, DTAU, DLAM,
+                     sm_scale, T, H,
+                     POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
+                     GRAD_SL: tl.constexpr, GRAD_TAU: tl.constexpr, GRAD_LAM: tl.constexpr, DOT_PREC: tl.constexpr,
+                     D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """The whole backward of one head whose ``T <= BM`` rows fit one query tile: each key tile's dk1, dk2 and dv
+    whole (every query row is here), stored once; dq1, dq2 and the per-row gradients summed in registers over the
+    key tiles and stored once, as ``_bwd_dq_kernel`` stores them. No atomics, no zeroed buffer, no casts after."""
+    bh = tl.program_id(1)
+    base = bh.to(tl.int64) * T * D
+    offs_m, offs_d, row_ok, dmask, rmask, q_off = tile_rows(0, T, D, BD, BM)
+    q_off += base
+    q1 = tl.load(Q1 + q_off, mask=rmask, other=0.0)
+    q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
+    do = tl.load(DO + q_off, mask=rmask, other=0.0)
+    slope = head_slope(SL, bh, H, HAS_SLOPES)
+    rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
+    tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
+    lam = tl.load(LAM + bh % H)
+    dq1 = tl.zeros([BM, BD], dtype=tl.float32)
+    dq2 = tl.zeros([BM, BD], dtype=tl.float32)
+    d_rs = tl.zeros([BM], dtype=tl.float32)
+    d_sl = tl.zeros([BM], dtype=tl.float32)
+    d_tau = tl.zeros([BM], dtype=tl.float32)
+    d_lam = tl.zeros([BM], dtype=tl.float32)
+    for start_n in range(0, T, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        kv_mask = (offs_n < T)[:, None] & dmask[None, :]
+        kv_off = base + offs_n[:, None] * D + offs_d[None, :]
+        k1 = tl.load(K1 + kv_off, mask=kv_mask, other=0.0)
+        k2 = tl.load(K2 + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+        z1, zb1 = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+        z2, zb2 = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+        valid = (offs_n[None, :] <= offs_m[:, None]) & row_ok[:, None] & (offs_n[None, :] < T)
+        w2 = _view_weights(z2, valid, tau, POWER)
+        w = _view_weights(z1, valid, tau, POWER) - lam * w2
+        g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+        e1 = _view_dz(z1, valid, g, tau, POWER)
+        e2 = -lam * _view_dz(z2, valid, g, tau, POWER)
+        dz1 = (e1 * rs[:, None]).to(q1.dtype)
+        dz2 = (e2 * rs[:, None]).to(q2.dtype)
+        dv = tl.dot(tl.trans(w).to(do.dtype), do, input_precision=DOT_PREC)
+        dk1 = tl.dot(tl.trans(dz1), q1, input_precision=DOT_PREC)
+        dk2 = tl.dot(tl.trans(dz2), q2, input_precision=DOT_PREC)
+        tl.store(DK1 + kv_off, (dk1 * sm_scale).to(DK1.dtype.element_ty), mask=kv_mask)
+        tl.store(DK2 + kv_off, (dk2 * sm_scale).to(DK2.dtype.element_ty), mask=kv_mask)
+        tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
+        dq1 += tl.dot(dz1, k1, input_precision=DOT_PREC)
+        dq2 += tl.dot(dz2, k2, input_precision=DOT_PREC)
+        if GRAD_RS:
+            d_rs += tl.sum(e1 * zb1 + e2 * zb2, 1)
+        if GRAD_SL:
+            d_sl += tl.sum((e1 + e2) * (offs_m[:, None] - offs_n[None, :]).to(tl.float32), 1)
+        if GRAD_TAU:
+            d_tau -= tl.sum(e1 + e2, 1)
+        if GRAD_LAM:
+            d_lam -= tl.sum(w2 * g, 1)
+    tl.store(DQ1 + q_off, (dq1 * sm_scale).to(DQ1.dtype.element_ty), mask=rmask)
+    tl.store(DQ2 + q_off, (dq2 * sm_scale).to(DQ2.dtype.element_ty), mask=rmask)
+    if GRAD_RS:
+        tl.store(DRS + bh * T + offs_m, d_rs, mask=row_ok)
+    if GRAD_SL:
+        tl.store(DSL + bh * T + offs_m, -d_sl * rs, mask=row_ok)
+    if GRAD_TAU:
+        tl.store(DTAU + bh * T + offs_m, d_tau, mask=row_ok)
+    if GRAD_LAM:
+        tl.store(DLAM + bh * T + offs_m, d_lam, mask=row_ok)
+
+
 # Launch settings per head-dim block: (BM, BN, num_warps) per kernel, and for the forward whether it skips
 # inactive tiles by a branch (``skip``) and how it writes the activity map when gradients are needed
 # (``map``: 0 none, 1 in registers, 2 stored per tile; ``fwd_map``: the forward's tiles then). With a map
@@ -348,7 +423,8 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STAR
 # backward computes both views' scores and their gradients once instead of twice. The training step's settings
 # take it (``lengthbench.kernels.CAPTURE_TUNING``, where it is measured: the short rows of training, where the dq
 # kernel was about half of TDA's backward, results/benchmarks/gpu_logs/step_profile_*); at long lengths, where each
-# query tile would take the atomic adds of every active key tile, it is not measured.
+# query tile would take the atomic adds of every active key tile, it is not measured. ``rows`` (off here): where a
+# head's rows fit ``BM``, :func:`_bwd_rows_kernel` alone runs the backward (``fused_bwd`` then has no effect).
 MAX_MAP_TILES = 8192  # key tiles of MAP_N a register map covers (T up to 524,288); beyond, map 2
 
 
@@ -362,12 +438,17 @@ def _config(block_d: int, tuning: dict | None = None) -> dict:
     else:
         config = dict(fwd=(32, 32, 8), fwd_map=(32, 32, 8), dq=(32, 32, 8), dkdv=(32, 32, 8), skip=True, map=0)
     config["fused_bwd"] = False
+    config["rows"] = None
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(config))
     if unknown:
         raise ValueError(f"tda tuning: unknown keys {unknown}; the keys are {sorted(config)}")
     if not isinstance(tuning.get("fused_bwd", False), bool):
         raise ValueError(f"tda tuning: fused_bwd must be true or false, got {tuning['fused_bwd']!r}")
+    rows = tuning.get("rows")
+    if rows is not None and not (isinstance(rows, (list, tuple)) and len(rows) == 3
+                                 and all(isinstance(x, int) and x > 0 and x & (x - 1) == 0 for x in rows)):
+        raise ValueError(f"tda tuning: rows must be null or [BM, BN, warps], powers of two, got {rows!r}")
     if "fwd" in tuning and "fwd_map" not in tuning:
         tuning["fwd_map"] = tuning["fwd"]
     return {**config, **tuning}
@@ -453,6 +534,20 @@ class TDAAttention(torch.autograd.Function):
         fused = bool(config["fused_bwd"])
         dk1, dk2, dv = (torch.empty_like(t) for t in (k1, k2, v))
         rows = (pb.batch, pb.heads, pb.tokens)
+        grads = dict(GRAD_RS=grad_rs, GRAD_SL=grad_sl, GRAD_TAU=grad_tau, GRAD_LAM=grad_lam)
+        whole = config.get("rows")
+        if whole is not None and pb.tokens <= whole[0]:  # every row in one query tile: one kernel, no atomics
+            dq1, dq2 = torch.empty_like(q1), torch.empty_like(q2)
+            d_sl, d_rs, d_tau, d_lam = (torch.empty(rows, device=q1.device, dtype=torch.float32) if wanted else None
+                                        for wanted in (grad_sl, grad_rs, grad_tau, grad_lam))
+            bm, bn, warps = whole
+            _bwd_rows_kernel[(1, pb.bh)](
+                q1, k1, q2, k2, v, do, dq1, dq2, dk1, dk2, dv, pb.opt(slopes), pb.opt(row_scale), tau_rows, lam_rows,
+                *(pb.opt(t) for t in (d_rs, d_sl, d_tau, d_lam)), sm_scale, pb.tokens, pb.heads, POWER=power,
+                HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None, DOT_PREC=pb.dot_prec, D=pb.head_dim,
+                BD=pb.block_d, BM=bm, BN=bn, num_warps=warps, num_stages=2, **grads)
+            return (dq1, dk1, dq2, dk2, dv, *_row_grads(ctx, d_sl, d_rs, d_tau, d_lam, False),
+                    None, None, None, None)
         if fused:
             # dq of both views and the per-row gradients are sums of atomic adds, from zero: one fp32 buffer, one
             # fill (the row gradients that leave reduced share it; the row scale's, returned whole, has its own)
@@ -468,7 +563,6 @@ class TDAAttention(torch.autograd.Function):
         use_map = ctx.amap is not None
         common = dict(POWER=power, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
                       USE_MAP=use_map, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, num_stages=2)
-        grads = dict(GRAD_RS=grad_rs, GRAD_SL=grad_sl, GRAD_TAU=grad_tau, GRAD_LAM=grad_lam)
         (q_starts, q_tiles), (k_starts, k_tiles) = _tile_lists(ctx.amap) if use_map else ((pb.dummy,) * 2,) * 2
         nq, nk = (ctx.amap.shape[1], ctx.amap.shape[2]) if use_map else (0, 0)
         inputs = (q1, k1, q2, k2, v, do)
@@ -486,13 +580,20 @@ class TDAAttention(torch.autograd.Function):
             **(grads if fused else {key: False for key in grads}), BM=bm, BN=bn, num_warps=warps, **common)
         if fused:  # (TDA's cosine scores take sm_scale 1: the casts alone, copies that share no memory)
             dq1, dq2 = ((dq if sm_scale == 1.0 else dq * sm_scale).to(q1.dtype, copy=True) for dq in (dq1, dq2))
-        g_sl = None
-        if grad_sl:  # (the fused backward's per-row sums come before the dq kernel's sign and row scale)
-            g_sl = reduce_slopes(d_sl) if not fused else -reduce_slopes(d_sl if row_scale is None else d_sl * row_scale)
-        g_rs = _sum_to(d_rs, ctx.rs_shape) if grad_rs else None
-        g_tau = _sum_to(d_tau, ctx.tau_shape) if grad_tau else None
-        g_lam = d_lam.sum(dim=(0, 2)) if grad_lam else None
-        return dq1, dk1, dq2, dk2, dv, g_sl, g_rs, g_tau, g_lam, None, None, None, None
+        return (dq1, dk1, dq2, dk2, dv, *_row_grads(ctx, d_sl, d_rs, d_tau, d_lam, fused), None, None, None, None)
+
+
+def _row_grads(ctx, d_sl, d_rs, d_tau, d_lam, fused: bool):
+    """The gradients of ``slopes``, ``row_scale``, ``tau`` and ``lam`` from the per-row sums (``None`` where not
+    wanted). The fused backward's slope sums come before the dq kernel's sign and row scale."""
+    row_scale = ctx.saved_tensors[6]
+    g_sl = None
+    if d_sl is not None:
+        g_sl = reduce_slopes(d_sl) if not fused else -reduce_slopes(d_sl if row_scale is None else d_sl * row_scale)
+    g_rs = _sum_to(d_rs, ctx.rs_shape) if d_rs is not None else None
+    g_tau = _sum_to(d_tau, ctx.tau_shape) if d_tau is not None else None
+    g_lam = d_lam.sum(dim=(0, 2)) if d_lam is not None else None
+    return g_sl, g_rs, g_tau, g_lam
 
 
 def tda_attention(q1, k1, q2, k2, v, *, lam=0.5, slopes=None, row_scale=None, sm_scale=1.0, beta=1.0,

@@ -363,3 +363,38 @@ def test_tda_kernel_matches_reference(tokens, tau_index):
     (ref * dout).sum().backward()
     for x, y in zip(mine, theirs, strict=True):
         assert rel(x.grad, y.grad) < 1e-4
+
+
+@needs_triton
+@pytest.mark.parametrize("tokens", [1, 17, 33, 40])
+def test_tda_whole_row_backward_matches_reference(tokens):
+    """The ``rows`` backward (one program a head, every row in one query tile of 64, key tiles of 16) against the
+    float64 reference, with ALiBi slopes and a row factor so that every gradient it sums is checked; at 40 tokens
+    the last key tile is partly past the rows, at 33 it holds one key."""
+    pytest.importorskip("triton")
+    from lengthbench.kernels.tda import tda_attention
+
+    head_dim, heads = 16, 2
+    q1, k1, q2, k2, v = unit_inputs(5, tokens, head_dim, seed=200 + tokens)
+    gen = torch.Generator().manual_seed(tokens)
+    slopes = torch.tensor([0.25, 0.0]).to(DEVICE)
+    row_scale = (0.5 + torch.rand(1, heads, tokens, generator=gen)).to(DEVICE)
+    lam, beta = torch.tensor([0.3, 0.6]).to(DEVICE), torch.tensor(0.5, device=DEVICE)
+    named = (q1, k1, q2, k2, v, slopes, row_scale, lam, beta)
+    mine = [t.clone().requires_grad_() for t in named]
+    theirs = [t.double().clone().requires_grad_() for t in named]
+    out = tda_attention(*mine[:5], slopes=mine[5], row_scale=mine[6], lam=mine[7], beta=mine[8],
+                        tuning={"map": 0, "rows": [64, 16, 4]})
+    a = theirs
+    pos = torch.arange(tokens, device=DEVICE)
+    bias = a[5][:, None, None] * (pos[:, None] - pos[None, :]).double()
+    z1, z2 = ((x @ y.transpose(-1, -2) - bias) * a[6][..., None] for x, y in ((a[0], a[1]), (a[2], a[3])))
+    w = attention_weights("tda", z1, scores2=z2, head_dim=head_dim, lam=a[7], beta=a[8])
+    ref = w @ a[4]
+    assert rel(out, ref) < 1e-5
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(DEVICE)
+    (out.double() * dout).sum().backward()
+    (ref * dout).sum().backward()
+    names = ["q1", "k1", "q2", "k2", "v", "slopes", "row_scale", "lam", "beta"]
+    for name, x, y in zip(names, mine, theirs, strict=True):
+        assert rel(x.grad, y.grad) < 1e-4, name

@@ -361,3 +361,15 @@ def test_tda_fused_backward_setting_is_checked():
         _config(32, {"fused_bwd": "yes"})
     with pytest.raises(ValueError, match="unknown keys"):
         _config(32, {"fused": True})
+
+
+def test_tda_whole_row_setting_is_checked():
+    """TDA's ``rows`` (the one-kernel backward where a head's rows fit one query tile): off by default, else
+    ``[BM, BN, warps]`` in powers of two."""
+    pytest.importorskip("triton")
+    from lengthbench.kernels.tda import _config
+
+    assert _config(32)["rows"] is None and _config(32, {"rows": [128, 32, 4]})["rows"] == [128, 32, 4]
+    for bad in ([128, 32], [96, 32, 4], "128", [128, 32, 0]):
+        with pytest.raises(ValueError, match="rows must be null or"):
+            _config(32, {"rows": bad})

@@ -476,6 +476,34 @@ def test_tda_fused_backward_matches_reference(tokens, head_dim, dtype, alibi, ca
               **extra)
 
 
+@pytest.mark.parametrize("rows", [(128, 32, 4), (128, 32, 8), (128, 64, 8), (256, 32, 8)],
+                         ids=lambda r: "x".join(map(str, r)))
+@pytest.mark.parametrize("tokens, head_dim, dtype, alibi", [(1, 16, torch.bfloat16, False),
+                                                            (83, 16, torch.bfloat16, True),
+                                                            (91, 16, torch.bfloat16, False),
+                                                            (131, 16, torch.bfloat16, True),
+                                                            (100, 32, torch.float32, True),
+                                                            (128, 64, torch.bfloat16, False)])
+def test_tda_whole_row_backward_matches_reference(tokens, head_dim, dtype, alibi, rows):
+    """``rows``: one program a head computes the whole backward where every row fits its query tile (else the
+    capture's fused backward runs), against float64, held to the tolerance or to 1.5x the capture's error on the
+    same inputs, with ALiBi and a row factor."""
+    from lengthbench.kernels import CAPTURE_TUNING
+
+    tensors = make_tda_inputs(2, 2, tokens, head_dim, dtype, seed=tokens + 1)
+    extra = {}
+    if alibi:
+        gen = torch.Generator(device="cuda").manual_seed(tokens)
+        extra = dict(slopes=torch.tensor([0.25, 0.0], device="cuda"),
+                     row_scale=0.5 + torch.rand(2, 2, tokens, device="cuda", generator=gen))
+    tiles = dict(CAPTURE_TUNING["tda"], rows=None)
+    lam, beta = torch.tensor(0.3, device="cuda"), torch.tensor(0.5, device="cuda")
+    _, errors = check_tda(tensors, lam=lam, beta=beta, seed=tokens, label=f"T={tokens} D={head_dim} {dtype}",
+                          tuning=tiles, **extra)
+    check_tda(tensors, lam=lam, beta=beta, seed=tokens, label=f"rows {rows} T={tokens} D={head_dim} {dtype}",
+              tuning=dict(tiles, rows=rows), allowed={key: 1.5 * value for key, value in errors.items()}, **extra)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_tda_slopes_row_scale_per_head(dtype):
     """ALiBi slopes and a row factor (which also skip the distant tiles), per-head ``lam`` and ``beta``."""
