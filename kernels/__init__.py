@@ -71,13 +71,18 @@ def triton_available() -> bool:
 # 0.66 -> 0.67 / 0.67 -> 0.69, MQRAR 0.73 -> 0.73 / 0.74 -> 0.76, Copy 0.73 -> 0.75 / 0.73 -> 0.76. That dk/dv kernel
 # on 64 query rows x 32 keys rather than 32 x 32 (each key tile's program takes its query rows 64 at a time), same
 # measure with RoPE (H200, 2026-11-28, commit b032cf2, results/benchmarks/gpu_logs/ab_tda_dkdv_tiles.txt): MQMTAR 0.78
-# -> 0.79, Copy 0.84 -> 0.89; the forward on 64 x 32 as well left MQMTAR at 0.79.
+# -> 0.79, Copy 0.84 -> 0.89; the forward on 64 x 32 as well left MQMTAR at 0.79. Where a head's rows fit 128
+# (MQMTAR, MQRAR), its backward in one program a head (``rows``: no atomics, no zeroed buffer, no casts after), same
+# measure with RoPE (H200, 2026-11-29, commit 157f4e4, results/benchmarks/gpu_logs/ab_tda_whole_rows.txt): MQMTAR 0.79
+# -> 0.80, MQRAR 0.84 -> 0.88 ([128, 32, 4]; 8 warps 0.78 and 0.82, key tiles of 64 0.80 and 0.85); Copy's 131 rows
+# on [256, 32, 8] 0.91 -> 0.80, so they keep the dk/dv kernel.
 ROWWISE_CAPTURE = {"fwd": (64, 32, 4), "bwd": (32, 32, 4)}
 CAPTURE_TUNING: dict[str, dict] = {
     "entmax": {"lists": False, "split": False},
     "sparsemax": {"lists": False, "split": False},
     "sieve-entmax": {"lists": False, "split": False},
-    "tda": {"map": 0, "fwd": (32, 32, 4), "dq": (32, 32, 4), "dkdv": (64, 32, 4), "fused_bwd": True},
+    "tda": {"map": 0, "fwd": (32, 32, 4), "dq": (32, 32, 4), "dkdv": (64, 32, 4), "fused_bwd": True,
+            "rows": (128, 32, 4)},
     "softpick": dict(ROWWISE_CAPTURE),
     "tra": dict(ROWWISE_CAPTURE),
 }

@@ -423,8 +423,12 @@ def _bwd_rows_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, DK1, DK2, DV, SL, RS, TAU,
 # backward computes both views' scores and their gradients once instead of twice. The training step's settings
 # take it (``lengthbench.kernels.CAPTURE_TUNING``, where it is measured: the short rows of training, where the dq
 # kernel was about half of TDA's backward, results/benchmarks/gpu_logs/step_profile_*); at long lengths, where each
-# query tile would take the atomic adds of every active key tile, it is not measured. ``rows`` (off here): where a
-# head's rows fit ``BM``, :func:`_bwd_rows_kernel` alone runs the backward (``fused_bwd`` then has no effect).
+# query tile would take the atomic adds of every active key tile, it is not measured. ``rows`` (off here; the
+# training step's settings take ``[128, 32, 4]``): where a head's rows fit ``BM``, :func:`_bwd_rows_kernel` alone
+# runs the backward (``fused_bwd`` then has no effect).
+# ``rows``: the largest query tile (BM x head-dim block) it takes; 256 x 64 asks for more than the H200's shared
+# memory (270,336 bytes against 232,448), and the fused backward runs there instead
+ROWS_MAX_TILE = 128 * 64
 MAX_MAP_TILES = 8192  # key tiles of MAP_N a register map covers (T up to 524,288); beyond, map 2
 
 
@@ -536,7 +540,8 @@ class TDAAttention(torch.autograd.Function):
         rows = (pb.batch, pb.heads, pb.tokens)
         grads = dict(GRAD_RS=grad_rs, GRAD_SL=grad_sl, GRAD_TAU=grad_tau, GRAD_LAM=grad_lam)
         whole = config.get("rows")
-        if whole is not None and pb.tokens <= whole[0]:  # every row in one query tile: one kernel, no atomics
+        if whole is not None and pb.tokens <= whole[0] and whole[0] * pb.block_d <= ROWS_MAX_TILE:
+            # every row in one query tile: one kernel, no atomics
             dq1, dq2 = torch.empty_like(q1), torch.empty_like(q2)
             d_sl, d_rs, d_tau, d_lam = (torch.empty(rows, device=q1.device, dtype=torch.float32) if wanted else None
                                         for wanted in (grad_sl, grad_rs, grad_tau, grad_lam))
