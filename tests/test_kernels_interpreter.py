@@ -94,15 +94,18 @@ for _name in ("rectified", "rela", "softpick", "tra"):
 STICK_TRAIN = dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2), cumsum="bf16x2", full_tiles=False, prefetch=False, skip_empty=True)
 CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=False, split=False),
            "sieve-entmax": dict(lists=False, split=False, threshold="narrow", walk=dict(STICK_TRAIN)),
-           "tda": dict(map=0, fwd=(32, 32, 4), dq=(32, 32, 4), dkdv=(64, 32, 4), fused_bwd=True),
+           "tda": dict(map=0, fwd=(32, 32, 4), dq=(32, 32, 4), dkdv=(64, 32, 4), fused_bwd=True, rows=(128, 32, 4)),
            "stickbreaking": dict(STICK_TRAIN, full_tiles=True),
            **{name: dict(STICK_TRAIN) for name in ("sieve", "sieve-alg1")},
            **{name: dict(fwd=(64, 32, 4), bwd=(32, 32, 4)) for name in ("softpick", "tra")}}
 for _name, _tuning in CAPTURE.items():
     VARIANTS[_name] = [*VARIANTS.get(_name, []), ("capture", _tuning)]
 # TDA's fused backward (dq and the per-row gradients added atomically by the dk/dv kernel) on the activity map's
-# lists (the default tiles; the capture's, which test every tile, take it), and the capture's tiles with the dq kernel
-VARIANTS["tda"] += [("fused", dict(fused_bwd=True)), ("capture-two", dict(CAPTURE["tda"], fused_bwd=False))]
+# lists (the default tiles) and on the capture's tiles, which test every tile (the capture's rows past 128 take it),
+# the capture's tiles with the dq kernel, and the whole-row backward on key tiles smaller than the tokens
+VARIANTS["tda"] += [("fused", dict(fused_bwd=True)), ("capture-fused", dict(CAPTURE["tda"], rows=None)),
+                    ("capture-two", dict(CAPTURE["tda"], fused_bwd=False, rows=None)),
+                    ("rows-32x16", dict(CAPTURE["tda"], rows=(32, 16, 4)))]
 OPS = ["adatemp", "entmax", "rectified", "rela", "sieve", "sieve-alg1", "sieve-entmax", "softpick", "sparsemax",
        "stickbreaking", "tda", "tra"]
 TOLERANCE = 1e-4  # max |kernel - reference| / max(max |reference|, 0.01), per tensor (fp32 rounding: ~1e-6)
