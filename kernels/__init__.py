@@ -73,7 +73,7 @@ def triton_available() -> bool:
 # measure with RoPE (H200, 2026-11-28, commit b032cf2, results/benchmarks/gpu_logs/ab_tda_dkdv_tiles.txt): MQMTAR 0.78
 # -> 0.79, Copy 0.84 -> 0.89; the forward on 64 x 32 as well left MQMTAR at 0.79. Where a head's rows fit 128
 # (MQMTAR, MQRAR), its backward in one program a head (``rows``: no atomics, no zeroed buffer, no casts after), same
-# measure with RoPE (H200, 2026-11-29, commit 157f4e4, results/benchmarks/gpu_logs/ab_tda_whole_rows.txt): MQMTAR 0.79
+# measure with RoPE (H200, 2026-11-28, commit 157f4e4, results/benchmarks/gpu_logs/ab_tda_whole_rows.txt): MQMTAR 0.79
 # -> 0.80, MQRAR 0.84 -> 0.88 ([128, 32, 4]; 8 warps 0.78 and 0.82, key tiles of 64 0.80 and 0.85); Copy's 131 rows
 # on [256, 32, 8] 0.91 -> 0.80, so they keep the dk/dv kernel.
 ROWWISE_CAPTURE = {"fwd": (64, 32, 4), "bwd": (32, 32, 4)}
