@@ -78,7 +78,11 @@ NARROW_MAX_TOKENS = 256
 CAPTURE_MAX_TOKENS = {"stick": 128, "entmax": NARROW_MAX_TOKENS}
 
 STICK, ENTMAX15 = 0, 1
-NEWTON_STEPS = tl.constexpr(16)  # at most; they stop once no row's threshold moves by 1e-6
+NEWTON_STEPS = tl.constexpr(16)  # at most (``_entmax_tau``)
+# The step of Newton's below which ``_entmax_tau`` tries the exact root on the support that step found (and where
+# that root fails on a row, steps on to 1e-6 and tries again): the tuning key ``newton_tol``. 1e-6: every block's
+# rows to 1e-6 first.
+NEWTON_TOL = 1e-6
 
 
 def capture_max_tokens(mechanism: str) -> int:
@@ -131,18 +135,10 @@ def _support_sums(x, visible, tau):
 
 
 @triton.jit
-def _entmax_tau(x, visible, x2, visible2, TW: tl.constexpr):
-    """The 1.5-entmax threshold of each row of ``x`` (``X = z / 2``) over its ``visible`` entries, and where ``TW``
-    over those of the second tile ``x2`` too: ``tau`` with ``sum (X - tau)_+^2 = 1``; ``+inf`` for a row with none
-    visible."""
-    top = tl.max(tl.where(visible, x, float("-inf")), 1)
-    if TW > 0:
-        top = tl.maximum(top, tl.max(tl.where(visible2, x2, float("-inf")), 1))
-    some = top > float("-inf")
-    tau = tl.where(some, top - 1.0, 0.0)
-    steps = 0
-    moved = 1.0
-    while (steps < NEWTON_STEPS) & (moved > 1e-6):  # quadratic near the root: 3-6 steps on most rows
+def _newton(x, visible, x2, visible2, tau, some, steps, moved, tol, TW: tl.constexpr):
+    """Newton's steps on ``sqrt(sum (X - tau)_+^2) = 1`` from ``tau`` (below the root: the steps rise to it), until
+    no row's threshold moves by more than ``tol`` or :data:`NEWTON_STEPS` are taken: ``(tau, steps, moved)``."""
+    while (steps < NEWTON_STEPS) & (moved > tol):
         s1, s2 = _power_sums(x, visible, tau)
         if TW > 0:
             t1, t2 = _power_sums(x2, visible2, tau)
@@ -152,7 +148,14 @@ def _entmax_tau(x, visible, x2, visible2, TW: tl.constexpr):
         tau = tau + step
         moved = tl.max(step, 0)
         steps += 1
-    # the exact root on the support found (kept where it leaves no element of the support below it)
+    return tau, steps, moved
+
+
+@triton.jit
+def _exact_root(x, visible, x2, visible2, tau, some, TW: tl.constexpr):
+    """The exact root on the support above ``tau`` (the entries above it): ``(root, good)``, ``good`` where it
+    leaves no element of that support below it (then that support is the root's own: from below the root, a
+    support with an entry too many puts the root of its quadratic above that entry)."""
     cnt, s1, s2, low = _support_sums(x, visible, tau)
     if TW > 0:
         c2, t1, t2, low2 = _support_sums(x2, visible2, tau)
@@ -163,6 +166,29 @@ def _entmax_tau(x, visible, x2, visible2, TW: tl.constexpr):
     disc = s1 * s1 - cnt * (s2 - 1.0)
     exact = (s1 - tl.sqrt(tl.maximum(disc, 0.0))) / tl.where(cnt > 0, cnt, 1.0)
     good = some & (cnt > 0) & (disc >= 0) & (exact < low) & (exact >= tau - 1e-3)
+    return exact, good
+
+
+@triton.jit
+def _entmax_tau(x, visible, x2, visible2, TW: tl.constexpr, NT: tl.constexpr):
+    """The 1.5-entmax threshold of each row of ``x`` (``X = z / 2``) over its ``visible`` entries, and where ``TW``
+    over those of the second tile ``x2`` too: ``tau`` with ``sum (X - tau)_+^2 = 1``; ``+inf`` for a row with none
+    visible. Newton's steps from ``max X - 1`` until no row's threshold moves by ``NT``, then the exact root on the
+    support found; where ``NT`` is above 1e-6 and that root does not hold on every row, more steps until none moves
+    by 1e-6, then the exact root again (the same threshold as ``NT`` 1e-6 gives: the root depends on the support
+    only)."""
+    top = tl.max(tl.where(visible, x, float("-inf")), 1)
+    if TW > 0:
+        top = tl.maximum(top, tl.max(tl.where(visible2, x2, float("-inf")), 1))
+    some = top > float("-inf")
+    tau = tl.where(some, top - 1.0, 0.0)
+    # quadratic near the root: 3-6 steps on most rows to 1e-6
+    tau, steps, moved = _newton(x, visible, x2, visible2, tau, some, 0, 1.0, NT, TW)
+    exact, good = _exact_root(x, visible, x2, visible2, tau, some, TW)
+    if NT > 1e-6:
+        if tl.min(tl.where(some & ~good, 0, 1), 0) == 0:
+            tau, steps, moved = _newton(x, visible, x2, visible2, tau, some, steps, moved, 1e-6, TW)
+            exact, good = _exact_root(x, visible, x2, visible2, tau, some, TW)
     tau = tl.where(good, exact, tau)
     return tl.where(some, tau, float("inf"))
 
@@ -193,7 +219,7 @@ def _stick_exp(x, FAST: tl.constexpr):
 @triton.jit
 def _row_weights(z, z2, offs_m, offs_n, offs_t, T, eps, tau_in, FROM_TAU: tl.constexpr, MECH: tl.constexpr,
                  FILTER: tl.constexpr, SUMS: tl.constexpr, CW: tl.constexpr, CWT: tl.constexpr, FAST: tl.constexpr,
-                 BM: tl.constexpr, TP: tl.constexpr, TW: tl.constexpr):
+                 BM: tl.constexpr, TP: tl.constexpr, TW: tl.constexpr, NT: tl.constexpr):
     """The weights of a row block against keys ``offs_n`` (scores ``z``) and, where ``TW``, the keys ``offs_t``
     after them (``z2``): ``(w, a, sig, active, keep, w2, a2, sig2, active2, keep2, rem, tau)``, the first five of
     the first tile, the next five of the second (the first's again where there is none). ``w``: the weights the
@@ -216,7 +242,7 @@ def _row_weights(z, z2, offs_m, offs_n, offs_t, T, eps, tau_in, FROM_TAU: tl.con
         x = z * 0.5
         x2 = z2 * 0.5
         if not FROM_TAU:
-            tau = _entmax_tau(x, in_row, x2, in_row2, TW)
+            tau = _entmax_tau(x, in_row, x2, in_row2, TW, NT)
         s = tl.where(in_row, tl.maximum(x - tau[:, None], 0.0), 0.0)
         w = s * s
         den = tl.sum(w, 1)
@@ -234,7 +260,7 @@ def _row_weights(z, z2, offs_m, offs_n, offs_t, T, eps, tau_in, FROM_TAU: tl.con
     keep2 = earlier2
     if FILTER == 1:  # Section 3: the 1.5-entmax support of the earlier keys; the stick broken over it only
         if not FROM_TAU:
-            tau = _entmax_tau(z * 0.5, earlier, z2 * 0.5, earlier2, TW)
+            tau = _entmax_tau(z * 0.5, earlier, z2 * 0.5, earlier2, TW, NT)
         active = earlier & (z * 0.5 > tau[:, None])
         keep = active
         active2 = earlier2 & (z2 * 0.5 > tau[:, None])
@@ -301,7 +327,7 @@ def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, M, L, U, sm_scale, eps, T, H, M0, R_E
                 FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SAVE: tl.constexpr,
                 STATS: tl.constexpr, DOT_PREC: tl.constexpr, SUMS: tl.constexpr, CW: tl.constexpr,
                 CWT: tl.constexpr, FAST: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
-                TP: tl.constexpr, TW: tl.constexpr):
+                TP: tl.constexpr, TW: tl.constexpr, NT: tl.constexpr):
     """One row block against the keys ``[0, TP)`` and, where ``TW``, ``[TP, TP + TW)``: the output, ``tau`` where
     ``SAVE``; with ``STATS`` (1.5-entmax) also what ``_rowwise.py``'s backward reads: ``M = sum s``, ``L = sum
     s^2`` and ``U = sum s v`` (fp32)."""
@@ -318,7 +344,7 @@ def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, M, L, U, sm_scale, eps, T, H, M0, R_E
     else:
         k2, v2, offs_t, z2 = k, v, offs_n, z
     w, a, sig, active, keep, w2, a2, sig2, active2, keep2, rem, tau = _row_weights(
-        z, z2, offs_m, offs_n, offs_t, T, eps, rs, False, MECH, FILTER, SUMS, CW, CWT, FAST, BM, TP, TW)
+        z, z2, offs_m, offs_n, offs_t, T, eps, rs, False, MECH, FILTER, SUMS, CW, CWT, FAST, BM, TP, TW, NT)
     acc = _weights_dot(w, v, DOT_PREC)
     if TW > 0:
         acc += _weights_dot(w2, v2, DOT_PREC)
@@ -339,7 +365,7 @@ def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, M, L, U, sm_scale, eps, T, H, M0, R_E
 @triton.jit
 def _tau_kernel(Q, K, TAU, SL, RS, sm_scale, T, H, M0, R_END, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                 DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, TP: tl.constexpr,
-                TW: tl.constexpr):
+                TW: tl.constexpr, NT: tl.constexpr):
     """Sieve's filter threshold of one row block (Section 3): ``tau`` of 1.5-entmax over the keys ``j < r``
     (``_entmax_tau`` on ``X = z / 2``, the keys ``[0, TP)`` and, where ``TW``, ``[TP, TP + TW)`` in registers);
     ``+inf`` on a row that sees no key."""
@@ -361,7 +387,7 @@ def _tau_kernel(Q, K, TAU, SL, RS, sm_scale, T, H, M0, R_END, HAS_SLOPES: tl.con
         earlier2 = (offs_t[None, :] < offs_m[:, None]) & (offs_t[None, :] < T)
     else:
         z2, earlier2 = z, earlier
-    tau = _entmax_tau(z * 0.5, earlier, z2 * 0.5, earlier2, TW)
+    tau = _entmax_tau(z * 0.5, earlier, z2 * 0.5, earlier2, TW, NT)
     tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
 
 
@@ -409,7 +435,7 @@ def _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, k2, v2, slope, base, bh, pid_
     else:
         offs_t, z2, zb2 = offs_n, z, zb
     w, a, sig, active, keep, w2, a2, sig2, active2, keep2, rem, tau = _row_weights(
-        z, z2, offs_m, offs_n, offs_t, T, eps, tau, True, MECH, FILTER, SUMS, CW, CWT, FAST, BM, TP, TW)
+        z, z2, offs_m, offs_n, offs_t, T, eps, tau, True, MECH, FILTER, SUMS, CW, CWT, FAST, BM, TP, TW, 1e-6)
     g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
     if TW > 0:
         g2 = tl.dot(do, tl.trans(v2), input_precision=DOT_PREC)
@@ -587,10 +613,12 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
     ``_rowwise.launch_settings``; with that layout the backward's settings returned are these; ``[32, 64, 4]``
     against the defaults' 64 x 64, ASEntmax on Copy: 0.74 against 0.75 of softmax + RoPE's samples/s, H200,
     2026-11-28, results/benchmarks/gpu_logs/ab_narrow_levers.txt), ``rowwise_fused`` (that backward without its dq
-    kernel; by default ``lengthbench.kernels.ROWWISE_FUSED``; read by :func:`_rowwise_fused`)."""
+    kernel; by default ``lengthbench.kernels.ROWWISE_FUSED``; read by :func:`_rowwise_fused`), ``newton_tol`` (the
+    step below which 1.5-entmax's threshold, ``_entmax_tau``, tries the exact root on its support: ``NT``;
+    :data:`NEWTON_TOL` by default)."""
     config = dict(bm=None, warps=None, stages=None, bwd_bm=None, bwd_warps=None, bwd_stages=None, backward="head",
                   rows="split", tail=True, bd=None, widths=None, entmax_backward=ENTMAX_BACKWARD, max_tokens=None,
-                  rowwise_bwd=None, rowwise_fused=ROWWISE_FUSED, **TUNING)
+                  rowwise_bwd=None, rowwise_fused=ROWWISE_FUSED, newton_tol=NEWTON_TOL, **TUNING)
     tuning = dict(tuning or {})
     unknown = sorted((set(tuning) | set(ENV_TUNING)) - set(config))
     if unknown:
@@ -630,6 +658,9 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
         raise ValueError(f"narrow kernels: rowwise_fused must be true or false, got {config['rowwise_fused']!r}")
     if not isinstance(config["tail"], bool):
         raise ValueError(f"narrow kernels: tail must be true or false, got {config['tail']!r}")
+    newton_tol = config["newton_tol"]
+    if isinstance(newton_tol, bool) or not isinstance(newton_tol, (int, float)) or not 1e-6 <= newton_tol < 1:
+        raise ValueError(f"narrow kernels: newton_tol must be a number in [1e-6, 1), got {newton_tol!r}")
     ranges = _row_ranges(pb.tokens, config["rows"] == "split", config["tail"])
     fwd, bwd = [], []
     for lo, hi, width, rest in ranges:
@@ -653,6 +684,8 @@ def _launch(pb: Problem, tuning: dict | None, mech: int = STICK) -> tuple[list[d
                           CW=min(width, int(cw or width)), CWT=min(rest, int(cw or rest)) if rest else 16,
                           FAST=bool(config["fast"]),
                           num_warps=int(setting(f"{kind}warps") or setting("warps") or warps))
+            if not kind:  # (the forward finds the thresholds; the backward reads them)
+                launch["NT"] = float(newton_tol)
             stages = setting(f"{kind}stages") if setting(f"{kind}stages") is not None else setting("stages")
             if stages is not None:
                 launch["num_stages"] = int(stages)
@@ -771,7 +804,7 @@ def narrow_sieve_entmax(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, 
 
 
 # the keys of a forward launch (``_launch``) that the threshold kernel takes
-_TAU_LAUNCH = ("M0", "R_END", "BD", "BM", "TP", "TW", "num_warps", "num_stages")
+_TAU_LAUNCH = ("M0", "R_END", "BD", "BM", "TP", "TW", "NT", "num_warps", "num_stages")
 
 
 def sieve_threshold(q, k, *, slopes=None, row_scale=None, sm_scale=None, tuning: dict | None = None) -> torch.Tensor:

@@ -40,7 +40,8 @@ OPS = {
 # narrow._row_ranges (40 and 70 tokens take the two tiles by default; 131 and 150, rows [128, 131) and [128, 150));
 # "rwtiles" gives the rowwise backward tiles of 16 rows and 32 keys, 2 warps (``rowwise_bwd``); "rwtwo" takes that
 # backward with its dq kernel (``rowwise_fused`` false; by default the dk/dv kernel adds dq and the row gradients
-# atomically)
+# atomically); "nt" gives 1.5-entmax's threshold Newton's steps to 3e-2 before the exact root on their support
+# (``newton_tol``; by default to ``narrow.NEWTON_TOL``)
 SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, "alibi"), (40, 16, "walk"), (40, 16, "bm16"), (33, 32, "walk-alibi-bm16"),
           (40, 16, "walk-bm16-blocks"), (33, 32, "alibi-bm16-blocks"), (40, 16, "walk-bm16-bwd32"),
           (70, 16, "walk-alibi"), (40, 16, "walk-whole"), (70, 16, "walk-alibi-bd32-own64"), (17, 16, "bd32"),
@@ -48,7 +49,8 @@ SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, "alibi"), (40, 16, "walk"), (40, 1
           (70, 16, "walk-alibi-rowwise"), (40, 32, "alibi-whole-rowwise"), (70, 16, "walk-alibi-notail"),
           (40, 16, "walk-bm16-blocks-notail"), (150, 16, "walk-alibi"), (131, 16, "alibi-fast"),
           (70, 16, "walk-alibi-rowwise-rwtiles"), (70, 16, "walk-alibi-rowwise-rwtiles-rwtwo"),
-          (40, 32, "alibi-rowwise-rwtwo")]
+          (40, 32, "alibi-rowwise-rwtwo"), (70, 16, "walk-alibi-nt"), (131, 16, "alibi-nt"),
+          (40, 16, "bm16-nt"), (70, 16, "walk-alibi-rowwise-nt")]
 TOLERANCE = 1e-4
 TIE = 2e-5
 
@@ -105,6 +107,7 @@ def run_case(case, device="cpu", dtype=None) -> dict:
               **({"tail": False} if "notail" in extras else {}),
               **({"rowwise_bwd": [16, 32, 2]} if "rwtiles" in extras else {}),
               **({"rowwise_fused": False} if "rwtwo" in extras else {}),
+              **({"newton_tol": 3e-2} if "nt" in extras.split("-") else {}),
               "entmax_backward": "rowwise" if "rowwise" in extras else "narrow"}
     out = op(mine["q"], mine["k"], mine["v"], slopes=mine.get("slopes"), row_scale=mine.get("row_scale"),
              sm_scale=sm_scale, tuning=tuning, **op_params)
@@ -140,7 +143,8 @@ def near_ties(name, z, tokens, params):
 # Sieve's threshold alone (``narrow.sieve_threshold``, the training step's before the long-context walk) against the
 # float64 one, (tokens, head_dim, extras) as above: every launch of the row ranges, the two tiles of a range the tokens
 # cut short (70, 131), row blocks of 16 ("bm16")
-THRESHOLD_SHAPES = [(17, 16, ""), (40, 16, "walk-bm16"), (70, 16, "alibi"), (131, 16, "alibi"), (131, 32, "walk")]
+THRESHOLD_SHAPES = [(17, 16, ""), (40, 16, "walk-bm16"), (70, 16, "alibi"), (131, 16, "alibi"), (131, 32, "walk"),
+                    (131, 16, "alibi-nt"), (70, 16, "walk-bm16-nt")]
 
 
 def run_threshold_case(shape) -> dict:
@@ -163,8 +167,8 @@ def run_threshold_case(shape) -> dict:
         row_scale = 0.5 + torch.rand(2, 2, tokens, generator=gen)
         pos = torch.arange(tokens)
         z = (z - slopes.double()[:, None, None] * (pos[:, None] - pos[None, :]).double()) * row_scale.double()[..., None]
-    tau = narrow.sieve_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale,
-                                 tuning={"bm": 16} if "bm16" in extras else None)
+    tuning = {**({"bm": 16} if "bm16" in extras else {}), **({"newton_tol": 3e-2} if "nt" in extras.split("-") else {})}
+    tau = narrow.sieve_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, tuning=tuning)
     pos = torch.arange(tokens)
     x = torch.where(pos[None, :] < pos[:, None], z / 2, torch.full_like(z, float("-inf")))
     ref = entmax_threshold64(x, 1.5)
@@ -172,9 +176,53 @@ def run_threshold_case(shape) -> dict:
     return dict(errors={"tau": err}, ties=0, finite=bool(torch.isinf(tau[..., 0]).all()))
 
 
+# Newton's tolerance before the exact root (``newton_tol``): (tokens, head_dim, score scale, extras); "walk" as above
+NEWTON_SHAPES = [(131, 16, 1.0, ""), (131, 16, 4.0, ""), (91, 32, 0.5, ""), (131, 16, 1.0, "walk"),
+                 (83, 16, 8.0, "alibi")]
+NEWTON_TOLS = (3e-2, 0.3)
+
+
+def run_newton_case(shape) -> dict:
+    """Sieve's threshold and 1.5-entmax's output with Newton's steps to each of :data:`NEWTON_TOLS` before the exact
+    root, against both with steps to 1e-6: the largest ``|tau - tau_1e-6| / (1 + |tau_1e-6|)`` and ``|out -
+    out_1e-6|`` over the tolerances."""
+    import torch
+
+    from lengthbench.kernels import narrow
+
+    tokens, head_dim, scale, extras = shape
+    gen = torch.Generator().manual_seed(11 * tokens + head_dim)
+    q, k, v = (torch.randn(2, 2, tokens, head_dim, generator=gen) for _ in range(3))
+    q = q * scale
+    sm_scale = 1.0 / math.sqrt(head_dim)
+    if "walk" in extras:
+        q[..., 0] = 1.0
+        k[..., 0] = -8.0 / sm_scale
+    slopes = row_scale = None
+    if "alibi" in extras:
+        slopes = torch.tensor([0.5, 0.0625])
+        row_scale = 0.5 + torch.rand(2, 2, tokens, generator=gen)
+    given = dict(slopes=slopes, row_scale=row_scale, sm_scale=sm_scale)
+
+    def both(tol):
+        tuning = {"newton_tol": tol}
+        return (narrow.sieve_threshold(q, k, tuning=tuning, **given),
+                narrow.narrow_entmax(q, k, v, tuning=tuning, **given))
+
+    tau0, out0 = both(1e-6)
+    seen = torch.isfinite(tau0)
+    errors = {"tau": 0.0, "out": 0.0}
+    for tol in NEWTON_TOLS:
+        tau, out = both(tol)
+        errors["tau"] = max(errors["tau"], ((tau - tau0)[seen].abs() / (1 + tau0[seen].abs())).max().item())
+        errors["out"] = max(errors["out"], (out - out0).abs().max().item())
+    return dict(errors=errors, ties=0, finite=bool(torch.equal(seen, torch.isfinite(tau))))
+
+
 def all_cases() -> list:
-    """The op cases, then the threshold cases (the worker's indices run over both)."""
-    return [*cases(), *[("threshold", *shape) for shape in THRESHOLD_SHAPES]]
+    """The op cases, the threshold cases, then the cases of Newton's tolerance (the worker's indices run over all)."""
+    return [*cases(), *[("threshold", *shape) for shape in THRESHOLD_SHAPES],
+            *[("newton", *shape) for shape in NEWTON_SHAPES]]
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +241,18 @@ def test_sieve_threshold_matches_float64(index, measured):
 
 
 @needs_triton
+@pytest.mark.parametrize("index", range(len(NEWTON_SHAPES)),
+                         ids=[f"T{t}-D{d}-x{s:g}{'-' + e if e else ''}" for t, d, s, e in NEWTON_SHAPES])
+def test_newton_tolerance_leaves_the_threshold_as_it_was(index, measured):
+    """Newton's steps to a coarse tolerance, then the exact root on their support (or more steps where it fails):
+    the threshold that steps to 1e-6 give, within float32 rounding."""
+    result = measured[len(cases()) + len(THRESHOLD_SHAPES) + index]
+    print(NEWTON_SHAPES[index], result["errors"])
+    assert result["finite"]
+    assert result["errors"]["tau"] <= 1e-6 and result["errors"]["out"] <= 1e-5, result["errors"]
+
+
+@needs_triton
 @pytest.mark.parametrize("index", range(len(cases())), ids=[case_id(c) for c in cases()])
 def test_narrow_kernel_matches_float64_reference(index, measured):
     result = measured[index]
@@ -208,7 +268,8 @@ GPU_SHAPES = [(17, 32, ""), (64, 32, "alibi"), (91, 32, "walk"), (131, 64, "alib
               (131, 16, "alibi-bd32-own64"), (83, 16, "walk-fast"), (128, 32, "alibi-fast"),
               (131, 16, "walk-alibi-bd32-fast"), (91, 32, "alibi-rowwise"), (131, 16, "walk-alibi-rowwise"),
               (256, 32, "alibi-rowwise"), (83, 16, "rowwise"), (131, 16, "walk-alibi-rowwise-rwtwo"),
-              (131, 32, "alibi-rowwise-rwtiles-rwtwo")]
+              (131, 32, "alibi-rowwise-rwtiles-rwtwo"), (131, 16, "alibi-nt"), (91, 32, "walk-nt"),
+              (131, 16, "walk-alibi-rowwise-nt"), (256, 32, "alibi-nt")]
 GPU_TOLERANCE = {"float32": (2e-3, 2e-3), "bfloat16": (2.5e-2, 5e-2)}  # (output, gradients), test_kernels.py's
 
 
@@ -233,7 +294,9 @@ def test_narrow_kernel_on_the_gpu(op, shape, dtype):
     ({"widths": {"64": {"rows": "whole"}}}, "widths[64] takes"), ({"widths": {"32": {"bwd_bm": 24}}}, "bwd_bm"),
     ({"block": 32}, "unknown tuning keys"), ({"sums": "dot"}, "sums must be one of"), ({"cw": 8}, "cw must be"),
     ({"entmax_backward": "dense"}, "entmax_backward must be auto, narrow or rowwise"),
-    ({"rowwise_bwd": [24, 32, 4]}, "powers of two"), ({"rowwise_fused": 1}, "rowwise_fused must be true or false")])
+    ({"rowwise_bwd": [24, 32, 4]}, "powers of two"), ({"rowwise_fused": 1}, "rowwise_fused must be true or false"),
+    ({"newton_tol": 0}, "newton_tol must be a number"), ({"newton_tol": 1}, "newton_tol must be a number"),
+    ({"newton_tol": True}, "newton_tol must be a number"), ({"newton_tol": "1e-3"}, "newton_tol must be a number")])
 def test_bad_tuning_is_refused(tuning, message):
     import torch
 
@@ -313,7 +376,8 @@ def test_every_narrow_op_is_covered():
 if __name__ == "__main__":
     for index in [int(i) for i in sys.argv[1].split(",") if i]:
         case = all_cases()[index]
-        record = run_threshold_case(case[1:]) if case[0] == "threshold" else run_case(case)
+        runner = {"threshold": run_threshold_case, "newton": run_newton_case}.get(case[0])
+        record = runner(case[1:]) if runner else run_case(case)
         print(json.dumps({"case": index, **record}), flush=True)
 
 
