@@ -183,7 +183,9 @@ def _entmax_tau(x, visible, x2, visible2, TW: tl.constexpr, NT: tl.constexpr):
     some = top > float("-inf")
     tau = tl.where(some, top - 1.0, 0.0)
     # quadratic near the root: 3-6 steps on most rows to 1e-6
-    tau, steps, moved = _newton(x, visible, x2, visible2, tau, some, 0, 1.0, NT, TW)
+    steps = tl.full([], 0, tl.int32)  # (tensors: loop-carried through _newton)
+    moved = tl.full([], 1.0, tl.float32)
+    tau, steps, moved = _newton(x, visible, x2, visible2, tau, some, steps, moved, NT, TW)
     exact, good = _exact_root(x, visible, x2, visible2, tau, some, TW)
     if NT > 1e-6:
         if tl.min(tl.where(some & ~good, 0, 1), 0) == 0:
