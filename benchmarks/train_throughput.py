@@ -7,7 +7,9 @@ Where softmax + RoPE is the first of several cells, it runs again after the othe
 closing samples/s over its first) says whether the machine held steady through the run, and ``halves`` (a cell's
 first half of timed steps over its second) whether the cell did; the summary marks a run that drifted, or a cell
 whose halves differ, by more than 10% ``unsteady``, and shows a cell's newest row measured steady where there is
-one:
+one. (On an H200, Copy at batch 512 with 20 to 60 warm-up steps ran the first cells of a run slow for their first
+seconds, up to 66% below the closing softmax + RoPE row; with ``--warmup 600`` such a run held within 8%:
+results/benchmarks/gpu_logs/train_throughput_copy_b512_warmup.txt, ab_entmax_newton_tol.txt.)
 
     python benchmarks/train_throughput.py --tasks mqmtar,mqrar,copy --preset paper --batch-sizes 128,512 \
         --attns softmax,entmax,asentmax --pes rope,nape --train-steps graph,compiled --out results/benchmarks
