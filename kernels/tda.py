@@ -16,8 +16,9 @@ Four kernels, each visiting a (query tile, key tile) pair once for both views:
   training step's, also the dq kernel's sums, added atomically; the dq kernel then does not run);
 - whole rows (the launch setting ``rows``, ``[BM, BN, warps]``), one program per head where its ``T <= BM`` rows
   fit one query tile: each key tile's dk1, dk2 and dv whole, dq1, dq2 and the per-row gradients summed over the
-  key tiles in registers; every gradient stored once (no atomics, no zeroed buffer, no casts after): the short
-  rows of training.
+  key tiles in registers; dq1, dq2, dk1, dk2 and dv stored once (no atomics, no casts after), the slopes', ``beta``'s
+  and ``lam``'s summed over the head's rows and added atomically to one small zeroed buffer: the short rows of
+  training.
 
 The dq and dk/dv kernels visit only the tiles the map lists (``_tile_lists``): an inactive tile has zero
 weights and zero gradients in both views, so skipping it is exact, and TRA's thresholds leave most tiles
@@ -25,7 +26,12 @@ inactive at long lengths (random unit inputs at 65,536 tokens: almost all but th
 (head dims above 64) they test every tile by a branch.
 
 The pointwise maps (weights, their derivative, the activity test) are ``_rowwise.py``'s for code ``TRA``.
-``beta`` (through ``tau``) and ``lam`` (float, 0-d or ``[H]`` tensor) get their gradients through autograd.
+The rows' threshold ``tau_r = beta_h base_r`` is formed in the kernels from ``beta`` (float, 0-d or ``[H]`` tensor)
+and the ``[T]`` ``tra.tau_base``, kept per shape, and ``lam`` (the same forms) is read where it lies: the op makes
+no tensor of its own before its forward kernel. ``beta`` and ``lam`` get their gradients from the kernels' per-row
+sums (``dL/dbeta_h = sum_r base_r dL/dtau_r``). Measured on the paper MQMTAR model at batch 128 with NAPE (H200,
+2026-11-29, commit a374470, ``benchmarks/step_profile.py``): before, the step spent 20 reductions of those per-row
+sums and the threshold's eleven small kernels a layer beside TDA's own (results/benchmarks/gpu_logs/).
 
 Tests against the dense reference (``tests/test_kernels.py``, GPU): fp32/bf16, lengths 1 to 4,096, head dims
 16 to 128, ALiBi, row scale, per-head lam/beta, power 1.5, rows with nothing active, every launch variant
@@ -44,7 +50,7 @@ import triton.language as tl
 
 from lengthbench.kernels._common import Problem, head_slope, reduce_slopes, rows_scale, score_tile, tile_rows
 from lengthbench.kernels._rowwise import TRA, _any_active, _score_grad, _sum_to, _weights
-from lengthbench.kernels.tra import tra_threshold
+from lengthbench.kernels.tra import tau_base
 
 _TRA = tl.constexpr(TRA)
 # The activity map's tile: MAP_M query rows x MAP_N keys (the forward's query tile when it writes the map).
@@ -62,6 +68,12 @@ def _view_weights(z, valid, tau, POWER: tl.constexpr):
 def _view_dz(z, valid, g, tau, POWER: tl.constexpr):
     """``d(z - tau)_+^power / dz * g`` of one view's tile."""
     return _score_grad(z, valid, g, tau, tau, tau, tau, _TRA, POWER)
+
+
+@triton.jit
+def _row_tau(BETA, BASE, bh, H, offs_m, row_ok, BETA_SH):
+    """The rows' thresholds ``beta_h * base_r`` (``BETA_SH`` 1: a ``beta`` per head, 0: one for all)."""
+    return tl.load(BETA + (bh % H) * BETA_SH) * tl.load(BASE + offs_m, mask=row_ok, other=0.0)
 
 
 @triton.jit
@@ -104,7 +116,7 @@ def _fwd_tile(acc, q1, q2, K1, K2, V, base, start_n, offs_m, offs_d, dmask, T, s
 
 
 @triton.jit
-def _fwd_kernel(Q1, K1, Q2, K2, V, Out, SL, RS, TAU, LAM, MAP, sm_scale, T, H, NQ, NK,
+def _fwd_kernel(Q1, K1, Q2, K2, V, Out, SL, RS, BETA, BASE, LAM, MAP, sm_scale, T, H, NQ, NK, BETA_SH, LAM_SH,
                 POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, SKIP: tl.constexpr,
                 MAP_MODE: tl.constexpr, NKT: tl.constexpr, DOT_PREC: tl.constexpr,
                 D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
@@ -121,8 +133,8 @@ def _fwd_kernel(Q1, K1, Q2, K2, V, Out, SL, RS, TAU, LAM, MAP, sm_scale, T, H, N
     q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
     slope = head_slope(SL, bh, H, HAS_SLOPES)
     rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
-    tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
-    lam = tl.load(LAM + bh % H)
+    tau = _row_tau(BETA, BASE, bh, H, offs_m, row_ok, BETA_SH)
+    lam = tl.load(LAM + (bh % H) * LAM_SH)
     acc = tl.zeros([BM, BD], dtype=tl.float32)
     hi = tl.minimum((pid_m + 1) * BM, T)
     diag = pid_m * BM
@@ -186,8 +198,8 @@ def _dq_tile(dq1, dq2, d_rs, d_sl, d_tau, d_lam, q1, q2, do, K1, K2, V, base, st
 
 
 @triton.jit
-def _bwd_dq_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, SL, RS, TAU, LAM, DRS, DSL, DTAU, DLAM, STARTS, LIST,
-                   sm_scale, T, H, NQ,
+def _bwd_dq_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, SL, RS, BETA, BASE, LAM, DRS, DSL, DTAU, DLAM, STARTS, LIST,
+                   sm_scale, T, H, NQ, BETA_SH, LAM_SH,
                    POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
                    GRAD_SL: tl.constexpr, GRAD_TAU: tl.constexpr, GRAD_LAM: tl.constexpr, USE_MAP: tl.constexpr,
                    DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
@@ -204,8 +216,8 @@ def _bwd_dq_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, SL, RS, TAU, LAM, DRS, DSL, 
     do = tl.load(DO + q_off, mask=rmask, other=0.0)
     slope = head_slope(SL, bh, H, HAS_SLOPES)
     rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
-    tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
-    lam = tl.load(LAM + bh % H)
+    tau = _row_tau(BETA, BASE, bh, H, offs_m, row_ok, BETA_SH)
+    lam = tl.load(LAM + (bh % H) * LAM_SH)
     dq1 = tl.zeros([BM, BD], dtype=tl.float32)
     dq2 = tl.zeros([BM, BD], dtype=tl.float32)
     d_rs = tl.zeros([BM], dtype=tl.float32)
@@ -243,7 +255,7 @@ def _bwd_dq_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, SL, RS, TAU, LAM, DRS, DSL, 
 
 
 @triton.jit
-def _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, DQ1, DQ2, DRS, DSL, DTAU, DLAM, base, bh, start_m,
+def _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, BASE, beta, DQ1, DQ2, DRS, DSL, DTAU, DLAM, base, bh, start_m,
                offs_n, T, sm_scale, slope, lam, POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                SKIP: tl.constexpr, FUSED: tl.constexpr, GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr,
                GRAD_TAU: tl.constexpr, GRAD_LAM: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
@@ -256,7 +268,7 @@ def _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, DQ1, DQ2, DRS, DSL,
     q1 = tl.load(Q1 + q_off, mask=rmask, other=0.0)
     q2 = tl.load(Q2 + q_off, mask=rmask, other=0.0)
     rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
-    tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
+    tau = beta * tl.load(BASE + offs_m, mask=row_ok, other=0.0)
     z1, zb1 = score_tile(q1, k1, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
     z2, zb2 = score_tile(q2, k2, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
     valid = (offs_n[None, :] <= offs_m[:, None]) & row_ok[:, None] & (offs_n[None, :] < T)
@@ -294,8 +306,8 @@ def _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, DQ1, DQ2, DRS, DSL,
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STARTS, LIST, DQ1, DQ2, DRS, DSL, DTAU,
-                     DLAM, sm_scale, T, H, NK,
+def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, BETA, BASE, LAM, STARTS, LIST, DQ1, DQ2, DRS, DSL,
+                     DTAU, DLAM, sm_scale, T, H, NK, BETA_SH, LAM_SH,
                      POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, USE_MAP: tl.constexpr,
                      FUSED: tl.constexpr, GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, GRAD_TAU: tl.constexpr,
                      GRAD_LAM: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
@@ -312,7 +324,8 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STAR
     k2 = tl.load(K2 + kv_off, mask=kv_mask, other=0.0)
     v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
     slope = head_slope(SL, bh, H, HAS_SLOPES)
-    lam = tl.load(LAM + bh % H)
+    lam = tl.load(LAM + (bh % H) * LAM_SH)
+    beta = tl.load(BETA + (bh % H) * BETA_SH)
     dk1 = tl.zeros([BN, BD], dtype=tl.float32)
     dk2 = tl.zeros([BN, BD], dtype=tl.float32)
     dv = tl.zeros([BN, BD], dtype=tl.float32)
@@ -323,14 +336,14 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STAR
         for i in range(lo, hi):
             tile = tl.load(LIST + i)
             for sub in tl.static_range(MAP_M // BM):
-                dk1, dk2, dv = _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, DQ1, DQ2, DRS, DSL, DTAU,
+                dk1, dk2, dv = _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, BASE, beta, DQ1, DQ2, DRS, DSL, DTAU,
                                           DLAM, base, bh, tile * MAP_M + sub * BM, offs_n, T, sm_scale, slope, lam,
                                           POWER, HAS_SLOPES, HAS_RS, False, FUSED, GRAD_RS, GRAD_SL, GRAD_TAU,
                                           GRAD_LAM, DOT_PREC, D, BD, BM)
     else:
         lo = (pid_n * BN // BM) * BM
         for start_m in range(lo, T, BM):
-            dk1, dk2, dv = _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, TAU, DQ1, DQ2, DRS, DSL, DTAU, DLAM,
+            dk1, dk2, dv = _dkdv_tile(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, RS, BASE, beta, DQ1, DQ2, DRS, DSL, DTAU, DLAM,
                                       base, bh, start_m, offs_n, T, sm_scale, slope, lam, POWER, HAS_SLOPES, HAS_RS,
                                       True, FUSED, GRAD_RS, GRAD_SL, GRAD_TAU, GRAD_LAM, DOT_PREC, D, BD, BM)
     tl.store(DK1 + kv_off, (dk1 * sm_scale).to(DK1.dtype.element_ty), mask=kv_mask)
@@ -339,14 +352,16 @@ def _bwd_dkdv_kernel(Q1, K1, Q2, K2, V, DO, DK1, DK2, DV, SL, RS, TAU, LAM, STAR
 
 
 @triton.jit
-def _bwd_rows_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, DK1, DK2, DV, SL, RS, TAU, LAM, DRS, DSL, DTAU, DLAM,
-                     sm_scale, T, H,
+def _bwd_rows_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, DK1, DK2, DV, SL, RS, BETA, BASE, LAM, DRS, DSL, DBETA, DLAM,
+                     sm_scale, T, H, BETA_SH, LAM_SH,
                      POWER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
-                     GRAD_SL: tl.constexpr, GRAD_TAU: tl.constexpr, GRAD_LAM: tl.constexpr, DOT_PREC: tl.constexpr,
+                     GRAD_SL: tl.constexpr, GRAD_BETA: tl.constexpr, GRAD_LAM: tl.constexpr, DOT_PREC: tl.constexpr,
                      D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """The whole backward of one head whose ``T <= BM`` rows fit one query tile: each key tile's dk1, dk2 and dv
     whole (every query row is here), stored once; dq1, dq2 and the per-row gradients summed in registers over the
-    key tiles and stored once, as ``_bwd_dq_kernel`` stores them. No atomics, no zeroed buffer, no casts after."""
+    key tiles, dq1, dq2 and the row scale's stored once. The gradients of the slopes, ``beta`` and ``lam`` are summed
+    over the head's rows here and added atomically to theirs (zeroed fp32, one number per head or one for all: the
+    step makes no per-row buffers and sums none of them after)."""
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
     offs_m, offs_d, row_ok, dmask, rmask, q_off = tile_rows(0, T, D, BD, BM)
@@ -356,8 +371,8 @@ def _bwd_rows_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, DK1, DK2, DV, SL, RS, TAU,
     do = tl.load(DO + q_off, mask=rmask, other=0.0)
     slope = head_slope(SL, bh, H, HAS_SLOPES)
     rs = rows_scale(RS, bh, T, offs_m, row_ok, HAS_RS, BM)
-    tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
-    lam = tl.load(LAM + bh % H)
+    tau = _row_tau(BETA, BASE, bh, H, offs_m, row_ok, BETA_SH)
+    lam = tl.load(LAM + (bh % H) * LAM_SH)
     dq1 = tl.zeros([BM, BD], dtype=tl.float32)
     dq2 = tl.zeros([BM, BD], dtype=tl.float32)
     d_rs = tl.zeros([BM], dtype=tl.float32)
@@ -393,7 +408,7 @@ def _bwd_rows_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, DK1, DK2, DV, SL, RS, TAU,
             d_rs += tl.sum(e1 * zb1 + e2 * zb2, 1)
         if GRAD_SL:
             d_sl += tl.sum((e1 + e2) * (offs_m[:, None] - offs_n[None, :]).to(tl.float32), 1)
-        if GRAD_TAU:
+        if GRAD_BETA:
             d_tau -= tl.sum(e1 + e2, 1)
         if GRAD_LAM:
             d_lam -= tl.sum(w2 * g, 1)
@@ -402,11 +417,12 @@ def _bwd_rows_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, DK1, DK2, DV, SL, RS, TAU,
     if GRAD_RS:
         tl.store(DRS + bh * T + offs_m, d_rs, mask=row_ok)
     if GRAD_SL:
-        tl.store(DSL + bh * T + offs_m, -d_sl * rs, mask=row_ok)
-    if GRAD_TAU:
-        tl.store(DTAU + bh * T + offs_m, d_tau, mask=row_ok)
+        tl.atomic_add(DSL + bh % H, tl.sum(-d_sl * rs, 0), sem="relaxed")
+    if GRAD_BETA:  # (d tau_r / d beta = base_r)
+        base_rows = tl.load(BASE + offs_m, mask=row_ok, other=0.0)
+        tl.atomic_add(DBETA + (bh % H) * BETA_SH, tl.sum(d_tau * base_rows, 0), sem="relaxed")
     if GRAD_LAM:
-        tl.store(DLAM + bh * T + offs_m, d_lam, mask=row_ok)
+        tl.atomic_add(DLAM + (bh % H) * LAM_SH, tl.sum(d_lam, 0), sem="relaxed")
 
 
 # Launch settings per head-dim block: (BM, BN, num_warps) per kernel, and for the forward whether it skips
@@ -489,17 +505,17 @@ def _second_view(pb: Problem, q2, k2):
 
 
 class TDAAttention(torch.autograd.Function):
-    """``o = sum_j (a1_rj - lam_h a2_rj) v_j``; ``tau`` ([B, H, T] broadcastable) and ``lam_h`` ([H] fp32)
-    may need gradients. Gradients flow to both views' q and k, v, ``tau``, ``lam``, ``row_scale`` and
-    ``slopes``."""
+    """``o = sum_j (a1_rj - lam_h a2_rj) v_j`` with the rows' threshold ``tau_r = beta_h base_r``; ``beta`` and
+    ``lam`` are fp32 tensors, 0-d or ``[H]``, ``base`` the ``[T]`` fp32 ``tra.tau_base``. Gradients flow to both
+    views' q and k, v, ``beta``, ``lam``, ``row_scale`` and ``slopes``."""
 
     @staticmethod
-    def forward(ctx, q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h, sm_scale, power, want_map=True, tuning=None):
+    def forward(ctx, q1, k1, q2, k2, v, slopes, row_scale, beta, lam, base, sm_scale, power, want_map=True,
+                tuning=None):
         pb = Problem(q1, k1, v, slopes, row_scale, sm_scale)
         q2, k2 = _second_view(pb, q2, k2)
         out = torch.empty_like(pb.q)
-        tau_rows = tau.detach().to(torch.float32).expand(pb.batch, pb.heads, pb.tokens).contiguous()
-        lam_rows = lam_h.detach().to(q1.device, torch.float32).contiguous()
+        beta, lam = beta.detach().contiguous(), lam.detach().contiguous()
         config = _config(pb.block_d, tuning)
         mode = config["map"] if want_map else 0
         bm, bn, warps = config["fwd_map" if mode else "fwd"]
@@ -512,51 +528,58 @@ class TDAAttention(torch.autograd.Function):
         if mode:
             amap = torch.zeros(pb.bh, nq, nk, device=q1.device, dtype=torch.int8)
         _fwd_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
-            pb.q, pb.k, q2, k2, pb.v, out, pb.opt(pb.slopes), pb.opt(pb.row_scale), tau_rows, lam_rows,
-            pb.opt(amap), pb.sm_scale, pb.tokens, pb.heads, nq, nk, POWER=float(power),
-            HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None, SKIP=bool(config["skip"]),
-            MAP_MODE=mode, NKT=triton.next_power_of_2(nk) if mode == 1 else 1, DOT_PREC=pb.dot_prec,
-            D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, num_warps=warps, num_stages=2)
+            pb.q, pb.k, q2, k2, pb.v, out, pb.opt(pb.slopes), pb.opt(pb.row_scale), beta, base, lam,
+            pb.opt(amap), pb.sm_scale, pb.tokens, pb.heads, nq, nk, int(beta.dim() == 1), int(lam.dim() == 1),
+            POWER=float(power), HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
+            SKIP=bool(config["skip"]), MAP_MODE=mode, NKT=triton.next_power_of_2(nk) if mode == 1 else 1,
+            DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, num_warps=warps, num_stages=2)
         ctx.amap = amap
         ctx.config = config
         ctx.consts = (pb.sm_scale, float(power))
-        ctx.tau_shape = tau.shape
         ctx.rs_shape = None if row_scale is None else row_scale.shape
-        ctx.save_for_backward(pb.q, pb.k, q2, k2, pb.v, pb.slopes, pb.row_scale, tau_rows, lam_rows)
+        ctx.save_for_backward(pb.q, pb.k, q2, k2, pb.v, pb.slopes, pb.row_scale, beta, lam, base)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q1, k1, q2, k2, v, slopes, row_scale, tau_rows, lam_rows = ctx.saved_tensors
+        q1, k1, q2, k2, v, slopes, row_scale, beta, lam, base = ctx.saved_tensors
         sm_scale, power = ctx.consts
         pb = Problem(q1, k1, v, slopes, row_scale, sm_scale)
         do = dout.contiguous()
         grad_sl = slopes is not None and ctx.needs_input_grad[5]
         grad_rs = row_scale is not None and ctx.needs_input_grad[6]
-        grad_tau, grad_lam = ctx.needs_input_grad[7], ctx.needs_input_grad[8]
+        grad_beta, grad_lam = ctx.needs_input_grad[7], ctx.needs_input_grad[8]
         config = ctx.config
         fused = bool(config["fused_bwd"])
         dk1, dk2, dv = (torch.empty_like(t) for t in (k1, k2, v))
         rows = (pb.batch, pb.heads, pb.tokens)
-        grads = dict(GRAD_RS=grad_rs, GRAD_SL=grad_sl, GRAD_TAU=grad_tau, GRAD_LAM=grad_lam)
+        shared = (beta, base, lam)
+        strides = (int(beta.dim() == 1), int(lam.dim() == 1))
         whole = config.get("rows")
         if whole is not None and pb.tokens <= whole[0] and whole[0] * pb.block_d <= ROWS_MAX_TILE:
-            # every row in one query tile: one kernel, no atomics
+            # every row in one query tile: one kernel; the per-head gradients summed into one zeroed fp32 buffer
             dq1, dq2 = torch.empty_like(q1), torch.empty_like(q2)
-            d_sl, d_rs, d_tau, d_lam = (torch.empty(rows, device=q1.device, dtype=torch.float32) if wanted else None
-                                        for wanted in (grad_sl, grad_rs, grad_tau, grad_lam))
+            d_rs = torch.empty(rows, device=q1.device, dtype=torch.float32) if grad_rs else None
+            sizes = [pb.heads if grad_sl else 0, beta.numel() if grad_beta else 0, lam.numel() if grad_lam else 0]
+            sums = torch.zeros(sum(sizes), device=q1.device, dtype=torch.float32) if sum(sizes) else None
+            g_sl, g_beta, g_lam = (part if size else None
+                                   for part, size in zip(sums.split(sizes) if sums is not None else (None,) * 3,
+                                                         sizes, strict=True))
             bm, bn, warps = whole
             _bwd_rows_kernel[(1, pb.bh)](
-                q1, k1, q2, k2, v, do, dq1, dq2, dk1, dk2, dv, pb.opt(slopes), pb.opt(row_scale), tau_rows, lam_rows,
-                *(pb.opt(t) for t in (d_rs, d_sl, d_tau, d_lam)), sm_scale, pb.tokens, pb.heads, POWER=power,
-                HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None, DOT_PREC=pb.dot_prec, D=pb.head_dim,
-                BD=pb.block_d, BM=bm, BN=bn, num_warps=warps, num_stages=2, **grads)
-            return (dq1, dk1, dq2, dk2, dv, *_row_grads(ctx, d_sl, d_rs, d_tau, d_lam, False),
-                    None, None, None, None)
+                q1, k1, q2, k2, v, do, dq1, dq2, dk1, dk2, dv, pb.opt(slopes), pb.opt(row_scale), *shared,
+                *(pb.opt(t) for t in (d_rs, g_sl, g_beta, g_lam)), sm_scale, pb.tokens, pb.heads, *strides,
+                POWER=power, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None, GRAD_RS=grad_rs,
+                GRAD_SL=grad_sl, GRAD_BETA=grad_beta, GRAD_LAM=grad_lam, DOT_PREC=pb.dot_prec, D=pb.head_dim,
+                BD=pb.block_d, BM=bm, BN=bn, num_warps=warps, num_stages=2)
+            g_rs = _sum_to(d_rs, ctx.rs_shape) if d_rs is not None else None
+            return (dq1, dk1, dq2, dk2, dv, g_sl, g_rs, _like(g_beta, beta), _like(g_lam, lam),
+                    None, None, None, None, None)
+        grads = dict(GRAD_RS=grad_rs, GRAD_SL=grad_sl, GRAD_TAU=grad_beta, GRAD_LAM=grad_lam)
         if fused:
             # dq of both views and the per-row gradients are sums of atomic adds, from zero: one fp32 buffer, one
             # fill (the row gradients that leave reduced share it; the row scale's, returned whole, has its own)
-            size, reduced = q1.numel(), (grad_sl, grad_tau, grad_lam)
+            size, reduced = q1.numel(), (grad_sl, grad_beta, grad_lam)
             zeros = torch.zeros(2 * size + sum(reduced) * pb.bh * pb.tokens, device=q1.device, dtype=torch.float32)
             dq1, dq2 = zeros[:size].view(q1.shape), zeros[size:2 * size].view(q1.shape)
             parts = iter(zeros[2 * size:].view(-1, *rows))
@@ -564,7 +587,7 @@ class TDAAttention(torch.autograd.Function):
             d_rs = torch.zeros(rows, device=q1.device, dtype=torch.float32) if grad_rs else None
         else:
             d_sl, d_rs, d_tau, d_lam = (torch.empty(rows, device=q1.device, dtype=torch.float32) if wanted else None
-                                        for wanted in (grad_sl, grad_rs, grad_tau, grad_lam))
+                                        for wanted in (grad_sl, grad_rs, grad_beta, grad_lam))
         use_map = ctx.amap is not None
         common = dict(POWER=power, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
                       USE_MAP=use_map, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, num_stages=2)
@@ -576,29 +599,43 @@ class TDAAttention(torch.autograd.Function):
             dq1, dq2 = torch.empty_like(q1), torch.empty_like(q2)
             bm, bn, warps = config["dq"]
             _bwd_dq_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
-                *inputs, dq1, dq2, pb.opt(slopes), pb.opt(row_scale), tau_rows, lam_rows, *row_grads, q_starts,
-                q_tiles, sm_scale, pb.tokens, pb.heads, nq, BM=bm, BN=bn, num_warps=warps, **grads, **common)
+                *inputs, dq1, dq2, pb.opt(slopes), pb.opt(row_scale), *shared, *row_grads, q_starts,
+                q_tiles, sm_scale, pb.tokens, pb.heads, nq, *strides, BM=bm, BN=bn, num_warps=warps, **grads,
+                **common)
         bm, bn, warps = config["dkdv"]
         _bwd_dkdv_kernel[(triton.cdiv(pb.tokens, bn), pb.bh)](
-            *inputs, dk1, dk2, dv, pb.opt(slopes), pb.opt(row_scale), tau_rows, lam_rows, k_starts, k_tiles,
-            *((dq1, dq2, *row_grads) if fused else (pb.dummy,) * 6), sm_scale, pb.tokens, pb.heads, nk, FUSED=fused,
-            **(grads if fused else {key: False for key in grads}), BM=bm, BN=bn, num_warps=warps, **common)
+            *inputs, dk1, dk2, dv, pb.opt(slopes), pb.opt(row_scale), *shared, k_starts, k_tiles,
+            *((dq1, dq2, *row_grads) if fused else (pb.dummy,) * 6), sm_scale, pb.tokens, pb.heads, nk, *strides,
+            FUSED=fused, **(grads if fused else {key: False for key in grads}), BM=bm, BN=bn, num_warps=warps,
+            **common)
         if fused:  # (TDA's cosine scores take sm_scale 1: the casts alone, copies that share no memory)
             dq1, dq2 = ((dq if sm_scale == 1.0 else dq * sm_scale).to(q1.dtype, copy=True) for dq in (dq1, dq2))
-        return (dq1, dk1, dq2, dk2, dv, *_row_grads(ctx, d_sl, d_rs, d_tau, d_lam, fused), None, None, None, None)
+        g_sl = None
+        if d_sl is not None:
+            g_sl = reduce_slopes(d_sl) if not fused else -reduce_slopes(d_sl if row_scale is None else d_sl * row_scale)
+        g_rs = _sum_to(d_rs, ctx.rs_shape) if d_rs is not None else None
+        g_beta = (d_tau * base).sum(dim=(0, 2)) if d_tau is not None else None
+        g_lam = d_lam.sum(dim=(0, 2)) if d_lam is not None else None
+        return (dq1, dk1, dq2, dk2, dv, g_sl, g_rs, _like(g_beta, beta), _like(g_lam, lam),
+                None, None, None, None, None)
 
 
-def _row_grads(ctx, d_sl, d_rs, d_tau, d_lam, fused: bool):
-    """The gradients of ``slopes``, ``row_scale``, ``tau`` and ``lam`` from the per-row sums (``None`` where not
-    wanted). The fused backward's slope sums come before the dq kernel's sign and row scale."""
-    row_scale = ctx.saved_tensors[6]
-    g_sl = None
-    if d_sl is not None:
-        g_sl = reduce_slopes(d_sl) if not fused else -reduce_slopes(d_sl if row_scale is None else d_sl * row_scale)
-    g_rs = _sum_to(d_rs, ctx.rs_shape) if d_rs is not None else None
-    g_tau = _sum_to(d_tau, ctx.tau_shape) if d_tau is not None else None
-    g_lam = d_lam.sum(dim=(0, 2)) if d_lam is not None else None
-    return g_sl, g_rs, g_tau, g_lam
+def _like(per_head: torch.Tensor | None, param: torch.Tensor) -> torch.Tensor | None:
+    """A gradient summed per head (``[H]``) or over all heads, as ``param``'s shape (0-d: the sum)."""
+    if per_head is None:
+        return None
+    return per_head.reshape(param.shape) if per_head.numel() == param.numel() else per_head.sum().reshape(param.shape)
+
+
+def _per_head(value, heads: int, device, name: str) -> torch.Tensor:
+    """``value`` (float, 0-d, ``[1]`` or ``[H]`` tensor) as the fp32 tensor the op reads: 0-d or ``[H]``."""
+    if not torch.is_tensor(value):
+        return torch.full((), float(value), device=device, dtype=torch.float32)
+    if value.dim() > 1 or (value.dim() == 1 and value.numel() not in (1, heads)):
+        raise ValueError(f"tda {name} must be a float, a 0-d tensor or one of {heads} heads, got shape "
+                         f"{tuple(value.shape)}")
+    value = value.to(device, torch.float32)
+    return value.reshape(()) if value.dim() == 1 and value.numel() == 1 and heads != 1 else value
 
 
 def tda_attention(q1, k1, q2, k2, v, *, lam=0.5, slopes=None, row_scale=None, sm_scale=1.0, beta=1.0,
@@ -611,13 +648,11 @@ def tda_attention(q1, k1, q2, k2, v, *, lam=0.5, slopes=None, row_scale=None, sm
     if not math.isfinite(float(power)) or float(power) <= 0:
         raise ValueError(f"tda power must be positive, got {power}")
     heads = q1.shape[1]
-    tau = tra_threshold(q1.shape[-2], q1.shape[-1], beta, float(kappa), q1.device, tau_index)
-    if torch.is_tensor(lam):
-        lam_h = lam.to(q1.device, torch.float32).expand(heads)
-    else:
-        lam_h = torch.full((heads,), float(lam), device=q1.device, dtype=torch.float32)
+    base = tau_base(q1.shape[-2], q1.shape[-1], float(kappa), q1.device, tau_index)
+    beta_h = _per_head(beta, heads, q1.device, "beta")
+    lam_h = _per_head(lam, heads, q1.device, "lam")
     # The activity map costs the forward time; it is only written when a backward may follow.
     want_map = torch.is_grad_enabled() and any(
-        torch.is_tensor(t) and t.requires_grad for t in (q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h))
-    return TDAAttention.apply(q1, k1, q2, k2, v, slopes, row_scale, tau, lam_h, sm_scale, float(power), want_map,
-                              tuning)
+        torch.is_tensor(t) and t.requires_grad for t in (q1, k1, q2, k2, v, slopes, row_scale, beta_h, lam_h))
+    return TDAAttention.apply(q1, k1, q2, k2, v, slopes, row_scale, beta_h, lam_h, base, sm_scale, float(power),
+                              want_map, tuning)

@@ -26,10 +26,32 @@ def tau_offset(tau_index: str) -> float:
     return TAU_INDEX_OFFSET[tau_index]
 
 
+# tau_base's tensors by (tokens, head dim, kappa, tau_index, device): made once, outside any CUDA graph capture
+_BASES: dict[tuple, torch.Tensor] = {}
+
+
+def tau_base(tokens: int, head_dim: int, kappa: float, device, tau_index: str = "alg1") -> torch.Tensor:
+    """``[T]`` fp32: ``sqrt(2 * max(0, log((n_r + c) / kappa)) / d)``, the threshold per unit of ``beta``. Kept per
+    shape (a training step would otherwise spend eight small kernels a layer making it again); made afresh, and
+    not kept, during a CUDA graph capture or under fake tensors (memory neither may keep)."""
+    offset = tau_offset(tau_index)
+    device = torch.device(device)
+    key = (int(tokens), int(head_dim), float(kappa), offset, str(device))
+    base = _BASES.get(key)
+    if base is not None:
+        return base
+    n = torch.arange(1, tokens + 1, device=device, dtype=torch.float32)
+    base = torch.sqrt(2.0 * torch.clamp(torch.log((n + offset) / kappa), min=0.0) / head_dim)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if not capturing and torch._guards.detect_fake_mode() is None and not isinstance(
+            base, torch._subclasses.FakeTensor):
+        _BASES[key] = base
+    return base
+
+
 def tra_threshold(tokens: int, head_dim: int, beta, kappa: float, device, tau_index: str = "alg1") -> torch.Tensor:
     """``tau`` broadcastable to ``[B, H, T]``: ``[T]`` for a float ``beta``, ``[H, T]`` for a per-head one."""
-    n = torch.arange(1, tokens + 1, device=device, dtype=torch.float32)
-    base = torch.sqrt(2.0 * torch.clamp(torch.log((n + tau_offset(tau_index)) / kappa), min=0.0) / head_dim)
+    base = tau_base(tokens, head_dim, kappa, device, tau_index)
     if not torch.is_tensor(beta):
         return float(beta) * base
     beta = beta.to(device, torch.float32)

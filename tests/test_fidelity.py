@@ -366,11 +366,13 @@ def test_tda_kernel_matches_reference(tokens, tau_index):
 
 
 @needs_triton
+@pytest.mark.parametrize("per_head", ["lam", "beta"])
 @pytest.mark.parametrize("tokens", [1, 17, 33, 40])
-def test_tda_whole_row_backward_matches_reference(tokens):
+def test_tda_whole_row_backward_matches_reference(tokens, per_head):
     """The ``rows`` backward (one program a head, every row in one query tile of 64, key tiles of 16) against the
-    float64 reference, with ALiBi slopes and a row factor so that every gradient it sums is checked; at 40 tokens
-    the last key tile is partly past the rows, at 33 it holds one key."""
+    float64 reference, with ALiBi slopes and a row factor so that every gradient it sums is checked, ``lam`` or
+    ``beta`` one per head (the other one for all: the kernel sums their gradients per head or over every head);
+    at 40 tokens the last key tile is partly past the rows, at 33 it holds one key."""
     pytest.importorskip("triton")
     from lengthbench.kernels.tda import tda_attention
 
@@ -380,6 +382,8 @@ def test_tda_whole_row_backward_matches_reference(tokens):
     slopes = torch.tensor([0.25, 0.0]).to(DEVICE)
     row_scale = (0.5 + torch.rand(1, heads, tokens, generator=gen)).to(DEVICE)
     lam, beta = torch.tensor([0.3, 0.6]).to(DEVICE), torch.tensor(0.5, device=DEVICE)
+    if per_head == "beta":
+        lam, beta = torch.tensor(0.3, device=DEVICE), torch.tensor([0.5, 0.8]).to(DEVICE)
     named = (q1, k1, q2, k2, v, slopes, row_scale, lam, beta)
     mine = [t.clone().requires_grad_() for t in named]
     theirs = [t.double().clone().requires_grad_() for t in named]

@@ -498,6 +498,8 @@ def test_tda_whole_row_backward_matches_reference(tokens, head_dim, dtype, alibi
                      row_scale=0.5 + torch.rand(2, 2, tokens, device="cuda", generator=gen))
     tiles = dict(CAPTURE_TUNING["tda"], rows=None)
     lam, beta = torch.tensor(0.3, device="cuda"), torch.tensor(0.5, device="cuda")
+    if alibi:  # lam and beta per head, their gradients summed per head by the kernel
+        lam, beta = torch.tensor([0.3, 0.6], device="cuda"), torch.tensor([0.5, 0.8], device="cuda")
     _, errors = check_tda(tensors, lam=lam, beta=beta, seed=tokens, label=f"T={tokens} D={head_dim} {dtype}",
                           tuning=tiles, **extra)
     check_tda(tensors, lam=lam, beta=beta, seed=tokens, label=f"rows {rows} T={tokens} D={head_dim} {dtype}",
@@ -583,6 +585,7 @@ def test_tda_activity_map_is_exact(mode, monkeypatch):
     """The map the forward writes: 1 exactly on the (128 rows x 64 keys) tiles where either view has a causal
     entry above its row's threshold (computed densely here)."""
     from lengthbench.kernels import tda
+    from lengthbench.kernels.tra import tra_threshold
 
     real = tda._config
     variant = dict(TDA_VARIANTS["map1" if mode == 1 else "map2-bm128"])
@@ -596,7 +599,7 @@ def test_tda_activity_map_is_exact(mode, monkeypatch):
     beta = torch.tensor([0.6, 0.9], device="cuda")
     leaves = [t.clone().requires_grad_() for t in (q1, k1, q2, k2, v)]
     tda.tda_attention(*leaves, lam=0.5, beta=beta).sum().backward()
-    tau = tda.tra_threshold(tokens, head_dim, beta, 1.0, "cuda")
+    tau = tra_threshold(tokens, head_dim, beta, 1.0, "cuda")
     causal = torch.ones(tokens, tokens, dtype=torch.bool, device="cuda").tril()
     active = torch.zeros(1, heads, tokens, tokens, dtype=torch.bool, device="cuda")
     for qa, ka in ((q1, k1), (q2, k2)):
