@@ -61,6 +61,7 @@ from lengthbench import kernels
 from lengthbench.config import build_config
 from lengthbench.data import BatchProducer, default_workers
 from lengthbench.devices import git_sha
+from lengthbench.graph_step import clip_in_adamw
 from lengthbench.kernels import _sdpa
 from lengthbench.leaderboard import frame_markdown
 from lengthbench.runner import Trainer, attention_kernels, device_description, to_device
@@ -158,6 +159,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 sdpa_backend=_sdpa.SDPA_BACKEND, views=kernels.VIEWS if kernels.takes_views(ops) else "",
                 capture_settings=today_capture(",".join(sorted(ops))),
                 entmax_backward=kernels.entmax_backward_setting(), captured=captured, capture_error=failed,
+                clip_in_adamw=clip_in_adamw(),
                 rowwise_fused=bool(_narrow_settings(os.environ.get("LENGTHBENCH_NARROW_TUNING")).get(
                     "rowwise_fused", kernels.ROWWISE_FUSED)),
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
@@ -206,6 +208,8 @@ def main() -> None:
     parser.add_argument("--fresh-caches", action="store_true", help="with --warm-jobs: each cell's warm process "
                         "starts with empty Inductor and Triton caches of its own, so that its first_warmup_s is a fresh "
                         "machine's (with --warm-jobs 1, the cell's alone)")
+    parser.add_argument("--retries", type=int, default=2, help="measure a cell again, up to this many times, while its "
+                        "halves differ by more than 10%% (the row keeps the last measurement and says how many it took)")
     parser.add_argument("--out", default="results/throughput")
     args = parser.parse_args()
     if args.fresh_caches and args.warm_jobs < 1:
@@ -224,6 +228,12 @@ def main() -> None:
     if args.stacks_after > 0:
         faulthandler.dump_traceback_later(args.stacks_after, exit=True)
     first_warmups = warm(args) if args.warm_jobs > 0 else {}
+    if args.warm_jobs > 0:
+        # the warm processes compiled every cell: this one compiles in its own thread rather than starting a pool of
+        # compile workers beside its first timed steps (their start takes the host's cores for seconds)
+        import torch._inductor.config as inductor_config
+
+        inductor_config.compile_threads = 1
     rows = []
     for task in args.tasks.split(","):
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):
@@ -240,8 +250,14 @@ def main() -> None:
                 for index, (attn, pe, mode, pad, path) in enumerate(cells + ([first] if closing else [])):
                     if path not in ("fused", "reference"):
                         sys.exit(f"--train-attentions: unknown path {path!r}; choose from fused, reference")
-                    row = measure(task, attn, pe, args.preset, batch_size, mode, args.steps, args.warmup, pad,
-                                  args.dynamic, args.trace, path, train_step)
+                    for attempt in range(max(0, args.retries) + 1):
+                        row = measure(task, attn, pe, args.preset, batch_size, mode, args.steps, args.warmup, pad,
+                                      args.dynamic, args.trace, path, train_step)
+                        row["attempts"] = attempt + 1
+                        if abs(row["halves"] - 1) <= UNSTEADY or attempt == max(0, args.retries):
+                            break
+                        print(f"  {attn} {pe}: halves {row['halves']:.2f} ({row['samples_per_s']:,.0f} samples/s), "
+                              "measured again", flush=True)
                     row["closing"] = index == len(cells)
                     row["cache_warmed"] = args.warm_jobs > 0
                     row["fresh_caches"] = args.fresh_caches
@@ -341,7 +357,7 @@ def write(rows: list[dict], out: Path) -> None:
 # the environment variables that choose the ops a training step takes: a command that set one names it
 PATH_VARIABLES = ("LENGTHBENCH_IN_GRAPH", "LENGTHBENCH_CAPTURE_STICK", "LENGTHBENCH_NARROW_TUNING",
                   "LENGTHBENCH_CAPTURE_TUNING", "LENGTHBENCH_SDPA_ALIBI", "LENGTHBENCH_SDPA_BACKEND",
-                  "LENGTHBENCH_INDUCTOR_OPTIONS", "LENGTHBENCH_VIEWS")
+                  "LENGTHBENCH_INDUCTOR_OPTIONS", "LENGTHBENCH_VIEWS", "LENGTHBENCH_CLIP_IN_ADAMW")
 
 
 def command_line() -> str:
@@ -539,6 +555,9 @@ def newest_summary(frame: pd.DataFrame) -> str:
     tuned |= (prologue != "") & (prologue != kernels.VIEWS)
     tuned |= entmax_backward(rows) != entmax_backward(rows, kernels.entmax_backward_setting())
     tuned |= (entmax_backward(rows) == "rowwise") & (rowwise_fused(rows) != kernels.ROWWISE_FUSED)
+    # rows from before the column clipped the gradients first, then the library's step: they stay
+    tuned |= _column(rows, "clip_in_adamw").map(lambda value: value is not None and not pd.isna(value)
+                                                and bool(value) != clip_in_adamw()).astype(bool)
     rows = rows[~other & ~tuned]
     if rows.empty:
         return ""
@@ -584,7 +603,8 @@ def newest_summary(frame: pd.DataFrame) -> str:
                   f"{'with' if kernels.ROWWISE_FUSED else 'without'} its dq kernel (`rowwise_fused`; rows without "
                   f"the column and its tuning key ran it), or whose model with a fused op took its query, key and value "
                   f"views other than `{kernels.VIEWS}` (`views`; rows without the column took them compiled, TDA's "
-                  "as its `unit_views` says) (levers compared against the library's settings; softmax and SSMax "
+                  "as its `unit_views` says), or with `LENGTHBENCH_CLIP_IN_ADAMW` other than today's (`clip_in_adamw`) "
+                  "(levers compared against the library's settings; softmax and SSMax "
                   "with NAPE before the column took the bias as a mask), are left out of this table.")
     if unsteady.any():
         older += (f" `unsteady`: the run measured softmax + RoPE at its start and again at its end, and the two differ "
@@ -636,6 +656,11 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
             columns.insert(columns.index("in_graph") + 1, column)
     if "halves" in frame and frame["halves"].notna().any():
         columns.append("halves")
+    if "clip_in_adamw" in frame and frame["clip_in_adamw"].map(lambda v: v is not None and not pd.isna(v)
+                                                                and not bool(v)).any():
+        columns.insert(columns.index("in_graph") + 1, "clip_in_adamw")
+    if "attempts" in frame and frame["attempts"].fillna(1).gt(1).any():
+        columns.append("attempts")
     if "producer" in frame and frame["producer"].notna().any():
         columns.append("producer")
     if "cache_warmed" in frame and frame["cache_warmed"].fillna(False).astype(bool).any():
@@ -659,7 +684,9 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
         "batch (`producer` `shared`: the producer that fed the warm-up feeds the timed steps, as in a training run; "
         "rows without it started one for the timed steps, and its workers' start-up fell in their timed seconds). "
         "`halves`: "
-        "the seconds of the timed steps' first half over their second's (1: steady within the cell)."
+        "the seconds of the timed steps' first half over their second's (1: steady within the cell); `attempts`: "
+        "the measurements a cell took (`--retries`: measured again while its halves differed by more than 10%; the "
+        "row is the last)."
         "\n\n" + frame_markdown(frame[columns], ".2f") + "\n")
 
 

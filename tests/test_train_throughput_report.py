@@ -150,6 +150,34 @@ def test_one_producer_feeds_the_warm_up_and_the_timed_steps(monkeypatch):
     assert 0 <= row["data_wait_share"] < 1 and row["halves"] > 0
 
 
+def test_a_cell_whose_halves_differ_is_measured_again(monkeypatch, tmp_path):
+    """``--retries``: a cell whose timed halves differ by more than 10% is measured again, up to the given number of
+    times; the row written is the last measurement and says how many there were."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    halves = {"softmax": [1.75, 1.4, 1.3, 1.0], "entmax": [1.02]}
+    taken = []
+
+    def fake_measure(task, attn, pe, *args, **kwargs):
+        taken.append(attn)
+        return dict(task=task, attn=attn, pe=pe, batch_size=512, train_step="graph-compiled",
+                    train_attention="fused", samples_per_s=1000.0 * len(taken), step_ms=1.0, mean_padded_width=131.0,
+                    warmup_s=1.0, data_wait_share=0.0, halves=halves[attn].pop(0), capture_error="")
+
+    written = {}
+    monkeypatch.setattr(train_throughput, "measure", fake_measure)
+    monkeypatch.setattr(train_throughput, "write", lambda rows, out: written.update(rows=[dict(r) for r in rows]))
+    monkeypatch.setattr(sys, "argv", ["train_throughput.py", "--tasks", "copy", "--attns", "softmax,entmax", "--pes",
+                                      "rope", "--batch-sizes", "512", "--retries", "2", "--out", str(tmp_path)])
+    train_throughput.main()
+    # softmax: its first three measurements unsteady (two retries, the third kept as it is); entmax: steady at once;
+    # then the closing softmax row, steady
+    assert taken == ["softmax", "softmax", "softmax", "entmax", "softmax"]
+    got = [(row["attn"], row["attempts"], row["halves"]) for row in written["rows"]]
+    assert got == [("softmax", 3, 1.3), ("entmax", 1, 1.02), ("softmax", 1, 1.0)]
+
+
 def test_warm_returns_each_cells_first_warm_up(monkeypatch):
     """``--warm-jobs``: each warm process's ``warmup_s`` comes back keyed by its cell (the rows' ``first_warmup_s``);
     a process that failed gives none and is named."""
@@ -231,6 +259,24 @@ def test_rows_of_a_lever_set_from_the_environment_stay_out_of_the_summary(tmp_pa
     summary, table = merged_markdown(tmp_path, plain, lever).split("Runs (device")
     assert "| entmax | 0.60 (1) |" in summary and said in summary
     assert f"| {column} |" in table
+
+
+def test_rows_that_clipped_the_gradients_first_stay_out_of_the_summary(tmp_path):
+    """``LENGTHBENCH_CLIP_IN_ADAMW=0`` (the clipping before AdamW rather than in it) is a lever: its rows stay out of
+    the summary; rows from before the column count as the library's step."""
+    older = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
+                              30_000.0))
+    plain = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax --steps 9",
+                              "2026-11-27T08:00:00", 35_000.0))
+    plain["clip_in_adamw"] = True
+    lever = pd.DataFrame(rows("LENGTHBENCH_CLIP_IN_ADAMW=0 python benchmarks/train_throughput.py",
+                              "2026-11-27T09:00:00", 45_000.0))
+    lever["clip_in_adamw"] = False
+    summary, table = merged_markdown(tmp_path, older, plain, lever).split("Runs (device")
+    assert "| entmax | 0.70 (2) |" in summary and "`LENGTHBENCH_CLIP_IN_ADAMW` other than today's" in summary
+    assert "| clip_in_adamw |" in table
+    summary = merged_markdown(tmp_path, older).split("Runs (device")[0]
+    assert "| entmax | 0.60 (1) |" in summary and "CLIP_IN_ADAMW" not in summary
 
 
 @pytest.mark.parametrize("variable, column, plain_has_column", [
