@@ -17,7 +17,7 @@ Four kernels, each visiting a (query tile, key tile) pair once for both views:
 - whole rows (the launch setting ``rows``, ``[BM, BN, warps]``), one program per head where its ``T <= BM`` rows
   fit one query tile: each key tile's dk1, dk2 and dv whole, dq1, dq2 and the per-row gradients summed over the
   key tiles in registers; dq1, dq2, dk1, dk2 and dv stored once (no atomics, no casts after), the slopes', ``beta``'s
-  and ``lam``'s summed over the head's rows and added atomically to one small zeroed buffer: the short rows of
+  and ``lam``'s summed over the head's rows and added atomically to small zeroed buffers: the short rows of
   training.
 
 The dq and dk/dv kernels visit only the tiles the map lists (``_tile_lists``): an inactive tile has zero
@@ -361,7 +361,7 @@ def _bwd_rows_kernel(Q1, K1, Q2, K2, V, DO, DQ1, DQ2, DK1, DK2, DV, SL, RS, BETA
     whole (every query row is here), stored once; dq1, dq2 and the per-row gradients summed in registers over the
     key tiles, dq1, dq2 and the row scale's stored once. The gradients of the slopes, ``beta`` and ``lam`` are summed
     over the head's rows here and added atomically to theirs (zeroed fp32, one number per head or one for all: the
-    step makes no per-row buffers and sums none of them after)."""
+    op makes no per-row buffers for them and sums none after)."""
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
     offs_m, offs_d, row_ok, dmask, rmask, q_off = tile_rows(0, T, D, BD, BM)
@@ -560,11 +560,10 @@ class TDAAttention(torch.autograd.Function):
             # every row in one query tile: one kernel; the per-head gradients summed into one zeroed fp32 buffer
             dq1, dq2 = torch.empty_like(q1), torch.empty_like(q2)
             d_rs = torch.empty(rows, device=q1.device, dtype=torch.float32) if grad_rs else None
-            sizes = [pb.heads if grad_sl else 0, beta.numel() if grad_beta else 0, lam.numel() if grad_lam else 0]
-            sums = torch.zeros(sum(sizes), device=q1.device, dtype=torch.float32) if sum(sizes) else None
-            g_sl, g_beta, g_lam = (part if size else None
-                                   for part, size in zip(sums.split(sizes) if sums is not None else (None,) * 3,
-                                                         sizes, strict=True))
+            # (each its own zeroed tensor: gradients that share memory may not leave an op of a compiled graph)
+            g_sl, g_beta, g_lam = (torch.zeros(size, device=q1.device, dtype=torch.float32) if wanted else None
+                                   for wanted, size in ((grad_sl, pb.heads), (grad_beta, beta.numel()),
+                                                        (grad_lam, lam.numel())))
             bm, bn, warps = whole
             _bwd_rows_kernel[(1, pb.bh)](
                 q1, k1, q2, k2, v, do, dq1, dq2, dk1, dk2, dv, pb.opt(slopes), pb.opt(row_scale), *shared,

@@ -2,8 +2,8 @@
 a compiled function that projects q, k, v and calls an op through the bridge is one graph (no break), and its
 loss and every gradient equal those of the op called directly, uncompiled; the backward leaves no forward graph
 behind. Its gradients are those of the inputs the forward saw, though their memory was written over after the
-call (the backward is handed them again, in the same memory or in other); handed an output that is not the forward's, it runs the op's forward again, with the same gradients. Cases: stick-breaking (its training-width op), TDA (two views, ``lam`` a tensor argument with a
-gradient) and entmax with a row scale (a tensor argument with a gradient). A call without gradients runs the op
+call (the backward is handed them again, in the same memory or in other); handed an output that is not the forward's, it runs the op's forward again, with the same gradients. Cases: stick-breaking (its training-width op), TDA (two views, ``lam`` and ``beta`` tensor arguments with
+gradients) and entmax with a row scale (a tensor argument with a gradient). A call without gradients runs the op
 itself.
 
 ``TRITON_INTERPRET=1`` must be set before Triton is imported: the cases run in worker processes (this file run
@@ -32,6 +32,7 @@ def _case(name: str) -> dict:
     views = 5 if name == "tda" else 3
     proj = torch.nn.Linear(heads * dim, views * heads * dim)
     scale_param = torch.nn.Parameter(torch.tensor(0.3))
+    beta_param = torch.nn.Parameter(torch.tensor(0.9))  # TDA's beta: a second gradient out of the op
     x = torch.randn(batch, tokens, heads * dim, requires_grad=True)
 
     def loss_of(x, op):
@@ -39,7 +40,7 @@ def _case(name: str) -> dict:
         if name == "tda":
             q1, k1, q2, k2 = (torch.nn.functional.normalize(t, dim=-1).contiguous() for t in parts[:4])
             out = op(q1, k1, q2, k2, parts[4].contiguous(), lam=torch.sigmoid(scale_param), slopes=None,
-                     sm_scale=1.0, beta=1.0, kappa=1.0, power=2.0, tau_index="alg1")
+                     sm_scale=1.0, beta=beta_param, kappa=1.0, power=2.0, tau_index="alg1")
         elif name == "entmax":
             row_scale = (1.0 + scale_param) * torch.ones(batch, heads, tokens)
             out = op(parts[0].contiguous(), parts[1].contiguous(), parts[2].contiguous(), slopes=None,
@@ -48,7 +49,7 @@ def _case(name: str) -> dict:
             out = op(parts[0].contiguous(), parts[1].contiguous(), parts[2].contiguous(), slopes=None)
         return (out.float() ** 2).sum() + x.sum()
 
-    params = [x, scale_param, *proj.parameters()]
+    params = [x, scale_param, beta_param, *proj.parameters()]
 
     def run(fn, op):
         for p in params:
@@ -99,7 +100,7 @@ def _case(name: str) -> dict:
     return dict(graphs=explained.graph_count, breaks=explained.graph_break_count,
                 loss=(loss1 - loss0).abs().item() / max(loss0.abs().item(), 1.0),
                 grads=max((a - b).abs().max().item() for a, b in zip(grads0, grads1, strict=True)) / scale,
-                scale_grad=grads0[1].abs().item(), left=len(_bridge._GRAPHS), no_grad=direct,
+                scale_grad=grads0[1].abs().item(), beta_grad=grads0[2].abs().item(), left=len(_bridge._GRAPHS), no_grad=direct,
                 took_saved=took_saved, recomputed=_bridge.STATS["recomputed"] - recomputed,
                 overwritten_err=overwritten, same_err=same_err, recompute_err=recompute)
 
@@ -114,6 +115,8 @@ def test_bridge_is_one_graph_with_the_ops_gradients():
         assert r["left"] == 0 and r["no_grad"] < 1e-6 * max(1.0, r["loss"]), (name, r)
         if name != "stickbreaking":  # the tensor argument's gradient came through the bridge
             assert r["scale_grad"] > 0, (name, r)
+        if name == "tda":  # and beta's, beside lam's
+            assert r["beta_grad"] > 0, (name, r)
         assert r["took_saved"] == 2 and r["overwritten_err"] < 1e-6 and r["same_err"] < 1e-6, (name, r)
         assert r["recomputed"] == 1 and r["recompute_err"] < 1e-6, (name, r)
 
