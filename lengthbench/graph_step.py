@@ -18,10 +18,7 @@ default, is a node of that graph, ``kernels/_bridge.py``; an op outside it is a 
 the pieces between); without it they run eagerly, one kernel per operation (a capture takes under a second, but
 the unfused kernels cost time of their own). Every number: results/benchmarks/train_throughput.md. The optimizer is AdamW with ``capturable=True`` and
 ``fused=True``; its learning rate is a device tensor that the replay reads, filled from the parameter group's
-float before each replay (the schedule stays :func:`lengthbench.training.learning_rate`). The gradient clipping
-is folded into that update: the fused AdamW divides every gradient by its ``grad_scale``, here the clipping's
-``max(1, (norm + 1e-6) / max_norm)``, which spares a pass of its own over every gradient (``clip_grad_norm_``'s
-multiply; ``LENGTHBENCH_CLIP_IN_ADAMW=0`` clips the gradients first, as the eager step does, for comparisons).
+float before each replay (the schedule stays :func:`lengthbench.training.learning_rate`).
 
 The first ``eager_steps`` batches train eagerly, on a side stream, with the same code (cuBLAS handles and the
 optimizer's state are created there, as a capture needs); the next one is captured and replayed. A capture that
@@ -30,7 +27,6 @@ fails falls back, for the rest of the run, to the step the caller gave (``fallba
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
@@ -40,16 +36,6 @@ from lengthbench.compile_policy import attention_kernels, inductor_options
 from lengthbench.tasks import IGNORE_INDEX
 
 StepOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-CLIP_ENV = "LENGTHBENCH_CLIP_IN_ADAMW"
-
-
-def clip_in_adamw() -> bool:
-    """Whether the captured step folds the gradient clipping into AdamW's update (``$LENGTHBENCH_CLIP_IN_ADAMW``,
-    ``1`` by default; ``0`` clips the gradients first)."""
-    value = os.environ.get(CLIP_ENV, "1").strip() or "1"
-    if value not in ("0", "1"):
-        raise ValueError(f"{CLIP_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
 
 
 def graph_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -83,7 +69,6 @@ class GraphStep:
         self.log = log or (lambda line: None)
         self.device = next(model.parameters()).device
         self.fused = bool(fused)
-        self.clip_in_optimizer = clip_in_adamw()
         self.flags = [block.attn.use_kernels for block in model.blocks] if self.fused else reference_flags(model)
         self.lr = torch.zeros((), device=self.device, dtype=torch.float32)
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -110,26 +95,9 @@ class GraphStep:
     def _body(self, input_ids, labels, features) -> StepOutputs:
         loss, correct, scored = self.forward_loss(input_ids, labels, features)
         loss.backward()
-        norm = self.clip_and_step()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip, foreach=True)
+        self.optimizer.step()
         return loss.detach(), correct, scored, norm.detach()
-
-    def clip_and_step(self) -> torch.Tensor:
-        """Clip the gradients to ``grad_clip`` (their total norm) and step: the clipping's factor as AdamW's
-        ``grad_scale`` (every gradient divided by it in the fused update), or, with ``clip_in_optimizer`` off, by
-        ``clip_grad_norm_`` first. The gradients' total norm before clipping."""
-        if not self.clip_in_optimizer:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip, foreach=True)
-            self.optimizer.step()
-            return norm
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
-        # clip_grad_norm_ multiplies by min(1, max_norm / (norm + 1e-6)); AdamW divides by its inverse
-        self.optimizer.grad_scale = torch.clamp((norm + 1e-6) / self.grad_clip, min=1.0)
-        try:
-            self.optimizer.step()
-        finally:  # (a captured step keeps the tensor it recorded; an eager step after it must not find it)
-            del self.optimizer.grad_scale
-        return norm
 
     def _pad(self, input_ids, labels, features):
         """Right-pad a batch to ``width`` tokens (labels ignored there); a wider batch is a caller's error."""

@@ -141,36 +141,3 @@ def test_inductor_options_default_env_and_unknown(monkeypatch):
         monkeypatch.setenv(INDUCTOR_OPTIONS_ENV, text)
         with pytest.raises(ValueError, match=message):
             inductor_options()
-
-
-@pytest.mark.parametrize("clip", [0.05, 100.0], ids=["clipped", "within"])
-def test_clipping_folded_into_adamw_steps_as_clipping_first(clip, monkeypatch):
-    """The captured step's clipping as AdamW's ``grad_scale`` (every gradient divided by it in the fused update)
-    moves the weights as ``clip_grad_norm_`` then the step do, clipped or not, and returns the same norm; the
-    optimizer keeps no ``grad_scale`` after the step (an eager step after it would divide by a stale one)."""
-    from lengthbench.graph_step import CLIP_ENV
-
-    torch.manual_seed(3)
-    ids, labels = torch.randint(0, 11, (2, 7)), torch.randint(0, 11, (2, 7))
-    results = []
-    for folded in ("1", "0"):
-        monkeypatch.setenv(CLIP_ENV, folded)
-        torch.manual_seed(4)  # the same starting weights both times
-        model = _tiny_model("softmax", "rope")
-        step = GraphStep(model, graph_optimizer(model, 1e-2, 0.1), clip, width=7)
-        assert step.clip_in_optimizer is (folded == "1")
-        norms = []
-        for _ in range(3):
-            step.optimizer.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(model(ids, None).flatten(0, 1), labels.flatten()).backward()
-            norms.append(step.clip_and_step().item())
-            assert not hasattr(step.optimizer, "grad_scale")
-        results.append((norms, {name: t.detach().clone() for name, t in model.state_dict().items()}))
-    (norms_folded, after_folded), (norms_first, after_first) = results
-    assert norms_folded == pytest.approx(norms_first, rel=1e-5)
-    assert (clip < min(norms_first)) == (clip == 0.05)  # the case clips, or does not
-    for name, value in after_first.items():
-        assert torch.allclose(after_folded[name], value, atol=1e-6, rtol=1e-5), name
-    monkeypatch.setenv(CLIP_ENV, "yes")
-    with pytest.raises(ValueError, match="must be 0 or 1"):
-        GraphStep(_tiny_model("softmax", "rope"), graph_optimizer(model, 1e-3, 0.0), 1.0, width=7)
