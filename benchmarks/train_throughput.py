@@ -61,7 +61,6 @@ from lengthbench import kernels
 from lengthbench.config import build_config
 from lengthbench.data import BatchProducer, default_workers
 from lengthbench.devices import git_sha
-from lengthbench.graph_step import clip_in_adamw
 from lengthbench.kernels import _sdpa
 from lengthbench.leaderboard import frame_markdown
 from lengthbench.runner import Trainer, attention_kernels, device_description, to_device
@@ -159,7 +158,6 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 sdpa_backend=_sdpa.SDPA_BACKEND, views=kernels.VIEWS if kernels.takes_views(ops) else "",
                 capture_settings=today_capture(",".join(sorted(ops))),
                 entmax_backward=kernels.entmax_backward_setting(), captured=captured, capture_error=failed,
-                clip_in_adamw=clip_in_adamw(),
                 rowwise_fused=bool(_narrow_settings(os.environ.get("LENGTHBENCH_NARROW_TUNING")).get(
                     "rowwise_fused", kernels.ROWWISE_FUSED)),
                 compile_mode=compile_mode if train_step == "compiled" else "", pad_multiple=pad_multiple,
@@ -357,7 +355,7 @@ def write(rows: list[dict], out: Path) -> None:
 # the environment variables that choose the ops a training step takes: a command that set one names it
 PATH_VARIABLES = ("LENGTHBENCH_IN_GRAPH", "LENGTHBENCH_CAPTURE_STICK", "LENGTHBENCH_NARROW_TUNING",
                   "LENGTHBENCH_CAPTURE_TUNING", "LENGTHBENCH_SDPA_ALIBI", "LENGTHBENCH_SDPA_BACKEND",
-                  "LENGTHBENCH_INDUCTOR_OPTIONS", "LENGTHBENCH_VIEWS", "LENGTHBENCH_CLIP_IN_ADAMW")
+                  "LENGTHBENCH_INDUCTOR_OPTIONS", "LENGTHBENCH_VIEWS")
 
 
 def command_line() -> str:
@@ -555,9 +553,6 @@ def newest_summary(frame: pd.DataFrame) -> str:
     tuned |= (prologue != "") & (prologue != kernels.VIEWS)
     tuned |= entmax_backward(rows) != entmax_backward(rows, kernels.entmax_backward_setting())
     tuned |= (entmax_backward(rows) == "rowwise") & (rowwise_fused(rows) != kernels.ROWWISE_FUSED)
-    # rows from before the column clipped the gradients first, then the library's step: they stay
-    tuned |= _column(rows, "clip_in_adamw").map(lambda value: value is not None and not pd.isna(value)
-                                                and bool(value) != clip_in_adamw()).astype(bool)
     rows = rows[~other & ~tuned]
     if rows.empty:
         return ""
@@ -603,8 +598,7 @@ def newest_summary(frame: pd.DataFrame) -> str:
                   f"{'with' if kernels.ROWWISE_FUSED else 'without'} its dq kernel (`rowwise_fused`; rows without "
                   f"the column and its tuning key ran it), or whose model with a fused op took its query, key and value "
                   f"views other than `{kernels.VIEWS}` (`views`; rows without the column took them compiled, TDA's "
-                  "as its `unit_views` says), or with `LENGTHBENCH_CLIP_IN_ADAMW` other than today's (`clip_in_adamw`) "
-                  "(levers compared against the library's settings; softmax and SSMax "
+                  "as its `unit_views` says) (levers compared against the library's settings; softmax and SSMax "
                   "with NAPE before the column took the bias as a mask), are left out of this table.")
     if unsteady.any():
         older += (f" `unsteady`: the run measured softmax + RoPE at its start and again at its end, and the two differ "
@@ -656,9 +650,6 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
             columns.insert(columns.index("in_graph") + 1, column)
     if "halves" in frame and frame["halves"].notna().any():
         columns.append("halves")
-    if "clip_in_adamw" in frame and frame["clip_in_adamw"].map(lambda v: v is not None and not pd.isna(v)
-                                                                and not bool(v)).any():
-        columns.insert(columns.index("in_graph") + 1, "clip_in_adamw")
     if "attempts" in frame and frame["attempts"].fillna(1).gt(1).any():
         columns.append("attempts")
     if "producer" in frame and frame["producer"].notna().any():

@@ -261,24 +261,6 @@ def test_rows_of_a_lever_set_from_the_environment_stay_out_of_the_summary(tmp_pa
     assert f"| {column} |" in table
 
 
-def test_rows_that_clipped_the_gradients_first_stay_out_of_the_summary(tmp_path):
-    """``LENGTHBENCH_CLIP_IN_ADAMW=0`` (the clipping before AdamW rather than in it) is a lever: its rows stay out of
-    the summary; rows from before the column count as the library's step."""
-    older = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
-                              30_000.0))
-    plain = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax --steps 9",
-                              "2026-11-27T08:00:00", 35_000.0))
-    plain["clip_in_adamw"] = True
-    lever = pd.DataFrame(rows("LENGTHBENCH_CLIP_IN_ADAMW=0 python benchmarks/train_throughput.py",
-                              "2026-11-27T09:00:00", 45_000.0))
-    lever["clip_in_adamw"] = False
-    summary, table = merged_markdown(tmp_path, older, plain, lever).split("Runs (device")
-    assert "| entmax | 0.70 (2) |" in summary and "`LENGTHBENCH_CLIP_IN_ADAMW` other than today's" in summary
-    assert "| clip_in_adamw |" in table
-    summary = merged_markdown(tmp_path, older).split("Runs (device")[0]
-    assert "| entmax | 0.60 (1) |" in summary and "CLIP_IN_ADAMW" not in summary
-
-
 @pytest.mark.parametrize("variable, column, plain_has_column", [
     ("LENGTHBENCH_SDPA_ALIBI", "sdpa_alibi", True),
     ("LENGTHBENCH_SDPA_BACKEND", "sdpa_backend", False),  # rows from before the column: torch's own backend
