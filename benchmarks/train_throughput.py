@@ -7,9 +7,12 @@ Where softmax + RoPE is the first of several cells, it runs again after the othe
 closing samples/s over its first) says whether the machine held steady through the run, and ``halves`` (a cell's
 first half of timed steps over its second) whether the cell did; the summary marks a run that drifted, or a cell
 whose halves differ, by more than 10% ``unsteady``, and shows a cell's newest row measured steady where there is
-one. (On an H200, Copy at batch 512 with 20 to 60 warm-up steps ran the first cells of a run slow for their first
-seconds, up to 66% below the closing softmax + RoPE row; with ``--warmup 600`` such a run held within 8%:
-results/benchmarks/gpu_logs/train_throughput_copy_b512_warmup.txt, ab_entmax_newton_tol.txt.)
+one; ``--retries`` measures a cell again while its halves differ by more than 10%. After ``--warm-jobs`` this process
+compiles in one thread: on an H200, Copy at batch 512 ran the first cells of a run slow for their first seconds, up
+to 66% below the closing softmax + RoPE row, with 20 to 60 warm-up steps and in one run with 600 too (67,855 against
+91,639 samples/s), while Inductor's pool of compile workers started beside them; in one thread the same command held
+within 2% (91,972 and 93,496), no cell measured again (one run each: results/benchmarks/gpu_logs/
+train_throughput_copy_b512_warmup.txt, ab_entmax_newton_tol.txt, tda_kept_threshold_copy_b512.txt).
 
     python benchmarks/train_throughput.py --tasks mqmtar,mqrar,copy --preset paper --batch-sizes 128,512 \
         --attns softmax,entmax,asentmax --pes rope,nape --train-steps graph,compiled --out results/benchmarks
@@ -331,10 +334,14 @@ def warm(args: argparse.Namespace) -> dict[tuple, float]:
     return {key: seconds for _, seconds in done for key, seconds in seconds.items()}
 
 
+# a run: one process, its command and the time it wrote its rows (the same command run twice is two runs)
+RUN_KEYS = ["command", "created_at"]
+
+
 def with_ratios(frame: pd.DataFrame) -> pd.DataFrame:
     """``vs_softmax_rope``: each row's samples/s over the fastest softmax + RoPE row of its task and batch size
-    measured by the same command (side by side in one process; NaN where it measured none)."""
-    keys = ["command", "task", "batch_size"]
+    measured by the same run (side by side in one process; NaN where it measured none)."""
+    keys = [*RUN_KEYS, "task", "batch_size"]
     baseline = frame[(frame["attn"] == "softmax") & (frame["pe"] == "rope")].groupby(keys)[
         "samples_per_s"].max().rename("softmax_rope_samples_per_s")
     frame = frame.drop(columns=["softmax_rope_samples_per_s", "vs_softmax_rope"], errors="ignore")
@@ -620,8 +627,9 @@ def write_frame(frame: pd.DataFrame, out: Path) -> None:
     frame = with_ratios(frame)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out / "train_throughput.parquet", index=False)
-    commands = frame.drop_duplicates("command")
-    frame["run"] = frame["command"].map({command: index + 1 for index, command in enumerate(commands["command"])})
+    commands = frame.drop_duplicates(RUN_KEYS)
+    number = {tuple(key): index + 1 for index, key in enumerate(commands[RUN_KEYS].itertuples(index=False))}
+    frame["run"] = [number[tuple(key)] for key in frame[RUN_KEYS].itertuples(index=False)]
     runs = "\n".join(f"{index + 1}. {row.device}, {row.created_at}, commit {row.commit}: `{row.command}`"
                      for index, row in enumerate(commands.itertuples()))
     if "train_attention" not in frame:  # rows measured before the column: the graph steps ran the references

@@ -47,6 +47,19 @@ def test_merge_summarises_the_newest_run_of_each_cell(tmp_path):
     assert sorted(merged["vs_softmax_rope"].round(2)) == [0.6, 0.8, 1.0, 1.0]
 
 
+def test_the_same_command_run_twice_is_two_runs(tmp_path):
+    """Two processes with one command line (another commit, another day) are two runs: each its own number and its
+    own softmax + RoPE baseline."""
+    command = "python benchmarks/train_throughput.py --attns softmax,entmax"
+    first = pd.DataFrame(rows(command, "2026-11-27T07:00:00", 45_000.0, commit="aaa1111"))  # softmax 50,000
+    second = pd.DataFrame(rows(command, "2026-11-28T07:00:00", 30_000.0, commit="bbb2222"))
+    second.loc[second["attn"] == "softmax", "samples_per_s"] = 40_000.0
+    summary, runs = merged_markdown(tmp_path, first, second).split("Runs (device")
+    assert "| entmax | 0.75 (2) |" in summary  # 30,000 over its own run's 40,000, not over both runs' fastest
+    assert "1. NVIDIA H200, 2026-11-27T07:00:00, commit aaa1111" in runs
+    assert "2. NVIDIA H200, 2026-11-28T07:00:00, commit bbb2222" in runs
+
+
 def test_a_run_whose_closing_baseline_drifted_is_marked_unsteady(tmp_path):
     steady = pd.DataFrame(rows("python benchmarks/train_throughput.py --tasks mqrar", "2026-11-27T07:00:00",
                                40_000.0) + [dict(rows("x", "", 0.0)[0], attn="softmax", samples_per_s=51_000.0,
