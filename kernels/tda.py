@@ -29,9 +29,11 @@ The pointwise maps (weights, their derivative, the activity test) are ``_rowwise
 The rows' threshold ``tau_r = beta_h base_r`` is formed in the kernels from ``beta`` (float, 0-d or ``[H]`` tensor)
 and the ``[T]`` ``tra.tau_base``, kept per shape, and ``lam`` (the same forms) is read where it lies: the op makes
 no tensor of its own before its forward kernel. ``beta`` and ``lam`` get their gradients from the kernels' per-row
-sums (``dL/dbeta_h = sum_r base_r dL/dtau_r``). Measured on the paper MQMTAR model at batch 128 with NAPE (H200,
-2026-11-29, commit a374470, ``benchmarks/step_profile.py``): before, the step spent 20 reductions of those per-row
-sums and the threshold's eleven small kernels a layer beside TDA's own (results/benchmarks/gpu_logs/).
+sums (``dL/dbeta_h = sum_r base_r dL/dtau_r``). Formed outside them (the threshold's small kernels a layer, and the
+per-row sums reduced after: 20 reductions a step of the paper MQMTAR model), TDA trained at 0.81x and 0.797x
+softmax + RoPE's samples/s on MQMTAR at batch 128 (RoPE, NAPE; H200, commit 1b7e790), 0.84x and 0.82x here (commit
+b167cbc); on MQRAR at batch 512, 0.86x against 0.90x (results/benchmarks/train_throughput.md runs 184, 188 and 182,
+189; gpu_logs/tda_kept_threshold_copy_b512.txt).
 
 Tests against the dense reference (``tests/test_kernels.py``, GPU): fp32/bf16, lengths 1 to 4,096, head dims
 16 to 128, ALiBi, row scale, per-head lam/beta, power 1.5, rows with nothing active, every launch variant
