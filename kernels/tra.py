@@ -26,8 +26,10 @@ def tau_offset(tau_index: str) -> float:
     return TAU_INDEX_OFFSET[tau_index]
 
 
-# tau_base's tensors by (tokens, head dim, kappa, tau_index, device): made once, outside any CUDA graph capture
+# tau_base's tensors by (tokens, head dim, kappa, tau_index, device): made once, outside any CUDA graph capture; the
+# oldest dropped past MAX_BASES (a sweep of lengths makes one per length)
 _BASES: dict[tuple, torch.Tensor] = {}
+MAX_BASES = 64
 
 
 def tau_base(tokens: int, head_dim: int, kappa: float, device, tau_index: str = "alg1") -> torch.Tensor:
@@ -45,6 +47,8 @@ def tau_base(tokens: int, head_dim: int, kappa: float, device, tau_index: str = 
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     if not capturing and torch._guards.detect_fake_mode() is None and not isinstance(
             base, torch._subclasses.FakeTensor):
+        if len(_BASES) >= MAX_BASES:
+            del _BASES[next(iter(_BASES))]
         _BASES[key] = base
     return base
 

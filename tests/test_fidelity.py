@@ -211,6 +211,27 @@ def test_tra_threshold_matches_the_authors_kernel_and_eq1():
         tra_threshold(counts, head_dim, beta, tau_index="eq2")
 
 
+def test_tau_base_is_kept_per_shape_and_never_a_fake_tensor(monkeypatch):
+    """``tau_base`` (the threshold per unit of beta) is made once per shape and handed out again, at most
+    ``MAX_BASES`` of them kept; made under fake tensors it is not kept (a later real call would get a fake)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from lengthbench.kernels import tra
+
+    monkeypatch.setattr(tra, "_BASES", {})
+    first = tra.tau_base(300, 32, 1.0, "cpu", "alg1")
+    assert tra.tau_base(300, 32, 1.0, "cpu", "alg1") is first
+    assert tra.tau_base(300, 32, 1.0, "cpu", "eq1") is not first
+    torch.testing.assert_close(first.double(), authors_tau(300, 32, 1.0))
+    with FakeTensorMode():
+        tra.tau_base(17, 16, 1.0, "cpu", "alg1")
+    assert (17, 16, 1.0, 0.0, "cpu") not in tra._BASES
+    assert not isinstance(tra.tau_base(17, 16, 1.0, "cpu", "alg1"), torch._subclasses.FakeTensor)
+    for tokens in range(1, 2 * tra.MAX_BASES):
+        tra.tau_base(tokens, 16, 1.0, "cpu", "alg1")
+    assert len(tra._BASES) == tra.MAX_BASES and (1, 16, 1.0, 0.0, "cpu") not in tra._BASES
+
+
 def test_tra_weights_equal_the_authors_convention():
     """Weights by the authors' tau equal ours exactly; Eq. 1's are lower, by up to 0.5 in the first rows (a key
     equal to its query, score 1, at head dim 16: ``1 - (1 - sqrt(2 log 2 / 16)) ** 2 = 0.50`` in row 0)."""
