@@ -559,7 +559,7 @@ class TDAAttention(torch.autograd.Function):
         strides = (int(beta.dim() == 1), int(lam.dim() == 1))
         whole = config.get("rows")
         if whole is not None and pb.tokens <= whole[0] and whole[0] * pb.block_d <= ROWS_MAX_TILE:
-            # every row in one query tile: one kernel; the per-head gradients summed into one zeroed fp32 buffer
+            # every row in one query tile: one kernel; the per-head gradients summed into zeroed fp32 tensors
             dq1, dq2 = torch.empty_like(q1), torch.empty_like(q2)
             d_rs = torch.empty(rows, device=q1.device, dtype=torch.float32) if grad_rs else None
             # (each its own zeroed tensor: gradients that share memory may not leave an op of a compiled graph)
