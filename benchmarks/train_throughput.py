@@ -251,11 +251,12 @@ def main() -> None:
                 for index, (attn, pe, mode, pad, path) in enumerate(cells + ([first] if closing else [])):
                     if path not in ("fused", "reference"):
                         sys.exit(f"--train-attentions: unknown path {path!r}; choose from fused, reference")
-                    for attempt in range(max(0, args.retries) + 1):
+                    retries = max(0, args.retries)
+                    for attempt in range(retries + 1):
                         row = measure(task, attn, pe, args.preset, batch_size, mode, args.steps, args.warmup, pad,
                                       args.dynamic, args.trace, path, train_step)
                         row["attempts"] = attempt + 1
-                        if abs(row["halves"] - 1) <= UNSTEADY or attempt == max(0, args.retries):
+                        if abs(row["halves"] - 1) <= UNSTEADY or attempt == retries:
                             break
                         print(f"  {attn} {pe}: halves {row['halves']:.2f} ({row['samples_per_s']:,.0f} samples/s), "
                               "measured again", flush=True)
