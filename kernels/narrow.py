@@ -120,30 +120,29 @@ def _row_block(width: int, block_d: int, mech: int = STICK) -> tuple[int, int]:
 
 
 @triton.jit
-def _power_sums(x, visible, tau):
-    """``sum s`` and ``sum s^2`` a row, ``s = (x - tau)_+`` over the ``visible`` entries."""
-    s = tl.where(visible, tl.maximum(x - tau[:, None], 0.0), 0.0)
+def _power_sums(x, tau):
+    """``sum s`` and ``sum s^2`` a row, ``s = (x - tau)_+`` (``x`` is ``-inf`` where a key is not seen)."""
+    s = tl.maximum(x - tau[:, None], 0.0)
     return tl.sum(s, 1), tl.sum(s * s, 1)
 
 
 @triton.jit
-def _support_sums(x, visible, tau):
-    """Over the entries of the support (``visible`` and above ``tau``): their count, sum, sum of squares and least
-    value a row."""
-    sup = visible & (x > tau[:, None])
+def _support_sums(x, tau):
+    """Over the entries of the support (above ``tau``): their count, sum, sum of squares and least value a row."""
+    sup = x > tau[:, None]
     xs = tl.where(sup, x, 0.0)
     return (tl.sum(sup.to(tl.float32), 1), tl.sum(xs, 1), tl.sum(xs * xs, 1),
             tl.min(tl.where(sup, x, float("inf")), 1))
 
 
 @triton.jit
-def _newton(x, visible, x2, visible2, tau, some, steps, moved, tol, TW: tl.constexpr):
+def _newton(x, x2, tau, some, steps, moved, tol, TW: tl.constexpr):
     """Newton's steps on ``sqrt(sum (X - tau)_+^2) = 1`` from ``tau`` (below the root: the steps rise to it), until
     no row's threshold moves by more than ``tol`` or :data:`NEWTON_STEPS` are taken: ``(tau, steps, moved)``."""
     while (steps < NEWTON_STEPS) & (moved > tol):
-        s1, s2 = _power_sums(x, visible, tau)
+        s1, s2 = _power_sums(x, tau)
         if TW > 0:
-            t1, t2 = _power_sums(x2, visible2, tau)
+            t1, t2 = _power_sums(x2, tau)
             s1 += t1
             s2 += t2
         step = tl.where(some & (s1 > 0), (s2 - tl.sqrt(s2)) / tl.where(s1 > 0, s1, 1.0), 0.0)
@@ -154,13 +153,13 @@ def _newton(x, visible, x2, visible2, tau, some, steps, moved, tol, TW: tl.const
 
 
 @triton.jit
-def _exact_root(x, visible, x2, visible2, tau, some, TW: tl.constexpr):
+def _exact_root(x, x2, tau, some, TW: tl.constexpr):
     """The exact root on the support above ``tau`` (the entries above it): ``(root, good)``, ``good`` where it
     leaves no element of that support below it (then that support is the root's own: from below the root, a
     support with an entry too many puts the root of its quadratic above that entry)."""
-    cnt, s1, s2, low = _support_sums(x, visible, tau)
+    cnt, s1, s2, low = _support_sums(x, tau)
     if TW > 0:
-        c2, t1, t2, low2 = _support_sums(x2, visible2, tau)
+        c2, t1, t2, low2 = _support_sums(x2, tau)
         cnt += c2
         s1 += t1
         s2 += t2
@@ -172,27 +171,27 @@ def _exact_root(x, visible, x2, visible2, tau, some, TW: tl.constexpr):
 
 
 @triton.jit
-def _entmax_tau(x, visible, x2, visible2, TW: tl.constexpr, NT: tl.constexpr):
-    """The 1.5-entmax threshold of each row of ``x`` (``X = z / 2``) over its ``visible`` entries, and where ``TW``
-    over those of the second tile ``x2`` too: ``tau`` with ``sum (X - tau)_+^2 = 1``; ``+inf`` for a row with none
-    visible. Newton's steps from ``max X - 1`` until no row's threshold moves by ``NT``, then the exact root on the
+def _entmax_tau(x, x2, TW: tl.constexpr, NT: tl.constexpr):
+    """The 1.5-entmax threshold of each row of ``x`` (``X = z / 2``, ``-inf`` on the keys the row does not see: every
+    pass then skips a mask), and where ``TW`` over the second tile ``x2`` too: ``tau`` with ``sum (X - tau)_+^2 =
+    1``; ``+inf`` for a row that sees no key. Newton's steps from ``max X - 1`` until no row's threshold moves by ``NT``, then the exact root on the
     support found; where ``NT`` is above 1e-6 and that root does not hold on every row, more steps until none moves
     by 1e-6, then the exact root again (the same threshold as ``NT`` 1e-6 gives: the root depends on the support
     only)."""
-    top = tl.max(tl.where(visible, x, float("-inf")), 1)
+    top = tl.max(x, 1)
     if TW > 0:
-        top = tl.maximum(top, tl.max(tl.where(visible2, x2, float("-inf")), 1))
+        top = tl.maximum(top, tl.max(x2, 1))
     some = top > float("-inf")
     tau = tl.where(some, top - 1.0, 0.0)
     # quadratic near the root: 3-6 steps on most rows to 1e-6
     steps = tl.full([], 0, tl.int32)  # (tensors: loop-carried through _newton)
     moved = tl.full([], 1.0, tl.float32)
-    tau, steps, moved = _newton(x, visible, x2, visible2, tau, some, steps, moved, NT, TW)
-    exact, good = _exact_root(x, visible, x2, visible2, tau, some, TW)
+    tau, steps, moved = _newton(x, x2, tau, some, steps, moved, NT, TW)
+    exact, good = _exact_root(x, x2, tau, some, TW)
     if NT > 1e-6:
         if tl.min(tl.where(some & ~good, 0, 1), 0) == 0:
-            tau, steps, moved = _newton(x, visible, x2, visible2, tau, some, steps, moved, 1e-6, TW)
-            exact, good = _exact_root(x, visible, x2, visible2, tau, some, TW)
+            tau, steps, moved = _newton(x, x2, tau, some, steps, moved, 1e-6, TW)
+            exact, good = _exact_root(x, x2, tau, some, TW)
     tau = tl.where(good, exact, tau)
     return tl.where(some, tau, float("inf"))
 
@@ -227,7 +226,8 @@ def _row_weights(z, z2, offs_m, offs_n, offs_t, T, eps, tau_in, FROM_TAU: tl.con
     """The weights of a row block against keys ``offs_n`` (scores ``z``) and, where ``TW``, the keys ``offs_t``
     after them (``z2``): ``(w, a, sig, active, keep, w2, a2, sig2, active2, keep2, rem, tau)``, the first five of
     the first tile, the next five of the second (the first's again where there is none). ``w``: the weights the
-    output uses (the diagonal's remainder included for stick-breaking); ``tau``: the row statistic the backward
+    output uses (the diagonal's remainder included for stick-breaking; for entmax before their division by
+    ``rem``); ``tau``: the row statistic the backward
     reads (taken from ``tau_in`` where ``FROM_TAU``, else computed). For stick-breaking ``a`` the weights of the
     keys before the diagonal, ``sig`` their sigmoids, ``active`` the keys that break the stick, ``keep`` those
     whose weights count, ``rem`` the remainder; for entmax ``a`` holds ``s = (z / 2 - tau)_+`` and ``rem`` the sum
@@ -242,29 +242,29 @@ def _row_weights(z, z2, offs_m, offs_n, offs_t, T, eps, tau_in, FROM_TAU: tl.con
     else:
         in_row2, earlier2, diag2 = in_row, earlier, diag
     tau = tau_in
-    if MECH == 1:
-        x = z * 0.5
-        x2 = z2 * 0.5
+    if MECH == 1:  # (the weights before their division by ``rem``, which each caller makes)
+        x = tl.where(in_row, z * 0.5, float("-inf"))
+        x2 = tl.where(in_row2, z2 * 0.5, float("-inf"))
         if not FROM_TAU:
-            tau = _entmax_tau(x, in_row, x2, in_row2, TW, NT)
-        s = tl.where(in_row, tl.maximum(x - tau[:, None], 0.0), 0.0)
+            tau = _entmax_tau(x, x2, TW, NT)
+        s = tl.maximum(x - tau[:, None], 0.0)
         w = s * s
         den = tl.sum(w, 1)
         if TW > 0:
-            s2 = tl.where(in_row2, tl.maximum(x2 - tau[:, None], 0.0), 0.0)
+            s2 = tl.maximum(x2 - tau[:, None], 0.0)
             w2 = s2 * s2
             den += tl.sum(w2, 1)
         else:
             s2, w2 = s, w
-        norm = tl.where(den > 0, den, 1.0)[:, None]
-        return w / norm, s, s, in_row, in_row, w2 / norm, s2, s2, in_row2, in_row2, den, tau
+        return w, s, s, in_row, in_row, w2, s2, s2, in_row2, in_row2, den, tau
     active = earlier
     keep = earlier
     active2 = earlier2
     keep2 = earlier2
     if FILTER == 1:  # Section 3: the 1.5-entmax support of the earlier keys; the stick broken over it only
         if not FROM_TAU:
-            tau = _entmax_tau(z * 0.5, earlier, z2 * 0.5, earlier2, TW, NT)
+            tau = _entmax_tau(tl.where(earlier, z * 0.5, float("-inf")), tl.where(earlier2, z2 * 0.5, float("-inf")),
+                              TW, NT)
         active = earlier & (z * 0.5 > tau[:, None])
         keep = active
         active2 = earlier2 & (z2 * 0.5 > tau[:, None])
@@ -352,6 +352,8 @@ def _fwd_kernel(Q, K, V, Out, TAU, SL, RS, M, L, U, sm_scale, eps, T, H, M0, R_E
     acc = _weights_dot(w, v, DOT_PREC)
     if TW > 0:
         acc += _weights_dot(w2, v2, DOT_PREC)
+    if MECH == 1:  # (1.5-entmax's weights come undivided: the division on the output's [BM, D], not on [BM, TP])
+        acc = acc / tl.where(rem > 0, rem, 1.0)[:, None]
     tl.store(Out + base + offs_m[:, None] * D + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=rmask)
     if SAVE:
         tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
@@ -391,7 +393,7 @@ def _tau_kernel(Q, K, TAU, SL, RS, sm_scale, T, H, M0, R_END, HAS_SLOPES: tl.con
         earlier2 = (offs_t[None, :] < offs_m[:, None]) & (offs_t[None, :] < T)
     else:
         z2, earlier2 = z, earlier
-    tau = _entmax_tau(z * 0.5, earlier, z2 * 0.5, earlier2, TW, NT)
+    tau = _entmax_tau(tl.where(earlier, z * 0.5, float("-inf")), tl.where(earlier2, z2 * 0.5, float("-inf")), TW, NT)
     tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
 
 
@@ -446,6 +448,12 @@ def _bwd_block(Q, DO, DQ, TAU, RS, DRS, DSL, k, v, k2, v2, slope, base, bh, pid_
     else:
         g2 = g
     if MECH == 1:
+        norm = tl.where(rem > 0, rem, 1.0)[:, None]
+        w = w / norm
+        if TW > 0:
+            w2 = w2 / norm
+        else:
+            w2 = w
         s_sum = tl.sum(a, 1)
         sg = tl.sum(a * g, 1)
         if TW > 0:
