@@ -102,7 +102,9 @@ WIDE_CAPTURE = (*STICK_FAMILY, "sieve-entmax")
 # forward's loads in turn and the value loads of sieve-alg1's key tiles without a kept key skipped (its measured
 # form); the long-context defaults' one-bf16 sums, loads ahead and unskipped tiles (``stickbreaking.TUNING``) are not
 # yet measured through whole training steps (``LENGTHBENCH_CAPTURE_TUNING='{"stickbreaking": {"cumsum": "bf16",
-# "prefetch": true}}'`` compares them).
+# "prefetch": true}}'`` compares them), but for the loads ahead in sieve-entmax's walk on Copy at batch 512: 0.78 of
+# softmax + RoPE's samples/s against 0.81 (H200, 2026-11-29, commit 8e537ab,
+# results/benchmarks/gpu_logs/entmax_threshold_unseen_keys.txt).
 STICK_CAPTURE = {"fwd": (64, 32, 4, 2), "bwd": (64, 32, 4, 2), "cumsum": "bf16x2", "full_tiles": False,
                  "prefetch": False, "skip_empty": True}
 def _env_choice(variable: str, default: str, *others: str) -> str:
@@ -169,8 +171,10 @@ if CAPTURE_STICK == "wide":
 # steps on an H200 at batch 128, ratios to softmax + RoPE's samples/s, narrow -> rowwise
 # (results/benchmarks/gpu_logs/ab_entmax_backward.txt): ASEntmax on Copy (131 tokens) 0.58 -> 0.65 (RoPE) and
 # 0.57 -> 0.64 (NAPE), on MQRAR (83) 0.76 -> 0.71, on MQMTAR (91) 0.76 -> 0.75; plain entmax on Copy 0.68 -> 0.69,
-# on MQMTAR 0.85 -> 0.83. (Measured while the narrow kernels took Copy's rows 128-130 against 256 keys; their two
-# tiles of 128 + 16 keys, ``narrow._row_ranges``, may move the Copy comparison: not measured again since.)
+# on MQMTAR 0.85 -> 0.83. (Measured while the narrow kernels took Copy's rows 128-130 against 256 keys.) With their
+# two tiles of 128 + 16 keys (``narrow._row_ranges``), ASEntmax on Copy, rowwise -> narrow, same measure (H200,
+# 2026-11-29, commit 8e537ab, results/benchmarks/gpu_logs/entmax_threshold_unseen_keys.txt): batch 128 0.86 -> 0.85
+# (RoPE and NAPE), batch 512 0.84 -> 0.83.
 ENTMAX_BACKWARD = "auto"
 ROWWISE_FROM = 129
 # The ``rowwise`` backward without its dq kernel (``narrow.py``'s tuning key ``rowwise_fused``): the dk/dv kernel adds

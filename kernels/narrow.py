@@ -172,12 +172,18 @@ def _exact_root(x, x2, tau, some, TW: tl.constexpr):
 
 @triton.jit
 def _entmax_tau(x, x2, TW: tl.constexpr, NT: tl.constexpr):
-    """The 1.5-entmax threshold of each row of ``x`` (``X = z / 2``, ``-inf`` on the keys the row does not see: every
-    pass then skips a mask), and where ``TW`` over the second tile ``x2`` too: ``tau`` with ``sum (X - tau)_+^2 =
-    1``; ``+inf`` for a row that sees no key. Newton's steps from ``max X - 1`` until no row's threshold moves by ``NT``, then the exact root on the
-    support found; where ``NT`` is above 1e-6 and that root does not hold on every row, more steps until none moves
-    by 1e-6, then the exact root again (the same threshold as ``NT`` 1e-6 gives: the root depends on the support
-    only)."""
+    """The 1.5-entmax threshold of each row of ``x`` (``X = z / 2``), and where ``TW`` over the second tile ``x2``
+    too: ``tau`` with ``sum (X - tau)_+^2 = 1``; ``+inf`` for a row that sees no key. Newton's steps from ``max X -
+    1`` until no row's threshold moves by ``NT``, then the exact root on the support found; where ``NT`` is above
+    1e-6 and that root does not hold on every row, more steps until none moves by 1e-6, then the exact root again
+    (the same threshold as ``NT`` 1e-6 gives: the root depends on the support only).
+
+    ``x`` and ``x2`` hold ``-inf`` on the keys a row does not see, so that no pass masks them again (``(x - tau)_+``
+    is 0 there); with the weights divided on the output's ``[BM, D]`` rather than on ``[BM, TP]``
+    (``_fwd_kernel``), that took Copy's training step at batch 512 (paper model, H200) from 78,191 to 84,091
+    samples/s with 1.5-entmax, 71,279 to 77,048 with ASEntmax and 73,774 to 76,003 with Sieve's Section 3 form
+    (whose threshold kernel is this; softmax + RoPE 93,746 and 93,176 beside them):
+    results/benchmarks/gpu_logs/entmax_threshold_unseen_keys.txt."""
     top = tl.max(x, 1)
     if TW > 0:
         top = tl.maximum(top, tl.max(x2, 1))
@@ -227,8 +233,8 @@ def _row_weights(z, z2, offs_m, offs_n, offs_t, T, eps, tau_in, FROM_TAU: tl.con
     after them (``z2``): ``(w, a, sig, active, keep, w2, a2, sig2, active2, keep2, rem, tau)``, the first five of
     the first tile, the next five of the second (the first's again where there is none). ``w``: the weights the
     output uses (the diagonal's remainder included for stick-breaking; for entmax before their division by
-    ``rem``); ``tau``: the row statistic the backward
-    reads (taken from ``tau_in`` where ``FROM_TAU``, else computed). For stick-breaking ``a`` the weights of the
+    ``rem``, which each caller makes); ``tau``: the row statistic the backward reads (taken from ``tau_in`` where
+    ``FROM_TAU``, else computed). For stick-breaking ``a`` the weights of the
     keys before the diagonal, ``sig`` their sigmoids, ``active`` the keys that break the stick, ``keep`` those
     whose weights count, ``rem`` the remainder; for entmax ``a`` holds ``s = (z / 2 - tau)_+`` and ``rem`` the sum
     of ``s^2``."""
@@ -242,7 +248,7 @@ def _row_weights(z, z2, offs_m, offs_n, offs_t, T, eps, tau_in, FROM_TAU: tl.con
     else:
         in_row2, earlier2, diag2 = in_row, earlier, diag
     tau = tau_in
-    if MECH == 1:  # (the weights before their division by ``rem``, which each caller makes)
+    if MECH == 1:
         x = tl.where(in_row, z * 0.5, float("-inf"))
         x2 = tl.where(in_row2, z2 * 0.5, float("-inf"))
         if not FROM_TAU:
