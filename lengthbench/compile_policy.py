@@ -108,10 +108,15 @@ def model_dispatches_to_kernels(model) -> bool:
 # sieve-entmax on Copy): both left off. The two together, and PDL with ``max_autotune_pointwise``, same measure
 # beside the default (H200, 2026-11-29, commit 5b39432, results/benchmarks/gpu_logs/softmax_pdl_coordinate_descent.txt):
 # softmax + RoPE 39,931 and 40,066 (first and closing rows) and 39,735 and 39,741 against 39,204 and 39,258; TDA's
-# ratio 0.83, 0.84 against 0.83; the two cells compiled in 92, 38 and 37 s (six processes at a time). Not yet taken:
-# every cell of results/benchmarks/train_throughput.md would be measured again under them, and coordinate-descent
-# tuning's warm-up of one cell in empty caches (62 s above) is past the 60 s a cell may take.
-INDUCTOR_OPTIONS = {"triton.mix_order_reduction": False}
+# ratio 0.83, 0.84 against 0.83; the two cells compiled in 92, 38 and 37 s (six processes at a time): coordinate-descent
+# tuning's warm-up of one cell in empty caches (62 s above) is past the 60 s a cell may take, and it stays off.
+# Taken: programmatic dependent launch (a Triton kernel of Inductor's starts while the one before it drains; Hopper
+# and newer, elsewhere Inductor leaves it out), the pointwise kernels' block sizes autotuned, and tiles of two
+# dimensions preferred for pointwise kernels over transposed views; same measure beside the default (H200,
+# 2026-11-29, commit e779d5d, results/benchmarks/gpu_logs/softmax_pdl_nd_tiling.txt): softmax + RoPE 40,734 and
+# 40,713 against 39,397 and 39,385 samples/s, TDA 33,770 against 32,986.
+INDUCTOR_OPTIONS = {"triton.mix_order_reduction": False, "triton.enable_pdl": True, "max_autotune_pointwise": True,
+                    "triton.prefer_nd_tiling": True}
 INDUCTOR_OPTIONS_ENV = "LENGTHBENCH_INDUCTOR_OPTIONS"
 
 

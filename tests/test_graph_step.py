@@ -122,7 +122,8 @@ def test_reference_flags_keep_sdpa_and_drop_triton_ops():
 
 
 def test_inductor_options_default_env_and_unknown(monkeypatch):
-    """The training step's Inductor options: mix-order reductions off by default (where this torch has them), the
+    """The training step's Inductor options: mix-order reductions off, PDL, autotuned pointwise kernels and 2-D
+    pointwise tiles by default (where this torch has them), the
     environment's JSON merged in, an option this torch lacks dropped, and bad JSON a clear error."""
     import pytest
     import torch._inductor.config as inductor_config
@@ -130,8 +131,16 @@ def test_inductor_options_default_env_and_unknown(monkeypatch):
     from lengthbench.compile_policy import INDUCTOR_OPTIONS_ENV, inductor_options
 
     monkeypatch.delenv(INDUCTOR_OPTIONS_ENV, raising=False)
-    has_mix_order = hasattr(inductor_config.triton, "mix_order_reduction")
-    assert inductor_options() == ({"triton.mix_order_reduction": False} if has_mix_order else {})
+    expected = {"triton.mix_order_reduction": False, "triton.enable_pdl": True, "max_autotune_pointwise": True,
+                "triton.prefer_nd_tiling": True}
+    for name in list(expected):  # an option this torch lacks is left out
+        holder = inductor_config
+        *parents, leaf = name.split(".")
+        for part in parents:
+            holder = getattr(holder, part)
+        if not hasattr(holder, leaf):
+            del expected[name]
+    assert inductor_options() == expected
     monkeypatch.setenv(INDUCTOR_OPTIONS_ENV, '{"triton.mix_order_reduction": true, "max_autotune": false, '
                                              '"triton.no_such_option": 1}')
     options = inductor_options()
