@@ -111,12 +111,14 @@ def model_dispatches_to_kernels(model) -> bool:
 # ratio 0.83, 0.84 against 0.83; the two cells compiled in 92, 38 and 37 s (six processes at a time): coordinate-descent
 # tuning's warm-up of one cell in empty caches (62 s above) is past the 60 s a cell may take, and it stays off.
 # Taken: programmatic dependent launch (a Triton kernel of Inductor's starts while the one before it drains; Hopper
-# and newer, elsewhere Inductor leaves it out), the pointwise kernels' block sizes autotuned, and tiles of two
-# dimensions preferred for pointwise kernels over transposed views; same measure beside the default (H200,
-# 2026-11-29, commit e779d5d, results/benchmarks/gpu_logs/softmax_pdl_nd_tiling.txt): softmax + RoPE 40,734 and
-# 40,713 against 39,397 and 39,385 samples/s, TDA 33,770 against 32,986.
-INDUCTOR_OPTIONS = {"triton.mix_order_reduction": False, "triton.enable_pdl": True, "max_autotune_pointwise": True,
-                    "triton.prefer_nd_tiling": True}
+# and newer, elsewhere Inductor leaves it out) and the pointwise kernels' block sizes autotuned; same measure beside
+# the default (H200, 2026-11-29, commit e779d5d, results/benchmarks/gpu_logs/softmax_pdl_nd_tiling.txt): softmax +
+# RoPE 40,072 and 40,122 against 39,397 and 39,385 samples/s, TDA's ratio 0.84 as the default's, the two cells
+# compiled in 35 s against 32 s. With ``triton.prefer_nd_tiling`` besides (tiles of two dimensions for pointwise
+# kernels over transposed views): 40,734 and 40,713, and at commit 59d6496, where it was the default, 40,295 and
+# 40,244 in a run of every mechanism on MQMTAR (TDA 0.83, the lowest ratio 0.81), but the softmax + RoPE cell's
+# warm-up in empty caches took 66.7 s (24.7 s at commit 9ef32c8), past the 60 s a cell may take: left off.
+INDUCTOR_OPTIONS = {"triton.mix_order_reduction": False, "triton.enable_pdl": True, "max_autotune_pointwise": True}
 INDUCTOR_OPTIONS_ENV = "LENGTHBENCH_INDUCTOR_OPTIONS"
 
 

@@ -122,17 +122,16 @@ def test_reference_flags_keep_sdpa_and_drop_triton_ops():
 
 
 def test_inductor_options_default_env_and_unknown(monkeypatch):
-    """The training step's Inductor options: mix-order reductions off, PDL, autotuned pointwise kernels and 2-D
-    pointwise tiles by default (where this torch has them), the
-    environment's JSON merged in, an option this torch lacks dropped, and bad JSON a clear error."""
+    """The training step's Inductor options: mix-order reductions off, PDL and autotuned pointwise kernels by
+    default (where this torch has them), the environment's JSON merged in, an option this torch lacks dropped, and
+    bad JSON a clear error."""
     import pytest
     import torch._inductor.config as inductor_config
 
     from lengthbench.compile_policy import INDUCTOR_OPTIONS_ENV, inductor_options
 
     monkeypatch.delenv(INDUCTOR_OPTIONS_ENV, raising=False)
-    expected = {"triton.mix_order_reduction": False, "triton.enable_pdl": True, "max_autotune_pointwise": True,
-                "triton.prefer_nd_tiling": True}
+    expected = {"triton.mix_order_reduction": False, "triton.enable_pdl": True, "max_autotune_pointwise": True}
     for name in list(expected):  # an option this torch lacks is left out
         holder = inductor_config
         *parents, leaf = name.split(".")
