@@ -60,7 +60,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lengthbench import kernels
+from lengthbench import compile_policy, kernels
 from lengthbench.config import build_config
 from lengthbench.data import BatchProducer, default_workers
 from lengthbench.devices import git_sha
@@ -156,7 +156,9 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
     return dict(note=note, task=task, attn=attn, pe=pe, preset=preset, batch_size=batch_size, train_step=train_step,
                 train_attention=train_attention, in_graph=in_graph, fused_ops=",".join(sorted(ops)),
                 narrow_tuning=os.environ.get("LENGTHBENCH_NARROW_TUNING", ""),
-                inductor_options=os.environ.get("LENGTHBENCH_INDUCTOR_OPTIONS", ""), capture_stick=kernels.CAPTURE_STICK,
+                inductor_options=os.environ.get("LENGTHBENCH_INDUCTOR_OPTIONS", ""),
+                inductor_defaults=json.dumps(compile_policy.INDUCTOR_OPTIONS, sort_keys=True),
+                capture_stick=kernels.CAPTURE_STICK,
                 capture_tuning=os.environ.get("LENGTHBENCH_CAPTURE_TUNING", ""), sdpa_alibi=_sdpa.SDPA_ALIBI,
                 sdpa_backend=_sdpa.SDPA_BACKEND, views=kernels.VIEWS if kernels.takes_views(ops) else "",
                 capture_settings=today_capture(",".join(sorted(ops))),
