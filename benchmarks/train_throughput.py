@@ -393,6 +393,31 @@ def unsteady_rows(rows: pd.DataFrame) -> pd.Series:
 SDPA_MECHANISMS = ("softmax", "ssmax", "gated", "diffsoftmax", "assmax", "adatemp")
 
 
+def today_inductor_defaults() -> str:
+    """The library's default Inductor options as a row records them (``inductor_defaults``)."""
+    return json.dumps(compile_policy.INDUCTOR_OPTIONS, sort_keys=True)
+
+
+def inductor_defaults(rows: pd.DataFrame) -> pd.Series:
+    """Each row's default Inductor options; rows from before the column ran older ones (``""``)."""
+    return _column(rows, "inductor_defaults", "").fillna("").astype(str)
+
+
+def fresh_warmups(rows: pd.DataFrame) -> str:
+    """Markdown: each cell's newest warm-up alone in empty caches (``first_warmup_s`` of ``fresh_caches`` rows),
+    the slowest first; empty where there is none."""
+    rows = rows[rows["first_warmup_s"].notna()] if "first_warmup_s" in rows else rows[:0]
+    if rows.empty:
+        return ""
+    rows = rows.sort_values("created_at", kind="stable").drop_duplicates(
+        ["task", "attn", "pe", "batch_size"], keep="last").sort_values("first_warmup_s", ascending=False)
+    cells = "; ".join(f"{r.task} b{r.batch_size} {r.attn} + {r.pe} {r.first_warmup_s:.1f} s (run {r.run})"
+                      for r in rows.itertuples())
+    return ("Warm-up of one cell alone in empty Inductor and Triton caches (a fresh machine's: its warm process "
+            "built the model, compiled and captured the step; `first_warmup_s` of `--warm-jobs 1 --fresh-caches`), "
+            "under today's settings: " + cells + ".\n\n")
+
+
 def _column(rows: pd.DataFrame, name: str, fill=None) -> pd.Series:
     """``rows[name]``, or for frames from before that column, ``fill`` in every row."""
     return rows[name] if name in rows else pd.Series(fill, index=rows.index, dtype=object)
@@ -557,6 +582,7 @@ def newest_summary(frame: pd.DataFrame) -> str:
     tuned |= narrow_tuned(rows)
     tuned |= capture_settings(rows) != [today_capture(ops, attn) for ops, attn in
                                         zip(rows.get("fused_ops", [None] * len(rows)), rows["attn"], strict=True)]
+    tuned |= inductor_defaults(rows) != today_inductor_defaults()
     tuned |= alibi_path(rows) != _sdpa.SDPA_ALIBI
     tuned |= sdpa_backend(rows) != _sdpa.SDPA_BACKEND
     prologue = views(rows)
@@ -564,6 +590,11 @@ def newest_summary(frame: pd.DataFrame) -> str:
     tuned |= entmax_backward(rows) != entmax_backward(rows, kernels.entmax_backward_setting())
     tuned |= (entmax_backward(rows) == "rowwise") & (rowwise_fused(rows) != kernels.ROWWISE_FUSED)
     rows = rows[~other & ~tuned]
+    # each cell's warm-up alone in empty caches (a fresh machine's), where a run measured it under today's settings;
+    # such runs time a few steps only (their ratios are not the table's)
+    fresh = _column(rows, "fresh_caches", False).fillna(False).astype(bool)
+    warmups = fresh_warmups(rows[fresh])
+    rows = rows[~fresh]
     if rows.empty:
         return ""
     if "closing" in rows:  # a run's closing softmax + RoPE row counts in its ratios (with_ratios), not here
@@ -609,7 +640,9 @@ def newest_summary(frame: pd.DataFrame) -> str:
                   f"the column and its tuning key ran it), or whose model with a fused op took its query, key and value "
                   f"views other than `{kernels.VIEWS}` (`views`; rows without the column took them compiled, TDA's "
                   "as its `unit_views` says) (levers compared against the library's settings; softmax and SSMax "
-                  "with NAPE before the column took the bias as a mask), are left out of this table.")
+                  "with NAPE before the column took the bias as a mask), or under default Inductor options other "
+                  f"than today's `{today_inductor_defaults()}` (`inductor_defaults`; rows without the column ran "
+                  "older ones), are left out of this table.")
     if unsteady.any():
         older += (f" `unsteady`: the run measured softmax + RoPE at its start and again at its end, and the two differ "
                   f"by more than {UNSTEADY:.0%} (`baseline_drift`), or the cell's own timed steps ran more than "
@@ -621,7 +654,7 @@ def newest_summary(frame: pd.DataFrame) -> str:
     return ("The default step (one CUDA graph, compiled, fused ops): each mechanism's samples/s over softmax + "
             "RoPE's in the same run, from the newest run that measured it (its number in brackets; the runs are "
             "listed below). softmax + RoPE, samples/s (the faster of a run's first and closing rows): " + speeds + "." + older + "\n\n" + frame_markdown(table)
-            + "\n\n")
+            + "\n\n" + warmups)
 
 
 def write_frame(frame: pd.DataFrame, out: Path) -> None:

@@ -8,13 +8,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from lengthbench import compile_policy
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def rows(command, created, entmax_speed, commit="abc1234"):
     base = dict(task="mqrar", pe="rope", batch_size=128, train_step="graph-compiled", train_attention="fused",
                 compile_mode="", captured=True, step_ms=1.0, mean_padded_width=83.0, warmup_s=5.0,
-                device="NVIDIA H200", created_at=created, commit=commit, command=command)
+                device="NVIDIA H200", created_at=created, commit=commit, command=command,
+                inductor_defaults=json.dumps(compile_policy.INDUCTOR_OPTIONS, sort_keys=True))
     from lengthbench import kernels
 
     # entmax's fused op on today's views (``kernels.VIEWS``); softmax calls none
@@ -479,3 +482,32 @@ def test_rows_on_other_views_stay_out_of_the_summary(tmp_path, attn, ops):
                     kernels.VIEWS, column="unit_views")
         summary = merged_markdown(tmp_path, today, older).split("Runs (device")[0]
         assert "| tda | 0.80 (" in summary
+
+
+def test_rows_under_older_default_inductor_options_stay_out_of_the_summary(tmp_path):
+    """A run under the library's default Inductor options of another commit (or before the rows recorded them)
+    measured another step: the summary keeps the rows of today's options, and says why the others are left out."""
+    today = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
+                              30_000.0))
+    older = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax --steps 30",
+                              "2026-11-27T08:00:00", 45_000.0))
+    older["inductor_defaults"] = json.dumps({"triton.mix_order_reduction": False})
+    before = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax --steps 40",
+                               "2026-11-27T09:00:00", 40_000.0)).drop(columns="inductor_defaults")
+    summary = merged_markdown(tmp_path, today, older, before).split("Runs (device")[0]
+    assert "| entmax | 0.60 (1) |" in summary, summary
+    assert "default Inductor options other than today's" in summary
+
+
+def test_fresh_cache_rows_give_the_warm_up_line_not_the_ratios(tmp_path):
+    """Rows of ``--fresh-caches`` time a few steps after a fresh machine's warm-up: their warm-ups are listed, the
+    slowest first, and the ratios come from the timed runs."""
+    timed = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00",
+                              30_000.0))
+    fresh = pd.DataFrame(rows("python benchmarks/train_throughput.py --attns softmax,entmax --fresh-caches",
+                              "2026-11-27T08:00:00", 45_000.0))
+    fresh["fresh_caches"] = True
+    fresh["first_warmup_s"] = [41.2, 52.5]
+    summary = merged_markdown(tmp_path, timed, fresh).split("Runs (device")[0]
+    assert "| entmax | 0.60 (1) |" in summary, summary
+    assert "mqrar b128 entmax + rope 52.5 s (run 2); mqrar b128 softmax + rope 41.2 s (run 2)." in summary
