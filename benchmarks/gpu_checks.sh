@@ -86,27 +86,26 @@ case "$part" in
         --out "$out/kernels_trained_$attn" 2>&1 | tee -a "$out/eval_trained_log.txt"
     done ;;
   throughput)
-    # the committed table: results/benchmarks/train_throughput.md. One command a task: softmax + RoPE first and
-    # again last (the run's steadiness), every cell compiled first six at a time (--warm-jobs); 300 timed steps
-    # after 20 (batch 512 drifted over 20 after 5), at batch 512 after 600: its first cells ran up to three times slower
-    # for their first seconds after 20 (results/benchmarks/gpu_logs/train_throughput_copy_b512_warmup.txt)
-    # TASKS and PES choose others (e.g. TASKS=copy PES=rope,nape). Alone on the machine: commands on several GPUs
-    # of one host at once starve each other's data workers (results/benchmarks/gpu_logs/train_throughput_four_at_once.txt)
-    for task in ${TASKS:-mqmtar mqrar copy}; do
-      python3 benchmarks/train_throughput.py --tasks "$task" --preset paper --pes "${PES:-rope}" --batch-sizes "${BATCH:-128}" \
-        --attns softmax,ssmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda \
-        --steps 300 --warmup "$([ "${BATCH:-128}" = 512 ] && echo 600 || echo 20)" --warm-jobs 6 --out "$out/$task" 2>&1 \
-        | grep -v -i warn
-    done 2>&1 | tee -a "$out/throughput_log.txt" ;;
+    # the committed table: results/benchmarks/train_throughput.md. One command for every task (TASKS, comma-separated):
+    # per task softmax + RoPE first and again last (the run's steadiness); every cell compiled first, WARM_JOBS at a
+    # time (--warm-jobs; twelve on 16 cores took 289 s for the 66 cells of batch 128); 300 timed steps after 20, at
+    # batch 512 200 after 100 (its first cells ran up to three times slower for their first seconds after 20:
+    # results/benchmarks/gpu_logs/train_throughput_copy_b512_warmup.txt). PES chooses the encodings (e.g. rope,nape).
+    # Alone on the machine: commands on several GPUs of one host at once starve each other's data workers
+    # (results/benchmarks/gpu_logs/train_throughput_four_at_once.txt)
+    if [ "${BATCH:-128}" = 512 ]; then timed="--steps 200 --warmup 100"; else timed="--steps 300 --warmup 20"; fi
+    python3 benchmarks/train_throughput.py --tasks "${TASKS:-mqmtar,mqrar,copy}" --preset paper --pes "${PES:-rope}" \
+      --batch-sizes "${BATCH:-128}" --attns softmax,ssmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda \
+      $timed --warm-jobs "${WARM_JOBS:-12}" --out "$out/throughput_b${BATCH:-128}" 2>&1 \
+      | grep -v -i warn | tee -a "$out/throughput_log.txt" ;;
   warmup)
     # the warm-up target (under 60 s a cell on a fresh machine): each cell's warm process alone (--warm-jobs 1) in
     # Inductor and Triton caches of its own, empty when it starts (--fresh-caches); the rows' first_warmup_s. About 40 s
-    # a cell warm and again timed (the timed pass compiles in the command's caches); ATTNS, TASKS, BATCH choose others
-    for task in ${TASKS:-copy mqmtar}; do
-      python3 benchmarks/train_throughput.py --tasks "$task" --preset paper --pes "${PES:-rope}" --batch-sizes "${BATCH:-512}" \
-        --attns "${ATTNS:-softmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda}" \
-        --steps 30 --warmup 60 --warm-jobs 1 --fresh-caches --out "$out/$task" 2>&1 | grep -v -i warn
-    done 2>&1 | tee -a "$out/warmup_log.txt" ;;
+    # a cell warm and again timed (the timed pass compiles in the command's caches); ATTNS, TASKS (comma-separated), BATCH choose others
+    python3 benchmarks/train_throughput.py --tasks "${TASKS:-copy,mqmtar}" --preset paper --pes "${PES:-rope}" \
+      --batch-sizes "${BATCH:-512}" --attns "${ATTNS:-softmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda}" \
+      --steps 30 --warmup 60 --warm-jobs 1 --fresh-caches --out "$out/warmup" 2>&1 | grep -v -i warn \
+      | tee -a "$out/warmup_log.txt" ;;
   ab)
     # a lever through whole training steps: the default step of ATTNS (and softmax + RoPE, the baseline) against the
     # same with CAPTURE and/or NARROW (JSON, as LENGTHBENCH_CAPTURE_TUNING / LENGTHBENCH_NARROW_TUNING) and/or ENV
@@ -124,7 +123,7 @@ v = {name: os.environ[key] for key, name in (("CAPTURE", "LENGTHBENCH_CAPTURE_TU
                                              ("NARROW", "LENGTHBENCH_NARROW_TUNING")) if os.environ.get(key)}
 v.update(item.split("=", 1) for item in shlex.split(os.environ.get("ENV", "")))
 print(json.dumps({"lever": v}))')
-    tasks=${TASKS:-mqmtar mqrar copy}
+    tasks=$(echo "${TASKS:-mqmtar,mqrar,copy}" | tr , " ")
     python3 benchmarks/train_levers.py --tasks "${tasks// /,}" --attns "$ATTNS" --pes "${PES:-rope}" \
       --batch-size "${BATCH:-128}" --levers "$levers" --out "$out" 2>&1 | grep -v -i warn | tee -a "$out/ab_log.txt" ;;
   parity)
@@ -134,7 +133,7 @@ print(json.dumps({"lever": v}))')
   profile)
     # about a minute a mechanism (its warm-up and capture, then three steps outside the graph); by default the
     # mechanisms below 0.8x softmax + RoPE in results/benchmarks/train_throughput.md
-    for task in ${TASKS:-mqmtar mqrar copy}; do
+    for task in $(echo "${TASKS:-mqmtar,mqrar,copy}" | tr , " "); do
       python3 benchmarks/step_profile.py --task "$task" --attns "softmax,${ATTNS:-asentmax,softpick,sieve-entmax,tda}" \
         --batch-size "${BATCH:-128}" --top 30 --out "$out/step_profile.txt" 2>&1 | grep -v -i warn
     done ;;
