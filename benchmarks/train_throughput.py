@@ -37,7 +37,10 @@ Run it alone on its machine: its data workers need the host's cores. Four comman
 GPUs, one GPU each, left 19 of their 69 cells at batch 128 waiting 40-82% of the timed seconds for data, and
 MQRAR's batch-512 cells at 0.37-0.65 of their speed alone (results/benchmarks/gpu_logs/train_throughput_four_at_once.txt).
 
-Writes ``<out>/train_throughput.parquet`` and ``.md`` with the device, date, commit and command.
+Writes ``<out>/train_throughput.parquet`` and ``.md`` with the device, date, commit and command. Each row records
+the library's default Inductor options (``inductor_defaults``, ``lengthbench/compile_policy.py``) and any a lever set
+through ``LENGTHBENCH_INDUCTOR_OPTIONS`` (``inductor_options``): the summary table keeps the rows of today's step
+only, and lists the ``--fresh-caches`` rows' warm-ups apart from its ratios (they time 30 steps).
 """
 
 from __future__ import annotations
