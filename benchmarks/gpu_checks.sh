@@ -11,7 +11,7 @@
 #   bash benchmarks/gpu_checks.sh eval-trained OUT  # trains small MQRAR and MQMTAR models (about 10 minutes), then
 #                                                    # times their scoring at 65,536 tokens and their kernels' inputs
 #   bash benchmarks/gpu_checks.sh throughput OUT  # training throughput of the paper models (default step, batch 128;
-#                                                  # BATCH=512 for the other)
+#                                                  # BATCH=512 for the other; TASKS, PES, WARM_JOBS), one command
 #   bash benchmarks/gpu_checks.sh warmup OUT      # each cell's warm-up alone in empty caches (a fresh machine's)
 #   bash benchmarks/gpu_checks.sh parity OUT      # short trainings of the default step and the step before it
 #   bash benchmarks/gpu_checks.sh profile OUT     # where the training step's GPU time goes, per kernel, ATTNS against
