@@ -160,7 +160,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 train_attention=train_attention, in_graph=in_graph, fused_ops=",".join(sorted(ops)),
                 narrow_tuning=os.environ.get("LENGTHBENCH_NARROW_TUNING", ""),
                 inductor_options=os.environ.get("LENGTHBENCH_INDUCTOR_OPTIONS", ""),
-                inductor_defaults=json.dumps(compile_policy.INDUCTOR_OPTIONS, sort_keys=True),
+                inductor_defaults=today_inductor_defaults(),
                 capture_stick=kernels.CAPTURE_STICK,
                 capture_tuning=os.environ.get("LENGTHBENCH_CAPTURE_TUNING", ""), sdpa_alibi=_sdpa.SDPA_ALIBI,
                 sdpa_backend=_sdpa.SDPA_BACKEND, views=kernels.VIEWS if kernels.takes_views(ops) else "",
