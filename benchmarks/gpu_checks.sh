@@ -123,7 +123,7 @@ v = {name: os.environ[key] for key, name in (("CAPTURE", "LENGTHBENCH_CAPTURE_TU
                                              ("NARROW", "LENGTHBENCH_NARROW_TUNING")) if os.environ.get(key)}
 v.update(item.split("=", 1) for item in shlex.split(os.environ.get("ENV", "")))
 print(json.dumps({"lever": v}))')
-    tasks=$(echo "${TASKS:-mqmtar,mqrar,copy}" | tr , " ")
+    tasks=${TASKS:-mqmtar,mqrar,copy}
     python3 benchmarks/train_levers.py --tasks "${tasks// /,}" --attns "$ATTNS" --pes "${PES:-rope}" \
       --batch-size "${BATCH:-128}" --levers "$levers" --out "$out" 2>&1 | grep -v -i warn | tee -a "$out/ab_log.txt" ;;
   parity)
@@ -133,7 +133,8 @@ print(json.dumps({"lever": v}))')
   profile)
     # about a minute a mechanism (its warm-up and capture, then three steps outside the graph); by default the
     # mechanisms below 0.8x softmax + RoPE in results/benchmarks/train_throughput.md
-    for task in $(echo "${TASKS:-mqmtar,mqrar,copy}" | tr , " "); do
+    tasks=${TASKS:-mqmtar,mqrar,copy}
+    for task in ${tasks//,/ }; do
       python3 benchmarks/step_profile.py --task "$task" --attns "softmax,${ATTNS:-asentmax,softpick,sieve-entmax,tda}" \
         --batch-size "${BATCH:-128}" --top 30 --out "$out/step_profile.txt" 2>&1 | grep -v -i warn
     done ;;
