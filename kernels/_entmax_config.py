@@ -30,9 +30,6 @@ The keys:
   [rows, C, C] comparisons), ``sieve_open`` (the open rows' forward walk's tiles; None: ``newton``'s).
 - ``few_open``, ``newton_few``, ``sieve_open_few``, ``newton_phases``, ``sieve_phases``, ``phases_from``: the
   open rows' launches, see ``_open_rows.py``.
-- ``finish_width`` (None: off), ``finish_phases``: from ``phases_from`` tokens, 1.5-entmax's open rows leave
-  the Newton passes once their bracket is within ``finish_width`` (times ``1 + |tau|``), in phases of
-  ``finish_phases`` passes, and their output pass takes the last Newton step (``entmax._finish_output_kernel``).
 """
 
 from __future__ import annotations
@@ -81,14 +78,7 @@ def launch_config(block_d: int, tuning: dict | None = None) -> dict:
                   # a trained MQMTAR Sieve + NoPE model's sample at 65,536 tokens on the H100: 206.7 ms in one
                   # launch each -> (2,) 202.2 (the Newton kernel 37.1 -> 31.6 ms); the walk (512, 2048, 8192)
                   # 167.5 (68.7 -> 28.5 ms); (2,) with (2048, 8192) 163.5
-                  newton_phases=(2,), sieve_phases=(512, 2048, 8192), phases_from=8192,
-                  # 1.5-entmax's open rows: the Newton passes leave a row once its bracket is within 3e-4 (times 1 +
-                  # |tau|), regathered after each pass, and the output pass takes the last Newton step
-                  # (``entmax._open_output_kernel``'s ``FINISH``). A float64 model of the search on a fresh
-                  # MQMTAR model's rows and on N(0, 1) rows times 0.3 and 0.45 (supports of 300 to 2,300 keys):
-                  # a pass's bracket w and the next one's w' ~ 5-11 w^2, so a row left at w <= 3e-4 is within
-                  # the tolerance after the output pass's step; the pass that only confirmed it is saved.
-                  finish_width=3e-4, finish_phases=(1,))
+                  newton_phases=(2,), sieve_phases=(512, 2048, 8192), phases_from=8192)
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(config))
     if unknown:

@@ -343,17 +343,13 @@ def _lists_apply(q, tuning: dict | None = None) -> bool:
             and _pack_bits(q.shape[-2], config["bn_subset"]) <= _PACK_MAX)
 
 
-def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40, tuning: dict | None = None,
-                 finish: bool = False):
+def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40, tuning: dict | None = None):
     """The first stage with the lists and the Newton passes over the open rows (shared with Sieve):
     ``(tau, ncand, lists, rows, count, config, opened)``, ``tau`` ``[B, H, T]`` final on the open rows and a
     start below ``tau*`` on the listed ones, ``ncand`` ``[BH, T]`` int32 the number of candidates of the listed
     rows (0 on the open rows, and the rows that see no key), ``lists`` ``[BH, T, C]`` their keys, ``rows,
     count`` the open rows (``_open_rows``), ``opened`` their ``_OpenCount``. Every launch setting is checked
-    before the first launch. ``tuning``: launch settings replacing the defaults (``_entmax_config.py``).
-    ``finish`` (1.5-entmax, with ``finish_width`` set): the Newton passes leave a row once its bracket is within
-    ``finish_width``, in phases of ``finish_phases``, for an output pass that takes the last step
-    (``entmax._open_output_kernel``'s ``FINISH``); ``tau`` is then not final on those rows."""
+    before the first launch. ``tuning``: launch settings replacing the defaults (``_entmax_config.py``)."""
     config = launch_config(pb.block_d, tuning)
     bm, bns, size = config["bm"], config["bn_subset"], int(config["list_size"])
     pack = _pack_launch(_pack_bits(pb.tokens, bns))
@@ -361,8 +357,7 @@ def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40, tu
     tiles = [config[key] for key in ("newton", "newton_few", "sieve_open", "sieve_open_few") if config[key]]
     if (bm % bns or pack > _PACK_MAX or size & (size - 1) or any(len(t) != 4 or t[0] % t[1] for t in tiles)
             or (config["few_open"] and len(config["few_open"]) != 2)
-            or any(int(p) < 1 for key in ("newton_phases", "sieve_phases", "finish_phases") for p in (config[key] or ()))
-            or (config["finish_width"] is not None and not float(config["finish_width"]) >= 0)):
+            or any(int(p) < 1 for key in ("newton_phases", "sieve_phases") for p in (config[key] or ()))):
         raise ValueError(f"entmax lists: bad launch settings {config} for T {pb.tokens}")
     tau = pb.rows()
     ncand = torch.empty(pb.bh, pb.tokens, device=tau.device, dtype=torch.int32)
@@ -395,7 +390,6 @@ def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40, tu
     # few open rows (read once, where a setting asks): their own tiles, and no phases (they all run at once)
     few = newton_asks and opened.few()
     tiles = tuple(config["newton_few"] if few and config["newton_few"] else config["newton"])
-    early = config["finish_width"] if finish and xs != 1.0 else None
-    newton_config = dict(config, newton_phases=None if few else config["finish_phases"]) if few or early else config
-    _newton_launch(pb, (pb.q, pb.k, sl, rs, tau), rows, count, tol, max_iter, newton_config, tiles, common, early)
+    newton_config = dict(config, newton_phases=None) if few else config
+    _newton_launch(pb, (pb.q, pb.k, sl, rs, tau), rows, count, tol, max_iter, newton_config, tiles, common)
     return tau, ncand, lists, rows, count, config, opened

@@ -358,7 +358,7 @@ def _first_stage(q, K, base, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, 
 
 
 @triton.jit
-def _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, tau, fixed, tol, early, it0,
+def _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, tau, fixed, tol, it0,
                    max_iter, STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
                    ACC: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    XS: tl.constexpr, LEAN: tl.constexpr):
@@ -367,9 +367,7 @@ def _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, di
     per pass, instead of reducing every key tile. ``LEAN`` 1 or 2 (2 the default): Newton's steps alone, from
     elementwise sums (``s1``, ``s2``, and with 2 the support size), which a pass computes in under half the
     instructions; a row is done when its step (or with 2 its bracket, ``_bracket``) falls below ``tol``, or
-    after 8 passes when its step falls below ``1e-5`` (rounding noise); with 2 also once its bracket is within
-    ``early`` (at least ``tol``: the rows whose output pass takes the last step, ``entmax._open_output_kernel``'s
-    ``FINISH``). ``(tau, done)``: ``done``
+    after 8 passes when its step falls below ``1e-5`` (rounding noise). ``(tau, done)``: ``done``
     the rows that ended (or are ``fixed``); the passes count from ``it0`` to ``max_iter`` at most (a later launch
     of ``newton_phases`` goes on from where an earlier one stopped)."""
     start = tau
@@ -410,7 +408,7 @@ def _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, di
             # narrower than ``tol``: its new ``tau`` is then within ``tol`` of ``tau*``, without the pass that
             # would find the next step small.
             scale = 1.0 + tl.abs(tau)
-            done = (step <= tol * scale) | (width <= early * scale) | ((it >= 8) & (step <= 1e-5 * scale)) | fixed
+            done = (step <= tol * scale) | (width <= tol * scale) | ((it >= 8) & (step <= 1e-5 * scale)) | fixed
             pending = tl.sum((done == 0).to(tl.int32), 0)
             it += 1
         elif ACC:
@@ -477,7 +475,7 @@ def _threshold_kernel(Q, K, SL, RS, TAU, sm_scale, T, H, tol, max_iter,
                                          hi, STRICT, HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, SUBSET, TOPK,
                                          SUBSET_ITERS, XS, PAIRS)
     tau, _ = _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, diag, hi, tau,
-                            certified | empty | (row_ok == 0), tol, tol, 0, max_iter, STRICT, HAS_SLOPES, HAS_RS, FOLD, ACC,
+                            certified | empty | (row_ok == 0), tol, 0, max_iter, STRICT, HAS_SLOPES, HAS_RS, FOLD, ACC,
                          DOT_PREC, D, BM, BN, XS, LEAN)
     tau = tl.where(empty, float("inf"), tau)
     tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
@@ -503,7 +501,7 @@ def _start_kernel(Q, K, SL, RS, TAU, DONE, sm_scale, T, H,
 
 
 @triton.jit
-def _newton_kernel(Q, K, SL, RS, TAU, ROWS, COUNT, PEND, sm_scale, T, H, tol, early, it0, max_iter,
+def _newton_kernel(Q, K, SL, RS, TAU, ROWS, COUNT, PEND, sm_scale, T, H, tol, it0, max_iter,
                    STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
                    ACC: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
                    BN: tl.constexpr, XS: tl.constexpr, LEAN: tl.constexpr, PHASED: tl.constexpr):
@@ -521,7 +519,7 @@ def _newton_kernel(Q, K, SL, RS, TAU, ROWS, COUNT, PEND, sm_scale, T, H, tol, ea
         last = tl.max(tl.where(row_ok, offs_m, 0), 0)
         tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
         tau, done = _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, (first // BN) * BN,
-                                   last + 1, tau, row_ok == 0, tol, early, it0, max_iter, STRICT, HAS_SLOPES, HAS_RS, FOLD,
+                                   last + 1, tau, row_ok == 0, tol, it0, max_iter, STRICT, HAS_SLOPES, HAS_RS, FOLD,
                                    ACC, DOT_PREC, D, BM, BN, XS, LEAN)
         tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
         if PHASED:
@@ -569,27 +567,25 @@ def _lean(config: dict) -> int:
     return 2 if config["bracket"] else 1
 
 
-def _newton_launch(pb: Problem, args, rows, count, tol, max_iter, config, tiles, common, early=None):
+def _newton_launch(pb: Problem, args, rows, count, tol, max_iter, config, tiles, common):
     """The Newton passes over the open rows ``rows, count``: one launch, or with ``newton_phases`` (passes a
     launch) one launch a phase over the rows not yet done, gathered again after each (a tile runs as many
     passes as its slowest row: regathered, the rows that end early stop taking a tile's passes), the last
-    phase up to ``max_iter``. ``early`` (None: ``tol``): a row also ends once its bracket is within it
-    (``_newton_passes``)."""
+    phase up to ``max_iter``."""
     nbm, nbn, nwarps, nstages = tiles
     phases = _phases(config, "newton_phases", pb.tokens)
     launch = dict(ACC=bool(config["acc"]), LEAN=_lean(config), BM=nbm, BN=nbn, num_warps=nwarps,
                   num_stages=nstages, **common)
     grid = (triton.cdiv(pb.tokens, nbm), pb.bh)
     pend = torch.zeros(pb.bh, pb.tokens, device=pb.q.device, dtype=torch.int32) if phases else pb.dummy
-    bounds = (float(tol), float(tol if early is None else max(early, tol)))
     it0 = 0
     for passes in phases:
         if it0 >= max_iter:
             return
-        _newton_kernel[grid](*args, rows, count, pend, pb.sm_scale, pb.tokens, pb.heads, *bounds, it0,
+        _newton_kernel[grid](*args, rows, count, pend, pb.sm_scale, pb.tokens, pb.heads, float(tol), it0,
                              min(it0 + passes, int(max_iter)), PHASED=True, **launch)
         it0 += passes
         rows, count = _open_rows(pend == 0)
     if it0 < max_iter:
-        _newton_kernel[grid](*args, rows, count, pend, pb.sm_scale, pb.tokens, pb.heads, *bounds, it0,
+        _newton_kernel[grid](*args, rows, count, pend, pb.sm_scale, pb.tokens, pb.heads, float(tol), it0,
                              int(max_iter), PHASED=False, **launch)

@@ -25,11 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
-from lengthbench.kernels._common import Problem, gathered_rows, score_tile
-from lengthbench.kernels._entmax_config import ALPHAS, check_alpha, launch_config
+from lengthbench.kernels._common import Problem, gathered_rows
+from lengthbench.kernels._entmax_config import ALPHAS, check_alpha
 from lengthbench.kernels._entmax_lists import _list_rows, _lists_apply, _lists_start
-from lengthbench.kernels._entmax_search import _bracket, _newton_launch, entmax_threshold
-from lengthbench.kernels._open_rows import _open_rows
+from lengthbench.kernels._entmax_search import entmax_threshold
 from lengthbench.kernels._rowwise import ENTMAX, _fwd_loops, rowwise, rowwise_backward
 
 __all__ = ["EntmaxListsAttention", "entmax_attention", "entmax_threshold", "sparsemax_attention"]
@@ -103,93 +102,6 @@ def _open_output_kernel(Q, K, V, Out, U, SL, RS, TAU, M, L, ROWS, COUNT, sm_scal
         tl.store(L + bh * T + offs_m, l_i, mask=row_ok)
 
 
-@triton.jit
-def _finish_tile(acc, acc_u, acc_c, s1, s2, cnt, q, K, V, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope,
-                 rs, tau, MASKED: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
-                 DOT_PREC: tl.constexpr, D: tl.constexpr, BN: tl.constexpr):
-    """One key tile of ``_finish_output_kernel``: with ``s = (z / 2 - tau)_+``, the row sums of ``s``, ``s^2``
-    and ``1[s > 0]``, and the products of ``s^2``, ``s`` and ``1[s > 0]`` with the values."""
-    offs_n = start_n + tl.arange(0, BN)
-    if MASKED:
-        kv_mask = (offs_n < T)[:, None] & dmask[None, :]
-    else:  # a tile before the tile's first row lies below T: no bound test per key
-        kv_mask = dmask[None, :]
-    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-    z, _ = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
-    s = tl.maximum(z * 0.5 - tau[:, None], 0.0)
-    if MASKED:
-        s = tl.where((offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T), s, 0.0)
-    inside = (s > 0).to(tl.float32)
-    p = s * s
-    s1 += tl.sum(s, 1)
-    s2 += tl.sum(p, 1)
-    cnt += tl.sum(inside, 1)
-    acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-    acc_u += tl.dot(s.to(v.dtype), v, input_precision=DOT_PREC)
-    acc_c += tl.dot(inside.to(v.dtype), v, input_precision=DOT_PREC)
-    return acc, acc_u, acc_c, s1, s2, cnt
-
-
-@triton.jit
-def _finish_output_kernel(Q, K, V, Out, U, SL, RS, TAU, M, L, PEND, ROWS, COUNT, sm_scale, T, H, tol, width_max,
-                          STORE_U: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
-                          DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
-                          BN: tl.constexpr):
-    """1.5-entmax's open rows (gathered as in ``_open_output_kernel``) whose Newton passes stopped at ``tau``,
-    below ``tau*`` by at most their last bracket (``finish_width``): one pass over their keys at ``tau`` sums
-    ``s = (X - tau)_+``, ``s^2`` and the support's size, and ``A = sum s^2 v``, ``B = sum s v``, ``C =
-    sum_{s > 0} v``. From the sums, Newton's step ``d`` and the bracket (``_entmax_search._newton_passes``'s
-    rule): where the step or the bracket is within ``tol`` (times ``1 + |tau + d|``) and the step within
-    ``width_max`` (``finish_width``, the bracket the passes stopped at), ``tau + d`` is the
-    threshold the passes would have ended at, and the row's output at it is the support's quadratic,
-    ``(A - 2 d B + d^2 C) / (sum s^2 - 2 d sum s + d^2 |S|)``, with ``U = B - d C``, ``M = sum s - d |S|``
-    and ``L`` that denominator. (The keys with ``X`` in ``(tau, tau + d]`` leave the support at ``tau + d``;
-    the quadratic keeps each in the output's sums at ``(X - tau - d)^2 <= d^2``, and in ``M`` and ``U``, which
-    only the backward reads, at ``X - tau - d`` in ``[-d, 0)``.) The
-    other rows get ``PEND`` 1 (and ``TAU`` the step, still below ``tau*``): the Newton passes and the plain
-    output pass take them again."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    n_open = tl.load(COUNT + bh)
-    if pid_m * BM < n_open:
-        base, offs_m, offs_d, row_ok, dmask, rmask, q, slope, rs = gathered_rows(
-            Q, SL, RS, ROWS, n_open, pid_m, bh, T, H, HAS_SLOPES, HAS_RS, D, BD, BM)
-        tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=0.0)
-        first = tl.min(tl.where(row_ok, offs_m, T), 0)
-        last = tl.max(tl.where(row_ok, offs_m, 0), 0)
-        s1 = tl.zeros([BM], dtype=tl.float32)
-        s2 = tl.zeros([BM], dtype=tl.float32)
-        cnt = tl.zeros([BM], dtype=tl.float32)
-        acc = tl.zeros([BM, BD], dtype=tl.float32)
-        acc_u = tl.zeros([BM, BD], dtype=tl.float32)
-        acc_c = tl.zeros([BM, BD], dtype=tl.float32)
-        diag = (first // BN) * BN  # the keys below the tile's first row are visible to all its rows
-        for start_n in range(0, diag, BN):
-            acc, acc_u, acc_c, s1, s2, cnt = _finish_tile(acc, acc_u, acc_c, s1, s2, cnt, q, K, V, base, start_n,
-                                                          offs_m, offs_d, dmask, T, sm_scale, slope, rs, tau, False,
-                                                          HAS_SLOPES, HAS_RS, DOT_PREC, D, BN)
-        for start_n in range(diag, last + 1, BN):
-            acc, acc_u, acc_c, s1, s2, cnt = _finish_tile(acc, acc_u, acc_c, s1, s2, cnt, q, K, V, base, start_n,
-                                                          offs_m, offs_d, dmask, T, sm_scale, slope, rs, tau, True,
-                                                          HAS_SLOPES, HAS_RS, DOT_PREC, D, BN)
-        newton = tl.where(s1 > 0, (s2 - tl.sqrt(s2)) / tl.where(s1 > 0, s1, 1.0), 0.0)
-        width = _bracket(s1, s2, cnt) - newton
-        d = tl.maximum(newton, 0.0)
-        scale = 1.0 + tl.abs(tau + d)
-        ok = ((d <= tol * scale) | (width <= tol * scale)) & (d <= width_max * scale)
-        den = s2 - d * (2.0 * s1 - d * cnt)
-        out = (acc - d[:, None] * (2.0 * acc_u - d[:, None] * acc_c)) / tl.where(den > 0, den, 1.0)[:, None]
-        out_off = base + offs_m[:, None] * D + offs_d[None, :]
-        tl.store(Out + out_off, out.to(Out.dtype.element_ty), mask=rmask)
-        if STORE_U:
-            tl.store(U + out_off, acc_u - d[:, None] * acc_c, mask=rmask)
-        tl.store(M + bh * T + offs_m, s1 - d * cnt, mask=row_ok)
-        tl.store(L + bh * T + offs_m, den, mask=row_ok)
-        tl.store(TAU + bh * T + offs_m, tau + d, mask=row_ok)
-        tl.store(PEND + bh * T + offs_m, (ok == 0).to(tl.int32), mask=row_ok)
-
-
 def _lists_forward(pb: Problem, alpha: float, store_u: bool, tol=1e-6, max_iter=40, tuning: dict | None = None):
     """The list forward of alpha-entmax attention (causal): ``(out, tau, m, den, u, ncand, lists)``, ``m, den,
     u`` as ``RowwiseAttention.forward`` keeps them for ``ENTMAX`` (``u`` None unless ``store_u``), ``ncand``
@@ -198,14 +110,9 @@ def _lists_forward(pb: Problem, alpha: float, store_u: bool, tol=1e-6, max_iter=
 
     Four launches: the first stage with the lists (``_lists_start_kernel``), the Newton passes over the open
     rows (``_newton_kernel``), the listed rows' threshold and output (``_lists_output_kernel``), the open
-    rows' output over all their keys (``_open_output_kernel``). The last two write disjoint rows. With
-    ``finish_width`` (1.5-entmax, from ``phases_from`` tokens) the open rows' output pass is
-    ``_finish_output_kernel``, which takes their last Newton step; the rows it leaves pending take the Newton
-    passes and ``_open_output_kernel`` again."""
+    rows' output over all their keys (``_open_output_kernel``). The last two write disjoint rows."""
     xs = ALPHAS[alpha]
-    settings = launch_config(pb.block_d, tuning)
-    finish = xs != 1.0 and settings["finish_width"] is not None and pb.tokens >= int(settings["phases_from"] or 0)
-    tau, ncand, lists, rows, count, config, _ = _lists_start(pb, xs, False, tol, max_iter, tuning, finish)
+    tau, ncand, lists, rows, count, config, _ = _lists_start(pb, xs, False, tol, max_iter, tuning)
     nbm, nbn, nwarps, nstages = config["newton"]
     rows_per, finish_warps = config["finish"]
     sl, rs = pb.opt(pb.slopes), pb.opt(pb.row_scale)
@@ -218,22 +125,10 @@ def _lists_forward(pb: Problem, alpha: float, store_u: bool, tol=1e-6, max_iter=
         pb.q, pb.k, pb.v, out, pb.opt(u), sl, rs, tau, m, den, ncand, lists, pb.sm_scale, pb.tokens, pb.heads,
         2 * lists.shape[-1] + 8, STORE_U=store_u, BR=rows_per, C=lists.shape[-1], XS=xs,
         num_warps=finish_warps, **common)
-    grid = (triton.cdiv(pb.tokens, nbm), pb.bh)
-    tiles = dict(DOT_PREC=pb.dot_prec, BM=nbm, BN=nbn, num_warps=nwarps, num_stages=nstages, **common)
-    if finish:
-        pend = torch.zeros(pb.bh, pb.tokens, device=pb.q.device, dtype=torch.int32)
-        _finish_output_kernel[grid](pb.q, pb.k, pb.v, out, pb.opt(u), sl, rs, tau, m, den, pend, rows, count,
-                                    pb.sm_scale, pb.tokens, pb.heads, float(tol),
-                                    float(max(config["finish_width"], tol)), STORE_U=store_u, **tiles)
-        rows, count = _open_rows(pend == 0)
-        search = dict(STRICT=False, HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
-                      FOLD=bool(config["fold"]) and pb.slopes is None and pb.row_scale is None,
-                      DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, XS=xs)
-        _newton_launch(pb, (pb.q, pb.k, sl, rs, tau), rows, count, tol, max_iter, dict(config, newton_phases=None),
-                       config["newton"], search)
-    _open_output_kernel[grid](
+    _open_output_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
         pb.q, pb.k, pb.v, out, pb.opt(u), sl, rs, tau, m, den, rows, count, pb.sm_scale, pb.tokens, pb.heads,
-        STORE_U=store_u, POWER=1.0 / (alpha - 1.0), **tiles)
+        STORE_U=store_u, DOT_PREC=pb.dot_prec, BM=nbm, BN=nbn, POWER=1.0 / (alpha - 1.0), num_warps=nwarps,
+        num_stages=nstages, **common)
     return out, tau, m, den, u, ncand, lists
 
 
