@@ -124,6 +124,8 @@ def test_warm_commands_run_each_cell_for_a_few_steps():
         assert command[command.index("--steps") + 1] == "2" and command[command.index("--warmup") + 1] == "6"
         assert command[command.index("--in-graph") + 1] == "none"  # the timed pass's path, compiled
         assert "--warm-jobs" not in command  # a warm process warms nothing further
+        # nor measures its cell again: a retry's warm-up (the cell compiled by then) would stand for the cell's
+        assert command[command.index("--retries") + 1] == "0"
     assert len({c[c.index("--out") + 1] for c in commands}) == 4
 
 
@@ -168,7 +170,8 @@ def test_one_producer_feeds_the_warm_up_and_the_timed_steps(monkeypatch):
 
 def test_a_cell_whose_halves_differ_is_measured_again(monkeypatch, tmp_path):
     """``--retries``: a cell whose timed halves differ by more than 10% is measured again, up to the given number of
-    times; the row written is the last measurement and says how many there were."""
+    times; the row written is the last measurement and says how many there were, with the first one's warm-up (a
+    retry finds the cell compiled)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import train_throughput
 
@@ -179,7 +182,8 @@ def test_a_cell_whose_halves_differ_is_measured_again(monkeypatch, tmp_path):
         taken.append(attn)
         return dict(task=task, attn=attn, pe=pe, batch_size=512, train_step="graph-compiled",
                     train_attention="fused", samples_per_s=1000.0 * len(taken), step_ms=1.0, mean_padded_width=131.0,
-                    warmup_s=1.0, data_wait_share=0.0, halves=halves[attn].pop(0), capture_error="")
+                    warmup_s=30.0 if taken.count(attn) == 1 else 1.0, data_wait_share=0.0,
+                    halves=halves[attn].pop(0), capture_error="")
 
     written = {}
     monkeypatch.setattr(train_throughput, "measure", fake_measure)
@@ -192,6 +196,8 @@ def test_a_cell_whose_halves_differ_is_measured_again(monkeypatch, tmp_path):
     assert taken == ["softmax", "softmax", "softmax", "entmax", "softmax"]
     got = [(row["attn"], row["attempts"], row["halves"]) for row in written["rows"]]
     assert got == [("softmax", 3, 1.3), ("entmax", 1, 1.02), ("softmax", 1, 1.0)]
+    # each row's warm-up the cell's first build's; the closing softmax row's its own (the cell compiled by then)
+    assert [row["warmup_s"] for row in written["rows"]] == [30.0, 30.0, 1.0]
 
 
 def test_warm_returns_each_cells_first_warm_up(monkeypatch):
