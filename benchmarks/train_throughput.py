@@ -7,7 +7,8 @@ Where softmax + RoPE is the first of several cells, it runs again after the othe
 closing samples/s over its first) says whether the machine held steady through the run, and ``halves`` (a cell's
 first half of timed steps over its second) whether the cell did; the summary marks a run that drifted, or a cell
 whose halves differ, by more than 10% ``unsteady``, and shows a cell's newest row measured steady where there is
-one; ``--retries`` measures a cell again while its halves differ by more than 10%. After ``--warm-jobs`` this process
+one; ``--retries`` measures a cell again while its halves differ by more than 10% (the row keeps the first
+measurement's ``warmup_s``: a retry finds the cell compiled). After ``--warm-jobs`` this process
 compiles in one thread: on an H200, Copy at batch 512 ran the first cells of a run slow for their first seconds, up
 to 66% below the closing softmax + RoPE row, with 20 to 60 warm-up steps and in one run with 600 too (67,855 against
 91,639 samples/s), while Inductor's pool of compile workers started beside them; in one thread the same command held
@@ -26,7 +27,8 @@ eager step.
 Inductor's kernels compiled (on a 16-core machine it shortens a 30-cell command several times over; the rows'
 ``warmup_s`` is then not a fresh machine's, and they say ``cache_warmed``). Each row's ``first_warmup_s`` is then
 its cell's warm-up in that first pass: construction, compilation and graph capture with the caches the command
-found (empty on a fresh machine), N cells compiling at once. ``--fresh-caches`` gives each warm process empty
+found (empty on a fresh machine), N cells compiling at once, each measured once. ``--fresh-caches`` gives each
+warm process empty
 Inductor and Triton caches of its own: with ``--warm-jobs 1`` each row's ``first_warmup_s`` is then its cell's warm-up
 alone on a fresh machine (the rows say ``fresh_caches``)::
 
