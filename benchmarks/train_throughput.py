@@ -28,9 +28,8 @@ Inductor's kernels compiled (on a 16-core machine it shortens a 30-cell command 
 ``warmup_s`` is then not a fresh machine's, and they say ``cache_warmed``). Each row's ``first_warmup_s`` is then
 its cell's warm-up in that first pass: construction, compilation and graph capture with the caches the command
 found (empty on a fresh machine), N cells compiling at once, each measured once. ``--fresh-caches`` gives each
-warm process empty
-Inductor and Triton caches of its own: with ``--warm-jobs 1`` each row's ``first_warmup_s`` is then its cell's warm-up
-alone on a fresh machine (the rows say ``fresh_caches``)::
+warm process empty Inductor and Triton caches of its own: with ``--warm-jobs 1`` each row's ``first_warmup_s`` is
+then its cell's warm-up alone on a fresh machine (the rows say ``fresh_caches``)::
 
     python benchmarks/train_throughput.py --preset paper --tasks copy --attns asentmax,tda --pes rope \
         --batch-sizes 512 --warm-jobs 1 --fresh-caches --out results/benchmarks
