@@ -145,3 +145,56 @@ def test_inductor_options_default_env_and_unknown(monkeypatch):
         monkeypatch.setenv(INDUCTOR_OPTIONS_ENV, text)
         with pytest.raises(ValueError, match=message):
             inductor_options()
+
+
+def test_staging_packs_a_batch_padded_with_the_learning_rate_into_one_buffer():
+    """A replay's inputs travel in one copy: the batch padded on the right (token 0, label ignored, feature 0)
+    and the learning rate, read back through the layout's views exactly."""
+    import numpy as np
+
+    from lengthbench.graph_step import Staging
+
+    staging = Staging(3, 8, {"input_ids": torch.int64, "labels": torch.int64, "features": torch.float32})
+    rng = np.random.default_rng(0)
+    ids, labels = rng.integers(0, 50, (3, 5)), rng.integers(0, 50, (3, 5))
+    features = rng.random((3, 5))
+    views = staging.views(staging.pack(ids, labels, features, 3.5e-4, pin=False))
+    assert views["input_ids"].shape == (3, 8) and views["input_ids"].dtype == torch.int64
+    assert torch.equal(views["input_ids"][:, :5], torch.from_numpy(ids)) and (views["input_ids"][:, 5:] == 0).all()
+    assert torch.equal(views["labels"][:, :5], torch.from_numpy(labels))
+    assert (views["labels"][:, 5:] == -100).all()
+    assert torch.equal(views["features"][:, :5], torch.from_numpy(features).float())
+    assert views["features"].dtype == torch.float32 and (views["features"][:, 5:] == 0).all()
+    assert views["lr"].shape == () and views["lr"].item() == np.float32(3.5e-4)
+    # a second batch into a fresh buffer leaves nothing of the first
+    views = staging.views(staging.pack(ids[:, :2], labels[:, :2], features[:, :2], 0.0, pin=False))
+    assert (views["input_ids"][:, 2:] == 0).all() and (views["labels"][:, 2:] == -100).all()
+    assert views["lr"].item() == 0.0
+
+
+def test_staging_refuses_a_batch_that_does_not_fit():
+    import numpy as np
+
+    from lengthbench.graph_step import Staging
+
+    staging = Staging(2, 6, {"input_ids": torch.int64, "labels": torch.int64, "features": None})
+    ok = np.zeros((2, 6), dtype=np.int64)
+    with pytest.raises(ValueError, match="2 x 7 tokens does not fit the captured 2 x 6"):
+        staging.pack(np.zeros((2, 7), dtype=np.int64), np.zeros((2, 7), dtype=np.int64), None, 0.1, pin=False)
+    with pytest.raises(ValueError, match="3 x 6 tokens does not fit"):
+        staging.pack(np.zeros((3, 6), dtype=np.int64), np.zeros((3, 6), dtype=np.int64), None, 0.1, pin=False)
+    with pytest.raises(ValueError, match="with features for a step captured without them"):
+        staging.pack(ok, ok, np.zeros((2, 6)), 0.1, pin=False)
+
+
+def test_outputs_packed_in_one_buffer_read_back_exactly():
+    from lengthbench.graph_step import pack_outputs, unpack_outputs
+
+    outputs = (torch.tensor(2.75, dtype=torch.float32), torch.tensor(123456789012, dtype=torch.int64),
+               torch.tensor(-7, dtype=torch.int64), torch.tensor(float("nan"), dtype=torch.float32))
+    packed, places = pack_outputs(outputs)
+    assert packed.dtype == torch.uint8 and packed.numel() == 24
+    back = unpack_outputs(packed.clone(), places)
+    assert [t.dtype for t in back] == [t.dtype for t in outputs] and all(t.shape == () for t in back)
+    assert back[0].item() == 2.75 and back[1].item() == 123456789012 and back[2].item() == -7
+    assert torch.isnan(back[3])
