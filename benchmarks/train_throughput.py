@@ -70,7 +70,7 @@ from lengthbench.data import BatchProducer, default_workers
 from lengthbench.devices import git_sha
 from lengthbench.kernels import _sdpa
 from lengthbench.leaderboard import frame_markdown
-from lengthbench.runner import Trainer, attention_kernels, device_description
+from lengthbench.runner import Trainer, attention_kernels, device_description, to_device
 from lengthbench.tasks import get_task
 
 
@@ -130,7 +130,8 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, compile
                 waited += time.perf_counter() - asked
                 tokens += input_ids.shape[1]
                 before = time.perf_counter()
-                trainer.step_fn(input_ids, labels, features)  # host arrays, as Trainer.train gives them
+                trainer.step_fn(to_device(input_ids, device), to_device(labels, device),
+                                to_device(features, device, torch.float32))
                 if trace:  # where the warm-up's time goes: each step's width and seconds (compilations stand out)
                     sync()
                     print(f"  warm-up step {first + index}: width {input_ids.shape[1]}, "

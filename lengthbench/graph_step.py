@@ -17,15 +17,8 @@ once at the one width in the first eager step (each fused op of ``lengthbench.ke
 default, is a node of that graph, ``kernels/_bridge.py``; an op outside it is a graph break, and Inductor compiles
 the pieces between); without it they run eagerly, one kernel per operation (a capture takes under a second, but
 the unfused kernels cost time of their own). Every number: results/benchmarks/train_throughput.md. The optimizer is AdamW with ``capturable=True`` and
-``fused=True``; its learning rate is a device tensor that the replay reads, written from the parameter group's
+``fused=True``; its learning rate is a device tensor that the replay reads, filled from the parameter group's
 float before each replay (the schedule stays :func:`lengthbench.training.learning_rate`).
-
-Outside the graph a replayed step is one host-to-device copy, the replay and one device copy out. Given the
-batch as host (numpy) arrays, :class:`Staging` packs it, padded, with the learning rate into one pinned byte
-buffer whose device twin the graph reads its inputs from (the batch's tensors and the learning rate are views
-into it); the graph packs its four outputs into one buffer too, copied once per replay so that the next replay
-does not overwrite them. Given device tensors, the step copies each into its view and fills the learning rate (a
-few more launches a step).
 
 The first ``eager_steps`` batches train eagerly, on a side stream, with the same code (cuBLAS handles and the
 optimizer's state are created there, as a capture needs); the next one is captured and replayed. A capture that
@@ -36,84 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from lengthbench.compile_policy import attention_kernels, inductor_options
-from lengthbench.devices import to_device
 from lengthbench.tasks import IGNORE_INDEX
 
 StepOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-BATCH_FIELDS = ("input_ids", "labels", "features")
-
-
-class Staging:
-    """The layout of one step's inputs in one byte buffer: the batch's tensors (``input_ids``, ``labels`` and,
-    where the task has them, ``features``), each ``[rows, width]``, and the learning rate (float32), each at an
-    offset aligned to its item size. ``pack`` fills a host buffer from numpy arrays (padded on the right to
-    ``width``: token 0, label ``IGNORE_INDEX``, feature 0); ``views`` reads the tensors out of a buffer of the
-    layout, host or device, without copying."""
-
-    def __init__(self, rows: int, width: int, dtypes: dict[str, torch.dtype | None]):
-        self.rows, self.width = int(rows), int(width)
-        fields = [(name, dtypes[name], (self.rows, self.width)) for name in BATCH_FIELDS if dtypes.get(name)]
-        fields.append(("lr", torch.float32, ()))
-        self.fields: list[tuple[str, torch.dtype, tuple[int, ...], int]] = []
-        offset = 0
-        for name, dtype, shape in sorted(fields, key=lambda field: -field[1].itemsize):  # aligned by size
-            self.fields.append((name, dtype, shape, offset))
-            offset += dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-        self.nbytes = -(-offset // 8) * 8
-
-    def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``{name: tensor}`` viewing ``buffer`` (uint8, ``nbytes``) in the layout."""
-        out = {}
-        for name, dtype, shape, offset in self.fields:
-            size = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-            out[name] = buffer[offset:offset + size].view(dtype).view(shape)
-        return out
-
-    def pack(self, input_ids, labels, features, lr: float, pin: bool) -> torch.Tensor:
-        """A host buffer (pinned with ``pin``) of the layout holding the batch, padded on the right, and ``lr``.
-        A batch of other rows, or wider than ``width``, or with features where the layout has none (or the
-        reverse), is a ``ValueError``."""
-        buffer = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin)
-        views = {name: view.numpy() for name, view in self.views(buffer).items()}
-        given = dict(zip(BATCH_FIELDS, (input_ids, labels, features), strict=True))
-        for name, value in given.items():
-            if (value is None) != (name not in views):
-                raise ValueError(f"a training batch {'without' if value is None else 'with'} {name} for a step "
-                                 f"captured {'with' if value is None else 'without'} them")
-        fills = {"input_ids": 0, "labels": IGNORE_INDEX, "features": 0}
-        for name, value in given.items():
-            if value is None:
-                continue
-            rows, width = value.shape[:2]
-            if rows != self.rows or width > self.width:
-                raise ValueError(f"a training batch of {rows} x {width} tokens does not fit the captured "
-                                 f"{self.rows} x {self.width}")
-            views[name][:, :width] = value
-            views[name][:, width:] = fills[name]
-        views["lr"][()] = lr
-        return buffer
-
-
-def pack_outputs(outputs: StepOutputs) -> tuple[torch.Tensor, list[tuple[torch.dtype, int]]]:
-    """The step's 0-d outputs as one byte tensor (one copy out of the graph) and where each lies in it."""
-    order = sorted(range(len(outputs)), key=lambda i: -outputs[i].dtype.itemsize)  # aligned by size
-    places: list[tuple[torch.dtype, int]] = [None] * len(outputs)  # type: ignore[list-item]
-    offset = 0
-    for i in order:
-        places[i] = (outputs[i].dtype, offset)
-        offset += outputs[i].dtype.itemsize
-    packed = torch.cat([outputs[i].reshape(1).view(torch.uint8) for i in order])
-    return packed, places
-
-
-def unpack_outputs(packed: torch.Tensor, places: list[tuple[torch.dtype, int]]) -> StepOutputs:
-    """``pack_outputs``'s inverse: 0-d views into ``packed``."""
-    return tuple(packed[offset:offset + dtype.itemsize].view(dtype)[0] for dtype, offset in places)
 
 
 def graph_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -154,10 +76,6 @@ class GraphStep:
         self.steps = 0
         self.static: dict[str, torch.Tensor | None] = {}
         self.outputs: StepOutputs | None = None
-        self.staging: Staging | None = None  # the captured step's inputs in one buffer (``staged``: its device twin)
-        self.staged: torch.Tensor | None = None
-        self.packed: torch.Tensor | None = None  # the graph's outputs in one buffer, ``places`` saying where
-        self.places: list[tuple[torch.dtype, int]] = []
         self.side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         # Inductor's kernels for the forward and its backward (fused elementwise work), compiled at the one width
         # in the first eager step; the graph then records them like any other launch
@@ -195,17 +113,6 @@ class GraphStep:
         return input_ids, labels, features
 
     def __call__(self, input_ids, labels, features) -> StepOutputs:
-        """One training step on a batch given as host (numpy) arrays or as device tensors (features float32)."""
-        if self.graph is not None and isinstance(input_ids, np.ndarray):
-            self.steps += 1
-            host = self.staging.pack(input_ids, labels, features, self.optimizer.param_groups[0]["lr"],
-                                     pin=self.device.type == "cuda")
-            self.staged.copy_(host, non_blocking=True)
-            self.graph.replay()
-            return unpack_outputs(self.packed.clone(), self.places)
-        if isinstance(input_ids, np.ndarray):
-            input_ids, labels = to_device(input_ids, self.device), to_device(labels, self.device)
-            features = to_device(features, self.device, torch.float32)
         if self.failed and self.fallback is not None:
             return self.fallback(input_ids, labels, features)
         input_ids, labels, features = self._pad(input_ids, labels, features)
@@ -216,16 +123,13 @@ class GraphStep:
                 return self.fallback(input_ids, labels, features)
         if self.graph is None:
             return self._eager(input_ids, labels, features)
-        if input_ids.shape[0] != self.staging.rows:
-            raise ValueError(f"a training batch of {input_ids.shape[0]} rows for a step captured at "
-                             f"{self.staging.rows}")
         self.static["input_ids"].copy_(input_ids, non_blocking=True)
         self.static["labels"].copy_(labels, non_blocking=True)
         if features is not None:
             self.static["features"].copy_(features, non_blocking=True)
         self.lr.fill_(self.optimizer.param_groups[0]["lr"])
         self.graph.replay()
-        return unpack_outputs(self.packed.clone(), self.places)
+        return tuple(t.clone() for t in self.outputs)
 
     def _eager(self, input_ids, labels, features) -> StepOutputs:
         """One step outside the graph, on the side stream (as a capture's warm-up must be). Where Inductor fails
@@ -248,17 +152,8 @@ class GraphStep:
         return outputs
 
     def _capture(self, input_ids, labels, features) -> None:
-        # the graph's inputs: views into one device buffer that a replay fills by one copy (``Staging``)
-        self.staging = Staging(input_ids.shape[0], self.width, {
-            "input_ids": input_ids.dtype, "labels": labels.dtype, "features": None if features is None else
-            features.dtype})
-        self.staged = torch.zeros(self.staging.nbytes, dtype=torch.uint8, device=self.device)
-        views = self.staging.views(self.staged)
-        self.static = {name: views.get(name) for name in BATCH_FIELDS}
-        for name, value in zip(BATCH_FIELDS, (input_ids, labels, features), strict=True):
-            if value is not None:
-                self.static[name].copy_(value)
-        self.lr = views["lr"]
+        self.static = {"input_ids": input_ids.clone(), "labels": labels.clone(),
+                       "features": None if features is None else features.clone()}
         self.optimizer.zero_grad(set_to_none=True)  # the graph's backward allocates the gradients in its pool
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(self.device)
@@ -277,7 +172,6 @@ class GraphStep:
         try:
             with attention_kernels(self.model, self.flags, self.fused), torch.cuda.graph(graph):
                 self.outputs = self._body(self.static["input_ids"], self.static["labels"], self.static["features"])
-                self.packed, self.places = pack_outputs(self.outputs)
         except Exception as error:  # noqa: BLE001 - any failure: train on without the graph, and say why
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             self.optimizer.zero_grad(set_to_none=True)

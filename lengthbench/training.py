@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -198,9 +197,6 @@ class Trainer:
             forward_loss = torch.compile(forward_loss, dynamic=self.compile_dynamic, mode=self.compile_mode())
 
         def step(input_ids, labels, features):
-            if isinstance(input_ids, np.ndarray):  # host arrays, as the training loop gives them
-                input_ids, labels = to_device(input_ids, device), to_device(labels, device)
-                features = to_device(features, device, torch.float32)
             loss, correct, scored = forward_loss(input_ids, labels, features)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.grad_clip,
@@ -276,8 +272,10 @@ class Trainer:
                     lr = learning_rate(config, self.state.step)
                     for group in self.optimizer.param_groups:
                         group["lr"] = lr
-                    # host arrays: the step moves them (a replayed graph in one copy with the learning rate)
-                    loss, correct, scored, grad_norm = self.step_fn(input_ids, labels, features)
+                    loss, correct, scored, grad_norm = self.step_fn(
+                        to_device(input_ids, self.device), to_device(labels, self.device),
+                        to_device(features, self.device, torch.float32),
+                    )
                     guard.update(loss, grad_norm)
                     steps_here += 1
                     if self.compiled and steps_here in (1, 100):  # compilation and CUDA graph capture take the
