@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -254,13 +255,11 @@ class Trainer:
         # the selection's value, named where it is not the default (in distribution, the task's metric)
         val_label = " ".join(("validation", selection_words(config.selection, config.selection_metric))).strip()
         window_start, window_samples = time.perf_counter(), 0
-        loss_sum = torch.zeros((), device=self.device)
-        correct_sum = torch.zeros((), device=self.device, dtype=torch.long)
-        scored_sum = torch.zeros((), device=self.device, dtype=torch.long)
         report_every = 25
-        # the first step whose loss / gradient norm was not finite (-1: none yet), kept on the device so that
-        # the check costs no synchronisation per step; read where the loss is reported and before checkpoints
-        guard = _FiniteGuard(self.state.step, self.device)
+        # each step's loss, gradient norm and token counts since the last report, kept on the device so that a
+        # step costs two small launches and no synchronisation; read where the loss is reported and before
+        # checkpoints (where a loss or gradient norm that is not finite stops the run)
+        window = _StepWindow(report_every, self.state.step + 1, self.device)
         dense = attention_kernels(self.model, False) if self.dense else contextlib.nullcontext()
         with progress_bar(self.progress) as progress, dense:
             task_id = progress.add_task(f"train {config.run_id}", total=total, completed=self.state.step,
@@ -276,7 +275,7 @@ class Trainer:
                         to_device(input_ids, self.device), to_device(labels, self.device),
                         to_device(features, self.device, torch.float32),
                     )
-                    guard.update(loss, grad_norm)
+                    window.add(loss, correct, scored, grad_norm)
                     steps_here += 1
                     if self.compiled and steps_here in (1, 100):  # compilation and CUDA graph capture take the
                         # first steps' time; say where a compiled run stands before its first validation
@@ -286,9 +285,6 @@ class Trainer:
                                  "included)")
                         if steps_here == 100 and (message := save_compile_cache(self.compile_cache)):
                             self.log(message)  # by now every bucket width has come (one for the references)
-                    loss_sum += loss
-                    correct_sum += correct
-                    scored_sum += scored
                     self.state.step += 1
                     window_samples += config.batch_size
                     step = self.state.step
@@ -301,12 +297,11 @@ class Trainer:
                         self.on_metrics("validation", step, {"score": val_score, "best_score": self.state.best_score})
                     if step % report_every == 0 or step == total:
                         elapsed = time.perf_counter() - window_start
-                        steps_in_window = (step - 1) % report_every + 1
-                        mean_loss = loss_sum.item() / steps_in_window
-                        guard.check(config.run_id, lr)
-                        _check_finite(mean_loss, f"the mean loss of steps {step - steps_in_window + 1}-{step}",
-                                      config.run_id, lr)
-                        accuracy = correct_sum.item() / max(1, scored_sum.item())
+                        losses, norms, correct_n, scored_n = window.read()
+                        window.check(losses, norms, config.run_id, lr)
+                        mean_loss = float(losses.mean())
+                        _check_finite(mean_loss, f"the mean loss of steps {window.first}-{step}", config.run_id, lr)
+                        accuracy = int(correct_n.sum()) / max(1, int(scored_n.sum()))
                         self.state.history.append((step, mean_loss, val_score))
                         samples_per_second = window_samples / max(elapsed, 1e-9)
                         progress.update(task_id, completed=step, info=(
@@ -314,12 +309,11 @@ class Trainer:
                             f"{samples_per_second:,.0f} samples/s"))
                         self.on_metrics("train", step, {"loss": mean_loss, "accuracy": accuracy, "learning_rate": lr,
                                                         "samples_per_second": samples_per_second})
-                        loss_sum.zero_()
-                        correct_sum.zero_()
-                        scored_sum.zero_()
+                        window.restart(step + 1)
                         window_start, window_samples = time.perf_counter(), 0
                     if step % config.checkpoint_every == 0 and step < total:
-                        bad_loss = guard.check(config.run_id, lr)  # never save broken weights
+                        losses, norms, _, _ = window.read()
+                        bad_loss = window.check(losses, norms, config.run_id, lr)  # never save broken weights
                         if bad_loss >= 0:
                             _check_finite(float("nan"), f"the loss of step {bad_loss}", config.run_id, lr)
                         self.state.train_seconds = time.perf_counter() - started
@@ -341,26 +335,40 @@ def _check_finite(loss: float, what: str, run_id: str, lr: float) -> None:
                                "written, the last checkpoint is from before it. Rerun with a lower --lr")
 
 
-class _FiniteGuard:
-    """The first training step whose loss, and the first whose gradient norm, was not finite, tracked on the
-    device. A gradient norm that overflows while the loss is still finite breaks the weights (the clipped
-    update is NaN) one step before the loss shows it; the two cases call for different cures, so the error
-    says which came first."""
+class _StepWindow:
+    """The training steps since the last report, on the device: each step's loss and gradient norm (float32) and
+    its correct and scored token counts, two rows written by one launch each a step (the steps ahead of the host
+    need no synchronisation), read back at a report or a checkpoint. ``first`` is the number of the window's
+    first step; the window holds at most ``size`` steps."""
 
-    def __init__(self, step: int, device: torch.device):
-        self.step = torch.full((), step, dtype=torch.long, device=device)
-        self.bad_loss = torch.full((), -1, dtype=torch.long, device=device)
-        self.bad_grad = torch.full((), -1, dtype=torch.long, device=device)
+    def __init__(self, size: int, first: int, device: torch.device):
+        self.values = torch.zeros(size, 2, device=device)  # loss, gradient norm
+        self.counts = torch.zeros(size, 2, dtype=torch.long, device=device)  # correct, scored
+        self.first, self.n = first, 0
 
-    def update(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        self.step += 1
-        for first, value in ((self.bad_loss, loss), (self.bad_grad, grad_norm)):
-            first.copy_(torch.where((first < 0) & ~torch.isfinite(value), self.step, first))
+    def add(self, loss: torch.Tensor, correct: torch.Tensor, scored: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        if self.n == len(self.values):
+            raise RuntimeError(f"a window of {self.n} training steps is full: read it and restart it first")
+        torch.stack((loss.float(), grad_norm.float()), out=self.values[self.n])
+        torch.stack((correct.long(), scored.long()), out=self.counts[self.n])
+        self.n += 1
 
-    def check(self, run_id: str, lr: float) -> int:
-        """Raise if a gradient norm went non-finite before any loss did; else the first step with a
-        non-finite loss (-1: none), for the caller's message."""
-        bad_loss, bad_grad = int(self.bad_loss), int(self.bad_grad)
+    def read(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(losses, gradient norms, correct, scored)`` of the window's steps, on the host."""
+        values, counts = self.values[:self.n].cpu().numpy(), self.counts[:self.n].cpu().numpy()
+        return values[:, 0], values[:, 1], counts[:, 0], counts[:, 1]
+
+    def restart(self, first: int) -> None:
+        self.first, self.n = first, 0
+
+    def check(self, losses: np.ndarray, norms: np.ndarray, run_id: str, lr: float) -> int:
+        """Raise if a gradient norm went non-finite before any loss did (a gradient norm that overflows while the
+        loss is still finite breaks the weights, the clipped update NaN, one step before the loss shows it; the
+        two cases call for different cures, so the error says which came first); else the number of the first
+        step with a non-finite loss (-1: none), for the caller's message. Steps before the window were checked
+        when it started (a run stops at the first check that finds one)."""
+        bad_loss, bad_grad = (self.first + int(np.argmin(np.isfinite(x))) if not np.isfinite(x).all() else -1
+                              for x in (losses, norms))
         if bad_grad < 0 or (0 <= bad_loss <= bad_grad):
             return bad_loss
         raise TrainingDiverged(

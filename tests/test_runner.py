@@ -497,3 +497,33 @@ def test_dense_training_steps_on_references_and_validates_on_fused_ops(tmp_path,
     assert len(training) == 6 and not any(training)
     assert validation and all(validation)
     assert all(block.attn.use_kernels for block in trainer.model.blocks)
+
+
+def test_the_step_window_keeps_each_step_and_names_the_first_that_broke():
+    """The training loop's per-step record (two launches a step, read at reports and checkpoints): the window's
+    losses, norms and counts come back as written; a non-finite gradient norm before any non-finite loss is an
+    error naming its step, a non-finite loss first (or in the same step) is returned for the caller's message;
+    a full window refuses another step."""
+    import numpy as np
+
+    from lengthbench.errors import TrainingDiverged
+    from lengthbench.training import _StepWindow
+
+    window = _StepWindow(4, 26, torch.device("cpu"))
+    for loss, correct, scored, norm in ((2.5, 3, 8, 0.5), (2.0, 5, 8, 0.25), (1.5, 7, 9, 0.125)):
+        window.add(torch.tensor(loss), torch.tensor(correct), torch.tensor(scored), torch.tensor(norm))
+    losses, norms, correct, scored = window.read()
+    assert list(losses) == [2.5, 2.0, 1.5] and list(norms) == [0.5, 0.25, 0.125]
+    assert list(correct) == [3, 5, 7] and list(scored) == [8, 8, 9]
+    assert window.check(losses, norms, "r", 1e-3) == -1
+    nan, inf = float("nan"), float("inf")
+    assert window.check(np.array([1.0, nan, nan]), np.array([1.0, 1.0, nan]), "r", 1e-3) == 27
+    assert window.check(np.array([1.0, nan]), np.array([1.0, inf]), "r", 1e-3) == 27  # the same step: the loss's
+    with pytest.raises(TrainingDiverged, match=r"the gradient norm of step 27 is not finite while its loss was "
+                                               r"\(learning rate 0.001\)"):
+        window.check(np.array([1.0, 1.0, nan]), np.array([1.0, inf, nan]), "r", 1e-3)
+    window.add(torch.tensor(1.0), torch.tensor(1), torch.tensor(1), torch.tensor(1.0))
+    with pytest.raises(RuntimeError, match="window of 4 training steps is full"):
+        window.add(torch.tensor(1.0), torch.tensor(1), torch.tensor(1), torch.tensor(1.0))
+    window.restart(51)
+    assert window.first == 51 and [len(x) for x in window.read()] == [0, 0, 0, 0]
