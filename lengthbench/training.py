@@ -367,8 +367,11 @@ class _StepWindow:
         two cases call for different cures, so the error says which came first); else the number of the first
         step with a non-finite loss (-1: none), for the caller's message. Steps before the window were checked
         when it started (a run stops at the first check that finds one)."""
-        bad_loss, bad_grad = (self.first + int(np.argmin(np.isfinite(x))) if not np.isfinite(x).all() else -1
-                              for x in (losses, norms))
+        def first_bad(values: np.ndarray) -> int:
+            bad = np.flatnonzero(~np.isfinite(values))
+            return self.first + int(bad[0]) if bad.size else -1
+
+        bad_loss, bad_grad = first_bad(losses), first_bad(norms)
         if bad_grad < 0 or (0 <= bad_loss <= bad_grad):
             return bad_loss
         raise TrainingDiverged(
