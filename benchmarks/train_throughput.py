@@ -509,22 +509,21 @@ STICK_CAPTURE_BEFORE = {"fwd": [32, 32, 4, 2], "bwd": [32, 32, 4, 2]}
 OWN_DEFAULTS_BEFORE = ("softpick", "tra")
 # capture settings the library took after rows recorded theirs: rows from before ran without them
 CAPTURE_KEYS_SINCE = {"tda": ("fused_bwd",)}
-# keys the stick-breaking family's capture settings took later to keep what rows without them ran (the kernels'
-# defaults then: two-bf16 sums, the causal masks on every tile, no loads ahead, empty tiles' values skipped),
-# pinned for the training step when the long-context defaults moved on; sieve-entmax takes them in its ``walk``
-PINNED_SINCE = ("cumsum", "full_tiles", "prefetch", "skip_empty")
+# keys the stick-breaking family's capture settings took later, with what rows recorded without them ran (the
+# kernels' defaults then: two-bf16 sums, the causal masks on every tile, no loads ahead, empty tiles' values skipped);
+# sieve-entmax takes them in its ``walk``
+PINNED_BEFORE = {"cumsum": "bf16x2", "full_tiles": False, "prefetch": False, "skip_empty": True}
 
 
 def _pinned(settings: dict) -> dict:
-    """``settings`` (op -> capture settings) with the keys of :data:`PINNED_SINCE` that a stick-breaking op (or
-    sieve-entmax's walk) lacks filled with what it ran (``kernels.STICK_CAPTURE``'s)."""
-    pinned = {key: kernels.STICK_CAPTURE[key] for key in PINNED_SINCE}
+    """``settings`` (op -> capture settings) with the keys of :data:`PINNED_BEFORE` that a stick-breaking op (or
+    sieve-entmax's walk) lacks filled with what it ran."""
     out = {}
     for op, tuning in settings.items():
         if op in kernels.STICK_FAMILY:
-            tuning = {**pinned, **tuning}
+            tuning = {**PINNED_BEFORE, **tuning}
         elif op == "sieve-entmax" and isinstance(tuning.get("walk"), dict):
-            tuning = {**tuning, "walk": {**pinned, **tuning["walk"]}}
+            tuning = {**tuning, "walk": {**PINNED_BEFORE, **tuning["walk"]}}
         out[op] = tuning
     return out
 

@@ -98,15 +98,18 @@ CAPTURE_TUNING: dict[str, dict] = {
 STICK_FAMILY = ("stickbreaking", "sieve", "sieve-alg1")
 # the mechanisms that take the long-context op at every width under ``wide``
 WIDE_CAPTURE = (*STICK_FAMILY, "sieve-entmax")
-# The training step keeps the sums in two bf16 parts, the causal masks on every tile of Sieve's Algorithm 1, the
-# forward's loads in turn and the value loads of sieve-alg1's key tiles without a kept key skipped (its measured
-# form); the long-context defaults' one-bf16 sums, loads ahead and unskipped tiles (``stickbreaking.TUNING``) are not
-# yet measured through whole training steps (``LENGTHBENCH_CAPTURE_TUNING='{"stickbreaking": {"cumsum": "bf16",
-# "prefetch": true}}'`` compares them), but for the loads ahead in sieve-entmax's walk on Copy at batch 512: 0.78 of
-# softmax + RoPE's samples/s against 0.81 (H200, 2026-11-29, commit 8e537ab,
-# results/benchmarks/gpu_logs/entmax_threshold_unseen_keys.txt).
-STICK_CAPTURE = {"fwd": (64, 32, 4, 2), "bwd": (64, 32, 4, 2), "cumsum": "bf16x2", "full_tiles": False,
-                 "prefetch": False, "skip_empty": True}
+# The training step takes the long-context op's tiles, registers and one-bf16 sums (``stickbreaking.launch_config``'s
+# defaults: 64 query rows and 32 keys, the registers capped at 128 a thread in the forward up to head dim 64 and at 168
+# in the backward up to 32) and keeps the causal masks on every tile of Sieve's Algorithm 1, the forward's loads in
+# turn and the value loads of sieve-alg1's key tiles without a kept key skipped. Through whole training steps on Copy
+# at batch 512 (head dim 16), ratios to softmax + RoPE's samples/s, the step before (64 x 32 tiles without a register
+# cap, two-bf16 sums) -> one-bf16 sums -> one-bf16 sums and the capped registers: sieve-entmax 0.81 -> 0.80 -> 0.88,
+# stick-breaking 0.95 -> 0.94 -> 0.97, Sieve 0.85 -> 0.86 -> 0.89, sieve-alg1 0.86 -> 0.87 -> 0.90 (H200, 2026-11-29,
+# commit 10adcaa, results/benchmarks/gpu_logs/stick_capture_registers.txt). The loads ahead in sieve-entmax's walk,
+# same measure: 0.78 against 0.81 (commit 8e537ab, results/benchmarks/gpu_logs/entmax_threshold_unseen_keys.txt).
+STICK_CAPTURE = {"cumsum": "bf16", "full_tiles": False, "prefetch": False, "skip_empty": True}
+
+
 def _env_choice(variable: str, default: str, *others: str) -> str:
     """The environment's ``variable``: ``default`` where unset, else ``default`` or one of ``others`` (a
     ``ValueError`` that names them)."""

@@ -281,8 +281,7 @@ def test_capturable_stick_family_takes_the_long_context_op_with_its_training_til
     for tokens in (17, 128, 300):
         q = torch.zeros(1, 1, tokens, 4)
         op(q, q, q)
-    tiles = {"fwd": (64, 32, 4, 2), "bwd": (64, 32, 4, 2), "cumsum": "bf16x2", "full_tiles": False, "prefetch": False,
-             "skip_empty": True}
+    tiles = {"cumsum": "bf16", "full_tiles": False, "prefetch": False, "skip_empty": True}
     expected = dict(tiles, full_tiles=True) if mechanism == "stickbreaking" else tiles
     if mechanism == "sieve-entmax":
         expected = {"lists": False, "split": False, "threshold": "narrow", "walk": tiles}
@@ -313,8 +312,7 @@ def test_capture_tuning_environment_joins_the_capture_settings():
                            "print(json.dumps(kernels.CAPTURE_TUNING['sieve-alg1']))"],
                           env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"fwd": [64, 32, 4, 2], "bwd": [64, 32, 4, 2], "cumsum": "bf16x2",
-                                       "full_tiles": False, "prefetch": False, "skip_empty": True,
+    assert json.loads(done.stdout) == {"cumsum": "bf16", "full_tiles": False, "prefetch": False, "skip_empty": True,
                                        "rowmax_pass": "fused"}
 
 

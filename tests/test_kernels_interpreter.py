@@ -91,7 +91,7 @@ ROWWISE_FUSED = ("tiles-32x16-fused", dict(ROWWISE_TILES[1], fused_bwd=True))
 for _name in ("rectified", "rela", "softpick", "tra"):
     VARIANTS[_name] = [*VARIANTS.get(_name, []), ROWWISE_TILES, ROWWISE_FUSED]
 # and the settings a CUDA graph records (the training step's: lengthbench.kernels.CAPTURE_TUNING)
-STICK_TRAIN = dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2), cumsum="bf16x2", full_tiles=False, prefetch=False, skip_empty=True)
+STICK_TRAIN = dict(cumsum="bf16", full_tiles=False, prefetch=False, skip_empty=True)
 CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=False, split=False),
            "sieve-entmax": dict(lists=False, split=False, threshold="narrow", walk=dict(STICK_TRAIN)),
            "tda": dict(map=0, fwd=(32, 32, 4), dq=(32, 32, 4), dkdv=(64, 32, 4), fused_bwd=True, rows=(128, 32, 4)),

@@ -324,7 +324,9 @@ def test_alibi_path_of_rows_from_before_the_column():
 
 def test_stick_family_rows_count_with_todays_capture_settings(tmp_path):
     """The stick-breaking family's rows count where their capture settings are today's: a row from before the
-    settings were recorded ran 32-row tiles and stays out; a lever row whose settings are today's counts."""
+    settings were recorded ran 32-row tiles and stays out, and so does a lever row of then whose keys are today's
+    (today's tiles are the op's own, which the row's step took as those 32-row tiles); a row that recorded today's
+    settings counts."""
     from lengthbench import kernels
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -337,13 +339,16 @@ def test_stick_family_rows_count_with_todays_capture_settings(tmp_path):
     frame = pd.DataFrame([old, lever, recorded])
     settings = train_throughput.capture_settings(frame)
     today = train_throughput.today_capture(stick)
-    assert kernels.CAPTURE_TUNING[stick]["fwd"] != tuple(train_throughput.STICK_CAPTURE_BEFORE["fwd"])
-    assert list(settings == today) == [False, True, True]
+    assert "fwd" not in kernels.CAPTURE_TUNING[stick]
+    assert list(settings == today) == [False, False, True]
 
 
-def test_stick_rows_recorded_before_the_pinned_sums_count_as_todays_step():
-    """The training step pins the stick-breaking kernels' two-bf16 sums (and Sieve's ops' masked tiles) that rows
-    recorded without those keys ran: such rows count as today's step; a row of the one-bf16 lever does not."""
+def test_stick_rows_before_the_one_bf16_sums_are_not_todays_step():
+    """Rows recorded without the pinned keys ran two-bf16 sums (and Sieve's ops' masked tiles): with the 64 x 32
+    tiles and uncapped registers they recorded, they are not today's step (the long-context op's tiles, registers
+    and one-bf16 sums); a row that recorded today's settings is, and so is one of today's keys in another order."""
+    from lengthbench import kernels
+
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import train_throughput
 
@@ -352,10 +357,14 @@ def test_stick_rows_recorded_before_the_pinned_sums_count_as_todays_step():
               "sieve-entmax": {"lists": False, "split": False, "threshold": "narrow",
                                "walk": {"fwd": [64, 32, 4, 2], "bwd": [64, 32, 4, 2]}}}
     lever = {"stickbreaking": {**before["stickbreaking"], "cumsum": "bf16"}}
+    today = {op: kernels.CAPTURE_TUNING[op] for op in ("sieve", "sieve-entmax")}
+    reordered = {"sieve-alg1": dict(reversed(list(kernels.CAPTURE_TUNING["sieve-alg1"].items())))}
+    cases = [*before.items(), *lever.items(), *today.items(), *reordered.items()]
     rows = pd.DataFrame([dict(attn=op, fused_ops=op, capture_stick="wide", capture_settings=json.dumps({op: tuning}))
-                         for op, tuning in [*before.items(), *lever.items()]])
-    today = [train_throughput.today_capture(op) for op in rows["fused_ops"]]
-    assert list(train_throughput.capture_settings(rows) == today) == [True, True, True, False]
+                         for op, tuning in cases])
+    expected = [train_throughput.today_capture(op) for op in rows["fused_ops"]]
+    assert list(train_throughput.capture_settings(rows) == expected) == [False, False, False, False, True, True, True]
+    assert "fwd" not in kernels.CAPTURE_TUNING["stickbreaking"] and kernels.CAPTURE_TUNING["sieve"]["cumsum"] == "bf16"
 
 
 def test_tda_rows_before_the_capture_column_ran_the_dq_kernel():
