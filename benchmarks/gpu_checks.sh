@@ -11,7 +11,8 @@
 #   bash benchmarks/gpu_checks.sh eval-trained OUT  # trains small MQRAR and MQMTAR models (about 10 minutes), then
 #                                                    # times their scoring at 65,536 tokens and their kernels' inputs
 #   bash benchmarks/gpu_checks.sh throughput OUT  # training throughput of the paper models (default step, batch 128;
-#                                                  # BATCH=512 for the other; TASKS, PES, WARM_JOBS), one command
+#                                                  # BATCH=512 for the other; TASKS, PES, WARM_JOBS; ATTNS: some
+#                                                  # mechanisms only, softmax + RoPE always first), one command
 #   bash benchmarks/gpu_checks.sh warmup OUT      # each cell's warm-up alone in empty caches (a fresh machine's)
 #   bash benchmarks/gpu_checks.sh parity OUT      # short trainings of the default step and the step before it
 #   bash benchmarks/gpu_checks.sh profile OUT     # where the training step's GPU time goes, per kernel, ATTNS against
@@ -93,9 +94,13 @@ case "$part" in
     # results/benchmarks/gpu_logs/train_throughput_copy_b512_warmup.txt). PES chooses the encodings (e.g. rope,nape).
     # Alone on the machine: commands on several GPUs of one host at once starve each other's data workers
     # (results/benchmarks/gpu_logs/train_throughput_four_at_once.txt)
+    # ATTNS (comma-separated) measures those mechanisms only, after softmax + RoPE (the ratios' baseline), e.g. the cells
+    # that a change of one mechanism's kernels leaves out of the table until measured again
     if [ "${BATCH:-128}" = 512 ]; then timed="--steps 200 --warmup 100"; else timed="--steps 300 --warmup 20"; fi
+    attns=softmax,ssmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda
+    if [ -n "${ATTNS:-}" ]; then attns="softmax,$(tr , '\n' <<< "$ATTNS" | grep -vx softmax | paste -sd, -)"; fi
     python3 benchmarks/train_throughput.py --tasks "${TASKS:-mqmtar,mqrar,copy}" --preset paper --pes "${PES:-rope}" \
-      --batch-sizes "${BATCH:-128}" --attns softmax,ssmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda \
+      --batch-sizes "${BATCH:-128}" --attns "$attns" \
       $timed --warm-jobs "${WARM_JOBS:-12}" --out "$out/throughput_b${BATCH:-128}" 2>&1 \
       | grep -v -i warn | tee -a "$out/throughput_log.txt" ;;
   warmup)

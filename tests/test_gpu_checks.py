@@ -32,3 +32,25 @@ def test_ab_names_what_it_needs(tmp_path):
                                                     if k not in ("ATTNS", "CAPTURE", "NARROW", "ENV")}, **env})
         assert done.returncode == 2 and done.stderr.startswith("error: ab needs ATTNS"), done.stderr
         assert not (tmp_path / "out" / "ab_log.txt").exists()
+
+
+def test_throughput_attns_measures_those_after_softmax(tmp_path):
+    """``throughput`` with ``ATTNS``: those mechanisms only, softmax + RoPE (the baseline) first and not twice;
+    without it, every mechanism."""
+    import os
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text('#!/bin/bash\necho "$@" >> "$ARGS_LOG"\necho measured\n')
+    (fake / "python3").chmod(0o755)
+    log = tmp_path / "args.txt"
+    base = {k: v for k, v in os.environ.items() if k not in ("ATTNS", "TASKS", "PES", "BATCH")}
+    for attns in ("sieve,softmax,stickbreaking", None):
+        env = {**base, "PATH": f"{fake}:{base['PATH']}", "ARGS_LOG": str(log), **({"ATTNS": attns} if attns else {})}
+        done = subprocess.run(["bash", str(SCRIPT), "throughput", str(tmp_path / "out")], capture_output=True,
+                              text=True, cwd=tmp_path, env=env)
+        assert done.returncode == 0, done.stderr
+    calls = [line.split() for line in log.read_text().splitlines()]
+    chosen = [call[call.index("--attns") + 1] for call in calls]
+    assert chosen[0] == "softmax,sieve,stickbreaking"
+    assert chosen[1].startswith("softmax,") and len(chosen[1].split(",")) == 11
