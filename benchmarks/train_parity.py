@@ -52,19 +52,22 @@ def train_one(task: str, attn: str, pe: str, seed: int, train_step: str, train_s
 
 
 def summary(rows: pd.DataFrame, steps: list[str]) -> pd.DataFrame:
-    """Per cell: each step's seed mean of the 1x token accuracy, the difference to the first step's, and the
-    largest spread between two seeds of one step (what the difference is compared with)."""
+    """Per cell: each step's seed mean of the 1x token accuracy, the difference to the reference's (``reference``:
+    the first of ``steps`` that ran the cell, so that merged runs of other cells leave it its own), and the largest
+    spread between two seeds of one step (what the difference is compared with)."""
     out = []
     for cell, group in rows.groupby("cell", sort=False):
+        ran = [step for step in steps if (group["train_step"] == step).any()]
         means = {step: group[group["train_step"] == step]["id_token_accuracy"].mean() for step in steps}
         spread = max(float(group[group["train_step"] == step]["id_token_accuracy"].agg(lambda s: s.max() - s.min()))
-                     for step in steps)
-        entry = {"cell": cell, "seeds": group["seed"].nunique()}
+                     for step in ran)
+        entry = {"cell": cell, "seeds": group["seed"].nunique(), "reference": ran[0]}
         entry.update({f"{step} 1x token acc": means[step] for step in steps})
-        entry.update({f"{step} - {steps[0]}": means[step] - means[steps[0]] for step in steps[1:]})
+        entry.update({f"{step} - reference": means[step] - means[ran[0]] for step in steps[1:]
+                      if step != ran[0]})
         entry["seed spread"] = spread
         out.append(entry)
-    return pd.DataFrame(out)
+    return pd.DataFrame(out).dropna(axis=1, how="all")  # a difference no cell has
 
 
 def main() -> None:
@@ -181,7 +184,8 @@ def write(frame: pd.DataFrame, out: Path, preset: str) -> None:
         "# Training parity: the default step against the step before it\n\n"
         f"{runs}\n\n"
         f"Each run: the `{preset}` preset with the samples shown, selected in distribution, scored on the task's "
-        "held-out samples at 1x. `seed spread`: the largest difference between two seeds of one step."
+        "held-out samples at 1x. `reference`: the newest step that ran the cell; `X - reference`: step X's seed mean less "
+        "the reference's. `seed spread`: the largest difference between two seeds of one step."
         + (" A step's commit follows its name where the rows come from several runs."
            if frame["command"].nunique() > 1 else "")
         + "\n\n" + frame_markdown(table.round(4)) + "\n\n"

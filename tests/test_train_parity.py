@@ -23,7 +23,8 @@ def test_summary_compares_the_steps_seed_means_with_the_seed_spread():
     row = table.iloc[0]
     assert row["graph-compiled 1x token acc"] == pytest.approx(0.55)
     assert row["compiled 1x token acc"] == pytest.approx(0.72)
-    assert row["compiled - graph-compiled"] == pytest.approx(0.17)
+    assert row["reference"] == "graph-compiled"
+    assert row["compiled - reference"] == pytest.approx(0.17)
     assert row["seed spread"] == pytest.approx(0.10)  # the larger of the two steps' spreads
     assert row["seeds"] == 2
 
@@ -53,7 +54,7 @@ def test_merged_runs_name_each_step_by_its_commit_newest_first(tmp_path):
     _, steps = parity.labelled(pd.concat([old, new], ignore_index=True))
     assert steps == ["graph-compiled at bbb", "graph-compiled at aaa", "compiled at aaa"]
     text = (tmp_path / "out" / "train_parity.md").read_text()
-    assert "graph-compiled at aaa - graph-compiled at bbb" in text and "commit bbb" in text
+    assert "graph-compiled at aaa - reference" in text and "commit bbb" in text
     assert len(pd.read_parquet(tmp_path / "out" / "train_parity.parquet")) == 3
 
 
@@ -70,5 +71,25 @@ def test_a_step_run_under_a_path_variable_is_its_own_step():
     assert steps == ["graph-compiled (LENGTHBENCH_VIEWS=compiled) at ccc", "graph-compiled at ccc"]
     assert parity.path_variables("LENGTHBENCH_VIEWS=op OTHER=1 python x.py A=B") == "LENGTHBENCH_VIEWS=op"
     table = parity.summary(shown.assign(train_step=shown["step"]), steps)
-    assert table.iloc[0]["graph-compiled at ccc - graph-compiled (LENGTHBENCH_VIEWS=compiled) at ccc"] == \
-        pytest.approx(-0.4)
+    assert table.iloc[0]["reference"] == "graph-compiled (LENGTHBENCH_VIEWS=compiled) at ccc"
+    assert table.iloc[0]["graph-compiled at ccc - reference"] == pytest.approx(-0.4)
+
+
+def test_a_cell_the_newest_run_left_out_keeps_its_own_reference_and_spread():
+    """Merged runs where the newest trained one cell only: the other cell compares against its own newest step, and
+    its seed spread stays that of the steps that ran it."""
+    rows = pd.DataFrame([
+        dict(cell="a", seed=0, train_step="new", id_token_accuracy=0.30),
+        dict(cell="a", seed=1, train_step="new", id_token_accuracy=0.32),
+        dict(cell="a", seed=0, train_step="old", id_token_accuracy=0.35),
+        dict(cell="b", seed=0, train_step="old", id_token_accuracy=0.90),
+        dict(cell="b", seed=1, train_step="old", id_token_accuracy=0.70),
+        dict(cell="b", seed=0, train_step="older", id_token_accuracy=0.50),
+    ])
+    table = parity.summary(rows, ["new", "old", "older"]).set_index("cell")
+    assert table.loc["a", "reference"] == "new" and table.loc["b", "reference"] == "old"
+    assert table.loc["a", "old - reference"] == pytest.approx(0.04)
+    assert table.loc["b", "older - reference"] == pytest.approx(-0.30)
+    assert pd.isna(table.loc["b", "old - reference"])  # the reference against itself: no entry
+    assert table.loc["b", "seed spread"] == pytest.approx(0.20)
+    assert table.loc["a", "seed spread"] == pytest.approx(0.02)
