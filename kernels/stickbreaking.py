@@ -71,8 +71,8 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     - ``fwd``, ``bwd``: the forward's and the backward's tiles ``(bm, bn, warps, stages[, maxnreg])`` (None:
       64 query rows and 32 keys, 32 x 32 past head dim 64, ``Problem.num_warps``, 2 stages, the registers
       capped at 128 in the forward up to head dim 64 and at 168 in the backward up to 32); ``rowmax`` those of
-      ``sieve_alg1_attention``'s row-max pass (None: ``Problem.fwd_block`` rows, ``Problem.block`` keys,
-      ``Problem.fwd_warps``, 2). ``maxnreg`` caps the kernel's registers a thread (``max_registers``; 0 or left
+      ``sieve_alg1_attention``'s row-max pass (None: 64 query rows, 128 keys, 4 warps and 3 stages up to head dim
+      64, past it ``Problem.fwd_block`` rows, ``Problem.block`` keys, ``Problem.fwd_warps``, 2). ``maxnreg`` caps the kernel's registers a thread (``max_registers``; 0 or left
       out: the compiler's choice).
     - ``cumsum``: the in-tile cumulative sums of softplus (and of the backward's ``c``): ``scan``
       (``tl.cumsum``), or products with a triangular ones matrix on the tensor cores: ``dot`` (the operand in
@@ -132,7 +132,12 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       without masks: at 65,536 tokens, head dim 32, sieve-alg1's whole forward on random inputs went from 17.0 ms
       (most of it the pass) to 5.8 (H200, 2026-11-28, commits 570715b and ee3ddb6). Before that change ``fused``
       took 21.4 ms against 17.2, and no other tiles of the pass beat its defaults (commit 08d3a61,
-      results/benchmarks/gpu_logs/long_walks_bf16_sums.txt).
+      results/benchmarks/gpu_logs/long_walks_bf16_sums.txt). After it, side by side (65,536 tokens, H200,
+      2026-11-29, commit 82b7899, results/benchmarks/gpu_logs/sieve_alg1_rowmax_tiles.txt): the pass on 64 x 128
+      tiles (4 warps, 3 stages) against the 128 x 64 before (8 warps, 2 stages) took sieve-alg1's forward on random
+      inputs from 5.79 to 5.36 ms at head dim 32 and from 8.98 to 8.33 at 64, on walk8 inputs from 50.7 to 49.7
+      and 62.9 to 62.6; 128 x 128 and 256 x 64 tiles were slower, ``fused`` slower still (random 11.6 and 15.0 ms,
+      walk8 55.9 and 69.6).
     """
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(TUNING))
@@ -146,7 +151,7 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     # and, up to head dim 32, at 168 in the backward (three)
     narrow = (64, 32, pb.num_warps, 2) if pb.block_d <= 64 else (32, 32, pb.num_warps, 2)
     defaults = dict(fwd=(*narrow, 128 if pb.block_d <= 64 else 0), bwd=(*narrow, 168 if pb.block_d <= 32 else 0),
-                    rowmax=(pb.fwd_block, pb.block, pb.fwd_warps, 2))
+                    rowmax=(64, 128, 4, 3) if pb.block_d <= 64 else (pb.fwd_block, pb.block, pb.fwd_warps, 2))
     for key, default in defaults.items():
         tiles = tuple(int(x) for x in (config[key] or default))
         bm, bn, warps, stages, regs = (*tiles, 0) if len(tiles) == 4 else tiles if len(tiles) == 5 else (0,) * 5
