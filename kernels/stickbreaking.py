@@ -36,7 +36,7 @@ spent within a few keys and every key tile of a row is visited. On an H200 at 65
 -8 (``benchmarks/kernels.py --inputs walk8``), head dim 32, SDPA 19.9 / 73.0 ms forward / forward+backward:
 stick-breaking 163 / 495 ms on the first forms (the ``previous`` rows of results/benchmarks/kernels.md), 75.7 /
 297 on 64 x 64 tiles with two-bf16 sums (``bf16x2-64x64``), 39.2 / 191 on these defaults; sieve-alg1 123 / 405 ->
-51.1 / 198. Nsight Compute put the 64 x 64 kernels at 255 registers a thread, two programs a multiprocessor and
+49.6 / 196 (its row-max pass on 64 x 128 tiles). Nsight Compute put the 64 x 64 kernels at 255 registers a thread, two programs a multiprocessor and
 under half the issue slots busy, the backward spilling (results/benchmarks/gpu_logs/long_walks_bf16_sums.txt);
 the steps since are in results/benchmarks/gpu_logs/long_walks_prefetch.txt.
 """
