@@ -36,9 +36,10 @@ spent within a few keys and every key tile of a row is visited. On an H200 at 65
 -8 (``benchmarks/kernels.py --inputs walk8``), head dim 32, SDPA 19.9 / 73.0 ms forward / forward+backward:
 stick-breaking 163 / 495 ms on the first forms (the ``previous`` rows of results/benchmarks/kernels.md), 75.7 /
 297 on 64 x 64 tiles with two-bf16 sums (``bf16x2-64x64``), 39.2 / 191 on these defaults; sieve-alg1 123 / 405 ->
-49.6 / 196 (its row-max pass on 64 x 128 tiles). Nsight Compute put the 64 x 64 kernels at 255 registers a thread, two programs a multiprocessor and
-under half the issue slots busy, the backward spilling (results/benchmarks/gpu_logs/long_walks_bf16_sums.txt);
-the steps since are in results/benchmarks/gpu_logs/long_walks_prefetch.txt.
+49.6 / 196 (its row-max pass on 64 x 128 tiles). Nsight Compute put the 64 x 64 kernels at 255 registers a
+thread, two programs a multiprocessor and under half the issue slots busy, the backward spilling
+(results/benchmarks/gpu_logs/long_walks_bf16_sums.txt); the steps since are in
+results/benchmarks/gpu_logs/long_walks_prefetch.txt and sieve_alg1_rowmax_tiles.txt.
 """
 
 from __future__ import annotations
@@ -72,8 +73,8 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       64 query rows and 32 keys, 32 x 32 past head dim 64, ``Problem.num_warps``, 2 stages, the registers
       capped at 128 in the forward up to head dim 64 and at 168 in the backward up to 32); ``rowmax`` those of
       ``sieve_alg1_attention``'s row-max pass (None: 64 query rows, 128 keys, 4 warps and 3 stages up to head dim
-      64, past it ``Problem.fwd_block`` rows, ``Problem.block`` keys, ``Problem.fwd_warps``, 2). ``maxnreg`` caps the kernel's registers a thread (``max_registers``; 0 or left
-      out: the compiler's choice).
+      64, past it ``Problem.fwd_block`` rows, ``Problem.block`` keys, ``Problem.fwd_warps``, 2). ``maxnreg`` caps
+      the kernel's registers a thread (``max_registers``; 0 or left out: the compiler's choice).
     - ``cumsum``: the in-tile cumulative sums of softplus (and of the backward's ``c``): ``scan``
       (``tl.cumsum``), or products with a triangular ones matrix on the tensor cores: ``dot`` (the operand in
       tf32: 10 bits), ``dot2`` (two products, the operand split into its tf32 head and the rest: about 21
