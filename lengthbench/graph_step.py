@@ -16,9 +16,11 @@ SSMax). The references are host-sync free too (no ``.item()``, no data-dependent
 once at the one width in the first eager step (each fused op of ``lengthbench.kernels.IN_GRAPH``, every one by
 default, is a node of that graph, ``kernels/_bridge.py``; an op outside it is a graph break, and Inductor compiles
 the pieces between); without it they run eagerly, one kernel per operation (a capture takes under a second, but
-the unfused kernels cost time of their own). Every number: results/benchmarks/train_throughput.md. The optimizer is AdamW with ``capturable=True`` and
-``fused=True``; its learning rate is a device tensor that the replay reads, filled from the parameter group's
-float before each replay (the schedule stays :func:`lengthbench.training.learning_rate`).
+the unfused kernels cost time of their own). Every number: results/benchmarks/train_throughput.md.
+
+The optimizer is AdamW with ``capturable=True`` and ``fused=True``; it clips the gradients as it reads them
+(:func:`clipped_step`); its learning rate is a device tensor that the replay reads, filled from the parameter
+group's float before each replay (the schedule stays :func:`lengthbench.training.learning_rate`).
 
 The first ``eager_steps`` batches train eagerly, on a side stream, with the same code (cuBLAS handles and the
 optimizer's state are created there, as a capture needs); the next one is captured and replayed. A capture that
@@ -41,6 +43,22 @@ StepOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 def graph_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
     """The AdamW that a captured step can replay: fused, capturable (its step count on the device)."""
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True, capturable=True)
+
+
+def clipped_step(optimizer: torch.optim.Optimizer, parameters, max_norm: float) -> torch.Tensor:
+    """``clip_grad_norm_(parameters, max_norm)`` then ``optimizer.step()``, with the clipping done inside the fused
+    AdamW's pass: the gradients' total norm is computed, and the optimizer divides every gradient by
+    ``max(1, (norm + 1e-6) / max_norm)`` as it reads it (its ``grad_scale``, the hook ``GradScaler`` uses; the
+    divided gradients are written back, as clipping leaves them). One pass over the gradients and its launches
+    fewer than clipping them first. Returns the total norm before clipping, as ``clip_grad_norm_`` does."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
+    optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale  # no later step (an eager fallback) may divide by it again
+    return norm
 
 
 def reference_flags(model) -> list[bool]:
@@ -95,8 +113,7 @@ class GraphStep:
     def _body(self, input_ids, labels, features) -> StepOutputs:
         loss, correct, scored = self.forward_loss(input_ids, labels, features)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip, foreach=True)
-        self.optimizer.step()
+        norm = clipped_step(self.optimizer, self.model.parameters(), self.grad_clip)
         return loss.detach(), correct, scored, norm.detach()
 
     def _pad(self, input_ids, labels, features):

@@ -145,3 +145,31 @@ def test_inductor_options_default_env_and_unknown(monkeypatch):
         monkeypatch.setenv(INDUCTOR_OPTIONS_ENV, text)
         with pytest.raises(ValueError, match=message):
             inductor_options()
+
+
+def test_the_clipping_inside_adamw_steps_as_clip_grad_norm_then_step():
+    """The captured step clips through the fused AdamW's ``grad_scale``: parameters, gradients and the norm agree
+    with ``clip_grad_norm_`` then ``step``, clipped (a large loss) or not, and no scale is left for a later step."""
+    from lengthbench.graph_step import clipped_step
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 11, (4, 9))
+    models = [_tiny_model("softmax", "rope") for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1, fused=True) for m in models]
+    for weight in (100.0, 1e-3, 100.0):
+        norms = []
+        for index, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+            optimizer.zero_grad()
+            (model(ids).float().pow(2).mean() * weight).backward()
+            if index == 0:
+                norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True))
+                optimizer.step()
+            else:
+                norms.append(clipped_step(optimizer, model.parameters(), 1.0))
+        assert not hasattr(optimizers[1], "grad_scale")
+        assert (norms[0] > 1.0) == (weight > 1.0)
+        torch.testing.assert_close(norms[1], norms[0], rtol=1e-6, atol=0)
+        for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-8)

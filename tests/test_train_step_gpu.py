@@ -194,3 +194,42 @@ def test_asentmax_w_gamma_gradient_of_the_graph_step(train_step, tmp_path):
     bound = bounds("asentmax", bf16_sensitivity(trainer.model, *batch))
     gammas = {name: (error, bound[name]) for name, error in errors.items() if name.endswith("w_gamma")}
     assert len(gammas) == 4 and all(error < limit for error, limit in gammas.values()), gammas
+
+
+@pytest.mark.gpu
+def test_the_captured_step_clips_as_clip_grad_norm_then_adamw():
+    """The graph's clipping inside the fused AdamW (``graph_step.clipped_step``) against ``clip_grad_norm_`` then
+    the optimizer's step, eagerly on a copy of the model, over the eager steps, the capture and replays, with the
+    clip active (a norm far above 0.05): the returned norms, the clipped gradients, AdamW's moments and the
+    weights. The moments hold the clipped gradients: a step that skipped the clipping moves them 20 and more
+    times too far."""
+    from lengthbench.graph_step import GraphStep, graph_optimizer
+    from lengthbench.models.decoder import Decoder, ModelConfig
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    graph_model = Decoder(ModelConfig(vocab_size=11, d_model=64, n_layers=2, n_heads=4, ffn=128, attn="softmax",
+                                      pe="rope")).to(device)
+    eager_model = copy.deepcopy(graph_model)
+    clip = 0.05
+    step = GraphStep(graph_model, graph_optimizer(graph_model, 1e-3, 0.1), clip, width=24)
+    reference = GraphStep(eager_model, graph_optimizer(eager_model, 1e-3, 0.1), clip, width=24)
+    for index in range(6):
+        ids = torch.randint(0, 11, (8, 24), device=device)
+        labels = torch.randint(0, 11, (8, 24), device=device)
+        _, _, _, norm = step(ids, labels, None)
+        reference.optimizer.zero_grad(set_to_none=True)
+        loss, _, _ = reference._forward_loss(ids, labels, None)
+        loss.backward()
+        expected = torch.nn.utils.clip_grad_norm_(eager_model.parameters(), clip, foreach=True)
+        reference.optimizer.step()
+        torch.cuda.synchronize()
+        assert float(expected) > 20 * clip, float(expected)
+        torch.testing.assert_close(norm, expected, rtol=1e-3, atol=0)
+        for (name, p), q in zip(graph_model.named_parameters(), eager_model.parameters(), strict=True):
+            mine, theirs = step.optimizer.state[p], reference.optimizer.state[q]
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-2, atol=1e-6, msg=f"step {index} {name} grad")
+            torch.testing.assert_close(mine["exp_avg"], theirs["exp_avg"], rtol=1e-2, atol=1e-6,
+                                       msg=f"step {index} {name} exp_avg")
+            torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5, msg=f"step {index} {name}")
+    assert step.graph is not None, step.failed
