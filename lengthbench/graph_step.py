@@ -18,6 +18,12 @@ default, is a node of that graph, ``kernels/_bridge.py``; an op outside it is a 
 the pieces between); without it they run eagerly, one kernel per operation (a capture takes under a second, but
 the unfused kernels cost time of their own). Every number: results/benchmarks/train_throughput.md.
 
+The matrices are cast to bf16 once a step, all in one launch: each ``nn.Linear``'s weight and bias has a bf16
+shadow (:func:`linear_parameters`) that the step's forward reads instead of the float32 parameter (autocast would
+cast each one on its own, forward and backward: two launches per weight), and the shadows' bf16 gradients are
+copied into the parameters' float32 ``.grad`` in one launch. The values are autocast's: a linear under bf16
+autocast reads its weight rounded to bf16, and its weight gradient comes out of a bf16 matmul.
+
 The optimizer is AdamW with ``capturable=True`` and ``fused=True``; it clips the gradients as it reads them
 (:func:`clipped_step`); its learning rate is a device tensor that the replay reads, filled from the parameter
 group's float before each replay (the schedule stays :func:`lengthbench.training.learning_rate`).
@@ -61,6 +67,15 @@ def clipped_step(optimizer: torch.optim.Optimizer, parameters, max_norm: float) 
     return norm
 
 
+def linear_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The parameters of ``model``'s ``nn.Linear`` modules (weights and biases), by name: the ones that bf16
+    autocast casts whole to bf16 before every use (the models use them in nothing but their linear maps)."""
+    names = {f"{prefix}.{name}" if prefix else name
+             for prefix, module in model.named_modules() if isinstance(module, torch.nn.Linear)
+             for name, _ in module.named_parameters(recurse=False)}
+    return {name: p for name, p in model.named_parameters() if name in names}
+
+
 def reference_flags(model) -> list[bool]:
     """Each attention layer's ``use_kernels`` inside a graph on the dense references: off where the layer would
     call a fused Triton op (it runs its dense reference instead), on elsewhere (torch SDPA)."""
@@ -89,6 +104,12 @@ class GraphStep:
         self.fused = bool(fused)
         self.flags = [block.attn.use_kernels for block in model.blocks] if self.fused else reference_flags(model)
         self.lr = torch.zeros((), device=self.device, dtype=torch.float32)
+        # bf16 shadows of the linear maps' parameters (module docstring); float32 ones (``shadow_dtype``) make
+        # the step the plain one, as on a CPU
+        self.shadow_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.sources = linear_parameters(model)
+        self.shadows = {name: torch.empty_like(p, dtype=self.shadow_dtype).requires_grad_()
+                        for name, p in self.sources.items()}
         self.graph: torch.cuda.CUDAGraph | None = None
         self.failed = ""  # why the capture failed ("" while it has not)
         self.steps = 0
@@ -102,17 +123,29 @@ class GraphStep:
                              if compile_forward else self._forward_loss)
 
     # -- the step's body, the same eagerly and in the capture ------------------------------------------------
-    def _forward_loss(self, input_ids, labels, features):
+    def _forward_loss(self, input_ids, labels, features, shadows):
         with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):  # no weight cache in a graph
-            logits = self.model(input_ids, features)
+            logits = torch.func.functional_call(self.model, shadows, (input_ids, features), strict=False)
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
         scored = labels != IGNORE_INDEX
         correct = ((logits.argmax(-1) == labels) & scored).sum()
         return loss, correct, scored.sum()
 
     def _body(self, input_ids, labels, features) -> StepOutputs:
-        loss, correct, scored = self.forward_loss(input_ids, labels, features)
+        shadows, sources = list(self.shadows.values()), list(self.sources.values())
+        for shadow in shadows:
+            shadow.grad = None  # the backward writes a shadow's gradient, never adds to an older one
+        with torch.no_grad():
+            torch._foreach_copy_(shadows, sources)
+        loss, correct, scored = self.forward_loss(input_ids, labels, features, self.shadows)
         loss.backward()
+        with torch.no_grad():  # a linear map this forward left out keeps no gradient, as without the shadows
+            pairs = [(p, shadow.grad) for p, shadow in zip(sources, shadows, strict=True) if shadow.grad is not None]
+            for p, _ in pairs:
+                if p.grad is None:
+                    p.grad = torch.empty_like(p)
+            if pairs:
+                torch._foreach_copy_([p.grad for p, _ in pairs], [grad for _, grad in pairs])
         norm = clipped_step(self.optimizer, self.model.parameters(), self.grad_clip)
         return loss.detach(), correct, scored, norm.detach()
 

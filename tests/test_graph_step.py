@@ -6,6 +6,8 @@ Fake tensors have no values, so a forward and backward under ``FakeTensorMode`` 
 operations: every mechanism's reference runs there as the graph would record it.
 """
 
+import copy
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import (
@@ -173,3 +175,35 @@ def test_the_clipping_inside_adamw_steps_as_clip_grad_norm_then_step():
         for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
             torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-8)
+
+
+def test_the_step_through_the_linear_shadows_gives_the_plain_gradients():
+    """The step's forward reads the linear maps' parameters through their shadows (bf16 on CUDA; float32 here, so
+    the values must agree) and copies the shadows' gradients into the parameters': each parameter ends with the
+    gradient of the plain model, the norms' and embeddings' included, over two steps."""
+    from lengthbench.graph_step import linear_parameters
+
+    torch.manual_seed(0)
+    model = _tiny_model("asentmax", "nape", has_features=True)
+    reference = copy.deepcopy(model)
+    names = set(linear_parameters(model))
+    assert {"blocks.0.attn.qkv.weight", "head.weight"} <= names
+    assert any(name.endswith(".bias") for name in names)  # the feature encoder's linear maps
+    assert not any("norm" in name or name.startswith("embed.") for name in names)
+    step = GraphStep(model, torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True, capturable=True), 1e9,
+                     width=9)
+    ids, labels, features = torch.randint(0, 11, (3, 9)), torch.randint(0, 11, (3, 9)), torch.rand(3, 9)
+    for _ in range(2):  # the second step: no shadow gradient is added to the first one's
+        step.optimizer.zero_grad(set_to_none=True)
+        step._body(ids, labels, features)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2, fused=True)
+    for _ in range(2):
+        reference_optimizer.zero_grad(set_to_none=True)
+        logits = reference(ids, features)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()).backward()
+        reference_optimizer.step()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=name)
