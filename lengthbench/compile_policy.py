@@ -36,12 +36,14 @@ _GRAPH_FIELDS = ("task", "task_params", "attn", "attn_params", "pe", "pe_params"
 
 @functools.lru_cache(maxsize=1)
 def model_source_digest() -> str:
-    """A digest of the code the compiled step traces (the models' modules and the training step): a cache file
+    """A digest of the code the compiled step traces (the models' modules and both training steps): a cache file
     written by other code is another file, not a stale one that shadows the new graphs (a changed formula under
     an unchanged configuration)."""
     import lengthbench.models as models
 
-    files = sorted(Path(models.__file__).parent.rglob("*.py")) + [Path(__file__).with_name("training.py")]
+    here = Path(__file__)
+    files = sorted(Path(models.__file__).parent.rglob("*.py")) + [here.with_name("training.py"),
+                                                                   here.with_name("graph_step.py")]
     digest = hashlib.sha1()
     for path in files:
         digest.update(path.read_bytes())
