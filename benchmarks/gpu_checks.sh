@@ -95,12 +95,13 @@ case "$part" in
     # Alone on the machine: commands on several GPUs of one host at once starve each other's data workers
     # (results/benchmarks/gpu_logs/train_throughput_four_at_once.txt)
     # ATTNS (comma-separated) measures those mechanisms only, after softmax + RoPE (the ratios' baseline), e.g. the cells
-    # that a change of one mechanism's kernels leaves out of the table until measured again
+    # that a change of one mechanism's kernels leaves out of the table until measured again; softmax + RoPE runs first
+    # and last even where PES leaves RoPE out (e.g. PES=nape: the NAPE cells only, beside their baseline)
     if [ "${BATCH:-128}" = 512 ]; then timed="--steps 200 --warmup 100"; else timed="--steps 300 --warmup 20"; fi
     attns=softmax,ssmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda
     if [ -n "${ATTNS:-}" ]; then attns="softmax,$(tr , '\n' <<< "$ATTNS" | grep -vx softmax | paste -sd, -)"; fi
     python3 benchmarks/train_throughput.py --tasks "${TASKS:-mqmtar,mqrar,copy}" --preset paper --pes "${PES:-rope}" \
-      --batch-sizes "${BATCH:-128}" --attns "$attns" \
+      --batch-sizes "${BATCH:-128}" --attns "$attns" --baseline \
       $timed --warm-jobs "${WARM_JOBS:-12}" --out "$out/throughput_b${BATCH:-128}" 2>&1 \
       | grep -v -i warn | tee -a "$out/throughput_log.txt" ;;
   warmup)

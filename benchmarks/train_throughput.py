@@ -218,6 +218,8 @@ def main() -> None:
     parser.add_argument("--retries", type=int, default=2, help="measure a cell again, up to this many times, while its "
                         "halves differ by more than 10%% (the row keeps the last measurement, with the first one's warmup_s, and says "
                         "how many it took)")
+    parser.add_argument("--baseline", action="store_true", help="measure softmax + RoPE first (and again last) even "
+                        "where --attns or --pes leave it out, e.g. --pes nape: the ratios' baseline")
     parser.add_argument("--out", default="results/throughput")
     args = parser.parse_args()
     if args.fresh_caches and args.warm_jobs < 1:
@@ -248,7 +250,7 @@ def main() -> None:
             for train_step in args.train_steps.split(","):
                 modes = args.compile_modes.split(",") if train_step == "compiled" else ["default"]
                 pads = [int(p) for p in args.pad_multiples.split(",")] if train_step == "compiled" else [0]
-                cells = [(attn, pe, mode, pad, path) for attn in args.attns.split(",") for pe in args.pes.split(",")
+                cells = [(attn, pe, mode, pad, path) for attn, pe in cell_pairs(args)
                          for mode in modes for pad in pads for path in args.train_attentions.split(",")]
                 # softmax + RoPE again after the others (where it ran first and others followed): the run's baseline
                 # at its start and its end, whose ratio (``baseline_drift``) says whether the run was steady
@@ -291,6 +293,15 @@ def main() -> None:
                     write(rows, Path(args.out))  # after every row: a run cut short keeps what it has
 
 
+def cell_pairs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The (mechanism, encoding) pairs that ``args`` measures: every ``--attns`` with every ``--pes``, after softmax +
+    RoPE where ``--baseline`` asks for it and they leave it out."""
+    pairs = [(attn, pe) for attn in args.attns.split(",") for pe in args.pes.split(",")]
+    if getattr(args, "baseline", False) and ("softmax", "rope") not in pairs:
+        pairs.insert(0, ("softmax", "rope"))
+    return pairs
+
+
 def warm_commands(args: argparse.Namespace) -> list[list[str]]:
     """One command per cell of ``args`` (each task, batch size, step, mechanism, encoding and path) that runs it
     for a few untimed steps, for :func:`warm`."""
@@ -300,20 +311,19 @@ def warm_commands(args: argparse.Namespace) -> list[list[str]]:
     for task in args.tasks.split(","):
         for batch_size in args.batch_sizes.split(","):
             for train_step in args.train_steps.split(","):
-                for attn in args.attns.split(","):
-                    for pe in args.pes.split(","):
-                        for path in args.train_attentions.split(","):
-                            commands.append([
-                                sys.executable, str(Path(__file__).resolve()), "--tasks", task, "--attns", attn,
-                                "--pes", pe, "--preset", args.preset, "--batch-sizes", batch_size,
-                                "--train-steps", train_step, "--train-attentions", path,
-                                "--compile-modes", args.compile_modes, "--pad-multiples", args.pad_multiples,
-                                "--dynamic", args.dynamic, "--steps", "2", "--warmup", str(args.warmup),
-                                # a retry would build the cell again in the caches just filled: its warm-up, a
-                                # second's, would stand for the cell's (two timed steps are unsteady by nature)
-                                "--retries", "0",
-                                *(["--in-graph", args.in_graph] if args.in_graph else []),
-                                "--out", str(scratch / f"{len(commands)}")])
+                for attn, pe in cell_pairs(args):
+                    for path in args.train_attentions.split(","):
+                        commands.append([
+                            sys.executable, str(Path(__file__).resolve()), "--tasks", task, "--attns", attn,
+                            "--pes", pe, "--preset", args.preset, "--batch-sizes", batch_size,
+                            "--train-steps", train_step, "--train-attentions", path,
+                            "--compile-modes", args.compile_modes, "--pad-multiples", args.pad_multiples,
+                            "--dynamic", args.dynamic, "--steps", "2", "--warmup", str(args.warmup),
+                            # a retry would build the cell again in the caches just filled: its warm-up, a
+                            # second's, would stand for the cell's (two timed steps are unsteady by nature)
+                            "--retries", "0",
+                            *(["--in-graph", args.in_graph] if args.in_graph else []),
+                            "--out", str(scratch / f"{len(commands)}")])
     return commands
 
 

@@ -499,6 +499,28 @@ def test_rows_on_other_views_stay_out_of_the_summary(tmp_path, attn, ops):
         assert "| tda | 0.80 (" in summary
 
 
+def test_baseline_puts_softmax_rope_first_where_the_encodings_leave_it_out():
+    """``--baseline`` with ``--pes nape``: softmax + RoPE (the ratios' baseline) is warmed and measured first, once;
+    without it, or where the cells hold it already, the cells are every mechanism with every encoding."""
+    import argparse
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_throughput
+
+    args = argparse.Namespace(tasks="mqrar", attns="softmax,sieve", pes="nape", preset="paper", batch_sizes="512",
+                              train_steps="graph-compiled", train_attentions="fused", compile_modes="default",
+                              pad_multiples="8", dynamic="static", warmup=6, in_graph="", baseline=True)
+    assert train_throughput.cell_pairs(args) == [("softmax", "rope"), ("softmax", "nape"), ("sieve", "nape")]
+    commands = train_throughput.warm_commands(args)
+    assert [(c[c.index("--attns") + 1], c[c.index("--pes") + 1]) for c in commands] == [
+        ("softmax", "rope"), ("softmax", "nape"), ("sieve", "nape")]
+    args.pes = "rope,nape"
+    assert train_throughput.cell_pairs(args) == [("softmax", "rope"), ("softmax", "nape"), ("sieve", "rope"),
+                                                 ("sieve", "nape")]
+    args.pes, args.baseline = "nape", False
+    assert train_throughput.cell_pairs(args) == [("softmax", "nape"), ("sieve", "nape")]
+
+
 def test_rows_under_older_default_inductor_options_stay_out_of_the_summary(tmp_path):
     """A run under the library's default Inductor options of another commit (or before the rows recorded them)
     measured another step: the summary keeps the rows of today's options, and says why the others are left out."""
