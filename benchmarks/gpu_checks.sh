@@ -99,7 +99,10 @@ case "$part" in
     # and last even where PES leaves RoPE out (e.g. PES=nape: the NAPE cells only, beside their baseline)
     if [ "${BATCH:-128}" = 512 ]; then timed="--steps 200 --warmup 100"; else timed="--steps 300 --warmup 20"; fi
     attns=softmax,ssmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda
-    if [ -n "${ATTNS:-}" ]; then attns="softmax,$(tr , '\n' <<< "$ATTNS" | grep -vx softmax | paste -sd, -)"; fi
+    if [ -n "${ATTNS:-}" ]; then
+      others=$(tr , '\n' <<< "$ATTNS" | grep -vx -e softmax -e '' | paste -sd, -)
+      attns="softmax${others:+,$others}"  # ATTNS=softmax: the baseline alone
+    fi
     python3 benchmarks/train_throughput.py --tasks "${TASKS:-mqmtar,mqrar,copy}" --preset paper --pes "${PES:-rope}" \
       --batch-sizes "${BATCH:-128}" --attns "$attns" --baseline \
       $timed --warm-jobs "${WARM_JOBS:-12}" --out "$out/throughput_b${BATCH:-128}" 2>&1 \
