@@ -5,14 +5,14 @@ For query row ``r`` and key ``j < r``: ``log a_rj = z_rj - sum_{j <= k < r} soft
 
 Forward: one program per query tile walks the key tiles right to left from the diagonal, carrying the
 fp32 sum of softplus of the keys already passed; inside a tile the sums over the keys after each one come from
-one product of the softplus in bf16 with a triangular ones matrix on the tensor cores (a key's own softplus
-stays outside it, in fp32: ``log a_j = logsigmoid(z_j) - ...``, so its rounding only touches weights that those
-sums make small; the sum carried across tiles in fp32; the triangular matrix built once, before the walk),
-softplus in base 2 with its ``log1p`` a degree-6 polynomial on the FMA units. The tiles are 64 query rows by 32
-keys, with the registers capped (``maxnreg``) so that several programs share a multiprocessor; each tile loads
-the next one's keys and values before its own work. Once every row of the tile has accumulated more than
-``EXIT_AT`` (60) nats the remaining weights are below ``e^-60`` and the walk stops: the Out(L^2) work shrinks to
-Out(L x reach). The forward keeps per row only its softplus sum ``L_r`` and
+one product of the softplus in bf16 with a (negated) triangular ones matrix on the tensor cores, accumulated
+onto the log weights less that carried sum (a key's own softplus stays outside it, in fp32: ``log a_j =
+logsigmoid(z_j) - ...``, so its rounding only touches weights that those sums make small; the triangular matrix
+built once, before the walk), softplus in base 2 with its ``log1p`` a degree-5 polynomial on the FMA units
+(degree 6 for fp32 inputs). The tiles are 64 query rows by 32 keys, with the registers capped (``maxnreg``) so
+that several programs share a multiprocessor; each tile loads the next one's keys and values before its own
+work. Once every row of the tile has accumulated more than ``EXIT_AT`` (60) nats the remaining weights are below
+``e^-60`` and the walk stops (tested after every second tile): the Out(L^2) work shrinks to Out(L x reach). The forward keeps per row only its softplus sum ``L_r`` and
 the first key walked.
 
 Backward (one kernel, a walk from the left over the very keys the forward walked): with ``g_j = do_r.v_j`` and
@@ -24,7 +24,8 @@ sum_j a_rj) do_r`` is added outside. Gradients flow to q, k, v, ``row_scale`` an
 
 ``FILTER`` restricts the keys to ``{j : z_rj / 2 > tau_r}`` (Sieve: ``tau`` the 1.5-entmax threshold of the row
 over ``j < r``), without gradient through the filter; see ``sieve.py``. Its third mode (``sieve-alg1``) breaks
-the stick over every earlier key and keeps only the weights inside the filter; the backward then takes the
+the stick over every earlier key and keeps only the weights inside the filter (their log weights set to -inf
+where they are formed); the backward then takes the
 general form ``c_j = g_j a_j`` with the remainder's share on the prefix (the weights no longer sum to one with the
 remainder).
 
@@ -58,11 +59,12 @@ LN2 = tl.constexpr(0.6931471805599453)
 # The levers of ``tuning`` (``stickbreaking_attention``, ``sieve_alg1_attention``) and their defaults; see
 # ``launch_config``.
 TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="bf16", cumsum_width=None, exp2=True, exp2_soft="none",
-              log1p="poly", split=False, backward="prefix", sigmoid="reuse", skip_empty=False, loop="while",
-              full_tiles=True, prefetch=True, rowmax_pass="kernel")
+              log1p=None, split=False, backward="prefix", sigmoid="reuse", skip_empty=False, loop="while",
+              full_tiles=True, prefetch=True, rowmax_pass="kernel", exit_every=2)
 _CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3", "bf16"), backward=("suffix", "prefix"),
                 rowmax_pass=("kernel", "fused"), exp2_soft=("none", "weights", "all"),
-                sigmoid=("exp", "reuse"), loop=("while", "for"), log1p=("log", "poly", "poly8"))
+                sigmoid=("exp", "reuse"), loop=("while", "for"), log1p=(None, "log", "poly", "poly8", "poly5"),
+                exit_every=(1, 2, 4, 8))
 
 
 def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
@@ -98,7 +100,13 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       special-function unit does not bound these kernels.
     - ``log1p``: softplus's ``log(1 + exp(-|z|))`` by ``log`` (Triton's ``log``/``log2``: libdevice's full-precision
       functions, some twenty instructions each), or on the FMA units (``_log1p_ratio``): ``poly`` a degree-6
-      polynomial in the stick's base (seven FMAs with softplus's own add), ``poly8`` a degree-8 one in nats (ten).
+      polynomial in the stick's base (seven FMAs with softplus's own add), ``poly5`` a degree-5 one (six; relative
+      error below 1e-5, below 1.4e-7 for the scores far below zero of a long walk), ``poly8`` a degree-8 one in
+      nats (ten). None: ``poly5`` for 16-bit inputs, ``poly`` for fp32 ones (held to fp32's tolerance).
+    - ``exit_every``: the forward's exit test (every row of the query tile past ``EXIT_AT`` nats) after every
+      that-many key tiles, not after each: a reduction over the program's warps, through shared memory with three
+      barriers, that a long walk otherwise pays on every tile; the walk then takes at most ``exit_every - 1``
+      tiles more than it needs (their weights below ``e^-60``).
     - ``split``: the forward's products of the weights with 16-bit values as two dots (hi + lo), so its fp32
       output is accurate to fp32 rounding; False: one dot (the weights rounded to the values' dtype), with the
       ``prefix`` backward only (the ``suffix`` one reads that output: on an H200 its dq and ALiBi slope
@@ -176,8 +184,10 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
         raise ValueError(f"stick-breaking tuning: cumsum_width must be a power of two >= 16, got {width!r}")
     if pb.q.dtype == torch.float32 and config["cumsum"] in ("dot", "bf16x2"):
         config["cumsum"] = "dot2"
+    if config["log1p"] is None:  # fp32 inputs keep fp32's accuracy
+        config["log1p"] = "poly" if pb.q.dtype == torch.float32 else "poly5"
     config["loop"] = _CHOICES["loop"].index(config["loop"])
-    config["log1p"] = _CHOICES["log1p"].index(config["log1p"])
+    config["log1p"] = _CHOICES["log1p"].index(config["log1p"]) - 1  # the kernels' LOG1P: 0 log, 1, 2, 3 poly5
     # the kernels' CUMSUM: the choice's index; 6 is bf16's form (each key's own softplus outside the sums) with
     # fp32 inputs, whose sums take two tf32 products (dot2)
     config["cumsum"] = _CHOICES["cumsum"].index(config["cumsum"])
@@ -266,8 +276,17 @@ def _log1p_ratio(x, EXP2: tl.constexpr, LOG1P: tl.constexpr):
     in fp32 loses ``x``'s low bits to the rounding of ``1 + x``. ``LOG1P`` 1: a degree-6 polynomial fitted to the
     ratio in bits (relative error below 1.5e-6 in fp32, so that softplus in bits takes one FMA after it; in nats
     one more multiply by ``ln 2``); 2: a degree-8 one in nats (below 2.5e-7; in bits one more multiply by ``log2
-    e``)."""
-    if LOG1P == 1:
+    e``); 3: a degree-5 one in bits (below 9.8e-6; its constant term ``1 / ln 2`` itself, so that near ``x = 0``,
+    the scores far below zero of a long walk, the error is below 1.4e-7)."""
+    if LOG1P == 3:
+        p = -0.03568429872393608 * x + 0.1494523584842682
+        p = p * x - 0.30643430352211
+        p = p * x + 0.47064468264579773
+        p = p * x - 0.7206830978393555
+        p = p * x + 1.4426950216293335
+        if not EXP2:
+            p = p * LN2
+    elif LOG1P == 1:
         p = 0.020413657650351524 * x - 0.0958419069647789
         p = p * x + 0.21534417569637299
         p = p * x - 0.3391266167163849
@@ -398,28 +417,48 @@ def _tri_dot(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr, one
 
 @triton.jit
 def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, BM: tl.constexpr,
-           BN: tl.constexpr, CW: tl.constexpr, MASKED: tl.constexpr, ones=None):
+           BN: tl.constexpr, CW: tl.constexpr, MASKED: tl.constexpr, ones=None, thr=None):
     """Softplus of the tile's active scores and their weights, given the softplus sum to the right (without
     ``MASKED`` every key of the tile is active; ``ones``: ``_stick_ones``). ``CUMSUM`` 5 and 6: a key's own
     softplus stays outside the products (``log a_j = (z_j - softplus z_j) - sum_{k > j}``), so that their rounding
     touches only the sums over the keys between it and the row, which make its weight small where they are
-    large."""
+    large. ``thr`` (``[BM]``, sieve-alg1's filter): the weights only where ``z > thr``, the others' log weight
+    set to -inf where it is formed (a compare and a select beside each other: a filter kept as a mask from the
+    scores to the weights holds its predicates across the sums' product, packed into registers and out again)."""
     sp, _ = _softplus_e(z, EXP2, LOG1P)
     if MASKED:
         sp = tl.where(valid, sp, 0.0)
-    if CUMSUM >= 5:
-        a = _exp((z - sp) - lsum[:, None] - _cumsum(sp, 2, CUMSUM, BM, BN, CW, ones), EXP2)
+    if CUMSUM == 5 and CW == BN:  # the product adds the sums to its accumulator, log a_j less the sum to the right
+        if ones is None:
+            ones = _stick_ones(CUMSUM, CW, BN)
+        zs = z - sp
+        if thr is not None:
+            zs = tl.where(z > thr[:, None], zs, float("-inf"))
+        a = _exp(tl.dot(sp.to(tl.bfloat16), ones, zs - lsum[:, None]), EXP2)
+    elif CUMSUM >= 5:
+        zs = z - sp
+        if thr is not None:
+            zs = tl.where(z > thr[:, None], zs, float("-inf"))
+        a = _exp(zs - lsum[:, None] - _cumsum(sp, 2, CUMSUM, BM, BN, CW, ones), EXP2)
     else:
-        a = _exp(z - lsum[:, None] - _cumsum(sp, 0, CUMSUM, BM, BN, CW, ones), EXP2)
+        zs = z
+        if thr is not None:
+            zs = tl.where(z > thr[:, None], zs, float("-inf"))
+        a = _exp(zs - lsum[:, None] - _cumsum(sp, 0, CUMSUM, BM, BN, CW, ones), EXP2)
     if MASKED:
         a = tl.where(valid, a, 0.0)
     return sp, a
 
 
 @triton.jit
-def _stick_ones(CUMSUM: tl.constexpr, CW: tl.constexpr):
-    """The triangular ones matrix of ``_stick``'s sums (``_tri_ones``), for a walk to build before its loop."""
-    return _tri_ones(2 if CUMSUM >= 5 else 0, CUMSUM, CW)
+def _stick_ones(CUMSUM: tl.constexpr, CW: tl.constexpr, BN: tl.constexpr):
+    """The triangular ones matrix of ``_stick``'s sums (``_tri_ones``), for a walk to build before its loop; with
+    one bf16 product over the whole key tile (``CUMSUM`` 5, ``CW`` = ``BN``) its negative, so that the product
+    subtracts the sums from the log weights in its accumulator (no subtraction after it)."""
+    ones = _tri_ones(2 if CUMSUM >= 5 else 0, CUMSUM, CW)
+    if CUMSUM == 5 and CW == BN:
+        ones = -ones
+    return ones
 
 
 @triton.jit
@@ -429,7 +468,7 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
                 SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
                 LOG1P: tl.constexpr, SKIP: tl.constexpr, LOOP: tl.constexpr, FULL: tl.constexpr,
-                PREFETCH: tl.constexpr):
+                PREFETCH: tl.constexpr, EVERY: tl.constexpr):
     """The forward of a query tile. ``SAVE`` 1 keeps the remainder and the fp32 output (``suffix`` backward);
     3 the softplus sum ``L_r`` (nats) and the first key walked, per row (``prefix`` backward). ``ROWMAX``: the
     filter's threshold is Algorithm 1's, ``(max_{j<r} z_rj - eps) / 2``, found here over the row's earlier keys
@@ -473,7 +512,7 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
                                        n_tiles, exit_at, tl.zeros([BM, BD], dtype=tl.float32),
                                        tl.zeros([BM], dtype=tl.float32), offs_m, n_tiles, FILTER, HAS_SLOPES, HAS_RS,
                                        SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM, CW, EXP2, LOG1P, SKIP, FULL,
-                                       PREFETCH)
+                                       PREFETCH, EVERY)
     if EXP2:
         lsum = lsum * LN2
     if SAVE == 3:
@@ -561,17 +600,20 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
                     HAS_RS: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
                     BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
                     CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SKIP: tl.constexpr,
-                    FULL: tl.constexpr, PREFETCH: tl.constexpr = False):
+                    FULL: tl.constexpr, PREFETCH: tl.constexpr = False, EVERY: tl.constexpr = 1):
     """``(acc, lsum, t)``: the weighted values and the softplus sum of the rows ``offs_m``, from ``acc`` and
     ``lsum``, over their keys before ``upto`` in the key tiles ``n_tiles - 1`` down, stopping once every row
     (``row_ok``) has passed ``exit_at`` nats (bits with ``EXP2``), or after ``max_tiles`` tiles; ``t`` the tiles
     walked (Sieve's gathered open rows reuse it, a phase at a time: ``sieve._open_kernel``). ``CUMSUM``,
-    ``EXP2``, ``LOG1P``, ``SKIP``, ``FULL``, ``PREFETCH``: the levers ``cumsum``, ``exp2``, ``log1p``,
-    ``skip_empty``, ``full_tiles`` and ``prefetch`` of ``launch_config``."""
+    ``EXP2``, ``LOG1P``, ``SKIP``, ``FULL``, ``PREFETCH``, ``EVERY``: the levers ``cumsum``, ``exp2``, ``log1p``,
+    ``skip_empty``, ``full_tiles``, ``prefetch`` and ``exit_every`` of ``launch_config``."""
     t = 0
     lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
     lowest = tl.min(upto, 0)
-    ones = _stick_ones(CUMSUM, CW)
+    ones = _stick_ones(CUMSUM, CW, BN)
+    thr = None
+    if FILTER == 2:  # sieve-alg1's filter, applied where the weights are formed (``_stick``)
+        thr = tau * 2.0
     if PREFETCH:  # the first tile's keys and values; each tile then loads the next one's before its own work
         k_next, v_next = _kv_tile(K, V, base, (n_tiles - 1) * BN + tl.arange(0, BN), offs_d, dmask, T, D)
     while (t < n_tiles) & (lmin < exit_at) & (t < max_tiles):
@@ -588,19 +630,19 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
         if FULL:  # every key of the tile is before every row's limit: no masks
             full = (n_tiles - t) * BN <= lowest
         if full:
-            if FILTER == 2:  # every key of the tile is earlier: the filter alone
-                keep = z > (tau * 2.0)[:, None]
             kept = 1
             if SKIP:
+                if FILTER == 2:  # every key of the tile is earlier: the filter alone
+                    keep = z > thr[:, None]
                 kept = tl.max(keep.to(tl.int32))
             if kept > 0:
                 v = _value_tile(V, base, offs_n, offs_d, dmask[None, :], D, v_here)
                 acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2,
-                                    LOG1P, False, ones)
+                                    LOG1P, False, ones, thr)
             else:  # no kept key: the stick alone
                 sp, _ = _softplus_e(z, EXP2, LOG1P)
             lsum += tl.sum(sp, 1)
-            lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
+            lmin = _exit_sum(lsum, row_ok, lmin, t, EVERY)
         # Sieve's supports are small: most tiles hold none of them and cost only the score product.
         elif tl.max(valid.to(tl.int32)) > 0:
             kept = 1
@@ -609,14 +651,27 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
             if kept > 0:
                 v = _value_tile(V, base, offs_n, offs_d, (offs_n < T)[:, None] & dmask[None, :], D, v_here)
                 acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2,
-                                    LOG1P, True, ones)
+                                    LOG1P, True, ones, thr)
             else:  # no kept key: the stick alone
                 sp, _ = _softplus_e(z, EXP2, LOG1P)
                 sp = tl.where(valid, sp, 0.0)
             lsum += tl.sum(sp, 1)
-            lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
+            lmin = _exit_sum(lsum, row_ok, lmin, t, EVERY)
         t += 1
     return acc, lsum, t
+
+
+@triton.jit
+def _exit_sum(lsum, row_ok, lmin, t, EVERY: tl.constexpr):
+    """The smallest softplus sum of the tile's rows (``row_ok``), the walk's exit test, taken after every ``EVERY``-th
+    tile (``t`` the tile just walked; else ``lmin`` as it was): a reduction over the rows of every warp of the
+    program, through shared memory and three barriers."""
+    if EVERY == 1:
+        lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
+    else:
+        if t % EVERY == EVERY - 1:
+            lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
+    return lmin
 
 
 @triton.jit
@@ -639,11 +694,11 @@ def _kv_tile(K, V, base, offs_n, offs_d, dmask, T, D: tl.constexpr):
 @triton.jit
 def _fwd_tile(z, valid, keep, v, acc, lsum, FILTER: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
               BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
-              LOG1P: tl.constexpr, MASKED: tl.constexpr, ones=None):
-    """``(acc, sp)``: a key tile's weighted values added to ``acc``, and its softplus (``MASKED``, ``ones``: see
-    ``_stick``)."""
-    sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, LOG1P, BM, BN, CW, MASKED, ones)
-    if FILTER == 2:
+              LOG1P: tl.constexpr, MASKED: tl.constexpr, ones=None, thr=None):
+    """``(acc, sp)``: a key tile's weighted values added to ``acc``, and its softplus (``MASKED``, ``ones``,
+    ``thr``: see ``_stick``; ``FILTER`` 2 without ``thr``: the weights kept where ``keep``)."""
+    sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, LOG1P, BM, BN, CW, MASKED, ones, thr)
+    if FILTER == 2 and thr is None:
         a = tl.where(keep, a, 0.0)
     if SPLIT:
         a_hi = a.to(v.dtype)
@@ -668,7 +723,7 @@ def _fwd_walk_for(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slo
     t = 0
     lmin = tl.min(tl.zeros([BM], dtype=tl.float32), 0)
     lowest = tl.min(offs_m, 0)
-    ones = _stick_ones(CUMSUM, CW)
+    ones = _stick_ones(CUMSUM, CW, BN)
     for i in range(0, n_tiles):
         walking = lmin < exit_at
         offs_n = (n_tiles - 1 - i) * BN + tl.arange(0, BN)
@@ -1003,6 +1058,7 @@ class StickBreakingAttention(torch.autograd.Function):
             CW=min(bn, config["cumsum_width"] or bn),
             EXP2=config["exp2"], LOG1P=config["log1p"], SKIP=config["skip_empty"] and mode == 2, LOOP=config["loop"],
             FULL=config["full_tiles"] and mode != 1, PREFETCH=config["prefetch"],
+            EVERY=config["exit_every"] if mode != 1 else 1,  # (Sieve's empty tiles skip the test's place)
             num_warps=warps, num_stages=stages, **max_registers(regs))
         if save:
             ctx.save_for_backward(pb.q, pb.k, pb.v, o32, rem, lse, start, pb.slopes, pb.row_scale, tau)

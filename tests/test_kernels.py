@@ -252,6 +252,9 @@ STICK_VARIANTS = {
     "exp2-soft": dict(exp2_soft="all"),  # powers of two on the FMA units (_exp2_soft)
     "exp2-soft-weights": dict(exp2_soft="weights", loop="for", full_tiles=True),
     "poly": dict(log1p="poly"),
+    "poly5": dict(log1p="poly5"),  # the 16-bit inputs' default, here on fp32 inputs too
+    "exit-every-1": dict(exit_every=1),
+    "exit-every-8": dict(exit_every=8),
     "poly8": dict(log1p="poly8"),
     "no-prefetch": dict(prefetch=False),  # the forward's walk without the next tile's loads ahead
     "prefix": dict(backward="prefix"),

@@ -49,6 +49,10 @@ STICK_VARIANTS = [
     ("own-w16", dict(fwd=(16, 32, 4, 1), bwd=(32, 32, 4, 1), cumsum="bf16", cumsum_width=16, loop="for")),
     ("prefix", dict(SMALL, backward="prefix")),
     ("poly", dict(SMALL, log1p="poly")),
+    ("poly5", dict(SMALL, log1p="poly5")),  # the 16-bit inputs' default (fp32 ones take ``poly``)
+    # the exit test after every key tile, and after every fourth (the default: every second)
+    ("exit-every-1", dict(SMALL, exit_every=1)),
+    ("exit-every-4", dict(SMALL, exit_every=4, full_tiles=False)),
     ("poly8", dict(SMALL, log1p="poly8")),
     # the stick in nats (``exp``/``log``), softplus's log1p by either polynomial
     ("nats", dict(SMALL, exp2=False)),
