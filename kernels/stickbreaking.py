@@ -106,7 +106,8 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     - ``exit_every``: the forward's exit test (every row of the query tile past ``EXIT_AT`` nats) after every
       that-many key tiles, not after each: a reduction over the program's warps, through shared memory with three
       barriers, that a long walk otherwise pays on every tile; the walk then takes at most ``exit_every - 1``
-      tiles more than it needs (their weights below ``e^-60``).
+      tiles more than it needs (their weights below ``e^-60``). The ``while`` loop's (``loop``), and not Sieve's,
+      whose filter leaves tiles without a key that would skip the test.
     - ``split``: the forward's products of the weights with 16-bit values as two dots (hi + lo), so its fp32
       output is accurate to fp32 rounding; False: one dot (the weights rounded to the values' dtype), with the
       ``prefix`` backward only (the ``suffix`` one reads that output: on an H200 its dq and ALiBi slope

@@ -255,6 +255,7 @@ STICK_VARIANTS = {
     "poly5": dict(log1p="poly5"),  # the 16-bit inputs' default, here on fp32 inputs too
     "exit-every-1": dict(exit_every=1),
     "exit-every-8": dict(exit_every=8),
+    "regs-96": dict(fwd=(64, 32, 4, 2, 96)),  # the forward's registers capped at 96 (five programs a multiprocessor)
     "poly8": dict(log1p="poly8"),
     "no-prefetch": dict(prefetch=False),  # the forward's walk without the next tile's loads ahead
     "prefix": dict(backward="prefix"),
