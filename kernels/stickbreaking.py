@@ -36,11 +36,16 @@ that stay negative, as in trained models that recall far back) are where they ma
 spent within a few keys and every key tile of a row is visited. On an H200 at 65,536 tokens, scores shifted by
 -8 (``benchmarks/kernels.py --inputs walk8``), head dim 32, SDPA 19.9 / 73.0 ms forward / forward+backward:
 stick-breaking 163 / 495 ms on the first forms (the ``previous`` rows of results/benchmarks/kernels.md), 75.7 /
-297 on 64 x 64 tiles with two-bf16 sums (``bf16x2-64x64``), 39.2 / 191 on these defaults; sieve-alg1 123 / 405 ->
-49.6 / 196 (its row-max pass on 64 x 128 tiles). Nsight Compute put the 64 x 64 kernels at 255 registers a
-thread, two programs a multiprocessor and under half the issue slots busy, the backward spilling
-(results/benchmarks/gpu_logs/long_walks_bf16_sums.txt); the steps since are in
-results/benchmarks/gpu_logs/long_walks_prefetch.txt and sieve_alg1_rowmax_tiles.txt.
+297 on 64 x 64 tiles with two-bf16 sums (``bf16x2-64x64``), 39.2 / 191 on 32-key tiles with one-bf16 sums and
+the next tile's loads ahead; sieve-alg1 123 / 405 -> 49.6 / 196 (its row-max pass on 64 x 128 tiles). Nsight
+Compute put the 64 x 64 kernels at 255 registers a thread, two programs a multiprocessor and under half the issue
+slots busy, the backward spilling (results/benchmarks/gpu_logs/long_walks_bf16_sums.txt); the steps since are in
+results/benchmarks/gpu_logs/long_walks_prefetch.txt and sieve_alg1_rowmax_tiles.txt. On these defaults, on an H100
+(2026-12-05, commit fe4ae45, SDPA 19.5 / 72.0 ms): stick-breaking 34.8 / 185, sieve-alg1 42.6 / 185; at head dim 64
+(commit 55a0756, SDPA 27.5 / 103.9) 42.9 / 231 and 52.1 / 251 (results/benchmarks/gpu_logs/
+long_walks_filter_sums_exit.txt). The forward's full tile there is about 300 instructions a thread for 16 scores
+(Triton 3.6's SASS for sm_90): per score two ``MUFU.EX2``, six FMAs for softplus, four adds, a max, the scale and
+half of each of two bf16 conversions; sieve-alg1's filter two more (a compare and a select).
 """
 
 from __future__ import annotations
@@ -73,7 +78,11 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
 
     - ``fwd``, ``bwd``: the forward's and the backward's tiles ``(bm, bn, warps, stages[, maxnreg])`` (None:
       64 query rows and 32 keys, 32 x 32 past head dim 64, ``Problem.num_warps``, 2 stages, the registers
-      capped at 128 in the forward up to head dim 64 and at 168 in the backward up to 32); ``rowmax`` those of
+      capped at 128 in the forward up to head dim 64 and at 168 in the backward up to 32: in the forward at 96, five
+      programs a multiprocessor, sieve-alg1's forward on walk8 inputs at 65,536 tokens, D 32, took 40.4 ms against
+      42.6, at 80 41.7, stick-breaking's within 0.6 ms (H100, 2026-12-05, commit fe4ae45); 128 stays: 96 leaves it
+      above 2x SDPA all the same, and the training step, which takes these settings, was not measured with it);
+      ``rowmax`` those of
       ``sieve_alg1_attention``'s row-max pass (None: 64 query rows, 128 keys, 4 warps and 3 stages up to head dim
       64, past it ``Problem.fwd_block`` rows, ``Problem.block`` keys, ``Problem.fwd_warps``, 2). ``maxnreg`` caps
       the kernel's registers a thread (``max_registers``; 0 or left out: the compiler's choice).
@@ -102,12 +111,16 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       functions, some twenty instructions each), or on the FMA units (``_log1p_ratio``): ``poly`` a degree-6
       polynomial in the stick's base (seven FMAs with softplus's own add), ``poly5`` a degree-5 one (six; relative
       error below 1e-5, below 1.4e-7 for the scores far below zero of a long walk), ``poly8`` a degree-8 one in
-      nats (ten). None: ``poly5`` for 16-bit inputs, ``poly`` for fp32 ones (held to fp32's tolerance).
+      nats (ten). None: ``poly5`` for 16-bit inputs, ``poly`` for fp32 ones (held to fp32's tolerance). With
+      ``exit_every`` 2 against ``poly`` and 1, side by side: the forward on walk8 inputs at 65,536 tokens, D 32 / 64,
+      stick-breaking 34.6 / 42.9 ms against 37.5 / 45.9, sieve-alg1 42.5 / 52.1 against 45.9 / 56.7; random and walk4
+      inputs within 0.3 ms (H100, 2026-12-05, commit 55a0756, results/benchmarks/gpu_logs/
+      long_walks_filter_sums_exit.txt).
     - ``exit_every``: the forward's exit test (every row of the query tile past ``EXIT_AT`` nats) after every
       that-many key tiles, not after each: a reduction over the program's warps, through shared memory with three
       barriers, that a long walk otherwise pays on every tile; the walk then takes at most ``exit_every - 1``
       tiles more than it needs (their weights below ``e^-60``). The ``while`` loop's (``loop``), and not Sieve's,
-      whose filter leaves tiles without a key that would skip the test.
+      whose filter leaves tiles without a key that would skip the test. Measured with ``log1p`` above.
     - ``split``: the forward's products of the weights with 16-bit values as two dots (hi + lo), so its fp32
       output is accurate to fp32 rounding; False: one dot (the weights rounded to the values' dtype), with the
       ``prefix`` backward only (the ``suffix`` one reads that output: on an H200 its dq and ALiBi slope
