@@ -256,6 +256,8 @@ STICK_VARIANTS = {
     "exit-every-1": dict(exit_every=1),
     "exit-every-8": dict(exit_every=8),
     "regs-96": dict(fwd=(64, 32, 4, 2, 96)),  # the forward's registers capped at 96 (five programs a multiprocessor)
+    "poly4": dict(log1p="poly4"),
+    "poly4-regs-96": dict(log1p="poly4", fwd=(64, 32, 4, 2, 96)),
     "poly8": dict(log1p="poly8"),
     "no-prefetch": dict(prefetch=False),  # the forward's walk without the next tile's loads ahead
     "prefix": dict(backward="prefix"),

@@ -50,6 +50,7 @@ STICK_VARIANTS = [
     ("prefix", dict(SMALL, backward="prefix")),
     ("poly", dict(SMALL, log1p="poly")),
     ("poly5", dict(SMALL, log1p="poly5")),  # the 16-bit inputs' default (fp32 ones take ``poly``)
+    ("poly4", dict(SMALL, log1p="poly4")),
     # the exit test after every key tile, and after every fourth (the default: every second)
     ("exit-every-1", dict(SMALL, exit_every=1)),
     ("exit-every-4", dict(SMALL, exit_every=4, full_tiles=False)),
