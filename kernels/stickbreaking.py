@@ -41,7 +41,7 @@ the next tile's loads ahead; sieve-alg1 123 / 405 -> 49.6 / 196 (its row-max pas
 Compute put the 64 x 64 kernels at 255 registers a thread, two programs a multiprocessor and under half the issue
 slots busy, the backward spilling (results/benchmarks/gpu_logs/long_walks_bf16_sums.txt); the steps since are in
 results/benchmarks/gpu_logs/long_walks_prefetch.txt and sieve_alg1_rowmax_tiles.txt. On these defaults, on an H100
-(2026-12-05, commit fe4ae45, SDPA 19.5 / 72.0 ms): stick-breaking 34.8 / 185, sieve-alg1 42.6 / 185; at head dim 64
+(2026-12-05, commit 51dadab, SDPA 19.3 / 70.8 ms): stick-breaking 34.2 / 182, sieve-alg1 42.4 / 183; at head dim 64
 (commit 55a0756, SDPA 27.5 / 103.9) 42.9 / 231 and 52.1 / 251 (results/benchmarks/gpu_logs/
 long_walks_filter_sums_exit.txt). The forward's full tile there is about 300 instructions a thread for 16 scores
 (Triton 3.6's SASS for sm_90): per score two ``MUFU.EX2``, six FMAs for softplus, four adds, a max, the scale and
@@ -111,10 +111,13 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       functions, some twenty instructions each), or on the FMA units (``_log1p_ratio``): ``poly`` a degree-6
       polynomial in the stick's base (seven FMAs with softplus's own add), ``poly5`` a degree-5 one (six; relative
       error below 1e-5, below 1.4e-7 for the scores far below zero of a long walk), ``poly8`` a degree-8 one in
-      nats (ten), ``poly4`` a degree-4 one (five; below 6.7e-5). None: ``poly5`` for 16-bit inputs, ``poly`` for fp32 ones (held to fp32's tolerance). With
+      nats (ten), ``poly4`` a degree-4 one (five; below 6.7e-5: walk8 inputs at D 32, side by side with
+      ``poly5``, stick-breaking 32.8 / 175 ms against 34.2 / 182, sieve-alg1 41.6 / 180 against 42.4 / 183, and with
+      the forward's registers at 96 40.4 / 179; H100, 2026-12-05, commit 51dadab; not the default: the one forward
+      still above its target gains 2%). None: ``poly5`` for 16-bit inputs, ``poly`` for fp32 ones (held to fp32's tolerance). With
       ``exit_every`` 2 against ``poly`` and 1, side by side: the forward on walk8 inputs at 65,536 tokens, D 32 / 64,
       stick-breaking 34.6 / 42.9 ms against 37.5 / 45.9, sieve-alg1 42.5 / 52.1 against 45.9 / 56.7; random and walk4
-      inputs within 0.3 ms (H100, 2026-12-05, commit 55a0756, results/benchmarks/gpu_logs/
+      inputs within 0.5 ms (H100, 2026-12-05, commit 55a0756, results/benchmarks/gpu_logs/
       long_walks_filter_sums_exit.txt).
     - ``exit_every``: the forward's exit test (every row of the query tile past ``EXIT_AT`` nats) after every
       that-many key tiles, not after each: a reduction over the program's warps, through shared memory with three
