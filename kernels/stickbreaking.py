@@ -296,41 +296,41 @@ def _log1p_ratio(x, EXP2: tl.constexpr, LOG1P: tl.constexpr):
     e``); 3: a degree-5 one in bits (below 9.8e-6; its constant term ``1 / ln 2`` itself, so that near ``x = 0``,
     the scores far below zero of a long walk, the error is below 1.4e-7); 4: a degree-4 one so made (below 6.7e-5;
     near ``x = 0`` below 1e-6)."""
-    if LOG1P == 4:
-        p = 0.0621890164911747 * x - 0.23279733955860138
-        p = p * x + 0.4461168348789215
-        p = p * x - 0.7181367874145508
-        p = p * x + 1.4426950216293335
-        if not EXP2:
-            p = p * LN2
-    elif LOG1P == 3:
-        p = -0.03568429872393608 * x + 0.1494523584842682
-        p = p * x - 0.30643430352211
-        p = p * x + 0.47064468264579773
-        p = p * x - 0.7206830978393555
-        p = p * x + 1.4426950216293335
-        if not EXP2:
-            p = p * LN2
-    elif LOG1P == 1:
-        p = 0.020413657650351524 * x - 0.0958419069647789
-        p = p * x + 0.21534417569637299
-        p = p * x - 0.3391266167163849
-        p = p * x + 0.4776794910430908
-        p = p * x - 0.7211607694625854
-        p = p * x + 1.4426932334899902
-        if not EXP2:
-            p = p * LN2
-    else:
-        p = 0.005253490526229143 * x - 0.029588690027594566
-        p = p * x + 0.07836206257343292
-        p = p * x - 0.13674813508987427
-        p = p * x + 0.19111457467079163
-        p = p * x - 0.24844379723072052
-        p = p * x + 0.33319273591041565
-        p = p * x - 0.49999502301216125
-        p = p * x + 1.0
+    if LOG1P == 2:  # in nats
+        p = _horner(x, _LOG1P_POLY8, 9)
         if EXP2:
             p = p * LOG2E
+    else:  # in bits
+        if LOG1P == 4:
+            p = _horner(x, _LOG1P_POLY4, 5)
+        elif LOG1P == 3:
+            p = _horner(x, _LOG1P_POLY5, 6)
+        else:
+            p = _horner(x, _LOG1P_POLY6, 7)
+        if not EXP2:
+            p = p * LN2
+    return p
+
+
+# ``_log1p_ratio``'s polynomials, highest power first (minimax fits of the relative error in fp32)
+_LOG1P_POLY6 = tl.constexpr((0.020413657650351524, -0.0958419069647789, 0.21534417569637299, -0.3391266167163849,
+                             0.4776794910430908, -0.7211607694625854, 1.4426932334899902))
+_LOG1P_POLY8 = tl.constexpr((0.005253490526229143, -0.029588690027594566, 0.07836206257343292, -0.13674813508987427,
+                             0.19111457467079163, -0.24844379723072052, 0.33319273591041565, -0.49999502301216125,
+                             1.0))
+_LOG1P_POLY5 = tl.constexpr((-0.03568429872393608, 0.1494523584842682, -0.30643430352211, 0.47064468264579773,
+                             -0.7206830978393555, 1.4426950216293335))
+_LOG1P_POLY4 = tl.constexpr((0.0621890164911747, -0.23279733955860138, 0.4461168348789215, -0.7181367874145508,
+                             1.4426950216293335))
+
+
+@triton.jit
+def _horner(x, C: tl.constexpr, N: tl.constexpr):
+    """The polynomial with the ``N`` coefficients ``C`` (highest power first) at ``x``, one FMA a term (``N`` given:
+    the interpreter takes no ``len`` of a constexpr)."""
+    p = C[0] * x + C[1]
+    for i in tl.static_range(2, N):
+        p = p * x + C[i]
     return p
 
 
