@@ -12,8 +12,8 @@ built once, before the walk), softplus in base 2 with its ``log1p`` a degree-5 p
 (degree 6 for fp32 inputs). The tiles are 64 query rows by 32 keys, with the registers capped (``maxnreg``) so
 that several programs share a multiprocessor; each tile loads the next one's keys and values before its own
 work. Once every row of the tile has accumulated more than ``EXIT_AT`` (60) nats the remaining weights are below
-``e^-60`` and the walk stops (tested after every second tile): the Out(L^2) work shrinks to Out(L x reach). The forward keeps per row only its softplus sum ``L_r`` and
-the first key walked.
+``e^-60`` and the walk stops (tested after every second tile): the Out(L^2) work shrinks to Out(L x reach). The
+forward keeps per row only its softplus sum ``L_r`` and the first key walked.
 
 Backward (one kernel, a walk from the left over the very keys the forward walked): with ``g_j = do_r.v_j`` and
 ``c_j = (g_j - g_r) a_j``, ``dz_rk = c_k (1 - sigma(z_k)) - sigma(z_k) sum_{j < k} c_j``, the weights
@@ -68,8 +68,8 @@ TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="bf16", cumsum_width=None,
               full_tiles=True, prefetch=True, rowmax_pass="kernel", exit_every=2)
 _CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3", "bf16"), backward=("suffix", "prefix"),
                 rowmax_pass=("kernel", "fused"), exp2_soft=("none", "weights", "all"),
-                sigmoid=("exp", "reuse"), loop=("while", "for"), log1p=(None, "log", "poly", "poly8", "poly5", "poly4"),
-                exit_every=(1, 2, 4, 8))
+                sigmoid=("exp", "reuse"), loop=("while", "for"),
+                log1p=(None, "log", "poly", "poly8", "poly5", "poly4"), exit_every=(1, 2, 4, 8))
 
 
 def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
@@ -114,10 +114,10 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       nats (ten), ``poly4`` a degree-4 one (five; below 6.7e-5: walk8 inputs at D 32, side by side with
       ``poly5``, stick-breaking 32.8 / 175 ms against 34.2 / 182, sieve-alg1 41.6 / 180 against 42.4 / 183, and with
       the forward's registers at 96 40.4 / 179; H100, 2026-12-05, commit 51dadab; not the default: the one forward
-      still above its target gains 2%). None: ``poly5`` for 16-bit inputs, ``poly`` for fp32 ones (held to fp32's tolerance). With
-      ``exit_every`` 2 against ``poly`` and 1, side by side: the forward on walk8 inputs at 65,536 tokens, D 32 / 64,
-      stick-breaking 34.6 / 42.9 ms against 37.5 / 45.9, sieve-alg1 42.5 / 52.1 against 45.9 / 56.7; random and walk4
-      inputs within 0.5 ms (H100, 2026-12-05, commit 55a0756, results/benchmarks/gpu_logs/
+      still above its target gains 2%). None: ``poly5`` for 16-bit inputs, ``poly`` for fp32 ones (held to fp32's
+      tolerance). With ``exit_every`` 2 against ``poly`` and 1, side by side: the forward on walk8 inputs at 65,536
+      tokens, D 32 / 64, stick-breaking 34.6 / 42.9 ms against 37.5 / 45.9, sieve-alg1 42.5 / 52.1 against 45.9 /
+      56.7; random and walk4 inputs within 0.5 ms (H100, 2026-12-05, commit 55a0756, results/benchmarks/gpu_logs/
       long_walks_filter_sums_exit.txt).
     - ``exit_every``: the forward's exit test (every row of the query tile past ``EXIT_AT`` nats) after every
       that-many key tiles, not after each: a reduction over the program's warps, through shared memory with three
@@ -204,7 +204,8 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     if config["log1p"] is None:  # fp32 inputs keep fp32's accuracy
         config["log1p"] = "poly" if pb.q.dtype == torch.float32 else "poly5"
     config["loop"] = _CHOICES["loop"].index(config["loop"])
-    config["log1p"] = _CHOICES["log1p"].index(config["log1p"]) - 1  # the kernels' LOG1P: 0 log, 1, 2, 3 poly5
+    # the kernels' LOG1P: 0 log, 1 poly, 2 poly8, 3 poly5, 4 poly4
+    config["log1p"] = _CHOICES["log1p"].index(config["log1p"]) - 1
     # the kernels' CUMSUM: the choice's index; 6 is bf16's form (each key's own softplus outside the sums) with
     # fp32 inputs, whose sums take two tf32 products (dot2)
     config["cumsum"] = _CHOICES["cumsum"].index(config["cumsum"])
@@ -453,23 +454,17 @@ def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.c
     sp, _ = _softplus_e(z, EXP2, LOG1P)
     if MASKED:
         sp = tl.where(valid, sp, 0.0)
+    zs = z  # the log weight before the sums: with CUMSUM 5 and 6 less the key's own softplus
+    if CUMSUM >= 5:
+        zs = z - sp
+    if thr is not None:
+        zs = tl.where(z > thr[:, None], zs, float("-inf"))
     if CUMSUM == 5 and CW == BN:  # the product adds the sums to its accumulator, log a_j less the sum to the right
         if ones is None:
             ones = _stick_ones(CUMSUM, CW, BN)
-        zs = z - sp
-        if thr is not None:
-            zs = tl.where(z > thr[:, None], zs, float("-inf"))
         a = _exp(tl.dot(sp.to(tl.bfloat16), ones, zs - lsum[:, None]), EXP2)
-    elif CUMSUM >= 5:
-        zs = z - sp
-        if thr is not None:
-            zs = tl.where(z > thr[:, None], zs, float("-inf"))
-        a = _exp(zs - lsum[:, None] - _cumsum(sp, 2, CUMSUM, BM, BN, CW, ones), EXP2)
     else:
-        zs = z
-        if thr is not None:
-            zs = tl.where(z > thr[:, None], zs, float("-inf"))
-        a = _exp(zs - lsum[:, None] - _cumsum(sp, 0, CUMSUM, BM, BN, CW, ones), EXP2)
+        a = _exp(zs - lsum[:, None] - _cumsum(sp, 2 if CUMSUM >= 5 else 0, CUMSUM, BM, BN, CW, ones), EXP2)
     if MASKED:
         a = tl.where(valid, a, 0.0)
     return sp, a
