@@ -65,7 +65,7 @@ LN2 = tl.constexpr(0.6931471805599453)
 # ``launch_config``.
 TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="bf16", cumsum_width=None, exp2=True, exp2_soft="none",
               log1p=None, split=False, backward="prefix", sigmoid="reuse", skip_empty=False, loop="while",
-              full_tiles=True, prefetch=True, rowmax_pass="kernel", exit_every=2)
+              full_tiles=True, prefetch=True, rowmax_pass="fused", exit_every=8)
 _CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3", "bf16"), backward=("suffix", "prefix"),
                 rowmax_pass=("kernel", "fused"), exp2_soft=("none", "weights", "all"),
                 sigmoid=("exp", "reuse"), loop=("while", "for"),
@@ -77,14 +77,15 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     theirs (a ``ValueError`` names an unknown key or value).
 
     - ``fwd``, ``bwd``: the forward's and the backward's tiles ``(bm, bn, warps, stages[, maxnreg])`` (None:
-      64 query rows and 32 keys, 32 x 32 past head dim 64, ``Problem.num_warps``, 2 stages, the registers
-      capped at 128 in the forward up to head dim 64 and at 168 in the backward up to 32: in the forward at 96, five
-      programs a multiprocessor, sieve-alg1's forward on walk8 inputs at 65,536 tokens, D 32, took 40.4 ms against
-      42.6, at 80 41.7, stick-breaking's within 0.6 ms (H100, 2026-12-05, commit fe4ae45); 128 stays: 96 leaves it
-      above 2x SDPA all the same, and the training step, which takes these settings, was not measured with it);
+      64 query rows and 32 keys, 32 x 32 past head dim 64, ``Problem.num_warps``; the forward up to head dim 32 with
+      3 stages (the fused row-max pass's loads) and its registers capped at 96 (five programs a multiprocessor), up
+      to 64 with 2 stages and 128 (four); the backward with 2 stages, its registers capped at 168 up to head dim 32:
+      in the forward at 96, sieve-alg1's forward on walk8 inputs at 65,536 tokens, D 32, took 40.4 ms against 42.6
+      at 128, at 80 41.7, stick-breaking's within 0.6 ms (H100, 2026-12-05, commit fe4ae45));
       ``rowmax`` those of
       ``sieve_alg1_attention``'s row-max pass (None: 64 query rows, 128 keys, 4 warps and 3 stages up to head dim
-      64, past it ``Problem.fwd_block`` rows, ``Problem.block`` keys, ``Problem.fwd_warps``, 2). ``maxnreg`` caps
+      64, past it ``Problem.fwd_block`` rows, ``Problem.block`` keys, ``Problem.fwd_warps``, 2; with ``rowmax_pass``
+      ``fused`` only its keys a tile count, the forward kernel's own settings taking the rest). ``maxnreg`` caps
       the kernel's registers a thread (``max_registers``; 0 or left out: the compiler's choice).
     - ``cumsum``: the in-tile cumulative sums of softplus (and of the backward's ``c``): ``scan``
       (``tl.cumsum``), or products with a triangular ones matrix on the tensor cores: ``dot`` (the operand in
@@ -113,9 +114,8 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       error below 1e-5, below 1.4e-7 for the scores far below zero of a long walk), ``poly8`` a degree-8 one in
       nats (ten), ``poly4`` a degree-4 one (five; below 6.7e-5: walk8 inputs at D 32, side by side with
       ``poly5``, stick-breaking 32.8 / 175 ms against 34.2 / 182, sieve-alg1 41.6 / 180 against 42.4 / 183, and with
-      the forward's registers at 96 40.4 / 179; H100, 2026-12-05, commit 51dadab; not the default: the one forward
-      still above its target gains 2%). None: ``poly5`` for 16-bit inputs, ``poly`` for fp32 ones (held to fp32's
-      tolerance). With ``exit_every`` 2 against ``poly`` and 1, side by side: the forward on walk8 inputs at 65,536
+      the forward's registers at 96 40.4 / 179; H100, 2026-12-05, commit 51dadab). None: ``poly4`` for 16-bit
+      inputs, ``poly`` for fp32 ones (held to fp32's tolerance). With ``exit_every`` 2 against ``poly`` and 1, side by side: the forward on walk8 inputs at 65,536
       tokens, D 32 / 64, stick-breaking 34.6 / 42.9 ms against 37.5 / 45.9, sieve-alg1 42.5 / 52.1 against 45.9 /
       56.7; random and walk4 inputs within 0.5 ms (H100, 2026-12-05, commit 55a0756, results/benchmarks/gpu_logs/
       long_walks_filter_sums_exit.txt).
@@ -123,7 +123,8 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       that-many key tiles, not after each: a reduction over the program's warps, through shared memory with three
       barriers, that a long walk otherwise pays on every tile; the walk then takes at most ``exit_every - 1``
       tiles more than it needs (their weights below ``e^-60``). The ``while`` loop's (``loop``), and not Sieve's,
-      whose filter leaves tiles without a key that would skip the test. Measured with ``log1p`` above.
+      whose filter leaves tiles without a key that would skip the test. Measured with ``log1p`` above; the default
+      8.
     - ``split``: the forward's products of the weights with 16-bit values as two dots (hi + lo), so its fp32
       output is accurate to fp32 rounding; False: one dot (the weights rounded to the values' dtype), with the
       ``prefix`` backward only (the ``suffix`` one reads that output: on an H200 its dq and ALiBi slope
@@ -153,8 +154,8 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       over every earlier key (not Sieve's, whose filter decides which keys break it).
     - ``rowmax_pass``: ``sieve_alg1_attention``'s row maxima by a pass of their own (``kernel``: one more launch,
       and the threshold's arithmetic as PyTorch ops) or by the forward kernel itself before its walk
-      (``fused``: the same scores, each query tile's keys read once more by the same program), which stores the
-      threshold for the backward. The pass (``row_max_earlier``) takes the key tiles before its query tile's rows
+      (``fused``, the default: the same scores, each query tile's keys read once more by the same program, on key
+      tiles of ``rowmax``'s keys), which stores the threshold for the backward. The pass (``row_max_earlier``) takes the key tiles before its query tile's rows
       without masks: at 65,536 tokens, head dim 32, sieve-alg1's whole forward on random inputs went from 17.0 ms
       (most of it the pass) to 5.8 (H200, 2026-11-28, commits 570715b and ee3ddb6). Before that change ``fused``
       took 21.4 ms against 17.2, and no other tiles of the pass beat its defaults (commit 08d3a61,
@@ -173,10 +174,12 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     for key, choices in _CHOICES.items():
         if config[key] not in choices:
             raise ValueError(f"stick-breaking tuning: {key} must be one of {list(choices)}, got {config[key]!r}")
-    # 32-key tiles, the registers capped at 128 a thread in the forward (four programs a multiprocessor, not two)
-    # and, up to head dim 32, at 168 in the backward (three)
+    # 32-key tiles; the forward's registers capped at 96 a thread up to head dim 32 (five programs a
+    # multiprocessor; 3 stages for its fused row-max pass), at 128 up to 64 (four, not two); the backward's at 168 up
+    # to 32 (three)
     narrow = (64, 32, pb.num_warps, 2) if pb.block_d <= 64 else (32, 32, pb.num_warps, 2)
-    defaults = dict(fwd=(*narrow, 128 if pb.block_d <= 64 else 0), bwd=(*narrow, 168 if pb.block_d <= 32 else 0),
+    fwd = (64, 32, pb.num_warps, 3, 96) if pb.block_d <= 32 else (*narrow, 128 if pb.block_d <= 64 else 0)
+    defaults = dict(fwd=fwd, bwd=(*narrow, 168 if pb.block_d <= 32 else 0),
                     rowmax=(64, 128, 4, 3) if pb.block_d <= 64 else (pb.fwd_block, pb.block, pb.fwd_warps, 2))
     for key, default in defaults.items():
         tiles = tuple(int(x) for x in (config[key] or default))
@@ -202,7 +205,7 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     if pb.q.dtype == torch.float32 and config["cumsum"] in ("dot", "bf16x2"):
         config["cumsum"] = "dot2"
     if config["log1p"] is None:  # fp32 inputs keep fp32's accuracy
-        config["log1p"] = "poly" if pb.q.dtype == torch.float32 else "poly5"
+        config["log1p"] = "poly" if pb.q.dtype == torch.float32 else "poly4"
     config["loop"] = _CHOICES["loop"].index(config["loop"])
     # the kernels' LOG1P: 0 log, 1 poly, 2 poly8, 3 poly5, 4 poly4
     config["log1p"] = _CHOICES["log1p"].index(config["log1p"]) - 1
@@ -488,11 +491,11 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
                 SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
                 LOG1P: tl.constexpr, SKIP: tl.constexpr, LOOP: tl.constexpr, FULL: tl.constexpr,
-                PREFETCH: tl.constexpr, EVERY: tl.constexpr):
+                PREFETCH: tl.constexpr, EVERY: tl.constexpr, BNR: tl.constexpr):
     """The forward of a query tile. ``SAVE`` 1 keeps the remainder and the fp32 output (``suffix`` backward);
     3 the softplus sum ``L_r`` (nats) and the first key walked, per row (``prefix`` backward). ``ROWMAX``: the
     filter's threshold is Algorithm 1's, ``(max_{j<r} z_rj - eps) / 2``, found here over the row's earlier keys
-    and stored in ``TAU`` (else read from it)."""
+    and stored in ``TAU`` (else read from it), over key tiles of ``BNR`` keys."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
@@ -512,7 +515,7 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
     if FILTER:
         if ROWMAX:
             tau = _rowmax_tau(q, K, base, offs_m, offs_d, dmask, row_ok, pid_m, T, sm_scale, slope, rs, eps,
-                              HAS_SLOPES, HAS_RS, DOT_PREC, D, BM, BN)
+                              HAS_SLOPES, HAS_RS, DOT_PREC, D, BM, BNR)
             tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
         else:
             tau = tl.load(TAU + bh * T + offs_m, mask=row_ok, other=float("inf"))
@@ -1079,7 +1082,7 @@ class StickBreakingAttention(torch.autograd.Function):
             EXP2=config["exp2"], LOG1P=config["log1p"], SKIP=config["skip_empty"] and mode == 2, LOOP=config["loop"],
             FULL=config["full_tiles"] and mode != 1, PREFETCH=config["prefetch"],
             EVERY=config["exit_every"] if mode != 1 else 1,  # (Sieve's empty tiles skip the test's place)
-            num_warps=warps, num_stages=stages, **max_registers(regs))
+            BNR=config["rowmax"][1] if rowmax else bn, num_warps=warps, num_stages=stages, **max_registers(regs))
         if save:
             ctx.save_for_backward(pb.q, pb.k, pb.v, o32, rem, lse, start, pb.slopes, pb.row_scale, tau)
             ctx.sm_scale = pb.sm_scale

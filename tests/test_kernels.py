@@ -252,12 +252,12 @@ STICK_VARIANTS = {
     "exp2-soft": dict(exp2_soft="all"),  # powers of two on the FMA units (_exp2_soft)
     "exp2-soft-weights": dict(exp2_soft="weights", loop="for", full_tiles=True),
     "poly": dict(log1p="poly"),
-    "poly5": dict(log1p="poly5"),  # the 16-bit inputs' default, here on fp32 inputs too
+    "poly5": dict(log1p="poly5"),
     "exit-every-1": dict(exit_every=1),
-    "exit-every-8": dict(exit_every=8),
-    "regs-96": dict(fwd=(64, 32, 4, 2, 96)),  # the forward's registers capped at 96 (five programs a multiprocessor)
-    "poly4": dict(log1p="poly4"),
-    "poly4-regs-96": dict(log1p="poly4", fwd=(64, 32, 4, 2, 96)),
+    "exit-every-2": dict(exit_every=2),
+    "regs-128": dict(fwd=(64, 32, 4, 2, 128)),  # the forward's registers capped at 128 (four programs a multiprocessor)
+    "poly4": dict(log1p="poly4"),  # the 16-bit inputs' default, here on fp32 inputs too
+    "poly5-regs-128": dict(log1p="poly5", fwd=(64, 32, 4, 2, 128), exit_every=2, rowmax_pass="kernel"),
     "poly8": dict(log1p="poly8"),
     "no-prefetch": dict(prefetch=False),  # the forward's walk without the next tile's loads ahead
     "prefix": dict(backward="prefix"),
@@ -269,8 +269,9 @@ STICK_VARIANTS = {
     "tiles-16": dict(SMALL_TILES, backward="prefix", cumsum="dot2"),
     "combined": dict(fwd=(128, 64, 8, 3), bwd=(64, 64, 4, 2), backward="prefix", cumsum="dot2", exp2=True,
                 sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly", full_tiles=True),
-    "rowmax-fused": dict(rowmax_pass="fused"),  # sieve-alg1's row maxima in its forward kernel
-    "rowmax-fused-32": dict(fwd=(32, 32, 4, 2), bwd=(32, 32, 4, 2), rowmax_pass="fused"),  # and the training tiles
+    "rowmax-kernel": dict(rowmax_pass="kernel"),  # sieve-alg1's row maxima by a pass of their own
+    "rowmax-fused-64": dict(rowmax=(64, 64, 4, 3)),  # the forward kernel's pass on 64-key tiles
+    "rowmax-fused-32": dict(fwd=(32, 32, 4, 2), bwd=(32, 32, 4, 2), rowmax=(32, 32, 4, 2)),  # and the training tiles
     # training-width tiles: 64 query rows, 32 keys, forward and backward (stick-breaking also on its full tiles)
     "train-64x32": dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2)),
     "train-64x32-full": dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2), full_tiles=True),
@@ -303,7 +304,7 @@ STICK_CASES = {  # (tokens, head_dim, dtype, shift, alibi)
 @pytest.mark.parametrize("case", sorted(STICK_CASES))
 @pytest.mark.parametrize("name", STICK)
 def test_stick_variants_match_reference(name, case, variant):
-    if name == "stickbreaking" and "rowmax_pass" in STICK_VARIANTS[variant]:
+    if name == "stickbreaking" and variant.startswith("rowmax"):
         pytest.skip("rowmax_pass is sieve-alg1's (stick-breaking has no filter)")
     tokens, head_dim, dtype, shift, alibi = STICK_CASES[case]
     q, k, v = make_inputs(name, 1, 2, tokens, head_dim, dtype, seed=tokens, shift=shift)

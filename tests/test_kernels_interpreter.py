@@ -49,9 +49,9 @@ STICK_VARIANTS = [
     ("own-w16", dict(fwd=(16, 32, 4, 1), bwd=(32, 32, 4, 1), cumsum="bf16", cumsum_width=16, loop="for")),
     ("prefix", dict(SMALL, backward="prefix")),
     ("poly", dict(SMALL, log1p="poly")),
-    ("poly5", dict(SMALL, log1p="poly5")),  # the 16-bit inputs' default (fp32 ones take ``poly``)
-    ("poly4", dict(SMALL, log1p="poly4")),
-    # the exit test after every key tile, and after every fourth (the default: every second)
+    ("poly5", dict(SMALL, log1p="poly5")),
+    ("poly4", dict(SMALL, log1p="poly4")),  # the 16-bit inputs' default (fp32 ones take ``poly``)
+    # the exit test after every key tile, and after every fourth (the default: every eighth)
     ("exit-every-1", dict(SMALL, exit_every=1)),
     ("exit-every-4", dict(SMALL, exit_every=4, full_tiles=False)),
     ("poly8", dict(SMALL, log1p="poly8")),
@@ -64,8 +64,9 @@ STICK_VARIANTS = [
     ("prefix-all", dict(fwd=(32, 16, 4, 1), bwd=(16, 32, 4, 1), backward="prefix", cumsum="dot2", exp2=True,
                         sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly")),
     ("skip", dict(SMALL, skip_empty=True)),
-    ("rowmax-fused", dict(SMALL, rowmax_pass="fused")),  # sieve-alg1's row maxima inside its forward kernel
+    ("rowmax-kernel", dict(SMALL, rowmax_pass="kernel")),  # sieve-alg1's row maxima by a pass of their own
     ("rowmax-16", dict(SMALL, rowmax=(16, 16, 4, 1))),  # its row-max pass on tiles with keys before every row
+    ("rowmax-kernel-16", dict(SMALL, rowmax=(16, 16, 4, 1), rowmax_pass="kernel")),
 ]
 # per op: (label, tuning) of the launch paths to run besides the defaults, and on which shapes
 VARIANTS = {
@@ -84,8 +85,9 @@ VARIANTS = {
     "entmax": [("no-lists", dict(lists=False)), ("lists-8", dict(list_size=8)),
                ("capture-sub2-32x16", dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16))],
     "sparsemax": [("no-lists", dict(lists=False))],
-    # (skip, rowmax-fused and rowmax-16: sieve-alg1's levers)
-    "stickbreaking": [(label, tuning) for label, tuning in STICK_VARIANTS if label not in ("skip", "rowmax-fused", "rowmax-16")],
+    # (skip and the rowmax ones: sieve-alg1's levers)
+    "stickbreaking": [(label, tuning) for label, tuning in STICK_VARIANTS
+                      if label != "skip" and not label.startswith("rowmax")],
     "sieve-alg1": STICK_VARIANTS,
 }
 # the pointwise ops' launch settings (``_rowwise.launch_settings``): tiles smaller than the tokens, the forward's
