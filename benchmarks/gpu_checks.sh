@@ -120,7 +120,7 @@ case "$part" in
     # same with CAPTURE and/or NARROW (JSON, as LENGTHBENCH_CAPTURE_TUNING / LENGTHBENCH_NARROW_TUNING) and/or ENV
     # (VAR=value ..., e.g. LENGTHBENCH_SDPA_ALIBI=mask), on TASKS at BATCH with PES (default rope); the two commands
     # of a task one after the other, each with its own baseline (their ratios compare), e.g.
-    #   ATTNS=sieve,sieve-alg1 CAPTURE='{"sieve": {"rowmax_pass": "fused"}, "sieve-alg1": {"rowmax_pass": "fused"}}'
+    #   ATTNS=sieve,sieve-alg1 CAPTURE='{"sieve": {"rowmax_pass": "fused"}, "sieve-alg1": {"rowmax_pass": "kernel"}}'
     # (ENV is split as a shell would: a JSON value keeps its quotes inside single quotes, e.g.
     #   ENV="LENGTHBENCH_INDUCTOR_OPTIONS='{\"triton.mix_order_reduction\": true}'")
     if [ -z "${ATTNS:-}" ] || [ -z "${CAPTURE:-}${NARROW:-}${ENV:-}" ]; then

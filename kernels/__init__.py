@@ -209,7 +209,7 @@ def entmax_backward_taken(setting: str, row_scale: bool, tokens: int) -> str:
 def capture_tuning_overrides(text: str) -> dict[str, dict]:
     """``LENGTHBENCH_CAPTURE_TUNING``: a JSON object of mechanism -> tuning keys that replace or join that
     mechanism's :data:`CAPTURE_TUNING` (the long-context op's levers, e.g. ``{"sieve-alg1": {"rowmax_pass":
-    "fused"}}``; the training-width kernels of ``narrow.py`` take ``LENGTHBENCH_NARROW_TUNING``). A
+    "kernel"}}``; the training-width kernels of ``narrow.py`` take ``LENGTHBENCH_NARROW_TUNING``). A
     ``ValueError`` names what is wrong; the op itself checks its keys when it runs."""
     try:
         value = json.loads(text)

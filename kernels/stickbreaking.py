@@ -8,11 +8,11 @@ fp32 sum of softplus of the keys already passed; inside a tile the sums over the
 one product of the softplus in bf16 with a (negated) triangular ones matrix on the tensor cores, accumulated
 onto the log weights less that carried sum (a key's own softplus stays outside it, in fp32: ``log a_j =
 logsigmoid(z_j) - ...``, so its rounding only touches weights that those sums make small; the triangular matrix
-built once, before the walk), softplus in base 2 with its ``log1p`` a degree-5 polynomial on the FMA units
+built once, before the walk), softplus in base 2 with its ``log1p`` a degree-4 polynomial on the FMA units
 (degree 6 for fp32 inputs). The tiles are 64 query rows by 32 keys, with the registers capped (``maxnreg``) so
 that several programs share a multiprocessor; each tile loads the next one's keys and values before its own
 work. Once every row of the tile has accumulated more than ``EXIT_AT`` (60) nats the remaining weights are below
-``e^-60`` and the walk stops (tested after every second tile): the Out(L^2) work shrinks to Out(L x reach). The
+``e^-60`` and the walk stops (tested after every eighth tile): the Out(L^2) work shrinks to Out(L x reach). The
 forward keeps per row only its softplus sum ``L_r`` and the first key walked.
 
 Backward (one kernel, a walk from the left over the very keys the forward walked): with ``g_j = do_r.v_j`` and
@@ -40,12 +40,15 @@ stick-breaking 163 / 495 ms on the first forms (the ``previous`` rows of results
 the next tile's loads ahead; sieve-alg1 123 / 405 -> 49.6 / 196 (its row-max pass on 64 x 128 tiles). Nsight
 Compute put the 64 x 64 kernels at 255 registers a thread, two programs a multiprocessor and under half the issue
 slots busy, the backward spilling (results/benchmarks/gpu_logs/long_walks_bf16_sums.txt); the steps since are in
-results/benchmarks/gpu_logs/long_walks_prefetch.txt and sieve_alg1_rowmax_tiles.txt. On these defaults, on an H100
-(2026-12-05, commit 51dadab, SDPA 19.3 / 70.8 ms): stick-breaking 34.2 / 182, sieve-alg1 42.4 / 183; at head dim 64
-(commit 55a0756, SDPA 27.5 / 103.9) 42.9 / 231 and 52.1 / 251 (results/benchmarks/gpu_logs/
-long_walks_filter_sums_exit.txt). The forward's full tile there is about 300 instructions a thread for 16 scores
-(Triton 3.6's SASS for sm_90): per score two ``MUFU.EX2``, six FMAs for softplus, four adds, a max, the scale and
-half of each of two bf16 conversions; sieve-alg1's filter two more (a compare and a select).
+results/benchmarks/gpu_logs/long_walks_prefetch.txt, sieve_alg1_rowmax_tiles.txt and long_walks_filter_sums_exit.txt.
+On these defaults, on an H100 (2026-12-05, commit b7e368a, SDPA 19.7 / 71.5 ms): stick-breaking 31.8 / 176,
+sieve-alg1 37.4 / 179; at head dim 64 (SDPA 27.5 / 105.1) 40.0 / 232 and 49.5 / 245; the defaults before them
+(``log1p`` ``poly5``, the exit test every second tile, the row-max pass a kernel of its own, 128 registers) 34.5 /
+184, 42.4 / 184, 42.8 / 233 and 52.6 / 251 (results/benchmarks/gpu_logs/long_walks_fused_rowmax_poly4.txt). The
+forward's full tile there is about 330 instructions a thread for 16 scores (Triton 3.6's SASS for sm_90): per score
+two ``MUFU.EX2``, five FMAs for softplus, four adds, a max, the scale and half of each of two bf16 conversions;
+sieve-alg1's filter two more (a compare and a select). Nsight Compute puts the kernel's issue slots at about 62%
+busy (that log's section 4).
 """
 
 from __future__ import annotations
@@ -81,7 +84,9 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       3 stages (the fused row-max pass's loads) and its registers capped at 96 (five programs a multiprocessor), up
       to 64 with 2 stages and 128 (four); the backward with 2 stages, its registers capped at 168 up to head dim 32:
       in the forward at 96, sieve-alg1's forward on walk8 inputs at 65,536 tokens, D 32, took 40.4 ms against 42.6
-      at 128, at 80 41.7, stick-breaking's within 0.6 ms (H100, 2026-12-05, commit fe4ae45));
+      at 128, at 80 41.7, stick-breaking's within 0.6 ms (H100, 2026-12-05, commit fe4ae45); with the other new
+      defaults, 96 registers with 3 stages against 128 with 2 37.6 against 41.1 ms at D 32, and at D 64 54.3
+      against 49.4, where 128 stays (results/benchmarks/gpu_logs/long_walks_fused_rowmax_poly4.txt, section 3));
       ``rowmax`` those of
       ``sieve_alg1_attention``'s row-max pass (None: 64 query rows, 128 keys, 4 warps and 3 stages up to head dim
       64, past it ``Problem.fwd_block`` rows, ``Problem.block`` keys, ``Problem.fwd_warps``, 2; with ``rowmax_pass``
@@ -115,16 +120,18 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       nats (ten), ``poly4`` a degree-4 one (five; below 6.7e-5: walk8 inputs at D 32, side by side with
       ``poly5``, stick-breaking 32.8 / 175 ms against 34.2 / 182, sieve-alg1 41.6 / 180 against 42.4 / 183, and with
       the forward's registers at 96 40.4 / 179; H100, 2026-12-05, commit 51dadab). None: ``poly4`` for 16-bit
-      inputs, ``poly`` for fp32 ones (held to fp32's tolerance). With ``exit_every`` 2 against ``poly`` and 1, side by side: the forward on walk8 inputs at 65,536
-      tokens, D 32 / 64, stick-breaking 34.6 / 42.9 ms against 37.5 / 45.9, sieve-alg1 42.5 / 52.1 against 45.9 /
-      56.7; random and walk4 inputs within 0.5 ms (H100, 2026-12-05, commit 55a0756, results/benchmarks/gpu_logs/
-      long_walks_filter_sums_exit.txt).
+      inputs, ``poly`` for fp32 ones (held to fp32's tolerance). ``poly5`` with ``exit_every`` 2 against ``poly``
+      and 1, side by side: the forward on walk8 inputs at 65,536 tokens, D 32 / 64, stick-breaking 34.6 / 42.9
+      ms against 37.5 / 45.9, sieve-alg1 42.5 / 52.1 against 45.9 / 56.7; random and walk4 inputs within 0.5 ms
+      (H100, 2026-12-05, commit 55a0756, results/benchmarks/gpu_logs/long_walks_filter_sums_exit.txt).
     - ``exit_every``: the forward's exit test (every row of the query tile past ``EXIT_AT`` nats) after every
       that-many key tiles, not after each: a reduction over the program's warps, through shared memory with three
       barriers, that a long walk otherwise pays on every tile; the walk then takes at most ``exit_every - 1``
       tiles more than it needs (their weights below ``e^-60``). The ``while`` loop's (``loop``), and not Sieve's,
       whose filter leaves tiles without a key that would skip the test. Measured with ``log1p`` above; the default
-      8.
+      8: with ``poly4`` and 96 registers, sieve-alg1's forward on walk8 inputs at 65,536 tokens, D 32, took 38.7 ms
+      against 39.7 every fourth tile (H100, 2026-12-05, results/benchmarks/gpu_logs/
+      long_walks_fused_rowmax_poly4.txt, section 2).
     - ``split``: the forward's products of the weights with 16-bit values as two dots (hi + lo), so its fp32
       output is accurate to fp32 rounding; False: one dot (the weights rounded to the values' dtype), with the
       ``prefix`` backward only (the ``suffix`` one reads that output: on an H200 its dq and ALiBi slope
@@ -155,16 +162,20 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     - ``rowmax_pass``: ``sieve_alg1_attention``'s row maxima by a pass of their own (``kernel``: one more launch,
       and the threshold's arithmetic as PyTorch ops) or by the forward kernel itself before its walk
       (``fused``, the default: the same scores, each query tile's keys read once more by the same program, on key
-      tiles of ``rowmax``'s keys), which stores the threshold for the backward. The pass (``row_max_earlier``) takes the key tiles before its query tile's rows
-      without masks: at 65,536 tokens, head dim 32, sieve-alg1's whole forward on random inputs went from 17.0 ms
-      (most of it the pass) to 5.8 (H200, 2026-11-28, commits 570715b and ee3ddb6). Before that change ``fused``
-      took 21.4 ms against 17.2, and no other tiles of the pass beat its defaults (commit 08d3a61,
-      results/benchmarks/gpu_logs/long_walks_bf16_sums.txt). After it, side by side (65,536 tokens, H200,
-      2026-11-29, commit 82b7899, results/benchmarks/gpu_logs/sieve_alg1_rowmax_tiles.txt): the pass on 64 x 128
-      tiles (4 warps, 3 stages) against the 128 x 64 before (8 warps, 2 stages) took sieve-alg1's forward on random
-      inputs from 5.79 to 5.36 ms at head dim 32 and from 8.98 to 8.33 at 64, on walk8 inputs from 50.7 to 49.7
-      and 62.9 to 62.6; 128 x 128 and 256 x 64 tiles were slower, ``fused`` slower still (random 11.6 and 15.0 ms,
-      walk8 55.9 and 69.6).
+      tiles of ``rowmax``'s keys), which stores the threshold for the backward. On 128-key tiles the fused pass took
+      sieve-alg1's forward on walk8 inputs at 65,536 tokens, D 32, from 39.5 ms (the pass a kernel of its own) to
+      38.0, on 64-key tiles 39.5, on the forward's 32-key tiles 43.0; random inputs 5.3 ms either way (with
+      ``poly4``, 96 registers and the exit test every 8 tiles; H100, 2026-12-05, results/benchmarks/gpu_logs/
+      long_walks_fused_rowmax_poly4.txt, section 3). The pass (``row_max_earlier``) takes the key tiles before its
+      query tile's rows without masks: at 65,536 tokens, head dim 32, sieve-alg1's whole forward on random inputs
+      went from 17.0 ms (most of it the pass) to 5.8 (H200, 2026-11-28, commits 570715b and ee3ddb6). Before that
+      change ``fused`` (on the forward's key tiles) took 21.4 ms against 17.2, and no other tiles of the pass beat
+      its defaults (commit 08d3a61, results/benchmarks/gpu_logs/long_walks_bf16_sums.txt). After it, side by side
+      (65,536 tokens, H200, 2026-11-29, commit 82b7899, results/benchmarks/gpu_logs/sieve_alg1_rowmax_tiles.txt): the
+      pass on 64 x 128 tiles (4 warps, 3 stages) against the 128 x 64 before (8 warps, 2 stages) took sieve-alg1's
+      forward on random inputs from 5.79 to 5.36 ms at head dim 32 and from 8.98 to 8.33 at 64, on walk8 inputs
+      from 50.7 to 49.7 and 62.9 to 62.6; 128 x 128 and 256 x 64 tiles were slower, ``fused`` on the forward's key
+      tiles slower still (random 11.6 and 15.0 ms, walk8 55.9 and 69.6).
     """
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(TUNING))
