@@ -174,3 +174,15 @@ def test_entmax_search_bad_input_exits_2_with_one_line():
         done = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, check=False)
         assert done.returncode == 2, (argv, done.stderr)
         assert done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+
+
+def test_profile_forward_refuses_bad_input_with_exit_2():
+    """benchmarks/profile_forward.py: a one-line error and exit code 2 for a bad ``--inputs`` (argparse), and
+    without a GPU (here) or for a mechanism without a fused op."""
+    script = str(ROOT / "benchmarks" / "profile_forward.py")
+    bad = subprocess.run([sys.executable, script, "--inputs", "walk9"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+    done = subprocess.run([sys.executable, script, "--mechanism", "no-such-op"], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("error: ") and len(done.stderr.strip().splitlines()) == 1
