@@ -327,8 +327,9 @@ def test_exp2_soft_is_a_checked_lever_of_the_powers_of_two():
 
 @needs_triton
 def test_stick_tiles_take_a_register_cap_and_bf16_sums_need_the_prefix_backward():
-    """The tiles' fifth entry caps the registers (0: none; the defaults cap the forward's at 128 up to head dim 64 and
-    the backward's at 168 up to 32); one-bf16 sums with fp32 inputs take bf16's form on two tf32 products (6); the
+    """The tiles' fifth entry caps the registers (0: none; the defaults cap the forward's at 96 up to head dim 32,
+    with 3 stages, and at 128 up to 64, the backward's at 168 up to 32); 16-bit inputs take the degree-4 ``log1p``
+    (4), fp32 ones the degree-6 one (1); one-bf16 sums with fp32 inputs take bf16's form on two tf32 products (6); the
     suffix backward refuses them, and a cap outside 24..255 is refused."""
     import torch
 
@@ -339,8 +340,11 @@ def test_stick_tiles_take_a_register_cap_and_bf16_sums_need_the_prefix_backward(
         q = torch.zeros(1, 2, 40, dim, dtype=dtype)
         return Problem(q, q, q, None, None, None)
 
-    assert launch_config(problem(32))["fwd"] == (64, 32, 4, 2, 128)
+    assert launch_config(problem(32))["fwd"] == (64, 32, 4, 3, 96)
+    assert launch_config(problem(64))["fwd"] == (64, 32, 4, 2, 128)
     assert launch_config(problem(32))["bwd"] == (64, 32, 4, 2, 168)
+    assert launch_config(problem(32))["log1p"] == 4 and launch_config(problem(32, torch.float32))["log1p"] == 1
+    assert launch_config(problem(32))["exit_every"] == 8 and launch_config(problem(32))["rowmax_pass"] == "fused"
     assert launch_config(problem(64))["bwd"] == (64, 32, 4, 2, 0)
     assert launch_config(problem(128))["fwd"] == (32, 32, 4, 2, 0)
     assert launch_config(problem(32), {"fwd": (32, 16, 4, 1)})["fwd"] == (32, 16, 4, 1, 0)
