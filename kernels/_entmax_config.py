@@ -28,6 +28,10 @@ The keys:
   ``open_backward`` (bm, bn, warps, stages) over the open ones (the stick-breaking backward's tiles),
   ``sieve_scan`` (the listed rows' stick by a cumulative sum over the candidates sorted by key, instead of
   [rows, C, C] comparisons), ``sieve_open`` (the open rows' forward walk's tiles; None: ``newton``'s).
+- ``sample`` (stride, keys, tokens) or None: from ``tokens`` on, entmax's forward (``_entmax_lists._sample_start``)
+  estimates the threshold of a query tile from every ``stride``-th key, where its rows see at least ``keys`` of
+  them (a tile with a narrow row stops at every fourth of those); a tile whose rows are all wider than the
+  lists starts its Newton passes there instead of taking the first stage.
 - ``few_open``, ``newton_few``, ``sieve_open_few``, ``newton_phases``, ``sieve_phases``, ``phases_from``: the
   open rows' launches, see ``_open_rows.py``.
 """
@@ -78,7 +82,8 @@ def launch_config(block_d: int, tuning: dict | None = None) -> dict:
                   # a trained MQMTAR Sieve + NoPE model's sample at 65,536 tokens on the H100: 206.7 ms in one
                   # launch each -> (2,) 202.2 (the Newton kernel 37.1 -> 31.6 ms); the walk (512, 2048, 8192)
                   # 167.5 (68.7 -> 28.5 ms); (2,) with (2048, 8192) 163.5
-                  newton_phases=(2,), sieve_phases=(512, 2048, 8192), phases_from=8192)
+                  newton_phases=(2,), sieve_phases=(512, 2048, 8192), phases_from=8192,
+                  sample=(8, 512, 8192))
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(config))
     if unknown:

@@ -38,11 +38,13 @@ import torch
 import triton
 import triton.language as tl
 
-from lengthbench.kernels._common import Problem, head_slope, rows_scale
+from lengthbench.kernels._common import Problem, head_slope, rows_scale, score_tile
 from lengthbench.kernels._entmax_config import launch_config
 from lengthbench.kernels._entmax_search import (
     _column_top,
     _exact_ok,
+    _insert,
+    _lean,
     _n_keys,
     _newton_launch,
     _newton_tile,
@@ -96,13 +98,84 @@ def _alibi_skip(q, K, KMAX, base, offs_m, offs_d, row_ok, rmask, bh, diag, sm_sc
     return lo
 
 
+# The sampled start's first look: every ``_SAMPLE_COARSE * stride``-th key, on which a tile of narrow rows stops.
+_SAMPLE_COARSE = 4
+
+
 @triton.jit
-def _lists_start_kernel(Q, K, SL, RS, KMAX, TAU, NCAND, LIST, SAT, sm_scale, eps_scale, T, H,
-                        STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
+def _sample_top(m1, m2, m3, m4, q, K, base, offs_m, offs_d, dmask, diag, first, step, sm_scale, slope, rs,
+                HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr, DOT_PREC: tl.constexpr,
+                D: tl.constexpr, BNS: tl.constexpr, XS: tl.constexpr):
+    """The running top 4 of every column (``m1 >= .. >= m4``) merged with the ``X`` of the keys ``first + step i``
+    below ``diag`` (visible to every row of the tile), ``BNS`` a step."""
+    for start in range(first, diag, step * BNS):
+        offs_n = start + tl.arange(0, BNS) * step
+        inside = offs_n < diag
+        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=inside[:, None] & dmask[None, :],
+                    other=0.0)
+        if FOLD:
+            x = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * (sm_scale * XS)
+        else:
+            z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+            x = z * XS
+        m1, m2, m3, m4 = _insert(m1, m2, m3, m4, tl.where(inside[None, :], x, float("-inf")), 4)
+    return m1, m2, m3, m4
+
+
+@triton.jit
+def _sample_root(m1, m2, m3, m4, row_ok, root, stride, C: tl.constexpr, XS: tl.constexpr):
+    """``(estimate, wide)`` from the top 4 of every column of a sample of every ``stride``-th key: the threshold
+    of the kept values times ``root = stride^(1 / p)`` (``p = 1 / (alpha - 1)``: ``stride sum (X - t)_+^p = sum
+    (root (X - t))_+^p``) divided by ``root``; ``wide`` 1 where every row's kept values above it, ``stride``
+    times over, outnumber the ``C`` slots of a list."""
+    x_max = tl.max(m1, 1) * root
+    tau, _ = _subset_root(m1 * root, m2 * root, m3 * root, m4 * root, x_max, x_max == float("-inf"), row_ok, 4,
+                          16, XS)
+    kept = (tl.sum((m1 * root > tau[:, None]).to(tl.int32), 1) + tl.sum((m2 * root > tau[:, None]).to(tl.int32), 1)
+            + tl.sum((m3 * root > tau[:, None]).to(tl.int32), 1) + tl.sum((m4 * root > tau[:, None]).to(tl.int32), 1))
+    wide = (kept * stride > C) | (row_ok == 0)
+    return tau / root, tl.min(wide.to(tl.int32), 0)
+
+
+@triton.jit
+def _sample_start(q, K, TAU, NCAND, base, bh, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, rs, diag, sample_min,
+                  root, coarse_root, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
+                  DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, XS: tl.constexpr,
+                  S: tl.constexpr, C: tl.constexpr, G: tl.constexpr):
+    """A query tile's start from a sample of its keys, when all of its rows are wide: 1 where the tile is
+    finished so (``TAU`` the estimates, ``NCAND`` 0: every row open), 0 where the first stage must run.
+
+    The keys ``j = S i`` below the tile's first row (``diag``, at least ``sample_min``) stand for the ``S``
+    keys around each (``_sample_root``); first every ``G``-th of them (``coarse_root`` their root), on which a
+    tile with a narrow row stops, then the others. The estimate of ``tau*`` is no bound (the Newton passes
+    take a start on either side, ``_newton_passes``); it lies below the sample's largest ``X``, so every pass
+    from it sees a key above it. A tile of wide rows (supports the lists cannot hold) skips the first stage,
+    whose subset would certify none of them."""
+    finished = 0
+    if diag >= sample_min:
+        m1 = tl.full([BM, BNS], float("-inf"), dtype=tl.float32)
+        m1, m2, m3, m4 = _sample_top(m1, m1, m1, m1, q, K, base, offs_m, offs_d, dmask, diag, 0, S * G, sm_scale,
+                                     slope, rs, HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BNS, XS)
+        tau, wide = _sample_root(m1, m2, m3, m4, row_ok, coarse_root, S * G, C, XS)
+        if wide > 0:
+            for part in tl.static_range(1, G):
+                m1, m2, m3, m4 = _sample_top(m1, m2, m3, m4, q, K, base, offs_m, offs_d, dmask, diag, part * S, S * G,
+                                             sm_scale, slope, rs, HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BNS, XS)
+            tau, wide = _sample_root(m1, m2, m3, m4, row_ok, root, S, C, XS)
+            if wide > 0:
+                tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
+                tl.store(NCAND + bh * T + offs_m, tl.zeros([BM], dtype=tl.int32), mask=row_ok)
+                finished = 1
+    return finished
+
+
+@triton.jit
+def _lists_start_kernel(Q, K, SL, RS, KMAX, TAU, NCAND, LIST, SAT, sm_scale, eps_scale, T, H, sample_min, root,
+                        coarse_root, STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
                         DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
                         BNS: tl.constexpr, SUBSET_ITERS: tl.constexpr, XS: tl.constexpr, PACK: tl.constexpr,
                         C: tl.constexpr, PAIRS: tl.constexpr, SKIP: tl.constexpr, RESCUE: tl.constexpr,
-                        MAX_SAT: tl.constexpr):
+                        MAX_SAT: tl.constexpr, SAMPLE: tl.constexpr):
     """The first stage (top 4 of every column, the keys ``j <= r``, or ``j < r`` when ``STRICT``) on packed
     values (``_pack``), and the candidate lists.
 
@@ -129,6 +202,9 @@ def _lists_start_kernel(Q, K, SL, RS, KMAX, TAU, NCAND, LIST, SAT, sm_scale, eps
       lies at least about ``eps`` below ``tau*``, so the finishing kernel's exact threshold over the
       candidates, from its own scores, is ``tau*``.
 
+    ``SAMPLE`` S > 0 (entmax's forward, not ``STRICT``): a tile whose rows ``_sample_start`` finds wide takes
+    its estimates as their starts, all open, and skips the first stage.
+
     ``SKIP`` (ALiBi heads, not ``STRICT``): the first stage starts at the key ``_alibi_skip`` gives, the keys
     below it lying below ``tau_sub - 2 eps`` (``KMAX`` the largest key norm of each head).
 
@@ -143,50 +219,56 @@ def _lists_start_kernel(Q, K, SL, RS, KMAX, TAU, NCAND, LIST, SAT, sm_scale, eps
     bh = tl.program_id(1)
     base, offs_m, offs_d, row_ok, dmask, q, slope, rs, diag, hi = _query_tile(
         Q, SL, RS, T, H, pid_m, bh, STRICT, HAS_SLOPES, HAS_RS, D, BD, BM)
-    lo = diag * 0
-    if SKIP:
-        lo = _alibi_skip(q, K, KMAX, base, offs_m, offs_d, row_ok, row_ok[:, None] & dmask[None, :], bh, diag,
-                         sm_scale, slope, rs, D, XS, 2 * BNS)
-    m1, m2, m3, m4 = _column_top(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, lo, diag, hi, STRICT,
-                                 HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, 4, XS, PACK, PAIRS)
-    x_max = tl.max(m1, 1)
-    empty = x_max == float("-inf")
-    tau, solved = _subset_root(m1, m2, m3, m4, x_max, empty, row_ok, 4, SUBSET_ITERS, XS)
-    eps = tl.where(empty, 0.0, eps_scale * tl.maximum(tl.abs(x_max), tl.abs(tau)) + 8.077935669463161e-28)
-    low = tau - 2.0 * eps
-    certified = solved & (empty == 0) & row_ok & ((tl.max(m4, 1) + 2.0 * eps <= tau) |
-                                                  (_n_keys(offs_m, STRICT) <= 4 * BNS))
-    # The columns whose left-out keys may matter, and the rows the rescue may finish (RESCUE).
-    sat = (m4 + 2.0 * eps[:, None] > tau[:, None]) & (certified[:, None] == 0)
-    rescuable = certified != certified  # all False
-    if RESCUE:
-        n_sat = tl.sum(sat.to(tl.int32), 1)
-        rescuable = solved & (empty == 0) & row_ok & (certified == 0) & (n_sat <= MAX_SAT)
-    kept = certified[:, None] | (rescuable[:, None] & (sat == 0))
-    # The candidates per level (-inf never passes: ``low`` is finite on a non-empty row), counted first so
-    # that a row with more than C of them stores nothing and stays open.
-    c1 = (m1 > low[:, None]) & kept
-    c2 = (m2 > low[:, None]) & kept
-    c3 = (m3 > low[:, None]) & kept
-    c4 = (m4 > low[:, None]) & kept
-    total = (tl.sum(c1.to(tl.int32), 1) + tl.sum(c2.to(tl.int32), 1) + tl.sum(c3.to(tl.int32), 1) +
-             tl.sum(c4.to(tl.int32), 1))
-    listed = certified & (total <= C)
-    pending = rescuable & (total <= C)
-    stored = listed | pending
-    if tl.max(stored.to(tl.int32), 0) > 0:
-        cols = tl.arange(0, BNS)
-        row_off = (bh * T + offs_m).to(tl.int64) * C
-        slot = tl.zeros([BM], dtype=tl.int32)
-        slot = _store_level(LIST, row_off, m1, c1 & stored[:, None], slot, cols, PACK, BNS)
-        slot = _store_level(LIST, row_off, m2, c2 & stored[:, None], slot, cols, PACK, BNS)
-        slot = _store_level(LIST, row_off, m3, c3 & stored[:, None], slot, cols, PACK, BNS)
-        slot = _store_level(LIST, row_off, m4, c4 & stored[:, None], slot, cols, PACK, BNS)
-    tl.store(TAU + bh * T + offs_m, tl.where(empty, float("inf"), low), mask=row_ok)
-    tl.store(NCAND + bh * T + offs_m, tl.where(listed, total, tl.where(pending, -1 - total, 0)), mask=row_ok)
-    if RESCUE:
-        bit = tl.full([BM, BNS], 1, tl.int64) << tl.arange(0, BNS).to(tl.int64)[None, :]
-        tl.store(SAT + bh * T + offs_m, tl.sum(tl.where(sat, bit, 0), 1), mask=row_ok)
+    finished = 0
+    if SAMPLE > 0:
+        finished = _sample_start(q, K, TAU, NCAND, base, bh, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, rs,
+                                 diag, sample_min, root, coarse_root, HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS,
+                                 XS, SAMPLE, C, _SAMPLE_COARSE)
+    if finished == 0:
+        lo = diag * 0
+        if SKIP:
+            lo = _alibi_skip(q, K, KMAX, base, offs_m, offs_d, row_ok, row_ok[:, None] & dmask[None, :], bh, diag,
+                             sm_scale, slope, rs, D, XS, 2 * BNS)
+        m1, m2, m3, m4 = _column_top(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, lo, diag, hi, STRICT,
+                                     HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, 4, XS, PACK, PAIRS)
+        x_max = tl.max(m1, 1)
+        empty = x_max == float("-inf")
+        tau, solved = _subset_root(m1, m2, m3, m4, x_max, empty, row_ok, 4, SUBSET_ITERS, XS)
+        eps = tl.where(empty, 0.0, eps_scale * tl.maximum(tl.abs(x_max), tl.abs(tau)) + 8.077935669463161e-28)
+        low = tau - 2.0 * eps
+        certified = solved & (empty == 0) & row_ok & ((tl.max(m4, 1) + 2.0 * eps <= tau) |
+                                                      (_n_keys(offs_m, STRICT) <= 4 * BNS))
+        # The columns whose left-out keys may matter, and the rows the rescue may finish (RESCUE).
+        sat = (m4 + 2.0 * eps[:, None] > tau[:, None]) & (certified[:, None] == 0)
+        rescuable = certified != certified  # all False
+        if RESCUE:
+            n_sat = tl.sum(sat.to(tl.int32), 1)
+            rescuable = solved & (empty == 0) & row_ok & (certified == 0) & (n_sat <= MAX_SAT)
+        kept = certified[:, None] | (rescuable[:, None] & (sat == 0))
+        # The candidates per level (-inf never passes: ``low`` is finite on a non-empty row), counted first so
+        # that a row with more than C of them stores nothing and stays open.
+        c1 = (m1 > low[:, None]) & kept
+        c2 = (m2 > low[:, None]) & kept
+        c3 = (m3 > low[:, None]) & kept
+        c4 = (m4 > low[:, None]) & kept
+        total = (tl.sum(c1.to(tl.int32), 1) + tl.sum(c2.to(tl.int32), 1) + tl.sum(c3.to(tl.int32), 1) +
+                 tl.sum(c4.to(tl.int32), 1))
+        listed = certified & (total <= C)
+        pending = rescuable & (total <= C)
+        stored = listed | pending
+        if tl.max(stored.to(tl.int32), 0) > 0:
+            cols = tl.arange(0, BNS)
+            row_off = (bh * T + offs_m).to(tl.int64) * C
+            slot = tl.zeros([BM], dtype=tl.int32)
+            slot = _store_level(LIST, row_off, m1, c1 & stored[:, None], slot, cols, PACK, BNS)
+            slot = _store_level(LIST, row_off, m2, c2 & stored[:, None], slot, cols, PACK, BNS)
+            slot = _store_level(LIST, row_off, m3, c3 & stored[:, None], slot, cols, PACK, BNS)
+            slot = _store_level(LIST, row_off, m4, c4 & stored[:, None], slot, cols, PACK, BNS)
+        tl.store(TAU + bh * T + offs_m, tl.where(empty, float("inf"), low), mask=row_ok)
+        tl.store(NCAND + bh * T + offs_m, tl.where(listed, total, tl.where(pending, -1 - total, 0)), mask=row_ok)
+        if RESCUE:
+            bit = tl.full([BM, BNS], 1, tl.int64) << tl.arange(0, BNS).to(tl.int64)[None, :]
+            tl.store(SAT + bh * T + offs_m, tl.sum(tl.where(sat, bit, 0), 1), mask=row_ok)
 
 
 @triton.jit
@@ -343,13 +425,16 @@ def _lists_apply(q, tuning: dict | None = None) -> bool:
             and _pack_bits(q.shape[-2], config["bn_subset"]) <= _PACK_MAX)
 
 
-def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40, tuning: dict | None = None):
+def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40, tuning: dict | None = None,
+                 sample: bool = False):
     """The first stage with the lists and the Newton passes over the open rows (shared with Sieve):
     ``(tau, ncand, lists, rows, count, config, opened)``, ``tau`` ``[B, H, T]`` final on the open rows and a
     start below ``tau*`` on the listed ones, ``ncand`` ``[BH, T]`` int32 the number of candidates of the listed
     rows (0 on the open rows, and the rows that see no key), ``lists`` ``[BH, T, C]`` their keys, ``rows,
     count`` the open rows (``_open_rows``), ``opened`` their ``_OpenCount``. Every launch setting is checked
-    before the first launch. ``tuning``: launch settings replacing the defaults (``_entmax_config.py``)."""
+    before the first launch. ``tuning``: launch settings replacing the defaults (``_entmax_config.py``).
+    ``sample`` (entmax's forward): the tiles of wide rows start from a sample of their keys (``_sample_start``;
+    ``sample`` setting, with the lean Newton passes, not ``strict``)."""
     config = launch_config(pb.block_d, tuning)
     bm, bns, size = config["bm"], config["bn_subset"], int(config["list_size"])
     pack = _pack_launch(_pack_bits(pb.tokens, bns))
@@ -357,7 +442,8 @@ def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40, tu
     tiles = [config[key] for key in ("newton", "newton_few", "sieve_open", "sieve_open_few") if config[key]]
     if (bm % bns or pack > _PACK_MAX or size & (size - 1) or any(len(t) != 4 or t[0] % t[1] for t in tiles)
             or (config["few_open"] and len(config["few_open"]) != 2)
-            or any(int(p) < 1 for key in ("newton_phases", "sieve_phases") for p in (config[key] or ()))):
+            or any(int(p) < 1 for key in ("newton_phases", "sieve_phases") for p in (config[key] or ()))
+            or (config["sample"] and (len(config["sample"]) != 3 or int(config["sample"][0]) < 2))):
         raise ValueError(f"entmax lists: bad launch settings {config} for T {pb.tokens}")
     tau = pb.rows()
     ncand = torch.empty(pb.bh, pb.tokens, device=tau.device, dtype=torch.int32)
@@ -371,11 +457,17 @@ def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40, tu
     kmax = pb.k.float().norm(dim=-1).amax(-1).reshape(-1) if skip else tau
     rescue = bool(config["rescue"])
     sat = torch.empty(pb.bh, pb.tokens, device=tau.device, dtype=torch.int64) if rescue else tau
+    setting = config["sample"]
+    stride, least = 0, 0  # the sampled start (_sample_start): every stride-th key, from `least` of them
+    if sample and setting and not strict and _lean(config) and pb.tokens >= int(setting[2]):
+        stride, least = int(setting[0]), int(setting[1])
     _lists_start_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
         pb.q, pb.k, sl, rs, kmax, tau, ncand, lists, sat, pb.sm_scale, 2.0 ** (pack - 22) + 2.0 ** -14,
-        pb.tokens, pb.heads, BM=bm, BNS=bns, SUBSET_ITERS=16, PACK=pack, C=size, PAIRS=bool(config["pairs"]),
-        SKIP=skip, RESCUE=rescue, MAX_SAT=int(config["max_sat"]), num_warps=config["warps"],
-        num_stages=config["stages"], **common)
+        pb.tokens, pb.heads, stride * least, float(max(stride, 1)) ** xs,
+        float(max(stride, 1) * _SAMPLE_COARSE) ** xs, BM=bm,
+        BNS=bns, SUBSET_ITERS=16, PACK=pack, C=size, PAIRS=bool(config["pairs"]), SKIP=skip, RESCUE=rescue,
+        MAX_SAT=int(config["max_sat"]), SAMPLE=stride, num_warps=config["warps"], num_stages=config["stages"],
+        **common)
     if rescue:
         rb, nk, rwarps = config["rescue_launch"]
         pending, n_pending = _open_rows(ncand >= 0)  # the rows left to the rescue (NCAND < 0)

@@ -393,14 +393,23 @@ def _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, di
             s2 = tl.sum(a2, 1)
             if XS == 1.0:  # s2 holds the count
                 step = tl.where(s2 > 0, (s1 - 1.0) / tl.where(s2 > 0, s2, 1.0), 0.0)
+                above = s1 < 1.0
             else:
                 step = tl.where(s1 > 0, (s2 - tl.sqrt(s2)) / tl.where(s1 > 0, s1, 1.0), 0.0)
+                above = s2 < 1.0
             width = step + float("inf")
             if XS != 1.0 and LEAN == 2:
                 # The bracket: tau* lies between Newton's step (below it) and the root of the current support's
                 # quadratic, where it has one (above it; ``_bracket``). Its width bounds the error of the step.
-                width = _bracket(s1, s2, tl.sum(a3, 1)) - step
-            step = tl.maximum(step, 0.0)
+                quad = _bracket(s1, s2, tl.sum(a3, 1))
+                width = quad - step
+                # From above (a sampled start), the quadratic's root is a lower bound too, and the closer one.
+                step = tl.where(above & (quad < float("inf")), tl.maximum(step, quad), step)
+            # Below tau* a step never goes down (a rounding below zero must not leave the lower side). Above it
+            # (a sampled start, ``f(tau) < 1``) the step lands below tau*, and tau* lies within -step of the new
+            # tau; rounding near tau* may take a row there too, by a step within ``tol``.
+            step = tl.where(above, step, tl.maximum(step, 0.0))
+            width = tl.where(above, -step, width)
             tau += step
             # Newton's steps from below shrink (by at least 0.6 a step far from tau* in a float64 model, then
             # quadratically; 8 passes at most to 1e-9 there), so a row still stepping after 8 passes is stepping
@@ -408,7 +417,8 @@ def _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, di
             # narrower than ``tol``: its new ``tau`` is then within ``tol`` of ``tau*``, without the pass that
             # would find the next step small.
             scale = 1.0 + tl.abs(tau)
-            done = (step <= tol * scale) | (width <= tol * scale) | ((it >= 8) & (step <= 1e-5 * scale)) | fixed
+            size = tl.abs(step)
+            done = (size <= tol * scale) | (width <= tol * scale) | ((it >= 8) & (size <= 1e-5 * scale)) | fixed
             pending = tl.sum((done == 0).to(tl.int32), 0)
             it += 1
         elif ACC:

@@ -112,7 +112,7 @@ def _lists_forward(pb: Problem, alpha: float, store_u: bool, tol=1e-6, max_iter=
     rows (``_newton_kernel``), the listed rows' threshold and output (``_lists_output_kernel``), the open
     rows' output over all their keys (``_open_output_kernel``). The last two write disjoint rows."""
     xs = ALPHAS[alpha]
-    tau, ncand, lists, rows, count, config, _ = _lists_start(pb, xs, False, tol, max_iter, tuning)
+    tau, ncand, lists, rows, count, config, _ = _lists_start(pb, xs, False, tol, max_iter, tuning, sample=True)
     nbm, nbn, nwarps, nstages = config["newton"]
     rows_per, finish_warps = config["finish"]
     sl, rs = pb.opt(pb.slopes), pb.opt(pb.row_scale)

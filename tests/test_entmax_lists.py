@@ -640,3 +640,37 @@ def test_newton_bracket_ends_rows_early(subset, left, monkeypatch):
         else:
             assert counts[1] > 0.75 * counts[0], counts
         assert err <= bound
+
+
+@pytest.mark.parametrize("name", ["entmax", "sparsemax"])
+def test_sampled_start_of_wide_tiles(name):
+    """``sample``: a query tile whose rows are all wide starts its Newton passes from an estimate over every
+    ``stride``-th key instead of the first stage's lower bound; a tile with one narrow row takes the first stage. With no Newton pass (``max_iter`` 0) the starts show which: the sampled
+    ones lie on either side of ``tau*``, close to it, and below the row's largest ``X``; the first stage's never
+    above. With the passes, the output and gradients are the float64 reference's."""
+    scale, size = (0.3, 16) if name == "entmax" else (0.3, 4)  # sparsemax's supports are narrower
+    q, k, v = make(1, 2, 700, 32, torch.float32, seed=93, scale=scale)
+    q[:, :, 600] = k[:, :, 599] * 20.0  # a narrow row (one key far above the others) in tile 9 (rows 576-639)
+    xs = ALPHA[name] - 1.0
+    z = dense_scores(q.double(), k.double(), 1.0 / math.sqrt(32), None, None)
+    future = torch.ones(700, 700, dtype=torch.bool, device=z.device).triu(1)
+    x = z.masked_fill(future, float("-inf")) * xs
+    want = exact_tau(x, ALPHA[name])[0]
+    tuning = dict(sample=(2, 64, 0), list_size=size)  # first every 8th key, then every 2nd
+    pb = Problem(q, k, v, None, None, None)
+    starts = {}
+    for label, setting in (("sampled", tuning), ("first stage", dict(tuning, sample=None))):
+        _, tau, *_ = entmax._lists_forward(pb, ALPHA[name], False, max_iter=0, tuning=setting)
+        starts[label] = tau[0].double()
+    above = starts["sampled"] > want + 1e-6
+    assert not (starts["first stage"] > want + 1e-6).any()
+    # tiles from 2 (128 keys below them, 64 sampled) but tile 9: some starts above tau*, all close to it
+    tiles = torch.arange(700, device=z.device) // 64
+    sampled = (tiles >= 2) & (tiles != 9)
+    per_tile = [int(above[:, tiles == t].sum()) for t in range(11)]
+    print(f"ERR sampled starts above tau* per tile {per_tile}")
+    assert all(per_tile[t] > 0 for t in range(2, 11) if t != 9) and per_tile[9] == 0 and per_tile[0] == 0
+    gap = (starts["sampled"] - want).abs()[:, sampled]
+    assert gap.max().item() < 0.1 * (want.max() - x.max(-1).values.min() + 1.0).item()
+    assert (starts["sampled"][:, sampled] < x.max(-1).values[0][:, sampled]).all()
+    check(name, q, k, v, seed=93, label="sampled start", tuning=tuning)
