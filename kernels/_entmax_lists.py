@@ -41,6 +41,7 @@ import triton.language as tl
 from lengthbench.kernels._common import Problem, head_slope, rows_scale, score_tile
 from lengthbench.kernels._entmax_config import launch_config
 from lengthbench.kernels._entmax_search import (
+    _column_stats,
     _column_top,
     _exact_ok,
     _insert,
@@ -125,16 +126,28 @@ def _sample_top(m1, m2, m3, m4, q, K, base, offs_m, offs_d, dmask, diag, first, 
 @triton.jit
 def _sample_root(m1, m2, m3, m4, row_ok, root, stride, C: tl.constexpr, XS: tl.constexpr):
     """``(estimate, wide)`` from the top 4 of every column of a sample of every ``stride``-th key: the threshold
-    of the kept values times ``root = stride^(1 / p)`` (``p = 1 / (alpha - 1)``: ``stride sum (X - t)_+^p = sum
-    (root (X - t))_+^p``) divided by ``root``; ``wide`` 1 where every row's kept values above it, ``stride``
-    times over, outnumber the ``C`` slots of a list."""
-    x_max = tl.max(m1, 1) * root
-    tau, _ = _subset_root(m1 * root, m2 * root, m3 * root, m4 * root, x_max, x_max == float("-inf"), row_ok, 4,
-                          16, XS)
-    kept = (tl.sum((m1 * root > tau[:, None]).to(tl.int32), 1) + tl.sum((m2 * root > tau[:, None]).to(tl.int32), 1)
-            + tl.sum((m3 * root > tau[:, None]).to(tl.int32), 1) + tl.sum((m4 * root > tau[:, None]).to(tl.int32), 1))
+    of the kept values with every value standing for ``stride`` (``stride sum (X - t)_+^p = sum (root (X -
+    t))_+^p``, ``root = stride^(1 / p)``, ``p = 1 / (alpha - 1)``), by the exact/Newton steps of ``_subset_root``
+    on the sums scaled by ``root`` (not on scaled copies of the values: four more register tiles); ``wide`` 1
+    where every row's kept values above it, ``stride`` times over, outnumber the ``C`` slots of a list."""
+    x_max = tl.max(m1, 1)
+    empty = x_max == float("-inf")
+    tau = tl.where(empty, 0.0, x_max - 1.0 / root)
+    solved = empty | (row_ok == 0)
+    pending = tl.sum((solved == 0).to(tl.int32), 0)
+    it = 0
+    while (it < 16) & (pending > 0):
+        s1, s2, cnt, x_low = _column_stats(m1, m2, m3, m4, tau, 4)
+        s1 = s1 * root
+        s2 = s2 * (root * root)
+        solved = solved | _exact_ok(s1, s2, cnt, x_low * root, tau * root, XS)
+        tau += _step(s1, s2, cnt, x_low * root, tau * root, XS) / root
+        pending = tl.sum((solved == 0).to(tl.int32), 0)
+        it += 1
+    kept = (tl.sum((m1 > tau[:, None]).to(tl.int32), 1) + tl.sum((m2 > tau[:, None]).to(tl.int32), 1)
+            + tl.sum((m3 > tau[:, None]).to(tl.int32), 1) + tl.sum((m4 > tau[:, None]).to(tl.int32), 1))
     wide = (kept * stride > C) | (row_ok == 0)
-    return tau / root, tl.min(wide.to(tl.int32), 0)
+    return tau, tl.min(wide.to(tl.int32), 0)
 
 
 @triton.jit
@@ -151,7 +164,7 @@ def _sample_start(q, K, TAU, NCAND, base, bh, offs_m, offs_d, row_ok, dmask, T, 
     take a start on either side, ``_newton_passes``); it lies below the sample's largest ``X``, so every pass
     from it sees a key above it. A tile of wide rows (supports the lists cannot hold) skips the first stage,
     whose subset would certify none of them."""
-    finished = 0
+    finished = diag * 0
     if diag >= sample_min:
         m1 = tl.full([BM, BNS], float("-inf"), dtype=tl.float32)
         m1, m2, m3, m4 = _sample_top(m1, m1, m1, m1, q, K, base, offs_m, offs_d, dmask, diag, 0, S * G, sm_scale,
@@ -165,13 +178,30 @@ def _sample_start(q, K, TAU, NCAND, base, bh, offs_m, offs_d, row_ok, dmask, T, 
             if wide > 0:
                 tl.store(TAU + bh * T + offs_m, tau, mask=row_ok)
                 tl.store(NCAND + bh * T + offs_m, tl.zeros([BM], dtype=tl.int32), mask=row_ok)
-                finished = 1
+                finished = diag * 0 + 1
     return finished
 
 
 @triton.jit
-def _lists_start_kernel(Q, K, SL, RS, KMAX, TAU, NCAND, LIST, SAT, sm_scale, eps_scale, T, H, sample_min, root,
-                        coarse_root, STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
+def _sample_kernel(Q, K, SL, RS, TAU, NCAND, FLAG, sm_scale, T, H, sample_min, root, coarse_root,
+                   HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr, DOT_PREC: tl.constexpr,
+                   D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, XS: tl.constexpr,
+                   S: tl.constexpr, C: tl.constexpr, G: tl.constexpr):
+    """``_sample_start`` over the query tiles of ``_lists_start_kernel``, ``FLAG[bh, tile]`` 1 where it finished
+    the tile. A launch of its own: in the first stage's kernel its registers made that stage spill (784 bytes of
+    stack a thread against 176, sm_90)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    base, offs_m, offs_d, row_ok, dmask, q, slope, rs, diag, hi = _query_tile(
+        Q, SL, RS, T, H, pid_m, bh, False, HAS_SLOPES, HAS_RS, D, BD, BM)
+    finished = _sample_start(q, K, TAU, NCAND, base, bh, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, rs, diag,
+                             sample_min, root, coarse_root, HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS, XS, S, C, G)
+    tl.store(FLAG + bh * tl.num_programs(0) + pid_m, finished)
+
+
+@triton.jit
+def _lists_start_kernel(Q, K, SL, RS, KMAX, TAU, NCAND, LIST, SAT, FLAG, sm_scale, eps_scale, T, H,
+                        STRICT: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
                         DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
                         BNS: tl.constexpr, SUBSET_ITERS: tl.constexpr, XS: tl.constexpr, PACK: tl.constexpr,
                         C: tl.constexpr, PAIRS: tl.constexpr, SKIP: tl.constexpr, RESCUE: tl.constexpr,
@@ -202,8 +232,8 @@ def _lists_start_kernel(Q, K, SL, RS, KMAX, TAU, NCAND, LIST, SAT, sm_scale, eps
       lies at least about ``eps`` below ``tau*``, so the finishing kernel's exact threshold over the
       candidates, from its own scores, is ``tau*``.
 
-    ``SAMPLE`` S > 0 (entmax's forward, not ``STRICT``): a tile whose rows ``_sample_start`` finds wide takes
-    its estimates as their starts, all open, and skips the first stage.
+    ``SAMPLE`` (entmax's forward, not ``STRICT``): a tile that ``_sample_kernel`` finished (``FLAG``: its rows
+    all wide, their starts its estimates, all open) skips the first stage.
 
     ``SKIP`` (ALiBi heads, not ``STRICT``): the first stage starts at the key ``_alibi_skip`` gives, the keys
     below it lying below ``tau_sub - 2 eps`` (``KMAX`` the largest key norm of each head).
@@ -220,10 +250,8 @@ def _lists_start_kernel(Q, K, SL, RS, KMAX, TAU, NCAND, LIST, SAT, sm_scale, eps
     base, offs_m, offs_d, row_ok, dmask, q, slope, rs, diag, hi = _query_tile(
         Q, SL, RS, T, H, pid_m, bh, STRICT, HAS_SLOPES, HAS_RS, D, BD, BM)
     finished = 0
-    if SAMPLE > 0:
-        finished = _sample_start(q, K, TAU, NCAND, base, bh, offs_m, offs_d, row_ok, dmask, T, sm_scale, slope, rs,
-                                 diag, sample_min, root, coarse_root, HAS_SLOPES, HAS_RS, FOLD, DOT_PREC, D, BM, BNS,
-                                 XS, SAMPLE, C, _SAMPLE_COARSE)
+    if SAMPLE:  # the tiles _sample_kernel finished
+        finished = tl.load(FLAG + bh * tl.num_programs(0) + pid_m)
     if finished == 0:
         lo = diag * 0
         if SKIP:
@@ -461,13 +489,20 @@ def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40, tu
     stride, least = 0, 0  # the sampled start (_sample_start): every stride-th key, from `least` of them
     if sample and setting and not strict and _lean(config) and pb.tokens >= int(setting[2]):
         stride, least = int(setting[0]), int(setting[1])
-    _lists_start_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
-        pb.q, pb.k, sl, rs, kmax, tau, ncand, lists, sat, pb.sm_scale, 2.0 ** (pack - 22) + 2.0 ** -14,
-        pb.tokens, pb.heads, stride * least, float(max(stride, 1)) ** xs,
-        float(max(stride, 1) * _SAMPLE_COARSE) ** xs, BM=bm,
-        BNS=bns, SUBSET_ITERS=16, PACK=pack, C=size, PAIRS=bool(config["pairs"]), SKIP=skip, RESCUE=rescue,
-        MAX_SAT=int(config["max_sat"]), SAMPLE=stride, num_warps=config["warps"], num_stages=config["stages"],
-        **common)
+    grid = (triton.cdiv(pb.tokens, bm), pb.bh)
+    flag = tau
+    if stride:
+        flag = torch.empty(pb.bh, grid[0], device=tau.device, dtype=torch.int32)
+        _sample_kernel[grid](pb.q, pb.k, sl, rs, tau, ncand, flag, pb.sm_scale, pb.tokens, pb.heads, stride * least,
+                             float(stride) ** xs, float(stride * _SAMPLE_COARSE) ** xs, HAS_SLOPES=common["HAS_SLOPES"],
+                             HAS_RS=common["HAS_RS"], FOLD=common["FOLD"], DOT_PREC=pb.dot_prec, D=pb.head_dim,
+                             BD=pb.block_d, BM=bm, BNS=bns, XS=xs, S=stride, C=size, G=_SAMPLE_COARSE,
+                             num_warps=config["warps"], num_stages=config["stages"])
+    _lists_start_kernel[grid](
+        pb.q, pb.k, sl, rs, kmax, tau, ncand, lists, sat, flag, pb.sm_scale, 2.0 ** (pack - 22) + 2.0 ** -14,
+        pb.tokens, pb.heads, BM=bm, BNS=bns, SUBSET_ITERS=16, PACK=pack, C=size, PAIRS=bool(config["pairs"]),
+        SKIP=skip, RESCUE=rescue, MAX_SAT=int(config["max_sat"]), SAMPLE=bool(stride), num_warps=config["warps"],
+        num_stages=config["stages"], **common)
     if rescue:
         rb, nk, rwarps = config["rescue_launch"]
         pending, n_pending = _open_rows(ncand >= 0)  # the rows left to the rescue (NCAND < 0)
