@@ -20,7 +20,10 @@ kernel; ``split``). With ``lean`` (the default) a pass accumulates only ``s1 = s
 sum (X - tau)_+^2`` and the support size, and takes Newton's step below; the support's quadratic bounds
 ``tau*`` from above (``_bracket``), so a row also ends once that bracket is narrower than ``tol``, a pass
 before its step would fall below ``tol``. The count costs instructions and registers: a pass takes longer, and
-wide rows (a fresh model's) take one pass fewer. Without ``lean`` a pass accumulates, per
+wide rows (a fresh model's) take one pass fewer. The lean passes also take a start above ``tau*`` (entmax's
+sampled start, ``_entmax_lists._sample_kernel``): there ``f(tau) < 1``, and both Newton's step and the
+current support's root (the larger one taken) land below ``tau*``, within the step of it; from there the
+passes go on from below. Without ``lean`` a pass accumulates, per
 row, ``s1``, ``s2``, the support size and the least ``X`` in the support; from them either the exact root of
 ``sum_S (X - t)^2 = 1`` on the current support ``S`` (accepted when no element of ``S`` falls below it: then
 it is ``tau*``), or a Newton step on ``h(tau) = ||(X - tau)_+||_2 - 1``: ``tau <- tau + (s2 - sqrt(s2)) /
@@ -363,7 +366,8 @@ def _newton_passes(q, K, base, offs_m, offs_d, dmask, T, sm_scale, slope, rs, di
                    ACC: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    XS: tl.constexpr, LEAN: tl.constexpr):
     """``tau`` after the Newton passes, which run while a row not ``fixed`` (certified, empty or past ``T``:
-    kept as they are) is neither exact nor still. ``ACC``: elementwise ``[BM, BN]`` partial sums, reduced once
+    kept as they are) is neither exact nor still (with ``LEAN``, from a start on either side of ``tau*``; without
+    it, from below). ``ACC``: elementwise ``[BM, BN]`` partial sums, reduced once
     per pass, instead of reducing every key tile. ``LEAN`` 1 or 2 (2 the default): Newton's steps alone, from
     elementwise sums (``s1``, ``s2``, and with 2 the support size), which a pass computes in under half the
     instructions; a row is done when its step (or with 2 its bracket, ``_bracket``) falls below ``tol``, or

@@ -110,7 +110,9 @@ def _lists_forward(pb: Problem, alpha: float, store_u: bool, tol=1e-6, max_iter=
 
     Four launches: the first stage with the lists (``_lists_start_kernel``), the Newton passes over the open
     rows (``_newton_kernel``), the listed rows' threshold and output (``_lists_output_kernel``), the open
-    rows' output over all their keys (``_open_output_kernel``). The last two write disjoint rows."""
+    rows' output over all their keys (``_open_output_kernel``). The last two write disjoint rows. From
+    ``sample``'s length on, a launch before them gives the tiles of wide rows a start from a sample of their
+    keys instead of the first stage (``_entmax_lists._sample_kernel``)."""
     xs = ALPHAS[alpha]
     tau, ncand, lists, rows, count, config, _ = _lists_start(pb, xs, False, tol, max_iter, tuning, sample=True)
     nbm, nbn, nwarps, nstages = config["newton"]

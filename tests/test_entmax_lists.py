@@ -642,22 +642,28 @@ def test_newton_bracket_ends_rows_early(subset, left, monkeypatch):
         assert err <= bound
 
 
+@pytest.mark.parametrize("with_rs", [False, True], ids=["fold", "row-scale"])
 @pytest.mark.parametrize("name", ["entmax", "sparsemax"])
-def test_sampled_start_of_wide_tiles(name):
+def test_sampled_start_of_wide_tiles(name, with_rs):
     """``sample``: a query tile whose rows are all wide starts its Newton passes from an estimate over every
-    ``stride``-th key instead of the first stage's lower bound; a tile with one narrow row takes the first stage. With no Newton pass (``max_iter`` 0) the starts show which: the sampled
+    ``stride``-th key instead of the first stage's lower bound; a tile with half of its rows narrow takes the
+    first stage. With no Newton pass (``max_iter`` 0) the starts show which: the sampled
     ones lie on either side of ``tau*``, close to it, and below the row's largest ``X``; the first stage's never
-    above. With the passes, the output and gradients are the float64 reference's."""
+    above. With the passes, the output and gradients are the float64 reference's; also with a row scale (the
+    scores' own path, as ASEntmax's)."""
     scale, size = (0.3, 16) if name == "entmax" else (0.3, 4)  # sparsemax's supports are narrower
     q, k, v = make(1, 2, 700, 32, torch.float32, seed=93, scale=scale)
-    q[:, :, 600] = k[:, :, 599] * 20.0  # a narrow row (one key far above the others) in tile 9 (rows 576-639)
+    q[:, :, 576:608] = k[:, :, 575:607] * 20.0  # narrow rows (one key far above the others): half of tile 9
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    row_scale = 0.8 + 0.4 * torch.rand(1, 2, 700, device=DEVICE, generator=gen) if with_rs else None
     xs = ALPHA[name] - 1.0
-    z = dense_scores(q.double(), k.double(), 1.0 / math.sqrt(32), None, None)
+    z = dense_scores(q.double(), k.double(), 1.0 / math.sqrt(32), None,
+                     None if row_scale is None else row_scale.double())
     future = torch.ones(700, 700, dtype=torch.bool, device=z.device).triu(1)
     x = z.masked_fill(future, float("-inf")) * xs
     want = exact_tau(x, ALPHA[name])[0]
     tuning = dict(sample=(2, 64, 0), list_size=size)  # first every 8th key, then every 2nd
-    pb = Problem(q, k, v, None, None, None)
+    pb = Problem(q, k, v, None, row_scale, None)
     starts = {}
     for label, setting in (("sampled", tuning), ("first stage", dict(tuning, sample=None))):
         _, tau, *_ = entmax._lists_forward(pb, ALPHA[name], False, max_iter=0, tuning=setting)
@@ -673,4 +679,4 @@ def test_sampled_start_of_wide_tiles(name):
     gap = (starts["sampled"] - want).abs()[:, sampled]
     assert gap.max().item() < 0.1 * (want.max() - x.max(-1).values.min() + 1.0).item()
     assert (starts["sampled"][:, sampled] < x.max(-1).values[0][:, sampled]).all()
-    check(name, q, k, v, seed=93, label="sampled start", tuning=tuning)
+    check(name, q, k, v, row_scale=row_scale, seed=93, label="sampled start", tuning=tuning)
