@@ -85,6 +85,7 @@ def launch_config(block_d: int, tuning: dict | None = None) -> dict:
                   newton_phases=(2,), sieve_phases=(512, 2048, 8192), phases_from=8192,
                   # H100, the fresh MQMTAR paper model's layers 0 and 3 (61,193 tokens): entmax's forward 50.9 ->
                   # 42.7 and 52.7 -> 39.3 ms; every 4th key 41.4 and 40.7; N(0, 1) rows 26.2 -> 27.4 (28.4 at 4)
+                  # (commit 2278ece, a tile taking its estimates only with every row wide)
                   sample=(8, 512, 8192))
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(config))

@@ -34,12 +34,14 @@ SDPA's 19.9) and Sieve's 34.7 instead of 50.5.
 ``sample`` (entmax's forward, from 8,192 tokens): rows of hundreds of keys, as a freshly initialised model's
 (the MQMTAR ``paper`` model's first layer at 61,193 tokens: supports of 465 keys, median over sampled rows),
 are certified by no subset, so the first stage only gives their Newton passes a start. ``_sample_kernel``
-estimates ``tau*`` from every 8th key instead; a query tile whose rows are mostly wider than the lists keeps
-those estimates and skips the first stage. In a float64 model of that layer's rows the lean passes end in
-2.2 passes from the estimate (2.0 from the first stage's start). On the H100 (commit 2278ece,
-``results/benchmarks/gpu_logs/entmax_sampled_start.txt``) that model's layers took 42.7 and 39.3 ms instead
-of 50.9 and 52.7; on N(0, 1) rows (no tile wide) the sample's first look, every 32nd key, adds 1.3 ms to
-26.2.
+estimates ``tau*`` from every 8th key instead; a query tile with three quarters of its rows wider than the
+lists keeps those estimates and skips the first stage. In a float64 model of that layer's rows the lean
+passes end in 2.2 passes from the estimate (2.0 from the first stage's start). On the H100 (commit 2278ece,
+where a tile needed every row wide; ``results/benchmarks/gpu_logs/entmax_sampled_start.txt``) that model's
+layers took 42.7 and 39.3 ms instead of 50.9 and 52.7, and the sample's first look, every 32nd key, added
+1.2 ms to N(0, 1) rows' 26.2 (no tile wide). With ASEntmax's row scale the supports halve (about 200 keys):
+in a float64 model of the decision a tile then kept its estimates in 1 of 64 cases when every row had to look
+wide, in 64 of 64 with three quarters.
 """
 
 from __future__ import annotations
