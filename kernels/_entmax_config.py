@@ -28,10 +28,10 @@ The keys:
   ``open_backward`` (bm, bn, warps, stages) over the open ones (the stick-breaking backward's tiles),
   ``sieve_scan`` (the listed rows' stick by a cumulative sum over the candidates sorted by key, instead of
   [rows, C, C] comparisons), ``sieve_open`` (the open rows' forward walk's tiles; None: ``newton``'s).
-- ``sample`` (stride, keys, tokens) or None: from ``tokens`` on, entmax's forward (``_entmax_lists._sample_start``)
+- ``sample`` (stride, keys, tokens) or None: from ``tokens`` on, entmax's forward (``_entmax_lists._sample_kernel``)
   estimates the threshold of a query tile from every ``stride``-th key, where its rows see at least ``keys`` of
-  them (a tile with a narrow row stops at every fourth of those); a tile whose rows are all wider than the
-  lists starts its Newton passes there instead of taking the first stage.
+  them (a tile of narrow rows stops at every fourth of those); a tile with three quarters of its rows wider
+  than the lists starts its Newton passes there instead of taking the first stage.
 - ``few_open``, ``newton_few``, ``sieve_open_few``, ``newton_phases``, ``sieve_phases``, ``phases_from``: the
   open rows' launches, see ``_open_rows.py``.
 """

@@ -170,15 +170,16 @@ def _sample_start(q, K, TAU, NCAND, base, bh, offs_m, offs_d, row_ok, dmask, T, 
                   root, coarse_root, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, FOLD: tl.constexpr,
                   DOT_PREC: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, XS: tl.constexpr,
                   S: tl.constexpr, C: tl.constexpr, G: tl.constexpr):
-    """A query tile's start from a sample of its keys, when all of its rows are wide: 1 where the tile is
-    finished so (``TAU`` the estimates, ``NCAND`` 0: every row open), 0 where the first stage must run.
+    """A query tile's start from a sample of its keys, when its rows are wide: 1 where the tile is finished so
+    (``TAU`` the estimates, ``NCAND`` 0: every row open), 0 where the first stage must run.
 
     The keys ``j = S i`` below the tile's first row (``diag``, at least ``sample_min``) stand for the ``S``
     keys around each (``_sample_root``); first every ``G``-th of them (``coarse_root`` their root), on which a
-    tile of narrow rows stops (wide there: estimated supports above ``C / 2``), then the others (above ``C``). The estimate of ``tau*`` is no bound (the Newton passes
-    take a start on either side, ``_newton_passes``); it lies below the sample's largest ``X``, so every pass
-    from it sees a key above it. A tile of wide rows (supports the lists cannot hold) skips the first stage,
-    whose subset would certify none of them."""
+    tile of narrow rows stops (wide there: estimated supports above ``C / 2``), then the others (wide: above
+    ``C``). The estimate of ``tau*`` is no bound (the Newton passes take a start on either side,
+    ``_newton_passes``); it lies below the sample's largest ``X``, so every pass from it sees a key above it. A
+    tile of wide rows (supports the lists cannot hold) skips the first stage, whose subset would certify none
+    of them."""
     finished = diag * 0
     if diag >= sample_min:
         m1 = tl.full([BM, BNS], float("-inf"), dtype=tl.float32)
@@ -248,7 +249,7 @@ def _lists_start_kernel(Q, K, SL, RS, KMAX, TAU, NCAND, LIST, SAT, FLAG, sm_scal
       candidates, from its own scores, is ``tau*``.
 
     ``SAMPLE`` (entmax's forward, not ``STRICT``): a tile that ``_sample_kernel`` finished (``FLAG``: its rows
-    all wide, their starts its estimates, all open) skips the first stage.
+    mostly wide, their starts its estimates, all open) skips the first stage.
 
     ``SKIP`` (ALiBi heads, not ``STRICT``): the first stage starts at the key ``_alibi_skip`` gives, the keys
     below it lying below ``tau_sub - 2 eps`` (``KMAX`` the largest key norm of each head).

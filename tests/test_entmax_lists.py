@@ -645,10 +645,10 @@ def test_newton_bracket_ends_rows_early(subset, left, monkeypatch):
 @pytest.mark.parametrize("with_rs", [False, True], ids=["fold", "row-scale"])
 @pytest.mark.parametrize("name", ["entmax", "sparsemax"])
 def test_sampled_start_of_wide_tiles(name, with_rs):
-    """``sample``: a query tile whose rows are all wide starts its Newton passes from an estimate over every
-    ``stride``-th key instead of the first stage's lower bound; a tile with half of its rows narrow takes the
-    first stage. With no Newton pass (``max_iter`` 0) the starts show which: the sampled
-    ones lie on either side of ``tau*``, close to it, and below the row's largest ``X``; the first stage's never
+    """``sample``: a query tile whose rows are (three quarters at least) wide starts its Newton passes from an
+    estimate over every ``stride``-th key instead of the first stage's lower bound; a tile with half of its rows
+    narrow takes the first stage. With no Newton pass (``max_iter`` 0) the starts show which: the sampled ones
+    lie on either side of ``tau*``, within 0.1 of it, and below the row's largest ``X``; the first stage's never
     above. With the passes, the output and gradients are the float64 reference's; also with a row scale (the
     scores' own path, as ASEntmax's)."""
     scale, size = (0.3, 16) if name == "entmax" else (0.3, 4)  # sparsemax's supports are narrower
@@ -677,6 +677,7 @@ def test_sampled_start_of_wide_tiles(name, with_rs):
     print(f"ERR sampled starts above tau* per tile {per_tile}")
     assert all(per_tile[t] > 0 for t in range(2, 11) if t != 9) and per_tile[9] == 0 and per_tile[0] == 0
     gap = (starts["sampled"] - want).abs()[:, sampled]
-    assert gap.max().item() < 0.1 * (want.max() - x.max(-1).values.min() + 1.0).item()
+    print(f"ERR sampled starts: largest |start - tau*| {gap.max().item():.3g}")
+    assert gap.max().item() < 0.1
     assert (starts["sampled"][:, sampled] < x.max(-1).values[0][:, sampled]).all()
     check(name, q, k, v, row_scale=row_scale, seed=93, label="sampled start", tuning=tuning)
