@@ -26,6 +26,20 @@ def score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES: tl.constex
 
 
 @triton.jit
+def folded_scores(q, k, sm_scale, rs, factor: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr):
+    """``factor * z`` of a ``[BM, BN]`` tile without slopes, in one product a score: ``q.k`` times the row's
+    ``sm_scale * factor`` (times its ``row_scale``), instead of ``score_tile``'s products and then ``factor``.
+    Without a row scale and with a power-of-two ``factor`` it is the same number; with one, ``(q.k sm_scale) rs``
+    and ``q.k (sm_scale rs)`` may differ by a rounding (a few 1e-8 of the score). The product then fuses with
+    the subtraction that follows it (``X - tau``): the threshold search's passes take one instruction a score
+    for it (sm_90 SASS) instead of three with a row scale."""
+    c = sm_scale * factor
+    if HAS_RS:
+        return tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * (rs * c)[:, None]
+    return tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * c
+
+
+@triton.jit
 def tile_rows(start, T, D: tl.constexpr, BD: tl.constexpr, B: tl.constexpr):
     """A tile of ``B`` rows from ``start`` of one ``[T, D]`` head: ``(offs, offs_d, row_ok, dmask, mask, off)``
     with ``mask``/``off`` the ``[B, BD]`` load mask and element offsets (add the head's base)."""

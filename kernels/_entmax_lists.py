@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lengthbench.kernels._common import Problem, head_slope, rows_scale, score_tile
+from lengthbench.kernels._common import Problem, folded_scores, head_slope, rows_scale, score_tile
 from lengthbench.kernels._entmax_config import launch_config
 from lengthbench.kernels._entmax_search import (
     _column_stats,
@@ -127,7 +127,7 @@ def _sample_top(m1, m2, m3, m4, q, K, base, offs_m, offs_d, dmask, diag, first, 
         k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=inside[:, None] & dmask[None, :],
                     other=0.0)
         if FOLD:
-            x = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * (sm_scale * XS)
+            x = folded_scores(q, k, sm_scale, rs, XS, HAS_RS, DOT_PREC)
         else:
             z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
             x = z * XS
@@ -494,7 +494,7 @@ def _lists_start(pb: Problem, xs: float, strict: bool, tol=1e-6, max_iter=40, tu
     lists = torch.empty(pb.bh, pb.tokens, size, device=tau.device, dtype=torch.int32)
     sl, rs = pb.opt(pb.slopes), pb.opt(pb.row_scale)
     common = dict(STRICT=bool(strict), HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
-                  FOLD=bool(config["fold"]) and pb.slopes is None and pb.row_scale is None, DOT_PREC=pb.dot_prec,
+                  FOLD=bool(config["fold"]) and pb.slopes is None, DOT_PREC=pb.dot_prec,
                   D=pb.head_dim, BD=pb.block_d, XS=xs)
     skip = bool(config["alibi_skip"]) and pb.slopes is not None and not strict
     # the largest key norm of each head, for _alibi_skip's bound

@@ -44,7 +44,15 @@ import torch
 import triton
 import triton.language as tl
 
-from lengthbench.kernels._common import Problem, gathered_rows, head_slope, rows_scale, score_tile, tile_rows
+from lengthbench.kernels._common import (
+    Problem,
+    folded_scores,
+    gathered_rows,
+    head_slope,
+    rows_scale,
+    score_tile,
+    tile_rows,
+)
 from lengthbench.kernels._entmax_config import ALPHAS, check_alpha, launch_config
 from lengthbench.kernels._open_rows import _open_rows, _phases
 
@@ -55,8 +63,8 @@ def _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, 
             DOT_PREC: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, XS: tl.constexpr):
     """``X = XS * z`` of the key tile at ``start_n``, ``-inf`` on the keys a row does not see (tested only when
     ``MASKED``: the tiles that cross the diagonal; the others lie wholly below ``T`` and the diagonal).
-    ``FOLD`` (no slopes, no row scale): one product by ``sm_scale * XS`` instead of two; ``XS`` is a power of two, so ``(q.k * sm_scale) * XS`` is the same
-    number (the GPU's fused multiply-adds may round it differently in the last place)."""
+    ``FOLD`` (no slopes): one product a score, by the row's ``sm_scale * XS`` (times its row scale;
+    ``folded_scores``)."""
     offs_n = start_n + tl.arange(0, BN)
     if MASKED:
         kmask = (offs_n < T)[:, None] & dmask[None, :]
@@ -64,7 +72,7 @@ def _x_tile(q, K, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs, 
         kmask = dmask[None, :]
     k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kmask, other=0.0)
     if FOLD:
-        x = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * (sm_scale * XS)
+        x = folded_scores(q, k, sm_scale, rs, XS, HAS_RS, DOT_PREC)
     else:
         z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
         x = z * XS
@@ -556,7 +564,7 @@ def entmax_threshold(q, k, *, slopes=None, row_scale=None, sm_scale=None, strict
     tau = pb.rows()
     args = (pb.q, pb.k, pb.opt(pb.slopes), pb.opt(pb.row_scale), tau)
     common = dict(STRICT=bool(strict), HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
-                  FOLD=bool(config["fold"]) and pb.slopes is None and pb.row_scale is None, DOT_PREC=pb.dot_prec,
+                  FOLD=bool(config["fold"]) and pb.slopes is None, DOT_PREC=pb.dot_prec,
                   D=pb.head_dim, BD=pb.block_d, XS=xs)
     first = dict(BNS=bns, SUBSET=subset, TOPK=16, SUBSET_ITERS=16 if subset else 8, PAIRS=bool(config["pairs"]))
     grid = (triton.cdiv(pb.tokens, bm), pb.bh)

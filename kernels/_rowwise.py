@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lengthbench.kernels._common import Problem, reduce_slopes, score_tile
+from lengthbench.kernels._common import Problem, folded_scores, reduce_slopes, score_tile
 
 SOFTPICK, RECTIFIED, RELA, TRA, ENTMAX, ENTROPY = 0, 1, 2, 3, 4, 5
 
@@ -124,10 +124,12 @@ def _row_stats(M, L, TAU, DELTA, idx, row_ok, MECH: tl.constexpr, BM: tl.constex
 def _fwd_tile(acc, acc_u, m_i, l_i, s_i, q, K, V, base, start_n, offs_m, offs_d, dmask, T, sm_scale, slope, rs,
               tau, MASKED: tl.constexpr, FIXED: tl.constexpr, MECH: tl.constexpr, POWER: tl.constexpr,
               STORE_U: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr,
-              D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+              D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, FOLD: tl.constexpr = False,
+              ROW_SUMS: tl.constexpr = True):
     """One key tile of the forward. ``MASKED`` only for the tiles that cross the diagonal; ``FIXED``: the
     shift ``m_i`` of softpick/rectified is a fixed upper bound of the row's scores (no running max, no
-    rescaling)."""
+    rescaling). ``FOLD`` (``ENTMAX``, no slopes): ``z / POWER`` in one product a score (``folded_scores``).
+    ``ROW_SUMS`` False (``ENTMAX`` with no backward to follow): no ``s_i``, the backward's ``sum s``."""
     offs_n = start_n + tl.arange(0, BN)
     if MASKED:
         kv_mask = (offs_n < T)[:, None] & dmask[None, :]
@@ -135,7 +137,11 @@ def _fwd_tile(acc, acc_u, m_i, l_i, s_i, q, K, V, base, start_n, offs_m, offs_d,
         kv_mask = dmask[None, :]
     k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
     v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-    z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+    if FOLD:
+        x = folded_scores(q, k, sm_scale, rs, 1.0 / POWER, HAS_RS, DOT_PREC)  # z / POWER
+    else:
+        z, zb = score_tile(q, k, offs_m, offs_n, sm_scale, slope, rs, HAS_SLOPES, HAS_RS, DOT_PREC)
+        x = z / POWER
     if MASKED:
         valid = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T)
     else:
@@ -159,14 +165,15 @@ def _fwd_tile(acc, acc_u, m_i, l_i, s_i, q, K, V, base, start_n, offs_m, offs_d,
     elif MECH == 4:
         # (A branch that skips the value products of tiles with no positive weight, as the backward does,
         # made tra's forward 1.8x slower on the H100, 2026-11-22: the loop loses its software pipelining.)
-        s = tl.where(valid, tl.maximum(z / POWER - tau[:, None], 0.0), 0.0)
+        s = tl.where(valid, tl.maximum(x - tau[:, None], 0.0), 0.0)
         if POWER == 2.0:
             p = s * s
         else:  # sparsemax: the weights are s, the backward's are the support's indicator
             p = s
             s = (s > 0).to(tl.float32)
         l_i += tl.sum(p, 1)
-        s_i += tl.sum(s, 1)
+        if ROW_SUMS:
+            s_i += tl.sum(s, 1)
         if STORE_U:
             acc_u += tl.dot(s.to(v.dtype), v, input_precision=DOT_PREC)
     else:
@@ -179,16 +186,18 @@ def _fwd_tile(acc, acc_u, m_i, l_i, s_i, q, K, V, base, start_n, offs_m, offs_d,
 def _fwd_loops(acc, acc_u, m_i, l_i, s_i, q, K, V, base, diag, hi, offs_m, offs_d, dmask, T, sm_scale, slope, rs,
                tau, FIXED: tl.constexpr, MECH: tl.constexpr, POWER: tl.constexpr, STORE_U: tl.constexpr,
                HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr):
+               BM: tl.constexpr, BN: tl.constexpr, FOLD: tl.constexpr = False, ROW_SUMS: tl.constexpr = True):
     # Keys before the tile's first row (``diag``) are visible to all its rows: no mask there.
     for start_n in range(0, diag, BN):
         acc, acc_u, m_i, l_i, s_i = _fwd_tile(acc, acc_u, m_i, l_i, s_i, q, K, V, base, start_n, offs_m, offs_d,
                                               dmask, T, sm_scale, slope, rs, tau, False, FIXED, MECH, POWER,
-                                              STORE_U, HAS_SLOPES, HAS_RS, DOT_PREC, D, BM, BN)
+                                              STORE_U, HAS_SLOPES, HAS_RS, DOT_PREC, D, BM, BN, FOLD,
+                                              ROW_SUMS)
     for start_n in range(diag, hi, BN):
         acc, acc_u, m_i, l_i, s_i = _fwd_tile(acc, acc_u, m_i, l_i, s_i, q, K, V, base, start_n, offs_m, offs_d,
                                               dmask, T, sm_scale, slope, rs, tau, True, FIXED, MECH, POWER,
-                                              STORE_U, HAS_SLOPES, HAS_RS, DOT_PREC, D, BM, BN)
+                                              STORE_U, HAS_SLOPES, HAS_RS, DOT_PREC, D, BM, BN, FOLD,
+                                              ROW_SUMS)
     return acc, acc_u, m_i, l_i, s_i
 
 

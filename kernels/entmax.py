@@ -75,9 +75,10 @@ def _lists_output_kernel(Q, K, V, Out, U, SL, RS, TAU, M, L, NCAND, LIST, sm_sca
 def _open_output_kernel(Q, K, V, Out, U, SL, RS, TAU, M, L, ROWS, COUNT, sm_scale, T, H,
                         STORE_U: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                         DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
-                        BN: tl.constexpr, POWER: tl.constexpr):
+                        BN: tl.constexpr, POWER: tl.constexpr, FOLD: tl.constexpr):
     """The output of the rows left open (``ROWS[bh, :COUNT[bh]]``, gathered as in ``_newton_kernel``) over all
-    their keys, by the forward tiles of ``_rowwise.py`` (``ENTMAX``), with the same side outputs."""
+    their keys, by the forward tiles of ``_rowwise.py`` (``ENTMAX``; ``FOLD`` as the search's), with the same
+    side outputs (``M`` only with ``STORE_U``: no backward follows without it)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     n_open = tl.load(COUNT + bh)
@@ -92,19 +93,21 @@ def _open_output_kernel(Q, K, V, Out, U, SL, RS, TAU, M, L, ROWS, COUNT, sm_scal
         # (MECH 4 is _rowwise.ENTMAX; the keys below the tile's first row are visible to all its rows)
         acc, acc_u, m_i, l_i, s_i = _fwd_loops(acc, acc, zero, zero, zero, q, K, V, base, (first // BN) * BN,
                                                last + 1, offs_m, offs_d, dmask, T, sm_scale, slope, rs, tau, False,
-                                               4, POWER, STORE_U, HAS_SLOPES, HAS_RS, DOT_PREC, D, BM, BN)
+                                               4, POWER, STORE_U, HAS_SLOPES, HAS_RS, DOT_PREC, D, BM, BN, FOLD,
+                                               STORE_U)
         out_off = base + offs_m[:, None] * D + offs_d[None, :]
         acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(Out + out_off, acc.to(Out.dtype.element_ty), mask=rmask)
         if STORE_U:
             tl.store(U + out_off, acc_u, mask=rmask)
-        tl.store(M + bh * T + offs_m, s_i, mask=row_ok)
+            tl.store(M + bh * T + offs_m, s_i, mask=row_ok)
         tl.store(L + bh * T + offs_m, l_i, mask=row_ok)
 
 
 def _lists_forward(pb: Problem, alpha: float, store_u: bool, tol=1e-6, max_iter=40, tuning: dict | None = None):
     """The list forward of alpha-entmax attention (causal): ``(out, tau, m, den, u, ncand, lists)``, ``m, den,
-    u`` as ``RowwiseAttention.forward`` keeps them for ``ENTMAX`` (``u`` None unless ``store_u``), ``ncand``
+    u`` as ``RowwiseAttention.forward`` keeps them for ``ENTMAX`` (``u`` None and ``m`` unset on the open rows
+    unless ``store_u``: the backward needs both, and ``store_u`` is on wherever one follows), ``ncand``
     ``[BH, T]`` int32 the number of candidates of the rows finished from their lists (0: the rows left open)
     and ``lists`` ``[BH, T, C]`` their keys (the first ``ncand`` of a row; for tests).
 
@@ -129,8 +132,8 @@ def _lists_forward(pb: Problem, alpha: float, store_u: bool, tol=1e-6, max_iter=
         num_warps=finish_warps, **common)
     _open_output_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
         pb.q, pb.k, pb.v, out, pb.opt(u), sl, rs, tau, m, den, rows, count, pb.sm_scale, pb.tokens, pb.heads,
-        STORE_U=store_u, DOT_PREC=pb.dot_prec, BM=nbm, BN=nbn, POWER=1.0 / (alpha - 1.0), num_warps=nwarps,
-        num_stages=nstages, **common)
+        STORE_U=store_u, DOT_PREC=pb.dot_prec, BM=nbm, BN=nbn, POWER=1.0 / (alpha - 1.0),
+        FOLD=bool(config["fold"]) and pb.slopes is None, num_warps=nwarps, num_stages=nstages, **common)
     return out, tau, m, den, u, ncand, lists
 
 

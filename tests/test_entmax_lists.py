@@ -642,15 +642,15 @@ def test_newton_bracket_ends_rows_early(subset, left, monkeypatch):
         assert err <= bound
 
 
-@pytest.mark.parametrize("with_rs", [False, True], ids=["fold", "row-scale"])
+@pytest.mark.parametrize("with_rs", [False, True], ids=["plain", "row-scale"])
 @pytest.mark.parametrize("name", ["entmax", "sparsemax"])
 def test_sampled_start_of_wide_tiles(name, with_rs):
     """``sample``: a query tile whose rows are (three quarters at least) wide starts its Newton passes from an
     estimate over every ``stride``-th key instead of the first stage's lower bound; a tile with half of its rows
     narrow takes the first stage. With no Newton pass (``max_iter`` 0) the starts show which: the sampled ones
     lie on either side of ``tau*``, within 0.1 of it, and below the row's largest ``X``; the first stage's never
-    above. With the passes, the output and gradients are the float64 reference's; also with a row scale (the
-    scores' own path, as ASEntmax's)."""
+    above. With the passes, the output and gradients are the float64 reference's; also with a row scale
+    (ASEntmax's scores)."""
     scale, size = (0.3, 16) if name == "entmax" else (0.3, 4)  # sparsemax's supports are narrower
     q, k, v = make(1, 2, 700, 32, torch.float32, seed=93, scale=scale)
     q[:, :, 576:608] = k[:, :, 575:607] * 20.0  # narrow rows (one key far above the others): half of tile 9
@@ -681,3 +681,23 @@ def test_sampled_start_of_wide_tiles(name, with_rs):
     assert gap.max().item() < 0.1
     assert (starts["sampled"][:, sampled] < x.max(-1).values[0][:, sampled]).all()
     check(name, q, k, v, row_scale=row_scale, seed=93, label="sampled start", tuning=tuning)
+
+
+@pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve-entmax"])
+def test_fold_with_a_row_scale(name):
+    """``fold`` with a row scale and no slopes (ASEntmax's scores): the search's and entmax's open rows' output
+    pass take ``X`` in one product a score, ``q.k (sm_scale rs XS)``, instead of ``((q.k sm_scale) rs) XS``.
+    The two differ by a rounding: the same rows are listed, the outputs agree within 1e-5, and the folded forward
+    is the float64 reference's (output and gradients), rows with a negative or zero scale included."""
+    q, k, v = make(1, 2, 300, 32, torch.float32, seed=41, scale=0.6)
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    row_scale = 0.5 + torch.rand(1, 2, 300, device=DEVICE, generator=gen)
+    row_scale[0, 0, 200:210] = -0.7
+    row_scale[0, 1, 250:253] = 0.0
+    listed = {fold: path_counts(name, q, k, v, row_scale=row_scale, tuning=dict(fold=fold)) for fold in (True, False)}
+    print(f"ERR fold: listed {listed[True][0]} of {listed[True][1]} rows (unfolded {listed[False][0]})")
+    assert torch.equal(listed[True][2] > 0, listed[False][2] > 0)
+    assert 0 < listed[True][0] < listed[True][1]  # both the lists and the open rows' passes
+    outs = [op_of(name, dict(fold=fold))(q, k, v, row_scale=row_scale) for fold in (True, False)]
+    assert rel_err(outs[0], outs[1]) <= 1e-5
+    check(name, q, k, v, row_scale=row_scale, seed=41, label="fold with a row scale")
