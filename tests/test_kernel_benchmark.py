@@ -186,3 +186,33 @@ def test_profile_forward_refuses_bad_input_with_exit_2():
                           check=False)
     assert done.returncode == 2
     assert done.stderr.strip().startswith("error: ") and len(done.stderr.strip().splitlines()) == 1
+
+
+SASS_LISTING = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   FFMA R2, R3, R4, -R5 ;
+        /*0020*/                   FMNMX R2, RZ, R2, !PT ;
+        /*0030*/                   FADD R6, R6, R2 ;
+        /*0040*/              @!P0 BRA `(.L_x_0) ;
+        /*0050*/                   FMUL R7, R6, R6 ;
+        /*0060*/                   BRA `(.L_x_1) ;
+.L_x_1:
+        /*0070*/                   EXIT ;
+"""
+
+
+def test_sass_loops_finds_the_loops_and_counts_their_instructions():
+    """``benchmarks/sass_loops.py``'s reading of a SASS listing: a loop is a branch back to a label (a forward
+    branch is none), its instructions counted by opcode, predicates aside."""
+    import sass_loops
+
+    assert sass_loops.loops(SASS_LISTING, least=1) == [(4, {"FFMA": 1, "FMNMX": 1, "FADD": 1, "BRA": 1})]
+    assert sass_loops.loops(SASS_LISTING, least=5) == []
+
+
+def test_sass_loops_bad_kernels_exit_2_with_one_line():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sass_loops.py"), "--kernels", "newton,nope"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.startswith("error: --kernels: unknown ['nope']")
+    assert len(done.stderr.strip().splitlines()) == 1
