@@ -5,10 +5,11 @@ and, per loop of its SASS, the loop's length and its most frequent instructions.
     python benchmarks/sass_loops.py --kernels newton,output,start,sample --row-scale both --fold both
 
 Needs Triton with its NVIDIA backend (the wheel ships ptxas, cuobjdump and nvdisasm); no GPU. The kernels are
-compiled with the default launch settings of ``launch_config`` for head dim 32 (bf16 q, k, v; no slopes). A
-pass over all keys is bound by its arithmetic, so a lever's instructions a score show here before a GPU times
-it: a loop's length is the instructions of one key tile for one thread (64 x 64 scores over 128 threads: 32
-scores each). ``--out FILE`` also writes the report, with the date, the commit and the command.
+compiled with the default launch settings of ``launch_config`` for head dim 32 (bf16 q, k, v; no slopes), the
+open rows' output pass as scoring launches it (no backward to follow). A pass over all keys is bound by its
+arithmetic, so a lever's instructions a score show here before a GPU times it: a loop's length is the
+instructions of one key tile for one thread (64 x 64 scores over 128 threads: 32 scores each). ``--out FILE``
+also writes the report, with the date, the commit and the command.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def _usage(message: str) -> int:
 
 
 def kernel_specs(name: str, rs: bool, fold: bool):
-    """``(jit function, constexprs, warps, stages)`` of kernel ``name`` as the forward launches it."""
+    """``(jit function, constexprs, options)`` of kernel ``name`` as the forward launches it (``options``:
+    warps, stages and a register cap where the launch takes one)."""
     from lengthbench.kernels import _entmax_lists as lists
     from lengthbench.kernels import _entmax_search as search
     from lengthbench.kernels import entmax
@@ -48,16 +50,19 @@ def kernel_specs(name: str, rs: bool, fold: bool):
                  PAIRS=config["pairs"], SKIP=False, RESCUE=config["rescue"], MAX_SAT=config["max_sat"], SAMPLE=True,
                  S=config["sample"][0], G=lists._SAMPLE_COARSE)
     if name == "newton":
-        return search._newton_kernel, dict(common, ACC=False, BM=nbm, BN=nbn, LEAN=2, PHASED=True), nwarps, nstages
-    if name == "output":
-        return (entmax._open_output_kernel, dict(common, STORE_U=False, BM=nbm, BN=nbn, POWER=2.0), nwarps,
-                nstages)
+        return (search._newton_kernel, dict(common, ACC=False, BM=nbm, BN=nbn, LEAN=2, PHASED=True),
+                dict(num_warps=nwarps, num_stages=nstages))
+    if name == "output":  # the scoring's launch: no backward follows (STORE_U off), registers capped
+        cap = getattr(entmax, "_OPEN_OUTPUT_REGS", 0)
+        return (entmax._open_output_kernel, dict(common, STORE_U=False, BM=nbm, BN=nbn, POWER=2.0),
+                dict(num_warps=nwarps, num_stages=nstages, **({"maxnreg": cap} if cap else {})))
+    options = dict(num_warps=config["warps"], num_stages=config["stages"])
     if name == "start":
-        return lists._lists_start_kernel, first, config["warps"], config["stages"]
-    return lists._sample_kernel, first, config["warps"], config["stages"]
+        return lists._lists_start_kernel, first, options
+    return lists._sample_kernel, first, options
 
 
-def compile_kernel(fn, constexprs: dict, warps: int, stages: int, arch: int, folder: Path, tag: str):
+def compile_kernel(fn, constexprs: dict, options: dict, arch: int, folder: Path, tag: str):
     """``(resources, sass)``: the compiled kernel's resource line (``cuobjdump``) and its SASS (``nvdisasm``)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -77,8 +82,7 @@ def compile_kernel(fn, constexprs: dict, warps: int, stages: int, arch: int, fol
             signature[arg] = "fp32"
     attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(signature) if signature[arg].startswith("*")}
     source = ASTSource(fn, signature, constexprs=kept, attrs=attrs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                              options=dict(num_warps=warps, num_stages=stages))
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     cubin = folder / f"{tag}.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -141,11 +145,11 @@ def main() -> int:
         for name in names:
             for rs in choice[args.row_scale]:
                 for fold in choice[args.fold]:
-                    fn, constexprs, warps, stages = kernel_specs(name, rs, fold)
+                    fn, constexprs, options = kernel_specs(name, rs, fold)
                     tag = f"{name}_rs{int(rs)}_fold{int(fold)}"
-                    resources, sass = compile_kernel(fn, constexprs, warps, stages, args.arch, Path(tmp), tag)
+                    resources, sass = compile_kernel(fn, constexprs, options, args.arch, Path(tmp), tag)
                     block = [f"## {name}, row scale {'on' if rs else 'off'}, fold {'on' if fold else 'off'}",
-                             f"resources: {resources}"]
+                             f"options: {options}", f"resources: {resources}"]
                     for length, counts in loops(sass):
                         top = ", ".join(f"{op} {n}" for op, n in counts.most_common(args.top))
                         block.append(f"- loop of {length} instructions: {top}")

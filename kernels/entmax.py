@@ -33,6 +33,9 @@ from lengthbench.kernels._rowwise import ENTMAX, _fwd_loops, rowwise, rowwise_ba
 
 __all__ = ["EntmaxListsAttention", "entmax_attention", "entmax_threshold", "sparsemax_attention"]
 
+# The registers a thread of the open rows' output pass without ``STORE_U``, up to head dim 32 (``_lists_forward``).
+_OPEN_OUTPUT_REGS = 96
+
 
 @triton.jit
 def _lists_output_kernel(Q, K, V, Out, U, SL, RS, TAU, M, L, NCAND, LIST, sm_scale, T, H, n_iter,
@@ -130,10 +133,14 @@ def _lists_forward(pb: Problem, alpha: float, store_u: bool, tol=1e-6, max_iter=
         pb.q, pb.k, pb.v, out, pb.opt(u), sl, rs, tau, m, den, ncand, lists, pb.sm_scale, pb.tokens, pb.heads,
         2 * lists.shape[-1] + 8, STORE_U=store_u, BR=rows_per, C=lists.shape[-1], XS=xs,
         num_warps=finish_warps, **common)
+    # Without a backward to follow (no row sums of s), the compiler takes 117 registers a thread for the 64 x 64
+    # tiles at head dim 32 (sm_90), and 91 with no spill under a cap of 96: the occupancy of the pass with them
+    # (93 registers), with 216 instructions a key tile instead of 288 (results/benchmarks/sass_entmax_loops.txt).
+    cap = {"maxnreg": _OPEN_OUTPUT_REGS} if not store_u and pb.block_d <= 32 and nbm * nbn <= 64 * 64 else {}
     _open_output_kernel[(triton.cdiv(pb.tokens, nbm), pb.bh)](
         pb.q, pb.k, pb.v, out, pb.opt(u), sl, rs, tau, m, den, rows, count, pb.sm_scale, pb.tokens, pb.heads,
         STORE_U=store_u, DOT_PREC=pb.dot_prec, BM=nbm, BN=nbn, POWER=1.0 / (alpha - 1.0),
-        FOLD=bool(config["fold"]) and pb.slopes is None, num_warps=nwarps, num_stages=nstages, **common)
+        FOLD=bool(config["fold"]) and pb.slopes is None, num_warps=nwarps, num_stages=nstages, **common, **cap)
     return out, tau, m, den, u, ncand, lists
 
 
