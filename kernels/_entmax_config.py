@@ -60,7 +60,10 @@ def launch_config(block_d: int, tuning: dict | None = None) -> dict:
         # slower on a trained model's wider rows). Its 64-key tiles (against 32) on an H200 at L 65,536, H 16,
         # D 32, bf16, q and k N(0, 1) times 0.3 / 0.45 / 1 (supports of ~1,900 / 500 / 34 keys): entmax's forward
         # 78.1 -> 69.8, 69.1 -> 61.8 and 28.0 -> 26.9 ms (results/benchmarks/gpu_logs/entmax_newton_tiles.txt).
-        # Sieve's open rows keep their walk on 32-key tiles (``sieve_open``).
+        # Sieve's open rows keep their walk on 32-key tiles (``sieve_open``). ``fold`` with a row scale
+        # (ASEntmax), in sm_90 SASS a key tile of 64 x 64 scores (results/benchmarks/sass_entmax_loops.txt; not
+        # timed on a GPU): the Newton passes 301 -> 237 instructions, the first stage 675 -> 611, the open rows'
+        # output pass without a backward 320 -> 216 (without a row scale 288 -> 216: no row sums of s).
         config = dict(bm=64, bn=64, bn_subset=64, warps=4, stages=2, newton=(64, 64, 4, 3), split=True, subset=4,
                       acc=False, fold=True, lean=True, bracket=True, pairs=True)
     else:  # the single-view kernels' tiles, not measured
