@@ -12,9 +12,10 @@ The keys:
   settings, then the Newton passes over the open rows only, gathered, with ``newton = (bm, bn, warps,
   stages)``. A query tile must be a multiple of its kernel's key tiles.
 - The search: ``subset`` (0: the 16 largest tile maxima, no certificate; d in 1..4: the top d of every
-  column), ``acc`` (elementwise partial sums in the exact-root Newton passes), ``fold`` (where there are no slopes,
-  one product a score by the row's ``sm_scale * XS``, times its row scale; entmax's output pass too), ``lean`` (the Newton passes accumulate only
-  what Newton's step needs; False: also the support's count and least score, for the exact root),
+  column), ``acc`` (elementwise partial sums in the exact-root Newton passes), ``fold`` (where there are no
+  slopes, one product a score by the row's ``sm_scale * XS``, times its row scale; entmax's output pass too),
+  ``lean`` (the Newton passes accumulate only what Newton's step needs; False: also the support's count and
+  least score, for the exact root),
   ``bracket`` (with ``lean``, 1.5-entmax: the passes also count the support, and a row ends once the
   support's quadratic brackets ``tau*`` within ``tol``, ``_entmax_search._bracket``) and
   ``pairs`` (the top-4 first stage merges two key tiles a step, ``_insert_pair``; the kept values are the
