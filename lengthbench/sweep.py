@@ -427,9 +427,10 @@ def _skip_finished(config: RunConfig, results: Path, outcomes: dict[str, CellOut
     """Whether ``config`` is in the store already (its outcome ``skipped``, its curve read back)."""
     import pandas as pd
 
-    from lengthbench.store import run_finished, run_path
+    from lengthbench.checkpoints import cell_finished
+    from lengthbench.store import run_path
 
-    if not run_finished(results, config.run_id):
+    if not cell_finished(results, config):
         return False
     curve, note = {}, ""
     try:
@@ -448,9 +449,9 @@ def _waits_on_elsewhere(config: RunConfig, elsewhere: list[RunConfig]) -> bool:
 
 def _run_sequential(pending, results: Path, device: str, outcomes, emit, track: str | None = None) -> list[RunConfig]:
     """Run ``pending`` in this process, one after another; return those claimed by a live sweep elsewhere."""
+    from lengthbench.checkpoints import cell_finished
     from lengthbench.claims import claim
     from lengthbench.runner import resolve_device
-    from lengthbench.store import run_finished
 
     if pending:
         resolve_device(device)
@@ -466,7 +467,7 @@ def _run_sequential(pending, results: Path, device: str, outcomes, emit, track: 
             if not got:
                 elsewhere.append(config)
                 continue
-            if run_finished(results, config.run_id):  # finished elsewhere since we looked
+            if cell_finished(results, config):  # finished elsewhere since we looked
                 _skip_finished(config, results, outcomes, emit)
                 continue
             emit("start", config, None, "")
@@ -560,8 +561,8 @@ def _worker_command(config: RunConfig, results: Path, track: str | None = None) 
 def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, command) -> list[RunConfig]:
     """Run ``pending`` in worker processes, one per slot, each cell claimed (by this process) while its worker
     runs; return those claimed by a live sweep elsewhere."""
+    from lengthbench.checkpoints import cell_finished
     from lengthbench.claims import take
-    from lengthbench.store import run_finished
 
     log_dir = results / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -582,7 +583,7 @@ def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, comm
                         config = None
                         continue
                     held = take(results, config.run_id)
-                    if held is None or run_finished(results, config.run_id):
+                    if held is None or cell_finished(results, config):
                         if held is None:
                             elsewhere.append(config)
                         else:
@@ -645,9 +646,10 @@ def _next_runnable(queue: list[RunConfig], outcomes: dict[str, CellOutcome], bus
 def _finished_outcome(config: RunConfig, results: Path, returncode: int, seconds: float, log_dir: Path) -> CellOutcome:
     import pandas as pd
 
-    from lengthbench.store import run_finished, run_path
+    from lengthbench.checkpoints import cell_finished
+    from lengthbench.store import run_path
 
-    if returncode == 0 and run_finished(results, config.run_id):
+    if returncode == 0 and cell_finished(results, config):
         return CellOutcome(config, "done", seconds, curve=_outcome_curve(pd.read_parquet(run_path(results, config.run_id))))
     log_path = log_dir / f"{config.run_id}.log"
     lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()] if log_path.exists() else []

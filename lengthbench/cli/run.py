@@ -148,9 +148,9 @@ def register(app: typer.Typer) -> None:
         out.print(f"[bold]{config.run_id}[/]  {config.train_steps:,} steps x batch {config.batch_size}, "
                   f"{config.n_layers} layers x d {config.d_model}, {config.n_heads} heads; results -> {results}")
         if dry_run:
-            from lengthbench.runner import checkpoint_dir, run_finished
+            from lengthbench.runner import cell_finished, checkpoint_dir
 
-            state = ("finished: in the store" if run_finished(results, config.run_id) else
+            state = ("finished: in the store" if cell_finished(results, config) else
                      "interrupted: a checkpoint to --resume" if checkpoint_dir(results, config.run_id).exists()
                      else "not started")
             out.print(f"dry run: {state}")
