@@ -53,8 +53,8 @@ from lengthbench.config import RunConfig, build_config
 from lengthbench.errors import UsageError, interrupted
 from lengthbench.validation import MAX_CELLS, check_config, check_task_params
 
-SWEEP_KEYS = ("tasks", "attns", "pes", "cells", "seeds", "preset", "results", "device", "per_gpu", "overrides",
-              "stages")
+SWEEP_KEYS = ("tasks", "attns", "pes", "cells", "seeds", "preset", "results", "device", "per_gpu", "mps", "budget",
+              "budget_fraction", "overrides", "by_pe", "stages")
 # What a stage may not set: the cell's identity, and the chain itself.
 STAGE_FIXED = ("attn", "pe", "seed", "preset", "init_from")
 
@@ -124,6 +124,9 @@ def read_sweep_file(path: str | Path) -> dict[str, Any]:
         raise UsageError(f"sweep file {path}: unknown key {unknown[0]!r}; keys: {', '.join(SWEEP_KEYS)}")
     if not isinstance(data.get("overrides", {}), dict):
         raise UsageError(f"sweep file {path}: [overrides] must be a table of RunConfig fields")
+    by_pe = data.get("by_pe", {})
+    if not isinstance(by_pe, dict) or not all(isinstance(table, dict) for table in by_pe.values()):
+        raise UsageError(f"sweep file {path}: [by_pe.NAME] must be tables of RunConfig fields")
     stages = data.get("stages", [])
     if not isinstance(stages, list) or not all(isinstance(stage, dict) for stage in stages):
         raise UsageError(f"sweep file {path}: stages must be [[stages]] tables of RunConfig fields")
@@ -152,14 +155,29 @@ def check_sweep_settings(data: dict[str, Any], where: str) -> None:
     seeds = data.get("seeds")
     if seeds is not None and not isinstance(seeds, str | int | list) or isinstance(seeds, bool):
         fail(f"seeds must be a list of integers or a string like \"0-4\", got {seeds!r}")
-    if "per_gpu" in data:
+    if "per_gpu" in data and data["per_gpu"] != "auto":
         if isinstance(data["per_gpu"], bool) or not isinstance(data["per_gpu"], int):
-            fail(f"per_gpu must be a whole number, got {data['per_gpu']!r}")
+            fail(f"per_gpu must be a whole number or \"auto\", got {data['per_gpu']!r}")
         try:
             validation.check_int("per_gpu", data["per_gpu"], 1, 64)
         except UsageError as error:
             fail(str(error))
+    if "mps" in data and data["mps"] not in ("auto", "on", "off"):
+        fail(f"mps must be \"auto\", \"on\" or \"off\", got {data['mps']!r}")
+    if "budget" in data:
+        from lengthbench.budget import parse_budget
+
+        try:
+            parse_budget(data["budget"])
+        except UsageError as error:
+            fail(str(error))
+    if "budget_fraction" in data:
+        try:
+            validation.check_float("budget_fraction", data["budget_fraction"], 0.0, 1.0, low_open=True)
+        except UsageError as error:
+            fail(str(error))
     for label, table in [("", data.get("overrides", {}))] + [
+            (f"by_pe.{name}: ", table) for name, table in data.get("by_pe", {}).items()] + [
             (f"stage {number}: ", stage) for number, stage in enumerate(data.get("stages", []), 1)]:
         try:
             validation.check_overrides(table, validation.field)
@@ -294,12 +312,34 @@ def _check_parameters(config: RunConfig, where: str = "") -> None:
         raise UsageError(f"{where}: {str(error).splitlines()[0]}") from error
 
 
+def _pe_overrides(pe: str, overrides: dict[str, Any], by_pe: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """``overrides`` with the fields of the encoding's ``[by_pe.NAME]`` table over them (its canonical name or an
+    alias)."""
+    if not by_pe:
+        return overrides
+    from lengthbench.models.positional import POSITIONAL_ENCODINGS
+
+    def canonical(name: str) -> str:
+        try:
+            return POSITIONAL_ENCODINGS.canonical(name)
+        except LookupError:
+            return name
+
+    extra = {}
+    for name, table in by_pe.items():
+        if canonical(name) == canonical(pe):
+            extra.update(table)
+    return {**overrides, **extra}
+
+
 def plan_cells(cells: list[str], seeds: list[int], preset: str = "smoke",
-               overrides: dict[str, Any] | None = None) -> list[RunConfig]:
+               overrides: dict[str, Any] | None = None,
+               by_pe: dict[str, dict[str, Any]] | None = None) -> list[RunConfig]:
     """The configurations of an explicit cell list (``task:attn:pe`` each, as tables mix mechanisms and
     encodings), in the order given, each with every seed. The mechanism and the encoding may carry their own
     parameters, ``maxretrieval:entmax(alpha=4):none`` or ``passkey:softmax:rope(factor=1)``, over those of the
-    overrides (``attn_params``, ``pe_params``)."""
+    overrides (``attn_params``, ``pe_params``). ``by_pe`` holds fields for the cells of one encoding over the
+    overrides (a sweep file's ``[by_pe.rope]``: e.g. the checkpoint selection a paper used for its RoPE models)."""
     if not cells:
         raise UsageError("--cells is empty: give at least one task:attn:pe")
     overrides = dict(overrides or {})
@@ -310,13 +350,44 @@ def plan_cells(cells: list[str], seeds: list[int], preset: str = "smoke",
             raise UsageError(f"a cell is task:attn:pe, e.g. copy:sieve:none; got {cell!r}")
         attn, attn_params = _cell_part(parts[1], cell)
         pe, pe_params = _cell_part(parts[2], cell)
-        cell_overrides = dict(overrides)
+        cell_overrides = _pe_overrides(pe, dict(overrides), by_pe)
         for key, params in (("attn_params", attn_params), ("pe_params", pe_params)):
             if params:
                 cell_overrides[key] = {**(overrides.get(key) or {}), **params}
         for config in plan_sweep([parts[0]], [attn], [pe], seeds, preset, cell_overrides):
             configs.setdefault(config.run_id, config)
     return list(configs.values())
+
+
+def configs_of_sweep(settings: dict[str, Any], *, tasks=None, attns=None, pes=None, cells=None, seeds=None,
+                     preset: str | None = None, flags: dict[str, Any] | None = None) -> list[RunConfig]:
+    """Every configuration a sweep file's ``settings`` (:func:`read_sweep_file`) runs, stages included, with
+    command-line values (``None``: the file's) over the file's: the one way the sweep, its status, the
+    leaderboard's sections and ``compare --config`` know a protocol's runs."""
+    overrides = dict(settings.get("overrides", {}))
+    overrides.update({key: value for key, value in (flags or {}).items() if value is not None})
+    by_pe = settings.get("by_pe") or {}
+    seed_list = parse_seeds(seeds if seeds is not None else settings.get("seeds", "0"))
+    preset = preset or settings.get("preset", "smoke")
+    task_list = split_list(tasks if tasks is not None else settings.get("tasks"))
+    attn_list = split_list(attns if attns is not None else settings.get("attns"))
+    pe_list = split_list(pes if pes is not None else settings.get("pes"))
+    cell_list = split_list(cells if cells is not None else settings.get("cells"))
+    if cell_list and (tasks or attns or pes):
+        raise UsageError("give either --cells or --tasks/--attns/--pes, not both")
+    if cell_list:
+        configs = plan_cells(cell_list, seed_list, preset, overrides, by_pe)
+    elif by_pe and pe_list:
+        configs = []
+        for pe in pe_list:
+            configs += plan_sweep(task_list, attn_list, [pe], seed_list, preset, _pe_overrides(pe, overrides, by_pe))
+        order = {pe: number for number, pe in enumerate(pe_list)}
+        configs.sort(key=lambda c: (task_list.index(c.task) if c.task in task_list else 0,
+                                    attn_list.index(c.attn) if c.attn in attn_list else 0,
+                                    order.get(c.pe, 0), seed_list.index(c.seed)))
+    else:
+        configs = plan_sweep(task_list, attn_list, pe_list, seed_list, preset, overrides)
+    return add_stages(configs, settings.get("stages", []), preset, overrides)
 
 
 def check_task_params_of(tasks: list[str], overrides: dict[str, Any]) -> None:
@@ -356,6 +427,44 @@ def gpu_slots(device: str, per_gpu: int = 1) -> list[str]:
     return slots if len(slots) > 1 else []
 
 
+# Cells side by side on one GPU by model width, where no measurement says better: three small paper models (d 256),
+# two of d 512 and wider (whose kernels fill more of the GPU); at most one cell per CELL_MEMORY_GIB of its memory.
+AUTO_PER_GPU = ((256, 3), (10**9, 2))
+CELL_MEMORY_GIB = 20
+
+
+def auto_per_gpu(configs: list[RunConfig], gpu: str, memory_gib: float | None = None) -> int:
+    """``--per-gpu auto``: how many cells share a GPU, from the widest model of ``configs``, the GPU's memory and
+    the side-by-side measurement (``results/benchmarks/side_by_side.parquet``: the count with the most samples/s
+    where one more cell gains at least 5%)."""
+    if not configs:
+        return 1
+    widest = max(configs, key=lambda c: c.d_model * c.n_layers)
+    count = next(cells for width, cells in AUTO_PER_GPU if widest.d_model <= width)
+    from lengthbench.budget import BENCHMARKS, _read_table
+
+    measured = _read_table(BENCHMARKS / "side_by_side.parquet")
+    if not measured.empty:
+        rows = measured[measured["mps"]]
+        if not rows.empty:
+            nearest = (rows["d_model"].astype(float) - widest.d_model).abs()
+            rows = rows[nearest == nearest.min()].sort_values("cells")
+            count, best = 1, 1.0
+            for cells, slowdown in zip(rows["cells"], rows["slowdown"], strict=True):
+                if int(cells) / float(slowdown) >= 1.05 * best:
+                    count, best = int(cells), int(cells) / float(slowdown)
+    if memory_gib is None:
+        memory_gib = 80.0 if "h100" in gpu.lower() else 140.0 if "h200" in gpu.lower() else 40.0
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                memory_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+        except (ImportError, RuntimeError):
+            pass
+    return max(1, min(count, int(memory_gib // CELL_MEMORY_GIB)))
+
+
 def slot_gpu(slot: str) -> str:
     return slot.split(".")[0]
 
@@ -363,15 +472,16 @@ def slot_gpu(slot: str) -> str:
 @dataclass
 class CellOutcome:
     config: RunConfig
-    status: str  # done, skipped (in the store), failed, elsewhere (claimed by a live sweep elsewhere); on a
-    # cluster also queued (its job is queued or running)
+    status: str  # done, skipped (in the store), failed, elsewhere (claimed by a live sweep elsewhere), left (not
+    # started: the time budget ran out); on a cluster also queued (its job is queued or running)
     seconds: float = 0.0
     curve: dict[int, float] = field(default_factory=dict)
     error: str = ""
     slot: str = ""
 
 
-# (kind, config, outcome, slot); kind: start, done, skipped, failed, elsewhere, or waiting (for a sweep elsewhere)
+# (kind, config, outcome, slot); kind: start, done, skipped, failed, elsewhere, left, or waiting (for a sweep
+# elsewhere)
 Event = Callable[[str, RunConfig, "CellOutcome | None", str], None]
 
 
@@ -382,7 +492,8 @@ def _outcome_curve(frame) -> dict[int, float]:
 def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "auto",
               on_event: Event | None = None, slots: list[str] | None = None,
               worker_command: Callable[[RunConfig, Path], list[str]] | None = None, wait: bool = True,
-              poll: float = 2.0, track: str | None = None) -> list[CellOutcome]:
+              poll: float = 2.0, track: str | None = None,
+              admit: Callable[[RunConfig], bool] | None = None) -> list[CellOutcome]:
     """Run every unfinished cell; return one outcome per cell in ``configs`` order.
 
     Each cell is claimed before it runs (:mod:`lengthbench.claims`), so several sweeps over one store share
@@ -393,6 +504,10 @@ def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "a
     ``slots`` (default: :func:`gpu_slots`) with more than one entry runs a worker process per slot;
     ``worker_command`` replaces the worker's command line (tests). ``track`` (``tensorboard`` or ``wandb``)
     logs each cell's training to that tracker (:mod:`lengthbench.tracking`).
+
+    ``admit`` (a time budget's :meth:`lengthbench.budget.BudgetGuard.admits`) is asked before each cell starts;
+    the first cell it refuses and every cell after it end as ``left`` (not started), and the running ones
+    finish: a clean stop.
     """
     from lengthbench.claims import holder
 
@@ -405,9 +520,9 @@ def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "a
     while pending:
         if len(slots) > 1:
             command = worker_command or (lambda config, results: _worker_command(config, results, track))
-            elsewhere = _run_parallel(pending, results, slots, outcomes, emit, command)
+            elsewhere = _run_parallel(pending, results, slots, outcomes, emit, command, admit)
         else:
-            elsewhere = _run_sequential(pending, results, device, outcomes, emit, track)
+            elsewhere = _run_sequential(pending, results, device, outcomes, emit, track, admit)
         pending = [config for config in elsewhere if not _skip_finished(config, results, outcomes, emit)]
         if pending and not wait:
             for config in pending:
@@ -447,7 +562,16 @@ def _waits_on_elsewhere(config: RunConfig, elsewhere: list[RunConfig]) -> bool:
     return bool(config.init_from) and any(c.run_id == config.init_from for c in elsewhere)
 
 
-def _run_sequential(pending, results: Path, device: str, outcomes, emit, track: str | None = None) -> list[RunConfig]:
+def _leave(configs: list[RunConfig], outcomes: dict[str, CellOutcome], emit) -> None:
+    """End ``configs`` as ``left``: not started, the budget refused the first of them."""
+    for config in configs:
+        if config.run_id not in outcomes:
+            outcomes[config.run_id] = CellOutcome(config, "left", error="not started: the budget ran out")
+            emit("left", config, outcomes[config.run_id], "")
+
+
+def _run_sequential(pending, results: Path, device: str, outcomes, emit, track: str | None = None,
+                    admit: Callable[[RunConfig], bool] | None = None) -> list[RunConfig]:
     """Run ``pending`` in this process, one after another; return those claimed by a live sweep elsewhere."""
     from lengthbench.checkpoints import cell_finished
     from lengthbench.claims import claim
@@ -457,12 +581,15 @@ def _run_sequential(pending, results: Path, device: str, outcomes, emit, track: 
         resolve_device(device)
         (results / "logs").mkdir(parents=True, exist_ok=True)
     elsewhere: list[RunConfig] = []
-    for config in pending:
+    for number, config in enumerate(pending):
         if _stage_failed(config, outcomes, emit):
             continue
         if _waits_on_elsewhere(config, elsewhere):
             elsewhere.append(config)
             continue
+        if admit is not None and not cell_finished(results, config) and not admit(config):
+            _leave(pending[number:], outcomes, emit)
+            break
         with claim(results, config.run_id) as got:
             if not got:
                 elsewhere.append(config)
@@ -558,7 +685,8 @@ def _worker_command(config: RunConfig, results: Path, track: str | None = None) 
             ",".join(plugin_modules()), track or ""]
 
 
-def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, command) -> list[RunConfig]:
+def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, command,
+                  admit: Callable[[RunConfig], bool] | None = None) -> list[RunConfig]:
     """Run ``pending`` in worker processes, one per slot, each cell claimed (by this process) while its worker
     runs; return those claimed by a live sweep elsewhere."""
     from lengthbench.checkpoints import cell_finished
@@ -582,6 +710,11 @@ def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, comm
                         elsewhere.append(config)
                         config = None
                         continue
+                    if admit is not None and not cell_finished(results, config) and not admit(config):
+                        _leave([config, *queue], outcomes, emit)
+                        queue.clear()
+                        config = None
+                        break
                     held = take(results, config.run_id)
                     if held is None or cell_finished(results, config):
                         if held is None:

@@ -18,6 +18,7 @@ out = Console()
 err = Console(stderr=True)
 
 DEFAULT_RESULTS = "runs"  # the default of `lengthbench run --results`
+DEFAULT_PLAN_GPU = "NVIDIA H100 80GB HBM3"  # lengthbench.budget.DEFAULT_PLAN_GPU, without importing pandas here
 
 
 def _cell_name(config) -> str:
@@ -84,6 +85,113 @@ def _print_submitted(configs, results: str, submitted, unsubmitted, outcomes) ->
               f"Next: the same command with --status", highlight=False)
 
 
+def _plan_gpu(device: str, given: str | None) -> str:
+    """The GPU model a plan is for: this machine's first GPU, else ``--plan-gpu``, else the default."""
+    if device != "cpu" and _cuda_available():
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    if given is not None and not given.strip():
+        raise UsageError("--plan-gpu is empty: give a GPU model, e.g. 'NVIDIA H200'")
+    return given or DEFAULT_PLAN_GPU
+
+
+def _plan_gpus(device: str) -> int:
+    if device != "cpu" and _cuda_available():
+        import torch
+
+        return torch.cuda.device_count()
+    return 1
+
+
+def _cost_model(results: str, plan_gpu: str):
+    import warnings
+
+    from lengthbench.budget import CostModel
+    from lengthbench.store import StoreError, load_results
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an unreadable file only loses its calibration here
+            store = load_results(results) if Path(results).is_dir() else None
+    except StoreError:
+        store = None
+    return CostModel(plan_gpu, store)
+
+
+def _print_plan(configs, results: str, budget_seconds: float, plan_gpu: str, slots: int, per_gpu: int,
+                mps: bool):
+    """The budget's plan, before anything starts: each cell's estimated minutes, its start, what fits."""
+    from lengthbench.budget import format_minutes, plan
+    from lengthbench.checkpoints import cell_finished
+
+    cost = _cost_model(results, plan_gpu)
+    planned = plan(configs, budget_seconds, slots, per_gpu, mps, cost,
+                   finished=[c.run_id for c in configs if cell_finished(results, c)])
+    side = f", {per_gpu} side by side per GPU{' under MPS' if mps else ''}" if per_gpu > 1 else ""
+    table = Table("cell", "run id", "minutes", "starts at", "plan", "estimated from",
+                  title=f"plan: {format_minutes(budget_seconds)} on {slots // per_gpu} x {plan_gpu}{side}",
+                  title_justify="left")
+    colours = {"runs": "green", "in the store": "dim", "does not fit": "yellow"}
+    for cell in planned:
+        table.add_row(_cell_name(cell.config), cell.config.run_id,
+                      f"{cell.seconds / 60:.1f}" if cell.state != "in the store" else "",
+                      f"{cell.start / 60:.1f}" if cell.state == "runs" else "",
+                      f"[{colours[cell.state]}]{cell.state}[/]", "; ".join(cell.sources))
+    out.print(table, width=None if out.is_terminal else max(out.width, 200))
+    runs = [c for c in planned if c.state == "runs"]
+    left = [c for c in planned if c.state == "does not fit"]
+    end = max((c.end for c in runs), default=0.0)
+    stored = sum(c.state == "in the store" for c in planned)
+    out.print(f"{len(runs)} cells fit ({format_minutes(end)} of {format_minutes(budget_seconds)}), "
+              f"{len(left)} do not" + (f", {stored} in the store already" if stored else "")
+              + (f"; next after this budget: {_cell_name(left[0].config)}" if left else ""), highlight=False)
+    return cost
+
+
+def _print_progress(configs, results: str, plan_gpu: str, per_gpu: int, mps: bool) -> None:
+    """``sweep --status``'s last lines: cells done / total, runs stored, GPU-hours spent, the estimate to finish."""
+    from lengthbench.budget import side_by_side_factor
+    from lengthbench.checkpoints import cell_finished
+    from lengthbench.store import run_finished
+
+    cells = [c for c in configs if not c.init_from or c.run_id not in {o.init_from for o in configs}]
+    done = [c for c in cells if cell_finished(results, c)]
+    runs = [run for c in configs for run in (c, *c.selected_runs())]
+    stored = [run for run in runs if run_finished(results, run.run_id)]
+    spent = _gpu_seconds(results, stored)
+    cost = _cost_model(results, plan_gpu)
+    todo = [c for c in configs if not cell_finished(results, c)]
+    alone = sum(cost.cost(c).total for c in todo)
+    shared = sum(cost.cost(c).total * side_by_side_factor(c, per_gpu, mps, cost.benchmarks) / per_gpu
+                 for c in todo)
+    out.print(f"{len(done)} of {len(cells)} cells done; {len(stored)} of {len(runs)} runs stored (a run per "
+              f"selection); {spent / 3600:.2f} GPU-hours spent; to finish: about {alone / 3600:.1f} GPU-hours on "
+              f"{plan_gpu} one at a time" + (f", {shared / 3600:.1f} with {per_gpu} side by side" if per_gpu > 1
+                                             else ""), highlight=False)
+
+
+def _gpu_seconds(results: str, runs) -> float:
+    """The GPU seconds of stored runs: each training once (a run of another selection shares its training) and
+    each scoring (a selection that copied its rows scored nothing)."""
+    import pandas as pd
+
+    from lengthbench.store import run_path
+
+    total = 0.0
+    frames = {run.run_id: pd.read_parquet(run_path(results, run.run_id)) for run in runs}
+    for run in runs:
+        frame = frames[run.run_id]
+        if run.selected_from:
+            source = frames.get(run.selected_from)
+            if source is not None and int(source["best_step"].iloc[0]) == int(frame["best_step"].iloc[0]):
+                continue
+        else:
+            total += float(frame["train_seconds"].iloc[0])
+        total += float(frame["eval_seconds"].sum())
+    return total
+
+
 def register(app: typer.Typer) -> None:
     @app.command("sweep")
     def sweep(
@@ -101,8 +209,19 @@ def register(app: typer.Typer) -> None:
         max_multiplier: int = typer.Option(None, "--max-multiplier", help="Largest multiplier (a power of 2)."),
         eval_samples: int = typer.Option(None, "--eval-samples", help="Samples per evaluation length."),
         train_length: int = typer.Option(None, "--train-length", help="n_train (default 64)."),
-        per_gpu: int = typer.Option(None, "--per-gpu", help="Cells run side by side on each GPU (default 1), "
-                                    "for small models that leave a GPU idle between kernel launches."),
+        per_gpu: str = typer.Option(None, "--per-gpu", help="Cells run side by side on each GPU: a number "
+                                    "(default 1) or auto (by the model's size and the GPU's memory: three small "
+                                    "paper models, two of d 512), for models that leave a GPU idle between kernel "
+                                    "launches."),
+        mps: str = typer.Option(None, "--mps", help="auto (default): with cells side by side, start NVIDIA MPS "
+                                "(nvidia-cuda-mps-control -d) for the sweep where the binary is on the PATH and no "
+                                "daemon runs, and stop it at the end; on: insist; off: never. A daemon the sweep "
+                                "did not start is used and left running."),
+        budget: str = typer.Option(None, "--budget", help="Time budget, e.g. 25m, 90s or 1h30m: plan each cell's "
+                                   "minutes first (print the plan), never start a cell that cannot end inside it, "
+                                   "and stop cleanly (exit 0) when the next does not fit."),
+        plan_gpu: str = typer.Option(None, "--plan-gpu", help="The GPU a plan is for where this machine has none "
+                                     f"(default {DEFAULT_PLAN_GPU}; e.g. 'NVIDIA H200')."),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the cells and what is done; run nothing."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
         executor: str = typer.Option("local", "--executor", help="local (this machine), slurm (a job per cell "
@@ -139,11 +258,9 @@ def register(app: typer.Typer) -> None:
         store share the cells: each is claimed before it runs)."""
         from lengthbench import validation
         from lengthbench.sweep import (
-            add_stages,
+            configs_of_sweep,
             gpu_slots,
             parse_seeds,
-            plan_cells,
-            plan_sweep,
             read_sweep_file,
             run_sweep,
             slot_gpu,
@@ -153,14 +270,9 @@ def register(app: typer.Typer) -> None:
         if config_file is not None and not config_file.strip():
             raise UsageError("--config is empty: give a sweep file")
         settings = read_sweep_file(config_file) if config_file else {}
-        overrides = dict(settings.get("overrides", {}))
         flags = dict(train_samples=train_samples, max_multiplier=max_multiplier, eval_samples=eval_samples,
                      train_length=train_length)
         validation.check_overrides(flags)
-        overrides.update({key: value for key, value in flags.items() if value is not None})
-        task_list = split_list(tasks if tasks is not None else settings.get("tasks"))
-        attn_list = split_list(attns if attns is not None else settings.get("attns"))
-        pe_list = split_list(pes if pes is not None else settings.get("pes"))
         seed_list = parse_seeds(seeds if seeds is not None else settings.get("seeds", "0"))
         preset = preset or settings.get("preset", "smoke")
         results = results if results is not None else settings.get("results", DEFAULT_RESULTS)
@@ -168,24 +280,39 @@ def register(app: typer.Typer) -> None:
         device = device or settings.get("device", "auto")
         if device not in ("auto", "cpu", "cuda"):
             raise UsageError(f"unknown device {device!r}; choose from: auto, cpu, cuda")
+        configs = configs_of_sweep(settings, tasks=tasks, attns=attns, pes=pes, cells=cells, seeds=seeds,
+                                   preset=preset, flags=flags)
         cell_list = split_list(cells if cells is not None else settings.get("cells"))
-        if cell_list and (tasks or attns or pes):
-            raise UsageError("give either --cells or --tasks/--attns/--pes, not both")
-        if cell_list:
-            configs = plan_cells(cell_list, seed_list, preset, overrides)
-            task_list = sorted({c.task for c in configs})
-            attn_list = sorted({c.attn for c in configs})
-            pe_list = sorted({c.pe for c in configs})
-        else:
-            configs = plan_sweep(task_list, attn_list, pe_list, seed_list, preset, overrides)
+        cells_only = [c for c in configs if not any(c.run_id == o.init_from for o in configs)]
+        task_list = sorted({c.task for c in cells_only})
+        attn_list = sorted({c.attn for c in cells_only})
+        pe_list = sorted({c.pe for c in cells_only})
         stages = settings.get("stages", [])
-        configs = add_stages(configs, stages, preset, overrides)
         from lengthbench.runner import run_status
         from lengthbench.store import run_finished
 
         done_before = sum(run_finished(results, c.run_id) for c in configs)
         per_gpu = per_gpu if per_gpu is not None else settings.get("per_gpu", 1)
-        validation.check_int("--per-gpu", per_gpu, 1, 64)
+        mps = mps if mps is not None else settings.get("mps", "auto")
+        from lengthbench.mps import MODES
+
+        if mps not in MODES:
+            raise UsageError(f"unknown --mps {mps!r}; choose from: {', '.join(MODES)}")
+        budget = budget if budget is not None else settings.get("budget")
+        from lengthbench.budget import parse_budget
+
+        budget_seconds = parse_budget(budget) if budget is not None else None
+        plan_gpu = _plan_gpu(device, plan_gpu)
+        if str(per_gpu).strip() == "auto":
+            from lengthbench.sweep import auto_per_gpu
+
+            per_gpu = auto_per_gpu(configs, plan_gpu)
+        else:
+            if isinstance(per_gpu, str):
+                if not per_gpu.strip().isdigit():
+                    raise UsageError(f"--per-gpu must be a whole number or auto, got {per_gpu!r}")
+                per_gpu = int(per_gpu)
+            validation.check_int("--per-gpu", per_gpu, 1, 64)
         memory_device = "cuda" if device != "cpu" and _cuda_available() else "cpu"
         for config in configs:
             try:
@@ -214,6 +341,7 @@ def register(app: typer.Typer) -> None:
                                                cpus_per_cell=ray_cpus_per_cell, max_retries=ray_max_retries)
         if status:
             _print_status(configs, results)
+            _print_progress(configs, results, plan_gpu, per_gpu, mps != "off")
             return
         slots = [] if dry_run or executor != "local" else gpu_slots(device, per_gpu)
         gpus = len({slot_gpu(s) for s in slots})
@@ -227,6 +355,11 @@ def register(app: typer.Typer) -> None:
             shape += f", each after {len(stages)} earlier stage{'s' if len(stages) > 1 else ''}"
         err.print(f"[bold]sweep[/]: {len(configs)} runs ({shape}), preset {preset}; {done_before} already in "
                   f"{results}" + (f"; running in {where}" if where else ""), highlight=False)
+        if budget_seconds is not None:
+            cost = _print_plan(configs, results, budget_seconds, plan_gpu, max(1, len(slots)) if not dry_run else
+                               _plan_gpus(device) * per_gpu, per_gpu, mps != "off")
+        if dry_run and budget_seconds is not None:
+            return
         if dry_run:
             columns = ("cell", "stage", "run id", "status") if stages else ("cell", "run id", "status")
             table = Table(*columns, title="sweep plan", title_justify="left")
@@ -260,8 +393,17 @@ def register(app: typer.Typer) -> None:
 
             try:
                 if executor == "local":
-                    outcomes = run_sweep(configs, results, device=device, on_event=on_event, slots=slots, wait=wait,
-                                         track=track)
+                    from lengthbench.mps import mps_for_sweep
+
+                    with mps_for_sweep(mps, len(slots) > 1 and per_gpu > 1,
+                                       say=lambda line: err.print(line, highlight=False)) as mps_on:
+                        admit = None
+                        if budget_seconds is not None:
+                            from lengthbench.budget import BudgetGuard
+
+                            admit = BudgetGuard(budget_seconds, cost, per_gpu, mps_on).admits
+                        outcomes = run_sweep(configs, results, device=device, on_event=on_event, slots=slots,
+                                             wait=wait, track=track, admit=admit)
                 else:
                     outcomes, submitted, unsubmitted = executors.run_on_cluster(
                         configs, results, executor, slurm=slurm_options, ray=ray_options, track=track,
@@ -280,8 +422,9 @@ def register(app: typer.Typer) -> None:
         show_note = any(o.error for o in outcomes)
         if show_note:
             table.add_column("note", overflow="fold")
-        colours = {"done": "green", "skipped": "dim", "failed": "red", "elsewhere": "yellow", "queued": "blue"}
-        words = {"done": "ran", "skipped": "in store", "elsewhere": "running elsewhere"}
+        colours = {"done": "green", "skipped": "dim", "failed": "red", "elsewhere": "yellow", "queued": "blue",
+                   "left": "yellow"}
+        words = {"done": "ran", "skipped": "in store", "elsewhere": "running elsewhere", "left": "left (budget)"}
         for outcome in outcomes:
             c = outcome.config
             reach_text, auc_text = _summary_numbers(outcome.curve)
@@ -292,7 +435,16 @@ def register(app: typer.Typer) -> None:
                           *([outcome.error] if show_note else []))
         # a log file (no terminal) gets the whole row rather than rich's 80 columns, which cut the last ones
         out.print(table, width=None if out.is_terminal else max(out.width, 160))
-        counts = {k: sum(o.status == k for o in outcomes) for k in ("done", "skipped", "failed", "elsewhere", "queued")}
+        counts = {k: sum(o.status == k for o in outcomes)
+                  for k in ("done", "skipped", "failed", "elsewhere", "queued", "left")}
+        if counts["left"]:
+            left = [o.config for o in outcomes if o.status == "left"]
+            finished = counts["done"] + counts["skipped"]
+            out.print(f"{finished} cells done, {len(left)} left, next: {_cell_name(left[0])} ({left[0].run_id}). "
+                      "The budget stopped the sweep cleanly: run the same command again to go on.", highlight=False)
+            if counts["failed"]:
+                raise SystemExit(1)
+            return
         elsewhere = f", {counts['elsewhere']} running elsewhere" if counts["elsewhere"] else ""
         queued = f", {counts['queued']} queued or running in earlier jobs" if counts["queued"] else ""
         out.print(f"{len(outcomes)} cells: {counts['done']} ran, {counts['skipped']} already in the store, "
