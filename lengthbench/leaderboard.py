@@ -328,14 +328,17 @@ def _pick_best(runs: pd.DataFrame) -> pd.Series:
     return ranked.iloc[0].drop("_auc")
 
 
-def build_leaderboard(frame: pd.DataFrame) -> pd.DataFrame:
+def build_leaderboard(frame: pd.DataFrame, protocol: str | None = None) -> pd.DataFrame:
     """The leaderboard as one wide frame: a row per (task, preset, train_length, pe, attn).
 
     Columns: the keys, ``metric``, ``seeds`` (how many), ``best_seed``, ``best_run_id``; per multiplier
     ``m``: ``"{m}x"`` (the best run's score, %), ``"{m}x_mean"`` and ``"{m}x_std"`` (over seeds, %);
-    ``reach`` and ``auc`` of the best run; ``reach_mean``, ``auc_mean``, ``auc_std`` over seeds.
-    """
-    curves = run_curves(with_score(frame))
+    ``reach`` and ``auc`` of the best run; ``reach_mean``, ``auc_mean``, ``auc_std`` over seeds. ``protocol``
+    puts every run in one protocol (a published section's runs: one config's, which the caller matched)."""
+    scored = with_score(frame)
+    if protocol is not None:
+        scored["protocol"] = protocol
+    curves = run_curves(scored)
     multipliers = _multipliers(curves)
     rows = []
     for keys, group in curves.groupby(TABLE_KEYS + ["metric"] + ROW_KEYS, sort=True, dropna=False):

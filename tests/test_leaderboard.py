@@ -134,14 +134,14 @@ def test_training_protocols_never_share_a_table(tmp_path):
 
 
 def test_cli_formats_and_publish(store, tmp_path, monkeypatch, capsys):
-    assert cli(monkeypatch, "leaderboard", "--results", store, "--task", "copy") == 0
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--task", "copy", "--all") == 0
     printed = capsys.readouterr().out
     assert "## copy" in printed and "## 2back" not in printed
-    assert cli(monkeypatch, "leaderboard", "--results", store, "--format", "csv", "--out", tmp_path / "b.csv") == 0
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--format", "csv", "--out", tmp_path / "b.csv", "--all") == 0
     assert len(pd.read_csv(tmp_path / "b.csv")) == 3
-    assert cli(monkeypatch, "leaderboard", "--results", store, "--format", "parquet", "--out", tmp_path / "b.pq") == 0
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--format", "parquet", "--out", tmp_path / "b.pq", "--all") == 0
     assert set(pd.read_parquet(tmp_path / "b.pq")["task"]) == {"copy", "2back"}
-    assert cli(monkeypatch, "leaderboard", "--results", store, "--publish", tmp_path / "pub") == 0
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--publish", tmp_path / "pub", "--all") == 0
     assert (tmp_path / "pub" / "leaderboard.md").read_text().startswith("# lengthbench leaderboard")
     assert len(pd.read_parquet(tmp_path / "pub" / "leaderboard.parquet")) == 3
 
@@ -180,7 +180,7 @@ def test_corrupt_file_is_reported_and_left_byte_identical(store, tmp_path, monke
     assert "broken.parquet" in err and "Traceback" not in err
     assert digest(store) == before
     # Asked to, it leaves the file out with a warning and goes on, still touching nothing.
-    assert cli(monkeypatch, "leaderboard", "--results", store, "--skip-unreadable") == 0
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--skip-unreadable", "--all") == 0
     captured = capsys.readouterr()
     assert "## copy" in captured.out and "broken.parquet" in captured.err
     assert digest(store) == before

@@ -181,7 +181,7 @@ def test_a_real_tiny_sweep_then_leaderboard(tmp_path, monkeypatch, capsys):
     assert f"{config.run_id} eval 1x" in log and f"{config.run_id} step" in log
     assert cli(monkeypatch, "sweep", "--config", path, "--quiet") == 0
     assert "0 ran, 1 already in the store" in capsys.readouterr().out
-    assert cli(monkeypatch, "leaderboard", "--results", store) == 0
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--all") == 0
     assert "| rope (factor=1) | softmax |" in capsys.readouterr().out
 
 
@@ -388,7 +388,7 @@ def test_a_real_tiny_curriculum_sweep(tmp_path, monkeypatch, capsys):
     assert "(the cell)" in out.out and out.out.count("to run") == 2
     assert cli(monkeypatch, "sweep", "--config", path, "--quiet") == 0
     assert "2 ran, 0 already in the store" in capsys.readouterr().out
-    assert cli(monkeypatch, "leaderboard", "--results", store) == 0
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--all") == 0
     assert "after mqrar (layout=inline) at n 16" in " ".join(capsys.readouterr().out.split())
 
 

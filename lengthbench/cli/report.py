@@ -192,6 +192,46 @@ def _gpu_seconds(results: str, runs) -> float:
     return total
 
 
+def _published_leaderboard(frame, results: str, configs: list[str] | None, fmt: str, out_file, publish,
+                           note: str | None) -> None:
+    """``lengthbench leaderboard`` without --all: a section per paper-table config."""
+    from lengthbench.published import build_sections, load_sections, sections_markdown
+    from lengthbench.store import atomic_write_parquet, atomic_write_text
+
+    for path in configs or []:
+        if not Path(path).is_file():
+            raise UsageError(f"--config {path}: no such file")
+    sections = load_sections(configs)
+    board = build_sections(frame, sections)
+    matched = int(board["seeds"].sum()) if not board.empty else 0
+    if not matched:
+        err.print(f"no run in {results} matches a paper-table config ({len(sections)} configs); "
+                  f"`lengthbench leaderboard --results {results} --all` shows every run by protocol", highlight=False,
+                  soft_wrap=True)
+    command = "lengthbench leaderboard --results " + results + "".join(f" --config {c}" for c in configs or [])
+    source = f"Generated from {matched} runs in `{results}` by `{command}" + (
+        f" --publish {publish}`." if publish is not None else "`.")
+    source = f"{note}\n\n{source}" if note else source
+    if publish is not None:
+        atomic_write_text(Path(publish) / "leaderboard.md", sections_markdown(board, sections, source=source))
+        atomic_write_parquet(board, Path(publish) / "leaderboard.parquet")
+        err.print(f"wrote {Path(publish) / 'leaderboard.md'} and {Path(publish) / 'leaderboard.parquet'} "
+                  f"({len(sections)} sections, {matched} runs)", highlight=False)
+        return
+    if fmt == "parquet":
+        if out_file is None:
+            raise UsageError("--format parquet needs --out FILE")
+        atomic_write_parquet(board, Path(out_file))
+        return
+    text = sections_markdown(board, sections, source=source) if fmt == "markdown" else board.to_csv(
+        index=False, float_format="%.4f")
+    if out_file is None:
+        sys.stdout.write(text)
+    else:
+        atomic_write_text(Path(out_file), text)
+        err.print(f"wrote {out_file} ({len(sections)} sections, {matched} runs)", highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("sweep")
     def sweep(
@@ -464,8 +504,14 @@ def register(app: typer.Typer) -> None:
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning) instead of stopping."),
         note: str = typer.Option(None, "--note", help="A paragraph to print under the title (Markdown)."),
+        configs: list[str] = typer.Option(None, "--config", help="The paper-table configs whose sections to show "
+                                          "(repeat for several; default: every config in configs/)."),
+        show_all: bool = typer.Option(False, "--all", help="Every run of the store, a table per task and protocol, "
+                                      "instead of the paper-table sections."),
     ) -> None:
-        """Per task, the seeds' table: a row per attention x encoding, a column per multiplier (%)."""
+        """The published leaderboard: a section per paper-table config (its runs only), a row per attention x
+        encoding, a column per multiplier (%), best of seeds and mean +- std, for the paper's checkpoint selection
+        and the in-distribution one. --all: every run, a table per task and protocol."""
         from lengthbench.leaderboard import FORMATS, build_leaderboard, load_store, write_leaderboard
         from lengthbench.sweep import split_list
         from lengthbench.validation import check_writable
@@ -476,8 +522,15 @@ def register(app: typer.Typer) -> None:
             publish = check_writable(publish, "--publish")
         if out_file is not None:
             out_file = check_writable(out_file, "--out", folder=False)
+        if configs and show_all:
+            raise UsageError("give --config or --all, not both")
+        if fmt == "parquet" and out_file is None and publish is None:
+            raise UsageError("--format parquet needs --out FILE")
         frame, notes = load_store(results, tasks=split_list(task), skip_unreadable=skip_unreadable)
         _print_notes(notes)
+        if not show_all:
+            _published_leaderboard(frame, results, configs, fmt, out_file, publish, note)
+            return
         board = build_leaderboard(frame)
         runs = frame["run_id"].nunique()
         if publish is not None:

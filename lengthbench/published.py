@@ -1,0 +1,228 @@
+"""The published leaderboard: one section per paper-table config (``configs/*.toml``), in the paper's layout.
+
+A config states a paper's protocol and carries it out (``lengthbench sweep --config``); its section holds exactly
+the runs that config plans (matched by run id, the hash of the whole configuration), so runs of another protocol,
+an older task layout or another store version never share its tables. Per section: the paper's title, the
+protocol in one line, the cells done of the cells planned, and a row per attention + encoding (the config's order)
+with a column per multiplier, best of seeds and mean +- std over seeds, once for the paper's checkpoint selection
+and once for the in-distribution selection kept from the same trainings (``also_select``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from lengthbench.config import RunConfig, selection_words
+from lengthbench.leaderboard import (
+    METRIC_NAMES,
+    _md_table,
+    _pct,
+    _reach_text,
+    board_multipliers,
+    build_leaderboard,
+    with_score,
+)
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SELECTION_KINDS = ("paper", "id")  # the run's own (the paper's) selection; the in-distribution one kept beside it
+
+
+@dataclass
+class Section:
+    """One paper-table config and the runs it plans."""
+
+    path: Path
+    title: str
+    cells: list[RunConfig]  # the runs the config trains (cells x seeds), the config's order
+    budget_fraction: float | None = None
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    def expected(self) -> dict[str, tuple[RunConfig, str]]:
+        """Run id -> (the cell's run, selection kind) of every run the config stores."""
+        runs = {}
+        for config in self.cells:
+            runs[config.run_id] = (config, "paper")
+            for other in config.selected_runs():
+                runs[other.run_id] = (config, "id" if other.selection == "id" else other.selection)
+        return runs
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The table's rows, (attn, pe) as the leaderboard names them, in the config's order."""
+        from lengthbench.config import params_suffix
+
+        seen = {}
+        for config in self.cells:
+            seen.setdefault((config.attn + params_suffix(config.attn_params), config.pe + params_suffix(
+                config.pe_params)), None)
+        return list(seen)
+
+
+def table_configs(folder: Path = CONFIGS) -> list[Path]:
+    """The paper-table configs: the TOML files directly in ``folder`` (studies in its subfolders are not tables)."""
+    return sorted(Path(folder).glob("*.toml"))
+
+
+def read_section(path: str | Path) -> Section:
+    """A config's section: its title (the header's first line), its runs and its budget fraction."""
+    from lengthbench.sweep import configs_of_sweep, read_sweep_file
+
+    path = Path(path)
+    settings = read_sweep_file(path)
+    configs = configs_of_sweep(settings)
+    sources = {c.init_from for c in configs}
+    cells = [c for c in configs if c.run_id not in sources]  # the cells, not their curriculum's stages
+    first = next((line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("#")), "")
+    title = first.lstrip("# ").rstrip(":").strip() or path.stem
+    return Section(path, title, cells, settings.get("budget_fraction"), settings)
+
+
+def protocol_line(section: Section) -> str:
+    """The section's protocol in one line, from its runs' configurations."""
+    if not section.cells:
+        return ""
+    config = section.cells[0]
+    selections = {}
+    for cell in section.cells:
+        selections.setdefault(selection_words(cell.selection, cell.selection_metric), []).append(cell.pe)
+    if len(selections) == 1:
+        chosen = next(iter(selections)) or "in distribution"
+    else:
+        chosen = "; ".join(f"{', '.join(sorted(set(pes)))}: {words or 'in distribution'}"
+                           for words, pes in selections.items())
+    also = " and in distribution, both from one training" if "id" in config.also_select else ""
+    seeds = sorted({c.seed for c in section.cells})
+    line = (f"{config.train_samples / 1e6:g}M samples of batch {config.batch_size}, lr {config.lr:g}, "
+            f"{config.warmup_steps:,} warm-up steps then cosine to "
+            f"{'0' if config.min_lr_ratio == 0 else f'{config.min_lr_ratio:g} x lr'}, model "
+            f"{config.n_layers} x d {config.d_model}, {config.n_heads} heads, FFN {config.ffn}; checkpoint "
+            f"selection {chosen}{also}; {config.eval_samples:,} samples per length; seeds "
+            f"{', '.join(map(str, seeds))}")
+    if section.budget_fraction is not None:
+        line += (f"; budget fraction {section.budget_fraction:g} (the paper's sample count does not fit one GPU "
+                 f"window: every row trained on {section.budget_fraction:.0%} of it)")
+    return line
+
+
+def build_sections(frame: pd.DataFrame, sections: list[Section]) -> pd.DataFrame:
+    """The leaderboard of each section: the rows of ``build_leaderboard`` for its runs, per selection kind,
+    with ``section``, ``title``, ``selection_kind``, ``cells_done``, ``cells_total`` and the config's row order
+    (``row``); a cell with no run yet has a row of its own with no values."""
+    boards = []
+    run_ids = frame["run_id"] if "run_id" in frame.columns else pd.Series(dtype=str)
+    for section in sections:
+        expected = section.expected()
+        rows = frame[run_ids.isin(expected)]
+        done = _cells_done(section, set(rows["run_id"]))
+        order = {key: number for number, key in enumerate(section.rows())}
+        for kind in SELECTION_KINDS:
+            ids = [run_id for run_id, (_, k) in expected.items() if k == kind]
+            if not ids:
+                continue
+            part = rows[rows["run_id"].isin(ids)]
+            board = build_leaderboard(part, protocol=section.name) if not part.empty else pd.DataFrame()
+            missing = [key for key in order if board.empty or not (
+                (board["attn"] == key[0]) & (board["pe"] == key[1])).any()]
+            if missing:
+                board = pd.concat([board, pd.DataFrame([{"attn": a, "pe": p, "seeds": 0} for a, p in missing])],
+                                  ignore_index=True)
+            board["task"] = section.cells[0].task
+            board["section"], board["title"], board["selection_kind"] = section.name, section.title, kind
+            board["cells_done"], board["cells_total"] = done, len(order)
+            board["row"] = [order.get((a, p), len(order)) for a, p in zip(board["attn"], board["pe"], strict=True)]
+            boards.append(board.sort_values("row"))
+    if not boards:
+        return pd.DataFrame(columns=["section", "title", "selection_kind", "attn", "pe", "seeds"])
+    board = pd.concat(boards, ignore_index=True)
+    board["seeds"] = board["seeds"].fillna(0).astype(int)
+    return board
+
+
+def _cells_done(section: Section, stored: set[str]) -> int:
+    """Cells (attention + encoding) whose every seed's runs, each selection's, are stored."""
+    done: dict[tuple, bool] = {}
+    for config in section.cells:
+        key = (config.attn, str(config.attn_params), config.pe, str(config.pe_params))
+        ids = [config.run_id] + [other.run_id for other in config.selected_runs()]
+        done[key] = done.get(key, True) and all(run_id in stored for run_id in ids)
+    return sum(done.values())
+
+
+KIND_WORDS = {"paper": "the paper's checkpoint selection", "id": "checkpoint selection in distribution"}
+
+
+def sections_markdown(board: pd.DataFrame, sections: list[Section], *, source: str | None = None) -> str:
+    """The published leaderboard as Markdown: per section its title, protocol, cells done and four tables."""
+    parts = ["# lengthbench leaderboard", ""]
+    if source:
+        parts += [source, ""]
+    parts += [
+        "One section per paper-table config in `configs/`, holding exactly the runs that config plans. Values are "
+        "the task's metric in %. **Best of seeds**: the whole curve of the run with the largest AUC (ties: lower "
+        "seed), the papers' convention of reporting the single best model. **Mean ± std**: over seeds (sample "
+        "std). **Reach**: the largest multiplier scoring at least 90%. **AUC**: the area under the curve against "
+        "log2(multiplier), normalised to [0, 1]. `lengthbench leaderboard --all` shows every run by protocol.",
+        "",
+    ]
+    for section in sections:
+        part = board[board["section"] == section.name] if not board.empty else board
+        if part.empty:
+            continue
+        done, total = int(part["cells_done"].iloc[0]), int(part["cells_total"].iloc[0])
+        runs_stored = int(part.groupby("selection_kind")["seeds"].sum().sum())
+        runs_total = len(section.expected())
+        from lengthbench.leaderboard import _task_metric
+
+        metric = next((m for m in part.get("metric", pd.Series(dtype=object)).dropna()),
+                      _task_metric(section.cells[0].task) if section.cells else "exact_match")
+        metric_words = METRIC_NAMES.get(metric, metric)
+        parts += [f"## {section.title}", "",
+                  f"`configs/{section.path.name}`: {protocol_line(section)}.", "",
+                  f"Cells done: {done} of {total}; runs stored: {runs_stored} of {runs_total}. "
+                  f"Values: {metric_words} (%).", ""]
+        for kind in SELECTION_KINDS:
+            table = part[part["selection_kind"] == kind].sort_values("row")
+            if table.empty:
+                continue
+            multipliers = board_multipliers(table) if table["seeds"].max() > 0 else []
+            header = ["attn", "pe"] + [f"{m}×" for m in multipliers]
+            best_rows, mean_rows = [], []
+            for _, row in table.iterrows():
+                cells = [str(row["attn"]), str(row["pe"])]
+                if row["seeds"] == 0:
+                    best_rows.append(cells + ["–"] * len(multipliers) + ["–", "–", "not run"])
+                    mean_rows.append(cells + ["–"] * len(multipliers) + ["–"])
+                    continue
+                best_rows.append(cells + [_pct(row[f"{m}x"]) for m in multipliers]
+                                 + [_reach_text(row["reach"]), f"{row['auc']:.3f}",
+                                    f"{row['seeds']} (best: {row['best_seed']})"])
+                means = []
+                for m in multipliers:
+                    mean, std = row[f"{m}x_mean"], row[f"{m}x_std"]
+                    means.append(_pct(mean) if math.isnan(std) else f"{mean:.1f} ± {std:.1f}")
+                auc_text = (f"{row['auc_mean']:.3f}" if math.isnan(row["auc_std"])
+                            else f"{row['auc_mean']:.3f} ± {row['auc_std']:.3f}")
+                mean_rows.append(cells + means + [auc_text])
+            align = ["l", "l"] + ["r"] * len(multipliers)
+            parts += [f"Best of seeds, {KIND_WORDS[kind]}:", "",
+                      _md_table(header + ["reach", "AUC", "seeds"], best_rows, align + ["r", "r", "r"]), "",
+                      f"Mean ± std over seeds, {KIND_WORDS[kind]}:", "",
+                      _md_table(header + ["AUC"], mean_rows, align + ["r"]), ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def load_sections(paths: list[str | Path] | None = None) -> list[Section]:
+    """The sections of ``paths`` (default: every paper-table config); a bad config is a one-line UsageError."""
+    return [read_section(path) for path in (paths or table_configs())]
+
+
+def section_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """The store's rows with their scores (``with_score``), for :func:`build_sections`."""
+    return with_score(frame)

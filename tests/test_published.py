@@ -1,0 +1,101 @@
+"""The published leaderboard: a section per paper-table config holding exactly that config's runs, both
+selections, cells done of total, and the CLI's default and --all."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pandas as pd
+from cli_helpers import cli
+
+from lengthbench.published import build_sections, read_section, sections_markdown
+from lengthbench.store import CONTRACT_COLUMNS, load_results, write_run
+
+CONFIG = """
+# A Paper (Someone, 2025), Table 9, Copy:
+# the protocol, stated.
+cells = ["copy:softmax:rope", "copy:entmax:nape"]
+seeds = [0, 1]
+preset = "smoke"
+budget_fraction = 0.5
+[overrides]
+train_samples = 64
+max_multiplier = 4
+selection = "2x"
+also_select = ["id"]
+"""
+
+
+def rows_of(config, scores, run_id=None, selection=None):
+    rows = []
+    for multiplier, score in zip((1, 2, 4), scores, strict=True):
+        row = dict.fromkeys(CONTRACT_COLUMNS)
+        row.update(run_id=run_id or config.run_id, task=config.task, attn=config.attn, pe=config.pe,
+                   seed=config.seed, preset=config.preset, train_length=64, eval_length=64 * multiplier,
+                   multiplier=multiplier, metric="exact_match", score=score, exact_match=score, n_samples=10,
+                   selection=selection or config.selection, config_json=config.to_json(),
+                   created_at="2026-12-06T00:00:00+00:00")
+        rows.append(row)
+    return rows
+
+
+def test_a_section_holds_its_configs_runs_only(tmp_path):
+    path = tmp_path / "a_paper_table9_copy.toml"
+    path.write_text(textwrap.dedent(CONFIG))
+    section = read_section(path)
+    assert section.title == "A Paper (Someone, 2025), Table 9, Copy" and section.budget_fraction == 0.5
+    assert len(section.cells) == 4 and len(section.expected()) == 8  # 2 cells x 2 seeds x 2 selections
+    store = tmp_path / "store"
+    softmax0, softmax1, entmax0, entmax1 = section.cells
+    write_run(store, softmax0.run_id, rows_of(softmax0, [1.0, 0.5, 0.0]))
+    write_run(store, softmax1.run_id, rows_of(softmax1, [1.0, 0.7, 0.1]))
+    (kept,) = softmax0.selected_runs()
+    write_run(store, kept.run_id, rows_of(kept, [1.0, 0.2, 0.0]))
+    (kept1,) = softmax1.selected_runs()
+    write_run(store, kept1.run_id, rows_of(kept1, [1.0, 0.4, 0.0]))
+    write_run(store, entmax0.run_id, rows_of(entmax0, [0.9, 0.9, 0.9]))
+    # a run of another protocol (another sample count) of the same cell: not in the section
+    import dataclasses
+
+    other = dataclasses.replace(softmax0, train_samples=128)
+    write_run(store, other.run_id, rows_of(other, [1.0, 1.0, 1.0]))
+    board = build_sections(load_results(store), [section])
+    paper = board[board["selection_kind"] == "paper"].set_index("attn")
+    assert paper.loc["softmax", "seeds"] == 2 and paper.loc["softmax", "2x"] == 70.0  # best of seeds: seed 1
+    assert paper.loc["softmax", "2x_mean"] == 60.0 and paper.loc["entmax", "seeds"] == 1
+    chosen = board[board["selection_kind"] == "id"].set_index("attn")
+    assert chosen.loc["softmax", "2x"] == 40.0 and chosen.loc["entmax", "seeds"] == 0  # not run yet
+    assert set(board["cells_done"]) == {1} and set(board["cells_total"]) == {2}
+    text = sections_markdown(board, [section])
+    assert "## A Paper (Someone, 2025), Table 9, Copy" in text
+    assert "Cells done: 1 of 2; runs stored: 5 of 8." in text
+    assert "budget fraction 0.5" in text and "checkpoint selection at 2x and in distribution" in text
+    assert "| softmax | rope | 100.0 | 70.0 | 10.0 |" in text and "| entmax | nape | – | – | – | – | – | not run |" in text
+    assert "100.0" in text and "1.0 ±" not in text.split("Mean")[0]
+
+
+def test_the_cli_publishes_sections_by_default_and_every_run_with_all(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "a_paper_table9_copy.toml"
+    path.write_text(textwrap.dedent(CONFIG))
+    section = read_section(path)
+    store = tmp_path / "store"
+    config = section.cells[0]
+    write_run(store, config.run_id, rows_of(config, [1.0, 0.5, 0.0]))
+    stray = dataclasses_replace(config, seed=9)
+    write_run(store, stray.run_id, rows_of(stray, [0.3, 0.3, 0.3]))
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--config", path, "--publish", tmp_path / "pub") == 0
+    text = (tmp_path / "pub" / "leaderboard.md").read_text()
+    assert "## A Paper (Someone, 2025), Table 9, Copy" in text and "30.0" not in text  # the stray seed is not in it
+    published = pd.read_parquet(tmp_path / "pub" / "leaderboard.parquet")
+    assert set(published["section"]) == {"a_paper_table9_copy"}
+    capsys.readouterr()
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--all") == 0
+    assert "| 2 (best: 0) |" in capsys.readouterr().out  # --all: every run, the stray seed too
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--all", "--config", path) == 2
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--config", tmp_path / "none.toml") == 2
+
+
+def dataclasses_replace(config, **changes):
+    import dataclasses
+
+    return dataclasses.replace(config, **changes)
