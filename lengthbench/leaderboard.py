@@ -317,6 +317,21 @@ def run_curves(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([curves, summary], axis=1).reset_index()
 
 
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+def wilson(score: float, n: float, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval (95% by default) of a proportion ``score`` measured on ``n`` samples, as
+    ``(low, high)`` fractions; NaN where ``n`` is missing or 0. It stays inside [0, 1] and is not empty at 0 or 1
+    (0 of 1,000: [0, 0.38%]), where the normal approximation's is."""
+    if n is None or not n > 0 or score is None or math.isnan(score):
+        return float("nan"), float("nan")
+    denominator = 1 + z * z / n
+    centre = (score + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(score * (1 - score) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def _multipliers(frame: pd.DataFrame) -> list[int | float]:
     return sorted(c for c in frame.columns if isinstance(c, (int, float)))
 
@@ -332,13 +347,17 @@ def build_leaderboard(frame: pd.DataFrame, protocol: str | None = None) -> pd.Da
     """The leaderboard as one wide frame: a row per (task, preset, train_length, pe, attn).
 
     Columns: the keys, ``metric``, ``seeds`` (how many), ``best_seed``, ``best_run_id``; per multiplier
-    ``m``: ``"{m}x"`` (the best run's score, %), ``"{m}x_mean"`` and ``"{m}x_std"`` (over seeds, %);
+    ``m``: ``"{m}x"`` (the best run's score, %), ``"{m}x_n"`` (its samples), ``"{m}x_lo"`` and ``"{m}x_hi"`` (its
+    95% Wilson interval, %), ``"{m}x_mean"`` and ``"{m}x_std"`` (over seeds, %);
     ``reach`` and ``auc`` of the best run; ``reach_mean``, ``auc_mean``, ``auc_std`` over seeds. ``protocol``
     puts every run in one protocol (a published section's runs: one config's, which the caller matched)."""
     scored = with_score(frame)
     if protocol is not None:
         scored["protocol"] = protocol
     curves = run_curves(scored)
+    samples = ({(run_id, as_multiplier(m)): n for run_id, m, n in
+                zip(scored["run_id"], scored["multiplier"], scored["n_samples"], strict=True)}
+               if "n_samples" in scored.columns else {})
     multipliers = _multipliers(curves)
     rows = []
     for keys, group in curves.groupby(TABLE_KEYS + ["metric"] + ROW_KEYS, sort=True, dropna=False):
@@ -347,7 +366,11 @@ def build_leaderboard(frame: pd.DataFrame, protocol: str | None = None) -> pd.Da
         row = dict(zip(TABLE_KEYS + ["metric"] + ROW_KEYS, keys, strict=True))
         row.update(seeds=len(per_seed), best_seed=int(best["seed"]), best_run_id=str(best["run_id"]))
         for m in multipliers:  # columns may be floats (1.0, 1.5): name them "1x", "1.5x"
-            row[f"{multiplier_label(m)}x"] = 100 * best[m]
+            label = multiplier_label(m)
+            row[f"{label}x"] = 100 * best[m]
+            n = samples.get((best["run_id"], m))
+            low, high = wilson(float(best[m]), float(n) if n is not None and pd.notna(n) else float("nan"))
+            row[f"{label}x_n"], row[f"{label}x_lo"], row[f"{label}x_hi"] = n, 100 * low, 100 * high
         row.update(reach=as_multiplier(best["reach"]), auc=float(best["auc"]))
         row.update(reach_mean=float(per_seed["reach"].mean()), auc_mean=float(per_seed["auc"].mean()),
                    auc_std=float(per_seed["auc"].std(ddof=1)) if len(per_seed) > 1 else float("nan"))
@@ -359,6 +382,17 @@ def build_leaderboard(frame: pd.DataFrame, protocol: str | None = None) -> pd.Da
     board = pd.DataFrame(rows)
     board["train_length"] = board["train_length"].astype(int)
     return board
+
+
+def interval_text(row, label: str) -> str:
+    """``"99.1 (98.3-99.5)"``: a best-of-seeds value with its 95% Wilson interval (``"–"`` where none)."""
+    value = row.get(f"{label}x")
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    low, high = row.get(f"{label}x_lo"), row.get(f"{label}x_hi")
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return _pct(value)
+    return f"{value:.1f} ({low:.1f}–{high:.1f})"
 
 
 def board_multipliers(board: pd.DataFrame) -> list[int | float]:
@@ -417,8 +451,8 @@ def to_markdown(board: pd.DataFrame, *, source: str | None = None) -> str:
         parts += [source, ""]
     parts += [
         "Values are the task's metric in %. **Best of seeds**: the whole curve of the run with the largest AUC "
-        "(ties: lower seed), the seeds' convention of reporting the single best model; bold marks the best "
-        "value of a column. **Reach**: the largest multiplier scoring at least 90% (– if none). **AUC**: area "
+        "(ties: lower seed), the papers' convention of reporting the single best model, each value with its 95% "
+        "Wilson interval over the samples scored; bold marks the best value of a column. **Reach**: the largest multiplier scoring at least 90% (– if none). **AUC**: area "
         "under the score curve against log2(multiplier), normalised to [0, 1]. **Mean ± std**: over seeds "
         "(sample std; one seed: the mean alone).",
         "",
@@ -437,7 +471,7 @@ def to_markdown(board: pd.DataFrame, *, source: str | None = None) -> str:
         for _, row in table.iterrows():
             cells = [str(row["pe"]), str(row["attn"])]
             for m in multipliers:
-                text = _pct(row[f"{m}x"])
+                text = interval_text(row, multiplier_label(m))
                 if (text != "–" and len(table) > 1 and best_of_column[m] > 0
                         and row[f"{m}x"] >= best_of_column[m] - 1e-9):
                     text = f"**{text}**"

@@ -24,8 +24,10 @@ from lengthbench.leaderboard import (
     _reach_text,
     board_multipliers,
     build_leaderboard,
+    interval_text,
     with_score,
 )
+from lengthbench.tasks import multiplier_label
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SELECTION_KINDS = ("paper", "id")  # the run's own (the paper's) selection; the in-distribution one kept beside it
@@ -167,7 +169,8 @@ def sections_markdown(board: pd.DataFrame, sections: list[Section], *, source: s
         "One section per paper-table config in `configs/`, holding exactly the runs that config plans. Values are "
         "the task's metric in %. **Best of seeds**: the whole curve of the run with the largest AUC (ties: lower "
         "seed), the papers' convention of reporting the single best model. **Mean ± std**: over seeds (sample "
-        "std). **Reach**: the largest multiplier scoring at least 90%. **AUC**: the area under the curve against "
+        "std). Each best-of-seeds value carries its 95% Wilson interval over the samples scored, in brackets. "
+        "**Reach**: the largest multiplier scoring at least 90%. **AUC**: the area under the curve against "
         "log2(multiplier), normalised to [0, 1]. `lengthbench leaderboard --all` shows every run by protocol.",
         "",
     ]
@@ -200,7 +203,7 @@ def sections_markdown(board: pd.DataFrame, sections: list[Section], *, source: s
                     best_rows.append(cells + ["–"] * len(multipliers) + ["–", "–", "not run"])
                     mean_rows.append(cells + ["–"] * len(multipliers) + ["–"])
                     continue
-                best_rows.append(cells + [_pct(row[f"{m}x"]) for m in multipliers]
+                best_rows.append(cells + [interval_text(row, multiplier_label(m)) for m in multipliers]
                                  + [_reach_text(row["reach"]), f"{row['auc']:.3f}",
                                     f"{row['seeds']} (best: {row['best_seed']})"])
                 means = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 
 import pandas as pd
+import pytest
 from cli_helpers import cli
 
 from lengthbench.published import build_sections, read_section, sections_markdown
@@ -70,7 +71,15 @@ def test_a_section_holds_its_configs_runs_only(tmp_path):
     assert "## A Paper (Someone, 2025), Table 9, Copy" in text
     assert "Cells done: 1 of 2; runs stored: 5 of 8." in text
     assert "budget fraction 0.5" in text and "checkpoint selection at 2x and in distribution" in text
-    assert "| softmax | rope | 100.0 | 70.0 | 10.0 |" in text and "| entmax | nape | – | – | – | – | – | not run |" in text
+    from lengthbench.leaderboard import wilson
+
+    def shown(score):  # best of seeds with its 95% Wilson interval over the 10 samples scored
+        low, high = wilson(score, 10)
+        return f"{100 * score:.1f} ({100 * low:.1f}–{100 * high:.1f})"
+
+    assert f"| softmax | rope | {shown(1.0)} | {shown(0.7)} | {shown(0.1)} |" in text
+    assert "| entmax | nape | – | – | – | – | – | not run |" in text
+    assert paper.loc["softmax", "2x_lo"] == pytest.approx(100 * wilson(0.7, 10)[0])
     assert "100.0" in text and "1.0 ±" not in text.split("Mean")[0]
 
 
