@@ -35,13 +35,27 @@ SELECTION_KINDS = ("paper", "id")  # the run's own (the paper's) selection; the 
 
 @dataclass
 class Section:
-    """One paper-table config and the runs it plans."""
+    """One paper-table config and the runs it plans. ``paper`` and ``table`` (the config's keys) name the table in
+    the transcribed paper tables (``lengthbench/seed_tables.csv``); ``explained`` (its ``[explained]`` table,
+    ``"attn:pe" = "reason"``) gives the one-line reason, with its evidence, of a cell that does not agree."""
 
     path: Path
     title: str
     cells: list[RunConfig]  # the runs the config trains (cells x seeds), the config's order
     budget_fraction: float | None = None
     settings: dict = field(default_factory=dict)
+
+    @property
+    def paper(self) -> str | None:
+        return self.settings.get("paper")
+
+    @property
+    def table(self) -> str | None:
+        return self.settings.get("table")
+
+    @property
+    def explained(self) -> dict[str, str]:
+        return dict(self.settings.get("explained") or {})
 
     @property
     def name(self) -> str:
@@ -158,6 +172,73 @@ def _cells_done(section: Section, stored: set[str]) -> int:
 
 
 KIND_WORDS = {"paper": "the paper's checkpoint selection", "id": "checkpoint selection in distribution"}
+TOLERANCE = 5.0  # points
+
+
+def paper_values(section: Section, tables: pd.DataFrame | None = None) -> dict[tuple[str, str], dict]:
+    """The paper's printed values of the section's cells: (attn, pe) as the section's rows name them ->
+    {multiplier: value in %}; empty where the config names no paper table."""
+    from lengthbench.compare import PAPERS, SEED_TABLES, load_seed_tables, stands_for
+
+    if not section.paper or not section.table or not section.cells:
+        return {}
+    tables = load_seed_tables(SEED_TABLES) if tables is None else tables
+    codes = [code for code, title in PAPERS.items() if title == section.paper]
+    rows = tables[tables["source"].isin(codes) & (tables["table"] == section.table)
+                  & (tables["task"] == section.cells[0].task)]
+    values = {}
+    for attn, pe in section.rows():
+        match = rows[(rows["pe"] == pe.split(" (")[0]) & rows["attn"].map(lambda label, a=attn: stands_for(a, label))]
+        if not match.empty:
+            values[(attn, pe)] = dict(zip(match["multiplier"], match["value"], strict=True))
+    return values
+
+
+def grade(row, paper: dict, tolerance: float = TOLERANCE) -> tuple[str, list[float]]:
+    """Ours (a section board row, best of seeds) against the paper's values: ``agrees`` where at every shared
+    column the difference is within ``tolerance`` points or the paper's value lies inside our 95% Wilson interval;
+    else ``above``, ``below`` or ``mixed`` by the signs of the differences beyond; ``not run`` without a run."""
+    if not row.get("seeds"):
+        return "not run", []
+    differences, outside = [], []
+    for m, value in sorted(paper.items()):
+        label = multiplier_label(m)
+        ours = row.get(f"{label}x")
+        if ours is None or math.isnan(ours):
+            continue
+        difference = ours - value
+        differences.append(difference)
+        low, high = row.get(f"{label}x_lo", math.nan), row.get(f"{label}x_hi", math.nan)
+        inside = not math.isnan(low) and low - 1e-9 <= value <= high + 1e-9
+        if abs(difference) > tolerance and not inside:
+            outside.append(difference)
+    if not differences:
+        return "no common length", []
+    above, below = any(d > 0 for d in outside), any(d < 0 for d in outside)
+    return ("mixed" if above and below else "above" if above else "below" if below else "agrees"), differences
+
+
+def comparison_rows(part: pd.DataFrame, section: Section, paper: dict) -> tuple[list[str], list[list[str]]]:
+    """The section's table of the paper's values beside ours (best of seeds, the paper's selection)."""
+    multipliers = sorted({m for values in paper.values() for m in values})
+    header = ["attn", "pe"] + [f"{multiplier_label(m)}×" for m in multipliers] + ["verdict", "reason"]
+    rows = []
+    table = part[part["selection_kind"] == "paper"].sort_values("row")
+    for _, row in table.iterrows():
+        key = (str(row["attn"]), str(row["pe"]))
+        values = paper.get(key, {})
+        verdict, _ = grade(row, values) if values else ("no paper value", [])
+        cells = list(key)
+        for m in multipliers:
+            label = multiplier_label(m)
+            ours = row.get(f"{label}x") if row.get("seeds") else None
+            theirs = values.get(m)
+            mine = "–" if ours is None or math.isnan(ours) else f"{ours:.1f}"
+            cells.append(f"{mine} / {'–' if theirs is None else f'{theirs:.1f}'}")
+        reason = "" if verdict in ("agrees", "not run", "no paper value") else section.explained.get(
+            f"{key[0]}:{key[1]}", "to explain")
+        rows.append(cells + [verdict, reason])
+    return header, rows
 
 
 def sections_markdown(board: pd.DataFrame, sections: list[Section], *, source: str | None = None) -> str:
@@ -190,6 +271,14 @@ def sections_markdown(board: pd.DataFrame, sections: list[Section], *, source: s
                   f"`configs/{section.path.name}`: {protocol_line(section)}.", "",
                   f"Cells done: {done} of {total}; runs stored: {runs_stored} of {runs_total}. "
                   f"Values: {metric_words} (%).", ""]
+        paper = paper_values(section)
+        if paper:
+            header, rows = comparison_rows(part, section, paper)
+            parts += [f"Ours beside the paper ({section.paper}, {section.table}): best of seeds at the paper's "
+                      f"checkpoint selection / the paper's value, %. **agrees**: within {TOLERANCE:g} points or the "
+                      "paper's value inside our 95% interval at every column; otherwise the reason, with its "
+                      "evidence.", "",
+                      _md_table(header, rows, ["l", "l"] + ["r"] * (len(header) - 4) + ["l", "l"]), ""]
         for kind in SELECTION_KINDS:
             table = part[part["selection_kind"] == kind].sort_values("row")
             if table.empty:

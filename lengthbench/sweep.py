@@ -54,7 +54,7 @@ from lengthbench.errors import UsageError, interrupted
 from lengthbench.validation import MAX_CELLS, check_config, check_task_params
 
 SWEEP_KEYS = ("tasks", "attns", "pes", "cells", "seeds", "preset", "results", "device", "per_gpu", "mps", "budget",
-              "budget_fraction", "overrides", "by_pe", "stages")
+              "budget_fraction", "paper", "table", "explained", "overrides", "by_pe", "stages")
 # What a stage may not set: the cell's identity, and the chain itself.
 STAGE_FIXED = ("attn", "pe", "seed", "preset", "init_from")
 
@@ -147,7 +147,10 @@ def check_sweep_settings(data: dict[str, Any], where: str) -> None:
         if value is not None and not (isinstance(value, str) or (
                 isinstance(value, list) and all(isinstance(item, str) for item in value))):
             fail(f"{key} must be a list of names (or one comma-separated string), got {value!r}")
-    for key in ("preset", "results", "device"):
+    if "explained" in data and not (isinstance(data["explained"], dict) and all(
+            isinstance(v, str) for v in data["explained"].values())):
+        fail("[explained] must be a table of \"attn:pe\" = \"the reason\"")
+    for key in ("preset", "results", "device", "paper", "table"):
         if key in data and not isinstance(data[key], str):
             fail(f"{key} must be a string, got {data[key]!r}")
     if "results" in data and not data["results"].strip():

@@ -108,3 +108,43 @@ def dataclasses_replace(config, **changes):
     import dataclasses
 
     return dataclasses.replace(config, **changes)
+
+
+def test_the_paper_beside_ours_and_the_verdict(tmp_path):
+    from lengthbench.published import grade
+
+    row = {"seeds": 3, "2x": 92.0, "2x_lo": 90.0, "2x_hi": 93.5, "4x": 50.0, "4x_lo": 43.0, "4x_hi": 57.0}
+    assert grade(row, {2: 95.0, 4: 52.0})[0] == "agrees"  # 3 and 2 points off
+    assert grade(row, {2: 99.0})[0] == "below"  # 7 points below and outside our interval
+    assert grade(row, {4: 56.5})[0] == "agrees"  # 6.5 points off, inside our interval [43, 57]
+    assert grade(row, {2: 80.0, 4: 60.0})[0] == "mixed"
+    assert grade(row, {8: 10.0})[0] == "no common length"
+    assert grade({"seeds": 0}, {2: 10.0})[0] == "not run"
+
+
+def test_a_section_names_its_paper_table_and_explains_what_does_not_agree(tmp_path):
+    path = tmp_path / "copy.toml"
+    path.write_text(textwrap.dedent("""
+        # Long-Context Generalization with Sparse Attention, Table 1, Copy:
+        paper = "Long-Context Generalization with Sparse Attention"
+        table = "Table 1"
+        cells = ["copy:softmax:rope", "copy:entmax:nape"]
+        seeds = [0]
+        preset = "smoke"
+        [overrides]
+        max_multiplier = 4
+        [explained]
+        "softmax:rope" = "a reason, with its evidence"
+        """))
+    section = read_section(path)
+    store = tmp_path / "store"
+    write_run(store, section.cells[0].run_id, rows_of(section.cells[0], [1.0, 0.9, 0.9]))
+    text = sections_markdown(build_sections(load_results(store), [section]), [section])
+    from lengthbench.compare import SEED_TABLES, load_seed_tables
+
+    tables = load_seed_tables(SEED_TABLES)
+    printed = tables[(tables["source"] == "003") & (tables["table"] == "Table 1") & (tables["task"] == "copy")
+                     & (tables["attn"] == "softmax") & (tables["pe"] == "rope")].set_index("multiplier")["value"]
+    assert f"| softmax | rope | 100.0 / {printed[1]:.1f} | 90.0 / {printed[2]:.1f} |" in text
+    assert "| above | a reason, with its evidence |" in text  # softmax + RoPE is near 0 at 2x in the paper
+    assert "| entmax | nape | – / " in text and "| not run |" in text
