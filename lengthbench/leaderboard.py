@@ -94,6 +94,45 @@ def load_store(results: str | Path, *, tasks: Iterable[str] | None = None,
     return frame.reset_index(drop=True), notes
 
 
+def results_list(values: Iterable[str] | str | None, default: str = "runs") -> list[str]:
+    """``--results`` given once or repeated, each a folder or a comma-separated list of folders (a name that
+    exists as a folder is taken whole, commas and all); the default store where none is given."""
+    values = [values] if isinstance(values, str) else list(values or [])
+    folders = []
+    for value in values:
+        value = str(value)
+        parts = [value] if Path(value).is_dir() or "," not in value else [p.strip() for p in value.split(",")]
+        if any(not part for part in parts):
+            raise UsageError(f"--results {value!r} holds an empty folder name")
+        folders += parts
+    return list(dict.fromkeys(folders)) or [default]
+
+
+def load_stores(results: Iterable[str] | str, *, tasks: Iterable[str] | None = None,
+                attns: Iterable[str] | None = None, pes: Iterable[str] | None = None,
+                skip_unreadable: bool = False) -> tuple[pd.DataFrame, list[str]]:
+    """The rows of several stores (:func:`load_store` each), a run stored in more than one counted once, and
+    only the mechanisms ``attns`` and encodings ``pes`` where given (by name, ``entmax``, or by the label a row
+    with parameters has, ``entmax (alpha=4)``); a filter that matches nothing is a one-line UsageError."""
+    frames, notes = [], []
+    for folder in results_list(results):
+        frame, found = load_store(folder, tasks=tasks, skip_unreadable=skip_unreadable)
+        frames.append(frame.assign(store=folder))
+        notes += found
+    frame = pd.concat(frames, ignore_index=True)
+    frame = frame.drop_duplicates(subset=["run_id", "multiplier"], keep="first")
+    for column, wanted, flag in (("attn", attns, "--attn"), ("pe", pes, "--pe")):
+        wanted = [w for w in (wanted or []) if w]
+        if not wanted:
+            continue
+        keep = frame[column].isin(wanted) | frame[column].str.split(" (", regex=False).str[0].isin(wanted)
+        if not keep.any():
+            raise UsageError(f"{flag} {', '.join(wanted)}: no runs of it; there: "
+                             f"{', '.join(sorted(frame[column].unique()))}")
+        frame = frame[keep]
+    return frame.reset_index(drop=True), notes
+
+
 def with_score(frame: pd.DataFrame) -> pd.DataFrame:
     """Fill ``metric``/``score`` where a row lacks them, from the task's registered metric."""
     frame = with_schema_version(frame)

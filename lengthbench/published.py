@@ -318,3 +318,95 @@ def load_sections(paths: list[str | Path] | None = None) -> list[Section]:
 def section_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """The store's rows with their scores (``with_score``), for :func:`build_sections`."""
     return with_score(frame)
+
+
+PUBLISHED = CONFIGS.parent / "results" / "leaderboard.parquet"
+
+
+def _cell_text(config: RunConfig) -> str:
+    """``"mqrar:entmax(alpha=4):none"``: a run's cell as a sweep names it (parameters as JSON values)."""
+    import json
+
+    def part(name: str, params: dict) -> str:
+        if not params:
+            return name
+        return name + "(" + ",".join(f"{key}={json.dumps(value)}" for key, value in sorted(params.items())) + ")"
+
+    return f"{config.task}:{part(config.attn, config.attn_params)}:{part(config.pe, config.pe_params)}"
+
+
+def protocol_section(frame: pd.DataFrame, section: Section) -> Section:
+    """The runs of ``frame`` (any store: a user's own mechanism too) trained at ``section``'s protocol: those whose
+    run id is the one the section's config plans for their cell and seed (or the id of its other selection), as a
+    section of their own (same title and settings, their cells)."""
+    import json
+
+    from lengthbench.errors import UsageError
+    from lengthbench.sweep import configs_of_sweep
+
+    cells, seen = [], set()
+    stored = set(frame["run_id"]) if "run_id" in frame.columns else set()
+    for text in frame.drop_duplicates("run_id")["config_json"].dropna() if "config_json" in frame.columns else []:
+        try:
+            config = RunConfig.from_dict(json.loads(text))
+        except (TypeError, ValueError):
+            continue
+        if config.selected_from or config.init_from or config.rescored_from:
+            continue
+        key = (_cell_text(config), config.seed)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            planned = configs_of_sweep(section.settings, cells=key[0], seeds=str(config.seed))
+        except UsageError:
+            continue  # a cell this protocol cannot train (another task, a mechanism not loaded here)
+        for candidate in planned:
+            if candidate.run_id in stored and not candidate.init_from:
+                cells.append(candidate)
+    return Section(section.path, section.title, cells, section.budget_fraction, section.settings)
+
+
+def published_board(section: Section, path: Path = PUBLISHED) -> pd.DataFrame:
+    """The committed leaderboard's rows of ``section`` (empty where there are none)."""
+    try:
+        board = pd.read_parquet(path)
+    except (OSError, ValueError):
+        return pd.DataFrame()
+    return board[board["section"] == section.name] if "section" in board.columns else pd.DataFrame()
+
+
+def beside_published(frame: pd.DataFrame, section: Section, published: pd.DataFrame | None = None) -> str:
+    """Markdown: the runs of ``frame`` at ``section``'s protocol beside the published rows of that protocol and
+    the paper's values, best of seeds at the paper's checkpoint selection, each value with its 95% interval."""
+    mine = protocol_section(frame, section)
+    published = published_board(section) if published is None else published
+    parts = [f"## {section.title}", "", f"`configs/{section.path.name}`: {protocol_line(section)}.", ""]
+    if not mine.cells:
+        return "\n".join(parts + ["None of these runs was trained at this protocol: train a cell with "
+                                   f"`lengthbench sweep --config configs/{section.path.name} --cells "
+                                   "TASK:ATTN:PE --results DIR` (its run id is then the protocol's).", ""])
+    board = build_sections(frame, [mine])
+    ours = board[(board["selection_kind"] == "paper") & (board["seeds"] > 0)]
+    if {"selection_kind", "seeds", "attn", "pe"} <= set(published.columns):
+        theirs = published[(published["selection_kind"] == "paper") & (published["seeds"] > 0)]
+    else:
+        theirs = pd.DataFrame(columns=["attn", "pe", "seeds"])
+    multipliers = board_multipliers(pd.concat([ours, theirs], ignore_index=True) if len(theirs) else ours)
+    header = ["attn", "pe", "rows"] + [f"{multiplier_label(m)}×" for m in multipliers] + ["seeds"]
+    rows = []
+    paper = paper_values(section)
+    for key in section.rows():
+        values = paper.get(key)
+        if values:
+            rows.append([*key, "the paper"] + [_pct(values.get(m)) if m in values else "" for m in multipliers]
+                        + [""])
+        for _, row in theirs[(theirs["attn"] == key[0]) & (theirs["pe"] == key[1])].iterrows():
+            rows.append([*key, "published"] + [interval_text(row, multiplier_label(m)) for m in multipliers]
+                        + [str(row["seeds"])])
+    for _, row in ours.sort_values("row").iterrows():
+        rows.append([str(row["attn"]), str(row["pe"]), "yours"]
+                    + [interval_text(row, multiplier_label(m)) for m in multipliers] + [str(row["seeds"])])
+    parts += ["Best of seeds at the paper's checkpoint selection, % (95% interval):", "",
+              _md_table(header, rows, ["l", "l", "l"] + ["r"] * (len(multipliers) + 1)), ""]
+    return "\n".join(parts)

@@ -148,3 +148,58 @@ def test_a_section_names_its_paper_table_and_explains_what_does_not_agree(tmp_pa
     assert f"| softmax | rope | 100.0 / {printed[1]:.1f} | 90.0 / {printed[2]:.1f} |" in text
     assert "| above | a reason, with its evidence |" in text  # softmax + RoPE is near 0 at 2x in the paper
     assert "| entmax | nape | – / " in text and "| not run |" in text
+
+
+def test_several_stores_at_once_and_filters(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "a_paper_table9_copy.toml"
+    path.write_text(textwrap.dedent(CONFIG))
+    section = read_section(path)
+    one, two = tmp_path / "one", tmp_path / "two"
+    write_run(one, section.cells[0].run_id, rows_of(section.cells[0], [1.0, 0.5, 0.0]))
+    write_run(two, section.cells[2].run_id, rows_of(section.cells[2], [0.9, 0.9, 0.9]))
+    write_run(two, section.cells[0].run_id, rows_of(section.cells[0], [1.0, 0.5, 0.0]))  # the same run in both
+    for results in (["--results", one, "--results", two], ["--results", f"{one},{two}"]):
+        assert cli(monkeypatch, "leaderboard", *results, "--all", "--format", "csv") == 0
+        board = pd.read_csv(__import__("io").StringIO(capsys.readouterr().out))
+        assert sorted(board["attn"]) == ["entmax", "softmax"] and set(board["seeds"]) == {1}
+    assert cli(monkeypatch, "leaderboard", "--results", one, "--results", two, "--all", "--format", "csv",
+               "--attn", "entmax") == 0
+    assert list(pd.read_csv(__import__("io").StringIO(capsys.readouterr().out))["attn"]) == ["entmax"]
+    assert cli(monkeypatch, "leaderboard", "--results", one, "--all", "--pe", "alibi") == 2
+    assert "--pe alibi: no runs of it" in capsys.readouterr().err
+    assert cli(monkeypatch, "leaderboard", "--results", f"{one},", "--all") == 2
+
+
+def test_compare_puts_your_runs_at_a_protocol_beside_its_published_rows(tmp_path, monkeypatch, capsys):
+    import dataclasses
+
+    from lengthbench.published import beside_published, build_sections
+
+    path = tmp_path / "copy.toml"
+    path.write_text(textwrap.dedent("""
+        # Long-Context Generalization with Sparse Attention, Table 1, Copy:
+        paper = "Long-Context Generalization with Sparse Attention"
+        table = "Table 1"
+        cells = ["copy:softmax:rope"]
+        seeds = [0]
+        preset = "smoke"
+        [overrides]
+        max_multiplier = 4
+        """))
+    section = read_section(path)
+    published_store, mine = tmp_path / "published", tmp_path / "mine"
+    write_run(published_store, section.cells[0].run_id, rows_of(section.cells[0], [1.0, 0.2, 0.0]))
+    published = build_sections(load_results(published_store), [section])
+    # your mechanism at the protocol (sparsemax stands in for a plugin's), and one at another protocol
+    from lengthbench.sweep import configs_of_sweep
+
+    (yours,) = configs_of_sweep(section.settings, cells="copy:sparsemax:rope")
+    write_run(mine, yours.run_id, rows_of(yours, [1.0, 0.6, 0.3]))
+    other = dataclasses.replace(yours, lr=0.5)
+    write_run(mine, other.run_id, rows_of(other, [0.1, 0.1, 0.1]))
+    text = beside_published(load_results(mine), section, published)
+    assert "| softmax | rope | the paper |" in text and "| softmax | rope | published | 100.0 (" in text
+    assert "| sparsemax | rope | yours | 100.0 (" in text and "60.0 (" in text and "10.0 (" not in text
+    assert cli(monkeypatch, "compare", "--results", mine, "--config", path) == 0
+    assert "| sparsemax | rope | yours |" in capsys.readouterr().out
+    assert cli(monkeypatch, "compare", "--results", published_store, "--config", tmp_path / "none.toml") == 2

@@ -232,6 +232,28 @@ def _published_leaderboard(frame, results: str, configs: list[str] | None, fmt: 
         err.print(f"wrote {out_file} ({len(sections)} sections, {matched} runs)", highlight=False)
 
 
+def _compare_configs(configs: list[str], results: str, out_file, skip_unreadable: bool) -> None:
+    """``compare --config``: per config, the store's runs at its protocol beside its published rows."""
+    from lengthbench.leaderboard import load_stores
+    from lengthbench.published import beside_published, load_sections
+    from lengthbench.store import atomic_write_text
+
+    for path in configs:
+        if not Path(path).is_file():
+            raise UsageError(f"--config {path}: no such file")
+    sections = load_sections(configs)
+    frame, notes = load_stores(results, skip_unreadable=skip_unreadable)
+    _print_notes(notes)
+    text = "\n".join(beside_published(frame, section) for section in sections)
+    text = (f"# Your runs beside the published rows\n\nFrom `{results}` by `lengthbench compare --results {results}"
+            + "".join(f" --config {c}" for c in configs) + "`.\n\n" + text)
+    if out_file is not None:
+        atomic_write_text(Path(out_file), text)
+        err.print(f"wrote {out_file}", highlight=False)
+    else:
+        sys.stdout.write(text)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("sweep")
     def sweep(
@@ -495,10 +517,13 @@ def register(app: typer.Typer) -> None:
 
     @app.command("leaderboard")
     def leaderboard(
-        results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
+        results: list[str] = typer.Option(None, "--results", help="Results store folder (default runs); repeat "
+                                          "it, or give A,B, to read several stores at once."),
         fmt: str = typer.Option("markdown", "--format", help="markdown, parquet or csv."),
         out_file: str = typer.Option(None, "--out", help="Write here (default: stdout; parquet needs it)."),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
+        attn: str = typer.Option(None, "--attn", help="Only these mechanisms (comma-separated names or labels)."),
+        pe: str = typer.Option(None, "--pe", help="Only these encodings (comma-separated)."),
         publish: str = typer.Option(None, "--publish",
                                      help="Write DIR/leaderboard.md and DIR/leaderboard.parquet (the committed pair)."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
@@ -512,7 +537,7 @@ def register(app: typer.Typer) -> None:
         """The published leaderboard: a section per paper-table config (its runs only), a row per attention x
         encoding, a column per multiplier (%), best of seeds and mean +- std, for the paper's checkpoint selection
         and the in-distribution one. --all: every run, a table per task and protocol."""
-        from lengthbench.leaderboard import FORMATS, build_leaderboard, load_store, write_leaderboard
+        from lengthbench.leaderboard import FORMATS, build_leaderboard, write_leaderboard
         from lengthbench.sweep import split_list
         from lengthbench.validation import check_writable
 
@@ -526,7 +551,11 @@ def register(app: typer.Typer) -> None:
             raise UsageError("give --config or --all, not both")
         if fmt == "parquet" and out_file is None and publish is None:
             raise UsageError("--format parquet needs --out FILE")
-        frame, notes = load_store(results, tasks=split_list(task), skip_unreadable=skip_unreadable)
+        from lengthbench.leaderboard import load_stores, results_list
+
+        results = ",".join(results_list(results, DEFAULT_RESULTS))
+        frame, notes = load_stores(results, tasks=split_list(task), attns=split_list(attn), pes=split_list(pe),
+                                   skip_unreadable=skip_unreadable)
         _print_notes(notes)
         if not show_all:
             _published_leaderboard(frame, results, configs, fmt, out_file, publish, note)
@@ -551,7 +580,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("compare")
     def compare(
-        results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
+        results: list[str] = typer.Option(None, "--results", help="Results store folder (default runs); repeat "
+                                          "it, or give A,B, to read several stores at once."),
+        configs: list[str] = typer.Option(None, "--config", help="A paper-table config: your runs at its protocol "
+                                          "beside its published rows and the paper's values (repeat for several)."),
         seed_tables: str = typer.Option(None, "--seed-tables",
                                          help="CSV of the seeds' cells (default: lengthbench/seed_tables.csv)."),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
@@ -563,10 +595,11 @@ def register(app: typer.Typer) -> None:
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning)."),
     ) -> None:
-        """Our leaderboard beside the seeds' published tables: per seed cell, ours and the difference in points."""
+        """Our leaderboard beside the seeds' published tables: per seed cell, ours and the difference in points.
+        With --config: the runs of --results trained at that config's protocol (your own mechanism's too) beside
+        the published rows of the protocol and the paper's values."""
         from lengthbench.compare import SEED_TABLES, load_seed_tables, to_markdown, write_comparison
         from lengthbench.compare import compare as compare_store
-        from lengthbench.leaderboard import load_store
         from lengthbench.sweep import split_list
 
         if not (tolerance >= 0 and math.isfinite(tolerance)):
@@ -579,6 +612,12 @@ def register(app: typer.Typer) -> None:
             publish = check_writable(publish, "--publish")
         if out_file is not None:
             out_file = check_writable(out_file, "--out", folder=False)
+        from lengthbench.leaderboard import load_stores, results_list
+
+        results = ",".join(results_list(results, DEFAULT_RESULTS))
+        if configs:
+            _compare_configs(configs, results, out_file, skip_unreadable)
+            return
         if seed_tables is not None and not seed_tables.strip():
             raise UsageError("--seed-tables is empty: give a CSV file")
         seeds = load_seed_tables(seed_tables or SEED_TABLES)
@@ -589,7 +628,7 @@ def register(app: typer.Typer) -> None:
                              f"choose from: {', '.join(sorted(seeds['task'].unique()))}")
         if wanted:
             seeds = seeds[seeds["task"].isin(wanted)]
-        frame, notes = load_store(results, skip_unreadable=skip_unreadable)
+        frame, notes = load_stores(results, skip_unreadable=skip_unreadable)
         _print_notes(notes)
         frame = frame[frame["task"].isin(set(seeds["task"]))]
         if frame.empty:
