@@ -18,6 +18,11 @@ out = Console()
 err = Console(stderr=True)
 
 DEFAULT_RESULTS = "runs"  # the default of `lengthbench run --results`
+# --help panels beside each command's first, "Options"
+OVER_PRESET = "Over the preset (every cell)"
+SLURM = "--executor slurm"
+RAY = "--executor ray"
+OUTPUT = "Output"
 
 
 def _cell_name(config) -> str:
@@ -85,7 +90,7 @@ def _print_submitted(configs, results: str, submitted, unsubmitted, outcomes) ->
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("sweep")
+    @app.command("sweep", rich_help_panel="Train and score")
     def sweep(
         tasks: str = typer.Option(None, "--tasks", help="Comma-separated tasks, e.g. copy,2back."),
         attns: str = typer.Option(None, "--attns", help="Comma-separated attention mechanisms."),
@@ -97,10 +102,14 @@ def register(app: typer.Typer) -> None:
         config_file: str = typer.Option(None, "--config", help="Sweep file (TOML or JSON); flags override it."),
         results: str = typer.Option(None, "--results", help=f"Results store folder (default {DEFAULT_RESULTS})."),
         device: str = typer.Option(None, "--device", help="auto (default), cpu or cuda."),
-        train_samples: int = typer.Option(None, "--train-samples", help="Override the preset's training samples."),
-        max_multiplier: int = typer.Option(None, "--max-multiplier", help="Largest multiplier (a power of 2)."),
-        eval_samples: int = typer.Option(None, "--eval-samples", help="Samples per evaluation length."),
-        train_length: int = typer.Option(None, "--train-length", help="n_train (default 64)."),
+        train_samples: int = typer.Option(None, "--train-samples", help="Training samples.",
+                                          rich_help_panel=OVER_PRESET),
+        max_multiplier: int = typer.Option(None, "--max-multiplier", help="Largest multiplier (a power of 2).",
+                                           rich_help_panel=OVER_PRESET),
+        eval_samples: int = typer.Option(None, "--eval-samples", help="Samples per evaluation length.",
+                                         rich_help_panel=OVER_PRESET),
+        train_length: int = typer.Option(None, "--train-length", help="n_train (default: the task's).",
+                                         rich_help_panel=OVER_PRESET),
         per_gpu: int = typer.Option(None, "--per-gpu", help="Cells run side by side on each GPU (default 1), "
                                     "for small models that leave a GPU idle between kernel launches."),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the cells and what is done; run nothing."),
@@ -113,30 +122,40 @@ def register(app: typer.Typer) -> None:
                                   "sweep on the same store is running (the default), or report them as running "
                                   "elsewhere; slurm: follow the jobs to their end (else return once they are "
                                   "submitted, the default; `--status` reports)."),
-        slurm_partition: str = typer.Option(None, "--slurm-partition", help="slurm: the partition."),
-        gpus_per_node: int = typer.Option(1, "--gpus-per-node", help="slurm: GPUs per cell's job."),
-        cpus_per_task: int = typer.Option(8, "--cpus-per-task", help="slurm: CPU cores per cell's job."),
-        mem: str = typer.Option(None, "--mem", help="slurm: memory per job, e.g. 32G (default: the partition's)."),
-        time_limit: str = typer.Option("240", "--time", help="slurm: time limit per job, minutes or [D-]HH:MM:SS; "
-                                       "a job that reaches it is requeued and resumes from its checkpoint."),
+        slurm_partition: str = typer.Option(None, "--slurm-partition", help="The partition.",
+                                            rich_help_panel=SLURM),
+        gpus_per_node: int = typer.Option(1, "--gpus-per-node", help="GPUs per cell's job.", rich_help_panel=SLURM),
+        cpus_per_task: int = typer.Option(8, "--cpus-per-task", help="CPU cores per cell's job.",
+                                          rich_help_panel=SLURM),
+        mem: str = typer.Option(None, "--mem", help="Memory per job, e.g. 32G (default: the partition's).",
+                                rich_help_panel=SLURM),
+        time_limit: str = typer.Option("240", "--time", help="Time limit per job, minutes or [D-]HH:MM:SS; a "
+                                       "job that reaches it is requeued and resumes from its checkpoint.",
+                                       rich_help_panel=SLURM),
         slurm_array_parallelism: int = typer.Option(256, "--slurm-array-parallelism",
-                                                    help="slurm: cells of the job array running at once."),
-        slurm_folder: str = typer.Option(None, "--slurm-folder", help="slurm: submitit's job files and logs "
-                                         "(default RESULTS/slurm)."),
-        slurm_cluster: str = typer.Option("slurm", "--slurm-cluster", help="slurm: slurm, or local (submitit's "
-                                          "local executor: the same jobs as processes here, to try a sweep out)."),
-        ray_address: str = typer.Option(None, "--ray-address", help="ray: the cluster (default: a Ray instance "
-                                        "on this machine)."),
-        ray_gpus_per_cell: float = typer.Option(1.0, "--ray-gpus-per-cell", help="ray: GPUs per cell (0 on CPUs; "
-                                                "0.25 puts four cells on a GPU)."),
-        ray_cpus_per_cell: float = typer.Option(1.0, "--ray-cpus-per-cell", help="ray: CPU cores per cell."),
-        ray_max_retries: int = typer.Option(3, "--ray-max-retries", help="ray: reruns of a failed cell's task "
-                                            "(each resumes from the cell's checkpoint)."),
+                                                    help="Cells of the job array running at once.",
+                                                    rich_help_panel=SLURM),
+        slurm_folder: str = typer.Option(None, "--slurm-folder", help="submitit's job files and logs (default "
+                                         "RESULTS/slurm).", rich_help_panel=SLURM),
+        slurm_cluster: str = typer.Option("slurm", "--slurm-cluster", help="slurm, or local (submitit's local "
+                                          "executor: the same jobs as processes here, to try a sweep out).",
+                                          rich_help_panel=SLURM),
+        ray_address: str = typer.Option(None, "--ray-address", help="The cluster (default: a Ray instance on this "
+                                        "machine).", rich_help_panel=RAY),
+        ray_gpus_per_cell: float = typer.Option(1.0, "--ray-gpus-per-cell", help="GPUs per cell (0 on CPUs; 0.25 "
+                                                "puts four cells on a GPU).", rich_help_panel=RAY),
+        ray_cpus_per_cell: float = typer.Option(1.0, "--ray-cpus-per-cell", help="CPU cores per cell.",
+                                                rich_help_panel=RAY),
+        ray_max_retries: int = typer.Option(3, "--ray-max-retries", help="Reruns of a failed cell's task (each "
+                                            "resumes from the cell's checkpoint).", rich_help_panel=RAY),
         track: str = typer.Option(None, "--track", help="Log each cell's training and curve to tensorboard or "
                                   "wandb, under RESULTS/tracking/RUN_ID/."),
     ) -> None:
-        """Run every cell of tasks x attns x pes x seeds that is not in the store yet (several sweeps on one
-        store share the cells: each is claimed before it runs)."""
+        """Run every cell of tasks x attns x pes x seeds that is not in the store yet.
+
+        Several sweeps on one store share the cells: each is claimed before it runs. A paper table's config:
+        --config configs/NAME.toml.
+        """
         from lengthbench import validation
         from lengthbench.sweep import (
             add_stages,
@@ -301,17 +320,19 @@ def register(app: typer.Typer) -> None:
         if counts["failed"]:
             raise SystemExit(1)  # typer.Exit(1) would be lost: main() runs click in non-standalone mode
 
-    @app.command("leaderboard")
+    @app.command("leaderboard", rich_help_panel="Results")
     def leaderboard(
         results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
-        fmt: str = typer.Option("markdown", "--format", help="markdown, parquet or csv."),
-        out_file: str = typer.Option(None, "--out", help="Write here (default: stdout; parquet needs it)."),
+        fmt: str = typer.Option("markdown", "--format", help="markdown, parquet or csv.", rich_help_panel=OUTPUT),
+        out_file: str = typer.Option(None, "--out", help="Write here (default: stdout; parquet needs it).",
+                                     rich_help_panel=OUTPUT),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
-        publish: str = typer.Option(None, "--publish",
+        publish: str = typer.Option(None, "--publish", rich_help_panel=OUTPUT,
                                      help="Write DIR/leaderboard.md and DIR/leaderboard.parquet (the committed pair)."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning) instead of stopping."),
-        note: str = typer.Option(None, "--note", help="A paragraph to print under the title (Markdown)."),
+        note: str = typer.Option(None, "--note", help="A paragraph to print under the title (Markdown).",
+                                 rich_help_panel=OUTPUT),
     ) -> None:
         """Per task, the seeds' table: a row per attention x encoding, a column per multiplier (%)."""
         from lengthbench.leaderboard import FORMATS, build_leaderboard, load_store, write_leaderboard
@@ -344,7 +365,7 @@ def register(app: typer.Typer) -> None:
         else:
             err.print(f"wrote {out_file} ({len(board)} rows from {runs} runs)", highlight=False)
 
-    @app.command("compare")
+    @app.command("compare", rich_help_panel="Results")
     def compare(
         results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
         seed_tables: str = typer.Option(None, "--seed-tables",
@@ -352,8 +373,9 @@ def register(app: typer.Typer) -> None:
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
         tolerance: float = typer.Option(5.0, "--tolerance", help="Points within which ours agrees with the seed's."),
         rows: int = typer.Option(3, "--rows", help="Rows of ours per seed cell, closest to the seed first (0: all)."),
-        out_file: str = typer.Option(None, "--out", help="Write the Markdown here (default: stdout)."),
-        publish: str = typer.Option(None, "--publish",
+        out_file: str = typer.Option(None, "--out", help="Write the Markdown here (default: stdout).",
+                                     rich_help_panel=OUTPUT),
+        publish: str = typer.Option(None, "--publish", rich_help_panel=OUTPUT,
                                      help="Write DIR/seed_comparison.md and DIR/seed_comparison.parquet."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning)."),
@@ -404,7 +426,7 @@ def register(app: typer.Typer) -> None:
         else:
             sys.stdout.write(markdown)
 
-    @app.command("plot")
+    @app.command("plot", rich_help_panel="Results")
     def plot(
         results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
         out_dir: str = typer.Option("plots", "--out", help="Folder for the figures."),
@@ -428,7 +450,7 @@ def register(app: typer.Typer) -> None:
         for path in prune_stale(out_dir, paths, remove=task is None):
             err.print(f"removed {path} (its table is no longer on the board)", highlight=False)
 
-    @app.command("check")
+    @app.command("check", rich_help_panel="Train and score")
     def check(
         baseline: str = typer.Option(..., "--baseline", help="Baseline JSON file (see docs/reporting.md)."),
         tolerance: float = typer.Option(0.05, "--tolerance", help="Allowed fall per point, a fraction (0.05 = 5 points)."),
