@@ -89,6 +89,20 @@ def _print_submitted(configs, results: str, submitted, unsubmitted, outcomes) ->
               f"Next: the same command with --status", highlight=False)
 
 
+def _config_files(paths: list[str]) -> list[Path]:
+    """The sweep files named: a file as it is, a folder's ``*.toml`` and ``*.json`` in name order."""
+    files: list[Path] = []
+    for name in paths:
+        path = Path(name)
+        if path.is_dir():
+            files += sorted(p for p in path.iterdir() if p.suffix in (".toml", ".json"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise UsageError(f"--config {name}: no such file or folder")
+    return files
+
+
 def register(app: typer.Typer) -> None:
     @app.command("sweep", rich_help_panel="Train and score")
     def sweep(
@@ -431,19 +445,35 @@ def register(app: typer.Typer) -> None:
         results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
         out_dir: str = typer.Option("plots", "--out", help="Folder for the figures."),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
+        config: list[str] = typer.Option([], "--config", help="A paper-table config (or a folder of them): its "
+                                         "figure (repeatable; default: configs/ where it exists)."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning)."),
     ) -> None:
-        """Accuracy against length per task (log2 axis) and a heat map of reach, as PNG and SVG."""
+        """A figure per paper table, of the runs of its protocol only, and a heat map of reach (PNG and SVG).
+
+        Each config in configs/ names a paper table; its figure has a line per cell (colour: mechanism; line
+        style: encoding), the best seed's curve with the mean +- std over seeds. Without configs: a figure per
+        task, a panel per protocol.
+        """
         from lengthbench.leaderboard import build_leaderboard, load_store
-        from lengthbench.plots import plot_all, prune_stale
+        from lengthbench.plots import plot_all, plot_configs, prune_stale
         from lengthbench.sweep import split_list
         from lengthbench.validation import check_writable
 
         out_dir = check_writable(out_dir, "--out")
+        config_files = _config_files(config or (["configs"] if Path("configs").is_dir() else []))
         frame, notes = load_store(results, tasks=split_list(task), skip_unreadable=skip_unreadable)
         _print_notes(notes)
-        paths = plot_all(build_leaderboard(frame), out_dir)
+        paths = plot_configs(frame, config_files, out_dir) if config_files else []
+        if config and not paths:
+            raise UsageError(f"no run in {results} carries out the protocol of "
+                             f"{', '.join(str(path) for path in config_files)}")
+        if not paths:  # no config here, or none with runs in this store
+            if config_files:
+                err.print("no run here carries out a config of configs/: a figure per task, a panel per protocol",
+                          highlight=False)
+            paths = plot_all(build_leaderboard(frame), out_dir)
         for path in paths:
             out.print(str(path), highlight=False)
         # figures this command wrote earlier for tables the board no longer has (not with --task: a partial plot)
