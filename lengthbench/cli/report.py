@@ -476,9 +476,9 @@ def register(app: typer.Typer) -> None:
             paths = plot_all(build_leaderboard(frame), out_dir)
         for path in paths:
             out.print(str(path), highlight=False)
-        # figures this command wrote earlier for tables the board no longer has (not with --task: a partial plot)
+        # figures this command wrote earlier and no longer draws (not with --task: a partial plot)
         for path in prune_stale(out_dir, paths, remove=task is None):
-            err.print(f"removed {path} (its table is no longer on the board)", highlight=False)
+            err.print(f"removed {path} (this plot no longer draws it)", highlight=False)
 
     @app.command("check", rich_help_panel="Train and score")
     def check(
