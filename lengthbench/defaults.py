@@ -6,7 +6,10 @@ little. On a GPU it is the task's **recipe**: the preset, settings and curriculu
 samples per length over that table's lengths. The ``quick`` preset alone learns most tasks; MQMTAR learns with the
 ``paper`` model at lr 3e-4, and MQRAR only after a curriculum (no run of ours learns it from scratch: its 1M-8M
 sample runs at n 64 stay at 0 in distribution), one for NoPE models and one for the others. A test checks each
-recipe against its config file.
+recipe against its config file, and that most committed runs of its settings learn. The committed runs of MQMTAR,
+Local Count and the Flip-Flops trained those tasks' earlier layouts (the store's schema 1: MQMTAR's random spacing
+and uniform values, Local Count's cut runs, Flip-Flop's ``<sep>``); today's layouts have no committed run of these
+settings yet.
 
 The cost line gives the runs, steps and samples, and an estimate of the minutes on this device where the
 committed runs (``results/runs/`` of the checkout) include runs of the same task, model and batch size on a
