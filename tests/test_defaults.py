@@ -183,14 +183,15 @@ def test_run_on_a_cpu_keeps_smoke_and_says_what_a_real_run_needs(monkeypatch, ca
 
 
 def test_a_gpu_run_trains_its_stages_in_order(monkeypatch, capsys, tmp_path):
-    """The recipe's curriculum: each stage through run_cell before the cell, the cell from the last stage."""
+    """The recipe's curriculum: each stage through run_cell before the cell, the cell from the last stage;
+    --restart and --log-samples are the cell's."""
     import lengthbench.runner
 
     _fake_gpu(monkeypatch)
     trained = []
 
     def fake_run_cell(config, results, **kwargs):
-        trained.append((config, kwargs["log_samples"]))
+        trained.append((config, kwargs["log_samples"], kwargs["restart"]))
         rows = [dict(dict.fromkeys(CONTRACT_COLUMNS), run_id=config.run_id, task=config.task, attn=config.attn,
                      pe=config.pe, seed=0, preset=config.preset, train_length=config.train_length,
                      eval_length=config.train_length, multiplier=1, exact_match=1.0, token_accuracy=1.0,
@@ -201,11 +202,12 @@ def test_a_gpu_run_trains_its_stages_in_order(monkeypatch, capsys, tmp_path):
 
     monkeypatch.setattr(lengthbench.runner, "run_cell", fake_run_cell)
     assert cli(monkeypatch, "run", "--task", "mqrar", "--attn", "sieve", "--pe", "none", "--results", tmp_path,
-               "--log-samples", "--quiet") == 0
+               "--log-samples", "--restart", "--quiet") == 0
     out = capsys.readouterr().out
     chain = _plan("mqrar", "sieve", "none", gpu_recipe("mqrar", "none"))
-    assert [c.run_id for c, _ in trained] == [c.run_id for c in chain]
-    assert [logged for _, logged in trained] == [False, False, True]  # the cell's samples only
+    assert [c.run_id for c, _, _ in trained] == [c.run_id for c in chain]
+    assert [logged for _, logged, _ in trained] == [False, False, True]  # the cell's samples only
+    assert [restart for _, _, restart in trained] == [False, False, True]  # finished stages stay
     assert "stage 1 of 3" in out and "stage 2 of 3" in out and "stage 1: exact match 100.0% in distribution" in out
 
 

@@ -174,7 +174,8 @@ def register(app: typer.Typer) -> None:
                     raise UsageError(f"run {each.run_id} is running elsewhere ({holder(results, each.run_id)}) "
                                      f"in {results}; run this again once it ends")
                 with tracking(track if each is config else None, each, results) as tracker:
-                    frame = run_cell(each, results, device=device, resume=resume, restart=restart,
+                    # --restart retrains the cell; its finished stages stay (a stage of --resume continues)
+                    frame = run_cell(each, results, device=device, resume=resume, restart=restart and each is config,
                                      progress=progress, log=log, on_metrics=tracker,
                                      log_samples=log_samples and each is config)
                     if tracker is not None:
