@@ -73,6 +73,29 @@ class BleuTally:
         return brevity * math.exp(log_precision)
 
 
+def sample_record(task, batch, predictions: np.ndarray, row: int, index: int, n: int) -> str:
+    """One scored sample as a JSON line: its ``index`` in the split's stream (``lengthbench tasks sample TASK
+    --length N --start INDEX --decode`` prints its input), ``n``, whether it is ``correct`` (every scored
+    position), and the ``target`` and ``prediction`` at its scored positions as ids and as the task's symbols."""
+    scored = batch.labels[row] != IGNORE_INDEX
+    target, predicted = batch.labels[row][scored], predictions[row][scored]
+    return json.dumps(dict(index=index, n=n, correct=bool((target == predicted).all()),
+                           hits=int((target == predicted).sum()), scored=int(scored.sum()),
+                           target=" ".join(task.symbols(target)), prediction=" ".join(task.symbols(predicted)),
+                           target_ids=target.tolist(), prediction_ids=predicted.tolist()), separators=(",", ":"))
+
+
+def _open_sample_log(path: Path, start: int):
+    """``path`` opened to append the lines of samples ``start`` on: a length resumed at sample ``start`` keeps
+    the lines before it (and drops any written after its tallies were last saved); a fresh one starts empty."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = []
+    if start and path.exists():
+        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["index"] < start]
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
+    return path.open("a")
+
+
 class Evaluator:
     """Scores a model on ``count`` samples of a split at nominal length ``n``.
 
@@ -104,7 +127,8 @@ class Evaluator:
 
     @torch.no_grad()
     def score(self, n: int, count: int, split: str = "test", bleu: bool = False, partial: Path | None = None,
-              save_every: float = 30.0, on_batch: Callable[[int, int], None] | None = None) -> Scores:
+              save_every: float = 30.0, on_batch: Callable[[int, int], None] | None = None,
+              sample_log: Path | None = None) -> Scores:
         """``bleu``: also the corpus BLEU-4 of each sample's predicted answer tokens (the argmax at its scored
         positions) against its labels, for checkpoint selection by ``selection_metric = "bleu"``.
 
@@ -132,6 +156,7 @@ class Evaluator:
                 state.update(saved["state"])
                 state["group_hits"] = {int(g): hits for g, hits in state["group_hits"].items()}
         earlier_seconds = state["seconds"]
+        log = _open_sample_log(sample_log, state["start"]) if sample_log is not None else None
         started = last_save = time.perf_counter()
         while state["start"] < count:
             start = state["start"]
@@ -154,6 +179,9 @@ class Evaluator:
             if bleu_tally is not None:
                 for row in range(size):
                     bleu_tally.add(predictions[row][scored[row]], labels[row][scored[row]])
+            if log is not None:
+                log.writelines(sample_record(self.task, batch, predictions, row, start + row, n) + "\n"
+                               for row in range(size))
             state["realised"] += int(batch.realised_tokens.sum())
             if batch.groups is not None:
                 for group in np.unique(batch.groups[scored]):
@@ -167,9 +195,13 @@ class Evaluator:
                 on_batch(state["start"], count)
             now = time.perf_counter()
             if partial is not None and state["start"] < count and now - last_save >= save_every:
+                if log is not None:
+                    log.flush()  # the log holds every sample the saved tallies count
                 state["seconds"] = earlier_seconds + now - started
                 atomic_write_text(partial, json.dumps(dict(key=key, state=state)))
                 last_save = now
+        if log is not None:
+            log.close()
         self.model.set_query_chunk(None)
         return Scores(
             exact_match=state["correct_samples"] / count,

@@ -53,7 +53,7 @@ from lengthbench.errors import UsageError
 from lengthbench.evaluation import BleuTally, Evaluator, Scores
 from lengthbench.progress import progress_bar
 from lengthbench.store import atomic_write_text, load_results, run_finished, run_path, write_run
-from lengthbench.tasks import eval_lengths, eval_multipliers, get_task
+from lengthbench.tasks import eval_lengths, eval_multipliers, get_task, multiplier_label
 from lengthbench.training import Trainer, TrainState, learning_rate
 
 
@@ -74,19 +74,21 @@ def _diagnostics(model, task, n: int, config: RunConfig, device: torch.device) -
 def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", resume: bool = True,
              progress: bool = True, restart: bool = False,
              log: Callable[[str], None] | None = None,
-             on_metrics: Callable[[str, int, dict[str, float]], None] | None = None) -> pd.DataFrame:
+             on_metrics: Callable[[str, int, dict[str, float]], None] | None = None,
+             log_samples: bool = False) -> pd.DataFrame:
     """Train and evaluate one cell; write its rows to the store and return them.
 
     A cell already in the store is returned as stored. With ``resume`` a cell interrupted earlier
     continues from its checkpoint; without it (and without ``restart``) an existing checkpoint is an
     error, so that no training is thrown away by accident. ``on_metrics`` gets the training's metrics
-    (:class:`lengthbench.training.Trainer`), e.g. a :mod:`lengthbench.tracking` tracker.
+    (:class:`lengthbench.training.Trainer`), e.g. a :mod:`lengthbench.tracking` tracker. ``log_samples``: each
+    length's scored samples to :func:`sample_log_path` (not for a cell returned as stored).
     """
     results = Path(results)
     run_id = config.run_id
     if run_finished(results, run_id) and not restart:
         if not cell_finished(results, config):  # its other selections' scoring was interrupted
-            _score_selected(config, results, resolve_device(device), progress, log)
+            _score_selected(config, results, resolve_device(device), progress, log, log_samples=log_samples)
         return pd.read_parquet(run_path(results, run_id))
     torch_device = resolve_device(device)
     task = get_task(config.task, **config.task_params)
@@ -126,14 +128,14 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
 
     common = dict(train_steps=trainer.state.step, train_seconds=round(trainer.state.train_seconds, 3),
                   best_step=trainer.state.best_step)
-    _score_and_store(config, task, model, torch_device, results, lengths, common, progress, log)
+    _score_and_store(config, task, model, torch_device, results, lengths, common, progress, log, log_samples)
     trainer.checkpoint_path.unlink(missing_ok=True)  # the run is in the store; model.pt stays for inspect
-    _score_selected(config, results, torch_device, progress, log, rescore=restart)
+    _score_selected(config, results, torch_device, progress, log, rescore=restart, log_samples=log_samples)
     return pd.read_parquet(run_path(results, run_id))
 
 
 def _score_selected(config: RunConfig, results: Path, torch_device: torch.device, progress: bool,
-                    log: Callable[[str], None] | None, rescore: bool = False) -> None:
+                    log: Callable[[str], None] | None, rescore: bool = False, log_samples: bool = False) -> None:
     """Score and store the runs of ``config.also_select`` (its training's checkpoint of each other selection)
     that are not in the store yet (all of them with ``rescore``). A selection that chose the step the run's own
     selection chose has the same weights, hence the same rows: those are copied, not scored again."""
@@ -163,12 +165,17 @@ def _score_selected(config: RunConfig, results: Path, torch_device: torch.device
         model = model.to(torch_device).eval()
         common = dict(train_steps=int(state["step"]), train_seconds=round(float(state["train_seconds"]), 3),
                       best_step=int(state["best_step"]))
-        _score_and_store(other, task, model, torch_device, results, lengths, common, progress, log)
+        _score_and_store(other, task, model, torch_device, results, lengths, common, progress, log, log_samples)
+
+
+def sample_log_path(results: str | Path, run_id: str, multiplier: float) -> Path:
+    """Where ``--log-samples`` writes the scored samples of one length: ``checkpoints/RUN_ID/samples_Nx.jsonl``."""
+    return checkpoint_dir(results, run_id) / f"samples_{multiplier_label(multiplier)}x.jsonl"
 
 
 def _score_and_store(config: RunConfig, task, model, torch_device: torch.device, results: Path,
                      lengths: list[tuple[int, int]], common: dict, progress: bool,
-                     log: Callable[[str], None] | None) -> None:
+                     log: Callable[[str], None] | None, log_samples: bool = False) -> None:
     """Score ``model`` at every ``(multiplier, n)`` of ``lengths`` and write run ``config.run_id``'s rows.
 
     Each length's row goes to ``eval_rows.json`` in the run's checkpoint folder as it is scored, and the tallies
@@ -182,6 +189,7 @@ def _score_and_store(config: RunConfig, task, model, torch_device: torch.device,
     if partial_path.exists():
         done = {row["multiplier"]: row for row in json.loads(partial_path.read_text())}
     evaluator = Evaluator(model, task, torch_device, seed=config.seed, tokens_per_batch=config.eval_tokens_per_batch)
+    last = ""  # the last length scored, as the progress display shows it
     common = dict(
         run_id=run_id, task=config.task, attn=config.attn, pe=config.pe, seed=config.seed, preset=config.preset,
         train_length=config.train_length, selection=config.selection, train_steps=common["train_steps"],
@@ -189,16 +197,18 @@ def _score_and_store(config: RunConfig, task, model, torch_device: torch.device,
         lengthbench_version=__version__, git_sha=git_sha(), metric=task.metric, config_json=config.to_json(),
         best_step=common["best_step"],
     )
-    with progress_bar(progress) as bar:
-        task_id = bar.add_task(f"eval {run_id}", total=len(lengths), completed=len(done), info="")
+    with progress_bar(progress, unit="lengths", eta=False) as bar:
+        task_id = bar.add_task("score", total=len(lengths), completed=len(done), rate="", detail="")
         for multiplier, n in lengths:
             if multiplier in done:
                 continue
             started = time.perf_counter()
-            def show(scored: int, count: int, multiplier=multiplier) -> None:  # within a length: samples scored
-                bar.update(task_id, info=f"{multiplier}x: {scored:,}/{count:,} samples")
+            def show(scored: int, count: int, multiplier=multiplier, n=n, last=last) -> None:  # samples scored so far
+                bar.update(task_id, detail=f"{last}{multiplier_label(multiplier)}x (n = {n:,}): {scored:,}/{count:,} "
+                           "samples")
 
-            scores = evaluator.score(n, config.eval_samples, partial=samples_path, on_batch=show)
+            scores = evaluator.score(n, config.eval_samples, partial=samples_path, on_batch=show,
+                                     sample_log=sample_log_path(results, run_id, multiplier) if log_samples else None)
             diagnostics = _diagnostics(model, task, n, config, torch_device)
             seconds = time.perf_counter() - started + scores.earlier_seconds
             done[multiplier] = dict(
@@ -215,7 +225,8 @@ def _score_and_store(config: RunConfig, task, model, torch_device: torch.device,
             )
             atomic_write_text(partial_path, json.dumps(list(done.values())))
             samples_path.unlink(missing_ok=True)
-            bar.update(task_id, advance=1, info=f"{multiplier}x: {scores.metric(task.metric):.3f} in {seconds:.1f}s")
+            last = f"{multiplier_label(multiplier)}x: {task.metric.replace('_', ' ')} {scores.metric(task.metric):.3f}; "
+            bar.update(task_id, advance=1, detail=last.rstrip("; "))
             if log:
                 log(f"{run_id} eval {multiplier}x (n = {n}): {task.metric} {scores.metric(task.metric):.3f} in "
                     f"{seconds:.1f} s")
@@ -227,7 +238,7 @@ def _score_and_store(config: RunConfig, task, model, torch_device: torch.device,
 
 def rescore_run(results: str | Path, run_id: str, *, samples: int | None = None, max_multiplier: int | None = None,
                 device: str = "auto", progress: bool = True,
-                log: Callable[[str], None] | None = None) -> pd.DataFrame:
+                log: Callable[[str], None] | None = None, log_samples: bool = False) -> pd.DataFrame:
     """Score the trained model of run ``run_id`` again, with ``samples`` per length and/or up to
     ``max_multiplier``, as a run of its own in the same store.
 
@@ -269,7 +280,7 @@ def rescore_run(results: str | Path, run_id: str, *, samples: int | None = None,
     (ckpt_dir / "config.json").write_text(json.dumps(config.identity(), indent=2, sort_keys=True))
     common = dict(train_steps=int(state["step"]), train_seconds=round(float(state.get("train_seconds", 0.0)), 3),
                   best_step=int(state.get("best_step", state["step"])))
-    _score_and_store(config, task, model, torch_device, results, lengths, common, progress, log)
+    _score_and_store(config, task, model, torch_device, results, lengths, common, progress, log, log_samples)
     return pd.read_parquet(run_path(results, config.run_id))
 
 

@@ -33,7 +33,7 @@ from lengthbench.devices import autocast, to_device
 from lengthbench.errors import TrainingDiverged
 from lengthbench.evaluation import Evaluator
 from lengthbench.graph_step import GraphStep, graph_optimizer
-from lengthbench.progress import progress_bar
+from lengthbench.progress import progress_bar, samples_rate
 from lengthbench.tasks import IGNORE_INDEX
 
 
@@ -283,8 +283,8 @@ class Trainer:
         window = _StepWindow(report_every, self.state.step + 1, self.device)
         dense = attention_kernels(self.model, False) if self.dense else contextlib.nullcontext()
         with progress_bar(self.progress) as progress, dense:
-            task_id = progress.add_task(f"train {config.run_id}", total=total, completed=self.state.step,
-                                        info="")
+            task_id = progress.add_task("train", total=total, completed=self.state.step, rate="",
+                                        detail=f"first validation at step {config.eval_every:,}")
             started = time.perf_counter() - self.state.train_seconds
             process_started, steps_here = time.perf_counter(), 0
             try:
@@ -311,10 +311,11 @@ class Trainer:
                     step = self.state.step
                     if step % config.eval_every == 0 or step == total:
                         val_score = self._select(evaluator)
+                        left = (total - step) * (time.perf_counter() - process_started) / steps_here
                         self.log(f"{config.run_id} step {step}/{total}: loss {loss.item():.4f}, {val_label} "
                                  f"{val_score:.3f} (best {self.state.best_score:.3f} at {self.state.best_step}), "
                                  f"{step * config.batch_size / max(time.perf_counter() - started, 1e-9):,.0f} "
-                                 "samples/s since start" + "".join(
+                                 f"samples/s since start, ETA {_clock(left)}" + "".join(
                                      f"; selection {other}: best {score:.3f} at {at}"
                                      for other, (score, at) in self.state.also_best.items()))
                         self.on_metrics("validation", step, {"score": val_score, "best_score": self.state.best_score})
@@ -327,9 +328,11 @@ class Trainer:
                         accuracy = int(correct_n.sum()) / max(1, int(scored_n.sum()))
                         self.state.history.append((step, mean_loss, val_score))
                         samples_per_second = window_samples / max(elapsed, 1e-9)
-                        progress.update(task_id, completed=step, info=(
-                            f"loss {mean_loss:.4f}  acc {accuracy:.3f}  val {val_score:.3f}  "
-                            f"{samples_per_second:,.0f} samples/s"))
+                        validated = (f"{val_label} {val_score:.3f} (best {self.state.best_score:.3f} at step "
+                                     f"{self.state.best_step:,})" if self.state.best_step >= 0 else
+                                     f"first validation at step {config.eval_every:,}")
+                        progress.update(task_id, completed=step, rate=samples_rate(samples_per_second),
+                                        detail=f"loss {mean_loss:.4f}  accuracy {accuracy:.3f}  {validated}")
                         self.on_metrics("train", step, {"loss": mean_loss, "accuracy": accuracy, "learning_rate": lr,
                                                         "samples_per_second": samples_per_second})
                         window.restart(step + 1)
@@ -349,6 +352,12 @@ class Trainer:
     def use_best(self) -> None:
         if self.best_model_state is not None:
             self.model.load_state_dict(self.best_model_state)
+
+
+def _clock(seconds: float) -> str:
+    """``"1:02:03"``: a duration as hours, minutes and seconds."""
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def _check_finite(loss: float, what: str, run_id: str, lr: float) -> None:

@@ -76,7 +76,8 @@ def llama3_inverse_frequencies(
 
 @register_pe("rope")
 class RoPE(PositionalEncoding):
-    """Rotary embeddings, base 10,000, Llama-3 scaling with factor 16 (seeds 003 and 004)."""
+    """Rotary embeddings, base 10,000, Llama-3 scaling with factor 16 (the RoPE of Long-Context Generalization with
+    Sparse Attention and of Sieve Attention)."""
 
     def __init__(self, n_heads: int, head_dim: int, base: float = 10_000.0, factor: float = 16.0,
                  low_freq_factor: float = 1.0, high_freq_factor: float = 4.0, original_context: int = 8192):
@@ -117,6 +118,8 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 @register_pe("alibi")
 class ALiBi(PositionalEncoding):
+    """ALiBi (Press et al. 2022): every head adds a linear distance penalty, its slope from the geometric series."""
+
     def __init__(self, n_heads: int, head_dim: int):
         super().__init__(n_heads, head_dim)
         self.register_buffer("_slopes", alibi_slopes(n_heads), persistent=False)
@@ -130,8 +133,9 @@ class ALiBi(PositionalEncoding):
 
 @register_pe("nape")
 class NAPE(PositionalEncoding):
-    """NoPE + ALiBi (Long-Context Generalization with Sparse Attention): the last ``n_heads // 2`` heads are ALiBi with slope ``1 / h`` for the
-    h-th ALiBi head (h = 1, 2, ...), the others have no positional encoding (one head: NoPE)."""
+    """NoPE + ALiBi (Long-Context Generalization with Sparse Attention): the last ``n_heads // 2`` heads are ALiBi
+    with slope ``1 / h`` for the h-th ALiBi head (h = 1, 2, ...), the others have no positional encoding (one head:
+    NoPE)."""
 
     def __init__(self, n_heads: int, head_dim: int):
         super().__init__(n_heads, head_dim)

@@ -134,6 +134,10 @@ class Task:
     def ids(self, *symbols: str) -> list[int]:
         return [self._ids[s] for s in symbols]
 
+    def symbols(self, ids) -> list[str]:
+        """The inverse of :meth:`ids`: token ids (any integer iterable) -> their symbols."""
+        return [self._vocab[int(i)] for i in ids]
+
     def key(self, split: str, n: int, seed: int) -> int:
         drawn = {k: v for k, v in dataclasses.asdict(self.params).items() if k not in self.presentation_params}
         return stream_key(self.name, drawn, split, int(n), int(seed))

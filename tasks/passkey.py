@@ -1,4 +1,5 @@
-"""Passkey retrieval (needle in a haystack), word-level (seeds 000 Appendix D and 002).
+"""Passkey retrieval (needle in a haystack), word-level (Threshold Differential Attention, Appendix D;
+Softpick).
 
 Worked example (sample 0 of the test stream, seed 0, ``passkey``, ``n = 40``: 6 filler tokens, the
 filler entered at "sun", the needle at depth 4)::

@@ -45,14 +45,15 @@ def interrupt_the_second_length(monkeypatch, stop: int):
     real = Evaluator.score
     lengths = []
 
-    def score(self, n, count, split="test", bleu=False, partial=None, save_every=30.0, on_batch=None):
+    def score(self, n, count, split="test", bleu=False, partial=None, save_every=30.0, on_batch=None,
+              sample_log=None):
         if partial is not None:
             lengths.append(n)
             if len(lengths) == 2:
                 self.model = Counting(self.model, stop=stop)
                 self.tokens_per_batch = 2 * self.task.max_tokens(n)
                 save_every = 0
-        return real(self, n, count, split, bleu, partial, save_every, on_batch)
+        return real(self, n, count, split, bleu, partial, save_every, on_batch, sample_log)
 
     monkeypatch.setattr(Evaluator, "score", score)
     return real
@@ -134,9 +135,10 @@ def test_a_run_interrupted_within_a_length_resumes_there(tmp_path, monkeypatch):
     assert json.loads((folder / "eval_samples_partial.json").read_text())["state"]["start"] == 6
     left = []
 
-    def counted(self, n, count, split="test", bleu=False, partial=None, save_every=30.0, on_batch=None):
+    def counted(self, n, count, split="test", bleu=False, partial=None, save_every=30.0, on_batch=None,
+                sample_log=None):
         self.model = Counting(self.model)
-        result = real(self, n, count, split, bleu, partial, save_every, on_batch)
+        result = real(self, n, count, split, bleu, partial, save_every, on_batch, sample_log)
         left.append(self.model.samples)
         return result
 

@@ -6,6 +6,8 @@ import hashlib
 import json
 import sys
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from lengthbench.leaderboard import build_leaderboard, load_store
@@ -148,3 +150,130 @@ def test_a_long_title_is_wrapped_and_keeps_every_word():
     assert len(lines) > 1 and all(len(line) <= TITLE_WIDTH for line in lines)
     assert wrapped.split() == title.split()
     assert wrap_title("copy: exact match against length") == "copy: exact match against length"
+
+
+# -- a figure per paper table --------------------------------------------------------------------------------------
+
+TABLE = """# A test table, Table 9: copy (the title of its figure).
+cells = ["copy:softmax:rope", "copy:entmax(alpha=2):nape", "copy:ssmax:nape", "copy:ssmax(s_init=0.5):nape"]
+seeds = [0]
+preset = "smoke"
+
+[overrides]
+train_samples = 640
+eval_samples = 8
+max_multiplier = 4
+"""
+
+
+def _config_store(tmp_path):
+    """A config's four cells (softmax + rope twice, two seeds) and one run of another protocol that is better."""
+    from lengthbench.protocols import config_cells
+
+    path = tmp_path / "table9.toml"
+    path.write_text(TABLE)
+    store = tmp_path / "table_store"
+    cells, _ = config_cells(path, [0, 1])
+    curves = {1: 1.0, 2: 0.5, 4: 0.25}
+    for config in cells:
+        _write_config_run(store, config, curves)
+    off = next(c for c in cells if c.attn == "softmax").__class__.from_dict(
+        {**json.loads(cells[0].to_json()), "train_samples": 1280})
+    _write_config_run(store, off, {1: 1.0, 2: 1.0, 4: 1.0})
+    return path, store, cells, off
+
+
+def _write_config_run(store, config, curve):
+    rows = []
+    for multiplier, score in curve.items():
+        row = dict.fromkeys(CONTRACT_COLUMNS)
+        row.update(run_id=config.run_id, task=config.task, attn=config.attn, pe=config.pe, seed=config.seed,
+                   preset=config.preset, train_length=64, eval_length=64 * multiplier, multiplier=multiplier,
+                   exact_match=score, token_accuracy=score, created_at="2026-01-01T00:00:00+00:00",
+                   metric="exact_match", score=score, config_json=config.to_json())
+        rows.append(row)
+    write_run(store, config.run_id, rows)
+
+
+def test_a_config_figure_draws_its_protocols_rows_only(tmp_path):
+    from lengthbench.plots import config_board, config_title, plot_configs
+
+    path, store, cells, off = _config_store(tmp_path)
+    frame = load_store(store)[0]
+    board = config_board(frame, path)
+    assert set(board["best_run_id"]) <= {c.run_id for c in cells} and off.run_id not in set(board["best_run_id"])
+    assert len(board) == 4 and set(board["seeds"]) == {2}
+    names = sorted(p.name for p in plot_configs(frame, [path], tmp_path / "figures"))
+    assert names == ["reach_heatmap.png", "reach_heatmap.svg", "table9.png", "table9.svg"]
+    assert config_title(path) == "A test table, Table 9"
+    svg = (tmp_path / "figures" / "table9.svg").read_text()
+    assert "A test table, Table 9" in svg and "alpha" not in svg  # names only in the legend
+
+
+def test_equal_curves_stay_apart_with_a_colour_per_mechanism_and_a_style_per_encoding(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from lengthbench.plots import config_board, draw_table, mechanism_colours
+
+    path, store, _, _ = _config_store(tmp_path)
+    board = config_board(load_store(store)[0], path)
+    fig, ax = plt.subplots()
+    draw_table(ax, board, "title", mechanism_colours(["softmax", "entmax", "ssmax"]))
+    lines = {text.get_text(): line for text, line in zip(ax.get_legend().get_texts(), ax.get_lines(), strict=False)}
+    plt.close(fig)
+    assert sorted(lines) == ["entmax + nape (best of 2)", "softmax + rope (best of 2)",
+                             "ssmax (s_init=0.5) + nape (best of 2)", "ssmax + nape (best of 2)"]
+    curves = list(lines.values())
+    # the four curves are equal: each is drawn a little apart, with its own marker
+    assert all(np.allclose(line.get_ydata(), [100, 50, 25]) for line in curves)
+    assert len({tuple(np.round(line.get_xdata(), 6)) for line in curves}) == 4
+    assert len({line.get_marker() for line in curves}) == 4
+    colour = {label: line.get_color() for label, line in lines.items()}
+    assert colour["ssmax + nape (best of 2)"] == colour["ssmax (s_init=0.5) + nape (best of 2)"]
+    assert len({colour[k] for k in ("entmax + nape (best of 2)", "softmax + rope (best of 2)",
+                                    "ssmax + nape (best of 2)")}) == 3
+    style = {label: line.get_linestyle() for label, line in lines.items()}
+    assert style["entmax + nape (best of 2)"] == style["ssmax + nape (best of 2)"] != style["softmax + rope (best of 2)"]
+
+
+def test_legends_name_parameters_only_to_tell_twins_apart():
+    from lengthbench.plots import legend_labels
+
+    rows = pd.DataFrame({"attn": ["ssmax (log_offset=0, s_init=0.43)", "ssmax (log_offset=0, s_init=1.0)",
+                                  "entmax (alpha=4)", "softmax"],
+                         "pe": ["nape", "nape", "none", "rope (factor=1)"]})
+    assert legend_labels(rows) == ["ssmax (s_init=0.43) + nape", "ssmax (s_init=1.0) + nape", "entmax + none",
+                                   "softmax + rope"]
+
+
+def test_a_mechanism_keeps_its_colour_from_figure_to_figure():
+    from lengthbench.plots import PALETTE, mechanism_colours
+
+    one, other = mechanism_colours(["softmax", "entmax"]), mechanism_colours(["entmax", "sieve", "softmax"])
+    assert one["softmax"] == other["softmax"] and one["entmax"] == other["entmax"]
+    many = mechanism_colours(["softmax", "ssmax", "entmax", "asentmax", "sieve", "stickbreaking", "tda", "tra",
+                              "softpick", "adatemp"])
+    assert len(set(many.values())) == 10 and set(many.values()) <= set(PALETTE)
+
+
+def test_plot_cli_takes_configs(store, tmp_path, monkeypatch, capsys):
+    from cli_helpers import cli
+
+    path, config_store, _, _ = _config_store(tmp_path)
+    assert cli(monkeypatch, "plot", "--results", config_store, "--out", tmp_path / "a", "--config", path) == 0
+    assert sorted(p.name for p in (tmp_path / "a").glob("*.png")) == ["reach_heatmap.png", "table9.png"]
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "table9.toml").write_text(TABLE)
+    monkeypatch.chdir(tmp_path)  # configs/ of the working folder is the default
+    assert cli(monkeypatch, "plot", "--results", config_store, "--out", tmp_path / "b") == 0
+    assert sorted(p.name for p in (tmp_path / "b").glob("*.png")) == ["reach_heatmap.png", "table9.png"]
+    # a store without the config's runs: a figure per task, and a line saying why
+    assert cli(monkeypatch, "plot", "--results", store, "--out", tmp_path / "c") == 0
+    assert "no run here carries out a config of configs/" in capsys.readouterr().err
+    assert (tmp_path / "c" / "curves_copy.png").exists()
+    assert cli(monkeypatch, "plot", "--results", store, "--out", tmp_path / "d", "--config", path) == 2
+    err = capsys.readouterr().err
+    assert "no run in" in err and len(err.strip().splitlines()) == 1
+    assert cli(monkeypatch, "plot", "--results", store, "--out", tmp_path / "d", "--config", "nowhere.toml") == 2
+    assert "no such file or folder" in capsys.readouterr().err

@@ -55,8 +55,22 @@ def root(
     load_plugins(plugin)
 
 
+def reflow_help(typer_app: typer.Typer) -> None:
+    """Every command's help (its docstring unless given) with each paragraph on one line, so that rich wraps it to
+    the terminal: typer keeps the docstring's own line breaks after the first paragraph."""
+    import inspect
+
+    for command in typer_app.registered_commands:
+        text = command.help or inspect.getdoc(command.callback) or ""
+        command.help = "\n\n".join(" ".join(line.strip() for line in paragraph.splitlines())
+                                   for paragraph in text.split("\n\n"))
+    for group in typer_app.registered_groups:
+        reflow_help(group.typer_instance)
+
+
 for _name in COMMAND_MODULES:
     importlib.import_module(f"lengthbench.cli.{_name}").register(app)
+reflow_help(app)
 
 
 def fail(message: str) -> None:

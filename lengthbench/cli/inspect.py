@@ -94,4 +94,4 @@ def register(app: typer.Typer) -> None:
             path = plot_diagnostics(frame[frame["task"] == name], out_dir, name)
             out.print(str(path), highlight=False, soft_wrap=True)
 
-    app.add_typer(inspect_app, name="inspect")
+    app.add_typer(inspect_app, name="inspect", rich_help_panel="Look up")

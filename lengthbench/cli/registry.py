@@ -1,6 +1,8 @@
-"""``lengthbench attn list`` and ``lengthbench pe list``."""
+"""``lengthbench attn list | params`` and ``lengthbench pe list | params``."""
 
 from __future__ import annotations
+
+import re
 
 import typer
 from rich.console import Console
@@ -8,10 +10,16 @@ from rich.table import Table
 
 out = Console()
 
+# reStructuredText markup in docstrings: ``literal``, :role:`target`, `interpreted`
+_RST = re.compile(r"(?::[\w:]+:)?``?([^`]+)``?")
 
-def _first_line(obj) -> str:
-    doc = (obj.__doc__ or "").strip()
-    return doc.splitlines()[0] if doc else ""
+
+def plain_summary(doc: str | None) -> str:
+    """A docstring's first paragraph as one line of plain text, reStructuredText markup removed:
+    ``"Gated softmax (Qiu et al. 2025): ``sigmoid(x W_g)``.\n\n    More."`` -> ``"Gated softmax (Qiu et al.
+    2025): sigmoid(x W_g)."``"""
+    paragraph = re.split(r"\n\s*\n", (doc or "").strip(), maxsplit=1)[0]
+    return _RST.sub(r"\1", " ".join(line.strip() for line in paragraph.splitlines()))
 
 
 # What each constructor keyword means; "NAME.key" where a key means something else for that mechanism.
@@ -70,9 +78,9 @@ def register(app: typer.Typer) -> None:
         from lengthbench.kernels import get_kernel
         from lengthbench.models.attention import ATTENTION
 
-        table = Table("attn", "fused kernel here", "description")
+        table = Table("attn", "fused kernel here", "description", expand=True)
         for name in ATTENTION.names():
-            table.add_row(name, "yes" if get_kernel(name) else "no", _first_line(ATTENTION.get(name)))
+            table.add_row(name, "yes" if get_kernel(name) else "no", plain_summary(ATTENTION.get(name).__doc__))
         out.print(table)
 
     @attn_app.command("params")
@@ -104,10 +112,10 @@ def register(app: typer.Typer) -> None:
         """List the registered positional encodings."""
         from lengthbench.models.positional import POSITIONAL_ENCODINGS
 
-        table = Table("pe", "description")
+        table = Table("pe", "description", expand=True)
         for name in POSITIONAL_ENCODINGS.names():
-            table.add_row(name, _first_line(POSITIONAL_ENCODINGS.get(name)))
+            table.add_row(name, plain_summary(POSITIONAL_ENCODINGS.get(name).__doc__))
         out.print(table)
 
-    app.add_typer(attn_app, name="attn")
-    app.add_typer(pe_app, name="pe")
+    app.add_typer(attn_app, name="attn", rich_help_panel="Look up")
+    app.add_typer(pe_app, name="pe", rich_help_panel="Look up")

@@ -19,6 +19,12 @@ err = Console(stderr=True)
 
 DEFAULT_RESULTS = "runs"  # the default of `lengthbench run --results`
 DEFAULT_PLAN_GPU = "NVIDIA H100 80GB HBM3"  # lengthbench.budget.DEFAULT_PLAN_GPU, without importing pandas here
+# --help panels beside each command's first, "Options"
+OVER_PRESET = "Over the preset (every cell)"
+BUDGET = "Budget and GPUs"
+SLURM = "--executor slurm"
+RAY = "--executor ray"
+OUTPUT = "Output"
 
 
 def _cell_name(config) -> str:
@@ -83,6 +89,20 @@ def _print_submitted(configs, results: str, submitted, unsubmitted, outcomes) ->
              "store, or use --wait" if unsubmitted else "")
     out.print(f"{len(configs)} cells: {len(submitted)} submitted, {skipped} in the store or queued already{later}. "
               f"Next: the same command with --status", highlight=False)
+
+
+def _config_files(paths: list[str]) -> list[Path]:
+    """The sweep files named: a file as it is, a folder's ``*.toml`` and ``*.json`` in name order."""
+    files: list[Path] = []
+    for name in paths:
+        path = Path(name)
+        if path.is_dir():
+            files += sorted(p for p in path.iterdir() if p.suffix in (".toml", ".json"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise UsageError(f"--config {name}: no such file or folder")
+    return files
 
 
 def _plan_gpu(device: str, given: str | None) -> str:
@@ -255,7 +275,7 @@ def _compare_configs(configs: list[str], results: str, out_file, skip_unreadable
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("sweep")
+    @app.command("sweep", rich_help_panel="Train and score")
     def sweep(
         tasks: str = typer.Option(None, "--tasks", help="Comma-separated tasks, e.g. copy,2back."),
         attns: str = typer.Option(None, "--attns", help="Comma-separated attention mechanisms."),
@@ -267,23 +287,27 @@ def register(app: typer.Typer) -> None:
         config_file: str = typer.Option(None, "--config", help="Sweep file (TOML or JSON); flags override it."),
         results: str = typer.Option(None, "--results", help=f"Results store folder (default {DEFAULT_RESULTS})."),
         device: str = typer.Option(None, "--device", help="auto (default), cpu or cuda."),
-        train_samples: int = typer.Option(None, "--train-samples", help="Override the preset's training samples."),
-        max_multiplier: int = typer.Option(None, "--max-multiplier", help="Largest multiplier (a power of 2)."),
-        eval_samples: int = typer.Option(None, "--eval-samples", help="Samples per evaluation length."),
-        train_length: int = typer.Option(None, "--train-length", help="n_train (default 64)."),
+        train_samples: int = typer.Option(None, "--train-samples", help="Training samples.",
+                                          rich_help_panel=OVER_PRESET),
+        max_multiplier: int = typer.Option(None, "--max-multiplier", help="Largest multiplier (a power of 2).",
+                                           rich_help_panel=OVER_PRESET),
+        eval_samples: int = typer.Option(None, "--eval-samples", help="Samples per evaluation length.",
+                                         rich_help_panel=OVER_PRESET),
+        train_length: int = typer.Option(None, "--train-length", help="n_train (default: the task's).",
+                                         rich_help_panel=OVER_PRESET),
         per_gpu: str = typer.Option(None, "--per-gpu", help="Cells run side by side on each GPU: a number "
                                     "(default 1) or auto (by the model's size and the GPU's memory: three small "
                                     "paper models, two of d 512), for models that leave a GPU idle between kernel "
-                                    "launches."),
+                                    "launches.", rich_help_panel=BUDGET),
         mps: str = typer.Option(None, "--mps", help="auto (default): with cells side by side, start NVIDIA MPS "
                                 "(nvidia-cuda-mps-control -d) for the sweep where the binary is on the PATH and no "
                                 "daemon runs, and stop it at the end; on: insist; off: never. A daemon the sweep "
-                                "did not start is used and left running."),
+                                "did not start is used and left running.", rich_help_panel=BUDGET),
         budget: str = typer.Option(None, "--budget", help="Time budget, e.g. 25m, 90s or 1h30m: plan each cell's "
                                    "minutes first (print the plan), never start a cell that cannot end inside it, "
-                                   "and stop cleanly (exit 0) when the next does not fit."),
+                                   "and stop cleanly (exit 0) when the next does not fit.", rich_help_panel=BUDGET),
         plan_gpu: str = typer.Option(None, "--plan-gpu", help="The GPU a plan is for where this machine has none "
-                                     f"(default {DEFAULT_PLAN_GPU}; e.g. 'NVIDIA H200')."),
+                                     f"(default {DEFAULT_PLAN_GPU}; e.g. 'NVIDIA H200').", rich_help_panel=BUDGET),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the cells and what is done; run nothing."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
         executor: str = typer.Option("local", "--executor", help="local (this machine), slurm (a job per cell "
@@ -294,30 +318,40 @@ def register(app: typer.Typer) -> None:
                                   "sweep on the same store is running (the default), or report them as running "
                                   "elsewhere; slurm: follow the jobs to their end (else return once they are "
                                   "submitted, the default; `--status` reports)."),
-        slurm_partition: str = typer.Option(None, "--slurm-partition", help="slurm: the partition."),
-        gpus_per_node: int = typer.Option(1, "--gpus-per-node", help="slurm: GPUs per cell's job."),
-        cpus_per_task: int = typer.Option(8, "--cpus-per-task", help="slurm: CPU cores per cell's job."),
-        mem: str = typer.Option(None, "--mem", help="slurm: memory per job, e.g. 32G (default: the partition's)."),
-        time_limit: str = typer.Option("240", "--time", help="slurm: time limit per job, minutes or [D-]HH:MM:SS; "
-                                       "a job that reaches it is requeued and resumes from its checkpoint."),
+        slurm_partition: str = typer.Option(None, "--slurm-partition", help="The partition.",
+                                            rich_help_panel=SLURM),
+        gpus_per_node: int = typer.Option(1, "--gpus-per-node", help="GPUs per cell's job.", rich_help_panel=SLURM),
+        cpus_per_task: int = typer.Option(8, "--cpus-per-task", help="CPU cores per cell's job.",
+                                          rich_help_panel=SLURM),
+        mem: str = typer.Option(None, "--mem", help="Memory per job, e.g. 32G (default: the partition's).",
+                                rich_help_panel=SLURM),
+        time_limit: str = typer.Option("240", "--time", help="Time limit per job, minutes or [D-]HH:MM:SS; a "
+                                       "job that reaches it is requeued and resumes from its checkpoint.",
+                                       rich_help_panel=SLURM),
         slurm_array_parallelism: int = typer.Option(256, "--slurm-array-parallelism",
-                                                    help="slurm: cells of the job array running at once."),
-        slurm_folder: str = typer.Option(None, "--slurm-folder", help="slurm: submitit's job files and logs "
-                                         "(default RESULTS/slurm)."),
-        slurm_cluster: str = typer.Option("slurm", "--slurm-cluster", help="slurm: slurm, or local (submitit's "
-                                          "local executor: the same jobs as processes here, to try a sweep out)."),
-        ray_address: str = typer.Option(None, "--ray-address", help="ray: the cluster (default: a Ray instance "
-                                        "on this machine)."),
-        ray_gpus_per_cell: float = typer.Option(1.0, "--ray-gpus-per-cell", help="ray: GPUs per cell (0 on CPUs; "
-                                                "0.25 puts four cells on a GPU)."),
-        ray_cpus_per_cell: float = typer.Option(1.0, "--ray-cpus-per-cell", help="ray: CPU cores per cell."),
-        ray_max_retries: int = typer.Option(3, "--ray-max-retries", help="ray: reruns of a failed cell's task "
-                                            "(each resumes from the cell's checkpoint)."),
+                                                    help="Cells of the job array running at once.",
+                                                    rich_help_panel=SLURM),
+        slurm_folder: str = typer.Option(None, "--slurm-folder", help="submitit's job files and logs (default "
+                                         "RESULTS/slurm).", rich_help_panel=SLURM),
+        slurm_cluster: str = typer.Option("slurm", "--slurm-cluster", help="slurm, or local (submitit's local "
+                                          "executor: the same jobs as processes here, to try a sweep out).",
+                                          rich_help_panel=SLURM),
+        ray_address: str = typer.Option(None, "--ray-address", help="The cluster (default: a Ray instance on this "
+                                        "machine).", rich_help_panel=RAY),
+        ray_gpus_per_cell: float = typer.Option(1.0, "--ray-gpus-per-cell", help="GPUs per cell (0 on CPUs; 0.25 "
+                                                "puts four cells on a GPU).", rich_help_panel=RAY),
+        ray_cpus_per_cell: float = typer.Option(1.0, "--ray-cpus-per-cell", help="CPU cores per cell.",
+                                                rich_help_panel=RAY),
+        ray_max_retries: int = typer.Option(3, "--ray-max-retries", help="Reruns of a failed cell's task (each "
+                                            "resumes from the cell's checkpoint).", rich_help_panel=RAY),
         track: str = typer.Option(None, "--track", help="Log each cell's training and curve to tensorboard or "
                                   "wandb, under RESULTS/tracking/RUN_ID/."),
     ) -> None:
-        """Run every cell of tasks x attns x pes x seeds that is not in the store yet (several sweeps on one
-        store share the cells: each is claimed before it runs)."""
+        """Run every cell of tasks x attns x pes x seeds that is not in the store yet.
+
+        Several sweeps on one store share the cells: each is claimed before it runs. A paper table's config:
+        --config configs/NAME.toml (with its time budget: --budget 25m).
+        """
         from lengthbench import validation
         from lengthbench.sweep import (
             configs_of_sweep,
@@ -515,20 +549,22 @@ def register(app: typer.Typer) -> None:
         if counts["failed"]:
             raise SystemExit(1)  # typer.Exit(1) would be lost: main() runs click in non-standalone mode
 
-    @app.command("leaderboard")
+    @app.command("leaderboard", rich_help_panel="Results")
     def leaderboard(
         results: list[str] = typer.Option(None, "--results", help="Results store folder (default runs); repeat "
                                           "it, or give A,B, to read several stores at once."),
-        fmt: str = typer.Option("markdown", "--format", help="markdown, parquet or csv."),
-        out_file: str = typer.Option(None, "--out", help="Write here (default: stdout; parquet needs it)."),
+        fmt: str = typer.Option("markdown", "--format", help="markdown, parquet or csv.", rich_help_panel=OUTPUT),
+        out_file: str = typer.Option(None, "--out", help="Write here (default: stdout; parquet needs it).",
+                                     rich_help_panel=OUTPUT),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
         attn: str = typer.Option(None, "--attn", help="Only these mechanisms (comma-separated names or labels)."),
         pe: str = typer.Option(None, "--pe", help="Only these encodings (comma-separated)."),
-        publish: str = typer.Option(None, "--publish",
+        publish: str = typer.Option(None, "--publish", rich_help_panel=OUTPUT,
                                      help="Write DIR/leaderboard.md and DIR/leaderboard.parquet (the committed pair)."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning) instead of stopping."),
-        note: str = typer.Option(None, "--note", help="A paragraph to print under the title (Markdown)."),
+        note: str = typer.Option(None, "--note", help="A paragraph to print under the title (Markdown).",
+                                 rich_help_panel=OUTPUT),
         configs: list[str] = typer.Option(None, "--config", help="The paper-table configs whose sections to show "
                                           "(repeat for several; default: every config in configs/)."),
         show_all: bool = typer.Option(False, "--all", help="Every run of the store, a table per task and protocol, "
@@ -578,7 +614,7 @@ def register(app: typer.Typer) -> None:
         else:
             err.print(f"wrote {out_file} ({len(board)} rows from {runs} runs)", highlight=False)
 
-    @app.command("compare")
+    @app.command("compare", rich_help_panel="Results")
     def compare(
         results: list[str] = typer.Option(None, "--results", help="Results store folder (default runs); repeat "
                                           "it, or give A,B, to read several stores at once."),
@@ -589,8 +625,9 @@ def register(app: typer.Typer) -> None:
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
         tolerance: float = typer.Option(5.0, "--tolerance", help="Points within which ours agrees with the seed's."),
         rows: int = typer.Option(3, "--rows", help="Rows of ours per seed cell, closest to the seed first (0: all)."),
-        out_file: str = typer.Option(None, "--out", help="Write the Markdown here (default: stdout)."),
-        publish: str = typer.Option(None, "--publish",
+        out_file: str = typer.Option(None, "--out", help="Write the Markdown here (default: stdout).",
+                                     rich_help_panel=OUTPUT),
+        publish: str = typer.Option(None, "--publish", rich_help_panel=OUTPUT,
                                      help="Write DIR/seed_comparison.md and DIR/seed_comparison.parquet."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning)."),
@@ -648,31 +685,52 @@ def register(app: typer.Typer) -> None:
         else:
             sys.stdout.write(markdown)
 
-    @app.command("plot")
+    @app.command("plot", rich_help_panel="Results")
     def plot(
-        results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
+        results: list[str] = typer.Option(None, "--results", help="Results store folder (default runs); repeat "
+                                          "it, or give A,B, to read several stores at once."),
         out_dir: str = typer.Option("plots", "--out", help="Folder for the figures."),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
+        attn: str = typer.Option(None, "--attn", help="Only these mechanisms (comma-separated names or labels)."),
+        pe: str = typer.Option(None, "--pe", help="Only these encodings (comma-separated)."),
+        config: list[str] = typer.Option([], "--config", help="A paper-table config (or a folder of them): its "
+                                         "figure (repeatable; default: configs/ where it exists)."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning)."),
     ) -> None:
-        """Accuracy against length per task (log2 axis) and a heat map of reach, as PNG and SVG."""
-        from lengthbench.leaderboard import build_leaderboard, load_store
-        from lengthbench.plots import plot_all, prune_stale
+        """A figure per paper table, of the runs of its protocol only, and a heat map of reach (PNG and SVG).
+
+        Each config in configs/ names a paper table; its figure has a line per cell (colour: mechanism; line
+        style: encoding), the best seed's curve with the mean +- std over seeds. Without configs: a figure per
+        task, a panel per protocol.
+        """
+        from lengthbench.leaderboard import build_leaderboard, load_stores, results_list
+        from lengthbench.plots import plot_all, plot_configs, prune_stale
         from lengthbench.sweep import split_list
         from lengthbench.validation import check_writable
 
+        results = ",".join(results_list(results, DEFAULT_RESULTS))
         out_dir = check_writable(out_dir, "--out")
-        frame, notes = load_store(results, tasks=split_list(task), skip_unreadable=skip_unreadable)
+        config_files = _config_files(config or (["configs"] if Path("configs").is_dir() else []))
+        frame, notes = load_stores(results, tasks=split_list(task), attns=split_list(attn), pes=split_list(pe),
+                                   skip_unreadable=skip_unreadable)
         _print_notes(notes)
-        paths = plot_all(build_leaderboard(frame), out_dir)
+        paths = plot_configs(frame, config_files, out_dir) if config_files else []
+        if config and not paths:
+            raise UsageError(f"no run in {results} carries out the protocol of "
+                             f"{', '.join(str(path) for path in config_files)}")
+        if not paths:  # no config here, or none with runs in this store
+            if config_files:
+                err.print("no run here carries out a config of configs/: a figure per task, a panel per protocol",
+                          highlight=False)
+            paths = plot_all(build_leaderboard(frame), out_dir)
         for path in paths:
             out.print(str(path), highlight=False)
-        # figures this command wrote earlier for tables the board no longer has (not with --task: a partial plot)
+        # figures this command wrote earlier and no longer draws (not with --task: a partial plot)
         for path in prune_stale(out_dir, paths, remove=task is None):
-            err.print(f"removed {path} (its table is no longer on the board)", highlight=False)
+            err.print(f"removed {path} (this plot no longer draws it)", highlight=False)
 
-    @app.command("check")
+    @app.command("check", rich_help_panel="Train and score")
     def check(
         baseline: str = typer.Option(..., "--baseline", help="Baseline JSON file (see docs/reporting.md)."),
         tolerance: float = typer.Option(0.05, "--tolerance", help="Allowed fall per point, a fraction (0.05 = 5 points)."),

@@ -18,7 +18,7 @@ out = Console()
 def curve_table(frame, title: str) -> Table:
     metric = frame["metric"].iloc[0] if "metric" in frame else "exact_match"
     table = Table(title=title, title_justify="left")
-    for column in ("multiplier", "eval_length", "tokens", "exact match %", "token acc %", "samples", "eval s"):
+    for column in ("multiplier", "n", "tokens", "exact match %", "token acc %", "samples", "eval s"):
         table.add_column(column, justify="right")
     for row in frame.sort_values("multiplier").itertuples():
         em, ta = f"{100 * row.exact_match:.1f}", f"{100 * row.token_accuracy:.1f}"
@@ -31,82 +31,94 @@ def curve_table(frame, title: str) -> Table:
     return table
 
 
+# --help panels of `run` and `rescore` (the cell's own options stay in the first, "Options")
+TRAINING = "Training (over the preset)"
+MODEL = "Model (over the preset)"
+SCORING = "Scoring"
+STORE = "Store, resume, output"
+CUDA = "CUDA"
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("run")
+    @app.command("run", rich_help_panel="Train and score")
     def run(
-        task: str = typer.Option(..., "--task", help="Task name (lengthbench tasks list)."),
+        task: str = typer.Option(..., "--task", help="Task (lengthbench tasks list)."),
         attn: str = typer.Option(..., "--attn", help="Attention mechanism (lengthbench attn list)."),
-        pe: str = typer.Option(..., "--pe", help="Positional encoding: rope, none, alibi, nape (lengthbench pe list)."),
-        preset: str = typer.Option("smoke", "--preset", help="smoke (CPU minute), quick (GPU minutes), paper."),
-        train_length: int = typer.Option(None, "--train-length", help="n_train (default: the task's, 64 for most)."),
-        max_multiplier: int = typer.Option(None, "--max-multiplier",
-                                           help="Largest multiplier, a power of 2 (default: the preset's; 1024 for quick/paper, 8 for smoke)."),
-        eval_samples: int = typer.Option(None, "--eval-samples", help="Samples per evaluation length."),
+        pe: str = typer.Option(..., "--pe", help="Positional encoding (lengthbench pe list)."),
+        preset: str = typer.Option(None, "--preset", show_default=False,
+                                   help="smoke, quick or paper. Default: on a GPU the task's recipe (see above); "
+                                   "on a CPU smoke."),
         seed: int = typer.Option(0, "--seed"),
-        device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
-        results: str = typer.Option("runs", "--results", help="Results store folder."),
-        resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its checkpoint."),
-        restart: bool = typer.Option(False, "--restart", help="Discard an earlier checkpoint or result of this run."),
-        train_samples: int = typer.Option(None, "--train-samples", help="Override the preset's training samples."),
-        batch_size: int = typer.Option(None, "--batch-size"),
-        lr: float = typer.Option(None, "--lr"),
-        warmup_steps: int = typer.Option(None, "--warmup-steps"),
-        eval_every: int = typer.Option(None, "--eval-every",
-                                       help="Steps between validations (logged; the checkpoint selection's points)."),
-        d_model: int = typer.Option(None, "--d-model"),
-        layers: int = typer.Option(None, "--layers"),
-        heads: int = typer.Option(None, "--heads"),
-        ffn: int = typer.Option(None, "--ffn"),
-        init: str = typer.Option(None, "--init", help="Weight initialisation: normal-0.02 (N(0, 0.02^2), the "
-                                 "default) or torch (PyTorch's defaults; faster recall, worse Copy extrapolation)."),
-        arch: str = typer.Option(None, "--arch", help="Block layout: prenorm (LayerNorm, GELU MLP; the default) or "
-                                 "gemma2 (RMSNorm before and after each sublayer, GeGLU, no biases, scaled "
-                                 "embeddings: the Sparse Attention authors' code)."),
-        init_from: str = typer.Option(None, "--init-from",
-                                      help="Start from the trained weights of this run id (same --results; its "
-                                      "model must have this one's shapes): a curriculum."),
-        init_part: str = typer.Option(None, "--init-part", help="What --init-from carries over: all (default) or "
-                                      "body (all but the token embedding and output layer, which start fresh: "
-                                      "the source may have another vocabulary)."),
-        selection: str = typer.Option(None, "--selection",
-                                      help="Checkpoint selection: id (in-distribution validation, default) or Nx, "
-                                      "validation at N times n_train for a power of two N (8x: the papers' "
-                                      "protocol; Long-Context Generalization with Sparse Attention selects "
-                                      "RoPE models at 2x or 4x)."),
-        selection_metric: str = typer.Option(None, "--selection-metric",
-                                             help="What the selection compares: task (the task's metric, "
-                                             "default), exact_match, token_accuracy or bleu (corpus BLEU-4 of "
-                                             "the answers: Long-Context Generalization with Sparse Attention's for "
-                                             "models that score 0 at 2x-8x)."),
-        compile: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile on CUDA."),
-        compile_mode: str = typer.Option(None, "--compile-mode", help="torch.compile mode on CUDA: default, "
-                                         "reduce-overhead (CUDA graphs; 1.9x at batch 128 for softmax) or "
-                                         "max-autotune."),
-        train_attention: str = typer.Option(None, "--train-attention", help="What models with fused ops train "
-                                            "on, on CUDA: fused (their Triton ops, recorded in the training "
-                                            "step's CUDA graph; the default) or reference (their dense "
-                                            "references; two models trained this way under the compiled step did "
-                                            "not extrapolate). Scoring is on the fused ops."),
-        diagnostics: bool = typer.Option(None, "--diagnostics/--no-diagnostics", help="Measure sparsity, sink rate, entropy."),
-        param: list[str] = typer.Option([], "--param", help="Task parameter key=value (repeatable)."),
-        attn_param: list[str] = typer.Option([], "--attn-param", help="Mechanism parameter key=value."),
+        param: list[str] = typer.Option([], "--param", help="Task parameter key=value (repeatable; lengthbench "
+                                        "tasks params TASK)."),
+        attn_param: list[str] = typer.Option([], "--attn-param", help="Mechanism parameter key=value (lengthbench "
+                                             "attn params NAME)."),
         pe_param: list[str] = typer.Option([], "--pe-param", help="Encoding parameter key=value."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Check the arguments, print the run id and plan "
-                                     "and whether the store has the run, then stop (nothing trained or written)."),
-        quiet: bool = typer.Option(False, "--quiet", help="No progress bars: a plain line at each validation and "
-                                   "evaluation length instead (for logs)."),
-        plugin: list[str] = typer.Option([], "--plugin", help="Module registering your own task/attn/pe."),
-        track: str = typer.Option(None, "--track", help="Log training and the curve to tensorboard or wandb "
-                                  "(offline unless configured), under RESULTS/tracking/RUN_ID/."),
+        train_length: int = typer.Option(None, "--train-length", help="n_train (default: the task's, 64 for most).",
+                                         rich_help_panel=TRAINING),
+        train_samples: int = typer.Option(None, "--train-samples", rich_help_panel=TRAINING),
+        batch_size: int = typer.Option(None, "--batch-size", rich_help_panel=TRAINING),
+        lr: float = typer.Option(None, "--lr", rich_help_panel=TRAINING),
+        warmup_steps: int = typer.Option(None, "--warmup-steps", rich_help_panel=TRAINING),
+        eval_every: int = typer.Option(None, "--eval-every", help="Steps between validations.",
+                                       rich_help_panel=TRAINING),
+        selection: str = typer.Option(None, "--selection", rich_help_panel=TRAINING,
+                                      help="Checkpoint kept: id (best in distribution, default) or Nx (best at N "
+                                      "x n_train; 8x: the papers')."),
+        selection_metric: str = typer.Option(None, "--selection-metric", rich_help_panel=TRAINING,
+                                             help="task (default), exact_match, token_accuracy or bleu."),
+        init: str = typer.Option(None, "--init", help="normal-0.02 (default) or torch (PyTorch's).",
+                                 rich_help_panel=TRAINING),
+        init_from: str = typer.Option(None, "--init-from", help="Start from this run's trained weights (same "
+                                      "--results, same shapes).", rich_help_panel=TRAINING),
+        init_part: str = typer.Option(None, "--init-part", help="all (default) or body (not the embedding and "
+                                      "output layer).", rich_help_panel=TRAINING),
+        d_model: int = typer.Option(None, "--d-model", rich_help_panel=MODEL),
+        layers: int = typer.Option(None, "--layers", rich_help_panel=MODEL),
+        heads: int = typer.Option(None, "--heads", rich_help_panel=MODEL),
+        ffn: int = typer.Option(None, "--ffn", rich_help_panel=MODEL),
+        arch: str = typer.Option(None, "--arch", help="prenorm (default) or gemma2 (the Sparse Attention "
+                                 "authors' block).", rich_help_panel=MODEL),
+        max_multiplier: int = typer.Option(None, "--max-multiplier", help="Largest multiplier, a power of 2.",
+                                           rich_help_panel=SCORING),
+        eval_samples: int = typer.Option(None, "--eval-samples", help="Samples per length.",
+                                         rich_help_panel=SCORING),
+        diagnostics: bool = typer.Option(None, "--diagnostics/--no-diagnostics", help="Sparsity, sink rate, "
+                                         "entropy per length.", rich_help_panel=SCORING),
+        log_samples: bool = typer.Option(False, "--log-samples", help="Each length's scored samples (target, "
+                                         "prediction, symbols) as JSON Lines in RESULTS/checkpoints/ RUN_ID/.",
+                                         rich_help_panel=SCORING),
+        results: str = typer.Option("runs", "--results", help="Results store folder.", rich_help_panel=STORE),
+        device: str = typer.Option("auto", "--device", help="auto, cpu or cuda.", rich_help_panel=STORE),
+        resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run.", rich_help_panel=STORE),
+        restart: bool = typer.Option(False, "--restart", help="Discard this run's checkpoint or result.",
+                                     rich_help_panel=STORE),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and cost; train nothing.",
+                                     rich_help_panel=STORE),
+        quiet: bool = typer.Option(False, "--quiet", help="Plain lines, no progress bar (also when the output is "
+                                   "not a terminal).", rich_help_panel=STORE),
+        track: str = typer.Option(None, "--track", help="tensorboard or wandb, under RESULTS/tracking/.",
+                                  rich_help_panel=STORE),
+        plugin: list[str] = typer.Option([], "--plugin", help="Module registering your task/attn/pe.",
+                                         rich_help_panel=STORE),
+        compile: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile.", rich_help_panel=CUDA),
+        compile_mode: str = typer.Option(None, "--compile-mode", help="default, reduce-overhead or max-autotune.",
+                                         rich_help_panel=CUDA),
+        train_attention: str = typer.Option(None, "--train-attention", help="fused (the Triton ops, default) or "
+                                            "reference (dense references).", rich_help_panel=CUDA),
     ) -> None:
-        """Train one model at n_train and evaluate it at every multiplier up to --max-multiplier."""
+        """Train one model at n_train and score it at every multiplier up to --max-multiplier.
+
+        Without --preset, a GPU trains the task's recipe: the settings (and curriculum) of its paper-table config,
+        with which the committed runs learn the task; a CPU trains the smoke preset, a tiny model that checks the
+        pipeline and learns little. The cost is printed before training starts.
+        """
         from lengthbench.cli import load_plugins
 
         load_plugins(plugin)
         from lengthbench import validation
-        from lengthbench.config import build_config
+        from lengthbench.defaults import default_recipe
         from lengthbench.runner import resolve_device, run_cell
-        from lengthbench.tasks import get_task
 
         if resume and restart:
             raise UsageError("give --resume or --restart, not both: --resume continues the checkpoint, "
@@ -117,28 +129,18 @@ def register(app: typer.Typer) -> None:
                        warmup_steps=warmup_steps, eval_every=eval_every, d_model=d_model, n_layers=layers,
                        n_heads=heads, ffn=ffn)
         validation.check_overrides(numbers)
-        task_params = parse_params(param)
-        attn_params = parse_params(attn_param, "--attn-param")
-        pe_params = parse_params(pe_param, "--pe-param")
-        validation.check_task_params(task, task_params)
-        if train_length is None:
-            train_length = type(get_task(task, **task_params)).default_train_length
-        config = build_config(
-            task, attn, pe, preset, train_length=train_length, max_multiplier=max_multiplier,
-            eval_samples=eval_samples, seed=seed, train_samples=train_samples, batch_size=batch_size, lr=lr,
-            warmup_steps=warmup_steps, eval_every=eval_every, d_model=d_model, n_layers=layers, n_heads=heads,
-            ffn=ffn, init=init, arch=arch, init_from=init_from, init_part=init_part,
-            selection=selection, selection_metric=selection_metric, compile=compile, compile_mode=compile_mode,
-            train_attention=train_attention, diagnostics=diagnostics,
-            task_params=task_params, attn_params=attn_params, pe_params=pe_params,
-        )
-        validation.check_config(config)
-        get_task(config.task, **config.task_params).check_length(config.train_length)
-        from lengthbench.tasks import eval_multipliers
-
-        eval_multipliers(config.max_multiplier)  # validates before any training
+        explicit = dict(numbers, init=init, arch=arch, init_from=init_from, init_part=init_part,
+                        selection=selection, selection_metric=selection_metric, compile=compile,
+                        compile_mode=compile_mode, train_attention=train_attention, diagnostics=diagnostics,
+                        task_params=parse_params(param), attn_params=parse_params(attn_param, "--attn-param"),
+                        pe_params=parse_params(pe_param, "--pe-param"))
+        validation.check_task_params(task, explicit["task_params"])
         torch_device = resolve_device(device)
-        validation.check_run_memory(config, torch_device.type)
+        recipe = default_recipe(_canonical_task(task), _canonical_pe(pe), torch_device.type, preset)
+        chain = plan_run(task, attn, pe, recipe, explicit)
+        config = chain[-1]
+        for each in chain:
+            validation.check_run_memory(each, torch_device.type)
         from lengthbench.tracking import check_tracker, tracking
 
         check_tracker(track)
@@ -147,25 +149,41 @@ def register(app: typer.Typer) -> None:
             out.print(note, highlight=False, soft_wrap=True)
         out.print(f"[bold]{config.run_id}[/]  {config.train_steps:,} steps x batch {config.batch_size}, "
                   f"{config.n_layers} layers x d {config.d_model}, {config.n_heads} heads; results -> {results}")
+        for line in cost_lines(chain, recipe, preset, torch_device, explicit):
+            out.print(line, highlight=False)
         if dry_run:
             from lengthbench.runner import cell_finished, checkpoint_dir
 
-            state = ("finished: in the store" if cell_finished(results, config) else
-                     "interrupted: a checkpoint to --resume" if checkpoint_dir(results, config.run_id).exists()
-                     else "not started")
-            out.print(f"dry run: {state}")
+            for each in chain:
+                state = ("finished: in the store" if cell_finished(results, each) else
+                         "interrupted: a checkpoint to --resume" if checkpoint_dir(results, each.run_id).exists()
+                         else "not started")
+                stage = f" (stage {chain.index(each) + 1} of {len(chain)}: {each.run_id})" if each is not config else ""
+                out.print(f"dry run{stage}: {state}", highlight=False)
             return
         from lengthbench.claims import claim, holder
 
-        with claim(results, config.run_id) as got:  # the claim a sweep takes: one process trains a run at a time
-            if not got:
-                raise UsageError(f"run {config.run_id} is running elsewhere ({holder(results, config.run_id)}) in "
-                                 f"{results}; run this again once it ends")
-            with tracking(track, config, results) as tracker:
-                frame = run_cell(config, results, device=device, resume=resume, restart=restart, progress=not quiet,
-                                 log=(lambda line: print(line, flush=True)) if quiet else None, on_metrics=tracker)
-                if tracker is not None:
-                    tracker.log_curve(frame)
+        progress = not quiet and out.is_terminal  # a pipe or a log file gets plain lines, not a clipped bar
+        log = None if progress else (lambda line: print(line, flush=True))
+        for number, each in enumerate(chain, 1):
+            if each is not config:
+                out.print(f"stage {number} of {len(chain)}: {each.run_id} ({each.task} at n {each.train_length}"
+                          f"{' ' + _params(each.task_params) if each.task_params else ''})", highlight=False)
+            with claim(results, each.run_id) as got:  # a sweep's claim: one process trains a run at a time
+                if not got:
+                    raise UsageError(f"run {each.run_id} is running elsewhere ({holder(results, each.run_id)}) "
+                                     f"in {results}; run this again once it ends")
+                with tracking(track if each is config else None, each, results) as tracker:
+                    # --restart retrains the cell; its finished stages stay (a stage of --resume continues)
+                    frame = run_cell(each, results, device=device, resume=resume, restart=restart and each is config,
+                                     progress=progress, log=log, on_metrics=tracker,
+                                     log_samples=log_samples and each is config)
+                    if tracker is not None:
+                        tracker.log_curve(frame)
+            if each is not config:
+                first = frame.sort_values("multiplier").iloc[0]
+                out.print(f"stage {number}: {first['metric'].replace('_', ' ')} {100 * first['score']:.1f}% in "
+                          "distribution", highlight=False)
         cell = config.cell_name().rsplit(" / s", 1)[0]  # "task / attn (params) + pe"
         out.print(curve_table(frame, f"{cell} (seed {config.seed}, {config.preset}; metric: {frame['metric'].iloc[0]})"))
         stored = json.loads(frame["config_json"].iloc[0])
@@ -175,16 +193,25 @@ def register(app: typer.Typer) -> None:
         kept = f": step {int(best_step):,} kept" if best_step == best_step else ""  # runs stored before the field
         out.print(f"trained {frame['train_steps'].iloc[0]:,} steps in {frame['train_seconds'].iloc[0]:.1f}s "
                   f"on {frame['device'].iloc[0]}; selection {words}{kept}")
+        if log_samples:
+            out.print(log_samples_note(results, config.run_id, frame), highlight=False, soft_wrap=True)
 
-    @app.command("rescore")
+    @app.command("rescore", rich_help_panel="Train and score")
     def rescore(
         run_id: str = typer.Argument(..., help="Run id of a trained run in --results (its checkpoints/RUN/model.pt)."),
-        samples: int = typer.Option(None, "--samples", help="Samples per evaluation length (the seeds': 1000)."),
-        max_multiplier: int = typer.Option(None, "--max-multiplier", help="Largest multiplier, a power of 2."),
-        device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
-        results: str = typer.Option("runs", "--results", help="Results store folder."),
-        quiet: bool = typer.Option(False, "--quiet", help="No progress bar: a plain line per evaluation length."),
-        plugin: list[str] = typer.Option([], "--plugin", help="Module registering your own task/attn/pe."),
+        samples: int = typer.Option(None, "--samples", help="Samples per evaluation length (the papers': 1000).",
+                                    rich_help_panel=SCORING),
+        max_multiplier: int = typer.Option(None, "--max-multiplier", help="Largest multiplier, a power of 2.",
+                                           rich_help_panel=SCORING),
+        log_samples: bool = typer.Option(False, "--log-samples", help="Each length's scored samples (target, "
+                                         "prediction, symbols) as JSON Lines in RESULTS/checkpoints/ NEW_RUN_ID/.",
+                                         rich_help_panel=SCORING),
+        device: str = typer.Option("auto", "--device", help="auto, cpu or cuda.", rich_help_panel=STORE),
+        results: str = typer.Option("runs", "--results", help="Results store folder.", rich_help_panel=STORE),
+        quiet: bool = typer.Option(False, "--quiet", help="Plain lines, no progress bar (also when the output is "
+                                   "not a terminal).", rich_help_panel=STORE),
+        plugin: list[str] = typer.Option([], "--plugin", help="Module registering your task/attn/pe.",
+                                         rich_help_panel=STORE),
     ) -> None:
         """Score a trained run again with other samples or lengths, as a run of its own; nothing is trained."""
         # The new run's configuration is the old one's with --samples / --max-multiplier and `rescored_from` set;
@@ -202,13 +229,96 @@ def register(app: typer.Typer) -> None:
         if max_multiplier is not None:
             validation.check_max_multiplier(max_multiplier)
 
+        progress = not quiet and out.is_terminal
         frame = rescore_run(results, run_id, samples=samples, max_multiplier=max_multiplier, device=device,
-                            progress=not quiet, log=(lambda line: print(line, flush=True)) if quiet else None)
+                            progress=progress, log=None if progress else (lambda line: print(line, flush=True)),
+                            log_samples=log_samples)
         new_id = frame["run_id"].iloc[0]
         config = json.loads(frame["config_json"].iloc[0])
         out.print(curve_table(frame, f"{new_id}: {run_id} rescored ({config['eval_samples']} samples per length; "
                                      f"metric: {frame['metric'].iloc[0]})"))
         out.print(f"on {frame['device'].iloc[0]}; results -> {results}")
+        if log_samples:
+            out.print(log_samples_note(results, new_id, frame), highlight=False, soft_wrap=True)
+
+
+def _canonical_task(name: str) -> str:
+    from lengthbench.tasks import TASKS
+
+    return TASKS.canonical(name)
+
+
+def _canonical_pe(name: str) -> str:
+    from lengthbench.models.positional import POSITIONAL_ENCODINGS
+
+    return POSITIONAL_ENCODINGS.canonical(name)
+
+
+def _params(params: dict) -> str:
+    return ", ".join(f"{key}={value}" for key, value in sorted(params.items()))
+
+
+def plan_run(task: str, attn: str, pe: str, recipe, explicit: dict) -> list:
+    """The configurations ``run`` trains, in order: a recipe's curriculum stages (:func:`lengthbench.sweep.add_stages`,
+    unless ``--init-from`` is given), then the cell. The cell's fields: the recipe's over its preset, then what the
+    user gave (``explicit``: RunConfig fields, None where not given), then the task's own n_train where neither
+    sets it. Every configuration is checked before anything runs."""
+    from lengthbench import validation
+    from lengthbench.config import build_config
+    from lengthbench.sweep import add_stages, default_train_length
+    from lengthbench.tasks import eval_multipliers, get_task
+
+    fields = {**recipe.overrides, **{key: value for key, value in explicit.items() if value is not None}}
+    fields = {**default_train_length(task, fields), **fields}
+    config = build_config(task, attn, pe, recipe.preset, **fields)
+    validation.check_config(config)
+    get_task(config.task, **config.task_params).check_length(config.train_length)
+    eval_multipliers(config.max_multiplier)  # validates before any training
+    if not recipe.stages or config.init_from:
+        return [config]
+    return add_stages([config], [dict(stage) for stage in recipe.stages], recipe.preset, fields)
+
+
+def cost_lines(chain: list, recipe, preset: str | None, device, explicit: dict) -> list[str]:
+    """What ``run`` prints before it trains: where no --preset was given on a GPU, which recipe it is; the cost of
+    the runs (steps, samples, minutes on this device where the committed runs give an estimate); on a CPU without
+    --preset, what a run that learns the task needs."""
+    from lengthbench import defaults
+    from lengthbench.devices import device_description
+
+    config = chain[-1]
+    runs = defaults.committed_runs(task=config.task)
+    lines = []
+    if preset is None and device.type == "cuda":
+        lines.append(f"default on a GPU for {config.task} + {config.pe}: {recipe.describe()}; --preset chooses "
+                     "another")
+    cost = "cost: " + defaults.cost_words(chain, device_description(device), runs)
+    if preset is None and device.type != "cuda":
+        cost += " (the smoke preset, a CPU's default: a tiny model that checks the pipeline and learns little)"
+        lines.append(cost)
+        # the recipe as a GPU runs it for this cell: the cell's own parameters and seed, none of the overrides
+        cell = {key: explicit.get(key) for key in ("seed", "task_params", "attn_params", "pe_params")}
+        gpu = defaults.gpu_recipe(config.task, config.pe)
+        gpu_chain = plan_run(config.task, config.attn, config.pe, gpu, cell)
+        lines.append(f"a run that learns {config.task} needs a GPU, where `run` defaults to {gpu.describe()}: "
+                     f"{defaults.cost_words(gpu_chain, defaults.usual_device(gpu_chain, runs), runs)}")
+    else:
+        lines.append(cost)
+    return lines
+
+
+def log_samples_note(results: str, run_id: str, frame) -> str:
+    """Where ``--log-samples`` wrote the scored samples, or why it wrote none (the run was in the store)."""
+    from lengthbench.runner import sample_log_path
+
+    paths = [sample_log_path(results, run_id, m) for m in sorted(frame["multiplier"])]
+    written = [path for path in paths if path.exists()]
+    if not written:
+        return (f"no samples logged: {run_id} was in the store already (nothing was scored); `lengthbench rescore "
+                f"{run_id} --samples N --log-samples` scores it again")
+    missing = (f"; {len(paths) - len(written)} lengths scored before --log-samples was given have none"
+               if len(written) < len(paths) else "")
+    return f"scored samples: {written[0].parent}/samples_*x.jsonl, a JSON Lines file per length{missing}"
 
 
 def _check_model(config):

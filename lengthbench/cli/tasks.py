@@ -6,6 +6,7 @@ import json
 import sys
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -22,21 +23,18 @@ def register(app: typer.Typer) -> None:
     @tasks_app.command("list")
     def list_tasks() -> None:
         """List the registered tasks with their metric and default sizes."""
+        from lengthbench.cli.registry import plain_summary
         from lengthbench.tasks import TASKS
 
-        table = Table()
-        table.add_column("task", no_wrap=True, style="bold")
-        table.add_column("metric", no_wrap=True)
-        table.add_column("n_train", justify="right")
-        table.add_column("seed model (layers x d, heads)")
-        table.add_column("description")
+        # a task per row: what it is, then its metric, training length and the papers' model for it
+        table = Table("task", "description", box=box.SIMPLE_HEAD, expand=True)
         for name in TASKS.names():
             cls = TASKS.get(name)
             d = cls.model_defaults
-            doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
-            table.add_row(name, cls.metric, str(cls.default_train_length), f"{d.layers} x {d.d_model}, {d.heads}",
-                          doc[0] if doc else "")
-        out.print(table)
+            table.add_row(f"[bold]{name}[/]", plain_summary(cls.__doc__ or sys.modules[cls.__module__].__doc__)
+                          + f"\n[dim]{cls.metric.replace('_', ' ')}, n_train {cls.default_train_length}, model "
+                          f"{d.layers} x {d.d_model}, {d.heads} heads[/]")
+        out.print(table, highlight=False)
 
     @tasks_app.command("params")
     def params(task: str = typer.Argument(..., help="Task name (see `lengthbench tasks list`).")) -> None:
@@ -69,8 +67,11 @@ def register(app: typer.Typer) -> None:
         split: str = typer.Option("test", "--split", help="train, val or test."),
         start: int = typer.Option(0, "--start", help="Index of the first sample in the stream."),
         param: list[str] = typer.Option([], "--param", help="Task parameter key=value (repeatable)."),
+        decode: bool = typer.Option(False, "--decode", help="Symbols instead of ids: {\"input\": \"<bos> ...\", "
+                                    "\"target\": \"...\"}, the target being the scored positions' labels."),
     ) -> None:
-        """Print samples as JSON Lines: {"input_ids": [...], "labels": [...]} (+ "features", "groups")."""
+        """Print samples as JSON Lines: {"input_ids": [...], "labels": [...]} (+ "features", "groups"; labels are
+        -100 where nothing is scored)."""
         from lengthbench import validation
         from lengthbench.tasks import get_task
 
@@ -88,7 +89,10 @@ def register(app: typer.Typer) -> None:
         for first in range(start, start + count, chunk):
             indices = range(first, min(start + count, first + chunk))
             batch = task_obj.batch(indices, length, split, seed)
-            lines = [json.dumps(batch.sample(b), separators=(",", ":")) for b in range(len(batch))]
+            samples = [batch.sample(b) for b in range(len(batch))]
+            if decode:
+                samples = [decoded(task_obj, sample) for sample in samples]
+            lines = [json.dumps(sample, separators=(",", ":")) for sample in samples]
             sys.stdout.write("\n".join(lines) + "\n")
 
     @tasks_app.command("vocab")
@@ -105,7 +109,18 @@ def register(app: typer.Typer) -> None:
         task_obj = get_task(task, **params)
         sys.stdout.write(json.dumps({str(i): s for i, s in enumerate(task_obj.vocab)}) + "\n")
 
-    app.add_typer(tasks_app, name="tasks")
+    app.add_typer(tasks_app, name="tasks", rich_help_panel="Look up")
+
+
+def decoded(task, sample: dict) -> dict:
+    """A sample of :meth:`Batch.sample` in symbols: ``input`` (every token) and ``target`` (the labels at the
+    scored positions, in order), each space-separated; ``features`` and ``groups`` as they are."""
+    from lengthbench.tasks import IGNORE_INDEX
+
+    target = [label for label in sample["labels"] if label != IGNORE_INDEX]
+    out = {"input": " ".join(task.symbols(sample["input_ids"])), "target": " ".join(task.symbols(target))}
+    out.update({key: value for key, value in sample.items() if key in ("features", "groups")})
+    return out
 
 
 def _field_comments(params_cls) -> dict[str, str]:

@@ -1,0 +1,219 @@
+"""What ``lengthbench run`` trains when no ``--preset`` is given, and what a run costs before it starts.
+
+On a CPU the default is the ``smoke`` preset: a tiny model for a minute, which checks the pipeline and learns
+little. On a GPU it is the task's **recipe**: the preset, settings and curriculum of the paper-table config
+(``configs/``) whose committed runs learn the task in distribution (``results/leaderboard.md``), scored on 200
+samples per length over that table's lengths. The ``quick`` preset alone learns most tasks; MQMTAR learns with the
+``paper`` model at lr 3e-4, and MQRAR only after a curriculum (no run of ours learns it from scratch: its 1M-8M
+sample runs at n 64 stay at 0 in distribution), one for NoPE models and one for the others. A test checks each
+recipe against its config file, and that most committed runs of its settings learn. The committed runs of MQMTAR,
+Local Count and the Flip-Flops trained those tasks' earlier layouts (the store's schema 1: MQMTAR's random spacing
+and uniform values, Local Count's cut runs, Flip-Flop's ``<sep>``); today's layouts have no committed run of these
+settings yet.
+
+The cost line gives the runs, steps and samples, and an estimate of the minutes on this device where the
+committed runs (``results/runs/`` of the checkout) include runs of the same task, model and batch size on a
+device of the same name: their median training samples per second, and their scoring seconds per sample over the
+same lengths.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The committed store of the checkout this package runs from (absent in an installed wheel: no estimates then)
+COMMITTED_RESULTS = Path(__file__).resolve().parent.parent / "results"
+DEFAULT_CPU_PRESET = "smoke"
+EVAL_SAMPLES = 200  # samples per length of a recipe's scoring (the quick preset's)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A preset, the RunConfig fields over it, and the curriculum stages (``[[stages]]`` of a sweep file) that
+    come before the cell; ``config`` names the paper-table config it comes from (``""``: none)."""
+
+    preset: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    stages: tuple[dict[str, Any], ...] = ()
+    config: str = ""
+
+    def describe(self) -> str:
+        """``"the paper preset with a 2-stage curriculum (configs/sieve_table1_mqrar.toml)"``."""
+        text = f"the {self.preset} preset"
+        if self.stages:
+            text += f" with a {len(self.stages)}-stage curriculum"
+        elif self.overrides.keys() - {"eval_samples", "max_multiplier"}:
+            text += " with " + ", ".join(f"{key.replace('_', ' ')} {value:,}" if isinstance(value, int) else
+                                         f"{key.replace('_', ' ')} {value}"
+                                         for key, value in self.overrides.items()
+                                         if key not in ("eval_samples", "max_multiplier"))
+        return text + (f" (configs/{self.config})" if self.config else "")
+
+
+def _scored(max_multiplier: int, **training: Any) -> dict[str, Any]:
+    return {**training, "eval_samples": EVAL_SAMPLES, "max_multiplier": max_multiplier}
+
+
+# Sieve Attention, Table 1, MQRAR: 4 layers, PyTorch's initialisation, two stages at n 16 (each query answered in
+# place, then the paper's layout) before the task at n 64, selection at 8x
+_MQRAR_NOPE = Recipe("paper", _scored(1024, init="torch", n_layers=4, train_samples=640_000, warmup_steps=1000,
+                                      selection="8x"),
+                     ({"train_length": 16, "task_params": {"layout": "inline"}, "train_samples": 960_000,
+                       "warmup_steps": 2000, "max_multiplier": 2, "selection": "id"},
+                      {"train_length": 16, "max_multiplier": 2, "selection": "id"}),
+                     "sieve_table1_mqrar.toml")
+# its RoPE rows: the 2-layer model of its Table 3, the same two stages with the preset's warm-up
+_MQRAR = Recipe("paper", _scored(1024, init="torch", n_layers=2, train_samples=1_280_000),
+                ({"train_length": 16, "task_params": {"layout": "inline"}, "max_multiplier": 2},
+                 {"train_length": 16, "train_samples": 640_000, "max_multiplier": 2}),
+                "sieve_table1_mqrar_rope.toml")
+
+# task -> recipe; "task:pe" where the encoding decides
+GPU_RECIPES: dict[str, Recipe] = {
+    "copy": Recipe("quick", _scored(256, train_samples=4_000_000, batch_size=512), config="sparse_attention_table1_copy.toml"),
+    "reverse": Recipe("quick", _scored(8, train_samples=3_000_000, batch_size=512),
+                      config="sparse_attention_table1_reverse.toml"),
+    "sort": Recipe("quick", _scored(8, train_samples=3_000_000, batch_size=512), config="sparse_attention_table1_sort.toml"),
+    "flipflop-sparse": Recipe("quick", _scored(512), config="sparse_attention_table9_flipflop_sparse.toml"),
+    "flipflop-dense": Recipe("quick", _scored(64), config="sparse_attention_table10_flipflop_dense.toml"),
+    "localcount": Recipe("quick", _scored(32), config="sparse_attention_table4_localcount.toml"),
+    "maxretrieval": Recipe("quick", _scored(256, train_length=16, compile=False),
+                           config="sparse_attention_table5_maxretrieval.toml"),
+    "mqmtar": Recipe("paper", _scored(1024, train_samples=5_000_000, lr=3e-4),
+                     config="sparse_attention_table1_mqmtar.toml"),
+    "mqrar": _MQRAR,
+    "mqrar:none": _MQRAR_NOPE,
+    "2back": Recipe("quick", _scored(64), config="sparse_attention_table3_2back.toml"),
+    "passkey": Recipe("quick", _scored(64), config="tda_figure3_softpick_table4_passkey.toml"),
+}
+# tasks without a paper-table config of ours (flipflop-liu, passkey-multi, a plugin's): the quick preset
+FALLBACK_RECIPE = Recipe("quick")
+
+
+def gpu_recipe(task: str, pe: str) -> Recipe:
+    """The recipe a GPU run of ``task`` with encoding ``pe`` (canonical names) gets without ``--preset``."""
+    return GPU_RECIPES.get(f"{task}:{pe}", GPU_RECIPES.get(task, FALLBACK_RECIPE))
+
+
+def default_recipe(task: str, pe: str, device_type: str, preset: str | None) -> Recipe:
+    """What ``run`` trains: the given ``preset`` as it is; else the task's GPU recipe on CUDA and the smoke preset
+    elsewhere."""
+    if preset is not None:
+        return Recipe(preset)
+    if device_type == "cuda":
+        return gpu_recipe(task, pe)
+    return Recipe(DEFAULT_CPU_PRESET)
+
+
+# -- cost --------------------------------------------------------------------------------------------------------
+
+_RUN_COLUMNS = ["run_id", "task", "attn", "pe", "device", "train_seconds", "eval_seconds", "multiplier", "n_samples",
+                "train_length", "config_json"]
+_MODEL_FIELDS = ("n_layers", "d_model", "n_heads", "ffn", "batch_size")
+
+
+def committed_runs(results: Path = COMMITTED_RESULTS, task: str | None = None):
+    """One row per run of a store (default: the committed one; with ``task``, the runs whose id starts with its
+    name) with what an estimate needs: device, task, training length, task parameters, model and batch, training
+    samples per second, and scoring seconds per sample by multiplier (``eval_per_sample``: {multiplier:
+    seconds}). Empty where the store is absent or unreadable; rescored runs (no training) are left out."""
+    import pandas as pd
+
+    files = sorted((Path(results) / "runs").glob(f"{task}-*.parquet" if task else "*.parquet"))
+    frames = []
+    for path in files:
+        try:
+            frames.append(pd.read_parquet(path, columns=_RUN_COLUMNS))
+        except Exception:  # noqa: BLE001 - an unreadable or foreign file gives no estimate, never an error
+            continue
+    if not frames:
+        return pd.DataFrame()
+    rows = []
+    for run_id, run in pd.concat(frames, ignore_index=True).groupby("run_id", sort=False):
+        first = run.iloc[0]
+        config = json.loads(first["config_json"])
+        seconds = float(first["train_seconds"])
+        if config.get("rescored_from") or not seconds > 0:
+            continue
+        rows.append(dict(
+            run_id=run_id, task=first["task"], attn=first["attn"], pe=first["pe"], device=first["device"],
+            train_length=int(first["train_length"]), task_params=json.dumps(config.get("task_params", {}),
+                                                                            sort_keys=True),
+            **{key: config.get(key) for key in _MODEL_FIELDS},
+            samples_per_s=config.get("train_samples", 0) / seconds,
+            eval_per_sample={float(m): float(s) / max(1, int(n)) for m, s, n in
+                             zip(run["multiplier"], run["eval_seconds"], run["n_samples"], strict=True)},
+        ))
+    return pd.DataFrame(rows)
+
+
+def estimate_seconds(config, device: str, runs) -> float | None:
+    """Seconds that ``config`` (a RunConfig) takes on ``device`` (its name, as stored), from ``runs``
+    (:func:`committed_runs`) of the same task, training length, task parameters, model and batch on that device,
+    those of the same mechanism and encoding where there are some: the median training rate for the training, the
+    median scoring seconds per sample of the runs scored over all this run's lengths for the scoring. None where no
+    such run exists."""
+    import numpy as np
+
+    if runs is None or len(runs) == 0:
+        return None
+    same = runs[(runs["device"] == device) & (runs["task"] == config.task)
+                & (runs["train_length"] == config.train_length)
+                & (runs["task_params"] == json.dumps(config.task_params, sort_keys=True))]
+    for key in _MODEL_FIELDS:
+        same = same[same[key] == getattr(config, key)]
+    if same.empty:
+        return None
+    for narrower in (same[(same["attn"] == config.attn) & (same["pe"] == config.pe)], same[same["attn"] == config.attn]):
+        if len(narrower):
+            same = narrower
+            break
+    from lengthbench.tasks import eval_multipliers
+
+    wanted = [float(m) for m in eval_multipliers(config.max_multiplier)]
+    scoring = [sum(per_sample[m] for m in wanted) for per_sample in same["eval_per_sample"]
+               if all(m in per_sample for m in wanted)]
+    if not scoring:
+        return None
+    return config.train_samples / float(np.median(same["samples_per_s"])) + config.eval_samples * float(np.median(scoring))
+
+
+def usual_device(configs, runs) -> str | None:
+    """The device with the most committed runs like the last of ``configs`` (same task, model and batch)."""
+    if runs is None or len(runs) == 0:
+        return None
+    config = configs[-1]
+    same = runs[(runs["task"] == config.task) & (runs["train_length"] == config.train_length)]
+    for key in _MODEL_FIELDS:
+        same = same[same[key] == getattr(config, key)]
+    return str(same["device"].value_counts().index[0]) if len(same) else None
+
+
+def cost_words(configs, device: str | None, runs=None) -> str:
+    """``"3 runs (2 curriculum stages, then the cell): 17,500 steps, 2.24M samples; about 11 min on NVIDIA H100
+    80GB HBM3 (the committed runs' speed)"``; without the estimate where there is none for ``device``."""
+    steps = sum(c.train_steps for c in configs)
+    samples = sum(c.train_samples for c in configs)
+    what = f"{len(configs)} runs ({len(configs) - 1} curriculum stages, then the cell): " if len(configs) > 1 else ""
+    text = f"{what}{steps:,} steps, {_amount(samples)} samples"
+    if device is not None and runs is not None:
+        estimates = [estimate_seconds(c, device, runs) for c in configs]
+        if all(e is not None for e in estimates):
+            text += f"; about {_minutes(sum(estimates))} on {device} (the committed runs' speed)"
+    return text
+
+
+def _amount(samples: int) -> str:
+    return f"{samples / 1e6:.3g}M" if samples >= 1_000_000 else f"{samples:,}"
+
+
+def _minutes(seconds: float) -> str:
+    minutes = seconds / 60
+    if minutes < 1.5:
+        return "1 min"
+    if minutes < 90:
+        return f"{minutes:.0f} min"
+    return f"{minutes / 60:.1f} h"

@@ -1,0 +1,217 @@
+"""What `lengthbench run` trains without --preset: the task's recipe on a GPU (the settings and curriculum its
+paper-table config learns with), the smoke preset on a CPU with a line on what a real run needs; the cost line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from lengthbench import defaults
+from lengthbench.config import build_config
+from lengthbench.defaults import GPU_RECIPES, Recipe, cost_words, default_recipe, estimate_seconds, gpu_recipe
+from lengthbench.store import CONTRACT_COLUMNS, write_run
+from lengthbench.sweep import read_sweep_file
+from lengthbench.tasks import get_task
+from tests.cli_helpers import cli
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def test_an_explicit_preset_always_wins():
+    for device in ("cpu", "cuda"):
+        assert default_recipe("mqrar", "none", device, "quick") == Recipe("quick")
+        assert default_recipe("copy", "rope", device, "smoke") == Recipe("smoke")
+
+
+def test_a_cpu_keeps_the_smoke_preset_and_a_gpu_takes_the_tasks_recipe():
+    assert default_recipe("mqrar", "none", "cpu", None) == Recipe("smoke")
+    assert default_recipe("mqrar", "none", "cuda", None) is GPU_RECIPES["mqrar:none"]
+    assert default_recipe("mqrar", "rope", "cuda", None) is GPU_RECIPES["mqrar"]
+    assert default_recipe("mqmtar", "nape", "cuda", None).preset == "paper"
+    assert default_recipe("2back", "nape", "cuda", None).preset == "quick"
+    assert default_recipe("flipflop-liu", "rope", "cuda", None) == Recipe("quick")  # no config of ours: quick
+
+
+@pytest.mark.parametrize("key", sorted(GPU_RECIPES))
+def test_each_recipe_is_its_configs_training(key):
+    """The recipe trains what the paper-table config trains (preset, settings, curriculum); only the scoring may
+    differ (200 samples per length) and the encoding's parameters stay the cell's."""
+    recipe = GPU_RECIPES[key]
+    settings = read_sweep_file(CONFIGS / recipe.config)
+    assert recipe.preset == settings["preset"]
+    overrides = {k: v for k, v in settings.get("overrides", {}).items() if k not in ("eval_samples", "pe_params")}
+    assert {k: v for k, v in recipe.overrides.items() if k != "eval_samples"} == overrides
+    assert recipe.overrides["eval_samples"] == 200
+    assert [dict(stage) for stage in recipe.stages] == settings.get("stages", [])
+    task = key.split(":")[0]
+    cells = settings.get("cells") or [f"{t}:a:p" for t in settings["tasks"]]
+    assert {cell.split(":")[0] for cell in cells} == {task}
+    if ":" in key:  # an encoding's own recipe: its config's cells have that encoding
+        assert {cell.split(":")[2] for cell in cells} == {key.split(":")[1]}
+
+
+def test_the_recipes_learn_in_the_committed_store():
+    """Every recipe: most committed runs of its settings (the cell itself, at the task's n_train, after a
+    curriculum where the recipe has one) reach 90% in distribution. The store's rows are read in today's terms:
+    the runs of MQMTAR, Local Count and the Flip-Flops ran those tasks' earlier layouts (schema 1), which the
+    module's docstring says; the others ran today's tasks."""
+    from lengthbench.store import SCHEMA_1_TASK_PARAMS, with_schema_version
+
+    frames = []
+    for path in sorted((CONFIGS.parent / "results" / "runs").glob("*.parquet")):
+        frame = pd.read_parquet(path)
+        frames.append(frame[[c for c in ("task", "multiplier", "score", "config_json", "schema_version")
+                             if c in frame]])
+    first = with_schema_version(pd.concat(frames))
+    first = first[first["multiplier"] == 1]
+    earlier_layouts = set()
+    for key, recipe in GPU_RECIPES.items():
+        task = key.split(":")[0]
+        wanted = {k: v for k, v in recipe.overrides.items() if k not in ("eval_samples", "max_multiplier")}
+        scores = {}
+        for text, score in zip(first.loc[first["task"] == task, "config_json"],
+                               first.loc[first["task"] == task, "score"], strict=True):
+            config = json.loads(text)
+            if (config["preset"] == recipe.preset and all(config.get(k) == v for k, v in wanted.items())
+                    and bool(config.get("init_from")) == bool(recipe.stages)
+                    and config["train_length"] == type(get_task(task)).default_train_length):
+                scores.setdefault(json.dumps(config.get("task_params") or {}, sort_keys=True), []).append(score)
+        today = scores.get("{}", [])
+        if not today:  # only the task's earlier layout
+            today = scores.get(json.dumps(SCHEMA_1_TASK_PARAMS.get(task), sort_keys=True), [])
+            earlier_layouts.add(task)
+        assert today and sum(score >= 0.9 for score in today) >= len(today) / 2, (key, scores)
+    assert earlier_layouts == {"mqmtar", "localcount", "flipflop-sparse", "flipflop-dense"}
+    assert all(task in defaults.__doc__ for task in ("MQMTAR", "Local Count", "Flip-Flop"))
+
+
+def _store_run(results, config, device, train_seconds, eval_seconds, multipliers):
+    rows = []
+    for multiplier in multipliers:
+        row = dict.fromkeys(CONTRACT_COLUMNS)
+        row.update(run_id=config.run_id, task=config.task, attn=config.attn, pe=config.pe, seed=config.seed,
+                   preset=config.preset, train_length=config.train_length, eval_length=64 * multiplier,
+                   multiplier=multiplier, exact_match=1.0, token_accuracy=1.0, n_samples=config.eval_samples,
+                   train_seconds=train_seconds, eval_seconds=eval_seconds, device=device,
+                   created_at="2026-01-01T00:00:00+00:00", metric="exact_match", score=1.0,
+                   config_json=config.to_json())
+        rows.append(row)
+    write_run(results, config.run_id, rows)
+
+
+def test_the_estimate_comes_from_runs_like_it_on_the_same_device(tmp_path):
+    done = build_config("copy", "softmax", "rope", "quick", train_samples=1_000_000, eval_samples=100,
+                        max_multiplier=4)
+    _store_run(tmp_path, done, "GPU A", train_seconds=100.0, eval_seconds=5.0, multipliers=[1, 2, 4])
+    runs = defaults.committed_runs(tmp_path)
+    planned = build_config("copy", "softmax", "rope", "quick", train_samples=2_000_000, eval_samples=200,
+                           max_multiplier=2)
+    # 2M samples at 10,000 samples/s, then 200 samples at (5 + 5 s) / 100 samples over 1x and 2x
+    assert estimate_seconds(planned, "GPU A", runs) == pytest.approx(200 + 20)
+    assert estimate_seconds(planned, "GPU B", runs) is None  # no run on this device
+    wider = build_config("copy", "softmax", "rope", "quick", max_multiplier=8)
+    assert estimate_seconds(wider, "GPU A", runs) is None  # no run scored to 8x
+    other_model = build_config("copy", "softmax", "rope", "quick", d_model=128, max_multiplier=2)
+    assert estimate_seconds(other_model, "GPU A", runs) is None
+    assert cost_words([planned], "GPU A", runs) == "7,813 steps, 2M samples; about 4 min on GPU A (the committed " \
+                                                    "runs' speed)"
+    assert cost_words([planned], "GPU B", runs) == "7,813 steps, 2M samples"
+
+
+def test_the_headline_cell_gets_a_curriculum_and_an_estimate_from_the_committed_runs():
+    from lengthbench.cli.run import plan_run
+
+    chain = plan_run("mqrar", "sieve", "none", gpu_recipe("mqrar", "none"), {})
+    assert [c.train_length for c in chain] == [16, 16, 64]
+    assert chain[0].task_params == {"layout": "inline"} and chain[1].init_from == chain[0].run_id
+    assert chain[2].init_from == chain[1].run_id and chain[2].selection == "8x" and chain[2].n_layers == 4
+    runs = defaults.committed_runs(task="mqrar")
+    device = defaults.usual_device(chain, runs)
+    assert device and device.startswith("NVIDIA")
+    words = cost_words(chain, device, runs)
+    assert words.startswith("3 runs (2 curriculum stages, then the cell): 17,500 steps, 2.24M samples; about ")
+
+
+def _fake_gpu(monkeypatch):
+    import lengthbench.devices
+    import lengthbench.runner
+
+    monkeypatch.setattr(lengthbench.runner, "resolve_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(lengthbench.devices, "device_description", lambda device: "NVIDIA H100 80GB HBM3")
+
+
+def test_run_on_a_gpu_without_preset_says_its_recipe_and_cost(monkeypatch, capsys, tmp_path):
+    _fake_gpu(monkeypatch)
+    assert cli(monkeypatch, "run", "--task", "mqrar", "--attn", "sieve", "--pe", "none", "--results", tmp_path,
+               "--dry-run") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    chain = _plan("mqrar", "sieve", "none", gpu_recipe("mqrar", "none"))
+    assert out.startswith(chain[-1].run_id) and "-paper-" in chain[-1].run_id
+    assert ("default on a GPU for mqrar + none: the paper preset with a 2-stage curriculum "
+            "(configs/sieve_table1_mqrar.toml); --preset chooses another") in out
+    assert "cost: 3 runs (2 curriculum stages, then the cell): 17,500 steps, 2.24M samples; about " in out
+    assert "min on NVIDIA H100 80GB HBM3" in out
+    assert f"dry run (stage 1 of 3: {chain[0].run_id}): not started" in out
+
+
+def test_an_explicit_preset_on_a_gpu_is_that_preset(monkeypatch, capsys, tmp_path):
+    _fake_gpu(monkeypatch)
+    assert cli(monkeypatch, "run", "--task", "mqrar", "--attn", "sieve", "--pe", "none", "--preset", "quick",
+               "--results", tmp_path, "--dry-run") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    config = build_config("mqrar", "sieve", "none", "quick")
+    assert out.startswith(config.run_id) and "default on a GPU" not in out and "stage" not in out
+    assert f"cost: {config.train_steps:,} steps, 2M samples" in out
+
+
+def test_run_on_a_cpu_keeps_smoke_and_says_what_a_real_run_needs(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr("lengthbench.runner.resolve_device", lambda device: torch.device("cpu"))
+    assert cli(monkeypatch, "run", "--task", "mqrar", "--attn", "sieve", "--pe", "none", "--train-samples", "640",
+               "--results", tmp_path, "--dry-run") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith(build_config("mqrar", "sieve", "none", "smoke", train_samples=640).run_id)
+    assert "cost: 20 steps, 640 samples (the smoke preset, a CPU's default" in out
+    # what the GPU runs, without this run's overrides
+    assert ("a run that learns mqrar needs a GPU, where `run` defaults to the paper preset with a 2-stage "
+            "curriculum (configs/sieve_table1_mqrar.toml): 3 runs (2 curriculum stages, then the cell): 17,500 "
+            "steps, 2.24M samples; about ") in out
+    assert "dry run: not started" in out
+
+
+def test_a_gpu_run_trains_its_stages_in_order(monkeypatch, capsys, tmp_path):
+    """The recipe's curriculum: each stage through run_cell before the cell, the cell from the last stage;
+    --restart and --log-samples are the cell's."""
+    import lengthbench.runner
+
+    _fake_gpu(monkeypatch)
+    trained = []
+
+    def fake_run_cell(config, results, **kwargs):
+        trained.append((config, kwargs["log_samples"], kwargs["restart"]))
+        rows = [dict(dict.fromkeys(CONTRACT_COLUMNS), run_id=config.run_id, task=config.task, attn=config.attn,
+                     pe=config.pe, seed=0, preset=config.preset, train_length=config.train_length,
+                     eval_length=config.train_length, multiplier=1, exact_match=1.0, token_accuracy=1.0,
+                     n_samples=4, realised_tokens=10.0, eval_seconds=0.1, train_steps=config.train_steps,
+                     train_seconds=1.0, best_step=1, device="fake", metric="exact_match", score=1.0,
+                     created_at="2026-01-01T00:00:00+00:00", config_json=config.to_json())]
+        return pd.DataFrame(rows)
+
+    monkeypatch.setattr(lengthbench.runner, "run_cell", fake_run_cell)
+    assert cli(monkeypatch, "run", "--task", "mqrar", "--attn", "sieve", "--pe", "none", "--results", tmp_path,
+               "--log-samples", "--restart", "--quiet") == 0
+    out = capsys.readouterr().out
+    chain = _plan("mqrar", "sieve", "none", gpu_recipe("mqrar", "none"))
+    assert [c.run_id for c, _, _ in trained] == [c.run_id for c in chain]
+    assert [logged for _, logged, _ in trained] == [False, False, True]  # the cell's samples only
+    assert [restart for _, _, restart in trained] == [False, False, True]  # finished stages stay
+    assert "stage 1 of 3" in out and "stage 2 of 3" in out and "stage 1: exact match 100.0% in distribution" in out
+
+
+def _plan(task, attn, pe, recipe):
+    from lengthbench.cli.run import plan_run
+
+    return plan_run(task, attn, pe, recipe, {})
