@@ -101,6 +101,8 @@ def results_list(values: Iterable[str] | str | None, default: str = "runs") -> l
     folders = []
     for value in values:
         value = str(value)
+        if not value.strip():
+            raise UsageError("--results is empty: give the results folder (e.g. --results runs)")
         parts = [value] if Path(value).is_dir() or "," not in value else [p.strip() for p in value.split(",")]
         if any(not part for part in parts):
             raise UsageError(f"--results {value!r} holds an empty folder name")

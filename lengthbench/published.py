@@ -131,18 +131,19 @@ def build_sections(frame: pd.DataFrame, sections: list[Section]) -> pd.DataFrame
     """The leaderboard of each section: the rows of ``build_leaderboard`` for its runs, per selection kind,
     with ``section``, ``title``, ``selection_kind``, ``cells_done``, ``cells_total`` and the config's row order
     (``row``); a cell with no run yet has a row of its own with no values."""
+    from lengthbench.protocols import other_selections, runs_of_config
+
     boards = []
-    run_ids = frame["run_id"] if "run_id" in frame.columns else pd.Series(dtype=str)
     for section in sections:
-        expected = section.expected()
-        rows = frame[run_ids.isin(expected)]
-        done = _cells_done(section, set(rows["run_id"]))
+        own = runs_of_config(frame, section.path, cells=section.cells) if not frame.empty else frame
+        others = other_selections(frame, set(own["run_id"])) if not own.empty else own
+        runs = {"paper": own, "id": others}
+        done = _cells_done(section, own, others)
         order = {key: number for number, key in enumerate(section.rows())}
         for kind in SELECTION_KINDS:
-            ids = [run_id for run_id, (_, k) in expected.items() if k == kind]
-            if not ids:
+            if kind != "paper" and not any(cell.also_select for cell in section.cells):
                 continue
-            part = rows[rows["run_id"].isin(ids)]
+            part = runs[kind]
             board = build_leaderboard(part, protocol=section.name) if not part.empty else pd.DataFrame()
             missing = [key for key in order if board.empty or not (
                 (board["attn"] == key[0]) & (board["pe"] == key[1])).any()]
@@ -161,14 +162,32 @@ def build_sections(frame: pd.DataFrame, sections: list[Section]) -> pd.DataFrame
     return board
 
 
-def _cells_done(section: Section, stored: set[str]) -> int:
-    """Cells (attention + encoding) whose every seed's runs, each selection's, are stored."""
-    done: dict[tuple, bool] = {}
-    for config in section.cells:
-        key = (config.attn, str(config.attn_params), config.pe, str(config.pe_params))
-        ids = [config.run_id] + [other.run_id for other in config.selected_runs()]
-        done[key] = done.get(key, True) and all(run_id in stored for run_id in ids)
-    return sum(done.values())
+def _cells_done(section: Section, own: pd.DataFrame, others: pd.DataFrame) -> int:
+    """Cells (attention + encoding) with a run of every seed the config names, and each of those runs' other
+    selections stored too."""
+    from lengthbench.leaderboard import with_score
+
+    if own.empty:
+        return 0
+    own = with_score(own).drop_duplicates("run_id")
+    kept = others.drop_duplicates("run_id") if not others.empty else others
+    sources = (kept["config_json"].map(lambda text: __import__("json").loads(text).get("selected_from"))
+               .value_counts().to_dict() if not kept.empty else {})
+    done = 0
+    for attn, pe in section.rows():
+        wanted = [c for c in section.cells if (c.attn + _suffix(c.attn_params), c.pe + _suffix(c.pe_params))
+                  == (attn, pe)]
+        runs = own[(own["attn"] == attn) & (own["pe"] == pe)]
+        seeds_stored = set(runs["seed"].astype(int))
+        complete = all(sources.get(run_id, 0) >= len(wanted[0].also_select) for run_id in runs["run_id"])
+        done += int({c.seed for c in wanted} <= seeds_stored and complete)
+    return done
+
+
+def _suffix(params) -> str:
+    from lengthbench.config import params_suffix
+
+    return params_suffix(params)
 
 
 KIND_WORDS = {"paper": "the paper's checkpoint selection", "id": "checkpoint selection in distribution"}
@@ -345,7 +364,6 @@ def protocol_section(frame: pd.DataFrame, section: Section) -> Section:
     from lengthbench.sweep import configs_of_sweep
 
     cells, seen = [], set()
-    stored = set(frame["run_id"]) if "run_id" in frame.columns else set()
     for text in frame.drop_duplicates("run_id")["config_json"].dropna() if "config_json" in frame.columns else []:
         try:
             config = RunConfig.from_dict(json.loads(text))
@@ -361,9 +379,14 @@ def protocol_section(frame: pd.DataFrame, section: Section) -> Section:
             planned = configs_of_sweep(section.settings, cells=key[0], seeds=str(config.seed))
         except UsageError:
             continue  # a cell this protocol cannot train (another task, a mechanism not loaded here)
-        for candidate in planned:
-            if candidate.run_id in stored and not candidate.init_from:
-                cells.append(candidate)
+        cells += [candidate for candidate in planned if not candidate.init_from]
+    if cells:  # those with a run at the protocol (the rule of lengthbench.protocols)
+        from lengthbench.protocols import runs_of_config
+
+        matched = runs_of_config(frame, section.path, cells=cells).drop_duplicates("run_id")
+        found = {(_cell_text(RunConfig.from_dict(json.loads(text))), int(seed))
+                 for text, seed in zip(matched["config_json"], matched["seed"], strict=True)}
+        cells = [cell for cell in cells if (_cell_text(cell), cell.seed) in found]
     return Section(section.path, section.title, cells, section.budget_fraction, section.settings)
 
 
