@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -140,79 +139,3 @@ def test_trained_inputs_are_a_layers_projected_qkv(tmp_path):
     assert not torch.equal(first[0], q)  # another layer's projection
     with pytest.raises(UsageError, match="2 attention layers"):
         bench.capture_qkv(folder / "model.pt", 2, 40, device="cpu")
-
-
-def test_narrow_kernel_rows_say_which_op_ran():
-    """benchmarks/narrow_kernels.py's ``narrow`` column: the capturable op follows the library's choice (the
-    stick-breaking family on the long-context ops), a variant runs the training-width op at any width it takes."""
-    import pytest
-
-    pytest.importorskip("triton")
-    import narrow_kernels
-
-    from lengthbench import kernels
-
-    assert kernels.CAPTURE_STICK == "wide"
-    assert not narrow_kernels.takes_narrow("sieve", "capturable", 83)
-    assert narrow_kernels.takes_narrow("entmax", "capturable", 131)
-    assert not narrow_kernels.takes_narrow("sieve-entmax", "capturable", 131)  # past its 128 keys
-    assert narrow_kernels.takes_narrow("sieve", "bd32", 131)
-    assert not narrow_kernels.takes_narrow("sieve", "wide32", 83)
-    assert not narrow_kernels.takes_narrow("softpick", "capturable", 83)
-
-
-def test_entmax_search_bad_input_exits_2_with_one_line():
-    """``benchmarks/entmax_search.py``: a variant that is not JSON, a scale that is not a number, an unknown task
-    or mechanism for the fresh model, and a machine without a GPU each end it with one line and exit 2 before
-    anything is measured."""
-    script = str(ROOT / "benchmarks" / "entmax_search.py")
-    for argv, words in ((["--variant", "x=notjson"], "not JSON"), (["--scales", "a"], "--scales"),
-                        (["--fresh", "nope:entmax"], "unknown task"), (["--fresh", "mqmtar:nope"], "unknown attention"),
-                        ([], "CUDA GPU")):
-        if not argv and torch.cuda.is_available():
-            continue
-        done = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, check=False)
-        assert done.returncode == 2, (argv, done.stderr)
-        assert done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
-
-
-def test_profile_forward_refuses_bad_input_with_exit_2():
-    """benchmarks/profile_forward.py: a one-line error and exit code 2 for a bad ``--inputs`` (argparse), and
-    without a GPU (here) or for a mechanism without a fused op."""
-    script = str(ROOT / "benchmarks" / "profile_forward.py")
-    bad = subprocess.run([sys.executable, script, "--inputs", "walk9"], capture_output=True, text=True, check=False)
-    assert bad.returncode == 2 and "invalid choice" in bad.stderr
-    done = subprocess.run([sys.executable, script, "--mechanism", "no-such-op"], capture_output=True, text=True,
-                          check=False)
-    assert done.returncode == 2
-    assert done.stderr.strip().startswith("error: ") and len(done.stderr.strip().splitlines()) == 1
-
-
-SASS_LISTING = """
-        /*0000*/                   MOV R1, c[0x0][0x28] ;
-.L_x_0:
-        /*0010*/                   FFMA R2, R3, R4, -R5 ;
-        /*0020*/                   FMNMX R2, RZ, R2, !PT ;
-        /*0030*/                   FADD R6, R6, R2 ;
-        /*0040*/              @!P0 BRA `(.L_x_0) ;
-        /*0050*/                   FMUL R7, R6, R6 ;
-        /*0060*/                   BRA `(.L_x_1) ;
-.L_x_1:
-        /*0070*/                   EXIT ;
-"""
-
-
-def test_sass_loops_finds_the_loops_and_counts_their_instructions():
-    """``benchmarks/sass_loops.py``'s reading of a SASS listing: a loop is a branch back to a label (a forward
-    branch is none), its instructions counted by opcode, predicates aside."""
-    import sass_loops
-
-    assert sass_loops.loops(SASS_LISTING, least=1) == [(4, {"FFMA": 1, "FMNMX": 1, "FADD": 1, "BRA": 1})]
-    assert sass_loops.loops(SASS_LISTING, least=5) == []
-
-
-def test_sass_loops_bad_kernels_exit_2_with_one_line():
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sass_loops.py"), "--kernels", "newton,nope"],
-                          capture_output=True, text=True)
-    assert done.returncode == 2 and done.stderr.startswith("error: --kernels: unknown ['nope']")
-    assert len(done.stderr.strip().splitlines()) == 1
