@@ -1,4 +1,4 @@
-"""benchmarks/kernels.py without a GPU: ``--merge`` and the Markdown report (CPU, fast)."""
+"""benchmarks/kernels.py without a GPU: the table it keeps, ``--merge``, its Markdown, its inputs (CPU, fast)."""
 
 import subprocess
 import sys
@@ -14,7 +14,8 @@ import kernels as bench  # noqa: E402
 def frame(mechanisms, fwd, created, scale=None):
     rows = [dict(mechanism=name, seq_len=65536, head_dim=32, heads=16, dtype="bfloat16", fwd_ms=fwd,
                  fwdbwd_ms=2 * fwd, sdpa_fwd_ms=20.0, sdpa_fwdbwd_ms=70.0, peak_mem_bytes=100, sdpa_peak_mem_bytes=100,
-                 device="GPU", created_at=created) for name in mechanisms]
+                 device="GPU", created_at=created, inputs="random", git_sha="abc1234",
+                 command="python benchmarks/kernels.py") for name in mechanisms]
     out = pd.DataFrame(rows)
     if scale is not None:
         out["input_scale"] = scale
@@ -35,48 +36,48 @@ def test_merge_replaces_the_measured_rows_only(tmp_path):
                                                                "tra": 100.0}
     assert merged[merged.seq_len == 1024].fwd_ms.tolist() == [1.0, 1.0]
     text = (tmp_path / "all" / "kernels.md").read_text()
-    assert "between 2026-11-22 and 2026-11-24" in text and "times 1 (SDPA" in text
-    assert "| entmax | 1.45 (1.5) | 0.83 (3) | 1.00 | all |" in text
-    assert "| sieve-entmax | 5.00 (1.5) | 2.86 (3) | 1.00 | missed: fwd |" in text
+    assert "| entmax | random | 65536 | 32 | 29.000 | 1.45 (1.5) | 58.000 | 0.83 (3) | 1.00 | all | GPU | 2026-11-24 |" \
+        in text
+    assert "| sieve-entmax | random | 65536 | 32 | 100.000 | 5.00 (1.5) | 200.000 | 2.86 (3) | 1.00 | missed: fwd |" in text
 
 
-def test_each_row_of_the_report_names_its_date_and_commit(tmp_path):
-    rows = frame(["entmax"], 29.0, "2026-11-24T01:02:03+00:00", scale=1.0).assign(git_sha="abc1234")
-    bench.write(pd.concat([rows, frame(["tra"], 10.0, "2026-11-22")]), tmp_path)
+def test_writing_keeps_the_rows_not_measured_again(tmp_path):
+    """A measurement written into a folder with a table joins it: the rows it measured again are replaced, the
+    others stay (the same mechanism on other inputs too)."""
+    bench.write(frame(["stickbreaking"], 10.0, "2026-11-22").assign(inputs="random"), tmp_path)
+    walk = frame(["stickbreaking"], 50.0, "2026-11-27").assign(inputs="walk8")
+    bench.write(walk, tmp_path)
+    bench.write(walk.assign(fwd_ms=30.0), tmp_path)
+    table = pd.read_parquet(tmp_path / "kernels.parquet")
+    assert sorted(zip(table.inputs, table.fwd_ms, strict=True)) == [("random", 10.0), ("walk8", 30.0)]
+
+
+def test_the_report_shows_each_mechanisms_longest_length_with_its_provenance(tmp_path):
+    rows = pd.concat([frame(["entmax"], 29.0, "2026-11-24T01:02:03+00:00", scale=1.0),
+                      frame(["entmax"], 1.0, "2026-11-24T01:02:03+00:00", scale=1.0).assign(seq_len=1024),
+                      frame(["tra"], 10.0, "2026-11-22").assign(seq_len=16384)])
+    rows = rows.assign(git_sha="abc1234", command="python benchmarks/kernels.py --mechanisms entmax,tra",
+                       inputs="random")
+    bench.write(rows, tmp_path)
     text = (tmp_path / "kernels.md").read_text()
-    assert "| date | commit |" in text
-    assert "| entmax | 65536 | 32 | 29.000 |" in text and "| 2026-11-24 | abc1234 |" in text
-    assert "| tra | 65536 | 32 | 10.000 |" in text and "| 2026-11-22 |  |" in text  # a row without a commit says so
-    assert "Again: `python benchmarks/kernels.py --out results/benchmarks`" in text
-
-
-def test_rows_without_inputs_or_variant_read_as_random_default(tmp_path):
-    """An old file (no ``inputs``/``variant`` columns) merged with walk rows: its rows stay, labelled random and
-    default; a walk row replaces only the walk row of the same mechanism, shape and variant."""
-    bench.write(frame(["stickbreaking"], 10.0, "2026-11-22"), tmp_path / "all")
-    walk = frame(["stickbreaking", "stickbreaking"], 50.0, "2026-11-27").assign(inputs="walk8",
-                                                                              variant=["default", "prefix"])
-    merged = bench.merge(pd.read_parquet(tmp_path / "all" / "kernels.parquet"), walk)
-    assert sorted(zip(merged.inputs, merged.variant, merged.fwd_ms, strict=True)) == [
-        ("random", "default", 10.0), ("walk8", "default", 50.0), ("walk8", "prefix", 50.0)]
-    again = bench.merge(merged, walk.iloc[1:].assign(fwd_ms=30.0))
-    assert sorted(zip(again.inputs, again.variant, again.fwd_ms, strict=True)) == [
-        ("random", "default", 10.0), ("walk8", "default", 50.0), ("walk8", "prefix", 30.0)]
+    assert "| entmax | random | 65536 | 32 | 29.000 |" in text and "| 2026-11-24 | abc1234 |" in text
+    assert "| tra | random | 16384 | 32 | 10.000 |" in text  # its longest length measured
+    assert "| 1024 |" not in text  # the other lengths are in the Parquet
+    assert "- GPU, 2026-11-22, commit abc1234: `python benchmarks/kernels.py --mechanisms entmax,tra`" in text
 
 
 def test_report_has_ratios_per_input_family_against_their_targets(tmp_path):
-    random = frame(["stickbreaking"], 20.0, "2026-11-27").assign(inputs="random", variant="default")
-    walk = frame(["stickbreaking", "sieve-alg1"], 60.0, "2026-11-27").assign(inputs="walk8", variant="default")
-    walk64 = frame(["stickbreaking"], 30.0, "2026-11-27").assign(inputs="walk8", variant="prefix", head_dim=64)
+    random = frame(["stickbreaking"], 20.0, "2026-11-27").assign(inputs="random")
+    walk = frame(["stickbreaking", "sieve-alg1"], 60.0, "2026-11-27").assign(inputs="walk8")
+    walk64 = frame(["stickbreaking"], 30.0, "2026-11-27").assign(inputs="walk8", head_dim=64)
     bench.write(pd.concat([random, walk, walk64]), tmp_path)
     text = (tmp_path / "kernels.md").read_text()
-    random_part = text.split("## Ratios to SDPA at L=65536, D=32, random inputs")[1].split("##")[0]
-    assert "| stickbreaking | 1.00 (1.5) | 0.57 (3) | 1.00 | all |" in random_part
-    walk_part = text.split("## Ratios to SDPA at L=65536, D=32, walk8 inputs")[1].split("##")[0]
-    assert "| stickbreaking | 3.00 (2) | 1.71 (3) | 1.00 | missed: fwd |" in walk_part
-    assert "| sieve-alg1 | 3.00 (2) | 1.71 (3) | 1.00 | missed: fwd |" in walk_part
-    assert "| stickbreaking [prefix] | 1.50 (2) | 0.86 (3) | 1.00 | all |" in text.split("D=64, walk8 inputs")[1]
-    assert "| walk8 | prefix | GPU | 2026-11-27 |" in text
+    assert "| stickbreaking | random | 65536 | 32 | 20.000 | 1.00 (1.5) | 40.000 | 0.57 (3) | 1.00 | all |" in text
+    assert "| stickbreaking | walk8 | 65536 | 32 | 60.000 | 3.00 (2) | 120.000 | 1.71 (3) | 1.00 | missed: fwd |" in text
+    assert "| sieve-alg1 | walk8 | 65536 | 32 | 60.000 | 3.00 (2) |" in text
+    assert "| stickbreaking | walk8 | 65536 | 64 | 30.000 | 1.50 (2) | 60.000 | 0.86 (3) | 1.00 | all |" in text
+    order = [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| stickbreaking")]
+    assert order == ["random", "walk8", "walk8"]
 
 
 def test_walk_inputs_move_every_score_by_the_shift():
@@ -92,19 +93,6 @@ def test_walk_inputs_move_every_score_by_the_shift():
         rest = q[..., 1:] @ k[..., 1:].transpose(-1, -2) / math.sqrt(32)
         assert torch.allclose(z, rest + shift, atol=1e-5)
         assert wq.shape == q.shape and torch.equal(wq[..., 1:], q[..., 1:])
-
-
-def test_variants_parse_and_bad_ones_exit_2(capsys):
-    assert bench.parse_variants(['prefix={"backward": "prefix", "fwd": [64, 32, 4, 2]}']) == [
-        ("default", None), ("prefix", {"backward": "prefix", "fwd": (64, 32, 4, 2)})]
-    for bad in ("x={not json", "default={}", "y=[1]"):
-        try:
-            bench.parse_variants([bad])
-        except SystemExit as stop:
-            assert stop.code == 2
-        else:
-            raise AssertionError(bad)
-    assert capsys.readouterr().err.count("error: --variant") == 3
 
 
 def test_bad_input_family_exits_2():
