@@ -198,7 +198,11 @@ def main():
                         "replace --out's of the same mechanism, length, head dim and inputs (no measurement)")
     args = parser.parse_args()
     if args.merge:
-        write(pd.read_parquet(Path(args.merge) / FILE_STEM.with_suffix(".parquet")), args.out)
+        try:
+            rows = pd.read_parquet(Path(args.merge) / FILE_STEM.with_suffix(".parquet"))
+        except (OSError, ValueError) as error:
+            sys.exit(_usage(f"--merge: {error}"))
+        write(rows, args.out)
         return
     families = args.inputs.split(",")
     unknown = sorted(set(families) - set(FAMILIES))

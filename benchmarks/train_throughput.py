@@ -34,6 +34,7 @@ import contextlib
 import gc
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -83,8 +84,8 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, steps: 
         said.append(line)
         print("  " + line, flush=True)
 
-    with tempfile.TemporaryDirectory(prefix="lengthbench-throughput-") as scratch:
-        trainer = Trainer(config, task_obj, device, Path(scratch), progress=False, log=log)
+    scratch = Path(tempfile.mkdtemp(prefix="lengthbench-throughput-"))  # the trainer's checkpoint folder, unused
+    trainer = Trainer(config, task_obj, device, scratch, progress=False, log=log)
     stream = trainer.train_stream()
     started_at = time.perf_counter()
 
@@ -124,6 +125,7 @@ def measure(task: str, attn: str, pe: str, preset: str, batch_size: int, steps: 
         seconds, mean_width, waited, first_half = run(steps)
     finally:
         producer.close()
+        shutil.rmtree(scratch, ignore_errors=True)
     parameters = sum(p.numel() for p in trainer.model.parameters())
     failed = getattr(trainer.step_fn, "failed", "")
     trainer.step_fn = None  # the captured graph's memory goes with it
@@ -161,12 +163,12 @@ def main() -> None:
     args = parser.parse_args()
     unknown = sorted(set(args.train_steps.split(",")) - set(TRAIN_STEPS))
     if unknown:
-        parser.error(f"--train-steps: unknown {unknown}; choose from {', '.join(TRAIN_STEPS)}")
+        usage_error(f"--train-steps: unknown {unknown}; choose from {', '.join(TRAIN_STEPS)}")
     if args.merge:
         try:
             frames = [pd.read_parquet(path) for path in args.merge.split(",")]
         except (OSError, ValueError) as error:
-            parser.error(f"--merge: {error}")
+            usage_error(f"--merge: {error}")
         write_table(pd.concat(frames, ignore_index=True), Path(args.out))
         return
     first_warmups = warm(args) if args.warm_jobs > 0 else {}
@@ -191,7 +193,7 @@ def main() -> None:
                         if attempt == 0:  # a retry finds the cell compiled: the warm-up is the first build's
                             first_build = row["warmup_s"]
                         row["warmup_s"] = first_build
-                        if abs(row["halves"] - 1) <= UNSTEADY:
+                        if abs(row["halves"] - 1) <= UNSTEADY or attempt == max(0, args.retries):
                             break
                         print(f"  {attn} {pe}: halves {row['halves']:.2f}, measured again", flush=True)
                     row["first_warmup_s"] = first_warmups.get((task, batch_size, train_step, attn, pe))
@@ -207,6 +209,12 @@ def main() -> None:
                     # after every cell: a command cut short keeps what it measured
                     write_table(pd.DataFrame(rows + with_baseline(group, closed)).assign(**stamp), Path(args.out))
                 rows += with_baseline(group, closing)
+
+
+def usage_error(message: str) -> None:
+    """A one-line error and exit code 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def with_baseline(group: list[dict], closed: bool) -> list[dict]:

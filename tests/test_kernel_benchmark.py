@@ -95,10 +95,14 @@ def test_walk_inputs_move_every_score_by_the_shift():
         assert wq.shape == q.shape and torch.equal(wq[..., 1:], q[..., 1:])
 
 
-def test_bad_input_family_exits_2():
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels.py"), "--inputs", "walk9"],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 2 and "unknown families ['walk9']" in done.stderr
+def test_bad_input_exits_2_with_one_line(tmp_path):
+    script = str(ROOT / "benchmarks" / "kernels.py")
+    for argv, said in ((["--inputs", "walk9"], "error: --inputs: unknown families ['walk9']"),
+                       (["--merge", str(tmp_path / "none"), "--out", str(tmp_path / "out")], "error: --merge: ")):
+        done = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, check=False)
+        assert done.returncode == 2 and done.stderr.startswith(said), done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
 
 
 def test_trained_inputs_are_a_layers_projected_qkv(tmp_path):

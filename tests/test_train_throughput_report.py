@@ -205,8 +205,13 @@ def test_the_command_names_the_lengthbench_variables_it_ran_under(monkeypatch):
 def test_an_unknown_training_step_is_a_usage_error(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--train-steps",
                            "graph-compiled,nope", "--out", str(tmp_path)], capture_output=True, text=True, check=False)
-    assert done.returncode == 2 and "--train-steps: unknown ['nope']" in done.stderr
-    assert not any(tmp_path.iterdir())
+    assert done.returncode == 2 and done.stderr.startswith("error: --train-steps: unknown ['nope']")
+    assert len(done.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
+    missing = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--merge",
+                              str(tmp_path / "none.parquet"), "--out", str(tmp_path)], capture_output=True, text=True,
+                             check=False)
+    assert missing.returncode == 2 and missing.stderr.startswith("error: --merge: ")
+    assert len(missing.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
 
 
 def test_one_producer_feeds_the_warm_up_and_the_timed_steps(monkeypatch):
