@@ -1,14 +1,20 @@
 """benchmarks/kernels.py without a GPU: the table it keeps, ``--merge``, its Markdown, its inputs (CPU, fast)."""
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import kernels as bench  # noqa: E402
+
+
+def run_script(monkeypatch, *argv: str) -> None:
+    """``benchmarks/kernels.py ARGV`` in this process (its ``main``)."""
+    monkeypatch.setattr(sys, "argv", ["benchmarks/kernels.py", *argv])
+    bench.main()
 
 
 def frame(mechanisms, fwd, created, scale=None):
@@ -22,13 +28,11 @@ def frame(mechanisms, fwd, created, scale=None):
     return out
 
 
-def test_merge_replaces_the_measured_rows_only(tmp_path):
+def test_merge_replaces_the_measured_rows_only(tmp_path, monkeypatch):
     short = frame(["entmax", "sieve-entmax"], 1.0, "2026-11-22").assign(seq_len=1024)  # not measured again: kept
     bench.write(pd.concat([frame(["entmax", "sieve-entmax", "tra"], 100.0, "2026-11-22"), short]), tmp_path / "all")
     bench.write(frame(["entmax", "sparsemax"], 29.0, "2026-11-24", scale=1.0), tmp_path / "new")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels.py"), "--merge", str(tmp_path / "new"),
-                           "--out", str(tmp_path / "all")], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
+    run_script(monkeypatch, "--merge", str(tmp_path / "new"), "--out", str(tmp_path / "all"))
     merged = pd.read_parquet(tmp_path / "all" / "kernels.parquet")
     assert sorted(merged.mechanism) == ["entmax", "entmax", "sieve-entmax", "sieve-entmax", "sparsemax", "tra"]
     longest = merged[merged.seq_len == 65536]
@@ -95,20 +99,19 @@ def test_walk_inputs_move_every_score_by_the_shift():
         assert wq.shape == q.shape and torch.equal(wq[..., 1:], q[..., 1:])
 
 
-def test_bad_input_exits_2_with_one_line(tmp_path):
-    script = str(ROOT / "benchmarks" / "kernels.py")
+def test_bad_input_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
     for argv, said in ((["--inputs", "walk9"], "error: --inputs: unknown families ['walk9']"),
-                       (["--merge", str(tmp_path / "none"), "--out", str(tmp_path / "out")], "error: --merge: ")):
-        done = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, check=False)
-        assert done.returncode == 2 and done.stderr.startswith(said), done.stderr
-        assert len(done.stderr.strip().splitlines()) == 1
+                       (["--merge", str(tmp_path / "none")], "error: --merge: ")):
+        with pytest.raises(SystemExit) as stop:
+            run_script(monkeypatch, *argv, "--out", str(tmp_path / "out"))
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.startswith(said) and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
 
 
 def test_trained_inputs_are_a_layers_projected_qkv(tmp_path):
     """``--inputs trained``: q, k, v of the chosen layer of a saved model (here an untrained tiny one, on the
     CPU), one sample, at most the asked length; a layer the model lacks is a usage error."""
-    import pytest
     import torch
 
     from lengthbench.config import build_config

@@ -25,27 +25,31 @@ def rows(command, created, entmax_speed, commit="abc1234", task="mqrar", **colum
                         vs_softmax_rope=frame["samples_per_s"] / 50_000.0)
 
 
-def merged(tmp_path, *frames) -> tuple[pd.DataFrame, str]:
+def run_script(monkeypatch, *argv: str) -> None:
+    """``benchmarks/train_throughput.py ARGV`` in this process (its ``main``)."""
+    monkeypatch.setattr(sys, "argv", ["benchmarks/train_throughput.py", *argv])
+    train_throughput.main()
+
+
+def merged(tmp_path, monkeypatch, *frames) -> tuple[pd.DataFrame, str]:
     """``train_throughput.py --merge`` of ``frames`` (each its own parquet file) into an empty folder: the table and
     its Markdown."""
     paths = []
     for index, frame in enumerate(frames):
         frame.to_parquet(tmp_path / f"{index}.parquet")
         paths.append(str(tmp_path / f"{index}.parquet"))
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--merge",
-                           ",".join(paths), "--out", str(tmp_path / "out")], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    return (pd.read_parquet(tmp_path / "out" / "train_throughput.parquet"),
-            (tmp_path / "out" / "train_throughput.md").read_text())
+    out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"
+    run_script(monkeypatch, "--merge", ",".join(paths), "--out", str(out))
+    return pd.read_parquet(out / "train_throughput.parquet"), (out / "train_throughput.md").read_text()
 
 
-def test_the_table_keeps_the_newest_row_of_each_configuration(tmp_path):
+def test_the_table_keeps_the_newest_row_of_each_configuration(tmp_path, monkeypatch):
     older = rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00", 30_000.0,
                  commit="aaa1111")
     newer = rows("python benchmarks/train_throughput.py --attns softmax,entmax --steps 30", "2026-11-27T09:00:00",
                  40_000.0, commit="bbb2222")
     copy = rows("python benchmarks/train_throughput.py --tasks copy", "2026-11-27T08:00:00", 45_000.0, task="copy")
-    table, text = merged(tmp_path, older, newer, copy)
+    table, text = merged(tmp_path, monkeypatch, older, newer, copy)
     assert len(table) == 4 and list(table.columns) == train_throughput.COLUMNS
     mqrar = table[table["task"] == "mqrar"].set_index("attn")
     assert mqrar.loc["entmax", "samples_per_s"] == 40_000.0 and set(mqrar["commit"]) == {"bbb2222"}
@@ -57,15 +61,15 @@ def test_the_table_keeps_the_newest_row_of_each_configuration(tmp_path):
     assert "aaa1111" not in text
 
 
-def test_a_command_that_gave_part_of_a_column_names_its_cells(tmp_path):
+def test_a_command_that_gave_part_of_a_column_names_its_cells(tmp_path, monkeypatch):
     first = rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00", 30_000.0)
     again = rows("python benchmarks/train_throughput.py --attns softmax", "2026-11-28T07:00:00", 30_000.0).iloc[:1]
-    _, text = merged(tmp_path, first, again)
+    _, text = merged(tmp_path, monkeypatch, first, again)
     assert "`python benchmarks/train_throughput.py --attns softmax,entmax`; mqrar b128 rope (entmax)" in text
     assert "`python benchmarks/train_throughput.py --attns softmax`; mqrar b128 rope (softmax)" in text
 
 
-def test_a_newer_unsteady_row_does_not_replace_a_steady_one(tmp_path):
+def test_a_newer_unsteady_row_does_not_replace_a_steady_one(tmp_path, monkeypatch):
     """``halves`` (a cell's first half of timed steps over its second) or the command's ``baseline_drift`` more
     than 10% from 1 marks a row unsteady: a configuration keeps its newest steady row, and an unsteady one only where
     none was steady (marked so in the Markdown)."""
@@ -75,7 +79,7 @@ def test_a_newer_unsteady_row_does_not_replace_a_steady_one(tmp_path):
                     30_000.0, halves=0.76)
     drifting = rows("python benchmarks/train_throughput.py --tasks copy", "2026-11-27T10:00:00", 25_000.0,
                     task="copy", halves=1.0, baseline_drift=1.2)
-    table, text = merged(tmp_path, steady, unsteady, drifting)
+    table, text = merged(tmp_path, monkeypatch, steady, unsteady, drifting)
     assert table.set_index(["task", "attn"]).loc[("mqrar", "entmax"), "samples_per_s"] == 40_000.0
     assert "| entmax | 0.50 unsteady | 0.80 |" in text and "`unsteady`" in text
     flags = train_throughput.unsteady(pd.DataFrame({"halves": [1.0, 0.89, 1.11, None],
@@ -83,10 +87,10 @@ def test_a_newer_unsteady_row_does_not_replace_a_steady_one(tmp_path):
     assert list(flags) == [True, True, True, False]
 
 
-def test_a_file_merged_twice_adds_its_rows_once(tmp_path):
+def test_a_file_merged_twice_adds_its_rows_once(tmp_path, monkeypatch):
     first = rows("python benchmarks/train_throughput.py --attns softmax,entmax", "2026-11-27T07:00:00", 30_000.0)
-    once = merged(tmp_path, first)
-    twice = merged(tmp_path, first, first)
+    once = merged(tmp_path, monkeypatch, first)
+    twice = merged(tmp_path, monkeypatch, first, first)
     assert once[1] == twice[1] and len(twice[0]) == 2
 
 
@@ -202,16 +206,15 @@ def test_the_command_names_the_lengthbench_variables_it_ran_under(monkeypatch):
                                                "python benchmarks/train_throughput.py --tasks copy")
 
 
-def test_an_unknown_training_step_is_a_usage_error(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--train-steps",
-                           "graph-compiled,nope", "--out", str(tmp_path)], capture_output=True, text=True, check=False)
-    assert done.returncode == 2 and done.stderr.startswith("error: --train-steps: unknown ['nope']")
-    assert len(done.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
-    missing = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--merge",
-                              str(tmp_path / "none.parquet"), "--out", str(tmp_path)], capture_output=True, text=True,
-                             check=False)
-    assert missing.returncode == 2 and missing.stderr.startswith("error: --merge: ")
-    assert len(missing.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
+def test_bad_input_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    """An unknown training step or a --merge file that is not there: one line, exit code 2, nothing written."""
+    for argv, said in ((["--train-steps", "graph-compiled,nope"], "error: --train-steps: unknown ['nope']"),
+                       (["--merge", str(tmp_path / "none.parquet")], "error: --merge: ")):
+        with pytest.raises(SystemExit) as stop:
+            run_script(monkeypatch, *argv, "--out", str(tmp_path / "out"))
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.startswith(said) and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_one_producer_feeds_the_warm_up_and_the_timed_steps(monkeypatch):
