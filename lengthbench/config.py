@@ -62,7 +62,8 @@ TRAIN_ATTENTION = ("fused", "reference")
 # compiled by Inductor at that one width (not with ``compile = False``), see lengthbench/graph_step.py; "graph",
 # the same without Inductor (eager kernels in the graph: no compilation, slower steps); "compiled", torch.compile
 # per bucket width where the model allows (see ``compile``, ``compile_mode``, ``train_attention``), else the fused
-# ops eagerly. A CPU always trains eagerly. Measured side by side: results/benchmarks/train_throughput.md.
+# ops eagerly. A CPU always trains eagerly. The default step's speed: results/benchmarks/train_throughput.md
+# (``benchmarks/train_throughput.py --train-steps`` measures the others).
 TRAIN_STEPS = ("graph-compiled", "graph", "compiled")
 # Fields that a run's id hashes only where they differ from these defaults (see ``RunConfig.identity``).
 OPTIONAL_FIELDS: dict[str, Any] = {"also_select": [], "selected_from": ""}
