@@ -235,6 +235,27 @@ def test_filters_and_legend_toggles_hide_rows_and_curves(published, tmp_path, mo
     assert dom.one("p", id="shown").content().startswith("Showing 1 of 2 blocks")
 
 
+@needs_chromium
+def test_clicks_on_the_legend_and_the_filters_hide_and_write_the_fragment(published, tmp_path, monkeypatch):
+    store, configs = published
+    out = tmp_path / "report"
+    assert cli(monkeypatch, "report", "--html", out, "--results", store, "--config", configs[0],
+               "--config", configs[1]) == 0
+    # a variant of the page that clicks as a reader would, once the page's own script has run
+    clicks = """<script>
+    document.querySelector('button.legend-entry[data-key="a_paper_table9_copy|softmax|rope"]').click();
+    document.querySelector('#filters input[name="task"][value="reverse"]').click();
+    document.body.dataset.fragment = decodeURIComponent(location.hash);
+    </script></body>"""
+    variant = out / "clicked.html"
+    variant.write_text((out / "index.html").read_text().replace("</body>", clicks))
+    dom = render(variant, tmp_path)
+    assert dom.one("body").attrs["data-fragment"] == "#task=copy&off=a_paper_table9_copy|softmax|rope"
+    assert dom.one("section", id="block-another_table2_reverse").hidden()
+    lines = {g.attrs["data-key"]: g for g in dom.all("g", class_="line")}
+    assert lines["a_paper_table9_copy|softmax|rope"].hidden() and not lines["a_paper_table9_copy|entmax|nape"].hidden()
+
+
 def test_every_run_by_protocol_with_all(published, tmp_path, monkeypatch):
     store, _ = published
     out = tmp_path / "all"
