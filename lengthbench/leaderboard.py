@@ -29,6 +29,7 @@ import math
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -484,63 +485,89 @@ def frame_markdown(frame: pd.DataFrame, floatfmt: str = ".3f") -> str:
     return _md_table([str(c) for c in frame.columns], rows, ["r" if n else "l" for n in numeric])
 
 
+class TextTable(NamedTuple):
+    """A table as text, for the Markdown and the HTML report alike: the line above it, the header, the rows
+    (Markdown inline text: ``**bold**``) and each column's alignment (``"l"`` or ``"r"``)."""
+
+    caption: str
+    header: list[str]
+    rows: list[list[str]]
+    align: list[str]
+
+    def markdown(self) -> str:
+        return _md_table(self.header, self.rows, self.align)
+
+
+ALL_NOTE = (
+    "Values are the task's metric in %. **Best of seeds**: the whole curve of the run with the largest AUC "
+    "(ties: lower seed), the papers' convention of reporting the single best model, each value with its 95% "
+    "Wilson interval over the samples scored; bold marks the best value of a column. **Reach**: the largest "
+    "multiplier scoring at least 90% (– if none). **AUC**: area under the score curve against log2(multiplier), "
+    "normalised to [0, 1]. **Mean ± std**: over seeds (sample std; one seed: the mean alone).")
+
+
+def protocol_note(table: pd.DataFrame) -> str:
+    """The line under a protocol's heading: its metric, preset, protocol and training length."""
+    preset, protocol, train_length = (table[key].iloc[0] for key in TABLE_KEYS[1:])
+    metric = METRIC_NAMES.get(table["metric"].iloc[0], str(table["metric"].iloc[0]))
+    return (f"{metric} (%), preset `{preset}`" + (f" ({protocol})" if protocol else "")
+            + f", trained at n = {train_length}; 1× is in distribution.")
+
+
+def protocol_tables(table: pd.DataFrame) -> list[TextTable]:
+    """The tables of one protocol's rows (one group of ``TABLE_KEYS``): best of seeds, the best value of each
+    column in bold, then mean +- std where a row has several seeds."""
+    table = table.sort_values(ROW_KEYS)
+    multipliers = board_multipliers(table)
+    header = ["pe", "attn"] + [f"{m}×" for m in multipliers]
+    best_of_column = {m: table[f"{m}x"].max() for m in multipliers}
+    best_auc = table["auc"].max()
+    rows = []
+    for _, row in table.iterrows():
+        cells = [str(row["pe"]), str(row["attn"])]
+        for m in multipliers:
+            text = interval_text(row, multiplier_label(m))
+            if (text != "–" and len(table) > 1 and best_of_column[m] > 0
+                    and row[f"{m}x"] >= best_of_column[m] - 1e-9):
+                text = f"**{text}**"
+            cells.append(text)
+        auc_text = f"{row['auc']:.3f}"
+        if len(table) > 1 and best_auc > 0 and row["auc"] >= best_auc - 1e-12:
+            auc_text = f"**{auc_text}**"
+        cells += [_reach_text(row["reach"]), auc_text, f"{row['seeds']} (best: {row['best_seed']})"]
+        rows.append(cells)
+    tables = [TextTable("Best of seeds:", header + ["reach", "AUC", "seeds"], rows,
+                        ["l", "l"] + ["r"] * (len(multipliers) + 3))]
+    if table["seeds"].max() <= 1:
+        return tables
+    rows = []
+    for _, row in table.iterrows():
+        cells = [str(row["pe"]), str(row["attn"])]
+        for m in multipliers:
+            mean, std = row[f"{m}x_mean"], row[f"{m}x_std"]
+            cells.append(_pct(mean) if math.isnan(std) else f"{mean:.1f} ± {std:.1f}")
+        auc_text = (f"{row['auc_mean']:.3f}" if math.isnan(row["auc_std"])
+                    else f"{row['auc_mean']:.3f} ± {row['auc_std']:.3f}")
+        cells += [_reach_mean_text(row["reach_mean"]), auc_text]
+        rows.append(cells)
+    return tables + [TextTable("Mean ± std over seeds:", header + ["reach (mean)", "AUC"], rows,
+                               ["l", "l"] + ["r"] * (len(multipliers) + 2))]
+
+
 def to_markdown(board: pd.DataFrame, *, source: str | None = None) -> str:
     """The leaderboard as Markdown: per table (task, preset, n) the best-of-seeds table, with the
     best value of each column in bold, then the mean +- std table."""
     parts = ["# lengthbench leaderboard", ""]
     if source:
         parts += [source, ""]
-    parts += [
-        "Values are the task's metric in %. **Best of seeds**: the whole curve of the run with the largest AUC "
-        "(ties: lower seed), the papers' convention of reporting the single best model, each value with its 95% "
-        "Wilson interval over the samples scored; bold marks the best value of a column. **Reach**: the largest multiplier scoring at least 90% (– if none). **AUC**: area "
-        "under the score curve against log2(multiplier), normalised to [0, 1]. **Mean ± std**: over seeds "
-        "(sample std; one seed: the mean alone).",
-        "",
-    ]
-    for (task, preset, protocol, train_length), table in board.groupby(TABLE_KEYS, sort=True):
-        table = table.sort_values(ROW_KEYS)
-        multipliers = board_multipliers(table)
-        metric = METRIC_NAMES.get(table["metric"].iloc[0], str(table["metric"].iloc[0]))
-        parts += [f"## {task}", "",
-                  f"{metric} (%), preset `{preset}`" + (f" ({protocol})" if protocol else "")
-                  + f", trained at n = {train_length}; 1× is in distribution.", ""]
-        header = ["pe", "attn"] + [f"{m}×" for m in multipliers]
-        best_of_column = {m: table[f"{m}x"].max() for m in multipliers}
-        best_auc = table["auc"].max()
-        rows = []
-        for _, row in table.iterrows():
-            cells = [str(row["pe"]), str(row["attn"])]
-            for m in multipliers:
-                text = interval_text(row, multiplier_label(m))
-                if (text != "–" and len(table) > 1 and best_of_column[m] > 0
-                        and row[f"{m}x"] >= best_of_column[m] - 1e-9):
-                    text = f"**{text}**"
-                cells.append(text)
-            auc_text = f"{row['auc']:.3f}"
-            if len(table) > 1 and best_auc > 0 and row["auc"] >= best_auc - 1e-12:
-                auc_text = f"**{auc_text}**"
-            cells += [_reach_text(row["reach"]), auc_text, f"{row['seeds']} (best: {row['best_seed']})"]
-            rows.append(cells)
-        parts += ["Best of seeds:", "",
-                  _md_table(header + ["reach", "AUC", "seeds"], rows, ["l", "l"] + ["r"] * (len(multipliers) + 3)),
-                  ""]
-        if table["seeds"].max() <= 1:
+    parts += [ALL_NOTE, ""]
+    for (task, *_), table in board.groupby(TABLE_KEYS, sort=True):
+        parts += [f"## {task}", "", protocol_note(table), ""]
+        tables = protocol_tables(table)
+        for text_table in tables:
+            parts += [text_table.caption, "", text_table.markdown(), ""]
+        if len(tables) == 1:
             parts += ["One seed per row: no mean ± std.", ""]
-            continue
-        rows = []
-        for _, row in table.iterrows():
-            cells = [str(row["pe"]), str(row["attn"])]
-            for m in multipliers:
-                mean, std = row[f"{m}x_mean"], row[f"{m}x_std"]
-                cells.append(_pct(mean) if math.isnan(std) else f"{mean:.1f} ± {std:.1f}")
-            auc_text = (f"{row['auc_mean']:.3f}" if math.isnan(row["auc_std"])
-                        else f"{row['auc_mean']:.3f} ± {row['auc_std']:.3f}")
-            cells += [_reach_mean_text(row["reach_mean"]), auc_text]
-            rows.append(cells)
-        parts += ["Mean ± std over seeds:", "",
-                  _md_table(header + ["reach (mean)", "AUC"], rows, ["l", "l"] + ["r"] * (len(multipliers) + 2)),
-                  ""]
     return "\n".join(parts).rstrip() + "\n"
 
 

@@ -19,6 +19,7 @@ import pandas as pd
 from lengthbench.config import RunConfig, selection_words
 from lengthbench.leaderboard import (
     METRIC_NAMES,
+    TextTable,
     _md_table,
     _pct,
     _reach_text,
@@ -260,72 +261,92 @@ def comparison_rows(part: pd.DataFrame, section: Section, paper: dict) -> tuple[
     return header, rows
 
 
+SECTIONS_NOTE = (
+    "One section per paper-table config in `configs/`, holding exactly the runs that config plans. Values are "
+    "the task's metric in %. **Best of seeds**: the whole curve of the run with the largest AUC (ties: lower "
+    "seed), the papers' convention of reporting the single best model. **Mean ± std**: over seeds (sample "
+    "std). Each best-of-seeds value carries its 95% Wilson interval over the samples scored, in brackets. "
+    "**Reach**: the largest multiplier scoring at least 90%. **AUC**: the area under the curve against "
+    "log2(multiplier), normalised to [0, 1]. `lengthbench leaderboard --all` shows every run by protocol.")
+
+
+def section_metric(part: pd.DataFrame, section: Section) -> str:
+    """The metric of a section's values (``exact_match`` or ``token_accuracy``)."""
+    from lengthbench.leaderboard import _task_metric
+
+    return next((m for m in part.get("metric", pd.Series(dtype=object)).dropna()),
+                _task_metric(section.cells[0].task) if section.cells else "exact_match")
+
+
+def section_notes(part: pd.DataFrame, section: Section) -> list[str]:
+    """The paragraphs under a section's title (Markdown inline text): its config and protocol, then the cells
+    done and runs stored of those planned and the metric."""
+    done, total = int(part["cells_done"].iloc[0]), int(part["cells_total"].iloc[0])
+    runs_stored = int(part.groupby("selection_kind")["seeds"].sum().sum())
+    metric = section_metric(part, section)
+    return [f"`configs/{section.path.name}`: {protocol_line(section)}.",
+            f"Cells done: {done} of {total}; runs stored: {runs_stored} of {len(section.expected())}. "
+            f"Values: {METRIC_NAMES.get(metric, metric)} (%)."]
+
+
+def section_tables(part: pd.DataFrame, section: Section) -> list[TextTable]:
+    """A section's tables: the paper's values beside ours (where its config names a paper table), then per
+    selection kind the best of seeds and the mean +- std."""
+    tables = []
+    paper = paper_values(section)
+    if paper:
+        header, rows = comparison_rows(part, section, paper)
+        tables.append(TextTable(
+            f"Ours beside the paper ({section.paper}, {section.table}): best of seeds at the paper's checkpoint "
+            f"selection / the paper's value, %. **agrees**: within {TOLERANCE:g} points or the paper's value "
+            "inside our 95% interval at every column; otherwise the reason, with its evidence.",
+            header, rows, ["l", "l"] + ["r"] * (len(header) - 4) + ["l", "l"]))
+    for kind in SELECTION_KINDS:
+        table = part[part["selection_kind"] == kind].sort_values("row")
+        if table.empty:
+            continue
+        multipliers = board_multipliers(table) if table["seeds"].max() > 0 else []
+        header = ["attn", "pe"] + [f"{m}×" for m in multipliers]
+        best_rows, mean_rows = [], []
+        for _, row in table.iterrows():
+            cells = [str(row["attn"]), str(row["pe"])]
+            if row["seeds"] == 0:
+                best_rows.append(cells + ["–"] * len(multipliers) + ["–", "–", "not run"])
+                mean_rows.append(cells + ["–"] * len(multipliers) + ["–"])
+                continue
+            best_rows.append(cells + [interval_text(row, multiplier_label(m)) for m in multipliers]
+                             + [_reach_text(row["reach"]), f"{row['auc']:.3f}",
+                                f"{row['seeds']} (best: {row['best_seed']})"])
+            means = []
+            for m in multipliers:
+                mean, std = row[f"{m}x_mean"], row[f"{m}x_std"]
+                means.append(_pct(mean) if math.isnan(std) else f"{mean:.1f} ± {std:.1f}")
+            auc_text = (f"{row['auc_mean']:.3f}" if math.isnan(row["auc_std"])
+                        else f"{row['auc_mean']:.3f} ± {row['auc_std']:.3f}")
+            mean_rows.append(cells + means + [auc_text])
+        align = ["l", "l"] + ["r"] * len(multipliers)
+        tables += [TextTable(f"Best of seeds, {KIND_WORDS[kind]}:", header + ["reach", "AUC", "seeds"], best_rows,
+                             align + ["r", "r", "r"]),
+                   TextTable(f"Mean ± std over seeds, {KIND_WORDS[kind]}:", header + ["AUC"], mean_rows,
+                             align + ["r"])]
+    return tables
+
+
 def sections_markdown(board: pd.DataFrame, sections: list[Section], *, source: str | None = None) -> str:
     """The published leaderboard as Markdown: per section its title, protocol, cells done and four tables."""
     parts = ["# lengthbench leaderboard", ""]
     if source:
         parts += [source, ""]
-    parts += [
-        "One section per paper-table config in `configs/`, holding exactly the runs that config plans. Values are "
-        "the task's metric in %. **Best of seeds**: the whole curve of the run with the largest AUC (ties: lower "
-        "seed), the papers' convention of reporting the single best model. **Mean ± std**: over seeds (sample "
-        "std). Each best-of-seeds value carries its 95% Wilson interval over the samples scored, in brackets. "
-        "**Reach**: the largest multiplier scoring at least 90%. **AUC**: the area under the curve against "
-        "log2(multiplier), normalised to [0, 1]. `lengthbench leaderboard --all` shows every run by protocol.",
-        "",
-    ]
+    parts += [SECTIONS_NOTE, ""]
     for section in sections:
         part = board[board["section"] == section.name] if not board.empty else board
         if part.empty:
             continue
-        done, total = int(part["cells_done"].iloc[0]), int(part["cells_total"].iloc[0])
-        runs_stored = int(part.groupby("selection_kind")["seeds"].sum().sum())
-        runs_total = len(section.expected())
-        from lengthbench.leaderboard import _task_metric
-
-        metric = next((m for m in part.get("metric", pd.Series(dtype=object)).dropna()),
-                      _task_metric(section.cells[0].task) if section.cells else "exact_match")
-        metric_words = METRIC_NAMES.get(metric, metric)
-        parts += [f"## {section.title}", "",
-                  f"`configs/{section.path.name}`: {protocol_line(section)}.", "",
-                  f"Cells done: {done} of {total}; runs stored: {runs_stored} of {runs_total}. "
-                  f"Values: {metric_words} (%).", ""]
-        paper = paper_values(section)
-        if paper:
-            header, rows = comparison_rows(part, section, paper)
-            parts += [f"Ours beside the paper ({section.paper}, {section.table}): best of seeds at the paper's "
-                      f"checkpoint selection / the paper's value, %. **agrees**: within {TOLERANCE:g} points or the "
-                      "paper's value inside our 95% interval at every column; otherwise the reason, with its "
-                      "evidence.", "",
-                      _md_table(header, rows, ["l", "l"] + ["r"] * (len(header) - 4) + ["l", "l"]), ""]
-        for kind in SELECTION_KINDS:
-            table = part[part["selection_kind"] == kind].sort_values("row")
-            if table.empty:
-                continue
-            multipliers = board_multipliers(table) if table["seeds"].max() > 0 else []
-            header = ["attn", "pe"] + [f"{m}×" for m in multipliers]
-            best_rows, mean_rows = [], []
-            for _, row in table.iterrows():
-                cells = [str(row["attn"]), str(row["pe"])]
-                if row["seeds"] == 0:
-                    best_rows.append(cells + ["–"] * len(multipliers) + ["–", "–", "not run"])
-                    mean_rows.append(cells + ["–"] * len(multipliers) + ["–"])
-                    continue
-                best_rows.append(cells + [interval_text(row, multiplier_label(m)) for m in multipliers]
-                                 + [_reach_text(row["reach"]), f"{row['auc']:.3f}",
-                                    f"{row['seeds']} (best: {row['best_seed']})"])
-                means = []
-                for m in multipliers:
-                    mean, std = row[f"{m}x_mean"], row[f"{m}x_std"]
-                    means.append(_pct(mean) if math.isnan(std) else f"{mean:.1f} ± {std:.1f}")
-                auc_text = (f"{row['auc_mean']:.3f}" if math.isnan(row["auc_std"])
-                            else f"{row['auc_mean']:.3f} ± {row['auc_std']:.3f}")
-                mean_rows.append(cells + means + [auc_text])
-            align = ["l", "l"] + ["r"] * len(multipliers)
-            parts += [f"Best of seeds, {KIND_WORDS[kind]}:", "",
-                      _md_table(header + ["reach", "AUC", "seeds"], best_rows, align + ["r", "r", "r"]), "",
-                      f"Mean ± std over seeds, {KIND_WORDS[kind]}:", "",
-                      _md_table(header + ["AUC"], mean_rows, align + ["r"]), ""]
+        parts += [f"## {section.title}", ""]
+        for note in section_notes(part, section):
+            parts += [note, ""]
+        for table in section_tables(part, section):
+            parts += [table.caption, "", table.markdown(), ""]
     return "\n".join(parts).rstrip() + "\n"
 
 
