@@ -392,7 +392,7 @@ def test_a_real_tiny_curriculum_sweep(tmp_path, monkeypatch, capsys):
     assert "after mqrar (layout=inline) at n 16" in " ".join(capsys.readouterr().out.split())
 
 
-CONFIG_FILES = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.toml"))
+CONFIG_FILES = sorted((Path(__file__).resolve().parent.parent / "configs").rglob("*.toml"))  # studies/ too
 
 
 def test_there_are_reproduction_configs():
@@ -401,9 +401,9 @@ def test_there_are_reproduction_configs():
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.stem)
 def test_every_committed_config_file_plans(path, tmp_path, monkeypatch, capsys):
-    """The configs that reproduce the papers' tables (docs/reproduction.md) still read and plan: their cells,
-    mechanisms, parameters and stages are all valid here, so a rerun from one of them does not fail on its first
-    line."""
+    """The configs that reproduce the papers' tables (docs/reproduction.md) and the studies beside them
+    (configs/studies/) still read and plan: their cells, mechanisms, parameters, variants and stages are all valid
+    here, so a rerun from one of them does not fail on its first line."""
     monkeypatch.setenv("COLUMNS", "250")
     assert cli(monkeypatch, "sweep", "--config", path, "--results", tmp_path, "--dry-run") == 0
     out = capsys.readouterr().out
