@@ -34,6 +34,21 @@ weights of the one before (``init_from``), and last the cell itself from the las
     attn_params = {alpha = 1.25}   # over the cell's own parameters, for this stage only
 
 A stage starts only when the stage before it is in the store; a failed stage fails the stages after it.
+
+A study of one change at a time: ``[variants.NAME]`` tables, each the RunConfig fields one variant changes over
+the cell's own (``task_params``, ``attn_params`` and ``pe_params`` merged key by key), and optionally the
+``cells`` it applies to (default: every cell of the file). Every cell runs as given and once more per variant
+that applies to it; ``[by_task.NAME]`` tables give one task's cells their fields over ``[overrides]`` (a budget
+per task, say), as ``[by_pe.NAME]`` does for an encoding. Both need a ``cells`` list::
+
+    cells = ["mqrar:stickbreaking:none", "copy:stickbreaking:none"]
+    [by_task.copy]
+    train_samples = 2000000
+    [variants.inline]    # mqrar:stickbreaking:none once more, each query answered in place
+    cells = ["mqrar:stickbreaking:none"]
+    task_params = {layout = "inline"}
+    [variants.init-torch]    # both cells once more, with PyTorch's initialisation
+    init = "torch"
 """
 
 from __future__ import annotations
@@ -54,7 +69,8 @@ from lengthbench.errors import UsageError, interrupted
 from lengthbench.validation import MAX_CELLS, check_config, check_task_params
 
 SWEEP_KEYS = ("tasks", "attns", "pes", "cells", "seeds", "preset", "results", "device", "per_gpu", "mps", "budget",
-              "budget_fraction", "paper", "table", "explained", "overrides", "by_pe", "stages")
+              "budget_fraction", "paper", "table", "explained", "overrides", "by_pe", "by_task", "variants", "stages")
+PARAM_FIELDS = ("task_params", "attn_params", "pe_params")  # merged key by key where a variant or task table sets them
 # What a stage may not set: the cell's identity, and the chain itself.
 STAGE_FIXED = ("attn", "pe", "seed", "preset", "init_from")
 
@@ -124,9 +140,10 @@ def read_sweep_file(path: str | Path) -> dict[str, Any]:
         raise UsageError(f"sweep file {path}: unknown key {unknown[0]!r}; keys: {', '.join(SWEEP_KEYS)}")
     if not isinstance(data.get("overrides", {}), dict):
         raise UsageError(f"sweep file {path}: [overrides] must be a table of RunConfig fields")
-    by_pe = data.get("by_pe", {})
-    if not isinstance(by_pe, dict) or not all(isinstance(table, dict) for table in by_pe.values()):
-        raise UsageError(f"sweep file {path}: [by_pe.NAME] must be tables of RunConfig fields")
+    for key in ("by_pe", "by_task", "variants"):
+        tables = data.get(key, {})
+        if not isinstance(tables, dict) or not all(isinstance(table, dict) for table in tables.values()):
+            raise UsageError(f"sweep file {path}: [{key}.NAME] must be tables of RunConfig fields")
     stages = data.get("stages", [])
     if not isinstance(stages, list) or not all(isinstance(stage, dict) for stage in stages):
         raise UsageError(f"sweep file {path}: stages must be [[stages]] tables of RunConfig fields")
@@ -179,8 +196,23 @@ def check_sweep_settings(data: dict[str, Any], where: str) -> None:
             validation.check_float("budget_fraction", data["budget_fraction"], 0.0, 1.0, low_open=True)
         except UsageError as error:
             fail(str(error))
+    variants = data.get("variants", {})
+    for name, variant in variants.items():
+        own = variant.get("cells")
+        if own is not None and not (isinstance(own, str) or (
+                isinstance(own, list) and all(isinstance(item, str) for item in own))):
+            fail(f"variants.{name}: cells must be a list of cells, got {own!r}")
+        if own is not None and not split_list(own):
+            fail(f"variants.{name}: cells is empty: leave it out to apply the variant to every cell")
+    if (variants or data.get("by_task")) and not data.get("cells"):
+        fail("[variants.NAME] and [by_task.NAME] need a cell list (cells = [...])")
+    if variants and data.get("stages"):
+        fail("[variants.NAME] and [[stages]] do not combine: give each curriculum its own sweep file")
     for label, table in [("", data.get("overrides", {}))] + [
             (f"by_pe.{name}: ", table) for name, table in data.get("by_pe", {}).items()] + [
+            (f"by_task.{name}: ", table) for name, table in data.get("by_task", {}).items()] + [
+            (f"variants.{name}: ", {k: v for k, v in table.items() if k != "cells"})
+            for name, table in variants.items()] + [
             (f"stage {number}: ", stage) for number, stage in enumerate(data.get("stages", []), 1)]:
         try:
             validation.check_overrides(table, validation.field)
@@ -335,14 +367,46 @@ def _pe_overrides(pe: str, overrides: dict[str, Any], by_pe: dict[str, dict[str,
     return {**overrides, **extra}
 
 
+def _merged(fields: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over``'s fields over ``fields``, the parameter tables (:data:`PARAM_FIELDS`) merged key by key."""
+    merged = {**fields, **over}
+    for key in PARAM_FIELDS:
+        if key in over and isinstance(over[key], dict):
+            merged[key] = {**(fields.get(key) or {}), **over[key]}
+    return merged
+
+
+def _task_overrides(task: str, overrides: dict[str, Any], by_task: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """``overrides`` with the fields of the task's ``[by_task.NAME]`` table over them (its canonical name or an
+    alias)."""
+    if not by_task:
+        return overrides
+    from lengthbench.tasks import TASKS
+
+    def canonical(name: str) -> str:
+        try:
+            return TASKS.canonical(name)
+        except LookupError:
+            return name
+
+    for name, table in by_task.items():
+        if canonical(name) == canonical(task):
+            overrides = _merged(overrides, table)
+    return overrides
+
+
 def plan_cells(cells: list[str], seeds: list[int], preset: str = "smoke",
                overrides: dict[str, Any] | None = None,
-               by_pe: dict[str, dict[str, Any]] | None = None) -> list[RunConfig]:
+               by_pe: dict[str, dict[str, Any]] | None = None,
+               by_task: dict[str, dict[str, Any]] | None = None,
+               variant: dict[str, Any] | None = None) -> list[RunConfig]:
     """The configurations of an explicit cell list (``task:attn:pe`` each, as tables mix mechanisms and
     encodings), in the order given, each with every seed. The mechanism and the encoding may carry their own
     parameters, ``maxretrieval:entmax(alpha=4):none`` or ``passkey:softmax:rope(factor=1)``, over those of the
     overrides (``attn_params``, ``pe_params``). ``by_pe`` holds fields for the cells of one encoding over the
-    overrides (a sweep file's ``[by_pe.rope]``: e.g. the checkpoint selection a paper used for its RoPE models)."""
+    overrides (a sweep file's ``[by_pe.rope]``: e.g. the checkpoint selection a paper used for its RoPE models),
+    ``by_task`` those of one task over both; ``variant`` (a sweep file's ``[variants.NAME]``, less its cells)
+    holds the fields one variant changes, over all of these but the cell's own parameters."""
     if not cells:
         raise UsageError("--cells is empty: give at least one task:attn:pe")
     overrides = dict(overrides or {})
@@ -353,20 +417,35 @@ def plan_cells(cells: list[str], seeds: list[int], preset: str = "smoke",
             raise UsageError(f"a cell is task:attn:pe, e.g. copy:sieve:none; got {cell!r}")
         attn, attn_params = _cell_part(parts[1], cell)
         pe, pe_params = _cell_part(parts[2], cell)
-        cell_overrides = _pe_overrides(pe, dict(overrides), by_pe)
+        cell_overrides = _merged(_task_overrides(parts[0], _pe_overrides(pe, dict(overrides), by_pe), by_task),
+                                 variant or {})
         for key, params in (("attn_params", attn_params), ("pe_params", pe_params)):
             if params:
-                cell_overrides[key] = {**(overrides.get(key) or {}), **params}
+                cell_overrides[key] = {**(cell_overrides.get(key) or {}), **params}
         for config in plan_sweep([parts[0]], [attn], [pe], seeds, preset, cell_overrides):
             configs.setdefault(config.run_id, config)
     return list(configs.values())
 
 
+def sweep_variants(settings: dict[str, Any], cell_list: list[str], narrowed: bool = False):
+    """``(name, cells, fields)`` of each ``[variants.NAME]``: the cells it applies to (its own list, else every
+    cell) and the fields it changes. ``narrowed``: the cells were given on the command line, and a variant's own
+    list keeps only those among them."""
+    for name, table in (settings.get("variants") or {}).items():
+        own = split_list(table.get("cells")) or list(cell_list)
+        if narrowed and table.get("cells"):
+            own = [cell for cell in own if cell in cell_list]
+        if own:
+            yield name, own, {key: value for key, value in table.items() if key != "cells"}
+
+
 def configs_of_sweep(settings: dict[str, Any], *, tasks=None, attns=None, pes=None, cells=None, seeds=None,
-                     preset: str | None = None, flags: dict[str, Any] | None = None) -> list[RunConfig]:
+                     preset: str | None = None, flags: dict[str, Any] | None = None,
+                     labels: dict[str, str] | None = None) -> list[RunConfig]:
     """Every configuration a sweep file's ``settings`` (:func:`read_sweep_file`) runs, stages included, with
     command-line values (``None``: the file's) over the file's: the one way the sweep, its status, the
-    leaderboard's sections and ``compare --config`` know a protocol's runs."""
+    leaderboard's sections and ``compare --config`` know a protocol's runs. ``labels``, where given, receives the
+    name of the variant each variant's run belongs to (by run id)."""
     overrides = dict(settings.get("overrides", {}))
     overrides.update({key: value for key, value in (flags or {}).items() if value is not None})
     by_pe = settings.get("by_pe") or {}
@@ -379,7 +458,17 @@ def configs_of_sweep(settings: dict[str, Any], *, tasks=None, attns=None, pes=No
     if cell_list and (tasks or attns or pes):
         raise UsageError("give either --cells or --tasks/--attns/--pes, not both")
     if cell_list:
-        configs = plan_cells(cell_list, seed_list, preset, overrides, by_pe)
+        by_task = settings.get("by_task")
+        configs = plan_cells(cell_list, seed_list, preset, overrides, by_pe, by_task)
+        for name, own, variant in sweep_variants(settings, cell_list, narrowed=cells is not None):
+            try:
+                planned = plan_cells(own, seed_list, preset, overrides, by_pe, by_task, variant)
+            except UsageError as error:
+                raise UsageError(f"variants.{name}: {error}") from error
+            if labels is not None:
+                labels.update({c.run_id: name for c in planned if c.run_id not in labels})
+            configs += planned
+        configs = list({c.run_id: c for c in configs}.values())  # a variant that changes nothing is its cell
     elif by_pe and pe_list:
         configs = []
         for pe in pe_list:

@@ -27,8 +27,12 @@ RAY = "--executor ray"
 OUTPUT = "Output"
 
 
-def _cell_name(config) -> str:
-    return config.cell_name()
+def _cell_name(config, labels: dict[str, str] | None = None) -> str:
+    """The cell as the leaderboard names it, and the sweep file's variant it belongs to in brackets."""
+    from rich.markup import escape
+
+    label = (labels or {}).get(config.run_id)
+    return config.cell_name() + (escape(f" [{label}]") if label else "")  # printed through rich: not a style tag
 
 
 def _progress(quiet: bool) -> Progress:
@@ -59,7 +63,7 @@ def _print_notes(notes: list[str]) -> None:
         err.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
 
 
-def _print_status(configs, results: str) -> None:
+def _print_status(configs, results: str, labels: dict[str, str] | None = None) -> None:
     """``sweep --status``: a row per cell, from the store and the records of its jobs."""
     from lengthbench.executors import CELL_STATES, cell_states
 
@@ -68,7 +72,7 @@ def _print_status(configs, results: str) -> None:
     table = Table("cell", "run id", "state", "job", "note", title=f"sweep status ({results})", title_justify="left")
     for config in configs:
         state = states[config.run_id]
-        table.add_row(_cell_name(config), config.run_id, f"[{colours[state.state]}]{state.state}[/]",
+        table.add_row(_cell_name(config, labels), config.run_id, f"[{colours[state.state]}]{state.state}[/]",
                       f"{state.executor} {state.job_id}".strip(), state.note)
     out.print(table, width=None if out.is_terminal else max(out.width, 160))
     counts = [f"{sum(s.state == name for s in states.values())} {name}" for name in CELL_STATES]
@@ -140,7 +144,7 @@ def _cost_model(results: str, plan_gpu: str):
 
 
 def _print_plan(configs, results: str, budget_seconds: float, plan_gpu: str, slots: int, per_gpu: int,
-                mps: bool):
+                mps: bool, labels: dict[str, str] | None = None):
     """The budget's plan, before anything starts: each cell's estimated minutes, its start, what fits."""
     from lengthbench.budget import format_minutes, plan
     from lengthbench.checkpoints import cell_finished
@@ -154,7 +158,7 @@ def _print_plan(configs, results: str, budget_seconds: float, plan_gpu: str, slo
                   title_justify="left")
     colours = {"runs": "green", "in the store": "dim", "does not fit": "yellow"}
     for cell in planned:
-        table.add_row(_cell_name(cell.config), cell.config.run_id,
+        table.add_row(_cell_name(cell.config, labels), cell.config.run_id,
                       f"{cell.seconds / 60:.1f}" if cell.state != "in the store" else "",
                       f"{cell.start / 60:.1f}" if cell.state == "runs" else "",
                       f"[{colours[cell.state]}]{cell.state}[/]", "; ".join(cell.sources))
@@ -165,7 +169,7 @@ def _print_plan(configs, results: str, budget_seconds: float, plan_gpu: str, slo
     stored = sum(c.state == "in the store" for c in planned)
     out.print(f"{len(runs)} cells fit ({format_minutes(end)} of {format_minutes(budget_seconds)}), "
               f"{len(left)} do not" + (f", {stored} in the store already" if stored else "")
-              + (f"; next after this budget: {_cell_name(left[0].config)}" if left else ""), highlight=False)
+              + (f"; next after this budget: {_cell_name(left[0].config, labels)}" if left else ""), highlight=False)
     return cost
 
 
@@ -376,8 +380,9 @@ def register(app: typer.Typer) -> None:
         device = device or settings.get("device", "auto")
         if device not in ("auto", "cpu", "cuda"):
             raise UsageError(f"unknown device {device!r}; choose from: auto, cpu, cuda")
+        labels: dict[str, str] = {}  # run id -> the variant it belongs to ([variants.NAME])
         configs = configs_of_sweep(settings, tasks=tasks, attns=attns, pes=pes, cells=cells, seeds=seeds,
-                                   preset=preset, flags=flags)
+                                   preset=preset, flags=flags, labels=labels)
         cell_list = split_list(cells if cells is not None else settings.get("cells"))
         cells_only = [c for c in configs if not any(c.run_id == o.init_from for o in configs)]
         task_list = sorted({c.task for c in cells_only})
@@ -436,7 +441,7 @@ def register(app: typer.Typer) -> None:
             ray_options = executors.RayOptions(address=ray_address, gpus_per_cell=ray_gpus_per_cell,
                                                cpus_per_cell=ray_cpus_per_cell, max_retries=ray_max_retries)
         if status:
-            _print_status(configs, results)
+            _print_status(configs, results, labels)
             _print_progress(configs, results, plan_gpu, per_gpu, mps != "off")
             return
         slots = [] if dry_run or executor != "local" else gpu_slots(device, per_gpu)
@@ -449,11 +454,14 @@ def register(app: typer.Typer) -> None:
                  f"{len(task_list)} tasks x {len(attn_list)} attns x {len(pe_list)} pes x {len(seed_list)} seeds")
         if stages:
             shape += f", each after {len(stages)} earlier stage{'s' if len(stages) > 1 else ''}"
+        if labels:
+            variants = len(set(labels.values()))
+            shape += f", and {len(labels)} of {variants} variant{'s' if variants > 1 else ''}"
         err.print(f"[bold]sweep[/]: {len(configs)} runs ({shape}), preset {preset}; {done_before} already in "
                   f"{results}" + (f"; running in {where}" if where else ""), highlight=False)
         if budget_seconds is not None:
             cost = _print_plan(configs, results, budget_seconds, plan_gpu, max(1, len(slots)) if not dry_run else
-                               _plan_gpus(device) * per_gpu, per_gpu, mps != "off")
+                               _plan_gpus(device) * per_gpu, per_gpu, mps != "off", labels)
         if dry_run and budget_seconds is not None:
             return
         if dry_run:
@@ -466,7 +474,7 @@ def register(app: typer.Typer) -> None:
                 while source in by_id:
                     depth, source = depth + 1, by_id[source].init_from
                 stage = [f"{depth}" if config.run_id in sources else f"{depth} (the cell)"] if stages else []
-                table.add_row(_cell_name(config), *stage, config.run_id, run_status(results, config))
+                table.add_row(_cell_name(config, labels), *stage, config.run_id, run_status(results, config))
             out.print(table)
             return
         with _progress(quiet) as progress:
@@ -476,14 +484,14 @@ def register(app: typer.Typer) -> None:
             def on_event(kind, config, outcome, slot) -> None:
                 if kind == "start":
                     where = "gpu" if executor == "local" else "job"
-                    running[config.run_id] = _cell_name(config) + (f" ({where} {slot})" if slot else "")
+                    running[config.run_id] = _cell_name(config, labels) + (f" ({where} {slot})" if slot else "")
                 elif kind == "waiting":
-                    running[config.run_id] = _cell_name(config) + " (running elsewhere)"
+                    running[config.run_id] = _cell_name(config, labels) + " (running elsewhere)"
                 else:
                     running.pop(config.run_id, None)
                     progress.advance(bar)
                     if kind == "failed":
-                        err.print(f"[red]failed[/] {_cell_name(config)}: {outcome.error}", highlight=False,
+                        err.print(f"[red]failed[/] {_cell_name(config, labels)}: {outcome.error}", highlight=False,
                                   soft_wrap=True)
                 progress.update(bar, info=("running: " + "; ".join(running.values())) if running else "")
 
@@ -536,7 +544,7 @@ def register(app: typer.Typer) -> None:
         if counts["left"]:
             left = [o.config for o in outcomes if o.status == "left"]
             finished = counts["done"] + counts["skipped"]
-            out.print(f"{finished} cells done, {len(left)} left, next: {_cell_name(left[0])} ({left[0].run_id}). "
+            out.print(f"{finished} cells done, {len(left)} left, next: {_cell_name(left[0], labels)} ({left[0].run_id}). "
                       "The budget stopped the sweep cleanly: run the same command again to go on.", highlight=False)
             if counts["failed"]:
                 raise SystemExit(1)
