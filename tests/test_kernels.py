@@ -368,15 +368,6 @@ def test_sieve_walk_tiles_match_reference(tokens, dtype, alibi, shift, label):
     check("sieve-entmax", q, k, v, seed=tokens, label=label, tuning=SIEVE_WALKS[label], **extra)
 
 
-def test_stick_tuning_rejects_unknown_keys_and_values():
-    from lengthbench.kernels.stickbreaking import stickbreaking_attention
-
-    q, k, v = make_inputs("stickbreaking", 1, 1, 10, 32, torch.float32, seed=0)
-    for bad in (dict(cumsum="fft"), dict(fwd=(48, 64, 4, 2)), dict(typo=1), dict(loop="until"), dict(split=False)):
-        with pytest.raises(ValueError, match="stick-breaking tuning"):
-            stickbreaking_attention(q, k, v, tuning=bad)
-
-
 def test_no_grad_inference_path():
     q, k, v = make_inputs("stickbreaking", 1, 2, 100, 32, torch.bfloat16, seed=1)
     with torch.no_grad():

@@ -358,5 +358,37 @@ def test_stick_tiles_take_a_register_cap_and_bf16_sums_need_the_prefix_backward(
     launch_config(problem(32), {"backward": "suffix", "split": True, "cumsum": "bf16x2"})
 
 
+# Each setting that ``stickbreaking.launch_config`` refuses, with the words of its error. The check runs on the host
+# before any launch, so it is tested here, on the CPU.
+BAD_STICK_TUNING = [
+    (dict(cumsum="fft"), "cumsum must be one of"),
+    (dict(fwd=(48, 64, 4, 2)), "fwd must be"),
+    (dict(bwd=(64, 32, 4, 2, 300)), "bwd must be"),  # maxnreg past 255
+    (dict(typo=1), "unknown keys"),
+    (dict(loop="until"), "loop must be one of"),
+    (dict(backward="suffix"), "cumsum bf16 needs backward prefix"),  # the default sums
+    (dict(split=False, backward="suffix", cumsum="dot2"), "split False needs backward prefix"),
+    (dict(exp2=False, exp2_soft="all"), "exp2_soft needs exp2"),
+    (dict(cumsum_width=8), "cumsum_width must be"),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("bad, words", BAD_STICK_TUNING, ids=lambda x: str(x) if isinstance(x, dict) else "")
+def test_stick_tuning_rejects_unknown_keys_and_values(bad, words):
+    import torch
+
+    from lengthbench.kernels._common import Problem
+    from lengthbench.kernels.stickbreaking import launch_config
+
+    q = torch.zeros(1, 1, 10, 32)
+    pb = Problem(q, q, q, None, None, None)
+    with pytest.raises(ValueError, match=f"stick-breaking tuning: {words}"):
+        launch_config(pb, bad)
+    # the same keys at settings that go together are taken (``split`` False is the default)
+    assert launch_config(pb, dict(split=False))["split"] is False
+    assert launch_config(pb, dict(backward="suffix", cumsum="dot2", split=True))["backward"] == "suffix"
+
+
 if __name__ == "__main__":
     worker([int(i) for i in sys.argv[1].split(",") if i])
