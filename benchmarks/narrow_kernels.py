@@ -32,8 +32,8 @@ from lengthbench.devices import provenance
 from lengthbench.kernels import NARROW_OPS, get_kernel
 from lengthbench.leaderboard import frame_markdown
 
-MECHANISMS = "stickbreaking,sieve,sieve-alg1,sieve-entmax,entmax,softpick,tra,tda"
-PARAMS = {"sieve": {"eps": 8.0}, "tra": {"sm_scale": 1.0}, "tda": {"lam": 0.5, "sm_scale": 1.0}}
+MECHANISMS = "stickbreaking,sieve,sieve-window,entmax,softpick,tra,tda"
+PARAMS = {"tra": {"sm_scale": 1.0}, "tda": {"lam": 0.5, "sm_scale": 1.0}}
 
 
 def inputs(mechanism: str, batch: int, heads: int, tokens: int, head_dim: int, seed: int = 0):

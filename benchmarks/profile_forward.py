@@ -1,7 +1,7 @@
 """One fused op's forward, a few times over, for a profiler to read (Nsight Compute); no timing of its own.
 
     ncu --clock-control none --set full --import-source yes -k regex:_fwd_kernel --launch-skip 2 --launch-count 1 \\
-        python benchmarks/profile_forward.py --mechanism sieve-alg1 --tokens 16384 --inputs walk8
+        python benchmarks/profile_forward.py --mechanism sieve-window --tokens 16384 --inputs walk8
 
 The inputs are ``benchmarks/kernels.py``'s families ``random``, ``walk4`` and ``walk8`` (B 1, bf16, seed 0);
 ``--tuning`` passes launch settings to the op (JSON, as ``kernels.py``'s ``--variant``). Needs a GPU.
@@ -24,7 +24,7 @@ SHIFTS = {"random": 0.0, "walk4": -4.0, "walk8": -8.0}
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mechanism", default="sieve-alg1")
+    parser.add_argument("--mechanism", default="sieve-window")
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--head-dim", type=int, default=32)

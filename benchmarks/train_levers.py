@@ -6,7 +6,7 @@ variables; a variable's value is a string or a JSON object (written out as JSON)
 first as ``default``. Each command measures softmax + RoPE first and last beside ``--attns``, so each lever's
 ratios are over its own baseline, and they compare::
 
-    python benchmarks/train_levers.py --tasks copy,mqrar --attns stickbreaking,sieve-alg1 --levers \\
+    python benchmarks/train_levers.py --tasks copy,mqrar --attns stickbreaking,sieve-window --levers \\
         '{"fwd64": {"LENGTHBENCH_CAPTURE_TUNING": {"stickbreaking": {"fwd": [64, 32, 4, 2]}}}}' --out OUT
 
 Prints each mechanism's ratio per lever and task, and writes ``<out>/train_levers.md`` and every command's

@@ -521,18 +521,18 @@ OWN_DEFAULTS_BEFORE = ("softpick", "tra")
 CAPTURE_KEYS_SINCE = {"tda": ("fused_bwd",)}
 # keys the stick-breaking family's capture settings took later, with what rows recorded without them ran (the
 # kernels' defaults then: two-bf16 sums, the causal masks on every tile, no loads ahead, empty tiles' values skipped);
-# sieve-entmax takes them in its ``walk``
+# Sieve takes them in its ``walk``
 PINNED_BEFORE = {"cumsum": "bf16x2", "full_tiles": False, "prefetch": False, "skip_empty": True}
 
 
 def _pinned(settings: dict) -> dict:
     """``settings`` (op -> capture settings) with the keys of :data:`PINNED_BEFORE` that a stick-breaking op (or
-    sieve-entmax's walk) lacks filled with what it ran."""
+    Sieve's walk) lacks filled with what it ran."""
     out = {}
     for op, tuning in settings.items():
         if op in kernels.STICK_FAMILY:
             tuning = {**PINNED_BEFORE, **tuning}
-        elif op == "sieve-entmax" and isinstance(tuning.get("walk"), dict):
+        elif op == "sieve" and isinstance(tuning.get("walk"), dict):
             tuning = {**tuning, "walk": {**PINNED_BEFORE, **tuning["walk"]}}
         out[op] = tuning
     return out

@@ -107,7 +107,7 @@ def model_dispatches_to_kernels(model) -> bool:
 # (H200, 2026-11-28, commit 9ef32c8, results/benchmarks/gpu_logs/ab_sdpa_backend_inductor_walk.txt): ``combo_kernels``
 # 21,219 against 38,861 samples/s; ``triton.enable_pdl`` 39,243 against 38,861 (Copy: 75,737 against 74,630), and
 # every mechanism's ratio to softmax + RoPE within 0.01 of the default's (TDA on MQMTAR 0.79; ASEntmax and
-# sieve-entmax on Copy): both left off. The two together, and PDL with ``max_autotune_pointwise``, same measure
+# Sieve, "sieve-entmax" there, on Copy): both left off. The two together, and PDL with ``max_autotune_pointwise``, same measure
 # beside the default (H200, 2026-11-29, commit 5b39432, results/benchmarks/gpu_logs/softmax_pdl_coordinate_descent.txt):
 # softmax + RoPE 39,931 and 40,066 (first and closing rows) and 39,735 and 39,741 against 39,204 and 39,258; TDA's
 # ratio 0.83, 0.84 against 0.83; the two cells compiled in 92, 38 and 37 s (six processes at a time): coordinate-descent

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lengthbench.models import ARCHS, INITS
+from lengthbench.store import RENAMED, SCHEMA_VERSION
 from lengthbench.tasks import get_task
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
@@ -67,6 +68,8 @@ TRAIN_STEPS = ("graph-compiled", "graph", "compiled")
 # What a stored configuration that lacks a field (written before the field existed) ran with, where that is not
 # the field's default: the configurations of the store's schema version 1 trained on the compiled step.
 ABSENT_FIELDS = {"train_step": "compiled"}
+# The names that an earlier schema version of the store gave other mechanisms (``store.RENAMED``)
+RENAMED_NAMES = frozenset(name for names in RENAMED.values() for name in names)
 
 
 @dataclass
@@ -155,8 +158,13 @@ class RunConfig:
         return max(1, -(-self.train_samples // self.batch_size))
 
     def identity(self) -> dict[str, Any]:
-        """What ``run_id`` hashes: every field (rows of the store's schema version 1 hashed fewer)."""
-        return dataclasses.asdict(self)
+        """What ``run_id`` hashes: every field (rows of the store's schema version 1 hashed fewer), and the store's
+        schema version where ``attn`` is a name that an earlier version gave another mechanism (``sieve``:
+        ``store.RENAMED``), so that a run of it never finds, resumes or counts as done a run of the other."""
+        fields = dataclasses.asdict(self)
+        if self.attn in RENAMED_NAMES:
+            fields["schema_version"] = SCHEMA_VERSION
+        return fields
 
     @property
     def run_id(self) -> str:

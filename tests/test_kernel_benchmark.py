@@ -23,22 +23,22 @@ def frame(mechanisms, fwd, created, scale=None):
 
 
 def test_merge_replaces_the_measured_rows_only(tmp_path):
-    short = frame(["entmax", "sieve-entmax"], 1.0, "2026-11-22").assign(seq_len=1024)  # not measured again: kept
-    bench.write(pd.concat([frame(["entmax", "sieve-entmax", "tra"], 100.0, "2026-11-22"), short]), tmp_path / "all")
+    short = frame(["entmax", "sieve"], 1.0, "2026-11-22").assign(seq_len=1024)  # not measured again: kept
+    bench.write(pd.concat([frame(["entmax", "sieve", "tra"], 100.0, "2026-11-22"), short]), tmp_path / "all")
     bench.write(frame(["entmax", "sparsemax"], 29.0, "2026-11-24", scale=1.0), tmp_path / "new")
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels.py"), "--merge", str(tmp_path / "new"),
                            "--out", str(tmp_path / "all")], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     merged = pd.read_parquet(tmp_path / "all" / "kernels.parquet")
-    assert sorted(merged.mechanism) == ["entmax", "entmax", "sieve-entmax", "sieve-entmax", "sparsemax", "tra"]
+    assert sorted(merged.mechanism) == ["entmax", "entmax", "sieve", "sieve", "sparsemax", "tra"]
     longest = merged[merged.seq_len == 65536]
-    assert longest.set_index("mechanism").fwd_ms.to_dict() == {"entmax": 29.0, "sieve-entmax": 100.0, "sparsemax": 29.0,
+    assert longest.set_index("mechanism").fwd_ms.to_dict() == {"entmax": 29.0, "sieve": 100.0, "sparsemax": 29.0,
                                                                "tra": 100.0}
     assert merged[merged.seq_len == 1024].fwd_ms.tolist() == [1.0, 1.0]
     text = (tmp_path / "all" / "kernels.md").read_text()
     assert "between 2026-11-22 and 2026-11-24" in text and "times 1 (SDPA" in text
     assert "| entmax | 1.45 (1.5) | 0.83 (3) | 1.00 | all |" in text
-    assert "| sieve-entmax | 5.00 (1.5) | 2.86 (3) | 1.00 | missed: fwd |" in text
+    assert "| sieve | 5.00 (1.5) | 2.86 (3) | 1.00 | missed: fwd |" in text
 
 
 def test_each_row_of_the_report_names_its_date_and_commit(tmp_path):
@@ -67,7 +67,7 @@ def test_rows_without_inputs_or_variant_read_as_random_default(tmp_path):
 
 def test_report_has_ratios_per_input_family_against_their_targets(tmp_path):
     random = frame(["stickbreaking"], 20.0, "2026-11-27").assign(inputs="random", variant="default")
-    walk = frame(["stickbreaking", "sieve-alg1"], 60.0, "2026-11-27").assign(inputs="walk8", variant="default")
+    walk = frame(["stickbreaking", "sieve-window"], 60.0, "2026-11-27").assign(inputs="walk8", variant="default")
     walk64 = frame(["stickbreaking"], 30.0, "2026-11-27").assign(inputs="walk8", variant="prefix", head_dim=64)
     bench.write(pd.concat([random, walk, walk64]), tmp_path)
     text = (tmp_path / "kernels.md").read_text()
@@ -75,7 +75,7 @@ def test_report_has_ratios_per_input_family_against_their_targets(tmp_path):
     assert "| stickbreaking | 1.00 (1.5) | 0.57 (3) | 1.00 | all |" in random_part
     walk_part = text.split("## Ratios to SDPA at L=65536, D=32, walk8 inputs")[1].split("##")[0]
     assert "| stickbreaking | 3.00 (2) | 1.71 (3) | 1.00 | missed: fwd |" in walk_part
-    assert "| sieve-alg1 | 3.00 (2) | 1.71 (3) | 1.00 | missed: fwd |" in walk_part
+    assert "| sieve-window | 3.00 (2) | 1.71 (3) | 1.00 | missed: fwd |" in walk_part
     assert "| stickbreaking [prefix] | 1.50 (2) | 0.86 (3) | 1.00 | all |" in text.split("D=64, walk8 inputs")[1]
     assert "| walk8 | prefix | GPU | 2026-11-27 |" in text
 
@@ -153,11 +153,11 @@ def test_narrow_kernel_rows_say_which_op_ran():
     from lengthbench import kernels
 
     assert kernels.CAPTURE_STICK == "wide"
-    assert not narrow_kernels.takes_narrow("sieve", "capturable", 83)
+    assert not narrow_kernels.takes_narrow("sieve-window", "capturable", 83)
     assert narrow_kernels.takes_narrow("entmax", "capturable", 131)
-    assert not narrow_kernels.takes_narrow("sieve-entmax", "capturable", 131)  # past its 128 keys
-    assert narrow_kernels.takes_narrow("sieve", "bd32", 131)
-    assert not narrow_kernels.takes_narrow("sieve", "wide32", 83)
+    assert not narrow_kernels.takes_narrow("sieve", "capturable", 131)  # past its 128 keys
+    assert narrow_kernels.takes_narrow("sieve-window", "bd32", 131)
+    assert not narrow_kernels.takes_narrow("sieve-window", "wide32", 83)
     assert not narrow_kernels.takes_narrow("softpick", "capturable", 83)
 
 

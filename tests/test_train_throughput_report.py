@@ -132,17 +132,17 @@ def test_warm_commands_run_each_cell_for_a_few_steps():
 def test_the_summary_keeps_the_stick_family_rows_of_the_ops_taken_now(tmp_path):
     def run(command, created, speed, capture):
         frame = pd.DataFrame(rows(command, created, speed))
-        frame.loc[1, "attn"] = "sieve"
+        frame.loc[1, "attn"] = "sieve-window"
         if capture is not None:
             frame["capture_stick"] = capture
         return frame
 
-    runs = [run("python benchmarks/train_throughput.py --attns softmax,sieve", "2026-11-27T07:00:00", 30_000.0, None),
+    runs = [run("python benchmarks/train_throughput.py --attns softmax,sieve-window", "2026-11-27T07:00:00", 30_000.0, None),
             run("LENGTHBENCH_CAPTURE_STICK=wide ...", "2026-11-27T08:00:00", 40_000.0, "wide"),
             run("LENGTHBENCH_CAPTURE_STICK=narrow ...", "2026-11-27T09:00:00", 35_000.0, "narrow")]
     text = merged_markdown(tmp_path, *runs)
     summary = text.split("Runs (device")[0]
-    assert "| sieve | 0.80 (2) |" in summary, summary  # the wide run's, not the newer narrow one nor the oldest
+    assert "| sieve-window | 0.80 (2) |" in summary, summary  # the wide run's, not the newer narrow one nor the oldest
     assert "`capture_stick` not `wide`" in summary
     assert "| capture_stick |" in text.split("Runs (device")[1]
 
@@ -353,18 +353,18 @@ def test_stick_rows_before_the_one_bf16_sums_are_not_todays_step():
     import train_throughput
 
     before = {"stickbreaking": {"fwd": [64, 32, 4, 2], "bwd": [64, 32, 4, 2], "full_tiles": True},
-              "sieve-alg1": {"fwd": [64, 32, 4, 2], "bwd": [64, 32, 4, 2]},
-              "sieve-entmax": {"lists": False, "split": False, "threshold": "narrow",
+              "sieve-window": {"fwd": [64, 32, 4, 2], "bwd": [64, 32, 4, 2]},
+              "sieve": {"lists": False, "split": False, "threshold": "narrow",
                                "walk": {"fwd": [64, 32, 4, 2], "bwd": [64, 32, 4, 2]}}}
     lever = {"stickbreaking": {**before["stickbreaking"], "cumsum": "bf16"}}
-    today = {op: kernels.CAPTURE_TUNING[op] for op in ("sieve", "sieve-entmax")}
-    reordered = {"sieve-alg1": dict(reversed(list(kernels.CAPTURE_TUNING["sieve-alg1"].items())))}
+    today = {op: kernels.CAPTURE_TUNING[op] for op in ("sieve-window", "sieve")}
+    reordered = {"sieve-window": dict(reversed(list(kernels.CAPTURE_TUNING["sieve-window"].items())))}
     cases = [*before.items(), *lever.items(), *today.items(), *reordered.items()]
     rows = pd.DataFrame([dict(attn=op, fused_ops=op, capture_stick="wide", capture_settings=json.dumps({op: tuning}))
                          for op, tuning in cases])
     expected = [train_throughput.today_capture(op) for op in rows["fused_ops"]]
     assert list(train_throughput.capture_settings(rows) == expected) == [False, False, False, False, True, True, True]
-    assert "fwd" not in kernels.CAPTURE_TUNING["stickbreaking"] and kernels.CAPTURE_TUNING["sieve"]["cumsum"] == "bf16"
+    assert "fwd" not in kernels.CAPTURE_TUNING["stickbreaking"] and kernels.CAPTURE_TUNING["sieve-window"]["cumsum"] == "bf16"
 
 
 def test_tda_rows_before_the_capture_column_ran_the_dq_kernel():
@@ -459,7 +459,7 @@ def test_a_file_merged_twice_adds_its_rows_once(tmp_path):
     assert len(frame) == 2
 
 
-@pytest.mark.parametrize("attn, ops", [("tda", "tda"), ("softpick", "softpick"), ("sieve-entmax", "sieve-entmax")])
+@pytest.mark.parametrize("attn, ops", [("tda", "tda"), ("softpick", "softpick"), ("sieve", "sieve")])
 def test_rows_on_other_views_stay_out_of_the_summary(tmp_path, attn, ops):
     """Rows whose model took its query, key and value views other than today's (``views``; rows from before the
     column: compiled, TDA's as its older ``unit_views`` column says) are a comparison; the column does not concern
