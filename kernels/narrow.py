@@ -68,7 +68,7 @@ import triton.language as tl
 from lengthbench.kernels import ENTMAX_BACKWARD, ROWWISE_FUSED, entmax_backward_setting, entmax_backward_taken
 from lengthbench.kernels._common import Problem, reduce_slopes, score_tile, softplus
 from lengthbench.kernels._rowwise import ENTMAX, launch_settings, rowwise_backward
-from lengthbench.kernels.defaults import SIEVE_ALPHA, SIEVE_WINDOW_EPS
+from lengthbench.kernels.defaults import ENTMAX_ALPHA, SIEVE_ALPHA, SIEVE_WINDOW_EPS
 from lengthbench.kernels.stickbreaking import LOG2E, _cumsum, _sigmoids, _softplus_e
 
 # The widest rows these kernels take: a [BM, TP] fp32 tile a tensor, BM * TP = 4,096 elements.
@@ -845,7 +845,8 @@ def sieve_threshold(q, k, *, slopes=None, row_scale=None, sm_scale=None, tuning:
     return tau
 
 
-def narrow_entmax(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=1.5, tuning: dict | None = None):
+def narrow_entmax(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=ENTMAX_ALPHA,
+                  tuning: dict | None = None):
     """1.5-entmax attention over at most :data:`NARROW_MAX_TOKENS` tokens, ``[B, H, T, D]`` causal."""
     if float(alpha) != 1.5:
         raise ValueError(f"the narrow kernels implement alpha = 1.5 only, got {alpha}")
