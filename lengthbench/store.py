@@ -169,6 +169,19 @@ def with_schema_version(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def saved_config(config: dict) -> dict:
+    """A run's configuration as its trained model (``model.pt``) keeps it, the identity its run id hashed, in today's
+    names (:data:`RENAMED`). One saved before version 3 names a renamed mechanism without the ``schema_version`` that
+    today's runs of those names hash (``RunConfig.identity``); version 1's identity left ``rescored_from`` out at its
+    default, version 2's holds every field."""
+    attn = config.get("attn")
+    if "schema_version" in config or not any(attn in names for names in RENAMED.values()):
+        return config
+    version = 2 if "rescored_from" in config else 1
+    name, params = RENAMED[version].get(attn, (attn, {}))
+    return {**config, "attn": name, "attn_params": {**params, **(config.get("attn_params") or {})}}
+
+
 def table_version(version: int) -> int:
     """The schema version whose tables a row of ``version`` shares (:data:`SHARED_FROM`)."""
     return SCHEMA_VERSION if int(version) >= SHARED_FROM else int(version)

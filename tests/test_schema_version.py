@@ -131,3 +131,40 @@ def test_a_run_under_a_renamed_name_never_takes_the_id_of_the_other_mechanism():
     for attn in ("sieve-window", "softmax"):
         config = build_config("mqrar", attn, "none", "smoke")
         assert config.run_id == earlier_id(config)
+
+
+def test_a_trained_model_of_an_earlier_version_loads_as_the_mechanism_it_trained(tmp_path):
+    """A ``model.pt`` keeps its run's identity as saved: one of version 2 under ``sieve`` (the window at eps 8) loads
+    as ``sieve-window`` at eps 8 (``load_model``: inspection; and rescoring), version 1's ``sieve`` (the entmax form,
+    its identity without ``rescored_from``) as ``sieve``, today's ``sieve`` as it is."""
+    import dataclasses
+
+    import torch
+
+    from lengthbench.checkpoints import build_model, checkpoint_dir, load_model
+    from lengthbench.models.attention.stickbreaking import SieveAttention, SieveWindowAttention
+    from lengthbench.store import saved_config
+    from lengthbench.tasks import get_task
+
+    today = build_config("copy", "sieve", "none", "smoke", d_model=16, n_heads=2, ffn=32, n_layers=1)
+    version_2 = {**dataclasses.asdict(today)}  # every field, no schema_version
+    version_1 = {key: value for key, value in version_2.items() if key != "rescored_from"}
+    assert saved_config(today.identity()) == today.identity()
+    assert saved_config(version_1) == version_1
+    assert saved_config(version_2) == {**version_2, "attn": "sieve-window", "attn_params": {"eps": 8.0}}
+    alg1 = {**version_2, "attn": "sieve-alg1", "attn_params": {"eps": 4.0}}
+    assert saved_config(alg1) == {**alg1, "attn": "sieve-window"}  # its own eps kept
+    softmax = {**version_2, "attn": "softmax"}
+    assert saved_config(softmax) == softmax
+    task = get_task("copy")
+    for run_id, config, kind in (("old", version_2, SieveWindowAttention), ("older", version_1, SieveAttention),
+                                 ("new", today.identity(), SieveAttention)):
+        model = build_model(today, task)
+        folder = checkpoint_dir(tmp_path, run_id)
+        folder.mkdir(parents=True)
+        torch.save({"config": config, "model": model.state_dict(), "state": {}}, folder / "model.pt")
+        loaded, _, read = load_model(tmp_path, run_id)
+        assert type(loaded.blocks[0].attn) is kind, run_id
+        assert read.attn_params == ({"eps": 8.0} if kind is SieveWindowAttention else {})
+        if kind is SieveWindowAttention:
+            assert loaded.blocks[0].attn.eps == 8.0
