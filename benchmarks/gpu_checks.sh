@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_checks.sh tests-modules OUT  # each module's fast path against its reference; compiled references;
 #                                                    # the training-width kernels; the query, key and value views; the training step's gradients
 #   bash benchmarks/gpu_checks.sh kernels OUT     # kernel benchmark against SDPA (every fused op)
-#   bash benchmarks/gpu_checks.sh long-walks OUT  # stick-breaking and sieve-alg1 at 65,536 on random and long-walk inputs
+#   bash benchmarks/gpu_checks.sh long-walks OUT  # stick-breaking and sieve-window at 65,536 on random and long-walk inputs
 #   bash benchmarks/gpu_checks.sh eval OUT        # paper MQMTAR evaluation at 65,536 tokens per mechanism
 #   bash benchmarks/gpu_checks.sh eval-trained OUT  # trains small MQRAR and MQMTAR models (about 10 minutes), then
 #                                                    # times their scoring at 65,536 tokens and their kernels' inputs
@@ -54,7 +54,7 @@ case "$part" in
   kernels)
     python3 benchmarks/kernels.py --out "$out" 2>&1 | tee "$out/benchmark_log.txt" ;;
   long-walks)
-    python3 benchmarks/kernels.py --mechanisms stickbreaking,sieve-alg1 --lengths 65536 --head-dims 32,64 \
+    python3 benchmarks/kernels.py --mechanisms stickbreaking,sieve-window --lengths 65536 --head-dims 32,64 \
       --inputs random,walk4,walk8 --out "$out" 2>&1 | tee "$out/long_walks_log.txt" ;;
   eval)
     python3 benchmarks/eval_time.py --attns softmax,ssmax,entmax,asentmax,stickbreaking,softpick,rectified,tra \
@@ -66,17 +66,17 @@ case "$part" in
     # inputs: the paper models, 1.28M samples each at the task's training length (the seeds train 20M-50M), into
     # OUT/trained_runs (resumed if interrupted). Their in-distribution accuracy is recorded beside each time.
     runs="$out/trained_runs"
-    for cell in mqrar:softmax:rope mqrar:stickbreaking:none mqrar:sieve-alg1:none mqrar:sieve:none \
+    for cell in mqrar:softmax:rope mqrar:stickbreaking:none mqrar:sieve-window:none mqrar:sieve:none \
                 mqmtar:softmax:rope mqmtar:entmax:rope mqmtar:asentmax:rope; do
       IFS=: read -r task attn pe <<< "$cell"
       lengthbench run --task "$task" --attn "$attn" --pe "$pe" --preset paper --train-samples "${TRAIN_SAMPLES:-1280000}" \
         --warmup-steps 1000 --max-multiplier 1 --eval-samples 200 --results "$runs" 2>&1 | tail -3
     done 2>&1 | tee "$out/eval_trained_log.txt"
     python3 benchmarks/eval_time.py --task mqrar --runs "$runs" --samples 50,20,20,20 \
-      --attns softmax:rope,stickbreaking:none,sieve-alg1:none,sieve:none --out "$out" 2>&1 | tee -a "$out/eval_trained_log.txt"
+      --attns softmax:rope,stickbreaking:none,sieve-window:none,sieve:none --out "$out" 2>&1 | tee -a "$out/eval_trained_log.txt"
     python3 benchmarks/eval_time.py --task mqmtar --runs "$runs" --samples 50,20,20 \
       --attns softmax:rope,entmax:rope,asentmax:rope --out "$out" 2>&1 | tee -a "$out/eval_trained_log.txt"
-    for attn in stickbreaking sieve-alg1; do
+    for attn in stickbreaking sieve-window; do
       checkpoint=$(ls "$runs"/checkpoints/mqrar-"$attn"-none-*/model.pt | head -1)
       python3 benchmarks/kernels.py --mechanisms "$attn" --lengths 65536 --inputs trained --trained "$checkpoint" \
         --out "$out/kernels_trained_$attn" 2>&1 | tee -a "$out/eval_trained_log.txt"
@@ -91,7 +91,7 @@ case "$part" in
     # that a change of one mechanism's kernels leaves to be measured again; softmax + RoPE runs first and last even
     # where PES leaves RoPE out (e.g. PES=nape: the NAPE cells only, beside their baseline)
     if [ "${BATCH:-128}" = 512 ]; then timed="--steps 200 --warmup 100"; else timed="--steps 300 --warmup 20"; fi
-    attns=softmax,ssmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda
+    attns=softmax,ssmax,entmax,asentmax,stickbreaking,sieve,sieve-window,softpick,tra,tda
     if [ -n "${ATTNS:-}" ]; then
       others=$(tr , '\n' <<< "$ATTNS" | grep -vx -e softmax -e '' | paste -sd, -)
       attns="softmax${others:+,$others}"  # ATTNS=softmax: the baseline alone

@@ -52,14 +52,14 @@ from lengthbench.devices import git_sha
 from lengthbench.kernels import get_kernel, kernel_names
 
 # The targets: fwd within FWD_TARGET x SDPA and fwd+bwd within FWDBWD_TARGET x; tra/tda at least as fast.
-FWD_TARGET = {"stickbreaking": 1.5, "sieve-entmax": 1.5, "softpick": 1.5, "rectified": 1.5, "entmax": 1.5,
+FWD_TARGET = {"stickbreaking": 1.5, "sieve": 1.5, "softpick": 1.5, "rectified": 1.5, "entmax": 1.5,
               "tra": 1.0, "tda": 1.0}
-FWDBWD_TARGET = {"stickbreaking": 3.0, "sieve-entmax": 3.0, "softpick": 3.0, "rectified": 3.0, "entmax": 3.0,
+FWDBWD_TARGET = {"stickbreaking": 3.0, "sieve": 3.0, "softpick": 3.0, "rectified": 3.0, "entmax": 3.0,
                  "tra": 1.0, "tda": 1.0}
 MEMORY_TARGET = 1.5
 # On the other input families (long walks, trained models): the stick-breaking family's targets.
-WALK_FWD_TARGET = {"stickbreaking": 2.0, "sieve-alg1": 2.0}
-WALK_FWDBWD_TARGET = {"stickbreaking": 3.0, "sieve-alg1": 3.0}
+WALK_FWD_TARGET = {"stickbreaking": 2.0, "sieve-window": 2.0}
+WALK_FWDBWD_TARGET = {"stickbreaking": 3.0, "sieve-window": 3.0}
 FAMILIES = ("random", "walk4", "walk8", "trained")
 WALK_SHIFT = {"walk4": -4.0, "walk8": -8.0}
 UNIT_INPUTS = ("tra", "tda")

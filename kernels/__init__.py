@@ -28,14 +28,13 @@ import os
 from collections.abc import Callable
 
 # mechanism name -> "module:function" inside this package. Extra parameters: entmax ``alpha`` (1.5 or 2),
-# sieve ``eps``, sieve-entmax ``alpha`` (1.5 only), softpick ``eps``, tra ``beta``/``kappa``/``power`` (unit q, k and ``sm_scale=1`` from the
-# module), tda those of tra plus ``lam``. All ops give gradients to q, k, v, ``row_scale`` and ``slopes`` (and
+# sieve ``alpha`` (1.5 only), sieve-window ``eps``, softpick ``eps``, tra ``beta``/``kappa``/``power`` (unit q, k and
+# ``sm_scale=1`` from the module), tda those of tra plus ``lam``. All ops give gradients to q, k, v, ``row_scale`` and ``slopes`` (and
 # tra's and tda's ``beta``, tda's ``lam``).
 _KERNELS: dict[str, str] = {
     "stickbreaking": "stickbreaking:stickbreaking_attention",
-    "sieve": "sieve:sieve_alg1_attention",
-    "sieve-alg1": "sieve:sieve_alg1_attention",
-    "sieve-entmax": "sieve:sieve_attention",
+    "sieve": "sieve:sieve_attention",
+    "sieve-window": "sieve:sieve_alg1_attention",
     "entmax": "entmax:entmax_attention",
     "sparsemax": "entmax:sparsemax_attention",
     "adatemp": "adatemp:adatemp_attention",
@@ -80,7 +79,7 @@ ROWWISE_CAPTURE = {"fwd": (64, 32, 4), "bwd": (32, 32, 4)}
 CAPTURE_TUNING: dict[str, dict] = {
     "entmax": {"lists": False, "split": False},
     "sparsemax": {"lists": False, "split": False},
-    "sieve-entmax": {"lists": False, "split": False},
+    "sieve": {"lists": False, "split": False},
     "tda": {"map": 0, "fwd": (32, 32, 4), "dq": (32, 32, 4), "dkdv": (64, 32, 4), "fused_bwd": True,
             "rows": (128, 32, 4)},
     "softpick": dict(ROWWISE_CAPTURE),
@@ -90,23 +89,26 @@ CAPTURE_TUNING: dict[str, dict] = {
 # (``wide``, the default), or the training-width kernels of ``narrow.py`` up to 128 keys (``narrow``;
 # ``LENGTHBENCH_CAPTURE_STICK=narrow``, for benchmarks that compare the two). Training throughput at batch 128 over
 # softmax + RoPE's, the two side by side (paper models, H200, 2026-11-27, commit 4c5348a, 32-tiles,
-# results/benchmarks/train_throughput.md): MQRAR Sieve 0.76 / 0.63, stick-breaking 0.83 / 0.69; MQMTAR Sieve 0.78 /
-# 0.77, stick-breaking 0.83 / 0.79; Copy Sieve 0.70 / 0.65, stick-breaking 0.78 / 0.75. ``wide``'s tiles: 64 query
-# rows and 32 keys, forward and backward, and stick-breaking's forward on its full tiles (``STICK_CAPTURE``); over 32
-# rows and 32 keys, same machine and commit (d93ab1b, gpu_logs/train_tiles_sweep.txt): Copy stick-breaking 0.77 ->
-# 0.86, sieve-alg1 0.70 -> 0.80; MQRAR stick-breaking 0.83 -> 0.87, Sieve 0.77 -> 0.82, sieve-alg1 0.77 -> 0.83.
-STICK_FAMILY = ("stickbreaking", "sieve", "sieve-alg1")
+# results/benchmarks/train_throughput.md, where sieve-window at eps 8 is "sieve" and at eps 2 "sieve-alg1"): MQRAR
+# sieve-window (eps 8) 0.76 / 0.63, stick-breaking 0.83 / 0.69; MQMTAR sieve-window (eps 8) 0.78 / 0.77,
+# stick-breaking 0.83 / 0.79; Copy sieve-window (eps 8) 0.70 / 0.65, stick-breaking 0.78 / 0.75. ``wide``'s tiles: 64
+# query rows and 32 keys, forward and backward, and stick-breaking's forward on its full tiles (``STICK_CAPTURE``);
+# over 32 rows and 32 keys, same machine and commit (d93ab1b, gpu_logs/train_tiles_sweep.txt): Copy stick-breaking
+# 0.77 -> 0.86, sieve-window (eps 2) 0.70 -> 0.80; MQRAR stick-breaking 0.83 -> 0.87, sieve-window (eps 8) 0.77 ->
+# 0.82, (eps 2) 0.77 -> 0.83.
+STICK_FAMILY = ("stickbreaking", "sieve-window")
 # the mechanisms that take the long-context op at every width under ``wide``
-WIDE_CAPTURE = (*STICK_FAMILY, "sieve-entmax")
+WIDE_CAPTURE = (*STICK_FAMILY, "sieve")
 # The training step takes the long-context op's tiles, registers and one-bf16 sums (``stickbreaking.launch_config``'s
 # defaults: 64 query rows and 32 keys, the registers capped at 128 a thread in the forward up to head dim 64 and at 168
-# in the backward up to 32) and keeps the causal masks on every tile of Sieve's Algorithm 1, the forward's loads in
-# turn and the value loads of sieve-alg1's key tiles without a kept key skipped. Through whole training steps on Copy
-# at batch 512 (head dim 16), ratios to softmax + RoPE's samples/s, the step before (64 x 32 tiles without a register
-# cap, two-bf16 sums) -> one-bf16 sums -> one-bf16 sums and the capped registers: sieve-entmax 0.81 -> 0.80 -> 0.88,
-# stick-breaking 0.95 -> 0.94 -> 0.97, Sieve 0.85 -> 0.86 -> 0.89, sieve-alg1 0.86 -> 0.87 -> 0.90 (H200, 2026-11-29,
-# commit 10adcaa, results/benchmarks/gpu_logs/stick_capture_registers.txt). The loads ahead in sieve-entmax's walk,
-# same measure: 0.78 against 0.81 (commit 8e537ab, results/benchmarks/gpu_logs/entmax_threshold_unseen_keys.txt).
+# in the backward up to 32) and keeps the causal masks on every tile of Sieve's Algorithm 1 window, the forward's
+# loads in turn and the value loads of sieve-window's key tiles without a kept key skipped. Through whole training
+# steps on Copy at batch 512 (head dim 16), ratios to softmax + RoPE's samples/s, the step before (64 x 32 tiles
+# without a register cap, two-bf16 sums) -> one-bf16 sums -> one-bf16 sums and the capped registers: Sieve 0.81 ->
+# 0.80 -> 0.88, stick-breaking 0.95 -> 0.94 -> 0.97, sieve-window (eps 8) 0.85 -> 0.86 -> 0.89, (eps 2) 0.86 -> 0.87
+# -> 0.90 (H200, 2026-11-29, commit 10adcaa, results/benchmarks/gpu_logs/stick_capture_registers.txt, where Sieve is
+# "sieve-entmax" and sieve-window "sieve" and "sieve-alg1"). The loads ahead in Sieve's walk, same measure: 0.78
+# against 0.81 (commit 8e537ab, results/benchmarks/gpu_logs/entmax_threshold_unseen_keys.txt).
 STICK_CAPTURE = {"cumsum": "bf16", "full_tiles": False, "prefetch": False, "skip_empty": True}
 
 
@@ -127,8 +129,8 @@ def _env_choice(variable: str, default: str, *others: str) -> str:
 # samples/s, the compiled prologue (train_throughput.md's cells before) -> the op (H200, 2026-11-28, commit 110dac9,
 # results/benchmarks/gpu_logs/views_all_mechanisms.txt), MQMTAR / MQRAR / Copy: entmax 0.86 / 0.87 / 0.82 -> 0.91 /
 # 0.92 / 0.86, ASEntmax 0.79 / 0.80 / 0.75 -> 0.83 / 0.85 / 0.79, stick-breaking 0.89 / 0.88 / 0.88 -> 0.94 / 0.92 /
-# 0.91, Sieve 0.83 / 0.83 / 0.81 -> 0.88 / 0.86 / 0.84, sieve-entmax 0.72 / 0.67 / 0.64 -> 0.76 / 0.69 / 0.66, TRA
-# 0.89 / 0.99 / 1.02 -> 1.01 / 1.09 / 1.11. TDA's unit views, op / compiled, RoPE and NAPE: MQMTAR 0.77 / 0.67 and
+# 0.91, sieve-window (eps 8; "sieve" there) 0.83 / 0.83 / 0.81 -> 0.88 / 0.86 / 0.84, Sieve ("sieve-entmax") 0.72 /
+# 0.67 / 0.64 -> 0.76 / 0.69 / 0.66, TRA 0.89 / 0.99 / 1.02 -> 1.01 / 1.09 / 1.11. TDA's unit views, op / compiled, RoPE and NAPE: MQMTAR 0.77 / 0.67 and
 # 0.77 / 0.65, MQRAR 0.72 / 0.72 and 0.81 / 0.71, Copy 0.83 / 0.73 and 0.82 / 0.70 (commit ac1ca07,
 # results/benchmarks/gpu_logs/ab_unit_views.txt).
 VIEWS = _env_choice("LENGTHBENCH_VIEWS", "op", "compiled")
@@ -149,13 +151,14 @@ def takes_views(ops) -> bool:
     return bool(set(ops) & set(_KERNELS))
 
 
-# Sieve's Section 3 form (``sieve-entmax``) under ``wide``: its threshold found with every row's keys in registers
+# Sieve (Section 3's form, ``sieve``) under ``wide``: its threshold found with every row's keys in registers
 # (``narrow.sieve_threshold``, up to 256 keys), then the long-context op's filtered walk on the stick-breaking capture
 # tiles, at every width; under ``narrow``, the training-width kernels up to 128 keys and past them the threshold
 # search of ``_entmax_search.py`` before the op's own walk. Ratios to softmax + RoPE's samples/s at batch 128 with
 # RoPE, the training-width kernels (train_throughput.md's cells at commit 110dac9) -> this path (H200, 2026-11-28,
-# commit cfafbf4, results/benchmarks/gpu_logs/sieve_entmax_threshold_tda_fill.txt): MQMTAR 0.76 -> 0.85, MQRAR 0.69
-# -> 0.82, Copy 0.66 -> 0.77; at batch 512 MQMTAR 0.71 -> 0.81, MQRAR 0.62 -> 0.78. Other walk tiles on Copy, same
+# commit cfafbf4, results/benchmarks/gpu_logs/sieve_entmax_threshold_tda_fill.txt, where Sieve is "sieve-entmax"):
+# MQMTAR 0.76 -> 0.85, MQRAR 0.69 -> 0.82, Copy 0.66 -> 0.77; at batch 512 MQMTAR 0.71 -> 0.81, MQRAR 0.62 -> 0.78.
+# Other walk tiles on Copy, same
 # measure (H200, 2026-11-28, commit 9ef32c8, results/benchmarks/gpu_logs/ab_sdpa_backend_inductor_walk.txt): 64 x 32
 # (these) 0.77, 32 x 32 0.69, a forward of 64 x 64 0.75, 3 stages 0.77.
 SIEVE_ENTMAX_CAPTURE = {"lists": False, "split": False, "threshold": "narrow", "walk": dict(STICK_CAPTURE)}
@@ -164,7 +167,7 @@ if CAPTURE_STICK == "wide":
     for _name in STICK_FAMILY:
         CAPTURE_TUNING[_name] = dict(STICK_CAPTURE)
     CAPTURE_TUNING["stickbreaking"]["full_tiles"] = True  # (the filter of Sieve's ops keeps the masks)
-    CAPTURE_TUNING["sieve-entmax"] = dict(SIEVE_ENTMAX_CAPTURE)
+    CAPTURE_TUNING["sieve"] = dict(SIEVE_ENTMAX_CAPTURE)
 
 # 1.5-entmax's backward at the training widths (``kernels/narrow.py``, its ``entmax_backward`` tuning key):
 # ``narrow`` (a row block a program against all keys), ``rowwise`` (the forward also keeps ``sum s``, ``sum s^2``
@@ -208,7 +211,7 @@ def entmax_backward_taken(setting: str, row_scale: bool, tokens: int) -> str:
 
 def capture_tuning_overrides(text: str) -> dict[str, dict]:
     """``LENGTHBENCH_CAPTURE_TUNING``: a JSON object of mechanism -> tuning keys that replace or join that
-    mechanism's :data:`CAPTURE_TUNING` (the long-context op's levers, e.g. ``{"sieve-alg1": {"rowmax_pass":
+    mechanism's :data:`CAPTURE_TUNING` (the long-context op's levers, e.g. ``{"sieve-window": {"rowmax_pass":
     "kernel"}}``; the training-width kernels of ``narrow.py`` take ``LENGTHBENCH_NARROW_TUNING``). A
     ``ValueError`` names what is wrong; the op itself checks its keys when it runs."""
     try:
@@ -249,8 +252,8 @@ def in_graph_set(text: str) -> frozenset[str]:
 # The ops that the recorded training step calls as nodes of its compiled graph (``_bridge.py``) rather than as
 # graph breaks: every one. With them in the graph against breaks, ratios to softmax + RoPE at batch 128 (paper
 # models, H200, 2026-11-27, commit fd78615, benchmarks/train_throughput.py --in-graph all / none side by side):
-# MQMTAR stick-breaking 0.80 / 0.75, ASEntmax 0.77 / 0.72, TRA 0.89 / 0.78, TDA 0.66 / 0.51; MQRAR Sieve
-# 0.64 / 0.61, TDA 0.70 / 0.56; Copy ASEntmax 0.60 / 0.55 (no op slower in the graph).
+# MQMTAR stick-breaking 0.80 / 0.75, ASEntmax 0.77 / 0.72, TRA 0.89 / 0.78, TDA 0.66 / 0.51; MQRAR sieve-window
+# (eps 8; "sieve" there) 0.64 / 0.61, TDA 0.70 / 0.56; Copy ASEntmax 0.60 / 0.55 (no op slower in the graph).
 IN_GRAPH: frozenset[str] = frozenset(_KERNELS)
 # ``LENGTHBENCH_IN_GRAPH`` sets it instead, for benchmarks that compare the two paths: ``all``, ``none`` or a
 # comma-separated list of mechanisms
@@ -299,15 +302,14 @@ def load_op(mechanism: str, capturable: bool = False) -> Callable:
 
 
 # The training-width ops (``narrow.py``, every row's keys in registers): taken on the capturable path by 1.5-entmax
-# (and by the stick-breaking family, Sieve's Section 3 form among them, under ``LENGTHBENCH_CAPTURE_STICK=narrow``)
+# (and by the stick-breaking family, Sieve among it, under ``LENGTHBENCH_CAPTURE_STICK=narrow``)
 # where the rows are at most ``narrow.CAPTURE_MAX_TOKENS`` wide (256 keys for entmax, 128 for the stick-breaking
 # family; fewer under ``LENGTHBENCH_NARROW_TUNING``'s ``max_tokens``, ``narrow.capture_max_tokens``) and the parameters
 # are theirs (alpha 1.5, Sieve's masked weights); the op of ``_KERNELS`` elsewhere.
 NARROW_OPS: dict[str, str] = {
     "stickbreaking": "narrow_stickbreaking",
-    "sieve": "narrow_sieve_alg1",
-    "sieve-alg1": "narrow_sieve_alg1",
-    "sieve-entmax": "narrow_sieve_entmax",
+    "sieve": "narrow_sieve_entmax",
+    "sieve-window": "narrow_sieve_alg1",
     "entmax": "narrow_entmax",
 }
 

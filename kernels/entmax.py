@@ -30,6 +30,7 @@ from lengthbench.kernels._entmax_config import ALPHAS, check_alpha
 from lengthbench.kernels._entmax_lists import _list_rows, _lists_apply, _lists_start
 from lengthbench.kernels._entmax_search import entmax_threshold
 from lengthbench.kernels._rowwise import ENTMAX, _fwd_loops, rowwise, rowwise_backward
+from lengthbench.kernels.defaults import ENTMAX_ALPHA
 
 __all__ = ["EntmaxListsAttention", "entmax_attention", "entmax_threshold", "sparsemax_attention"]
 
@@ -169,7 +170,8 @@ class EntmaxListsAttention(torch.autograd.Function):
         return dq, dk, dv, g_sl, g_rs, None, None, None
 
 
-def entmax_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=1.5, tuning: dict | None = None):
+def entmax_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=ENTMAX_ALPHA,
+                     tuning: dict | None = None):
     """alpha-entmax attention (``alpha`` 1.5 or 2), ``[B, H, T, D]`` causal. By the candidate lists where
     ``_lists_apply`` (the default), else the threshold and the output pass of ``_rowwise.py``."""
     alpha = check_alpha(alpha)

@@ -68,6 +68,7 @@ import triton.language as tl
 from lengthbench.kernels import ENTMAX_BACKWARD, ROWWISE_FUSED, entmax_backward_setting, entmax_backward_taken
 from lengthbench.kernels._common import Problem, reduce_slopes, score_tile, softplus
 from lengthbench.kernels._rowwise import ENTMAX, launch_settings, rowwise_backward
+from lengthbench.kernels.defaults import ENTMAX_ALPHA, SIEVE_ALPHA, SIEVE_WINDOW_EPS
 from lengthbench.kernels.stickbreaking import LOG2E, _cumsum, _sigmoids, _softplus_e
 
 # The widest rows these kernels take: a [BM, TP] fp32 tile a tensor, BM * TP = 4,096 elements.
@@ -83,7 +84,7 @@ NEWTON_STEPS = tl.constexpr(16)  # at most (``_entmax_tau``)
 # that root fails on a row, steps on to 1e-6 and tries again; the thresholds are those of steps to 1e-6): the tuning
 # key ``newton_tol``. Through whole training steps on Copy at batch 128 with RoPE (H200, 2026-11-29, commit d10cf74,
 # results/benchmarks/gpu_logs/ab_entmax_newton_tol.txt), samples/s at 1e-6 / 1e-2 / 3e-2: ASEntmax 59,918 / 60,093
-# / 57,717, sieve-entmax (its threshold kernel) 60,144 / 61,239 / 60,789.
+# / 57,717, Sieve (its threshold kernel; "sieve-entmax" there) 60,144 / 61,239 / 60,789.
 NEWTON_TOL = 1e-2
 
 
@@ -803,9 +804,9 @@ def narrow_stickbreaking(q, k, v, *, slopes=None, row_scale=None, sm_scale=None,
     return NarrowAttention.apply(q, k, v, slopes, row_scale, sm_scale, STICK, 0, 0.0, tuning)
 
 
-def narrow_sieve_alg1(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=2.0, masked=True,
+def narrow_sieve_alg1(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=SIEVE_WINDOW_EPS, masked=True,
                       tuning: dict | None = None):
-    """Sieve as Algorithm 1 (``sieve_alg1_attention``) over at most :data:`NARROW_MAX_TOKENS` tokens."""
+    """Sieve's Algorithm 1 window (``sieve_alg1_attention``) over at most :data:`NARROW_MAX_TOKENS` tokens."""
     if not masked:
         raise ValueError("the narrow kernels implement Algorithm 1 with masked weights only")
     if not math.isfinite(float(eps)):
@@ -813,7 +814,7 @@ def narrow_sieve_alg1(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, ep
     return NarrowAttention.apply(q, k, v, slopes, row_scale, sm_scale, STICK, 2, float(eps), tuning)
 
 
-def narrow_sieve_entmax(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=1.5,
+def narrow_sieve_entmax(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=SIEVE_ALPHA,
                         tuning: dict | None = None):
     """Sieve by its Section 3 (``sieve_attention``) over at most :data:`NARROW_MAX_TOKENS` tokens."""
     if float(alpha) != 1.5:
@@ -844,7 +845,8 @@ def sieve_threshold(q, k, *, slopes=None, row_scale=None, sm_scale=None, tuning:
     return tau
 
 
-def narrow_entmax(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=1.5, tuning: dict | None = None):
+def narrow_entmax(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=ENTMAX_ALPHA,
+                  tuning: dict | None = None):
     """1.5-entmax attention over at most :data:`NARROW_MAX_TOKENS` tokens, ``[B, H, T, D]`` causal."""
     if float(alpha) != 1.5:
         raise ValueError(f"the narrow kernels implement alpha = 1.5 only, got {alpha}")

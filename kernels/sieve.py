@@ -36,7 +36,7 @@ backward's ``C_r = do_r.o_r - g_r``), in their own unused list slots where a row
 ``[B, H, T, D]`` fp32 buffer). At L 65,536, H 16, D 32 the lists (256 MiB) so take the place of the fp32
 output (128 MiB) and the fp32 copy of ``do`` (128 MiB) that the stick-breaking backward holds.
 
-``sieve_alg1_attention`` is Algorithm 1 itself (``sieve-alg1``): a row-max pass over ``j < r``, then the
+``sieve_alg1_attention`` is Algorithm 1's window filter (``sieve-window``): a row-max pass over ``j < r``, then the
 stick-breaking kernels with the stick over every earlier key and the weights kept within ``eps`` of the max.
 """
 
@@ -58,6 +58,7 @@ from lengthbench.kernels._entmax_config import launch_config
 from lengthbench.kernels._entmax_lists import _list_keys, _list_rows, _list_scores, _lists_apply, _lists_start
 from lengthbench.kernels._entmax_search import entmax_threshold
 from lengthbench.kernels._open_rows import _open_rows, _phases
+from lengthbench.kernels.defaults import SIEVE_ALPHA, SIEVE_WINDOW_EPS
 from lengthbench.kernels.narrow import NARROW_MAX_TOKENS, sieve_threshold
 from lengthbench.kernels.stickbreaking import (
     EXIT_AT,
@@ -382,7 +383,8 @@ class SieveListsAttention(torch.autograd.Function):
 THRESHOLDS = ("search", "narrow")
 
 
-def sieve_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=1.5, tuning: dict | None = None):
+def sieve_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=SIEVE_ALPHA,
+                    tuning: dict | None = None):
     """Sieve attention, ``[B, H, T, D]`` causal (``alpha`` must be 1.5). By candidate lists where entmax's
     list forward applies (``lists`` of the launch settings, ``_entmax_config.py``; ``tuning`` replaces some of
     them), else the threshold, then the filtered stick-breaking forward over all keys; there ``tuning``'s
@@ -431,10 +433,11 @@ def _rowmax_kernel(Q, K, SL, RS, OUT, sm_scale, T, H, HAS_SLOPES: tl.constexpr, 
     tl.store(OUT + bh * T + offs_m, best, mask=row_ok)
 
 
-def sieve_alg1_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=2.0, masked=True,
+def sieve_alg1_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=SIEVE_WINDOW_EPS, masked=True,
                         tuning: dict | None = None):
-    """Sieve as "Sieve Attention"'s Algorithm 1, ``[B, H, T, D]`` causal: stick-breaking over every earlier key, the
-    weights kept where ``z_rj >= max_{k<r} z_rk - eps`` (strictly above, ties at the boundary aside).
+    """Sieve's window as "Sieve Attention"'s Algorithm 1 (``sieve-window``), ``[B, H, T, D]`` causal: stick-breaking
+    over every earlier key, the weights kept where ``z_rj >= max_{k<r} z_rk - eps`` (strictly above, ties at the
+    boundary aside; default eps 2, ``defaults.SIEVE_WINDOW_EPS``).
     ``masked=False``: the stick broken over the kept keys only, as Sieve's definition breaks it over its
     filter. ``tuning``: the stick-breaking kernels' launch settings and levers (``stickbreaking.launch_config``;
     ``rowmax`` the row-max pass's tiles, ``rowmax_pass`` ``fused`` that pass inside the forward kernel)."""

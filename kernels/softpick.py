@@ -11,9 +11,11 @@ recomputes ``e^{z-m} / l`` per tile: ``dz_j = e^{z_j-m}/l * (1(z_j>0) do.v_j - s
 from __future__ import annotations
 
 from lengthbench.kernels._rowwise import SOFTPICK, rowwise
+from lengthbench.kernels.defaults import SOFTPICK_EPS
 
 
-def softpick_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=1e-6, tuning: dict | None = None):
+def softpick_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, eps=SOFTPICK_EPS,
+                       tuning: dict | None = None):
     """Softpick attention, ``[B, H, T, D]`` causal; ``tuning``: launch settings (``_rowwise.launch_settings``)."""
     return rowwise(q, k, v, mech=SOFTPICK, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, eps=eps,
                    tuning=tuning)

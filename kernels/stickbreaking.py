@@ -23,7 +23,7 @@ registers; dk and dv in fp32 buffers by atomic adds (as in Sieve's Algorithm 1);
 sum_j a_rj) do_r`` is added outside. Gradients flow to q, k, v, ``row_scale`` and ``slopes``.
 
 ``FILTER`` restricts the keys to ``{j : z_rj / 2 > tau_r}`` (Sieve: ``tau`` the 1.5-entmax threshold of the row
-over ``j < r``), without gradient through the filter; see ``sieve.py``. Its third mode (``sieve-alg1``) breaks
+over ``j < r``), without gradient through the filter; see ``sieve.py``. Its third mode (``sieve-window``) breaks
 the stick over every earlier key and keeps only the weights inside the filter (their log weights set to -inf
 where they are formed); the backward then takes the
 general form ``c_j = g_j a_j`` with the remainder's share on the prefix (the weights no longer sum to one with the
@@ -37,17 +37,17 @@ spent within a few keys and every key tile of a row is visited. On an H200 at 65
 -8 (``benchmarks/kernels.py --inputs walk8``), head dim 32, SDPA 19.9 / 73.0 ms forward / forward+backward:
 stick-breaking 163 / 495 ms on the first forms (the ``previous`` rows of results/benchmarks/kernels.md), 75.7 /
 297 on 64 x 64 tiles with two-bf16 sums (``bf16x2-64x64``), 39.2 / 191 on 32-key tiles with one-bf16 sums and
-the next tile's loads ahead; sieve-alg1 123 / 405 -> 49.6 / 196 (its row-max pass on 64 x 128 tiles). Nsight
+the next tile's loads ahead; sieve-window 123 / 405 -> 49.6 / 196 (its row-max pass on 64 x 128 tiles). Nsight
 Compute put the 64 x 64 kernels at 255 registers a thread, two programs a multiprocessor and under half the issue
 slots busy, the backward spilling (results/benchmarks/gpu_logs/long_walks_bf16_sums.txt); the steps since are in
 results/benchmarks/gpu_logs/long_walks_prefetch.txt, sieve_alg1_rowmax_tiles.txt and long_walks_filter_sums_exit.txt.
 On these defaults, on an H100 (2026-12-05, commit b7e368a, SDPA 19.7 / 71.5 ms): stick-breaking 31.8 / 176,
-sieve-alg1 37.4 / 179; at head dim 64 (SDPA 27.5 / 105.1) 40.0 / 232 and 49.5 / 245; the defaults before them
+sieve-window 37.4 / 179; at head dim 64 (SDPA 27.5 / 105.1) 40.0 / 232 and 49.5 / 245; the defaults before them
 (``log1p`` ``poly5``, the exit test every second tile, the row-max pass a kernel of its own, 128 registers) 34.5 /
 184, 42.4 / 184, 42.8 / 233 and 52.6 / 251 (results/benchmarks/gpu_logs/long_walks_fused_rowmax_poly4.txt). The
 forward's full tile there is about 330 instructions a thread for 16 scores (Triton 3.6's SASS for sm_90): per score
 two ``MUFU.EX2``, five FMAs for softplus, four adds, a max, the scale and half of each of two bf16 conversions;
-sieve-alg1's filter two more (a compare and a select). Nsight Compute puts the kernel's issue slots at about 62%
+sieve-window's filter two more (a compare and a select). Nsight Compute puts the kernel's issue slots at about 62%
 busy (that log's section 4).
 """
 
@@ -83,7 +83,7 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       64 query rows and 32 keys, 32 x 32 past head dim 64, ``Problem.num_warps``; the forward up to head dim 32 with
       3 stages (the fused row-max pass's loads) and its registers capped at 96 (five programs a multiprocessor), up
       to 64 with 2 stages and 128 (four); the backward with 2 stages, its registers capped at 168 up to head dim 32:
-      in the forward at 96, sieve-alg1's forward on walk8 inputs at 65,536 tokens, D 32, took 40.4 ms against 42.6
+      in the forward at 96, sieve-window's forward on walk8 inputs at 65,536 tokens, D 32, took 40.4 ms against 42.6
       at 128, at 80 41.7, stick-breaking's within 0.6 ms (H100, 2026-12-05, commit fe4ae45); with the other new
       defaults, 96 registers with 3 stages against 128 with 2 37.6 against 41.1 ms at D 32, and at D 64 54.3
       against 49.4, where 128 stays (results/benchmarks/gpu_logs/long_walks_fused_rowmax_poly4.txt, section 3));
@@ -110,7 +110,7 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       exponent's bits) in place of the special-function unit's, for the weights (``weights``) or for the weights
       and softplus's ``2^-|z|`` too (``all``); ``none`` keeps the hardware's. A lever for long walks, measured
       slower there: at 65,536 tokens on walk8 inputs (every key of a row walked), D 32, fwd / fwd+bwd ms, none
-      75.8 / 296, weights 100.9 / 365, all 107.9 / 413; D 64 84.7 / 376, 102.7 / 418, 126.0 / 456; sieve-alg1
+      75.8 / 296, weights 100.9 / 365, all 107.9 / 413; D 64 84.7 / 376, 102.7 / 418, 126.0 / 456; sieve-window
       alike (H200, 2026-11-28, commit 77e1f96, results/benchmarks/gpu_logs/long_walks_exp2_soft.txt). The
       special-function unit does not bound these kernels.
     - ``log1p``: softplus's ``log(1 + exp(-|z|))`` by ``log`` (Triton's ``log``/``log2``: libdevice's full-precision
@@ -118,18 +118,18 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       polynomial in the stick's base (seven FMAs with softplus's own add), ``poly5`` a degree-5 one (six; relative
       error below 1e-5, below 1.4e-7 for the scores far below zero of a long walk), ``poly8`` a degree-8 one in
       nats (ten), ``poly4`` a degree-4 one (five; below 6.7e-5: walk8 inputs at D 32, side by side with
-      ``poly5``, stick-breaking 32.8 / 175 ms against 34.2 / 182, sieve-alg1 41.6 / 180 against 42.4 / 183, and with
+      ``poly5``, stick-breaking 32.8 / 175 ms against 34.2 / 182, sieve-window 41.6 / 180 against 42.4 / 183, and with
       the forward's registers at 96 40.4 / 179; H100, 2026-12-05, commit 51dadab). None: ``poly4`` for 16-bit
       inputs, ``poly`` for fp32 ones (held to fp32's tolerance). ``poly5`` with ``exit_every`` 2 against ``poly``
       and 1, side by side: the forward on walk8 inputs at 65,536 tokens, D 32 / 64, stick-breaking 34.6 / 42.9
-      ms against 37.5 / 45.9, sieve-alg1 42.5 / 52.1 against 45.9 / 56.7; random and walk4 inputs within 0.5 ms
+      ms against 37.5 / 45.9, sieve-window 42.5 / 52.1 against 45.9 / 56.7; random and walk4 inputs within 0.5 ms
       (H100, 2026-12-05, commit 55a0756, results/benchmarks/gpu_logs/long_walks_filter_sums_exit.txt).
     - ``exit_every``: the forward's exit test (every row of the query tile past ``EXIT_AT`` nats) after every
       that-many key tiles, not after each: a reduction over the program's warps, through shared memory with three
       barriers, that a long walk otherwise pays on every tile; the walk then takes at most ``exit_every - 1``
       tiles more than it needs (their weights below ``e^-60``). The ``while`` loop's (``loop``), and not Sieve's,
       whose filter leaves tiles without a key that would skip the test. Measured with ``log1p`` above; the default
-      8: with ``poly4`` and 96 registers, sieve-alg1's forward on walk8 inputs at 65,536 tokens, D 32, took 38.7 ms
+      8: with ``poly4`` and 96 registers, sieve-window's forward on walk8 inputs at 65,536 tokens, D 32, took 38.7 ms
       against 39.7 every fourth tile (H100, 2026-12-05, results/benchmarks/gpu_logs/
       long_walks_fused_rowmax_poly4.txt, section 2).
     - ``split``: the forward's products of the weights with 16-bit values as two dots (hi + lo), so its fp32
@@ -143,9 +143,9 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       ``do``.
     - ``sigmoid``: the backward's ``sigma(z)`` and ``sigma(-z)`` by ``tl.sigmoid`` (``exp``) or from the
       softplus's ``exp(-|z|)`` (``reuse``: one division, no other exponential).
-    - ``skip_empty``: with the filter on the weights alone (``sieve-alg1``), key tiles without a kept key
+    - ``skip_empty``: with the filter on the weights alone (``sieve-window``), key tiles without a kept key
       skip the values (their load, products and ``dv``), the stick still broken over them. Off by default: the
-      test is a reduction over the whole tile, and the tiles it would skip are few. sieve-alg1's forward at
+      test is a reduction over the whole tile, and the tiles it would skip are few. sieve-window's forward at
       65,536 tokens, D 32, with and without it (loads ahead): walk8 72.4 / 61.9 ms, random 17.2 / 17.1 (commit
       178cbc3); a trained MQRAR model's inputs (D 16) 17.2 / 14.7 (commit 30d1207; H200, 2026-11-28,
       results/benchmarks/gpu_logs/long_walks_prefetch.txt).
@@ -157,22 +157,22 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       ``skip_empty`` then skips them). stick-breaking's forward at 65,536 tokens on walk8 inputs, with and
       without: D 32 39.2 / 44.2 ms, D 64 47.7 / 51.0 (H200, 2026-11-28, commit 570715b).
     - ``full_tiles``: the forward takes the key tiles that lie before every row of its query tile (all but the
-      diagonal's) without the causal masks' selects: stick-breaking's and ``sieve-alg1``'s, whose stick is broken
+      diagonal's) without the causal masks' selects: stick-breaking's and ``sieve-window``'s, whose stick is broken
       over every earlier key (not Sieve's, whose filter decides which keys break it).
     - ``rowmax_pass``: ``sieve_alg1_attention``'s row maxima by a pass of their own (``kernel``: one more launch,
       and the threshold's arithmetic as PyTorch ops) or by the forward kernel itself before its walk
       (``fused``, the default: the same scores, each query tile's keys read once more by the same program, on key
       tiles of ``rowmax``'s keys), which stores the threshold for the backward. On 128-key tiles the fused pass took
-      sieve-alg1's forward on walk8 inputs at 65,536 tokens, D 32, from 39.5 ms (the pass a kernel of its own) to
+      sieve-window's forward on walk8 inputs at 65,536 tokens, D 32, from 39.5 ms (the pass a kernel of its own) to
       38.0, on 64-key tiles 39.5, on the forward's 32-key tiles 43.0; random inputs 5.3 ms either way (with
       ``poly4``, 96 registers and the exit test every 8 tiles; H100, 2026-12-05, results/benchmarks/gpu_logs/
       long_walks_fused_rowmax_poly4.txt, section 3). The pass (``row_max_earlier``) takes the key tiles before its
-      query tile's rows without masks: at 65,536 tokens, head dim 32, sieve-alg1's whole forward on random inputs
+      query tile's rows without masks: at 65,536 tokens, head dim 32, sieve-window's whole forward on random inputs
       went from 17.0 ms (most of it the pass) to 5.8 (H200, 2026-11-28, commits 570715b and ee3ddb6). Before that
       change ``fused`` (on the forward's key tiles) took 21.4 ms against 17.2, and no other tiles of the pass beat
       its defaults (commit 08d3a61, results/benchmarks/gpu_logs/long_walks_bf16_sums.txt). After it, side by side
       (65,536 tokens, H200, 2026-11-29, commit 82b7899, results/benchmarks/gpu_logs/sieve_alg1_rowmax_tiles.txt): the
-      pass on 64 x 128 tiles (4 warps, 3 stages) against the 128 x 64 before (8 warps, 2 stages) took sieve-alg1's
+      pass on 64 x 128 tiles (4 warps, 3 stages) against the 128 x 64 before (8 warps, 2 stages) took sieve-window's
       forward on random inputs from 5.79 to 5.36 ms at head dim 32 and from 8.98 to 8.33 at 64, on walk8 inputs
       from 50.7 to 49.7 and 62.9 to 62.6; 128 x 128 and 256 x 64 tiles were slower, ``fused`` on the forward's key
       tiles slower still (random 11.6 and 15.0 ms, walk8 55.9 and 69.6).
@@ -248,7 +248,7 @@ def _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs,
               HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, k=None):
     """Loads a key tile (``k``: loaded already); its scores, biased scores, the keys each row breaks the stick
     over (those before ``upto``: ``offs_m``, or where a phase of Sieve's open walk stopped) and those whose weights
-    it keeps (``FILTER``: 0 every earlier key; 1 Sieve, both only where ``z / 2 > tau``; 2 ``sieve-alg1``, the
+    it keeps (``FILTER``: 0 every earlier key; 1 Sieve, both only where ``z / 2 > tau``; 2 ``sieve-window``, the
     stick over every earlier key, the weights only where ``z / 2 > tau``)."""
     if k is None:
         k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=(offs_n < T)[:, None] & dmask[None, :],
@@ -462,7 +462,7 @@ def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.c
     ``MASKED`` every key of the tile is active; ``ones``: ``_stick_ones``). ``CUMSUM`` 5 and 6: a key's own
     softplus stays outside the products (``log a_j = (z_j - softplus z_j) - sum_{k > j}``), so that their rounding
     touches only the sums over the keys between it and the row, which make its weight small where they are
-    large. ``thr`` (``[BM]``, sieve-alg1's filter): the weights only where ``z > thr``, the others' log weight
+    large. ``thr`` (``[BM]``, sieve-window's filter): the weights only where ``z > thr``, the others' log weight
     set to -inf where it is formed (a compare and a select beside each other: a filter kept as a mask from the
     scores to the weights holds its predicates across the sums' product, packed into registers and out again)."""
     sp, _ = _softplus_e(z, EXP2, LOG1P)
@@ -646,7 +646,7 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
     lowest = tl.min(upto, 0)
     ones = _stick_ones(CUMSUM, CW, BN)
     thr = None
-    if FILTER == 2:  # sieve-alg1's filter, applied where the weights are formed (``_stick``)
+    if FILTER == 2:  # sieve-window's filter, applied where the weights are formed (``_stick``)
         thr = tau * 2.0
     if PREFETCH:  # the first tile's keys and values; each tile then loads the next one's before its own work
         k_next, v_next = _kv_tile(K, V, base, (n_tiles - 1) * BN + tl.arange(0, BN), offs_d, dmask, T, D)
@@ -913,7 +913,7 @@ def _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T,
                 tl.atomic_add(DV + base + offs_n[:, None] * D + offs_d[None, :], dv_tile, mask=kv_mask,
                               sem="relaxed")
                 c_acc += tl.sum(c, 1)
-            else:  # no kept key (sieve-alg1): c = 0 on the tile
+            else:  # no kept key (sieve-window): c = 0 on the tile
                 s, sn = _sigmoids(z, e, SIG, EXP2)
                 dz = tl.where(valid, -s * (c_total - c_acc)[:, None], 0.0)
             dzs = dz * rs[:, None]
@@ -1024,7 +1024,7 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
                 tl.atomic_add(DV + base + offs_n[:, None] * D + offs_d[None, :], dv_tile, mask=kv_mask,
                               sem="relaxed")
                 csum += tl.sum(c, 1)
-            else:  # no kept key (sieve-alg1): c = 0 on the tile
+            else:  # no kept key (sieve-window): c = 0 on the tile
                 dz = tl.where(valid, -s * csum[:, None], 0.0)
             dzs = dz * rs[:, None]
             dq += tl.dot(dzs.to(k.dtype), k, input_precision=DOT_PREC)
@@ -1056,7 +1056,7 @@ def _bwd_store(dq, d_rs, d_sl, DQ, DRS, DSL, base, offs_m, offs_d, rmask, row_ok
 
 class StickBreakingAttention(torch.autograd.Function):
     """Stick-breaking (``tau`` None) or its filtered forms (``tau`` ``[B, H, T]``): Sieve, or with
-    ``weights_only`` the filter on the weights alone (``sieve-alg1``); ``tuning`` the levers of
+    ``weights_only`` the filter on the weights alone (``sieve-window``); ``tuning`` the levers of
     ``launch_config``. ``tau`` a float ``eps``: the threshold is Algorithm 1's, ``(max_{j<r} z_rj - eps) / 2``,
     found by the forward kernel (``rowmax_pass`` ``fused``)."""
 

@@ -52,6 +52,7 @@ import triton.language as tl
 
 from lengthbench.kernels._common import Problem, head_slope, reduce_slopes, rows_scale, score_tile, tile_rows
 from lengthbench.kernels._rowwise import TRA, _any_active, _score_grad, _sum_to, _weights
+from lengthbench.kernels.defaults import TDA_LAM, TRA_BETA, TRA_KAPPA, TRA_POWER, TRA_TAU_INDEX
 from lengthbench.kernels.tra import tau_base
 
 _TRA = tl.constexpr(TRA)
@@ -639,8 +640,8 @@ def _per_head(value, heads: int, device, name: str) -> torch.Tensor:
     return value.reshape(()) if value.dim() == 1 and value.numel() == 1 and heads != 1 else value
 
 
-def tda_attention(q1, k1, q2, k2, v, *, lam=0.5, slopes=None, row_scale=None, sm_scale=1.0, beta=1.0,
-                  kappa=1.0, power=2.0, tau_index="alg1", tuning: dict | None = None):
+def tda_attention(q1, k1, q2, k2, v, *, lam=TDA_LAM, slopes=None, row_scale=None, sm_scale=1.0, beta=TRA_BETA,
+                  kappa=TRA_KAPPA, power=TRA_POWER, tau_index=TRA_TAU_INDEX, tuning: dict | None = None):
     """TDA, ``[B, H, T, D]`` causal: ``tra(q1, k1, v) - lam * tra(q2, k2, v)`` in one pass; ``q_i``, ``k_i``
     unit-norm (cosine scores with ``sm_scale=1``). ``lam`` and ``beta``: float, 0-d or ``[H]`` tensor.
     ``tuning``: launch settings in place of :func:`_config`'s (benchmarks, tests)."""

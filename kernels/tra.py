@@ -16,6 +16,7 @@ import math
 import torch
 
 from lengthbench.kernels._rowwise import TRA, rowwise
+from lengthbench.kernels.defaults import TRA_BETA, TRA_KAPPA, TRA_POWER, TRA_TAU_INDEX
 
 TAU_INDEX_OFFSET = {"alg1": 0.0, "eq1": 1.0}  # added to n_r inside tau's log
 
@@ -62,8 +63,8 @@ def tra_threshold(tokens: int, head_dim: int, beta, kappa: float, device, tau_in
     return beta[:, None] * base if beta.dim() == 1 else beta * base
 
 
-def tra_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=1.0, beta=1.0, kappa=1.0, power=2.0,
-                  tau_index="alg1", tuning: dict | None = None):
+def tra_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=1.0, beta=TRA_BETA, kappa=TRA_KAPPA,
+                  power=TRA_POWER, tau_index=TRA_TAU_INDEX, tuning: dict | None = None):
     """TRA, ``[B, H, T, D]`` causal; ``q``, ``k`` unit-norm (cosine scores with ``sm_scale=1``); ``tuning``: launch
     settings (``_rowwise.launch_settings``)."""
     if sm_scale is None:

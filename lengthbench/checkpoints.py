@@ -11,7 +11,7 @@ import torch
 from lengthbench.config import RunConfig
 from lengthbench.errors import UsageError
 from lengthbench.models.decoder import Decoder, ModelConfig
-from lengthbench.store import atomic_write, run_finished
+from lengthbench.store import atomic_write, run_finished, saved_config
 from lengthbench.tasks import eval_lengths, get_task
 
 
@@ -108,7 +108,7 @@ def trained_checkpoint(results: str | Path, run_id: str, device, hint: str = "")
 def load_model(results: str | Path, run_id: str, device: str = "cpu"):
     """``(model, task, config)`` of a trained run (its selected checkpoint), for inspection."""
     saved = trained_checkpoint(results, run_id, device)
-    config = RunConfig.from_dict(saved["config"])
+    config = RunConfig.from_dict(saved_config(saved["config"]))
     task = get_task(config.task, **config.task_params)
     model = build_model(config, task)
     model.load_state_dict(saved["model"])
@@ -119,7 +119,7 @@ def newest_trained_run(results: str | Path, task: str, attn: str, pe: str) -> st
     """The run id of the newest run of ``task:attn:pe`` in ``results`` that kept its model (``model.pt``)."""
     found = []
     for path in (Path(results) / "checkpoints").glob("*/model.pt"):
-        config = torch.load(path, map_location="cpu", weights_only=False)["config"]
+        config = saved_config(torch.load(path, map_location="cpu", weights_only=False)["config"])
         if (config.get("task"), config.get("attn"), config.get("pe")) == (task, attn, pe):
             found.append((path.stat().st_mtime, path.parent.name))
     if not found:

@@ -11,8 +11,9 @@ Which rows stand for a seed's cell:
 * the same task with its default task parameters (a named variant such as MQRAR's ``layout=inline`` is another
   task; a curriculum's earlier stages may have had any) at its default training length (64 for most, Local Count
   128, Max Retrieval 16), and an encoding of the same name (its parameters, e.g. RoPE's scaling, may differ: a variant);
-* a mechanism of the same name, or one of its :data:`STAND_INS` (``sieve-alg1``, the earlier name of ``sieve``, and
-  ``sieve-entmax``, Sieve Attention's Section 3 text, stand in for Sieve), whose :data:`IDENTITY_PARAMS` agree with the seed's (entmax at alpha 4 is not entmax at 1.5;
+* a mechanism of the same name, or one of its :data:`STAND_INS` (``sieve-window``, the window filter of Sieve
+  Attention's Algorithm 1, stands in for Sieve), whose :data:`IDENTITY_PARAMS` agree with the seed's (entmax at alpha
+  4 is not entmax at 1.5;
   softmax at a fixed temperature is not softmax; ``scaled_heads=nope`` or ``s_init=1`` are ways to implement the
   same mechanism, and ASEntmax's gamma learned or fixed is its own choice: variants).
 
@@ -39,11 +40,10 @@ from lengthbench.tasks import as_multiplier, get_task, multiplier_label
 
 SEED_TABLES = Path(__file__).with_name("seed_tables.csv")
 TOLERANCE = 5.0  # points
-STAND_INS = {"sieve": ("sieve-alg1", "sieve-entmax")}  # Sieve's earlier name and its Section 3 form
+STAND_INS = {"sieve": ("sieve-window",)}  # Sieve's Algorithm 1 window
 # parameters that make another mechanism (with each mechanism's default): entmax at alpha 4 is not entmax at 1.5,
 # softmax at a fixed temperature theta (the sparse-attention paper's Max Retrieval, Table 5) is not softmax
-IDENTITY_PARAMS = {"alpha": {"entmax": 1.5, "sparsemax": 2.0, "sieve": 1.5, "sieve-entmax": 1.5, "sentmax": 1.5,
-                             "asentmax": 1.5},
+IDENTITY_PARAMS = {"alpha": {"entmax": 1.5, "sparsemax": 2.0, "sieve": 1.5, "sentmax": 1.5, "asentmax": 1.5},
                    "theta": {}}
 SEED_COLUMNS = ["source", "table", "task", "attn", "pe", "multiplier", "value"]
 _LABEL = re.compile(r"^(?P<name>[^ (]+)(?: \((?P<params>.*)\))?$")
@@ -83,7 +83,7 @@ def stands_for(ours: str, seeds: str) -> bool:
         return False
     for key, defaults in IDENTITY_PARAMS.items():
         value = theirs.params.get(key, defaults.get(theirs.name))
-        # a stand-in without a default of its own takes the seed mechanism's (sieve-alg1's filter is Sieve's)
+        # a stand-in without a default of its own takes the seed mechanism's (sieve-window's filter is Sieve's)
         mine_value = mine.params.get(key, defaults.get(mine.name, defaults.get(theirs.name)))
         if not (value is None and mine_value is None) and not _same(value, mine_value):
             return False

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lengthbench.models import ARCHS, INITS
+from lengthbench.store import RENAMED, SCHEMA_VERSION
 from lengthbench.tasks import get_task
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
@@ -70,6 +71,8 @@ OPTIONAL_FIELDS: dict[str, Any] = {"also_select": [], "selected_from": ""}
 # What a stored configuration that lacks a field (written before the field existed) ran with, where that is not
 # the field's default: the configurations of the store's schema version 1 trained on the compiled step.
 ABSENT_FIELDS = {"train_step": "compiled"}
+# The names that an earlier schema version of the store gave other mechanisms (``store.RENAMED``)
+RENAMED_NAMES = frozenset(name for names in RENAMED.values() for name in names)
 
 
 @dataclass
@@ -175,11 +178,15 @@ class RunConfig:
     def identity(self) -> dict[str, Any]:
         """What ``run_id`` hashes: every field, except that fields of :data:`OPTIONAL_FIELDS` count only where
         they differ from their default (so adding one leaves the ids of the runs that do not use it unchanged;
-        rows of the store's schema version 1 hashed fewer)."""
+        rows of the store's schema version 1 hashed fewer), and the store's schema version where ``attn`` is a
+        name that an earlier version gave another mechanism (``sieve``: ``store.RENAMED``), so that a run of it
+        never finds, resumes or counts as done a run of the other."""
         values = dataclasses.asdict(self)
         for name, default in OPTIONAL_FIELDS.items():
             if values.get(name) == default:
                 values.pop(name)
+        if self.attn in RENAMED_NAMES:
+            values["schema_version"] = SCHEMA_VERSION
         return values
 
     def selected_runs(self) -> list[RunConfig]:

@@ -42,13 +42,15 @@ from lengthbench.store import (
     atomic_write_text,
     load_results,
     runs_dir,
+    table_version,
     with_schema_version,
 )
 from lengthbench.tasks import as_multiplier, multiplier_label
 
 REACH_THRESHOLD = 0.9
 # runs in one table share these; ``protocol`` also names the store's schema version of rows written under an
-# older one where the store holds rows of several (``schema_label``), so those never share a table
+# older one whose tables they do not share, where the store holds rows of both (``schema_label``,
+# ``store.table_version``), so those never share a table
 TABLE_KEYS = ["task", "preset", "protocol", "train_length"]
 ROW_KEYS = ["pe", "attn"]  # the seeds' order: encoding, then mechanism
 METRIC_NAMES = {"exact_match": "exact match", "token_accuracy": "token accuracy"}
@@ -163,9 +165,10 @@ def with_score(frame: pd.DataFrame) -> pd.DataFrame:
     # one curriculum share a table whatever their mechanism or seed.
     sources = {run_id: text for run_id, text in zip(frame["run_id"], configs, strict=True) if run_id is not None}
     frame["protocol"] = configs.map({text: protocol_label(text, sources) for text in parsed})
-    if frame["schema_version"].nunique() > 1:
+    tables = frame["schema_version"].map(table_version)
+    if tables.nunique() > 1:
         frame["protocol"] = [protocol + schema_label(version) for protocol, version
-                             in zip(frame["protocol"], frame["schema_version"], strict=True)]
+                             in zip(frame["protocol"], tables, strict=True)]
     # Runs of one mechanism (or encoding) with other parameters are other rows: "entmax (alpha=4)".
     for column, key in (("attn", "attn_params"), ("pe", "pe_params")):
         suffixes = configs.map({text: params_suffix(config.get(key)) for text, config in parsed.items()})

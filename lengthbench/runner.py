@@ -52,7 +52,7 @@ from lengthbench.devices import autocast, device_description, git_sha, resolve_d
 from lengthbench.errors import UsageError
 from lengthbench.evaluation import BleuTally, Evaluator, Scores
 from lengthbench.progress import progress_bar
-from lengthbench.store import atomic_write_text, load_results, run_finished, run_path, write_run
+from lengthbench.store import atomic_write_text, load_results, run_finished, run_path, saved_config, write_run
 from lengthbench.tasks import eval_lengths, eval_multipliers, get_task, multiplier_label
 from lengthbench.training import Trainer, TrainState, learning_rate
 
@@ -251,7 +251,7 @@ def rescore_run(results: str | Path, run_id: str, *, samples: int | None = None,
         raise UsageError("nothing to rescore: give --samples, --max-multiplier or both")
     saved = trained_checkpoint(results, run_id, "cpu",
                                 hint=" (a rescored run keeps none: rescore the run it was rescored from)")
-    source = RunConfig.from_dict(saved["config"])
+    source = RunConfig.from_dict(saved_config(saved["config"]))
     state = saved.get("state") or {}
     if not state or state.get("step", 0) < source.train_steps:
         raise UsageError(f"run {run_id}'s model.pt is not a finished training (step {state.get('step', 0)} of "

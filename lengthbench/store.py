@@ -31,7 +31,15 @@ EXTRA_COLUMNS = ["metric", "score", "config_json", "schema_version"]
 # sample stream is keyed on all of its drawn parameters. Rows without the column are version 1 (run ids and
 # streams that left out fields and task parameters added after the first runs were published, at their
 # defaults); they load as they are and the leaderboard never puts them in a table with rows of another version.
-SCHEMA_VERSION = 2
+# 3: Sieve's names: ``sieve`` is Sieve Attention's Section 3 (the entmax filter, ``sieve-entmax`` in version 2)
+# and Algorithm 1's window filter is ``sieve-window`` (``sieve`` at eps 8 and ``sieve-alg1`` at eps 2 in version 2).
+# Rows of versions 1 and 2 read under today's names (:data:`RENAMED`); version 2's share tables with version 3's
+# (the same runs and streams under other names).
+SCHEMA_VERSION = 3
+# The versions whose rows share a leaderboard table: from 2 on (see SCHEMA_VERSION).
+SHARED_FROM = 2
+# The column of a loaded frame that names the version in whose terms its rows read (``with_schema_version``).
+READ_AS = "read_as_version"
 
 
 # What a run file must hold to be read: the contract's columns (the attention diagnostics only where measured),
@@ -95,10 +103,16 @@ def run_finished(results: str | Path, run_id: str) -> bool:
     return run_path(results, run_id).exists()
 
 
+# The mechanisms that an earlier schema version named otherwise: version -> its name -> (today's name, the parameters
+# that name defaulted to, written into the row's configuration where it left them unset). Version 1's ``sieve`` was
+# the entmax-support form, today's ``sieve``; its ``sieve-alg1`` the window filter at eps 2.
+RENAMED = {
+    1: {"sieve-alg1": ("sieve-window", {"eps": 2.0})},
+    2: {"sieve": ("sieve-window", {"eps": 8.0}), "sieve-alg1": ("sieve-window", {"eps": 2.0}),
+        "sieve-entmax": ("sieve", {})},
+}
 # What a configuration of schema version 1 left to defaults that version 2 changed (the defaults of the papers'
-# public code, docs/conventions.md): read into its rows, so that they say what they ran. ``sieve`` was the
-# entmax-support form, now ``sieve-entmax``.
-SCHEMA_1_RENAMED = {"sieve": "sieve-entmax"}
+# public code, docs/conventions.md): read into its rows, so that they say what they ran.
 SCHEMA_1_ATTN_PARAMS = {
     "ssmax": {"s_init": 0.43, "log_offset": 0, "scaled_heads": "all"},
     "assmax": {"gamma_scale": 1.0, "scaled_heads": "all"},
@@ -114,34 +128,65 @@ SCHEMA_1_TASK_PARAMS = {
 }
 
 
-def _schema_1_config(config_json: str) -> str:
-    """A schema-1 ``config_json`` with the earlier defaults written out (and ``sieve`` renamed)."""
+def _old_config(config_json: str, version: int) -> str:
+    """An earlier version's ``config_json`` under today's names (:data:`RENAMED`), with the defaults of that version
+    that a later one changed written out (version 1's: :data:`SCHEMA_1_ATTN_PARAMS`, :data:`SCHEMA_1_TASK_PARAMS`)."""
     try:
         config = json.loads(config_json)
     except (TypeError, ValueError):
         return config_json
     if not isinstance(config, dict):
         return config_json
-    attn = SCHEMA_1_RENAMED.get(config.get("attn"), config.get("attn"))
+    attn, params = RENAMED.get(version, {}).get(config.get("attn"), (config.get("attn"), {}))
     config["attn"] = attn
-    config["attn_params"] = {**SCHEMA_1_ATTN_PARAMS.get(attn, {}), **(config.get("attn_params") or {})}
-    config["task_params"] = {**SCHEMA_1_TASK_PARAMS.get(config.get("task"), {}), **(config.get("task_params") or {})}
+    config["attn_params"] = {**params, **(config.get("attn_params") or {})}
+    if version == 1:
+        config["attn_params"] = {**SCHEMA_1_ATTN_PARAMS.get(attn, {}), **config["attn_params"]}
+        config["task_params"] = {**SCHEMA_1_TASK_PARAMS.get(config.get("task"), {}),
+                                 **(config.get("task_params") or {})}
     return json.dumps(config, sort_keys=True)
 
 
 def with_schema_version(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with its ``schema_version`` column an int, 1 where the rows were written without one; rows of
-    version 1 read in version 2's terms (:data:`SCHEMA_1_RENAMED`, the earlier defaults written out)."""
+    """``frame`` with its ``schema_version`` column an int, 1 where the rows were written without one; rows of an
+    earlier version read in today's terms (:func:`_old_config`: today's names, the earlier defaults written out)."""
     versions = frame["schema_version"] if "schema_version" in frame.columns else pd.Series(1, index=frame.index)
     frame = frame.assign(schema_version=versions.fillna(1).astype("int64"))
-    old = frame["schema_version"] == 1
+    # (read once: a frame read so already carries READ_AS at today's version)
+    read = frame[READ_AS] == SCHEMA_VERSION if READ_AS in frame.columns else False
+    old = (frame["schema_version"] < SCHEMA_VERSION) & ~read
+    frame = frame.assign(**{READ_AS: SCHEMA_VERSION})
     if old.any():
         frame = frame.copy()
-        if "attn" in frame.columns:
-            frame.loc[old, "attn"] = frame.loc[old, "attn"].replace(SCHEMA_1_RENAMED)
-        if "config_json" in frame.columns:
-            frame.loc[old, "config_json"] = frame.loc[old, "config_json"].map(_schema_1_config)
+        for version in sorted(frame.loc[old, "schema_version"].unique()):
+            rows = old & (frame["schema_version"] == version)
+            renamed = {name: new for name, (new, _) in RENAMED.get(int(version), {}).items()}
+            if "attn" in frame.columns and renamed:
+                frame.loc[rows, "attn"] = frame.loc[rows, "attn"].replace(renamed)
+            if "config_json" in frame.columns:
+                frame.loc[rows, "config_json"] = frame.loc[rows, "config_json"].map(
+                    lambda text, version=int(version): _old_config(text, version))
     return frame
+
+
+def saved_config(config: dict) -> dict:
+    """A run's configuration as its trained model (``model.pt``) keeps it, the identity its run id hashed, in today's
+    names (:data:`RENAMED`). One saved before version 3 names a renamed mechanism without the ``schema_version`` that
+    today's runs of those names hash (``RunConfig.identity``); version 1's identity left ``rescored_from`` out at its
+    default, version 2's holds every field."""
+    attn = config.get("attn")
+    if "schema_version" in config or not any(attn in names for names in RENAMED.values()):
+        return config
+    version = 2 if "rescored_from" in config else 1
+    name, params = RENAMED[version].get(attn, (attn, {}))
+    return {**config, "attn": name, "attn_params": {**params, **(config.get("attn_params") or {})}}
+
+
+def table_version(version: int) -> int:
+    """The schema version whose tables a row of ``version`` shares (:data:`SHARED_FROM`)."""
+    return SCHEMA_VERSION if int(version) >= SHARED_FROM else int(version)
+
+
 def schema_problem(frame: pd.DataFrame) -> str | None:
     """What makes ``frame`` (one run file) unusable as store rows, in a few words; None if nothing does."""
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]

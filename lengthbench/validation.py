@@ -40,7 +40,7 @@ MAX_VOCAB = 1_000_000  # symbols of a task's alphabet
 PARAM_RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     # mechanisms
     "alpha": (1.0, 64.0, True, False),  # alpha-entmax: alpha > 1 (alpha = 1 is softmax)
-    "eps": (0.0, None, True, False),  # softpick's denominator epsilon; sieve-alg1's filter width
+    "eps": (0.0, None, True, False),  # softpick's denominator epsilon; sieve-window's filter width
     "s_init": (None, None, False, False),
     "delta": (None, None, False, False),
     "gamma_scale": (0.0, None, False, False),

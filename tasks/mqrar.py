@@ -35,7 +35,7 @@ the vocabulary is the same.
 
 The model: 4 layers (d 256, 16 heads). Sieve Attention's Table 1 heads its MQRAR columns "MQRAR (L = 4)" while
 its Table 3 gives 2 layers; here no 2-layer position-free model learns the separate layout (0 of 3 seeds), while
-4-layer stick-breaking and ``sieve`` + NoPE models learn it and hold it to 1024x (docs/reproduction.md, Sieve
+4-layer stick-breaking and ``sieve-window`` (eps 8) + NoPE models learn it and hold it to 1024x (docs/reproduction.md, Sieve
 Attention Table 1). Why depth: the answer slots after ``<sep>`` share one input token (``<q>``), and without
 positions a first layer's scores depend on content only, so no slot can pick its own query's key in layer 1; one
 layer recalls each query key's value, a later one lets each slot fetch it.

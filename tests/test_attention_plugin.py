@@ -79,7 +79,7 @@ def test_one_registration_gives_module_and_weights(monkeypatch):
     )
 
     builtin = ["softmax", "gated", "ssmax", "assmax", "adatemp", "entmax", "sparsemax", "sentmax", "asentmax",
-               "stickbreaking", "sieve", "sieve-alg1", "softpick", "scalable-softpick", "rectified", "rela", "tra",
+               "stickbreaking", "sieve", "sieve-window", "softpick", "scalable-softpick", "rectified", "rela", "tra",
                "tda", "diffsoftmax"]
     assert ATTENTION.names() == MECHANISMS.names() and set(builtin) <= set(WEIGHT_FUNCTIONS.names())
     for name in ATTENTION.names():

@@ -22,7 +22,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 SUM_TO_ONE = {"softmax", "gated", "ssmax", "assmax", "adatemp", "entmax", "sparsemax", "sentmax", "asentmax",
-              "stickbreaking", "sieve-entmax"}
+              "stickbreaking", "sieve"}
 NON_NEGATIVE = SUM_TO_ONE | {"softpick", "scalable-softpick", "rectified", "rela", "tra"}
 HEAD_DIM = 4
 
@@ -83,7 +83,7 @@ def test_edge_cases_no_nan(name, case):
     assert not torch.isnan(w).any() and torch.isfinite(w).all()
     assert w.dtype == (torch.float64 if case == "float64" else torch.float32)
     assert (w[~causal_mask(torch.arange(len(w)), len(w))] == 0).all()
-    if name in {"stickbreaking", "sieve-entmax"} or (name in SUM_TO_ONE and case != "minus_inf"):
+    if name in {"stickbreaking", "sieve"} or (name in SUM_TO_ONE and case != "minus_inf"):
         torch.testing.assert_close(w.sum(-1), torch.ones(len(w), dtype=w.dtype))
 
 
@@ -260,9 +260,9 @@ def test_stickbreaking_is_stable_in_log_space():
     torch.testing.assert_close(w[-1, -2], torch.tensor(sigmoid(30.0)))
 
 
-def test_sieve_entmax_formula_and_support():
+def test_sieve_formula_and_support():
     z = random_scores(7, 7, scale=3.0)
-    w = weights("sieve-entmax", z)
+    w = weights("sieve", z)
     for r in range(7):
         if r == 0:
             torch.testing.assert_close(w[0, :1], torch.ones(1))
@@ -274,47 +274,67 @@ def test_sieve_entmax_formula_and_support():
         assert (w[r, outside] == 0).all(), "zero outside the entmax support"
 
 
-def test_sieve_entmax_hand_case():
+def test_sieve_hand_case():
     # Row 3 sees keys 0, 1, 2 with scores 4, -4, 3.5: entmax keeps keys 0 and 2 only.
     z = torch.zeros(4, 4)
     z[3, :3] = torch.tensor([4.0, -4.0, 3.5])
-    w = weights("sieve-entmax", z)[3]
+    w = weights("sieve", z)[3]
     a2 = sigmoid(3.5)
     a0 = sigmoid(4.0) * (1 - sigmoid(3.5))
     torch.testing.assert_close(w, torch.tensor([a0, 0.0, a2, (1 - sigmoid(4.0)) * (1 - sigmoid(3.5))]))
-    # Equal scores keep every key in the support: sieve-entmax equals stick-breaking.
+    # Equal scores keep every key in the support: Sieve equals stick-breaking.
     flat = torch.full((5, 5), 0.3)
-    torch.testing.assert_close(weights("sieve-entmax", flat), weights("stickbreaking", flat))
+    torch.testing.assert_close(weights("sieve", flat), weights("stickbreaking", flat))
 
 
-def test_sieve_alg1_is_masked_stick_breaking():
-    """Algorithm 1's Sieve: stick-breaking over every earlier key, zero where z < rowmax - eps; a huge eps is
+def test_sieve_window_is_masked_stick_breaking():
+    """Sieve's Algorithm 1 window: stick-breaking over every earlier key, zero where z < rowmax - eps; a huge eps is
     stick-breaking itself; the filter passes no gradient."""
     z = random_scores(7, 7, scale=3.0)
-    w, sb = weights("sieve-alg1", z, eps=2.0), weights("stickbreaking", z)
+    w, sb = weights("sieve-window", z, eps=2.0), weights("stickbreaking", z)
     for r in range(1, 7):
         kept = [j for j in range(r) if z[r, j] >= z[r, :r].max() - 2.0]
         assert len(kept) >= 1
         torch.testing.assert_close(w[r, kept], sb[r, kept])
         assert all(w[r, j] == 0 for j in range(r) if j not in kept)
         torch.testing.assert_close(w[r, r], sb[r, r])  # the remainder: the stick of all earlier keys
-    torch.testing.assert_close(weights("sieve-alg1", z, eps=1e9), sb)
+    torch.testing.assert_close(weights("sieve-window", z, eps=1e9), sb)
     # Row 3 sees 4, -4, 3.5: eps 2 drops key 1, whose stick still counts.
     hand = torch.zeros(4, 4)
     hand[3, :3] = torch.tensor([4.0, -4.0, 3.5])
     expected = torch.tensor([sigmoid(4.0) * (1 - sigmoid(-4.0)) * (1 - sigmoid(3.5)), 0.0, sigmoid(3.5),
                              (1 - sigmoid(4.0)) * (1 - sigmoid(-4.0)) * (1 - sigmoid(3.5))])
-    torch.testing.assert_close(weights("sieve-alg1", hand)[3], expected)
+    torch.testing.assert_close(weights("sieve-window", hand)[3], expected)
     hand.requires_grad_()
-    weights("sieve-alg1", hand)[3, 0].backward()
+    weights("sieve-window", hand)[3, 0].backward()
     assert hand.grad[3, 1] != 0  # key 1 is filtered out but breaks the stick: it gets a gradient
 
 
-def test_sieve_entmax_support_has_no_gradient():
+def test_sieve_window_default_holds_every_sieve_support():
+    """sieve-window's default eps (2 = 1 / (alpha - 1) at Sieve's alpha 1.5) is the narrowest window that holds the
+    1.5-entmax support of every row: each key that Sieve keeps lies within 2 of the row's largest earlier score, and
+    a row of two earlier keys keeps both in its support exactly where they are within 2 of each other."""
+    from lengthbench.kernels.defaults import SIEVE_ALPHA, SIEVE_WINDOW_EPS
+    from lengthbench.models.attention.stickbreaking import sieve_support
+
+    assert SIEVE_WINDOW_EPS == 1.0 / (SIEVE_ALPHA - 1.0) == 2.0
+    earlier = torch.ones(40, 40, dtype=torch.bool).tril(-1)
+    for scale in (0.3, 1.0, 3.0, 10.0):
+        z = random_scores(40, 40, scale=scale)
+        kept = sieve_support(z, earlier)
+        rowmax = z.masked_fill(~earlier, float("-inf")).amax(-1, keepdim=True)
+        assert not (kept & (z < rowmax - SIEVE_WINDOW_EPS)).any(), scale
+    for second, both in ((3.01, True), (2.99, False)):
+        two = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [5.0, second, 0.0]])
+        assert sieve_support(two, earlier[:3, :3])[2, :2].tolist() == [True, both]
+        assert (weights("sieve-window", two)[2, :2] > 0).tolist() == [True, both]
+
+
+def test_sieve_support_has_no_gradient():
     z = torch.zeros(3, 3)
     z[2, :2] = torch.tensor([3.0, -3.0])  # key 1 is outside the support of row 2
     z.requires_grad_()
-    weights("sieve-entmax", z)[2].sum().backward()
+    weights("sieve", z)[2].sum().backward()
     assert z.grad[2, 1] == 0
 
 

@@ -19,6 +19,19 @@ from pathlib import Path
 from interpreter_helpers import interpreter_results, needs_triton
 
 CASES = ["stickbreaking", "tda", "entmax"]
+BATCH, TOKENS, HEADS, DIM = 2, 24, 2, 16
+# The compiled loss against the eager one, on the op's share: ``sum out^2``, relative. The two sum their squares in
+# other orders (eager by ATen's sum, compiled by Inductor's vectorised loop: lanes of 16 floats with AVX-512, 8 with
+# AVX2, each lane's terms in sequence), and a float32 sum of n non-negative terms in any order is within gamma_n =
+# n u / (1 - n u) of the exact one, relative (u = 2^-24; Higham, "Accuracy and Stability of Numerical Algorithms",
+# Section 4.2); each square adds a rounding: so the two sums of n = B H T D squares differ by at most 2 gamma_(n + 1),
+# 1.8e-4 here. Their squares differ too, by the op's inputs, which the compiled projection and normalisation round
+# otherwise (by an ulp): that moves the share by a few u (measured below), far inside the bound. Measured over seeds
+# 0-5, the three cases: at most 2.9e-7 of the share (TDA's; its inputs' rounding alone up to 2.7e-7), under Triton
+# 3.6.0 and 3.9.0 alike, bit for bit. The loss itself adds ``x.sum()``, whose rounding in the compiled sum (the order
+# of the machine's vector lanes: seed 0's loss 1.13e-6 relative with AVX-512 against 1.9e-7 with AVX2) is no part of
+# the op's.
+LOSS_BOUND = 2 * (BATCH * HEADS * TOKENS * DIM + 1) * 2.0 ** -24 / (1 - (BATCH * HEADS * TOKENS * DIM + 1) * 2.0 ** -24)
 
 
 def _case(name: str) -> dict:
@@ -28,7 +41,7 @@ def _case(name: str) -> dict:
     from lengthbench.kernels import _bridge, load_op
 
     torch.manual_seed(0)
-    batch, tokens, heads, dim = 2, 24, 2, 16
+    batch, tokens, heads, dim = BATCH, TOKENS, HEADS, DIM
     views = 5 if name == "tda" else 3
     proj = torch.nn.Linear(heads * dim, views * heads * dim)
     scale_param = torch.nn.Parameter(torch.tensor(0.3))
@@ -47,16 +60,17 @@ def _case(name: str) -> dict:
                      row_scale=row_scale)
         else:
             out = op(parts[0].contiguous(), parts[1].contiguous(), parts[2].contiguous(), slopes=None)
-        return (out.float() ** 2).sum() + x.sum()
+        share = (out.float() ** 2).sum()  # the op's share of the loss (LOSS_BOUND)
+        return share + x.sum(), share
 
     params = [x, scale_param, beta_param, *proj.parameters()]
 
     def run(fn, op):
         for p in params:
             p.grad = None
-        loss = fn(x, op)
+        loss, share = fn(x, op)
         loss.backward()
-        return loss.detach(), [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
+        return share.detach(), [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
 
     plain = load_op(name, True)
     bridged = _bridge.bridged(name, True)
@@ -66,7 +80,7 @@ def _case(name: str) -> dict:
     torch._dynamo.reset()
     loss1, grads1 = run(torch.compile(loss_of, dynamic=False), bridged)
     with torch.no_grad():
-        direct = (loss_of(x, bridged) - loss0).abs().item()
+        direct = (loss_of(x, bridged)[1] - loss0).abs().item()
     scale = max(g.abs().max().item() for g in grads0)
     # The compiled forward may write over the op's inputs after the call (Inductor reuses their memory): the
     # backward is handed the inputs again (saved, or computed again into other memory) and its gradients are
@@ -98,7 +112,7 @@ def _case(name: str) -> dict:
     again = torch.ops.lengthbench.fused_backward(grad_out, out.clone(), [t.detach() for t in listed], spec)
     recompute = max((a - b).abs().max().item() for a, b in zip(again, reference, strict=True))
     return dict(graphs=explained.graph_count, breaks=explained.graph_break_count,
-                loss=(loss1 - loss0).abs().item() / max(loss0.abs().item(), 1.0),
+                loss=(loss1 - loss0).abs().item() / loss0.item(),
                 grads=max((a - b).abs().max().item() for a, b in zip(grads0, grads1, strict=True)) / scale,
                 scale_grad=grads0[1].abs().item(), beta_grad=grads0[2].abs().item(), left=len(_bridge._GRAPHS), no_grad=direct,
                 took_saved=took_saved, recomputed=_bridge.STATS["recomputed"] - recomputed,
@@ -111,8 +125,8 @@ def test_bridge_is_one_graph_with_the_ops_gradients():
     for index, name in enumerate(CASES):
         r = results[index]
         assert (r["graphs"], r["breaks"]) == (1, 0), (name, r)
-        assert r["loss"] < 1e-6 and r["grads"] < 1e-5, (name, r)
-        assert r["left"] == 0 and r["no_grad"] < 1e-6 * max(1.0, r["loss"]), (name, r)
+        assert r["loss"] <= LOSS_BOUND and r["grads"] < 1e-5, (name, r)
+        assert r["left"] == 0 and r["no_grad"] == 0.0, (name, r)  # the same op on the same inputs
         if name != "stickbreaking":  # the tensor argument's gradient came through the bridge
             assert r["scale_grad"] > 0, (name, r)
         if name == "tda":  # and beta's, beside lam's

@@ -45,9 +45,9 @@ def store(tmp_path):
     budget = {"train_samples": 2_000_000, "batch_size": 256, "lr": 1e-3}
     synthetic_run(results, "copy", "softmax", "rope", 0, {1: 1.0, 2: 0.1, 4: 0.02}, config=budget)
     synthetic_run(results, "copy", "softmax", "rope", 1, {1: 0.98, 2: 0.0, 4: 0.0}, config=budget)
-    # Sieve by its definition (far below the seed) and the seed's Algorithm 1 (close to it): both stand for it
+    # Sieve (far below the seed) and the window of its Algorithm 1 (close to it): both stand for it
     synthetic_run(results, "copy", "sieve", "none", 0, {1: 0.5, 2: 0.0, 4: 0.0}, config=budget)
-    synthetic_run(results, "copy", "sieve-alg1", "none", 0, {1: 1.0, 2: 0.99, 4: 0.97}, config=budget)
+    synthetic_run(results, "copy", "sieve-window", "none", 0, {1: 1.0, 2: 0.99, 4: 0.97}, config=budget)
     # another alpha is another mechanism; another layout is another task; n 16 is a curriculum's stage
     synthetic_run(results, "copy", "sieve", "none", 1, {1: 1.0, 4: 0.998}, config={**budget, "attn_params": {"alpha": 1.25}})
     synthetic_run(results, "copy", "softmax", "rope", 2, {1: 1.0, 4: 0.0},
@@ -60,7 +60,7 @@ def store(tmp_path):
 
 
 def test_stands_for_names_stand_ins_and_identity_parameters():
-    assert stands_for("sieve", "sieve") and stands_for("sieve-alg1 (eps=8)", "sieve")
+    assert stands_for("sieve", "sieve") and stands_for("sieve-window (eps=8)", "sieve")
     assert not stands_for("sieve (alpha=1.25)", "sieve") and stands_for("sieve (alpha=1.5)", "sieve")
     assert stands_for("entmax (alpha=4)", "entmax (alpha=4)") and not stands_for("entmax", "entmax (alpha=4)")
     assert not stands_for("entmax (alpha=16)", "entmax") and not stands_for("asentmax", "entmax")
@@ -79,7 +79,7 @@ def test_verdicts(differences, expected):
 def test_every_seed_cell_gets_the_rows_that_stand_for_it_closest_first(store, seeds):
     long = compare(load_store(store)[0], load_seed_tables(seeds))
     sieve = long[(long["attn"] == "sieve") & (long["task"] == "copy")]
-    assert list(sieve.drop_duplicates("rank")["our_attn"]) == ["sieve-alg1", "sieve"]  # alpha 1.25 is left out
+    assert list(sieve.drop_duplicates("rank")["our_attn"]) == ["sieve-window", "sieve"]  # alpha 1.25 is left out
     closest = sieve[sieve["rank"] == 0].set_index("multiplier")
     assert closest.loc[4, "our_value"] == pytest.approx(97.0) and closest.loc[4, "difference"] == pytest.approx(-2.8)
     assert set(closest["verdict"]) == {"agrees"}
@@ -101,7 +101,7 @@ def test_summary_and_markdown(store, seeds):
     assert table.loc[("003", "Table 1", "reverse"), "no run"] == 1
     text = to_markdown(long, rows_per_cell=1)
     assert "| sieve + none | Sieve Attention | 100.0 | 99.8 |" in text
-    assert "|  | ours: sieve-alg1 + none | 100.0 (+0.0) | 97.0 (-2.8) | agrees |" in text
+    assert "|  | ours: sieve-window + none | 100.0 (+0.0) | 97.0 (-2.8) | agrees |" in text
     assert "(1 more rows of ours)" in text
     assert "|  | ours | – | – | no run |  |" in text
 

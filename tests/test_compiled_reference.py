@@ -18,7 +18,7 @@ from lengthbench.runner import attention_kernels, build_model
 from lengthbench.tasks import get_task
 
 TINY = dict(d_model=32, n_heads=4, ffn=64, n_layers=2)
-POSITION_FREE = {"stickbreaking", "sieve", "sieve-alg1", "sieve-entmax"}
+POSITION_FREE = {"stickbreaking", "sieve", "sieve-window"}
 
 
 def _model_and_loss(attn: str, pe: str, **attn_params):
@@ -52,7 +52,7 @@ def test_reference_path_traces_without_graph_breaks(attn):
     ("sparsemax", "rope", {}),                # its sparsemax
     ("entmax", "nape", {"alpha": 1.3}),       # its bisection
     ("sentmax", "rope", {}),
-    ("sieve-entmax", "none", {}),
+    ("sieve", "none", {}),
     # not assmax / asentmax: aot_eager's backward of their query projections fails a view on the CPU (torch
     # 2.13), where Inductor, the backend of training, runs them (the forward traces: the test above; Inductor on
     # CUDA: the GPU test below)

@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from lengthbench.config import PRESETS, RunConfig, build_config
-from lengthbench.store import CONTRACT_COLUMNS, StoreError, load_results, with_schema_version, write_run
+from lengthbench.store import (
+    CONTRACT_COLUMNS,
+    RENAMED,
+    StoreError,
+    load_results,
+    with_schema_version,
+    write_run,
+)
 from lengthbench.tasks import eval_lengths, eval_multipliers
 
 
@@ -97,7 +104,10 @@ def test_init_default_and_legacy_rows_read_back():
     for row in legacy[:5]:
         config = RunConfig.from_dict(json.loads(row["config_json"]))
         assert config.init == "normal-0.02" and row["schema_version"] == 1
-        assert row["run_id"].startswith(f"{config.task}-{config.attn}-{config.pe}-{config.preset}-s{config.seed}-")
+        # (a mechanism version 1 named otherwise keeps that name in its run id)
+        names = [config.attn, *(old for old, (new, _) in RENAMED[1].items() if new == config.attn)]
+        assert any(row["run_id"].startswith(f"{config.task}-{name}-{config.pe}-{config.preset}-s{config.seed}-")
+                   for name in names)
     new = build_config("copy", "softmax", "nape", "smoke", init="torch")
     legacy = build_config("copy", "softmax", "nape", "smoke")
     assert new.run_id != legacy.run_id and legacy.identity()["init"] == "normal-0.02"

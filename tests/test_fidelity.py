@@ -289,31 +289,37 @@ def test_scaled_defaults_under_nape(name):
     assert alibi.scales_every_head  # every head has a slope: every head is scaled, as without NAPE
 
 
-# -- Sieve: which form is `sieve` ---------------------------------------------------------------------------------
+# -- Sieve: which form is `sieve`, which `sieve-window` ---------------------------------------------------------------------------------
 
-def test_sieve_is_algorithm_1_with_eps_8():
+def test_sieve_is_section_3_and_the_window_is_algorithm_1():
+    """``sieve`` is Sieve Attention's Section 3: stick-breaking over the 1.5-entmax support of the earlier scores
+    (Eqs. 5-7); ``sieve-window`` is its Algorithm 1's filter (every earlier key breaks the stick, weights kept
+    within eps of the row's max), eps 2 by default; each with its own op."""
+    from entmax import entmax15
+
     from lengthbench.kernels import _KERNELS
 
     z = cosine_scores(40, 8, seed=7) * 12
-    alg1 = attention_weights("sieve", z)
-    torch.testing.assert_close(alg1, attention_weights("sieve-alg1", z, eps=8.0), rtol=0, atol=0)
-    assert not torch.equal(alg1, attention_weights("sieve-alg1", z))  # the earlier name keeps eps 2
-    assert not torch.equal(alg1, attention_weights("sieve-entmax", z))
-    # Algorithm 1 by hand on one row: earlier keys within eps of their max keep their stick-breaking weight
-    row, eps = 30, 8.0
+    sieve, window = attention_weights("sieve", z), attention_weights("sieve-window", z, eps=8.0)
+    assert not torch.equal(sieve, window) and not torch.equal(window, attention_weights("sieve-window", z))
+    row = 30
     earlier = z[0, 0, row, :row]
-    keep = earlier >= earlier.max() - eps
     sig = torch.sigmoid(earlier)
-    stick = torch.stack([sig[j] * torch.prod(1 - sig[j + 1 :]) for j in range(row)])
-    torch.testing.assert_close(alg1[0, 0, row, :row], torch.where(keep, stick, 0.0))
-    torch.testing.assert_close(alg1[0, 0, row, row], torch.prod(1 - sig))
-    assert _KERNELS["sieve"] == _KERNELS["sieve-alg1"] == "sieve:sieve_alg1_attention"
-    assert _KERNELS["sieve-entmax"] == "sieve:sieve_attention"
+    # Section 3 by hand on one row: the stick broken by the entmax support only, zero elsewhere
+    support = entmax15(earlier, dim=-1) > 0
+    stick = torch.stack([sig[j] * torch.prod(torch.where(support[j + 1:], 1 - sig[j + 1:], 1.0)) for j in range(row)])
+    torch.testing.assert_close(sieve[0, 0, row, :row], torch.where(support, stick, 0.0))
+    torch.testing.assert_close(sieve[0, 0, row, row], torch.prod(torch.where(support, 1 - sig, 1.0)))
+    # Algorithm 1 by hand: earlier keys within eps of their max keep their stick-breaking weight
+    keep = earlier >= earlier.max() - 8.0
+    stick = torch.stack([sig[j] * torch.prod(1 - sig[j + 1:]) for j in range(row)])
+    torch.testing.assert_close(window[0, 0, row, :row], torch.where(keep, stick, 0.0))
+    torch.testing.assert_close(window[0, 0, row, row], torch.prod(1 - sig))
+    assert _KERNELS["sieve"] == "sieve:sieve_attention" and _KERNELS["sieve-window"] == "sieve:sieve_alg1_attention"
     from lengthbench.models.positional import POSITIONAL_ENCODINGS
 
     pe = POSITIONAL_ENCODINGS.get("none")(4, 8)
-    assert ATTENTION.get("sieve")(32, 4, pe).eps == 8.0 and ATTENTION.get("sieve-alg1")(32, 4, pe).eps == 2.0
-    assert ATTENTION.get("sieve-entmax")(32, 4, pe).alpha == 1.5
+    assert ATTENTION.get("sieve")(32, 4, pe).alpha == 1.5 and ATTENTION.get("sieve-window")(32, 4, pe).eps == 2.0
 
 
 # -- the TRA and TDA kernels, both conventions (GPU, or the Triton interpreter on the CPU) -------------------------

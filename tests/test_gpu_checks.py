@@ -40,4 +40,4 @@ def test_throughput_attns_measures_those_after_softmax(tmp_path):
     calls = [line.split() for line in log.read_text().splitlines()]
     chosen = [call[call.index("--attns") + 1] for call in calls]
     assert chosen[0] == "softmax,sieve,stickbreaking"
-    assert chosen[1].startswith("softmax,") and len(chosen[1].split(",")) == 11
+    assert chosen[1].startswith("softmax,") and len(chosen[1].split(",")) == 10

@@ -29,20 +29,20 @@ def frame(mechanisms, fwd, created, scale=None):
 
 
 def test_merge_replaces_the_measured_rows_only(tmp_path, monkeypatch):
-    short = frame(["entmax", "sieve-entmax"], 1.0, "2026-11-22").assign(seq_len=1024)  # not measured again: kept
-    bench.write(pd.concat([frame(["entmax", "sieve-entmax", "tra"], 100.0, "2026-11-22"), short]), tmp_path / "all")
+    short = frame(["entmax", "sieve"], 1.0, "2026-11-22").assign(seq_len=1024)  # not measured again: kept
+    bench.write(pd.concat([frame(["entmax", "sieve", "tra"], 100.0, "2026-11-22"), short]), tmp_path / "all")
     bench.write(frame(["entmax", "sparsemax"], 29.0, "2026-11-24", scale=1.0), tmp_path / "new")
     run_script(monkeypatch, "--merge", str(tmp_path / "new"), "--out", str(tmp_path / "all"))
     merged = pd.read_parquet(tmp_path / "all" / "kernels.parquet")
-    assert sorted(merged.mechanism) == ["entmax", "entmax", "sieve-entmax", "sieve-entmax", "sparsemax", "tra"]
+    assert sorted(merged.mechanism) == ["entmax", "entmax", "sieve", "sieve", "sparsemax", "tra"]
     longest = merged[merged.seq_len == 65536]
-    assert longest.set_index("mechanism").fwd_ms.to_dict() == {"entmax": 29.0, "sieve-entmax": 100.0, "sparsemax": 29.0,
+    assert longest.set_index("mechanism").fwd_ms.to_dict() == {"entmax": 29.0, "sieve": 100.0, "sparsemax": 29.0,
                                                                "tra": 100.0}
     assert merged[merged.seq_len == 1024].fwd_ms.tolist() == [1.0, 1.0]
     text = (tmp_path / "all" / "kernels.md").read_text()
     assert "| entmax | random | 65536 | 32 | 29.000 | 1.45 (1.5) | 58.000 | 0.83 (3) | 1.00 | all | GPU | 2026-11-24 |" \
         in text
-    assert "| sieve-entmax | random | 65536 | 32 | 100.000 | 5.00 (1.5) | 200.000 | 2.86 (3) | 1.00 | missed: fwd |" in text
+    assert "| sieve | random | 65536 | 32 | 100.000 | 5.00 (1.5) | 200.000 | 2.86 (3) | 1.00 | missed: fwd |" in text
 
 
 def test_writing_keeps_the_rows_not_measured_again(tmp_path):
@@ -72,13 +72,13 @@ def test_the_report_shows_each_mechanisms_longest_length_with_its_provenance(tmp
 
 def test_report_has_ratios_per_input_family_against_their_targets(tmp_path):
     random = frame(["stickbreaking"], 20.0, "2026-11-27").assign(inputs="random")
-    walk = frame(["stickbreaking", "sieve-alg1"], 60.0, "2026-11-27").assign(inputs="walk8")
+    walk = frame(["stickbreaking", "sieve-window"], 60.0, "2026-11-27").assign(inputs="walk8")
     walk64 = frame(["stickbreaking"], 30.0, "2026-11-27").assign(inputs="walk8", head_dim=64)
     bench.write(pd.concat([random, walk, walk64]), tmp_path)
     text = (tmp_path / "kernels.md").read_text()
     assert "| stickbreaking | random | 65536 | 32 | 20.000 | 1.00 (1.5) | 40.000 | 0.57 (3) | 1.00 | all |" in text
     assert "| stickbreaking | walk8 | 65536 | 32 | 60.000 | 3.00 (2) | 120.000 | 1.71 (3) | 1.00 | missed: fwd |" in text
-    assert "| sieve-alg1 | walk8 | 65536 | 32 | 60.000 | 3.00 (2) |" in text
+    assert "| sieve-window | walk8 | 65536 | 32 | 60.000 | 3.00 (2) |" in text
     assert "| stickbreaking | walk8 | 65536 | 64 | 30.000 | 1.50 (2) | 60.000 | 0.86 (3) | 1.00 | all |" in text
     order = [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| stickbreaking")]
     assert order == ["random", "walk8", "walk8"]

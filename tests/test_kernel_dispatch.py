@@ -262,11 +262,11 @@ def test_capturable_stick_breaking_takes_the_narrow_kernels_up_to_128_tokens(mon
 
 
 @pytest.mark.parametrize("mechanism, module, function", [
-    ("stickbreaking", "stickbreaking", "stickbreaking_attention"), ("sieve", "sieve", "sieve_alg1_attention"),
-    ("sieve-alg1", "sieve", "sieve_alg1_attention"), ("sieve-entmax", "sieve", "sieve_attention")])
+    ("stickbreaking", "stickbreaking", "stickbreaking_attention"),
+    ("sieve-window", "sieve", "sieve_alg1_attention"), ("sieve", "sieve", "sieve_attention")])
 def test_capturable_stick_family_takes_the_long_context_op_with_its_training_tiles(monkeypatch, mechanism, module, function):
     """The default (``LENGTHBENCH_CAPTURE_STICK`` unset): the long-context op at every width, 64-row 32-key tiles
-    (Sieve's Section 3 form: its threshold with the rows in registers, then the walk on those tiles)."""
+    (Sieve: its threshold with the rows in registers, then the walk on those tiles)."""
     pytest.importorskip("triton")
     import importlib
 
@@ -283,18 +283,18 @@ def test_capturable_stick_family_takes_the_long_context_op_with_its_training_til
         op(q, q, q)
     tiles = {"cumsum": "bf16", "full_tiles": False, "prefetch": False, "skip_empty": True}
     expected = dict(tiles, full_tiles=True) if mechanism == "stickbreaking" else tiles
-    if mechanism == "sieve-entmax":
+    if mechanism == "sieve":
         expected = {"lists": False, "split": False, "threshold": "narrow", "walk": tiles}
     assert calls == [("wide", expected)] * 3
 
 
 def test_capture_tuning_overrides_parse_and_reject():
     """``LENGTHBENCH_CAPTURE_TUNING``: mechanism -> tuning keys, lists as tuples; a clear error otherwise."""
-    parsed = kernels.capture_tuning_overrides('{"sieve-alg1": {"rowmax_pass": "fused", "fwd": [32, 16, 4, 2]}}')
-    assert parsed == {"sieve-alg1": {"rowmax_pass": "fused", "fwd": (32, 16, 4, 2)}}
+    parsed = kernels.capture_tuning_overrides('{"sieve-window": {"rowmax_pass": "fused", "fwd": [32, 16, 4, 2]}}')
+    assert parsed == {"sieve-window": {"rowmax_pass": "fused", "fwd": (32, 16, 4, 2)}}
     assert kernels.capture_tuning_overrides("{}") == {}
     for text, said in (("{sieve", "not JSON"), ('["sieve"]', "JSON object"), ('{"sieve": 3}', "JSON object"),
-                       ('{"flash": {}}', "names no fused op: flash")):
+                       ('{"flash": {}}', "names no fused op: flash"), ('{"sieve-alg1": {}}', "no fused op: sieve-alg1")):
         with pytest.raises(ValueError, match=said):
             kernels.capture_tuning_overrides(text)
 
@@ -306,10 +306,10 @@ def test_capture_tuning_environment_joins_the_capture_settings():
     import subprocess
     import sys
 
-    env = dict(os.environ, LENGTHBENCH_CAPTURE_TUNING='{"sieve-alg1": {"rowmax_pass": "fused"}}')
+    env = dict(os.environ, LENGTHBENCH_CAPTURE_TUNING='{"sieve-window": {"rowmax_pass": "fused"}}')
     env.pop("LENGTHBENCH_CAPTURE_STICK", None)
     done = subprocess.run([sys.executable, "-c", "import json; from lengthbench import kernels; "
-                           "print(json.dumps(kernels.CAPTURE_TUNING['sieve-alg1']))"],
+                           "print(json.dumps(kernels.CAPTURE_TUNING['sieve-window']))"],
                           env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"cumsum": "bf16", "full_tiles": False, "prefetch": False, "skip_empty": True,
@@ -317,7 +317,7 @@ def test_capture_tuning_environment_joins_the_capture_settings():
 
 
 def test_sieve_walk_setting_is_checked_before_any_launch():
-    """sieve-entmax's ``walk`` (the stick-breaking walk's launch settings after the threshold): a dict, and only
+    """Sieve's ``walk`` (the stick-breaking walk's launch settings after the threshold): a dict, and only
     where the list path is off (that path walks its open rows on ``sieve_open``'s tiles)."""
     pytest.importorskip("triton")
     from lengthbench.kernels.sieve import sieve_attention
@@ -371,3 +371,4 @@ def test_tda_whole_row_setting_is_checked():
     for bad in ([128, 32], [96, 32, 4], "128", [128, 32, 0]):
         with pytest.raises(ValueError, match="rows must be null or"):
             _config(32, {"rows": bad})
+

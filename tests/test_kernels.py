@@ -2,9 +2,10 @@
 
 Marked ``gpu``: skipped where CUDA is absent. Errors are ``max |kernel - ref| / max(max |ref|, 0.01)`` per tensor; each
 test prints its errors (run with ``-s`` to log them). Rows whose selection is decided by a near-tie
-(rectified: a score within ``TIE`` of 0; sieve and sparsemax: a score within ``TIE`` of the entmax threshold) are left
-out of the comparison (their output gradient is set to zero), since a rounding-level change of the score
-legitimately flips them; at most 5% of the rows may be such. TDA's op takes two views (``q1, k1, q2, k2,
+(rectified: a score within ``TIE`` of 0; sieve and sparsemax: a score within ``TIE`` of the entmax threshold;
+sieve-window: a score within ``TIE`` of the row's max minus eps) are left out of the comparison (their output gradient
+is set to zero), since a rounding-level change of the score legitimately flips them; at most 5% of the rows may be
+such (sieve-window's 10%). TDA's op takes two views (``q1, k1, q2, k2,
 v``) and has its own tests at the end, against ``attention_weights("tda", ...)`` with gradients to both views,
 ``lam`` and ``beta``.
 """
@@ -51,8 +52,7 @@ def test_registry_lists_kernels():
 
 
 def reference_params(name: str, head_dim: int) -> dict:
-    if name == "sieve":  # the op's own default eps (the module passes its eps, 8 by default)
-        return {"eps": 2.0}
+    """The reference's parameters without a default (the op's defaults are its mechanism's: kernels/defaults.py)."""
     return {"head_dim": head_dim} if name == "tra" else {}
 
 
@@ -82,14 +82,14 @@ def tie_rows(name, z, q, k, sm_scale, slopes, row_scale):
     if name == "rectified":
         visible = pos[None, :] <= pos[:, None]
         return ((z.abs() < TIE) & visible).any(-1)
-    if name == "sieve-entmax":
+    if name == "sieve":
         from lengthbench.kernels.entmax import entmax_threshold
 
         tau = entmax_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, strict=True).double()
         earlier = pos[None, :] < pos[:, None]
         near = (z / 2 - tau[..., None]).abs() < TIE * (1 + tau.abs().nan_to_num(0, 0, 0)[..., None])
         return (near & earlier).any(-1)
-    if name in ("sieve", "sieve-alg1"):  # a score within TIE of the row's max minus eps (2, the op's default)
+    if name == "sieve-window":  # a score within TIE of the row's max minus eps (2, the default)
         earlier = pos[None, :] < pos[:, None]
         rowmax = torch.where(earlier, z, torch.full_like(z, float("-inf"))).amax(-1, keepdim=True)
         return (((z - (rowmax - 2.0)).abs() < TIE * (1 + rowmax.abs())) & earlier).any(-1)
@@ -146,9 +146,9 @@ def check(name, q, k, v, *, slopes=None, row_scale=None, seed=0, label="", tunin
     ref_extras = {key: t.detach().double().requires_grad_() for key, t in extras.items()}
     ref_out, z = reference(name, *ref_leaves, sm_scale, ref_extras.get("slopes"), ref_extras.get("row_scale"))
     ties = tie_rows(name, z, q, k, sm_scale, extras.get("slopes"), extras.get("row_scale"))
-    # sieve-alg1's filter edge (the row's max minus 2) lies in the bulk of the scores, so long rows have a key
+    # sieve-window's filter edge (the row's max minus 2) lies in the bulk of the scores, so long rows have a key
     # near it more often (5.1% of the rows at T = 4,096 on the H100); the rest are still compared
-    limit = 0.10 if name in ("sieve", "sieve-alg1") else 0.05
+    limit = 0.10 if name == "sieve-window" else 0.05
     assert ties.float().mean().item() <= limit, f"{ties.float().mean().item():.3f} of the rows are near-ties"
     keep = ~ties
 
@@ -228,7 +228,7 @@ def test_large_scores_no_nan(name):
 
 # -- the stick-breaking family on long walks, and its levers (kernels/stickbreaking.py, ``tuning``) ------------
 
-STICK = ["stickbreaking", "sieve-alg1"]
+STICK = ["stickbreaking", "sieve-window"]
 
 
 @pytest.mark.parametrize("shift", [-4.0, -8.0], ids=["walk4", "walk8"])
@@ -269,7 +269,7 @@ STICK_VARIANTS = {
     "tiles-16": dict(SMALL_TILES, backward="prefix", cumsum="dot2"),
     "combined": dict(fwd=(128, 64, 8, 3), bwd=(64, 64, 4, 2), backward="prefix", cumsum="dot2", exp2=True,
                 sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly", full_tiles=True),
-    "rowmax-kernel": dict(rowmax_pass="kernel"),  # sieve-alg1's row maxima by a pass of their own
+    "rowmax-kernel": dict(rowmax_pass="kernel"),  # sieve-window's row maxima by a pass of their own
     "rowmax-fused-64": dict(rowmax=(64, 64, 4, 3)),  # the forward kernel's pass on 64-key tiles
     "rowmax-fused-32": dict(fwd=(32, 32, 4, 2), bwd=(32, 32, 4, 2), rowmax=(32, 32, 4, 2)),  # and the training tiles
     # training-width tiles: 64 query rows, 32 keys, forward and backward (stick-breaking also on its full tiles)
@@ -286,7 +286,7 @@ STICK_VARIANTS_COARSE = {("stickbreaking", "dot", "T300-D64-bf16-alibi"):
                          "cumsum dot (tf32, 10 bits): dq 0.057 against 5e-2",
                          ("stickbreaking", "dot", "T1000-D64-bf16-hot8"):
                          "cumsum dot (tf32, 10 bits): dk 0.054, dv 0.072 against 5e-2",
-                         ("sieve-alg1", "dot", "T1000-D64-bf16-hot8"):
+                         ("sieve-window", "dot", "T1000-D64-bf16-hot8"):
                          "cumsum dot (tf32, 10 bits): dq 0.061, dv 0.074 against 5e-2"}
 STICK_CASES = {  # (tokens, head_dim, dtype, shift, alibi)
     "T1000-D32-bf16": (1000, 32, torch.bfloat16, 0.0, False),
@@ -305,7 +305,7 @@ STICK_CASES = {  # (tokens, head_dim, dtype, shift, alibi)
 @pytest.mark.parametrize("name", STICK)
 def test_stick_variants_match_reference(name, case, variant):
     if name == "stickbreaking" and variant.startswith("rowmax"):
-        pytest.skip("rowmax_pass is sieve-alg1's (stick-breaking has no filter)")
+        pytest.skip("rowmax_pass is sieve-window's (stick-breaking has no filter)")
     tokens, head_dim, dtype, shift, alibi = STICK_CASES[case]
     q, k, v = make_inputs(name, 1, 2, tokens, head_dim, dtype, seed=tokens, shift=shift)
     extra = {}
@@ -347,7 +347,7 @@ def test_rowwise_tiles_match_reference(name, tokens, dtype, variant):
           allowed={key: DEFAULT_TILES_FACTOR * value for key, value in defaults.items()}, **extra)
 
 
-# sieve-entmax's walk after the threshold on the stick-breaking capture tiles (``walk``), the threshold found by the
+# Sieve's walk after the threshold on the stick-breaking capture tiles (``walk``), the threshold found by the
 # search (one kernel, no lists) or with every row's keys in registers (``threshold`` ``narrow``: the training step's,
 # ``lengthbench.kernels.SIEVE_ENTMAX_CAPTURE``; the search past 256 tokens)
 SIEVE_WALK = dict(lists=False, split=False, walk=dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2)))
@@ -359,22 +359,13 @@ SIEVE_WALKS = {"walk-64x32": SIEVE_WALK, "narrow-walk-64x32": dict(SIEVE_WALK, t
     (91, torch.bfloat16, False, 0.0), (131, torch.float32, True, 0.0), (300, torch.bfloat16, True, 0.0),
     (256, torch.float16, True, 0.0), (83, torch.bfloat16, True, -8.0), (64, torch.float32, False, -4.0)])
 def test_sieve_walk_tiles_match_reference(tokens, dtype, alibi, shift, label):
-    q, k, v = make_inputs("sieve-entmax", 2, 2, tokens, 32, dtype, seed=tokens, shift=shift)
+    q, k, v = make_inputs("sieve", 2, 2, tokens, 32, dtype, seed=tokens, shift=shift)
     extra = {}
     if alibi:
         gen = torch.Generator(device="cuda").manual_seed(7)
         extra = dict(slopes=torch.tensor([0.25, 0.0], device="cuda"),
                      row_scale=0.5 + torch.rand(2, 2, tokens, device="cuda", generator=gen))
-    check("sieve-entmax", q, k, v, seed=tokens, label=label, tuning=SIEVE_WALKS[label], **extra)
-
-
-def test_stick_tuning_rejects_unknown_keys_and_values():
-    from lengthbench.kernels.stickbreaking import stickbreaking_attention
-
-    q, k, v = make_inputs("stickbreaking", 1, 1, 10, 32, torch.float32, seed=0)
-    for bad in (dict(cumsum="fft"), dict(fwd=(48, 64, 4, 2)), dict(typo=1), dict(loop="until"), dict(split=False)):
-        with pytest.raises(ValueError, match="stick-breaking tuning"):
-            stickbreaking_attention(q, k, v, tuning=bad)
+    check("sieve", q, k, v, seed=tokens, label=label, tuning=SIEVE_WALKS[label], **extra)
 
 
 def test_no_grad_inference_path():
@@ -641,7 +632,7 @@ ENTMAX_VARIANTS = {
     # the few-open-rows tiles (the count read and found few at any length)
     "few-open-n16": dict(few_open=(1 << 30, 0), newton_few=(16, 16, 2, 3), sieve_open_few=(16, 16, 2, 3)),
     "rescue-c16-all": dict(rescue=True, list_size=16, max_sat=64, rescue_launch=(4, 32, 4)),
-    # the training step's settings (no lists, one kernel) with a 2-deep subset on 32x16 tiles: Copy's sieve-entmax
+    # the training step's settings (no lists, one kernel) with a 2-deep subset on 32x16 tiles: Copy's Sieve
     # 0.63 -> 0.70x softmax + RoPE (results/benchmarks/gpu_logs/train_tiles_sweep.txt)
     "capture-sub2-32x16": dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16),
 }
@@ -649,7 +640,7 @@ ENTMAX_VARIANTS = {
 
 @pytest.mark.parametrize("variant", sorted(ENTMAX_VARIANTS))
 @pytest.mark.parametrize("case", ["entmax:T1000-D32-bf16", "sparsemax:T4096-D32-fp32",
-                                  "sieve-entmax:T300-D64-bf16-alibi", "entmax:T333-D128-bf16-alibi"])
+                                  "sieve:T300-D64-bf16-alibi", "entmax:T333-D128-bf16-alibi"])
 def test_entmax_variants_match_reference(variant, case):
     name, shape = case.split(":")
     tokens, head_dim, dtype = {"T1000-D32-bf16": (1000, 32, torch.bfloat16),
@@ -666,7 +657,7 @@ def test_entmax_variants_match_reference(variant, case):
 
 
 @pytest.mark.parametrize("variant", sorted([*set(ENTMAX_VARIANTS) - {"top16"}, "default"]))
-@pytest.mark.parametrize("case", ["entmax-bf16", "entmax-fp32-small", "sparsemax-bf16", "sieveentmax-fp32-alibi"])
+@pytest.mark.parametrize("case", ["entmax-bf16", "entmax-fp32-small", "sparsemax-bf16", "sieve-fp32-alibi"])
 def test_entmax_threshold_variants_agree(variant, case):
     """Every variant's ``tau`` equals the top-16 search's to rounding (the same root, reached from another start
     or summed in another order), with the same rows at ``+inf`` (no visible key)."""
@@ -676,7 +667,7 @@ def test_entmax_threshold_variants_agree(variant, case):
     tokens, scale = (2048, 0.5) if "small" in rest else (4096, 1.0)  # small scores: wide supports, more passes
     q, k, _ = make_inputs("entmax", 1, 3, tokens, 32, {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype],
                           seed=17, scale=scale)
-    kwargs = dict(alpha=2.0 if name == "sparsemax" else 1.5, strict=name == "sieveentmax")  # Sieve's j < r
+    kwargs = dict(alpha=2.0 if name == "sparsemax" else 1.5, strict=name == "sieve")  # Sieve's j < r
     if "alibi" in rest:
         gen = torch.Generator(device="cuda").manual_seed(6)
         kwargs.update(slopes=torch.tensor([0.5, 0.0625, 0.0], device="cuda"),

@@ -21,13 +21,16 @@ from pathlib import Path
 import pytest
 from interpreter_helpers import entmax_threshold64, interpreter_results, needs_triton, rel_err
 
+from lengthbench.kernels import kernel_names
+from lengthbench.kernels.defaults import SIEVE_WINDOW_EPS
+
 # (tokens, head_dim, extras): extras "alibi" adds slopes and a row scale (both get gradients); "walk4" and
 # "walk8" shift every score by -4 and -8 (the long walks of ``benchmarks/kernels.py --inputs``: ``walk_inputs``);
 # "hot" by +8, so the stick is spent within a few keys and the stick-breaking walks stop early
 SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, ""), (33, 16, ""), (17, 16, "alibi")]
 # the stick-breaking family's extra shapes (``STICK_OPS``)
 STICK_SHAPES = [(33, 16, "walk4"), (17, 32, "walk8"), (70, 16, "hot"), (40, 16, "walk8-alibi")]
-STICK_OPS = ("stickbreaking", "sieve-alg1")
+STICK_OPS = ("stickbreaking", "sieve-window")
 # the stick-breaking kernels' levers (``stickbreaking.launch_config``), each run on every shape of STICK_OPS;
 # small tiles so the walks cross several key tiles (and the forward's and backward's tiles differ)
 SMALL = dict(fwd=(16, 16, 4, 1), bwd=(32, 16, 4, 1))
@@ -64,7 +67,7 @@ STICK_VARIANTS = [
     ("prefix-all", dict(fwd=(32, 16, 4, 1), bwd=(16, 32, 4, 1), backward="prefix", cumsum="dot2", exp2=True,
                         sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly")),
     ("skip", dict(SMALL, skip_empty=True)),
-    ("rowmax-kernel", dict(SMALL, rowmax_pass="kernel")),  # sieve-alg1's row maxima by a pass of their own
+    ("rowmax-kernel", dict(SMALL, rowmax_pass="kernel")),  # sieve-window's row maxima by a pass of their own
     ("rowmax-16", dict(SMALL, rowmax=(16, 16, 4, 1))),  # its row-max pass on tiles with keys before every row
     ("rowmax-kernel-16", dict(SMALL, rowmax=(16, 16, 4, 1), rowmax_pass="kernel")),
 ]
@@ -72,7 +75,7 @@ STICK_VARIANTS = [
 VARIANTS = {
     # Sieve's list path sorts its candidates (``tl.sort``), which the interpreter runs slowly: the defaults
     # (64 slots) at T = 1 only, 8 slots at T = 33 and with ALiBi; and the path without lists everywhere
-    "sieve-entmax": [("lists-8", dict(list_size=8)), ("no-lists", dict(lists=False)),
+    "sieve": [("lists-8", dict(list_size=8)), ("no-lists", dict(lists=False)),
                      ("capture-sub2-32x16", dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16)),
                      # the walk after the threshold on tiles of its own (``walk``), smaller than the tokens
                      ("capture-walk", dict(lists=False, split=False, walk=dict(fwd=(16, 16, 4, 1), bwd=(32, 16, 4, 1)))),
@@ -85,10 +88,10 @@ VARIANTS = {
     "entmax": [("no-lists", dict(lists=False)), ("lists-8", dict(list_size=8)),
                ("capture-sub2-32x16", dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16))],
     "sparsemax": [("no-lists", dict(lists=False))],
-    # (skip and the rowmax ones: sieve-alg1's levers)
+    # (skip and the rowmax ones: sieve-window's levers)
     "stickbreaking": [(label, tuning) for label, tuning in STICK_VARIANTS
                       if label != "skip" and not label.startswith("rowmax")],
-    "sieve-alg1": STICK_VARIANTS,
+    "sieve-window": STICK_VARIANTS,
 }
 # the pointwise ops' launch settings (``_rowwise.launch_settings``): tiles smaller than the tokens, the forward's
 # rows twice its keys and the backward's keys twice its rows, so several tiles cross the diagonal in each kernel
@@ -100,10 +103,10 @@ for _name in ("rectified", "rela", "softpick", "tra"):
 # and the settings a CUDA graph records (the training step's: lengthbench.kernels.CAPTURE_TUNING)
 STICK_TRAIN = dict(cumsum="bf16", full_tiles=False, prefetch=False, skip_empty=True)
 CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=False, split=False),
-           "sieve-entmax": dict(lists=False, split=False, threshold="narrow", walk=dict(STICK_TRAIN)),
+           "sieve": dict(lists=False, split=False, threshold="narrow", walk=dict(STICK_TRAIN)),
            "tda": dict(map=0, fwd=(32, 32, 4), dq=(32, 32, 4), dkdv=(64, 32, 4), fused_bwd=True, rows=(128, 32, 4)),
            "stickbreaking": dict(STICK_TRAIN, full_tiles=True),
-           **{name: dict(STICK_TRAIN) for name in ("sieve", "sieve-alg1")},
+           "sieve-window": dict(STICK_TRAIN),
            **{name: dict(fwd=(64, 32, 4), bwd=(32, 32, 4)) for name in ("softpick", "tra")}}
 for _name, _tuning in CAPTURE.items():
     VARIANTS[_name] = [*VARIANTS.get(_name, []), ("capture", _tuning)]
@@ -113,8 +116,7 @@ for _name, _tuning in CAPTURE.items():
 VARIANTS["tda"] += [("fused", dict(fused_bwd=True)), ("capture-fused", dict(CAPTURE["tda"], rows=None)),
                     ("capture-two", dict(CAPTURE["tda"], fused_bwd=False, rows=None)),
                     ("rows-32x16", dict(CAPTURE["tda"], rows=(32, 16, 4)))]
-OPS = ["adatemp", "entmax", "rectified", "rela", "sieve", "sieve-alg1", "sieve-entmax", "softpick", "sparsemax",
-       "stickbreaking", "tda", "tra"]
+OPS = kernel_names()  # every op of the registry
 TOLERANCE = 1e-4  # max |kernel - reference| / max(max |reference|, 0.01), per tensor (fp32 rounding: ~1e-6)
 TIE = 2e-5
 
@@ -126,7 +128,7 @@ def cases() -> list[tuple[str, int, int, str, str]]:
         for tokens, head_dim, extras in SHAPES + (STICK_SHAPES if op in STICK_OPS else []):
             if op == "tra" and extras:
                 continue  # cosine scores with sm_scale 1: the module gives tra no ALiBi or row scale
-            if not (op == "sieve-entmax" and tokens > 1):  # (see VARIANTS)
+            if not (op == "sieve" and tokens > 1):  # (see VARIANTS)
                 out.append((op, tokens, head_dim, extras, "default"))
             for label, _ in VARIANTS.get(op, []):
                 if label == "lists-8" and (tokens, extras) not in ((33, ""), (17, "alibi")):  # (the slowest path)
@@ -192,8 +194,6 @@ def run_case(case) -> dict:
 
     op = load_op(op_name)
     kwargs = {key: mine[key] for key in params}
-    if op_name == "sieve":  # the op's default eps is sieve-alg1's 2; the module passes sieve's 8, as the reference
-        kwargs["eps"] = 8.0
     if tuning is not None:
         kwargs["tuning"] = tuning
     started = time.perf_counter()
@@ -228,14 +228,14 @@ def near_ties(name, z, tokens):
     none = torch.zeros(z.shape[:-1], dtype=torch.bool)
     if name == "rectified":
         return ((z.abs() < TIE) & (pos[None, :] <= pos[:, None])).any(-1)
-    if name in ("sieve", "sieve-alg1"):  # Algorithm 1's filter: eps 8 (sieve), 2 (sieve-alg1)
-        eps = 8.0 if name == "sieve" else 2.0
+    if name == "sieve-window":  # Algorithm 1's filter at its default eps
+        eps = SIEVE_WINDOW_EPS
         earlier = pos[None, :] < pos[:, None]
         rowmax = torch.where(earlier, z, torch.full_like(z, float("-inf"))).amax(-1, keepdim=True)
         return (((z - (rowmax - eps)).abs() < TIE * (1 + rowmax.abs())) & earlier).any(-1)
-    if name in ("sieve-entmax", "sparsemax"):
+    if name in ("sieve", "sparsemax"):
         alpha = 2.0 if name == "sparsemax" else 1.5
-        visible = pos[None, :] < pos[:, None] if name == "sieve-entmax" else pos[None, :] <= pos[:, None]
+        visible = pos[None, :] < pos[:, None] if name == "sieve" else pos[None, :] <= pos[:, None]
         x = z * (alpha - 1)
         tau = entmax_threshold64(torch.where(visible, x, torch.full_like(x, float("-inf"))), alpha)
         return (((x - tau[..., None]).abs() < TIE * (1 + tau.abs()[..., None])) & visible).any(-1)
@@ -356,6 +356,38 @@ def test_stick_tiles_take_a_register_cap_and_bf16_sums_need_the_prefix_backward(
         with pytest.raises(ValueError, match=message):
             launch_config(problem(32), bad)
     launch_config(problem(32), {"backward": "suffix", "split": True, "cumsum": "bf16x2"})
+
+
+# Each setting that ``stickbreaking.launch_config`` refuses, with the words of its error. The check runs on the host
+# before any launch, so it is tested here, on the CPU.
+BAD_STICK_TUNING = [
+    (dict(cumsum="fft"), "cumsum must be one of"),
+    (dict(fwd=(48, 64, 4, 2)), "fwd must be"),
+    (dict(bwd=(64, 32, 4, 2, 300)), "bwd must be"),  # maxnreg past 255
+    (dict(typo=1), "unknown keys"),
+    (dict(loop="until"), "loop must be one of"),
+    (dict(backward="suffix"), "cumsum bf16 needs backward prefix"),  # the default sums
+    (dict(split=False, backward="suffix", cumsum="dot2"), "split False needs backward prefix"),
+    (dict(exp2=False, exp2_soft="all"), "exp2_soft needs exp2"),
+    (dict(cumsum_width=8), "cumsum_width must be"),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("bad, words", BAD_STICK_TUNING, ids=lambda x: str(x) if isinstance(x, dict) else "")
+def test_stick_tuning_rejects_unknown_keys_and_values(bad, words):
+    import torch
+
+    from lengthbench.kernels._common import Problem
+    from lengthbench.kernels.stickbreaking import launch_config
+
+    q = torch.zeros(1, 1, 10, 32)
+    pb = Problem(q, q, q, None, None, None)
+    with pytest.raises(ValueError, match=f"stick-breaking tuning: {words}"):
+        launch_config(pb, bad)
+    # the same keys at settings that go together are taken (``split`` False is the default)
+    assert launch_config(pb, dict(split=False))["split"] is False
+    assert launch_config(pb, dict(backward="suffix", cumsum="dot2", split=True))["backward"] == "suffix"
 
 
 if __name__ == "__main__":

@@ -23,9 +23,8 @@ from interpreter_helpers import entmax_threshold64, interpreter_results, needs_t
 # (op, reference name, reference params, op params)
 OPS = {
     "stickbreaking": ("stickbreaking", {}, {}),
-    "sieve": ("sieve", {"eps": 8.0}, {"eps": 8.0}),
-    "sieve-alg1": ("sieve-alg1", {}, {"eps": 2.0}),
-    "sieve-entmax": ("sieve-entmax", {}, {}),
+    "sieve": ("sieve", {}, {}),
+    "sieve-window": ("sieve-window", {"eps": 8.0}, {"eps": 8.0}),  # (the defaults: test_kernels_interpreter.py)
     "entmax": ("entmax", {}, {}),
 }
 # (tokens, head_dim, extras): "alibi" adds slopes and a row scale; "walk" shifts every score by -8; "bm16" runs
@@ -129,11 +128,11 @@ def near_ties(name, z, tokens, params):
 
     pos = torch.arange(tokens)
     earlier = pos[None, :] < pos[:, None]
-    if name in ("sieve", "sieve-alg1"):
+    if name == "sieve-window":
         rowmax = torch.where(earlier, z, torch.full_like(z, float("-inf"))).amax(-1, keepdim=True)
         return (((z - (rowmax - params["eps"])).abs() < TIE * (1 + rowmax.abs())) & earlier).any(-1)
-    if name in ("sieve-entmax", "entmax"):
-        visible = earlier if name == "sieve-entmax" else pos[None, :] <= pos[:, None]
+    if name in ("sieve", "entmax"):
+        visible = earlier if name == "sieve" else pos[None, :] <= pos[:, None]
         x = torch.where(visible, z / 2, torch.full_like(z, float("-inf")))
         lo = entmax_threshold64(x, 1.5)
         return (((x - lo[..., None]).abs() < TIE * (1 + lo.abs()[..., None])) & visible).any(-1)
@@ -406,9 +405,9 @@ def test_max_tokens_sends_wider_rows_to_the_long_context_op(monkeypatch):
     from lengthbench.kernels import narrow
     from lengthbench.kernels._common import Problem
 
-    assert (narrow.capture_max_tokens("entmax"), narrow.capture_max_tokens("sieve-entmax")) == (256, 128)
+    assert (narrow.capture_max_tokens("entmax"), narrow.capture_max_tokens("sieve")) == (256, 128)
     monkeypatch.setattr(narrow, "ENV_TUNING", {"max_tokens": 64})
-    assert (narrow.capture_max_tokens("entmax"), narrow.capture_max_tokens("sieve-entmax")) == (64, 64)
+    assert (narrow.capture_max_tokens("entmax"), narrow.capture_max_tokens("sieve")) == (64, 64)
     taken = []
     monkeypatch.setattr(narrow, "narrow_entmax", lambda *tensors, **kwargs: taken.append("narrow"))
     call = kernels._narrow_or("entmax", lambda *tensors, **kwargs: taken.append("wide"))

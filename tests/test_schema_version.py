@@ -1,5 +1,5 @@
-"""The results store's schema version: written into every row, 1 for rows written without it, and rows of
-different versions never in one leaderboard table."""
+"""The results store's schema version: written into every row, 1 for rows written without it, rows of earlier
+versions read under today's names, and rows of version 1 never in one leaderboard table with later ones."""
 
 from __future__ import annotations
 
@@ -15,15 +15,17 @@ from lengthbench.store import SCHEMA_VERSION, load_results, run_path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def downgrade(results: Path, run_id: str) -> None:
-    """Rewrite a run's file as a store of schema version 1 wrote it: without the column."""
+def downgrade(results: Path, run_id: str, version: int = 1) -> None:
+    """Rewrite a run's file as a store of schema ``version`` wrote it: version 1 without the column."""
     path = run_path(results, run_id)
-    pd.read_parquet(path).drop(columns="schema_version").to_parquet(path, index=False)
+    frame = pd.read_parquet(path)
+    frame = frame.drop(columns="schema_version") if version == 1 else frame.assign(schema_version=version)
+    frame.to_parquet(path, index=False)
 
 
 def test_every_row_written_carries_the_schema_version(tmp_path):
     path = synthetic_run(tmp_path, "copy", "softmax", "nape", 0, {1: 1.0, 2: 0.5})
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
     assert list(pd.read_parquet(path)["schema_version"]) == [SCHEMA_VERSION] * 2
     assert list(load_results(tmp_path)["schema_version"]) == [SCHEMA_VERSION] * 2
 
@@ -33,7 +35,7 @@ def test_rows_without_the_column_are_version_1_and_never_share_a_table_with_newe
     synthetic_run(tmp_path, "copy", "softmax", "nape", 1, {1: 1.0, 2: 1.0})
     downgrade(tmp_path, old.stem)
     frame = load_results(tmp_path)
-    assert sorted(frame.groupby("run_id")["schema_version"].first()) == [1, 2]
+    assert sorted(frame.groupby("run_id")["schema_version"].first()) == [1, SCHEMA_VERSION]
     board = build_leaderboard(load_store(tmp_path)[0])
     assert len(board) == 2  # one row each: the seeds of two schema versions are not pooled
     assert sorted(board["seeds"]) == [1, 1]
@@ -69,28 +71,106 @@ def test_the_committed_store_loads_as_version_1_and_shows_in_the_leaderboard():
     assert len(board) > 10 and set(board["task"]) >= {"mqrar"}
 
 
-def test_schema_1_rows_read_with_the_earlier_defaults_written_out():
-    """A version-1 row names what it ran: ``sieve`` was the entmax-support form, and the defaults that version 2
-    changed (SSMax's, MQMTAR's layout, TRA's row index) are written into its configuration; version 2 rows are
-    read as they are."""
+def test_earlier_rows_read_under_todays_names_with_their_defaults_written_out():
+    """A row of an earlier version names what it ran, in today's terms: version 1's ``sieve`` was the entmax-support
+    form (today's ``sieve``) and its ``sieve-alg1`` the window at eps 2; version 2's ``sieve`` was the window at eps 8,
+    its ``sieve-alg1`` the window at eps 2 and its ``sieve-entmax`` today's ``sieve``. The defaults that version 2
+    changed (SSMax's, MQMTAR's layout, TRA's row index) are written into a version-1 row's configuration, a value set
+    in the row kept. Rows of today's version read as they are, and a frame read twice reads as read once."""
     import json
-
-    import pandas as pd
 
     from lengthbench.store import with_schema_version
 
+    def config(attn, task="mqrar", **attn_params):
+        return json.dumps({"task": task, "attn": attn, "attn_params": attn_params, "task_params": {}})
+
     rows = pd.DataFrame({
-        "attn": ["sieve", "ssmax", "sieve"],
-        "config_json": [json.dumps({"task": "mqrar", "attn": "sieve", "attn_params": {}, "task_params": {}}),
-                        json.dumps({"task": "mqmtar", "attn": "ssmax", "attn_params": {"s_init": 1.0},
-                                    "task_params": {}}),
-                        json.dumps({"task": "mqrar", "attn": "sieve", "attn_params": {}, "task_params": {}})],
-        "schema_version": [None, None, 2],
+        "attn": ["sieve", "ssmax", "sieve-alg1", "sieve", "sieve-alg1", "sieve-alg1", "sieve-entmax", "sieve",
+                 "sieve-window"],
+        "config_json": [config("sieve"), config("ssmax", "mqmtar", s_init=1.0), config("sieve-alg1"), config("sieve"),
+                        config("sieve-alg1"), config("sieve-alg1", eps=8), config("sieve-entmax", alpha=1.5),
+                        config("sieve"), config("sieve-window")],
+        "schema_version": [None, None, None, 2, 2, 2, 2, 3, 3],
     })
     read = with_schema_version(rows)
-    assert list(read["attn"]) == ["sieve-entmax", "ssmax", "sieve"]
-    first, second, third = (json.loads(c) for c in read["config_json"])
-    assert first["attn"] == "sieve-entmax"
-    assert second["attn_params"] == {"s_init": 1.0, "log_offset": 0, "scaled_heads": "all"}  # set values kept
-    assert second["task_params"] == {"spacing": "random", "values": "uniform"}
-    assert third == {"task": "mqrar", "attn": "sieve", "attn_params": {}, "task_params": {}}
+    assert list(read["attn"]) == ["sieve", "ssmax", "sieve-window", "sieve-window", "sieve-window", "sieve-window",
+                                  "sieve", "sieve", "sieve-window"]
+    configs = [json.loads(c) for c in read["config_json"]]
+    assert [c["attn"] for c in configs] == list(read["attn"])
+    assert [c["attn_params"] for c in configs] == [{}, {"s_init": 1.0, "log_offset": 0, "scaled_heads": "all"},
+                                                   {"eps": 2.0}, {"eps": 8.0}, {"eps": 2.0}, {"eps": 8},
+                                                   {"alpha": 1.5}, {}, {}]
+    assert configs[1]["task_params"] == {"spacing": "random", "values": "uniform"}  # version 1's MQMTAR
+    assert configs[3]["task_params"] == {} and list(read["config_json"][7:]) == list(rows["config_json"][7:])
+    assert with_schema_version(read).equals(read)
+
+
+def test_version_2_rows_share_the_leaderboard_with_todays_under_todays_labels(tmp_path):
+    """A version-2 ``sieve`` run (the window at eps 8) and today's ``sieve-window`` at eps 8 are one leaderboard row,
+    their seeds pooled; version 2's ``sieve-entmax`` and today's ``sieve`` another."""
+    old = synthetic_run(tmp_path, "mqrar", "sieve", "none", 0, {1: 1.0, 2: 0.5}, config={"attn": "sieve"})
+    entmax = synthetic_run(tmp_path, "mqrar", "sieve-entmax", "none", 0, {1: 1.0, 2: 0.0},
+                           config={"attn": "sieve-entmax"})
+    for run in (old, entmax):
+        downgrade(tmp_path, run.stem, version=2)
+    synthetic_run(tmp_path, "mqrar", "sieve-window", "none", 1, {1: 1.0, 2: 1.0},
+                  config={"attn": "sieve-window", "attn_params": {"eps": 8.0}})
+    synthetic_run(tmp_path, "mqrar", "sieve", "none", 1, {1: 1.0, 2: 0.25}, config={"attn": "sieve"})
+    board = build_leaderboard(load_store(tmp_path)[0]).set_index("attn")
+    assert sorted(board.index) == ["sieve", "sieve-window (eps=8)"]
+    assert list(board["seeds"]) == [2, 2] and "results schema" not in to_markdown(board.reset_index())
+
+
+def test_a_run_under_a_renamed_name_never_takes_the_id_of_the_other_mechanism():
+    """Today's ``sieve`` hashes the schema version into its run id, so that it never finds, resumes or counts as done
+    a version-2 ``sieve`` run (the window at eps 8) of the same configuration; other names hash their fields only."""
+    import dataclasses
+    import hashlib
+    import json
+
+    def earlier_id(config):  # the run id as version 2 hashed it
+        digest = hashlib.sha1(json.dumps(dataclasses.asdict(config), sort_keys=True, default=str).encode())
+        return f"{config.task}-{config.attn}-{config.pe}-{config.preset}-s{config.seed}-{digest.hexdigest()[:10]}"
+
+    sieve = build_config("mqrar", "sieve", "none", "smoke")
+    assert sieve.run_id.startswith("mqrar-sieve-none-smoke-s0-") and sieve.run_id != earlier_id(sieve)
+    for attn in ("sieve-window", "softmax"):
+        config = build_config("mqrar", attn, "none", "smoke")
+        assert config.run_id == earlier_id(config)
+
+
+def test_a_trained_model_of_an_earlier_version_loads_as_the_mechanism_it_trained(tmp_path):
+    """A ``model.pt`` keeps its run's identity as saved: one of version 2 under ``sieve`` (the window at eps 8) loads
+    as ``sieve-window`` at eps 8 (``load_model``: inspection; and rescoring), version 1's ``sieve`` (the entmax form,
+    its identity without ``rescored_from``) as ``sieve``, today's ``sieve`` as it is."""
+    import dataclasses
+
+    import torch
+
+    from lengthbench.checkpoints import build_model, checkpoint_dir, load_model
+    from lengthbench.models.attention.stickbreaking import SieveAttention, SieveWindowAttention
+    from lengthbench.store import saved_config
+    from lengthbench.tasks import get_task
+
+    today = build_config("copy", "sieve", "none", "smoke", d_model=16, n_heads=2, ffn=32, n_layers=1)
+    version_2 = {**dataclasses.asdict(today)}  # every field, no schema_version
+    version_1 = {key: value for key, value in version_2.items() if key != "rescored_from"}
+    assert saved_config(today.identity()) == today.identity()
+    assert saved_config(version_1) == version_1
+    assert saved_config(version_2) == {**version_2, "attn": "sieve-window", "attn_params": {"eps": 8.0}}
+    alg1 = {**version_2, "attn": "sieve-alg1", "attn_params": {"eps": 4.0}}
+    assert saved_config(alg1) == {**alg1, "attn": "sieve-window"}  # its own eps kept
+    softmax = {**version_2, "attn": "softmax"}
+    assert saved_config(softmax) == softmax
+    task = get_task("copy")
+    for run_id, config, kind in (("old", version_2, SieveWindowAttention), ("older", version_1, SieveAttention),
+                                 ("new", today.identity(), SieveAttention)):
+        model = build_model(today, task)
+        folder = checkpoint_dir(tmp_path, run_id)
+        folder.mkdir(parents=True)
+        torch.save({"config": config, "model": model.state_dict(), "state": {}}, folder / "model.pt")
+        loaded, _, read = load_model(tmp_path, run_id)
+        assert type(loaded.blocks[0].attn) is kind, run_id
+        assert read.attn_params == ({"eps": 8.0} if kind is SieveWindowAttention else {})
+        if kind is SieveWindowAttention:
+            assert loaded.blocks[0].attn.eps == 8.0

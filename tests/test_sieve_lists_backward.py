@@ -36,7 +36,7 @@ if CUDA:
 
 def backward_paths(q, k, v, slopes=None, row_scale=None, tuning=None):
     """``(listed, open)`` rows of the list forward (the backward takes the same split)."""
-    listed, total, *_ = path_counts("sieve-entmax", q, k, v, slopes, row_scale, tuning=tuning)
+    listed, total, *_ = path_counts("sieve", q, k, v, slopes, row_scale, tuning=tuning)
     return listed, total - listed
 
 
@@ -48,7 +48,7 @@ def test_backward_matches_reference(shape, dtype):
     batch = 2 if tokens < 100 else 1
     q, k, v = make(batch, 3, tokens, head_dim, dtype, seed=tokens + head_dim)
     slopes, row_scale = alibi(3, batch, tokens, seed=tokens)
-    check("sieve-entmax", q, k, v, slopes=slopes, row_scale=row_scale, seed=tokens,
+    check("sieve", q, k, v, slopes=slopes, row_scale=row_scale, seed=tokens,
           label=f"bwd T={tokens} D={head_dim} {dtype}")
 
 
@@ -62,7 +62,7 @@ def test_backward_on_both_paths(list_size, head_dim):
     tuning = dict(list_size=list_size)
     listed, open_ = backward_paths(q, k, v, slopes, row_scale, tuning=tuning)
     assert min(listed, open_) >= 0.05 * (listed + open_), (listed, open_)
-    check("sieve-entmax", q, k, v, slopes=slopes, row_scale=row_scale, seed=21, label=f"lists of {list_size}",
+    check("sieve", q, k, v, slopes=slopes, row_scale=row_scale, seed=21, label=f"lists of {list_size}",
           tuning=tuning)
 
 
@@ -78,7 +78,7 @@ def test_backward_one_key_supports():
     listed = ncand > 0
     assert listed[:, 1:].all() and (nsup[listed] == 1).all()
     assert (lists[:, 1:, 0] == torch.arange(129, device=DEVICE, dtype=torch.int32)).all()
-    check("sieve-entmax", q, k, v, slopes=slopes, row_scale=row_scale, label="bwd one-key supports")
+    check("sieve", q, k, v, slopes=slopes, row_scale=row_scale, label="bwd one-key supports")
 
 
 def test_backward_near_uniform_scores():
@@ -87,7 +87,7 @@ def test_backward_near_uniform_scores():
     _, row_scale = alibi(2, 1, 200, seed=6)
     listed, open_ = backward_paths(q, k, v, None, row_scale)
     assert open_ > listed > 0, (listed, open_)
-    check("sieve-entmax", q, k, v, row_scale=row_scale, seed=2, label="bwd near-uniform")
+    check("sieve", q, k, v, row_scale=row_scale, seed=2, label="bwd near-uniform")
 
 
 @pytest.mark.parametrize("tokens,head_dim,list_size", [(257, 32, 64), (200, 16, 8)])
@@ -99,7 +99,7 @@ def test_backward_agrees_with_old(tokens, head_dim, list_size):
     q, k, v = make(1, 3, tokens, head_dim, torch.float32, seed=41, scale=0.9)
     slopes, row_scale = alibi(3, 1, tokens, seed=8)
     z = dense_scores(q.double(), k.double(), 1.0 / math.sqrt(head_dim), slopes.double(), row_scale.double())
-    keep = ~tie_rows("sieve-entmax", z, q, k, None, slopes, row_scale)[..., None]
+    keep = ~tie_rows("sieve", z, q, k, None, slopes, row_scale)[..., None]
     results = []
     for tuning in (dict(list_size=list_size), dict(lists=False)):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, slopes, row_scale)]
@@ -124,8 +124,8 @@ def test_forward_keeps_the_supports():
     assert ((ncand > 0) == (nsup >= 0)).all()
     z = dense_scores(q.double(), k.double(), 1.0 / math.sqrt(head_dim), None, None)
     earlier = torch.ones(tokens, tokens, dtype=torch.bool, device=z.device).tril(-1)
-    support = ((attention_weights("sieve-entmax", z) > 0) & earlier).reshape(-1, tokens, tokens).cpu()
-    ties = tie_rows("sieve-entmax", z, q, k, None, None, None).reshape(-1, tokens).cpu()
+    support = ((attention_weights("sieve", z) > 0) & earlier).reshape(-1, tokens, tokens).cpu()
+    ties = tie_rows("sieve", z, q, k, None, None, None).reshape(-1, tokens).cpu()
     lists, nsup = lists.cpu(), nsup.cpu()
     checked = 0
     for bh in range(support.shape[0]):

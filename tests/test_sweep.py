@@ -319,7 +319,7 @@ def test_stages_precede_their_cell_and_chain_its_weights():
                        {**overrides, "task_params": {"num_keys": 8}})
     assert (other[0].task, other[0].task_params) == ("mqmtar", {"key_tokens": 1})
     # a stage's mechanism parameters over the cell's, for that stage only (an annealed Sieve filter)
-    sieve = plan_cells(["mqrar:sieve-entmax(alpha=1.5):none"], [0], "smoke", overrides)
+    sieve = plan_cells(["mqrar:sieve(alpha=1.5):none"], [0], "smoke", overrides)
     wide, narrow, cell = add_stages(sieve, [{"attn_params": {"alpha": 1.1}}, {}], "smoke", overrides)
     assert (wide.attn_params, narrow.attn_params, cell.attn_params) == ({"alpha": 1.1}, {"alpha": 1.5}, {"alpha": 1.5})
     assert cell.init_from == narrow.run_id and narrow.init_from == wide.run_id

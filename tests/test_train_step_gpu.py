@@ -23,7 +23,7 @@ from lengthbench.data import make_train_batch
 from lengthbench.tasks import IGNORE_INDEX, get_task
 from lengthbench.training import Trainer
 
-MECHANISMS = ("softmax", "ssmax", "entmax", "asentmax", "stickbreaking", "sieve", "sieve-alg1", "sieve-entmax",
+MECHANISMS = ("softmax", "ssmax", "entmax", "asentmax", "stickbreaking", "sieve", "sieve-window",
               "softpick", "tra", "tda")
 ENCODINGS = ("rope", "nape")
 # bf16 autocast against float64, per parameter (the weights perturbed so that no gradient is zero by symmetry):

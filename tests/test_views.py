@@ -148,7 +148,7 @@ def test_tda_hands_the_op_only_rotations_it_computes():
     assert rotation(Shifted(4, 16)) is False
 
 
-@pytest.mark.parametrize("attn", ["entmax", "asentmax", "sieve-entmax", "stickbreaking", "tra", "tda", "softmax"])
+@pytest.mark.parametrize("attn", ["entmax", "asentmax", "sieve", "stickbreaking", "tra", "tda", "softmax"])
 def test_the_views_choice_traces_without_a_graph_break(attn, monkeypatch):
     """Whether a layer takes the views op is decided inside the forward that torch.compile traces: without loading
     an op (``importlib`` there broke ASEntmax's compiled training step), as a graph of its own (``fullgraph``)."""

@@ -25,10 +25,10 @@ def plain_summary(doc: str | None) -> str:
 # What each constructor keyword means; "NAME.key" where a key means something else for that mechanism.
 PARAM_NOTES = {
     "alpha": "alpha of alpha-entmax (1.5: the fused kernels' value; other values run on the dense references)",
-    "sieve-entmax.alpha": "alpha of the entmax support that filters the keys (1.5: the fused kernel's value)",
+    "sieve.alpha": "alpha of the entmax support that filters the keys (1.5: the paper's and the fused kernel's value)",
     "eps": "the epsilon of softpick's denominator",
-    "sieve.eps": "the filter width: keys within eps of the row's maximum score survive (8: what learned MQRAR)",
-    "sieve-alg1.eps": "the filter width: keys within eps of the row's maximum score survive (this name's default: 2)",
+    "sieve-window.eps": "the window: keys within eps of the row's maximum score survive (2: the narrowest window "
+                        "holding every 1.5-entmax support; 8 learned MQRAR)",
     "s_init": "initial per-head s of s * log(n) (SSMax: 1.0, the sparse-attention authors' code; Nakanishi's 0.43)",
     "log_offset": "SSMax's length term log(n + log_offset): 1 (log(r + 2), the sparse-attention authors' code) or 0",
     "delta": "the constant delta of the length factor delta + beta * log(n + 1)^gamma",

@@ -6,7 +6,7 @@ by ``register_attention(name, weights=...)`` on the module.
 | ``softmax`` | softmax, gated |
 | ``scaled`` | ssmax, assmax, adatemp |
 | ``entmax`` | entmax, sparsemax, sentmax, asentmax |
-| ``stickbreaking`` | stickbreaking, sieve |
+| ``stickbreaking`` | stickbreaking, sieve, sieve-window |
 | ``softpick`` | softpick, scalable-softpick, rectified |
 | ``threshold`` | rela, tra, tda |
 | ``differential`` | diffsoftmax |

@@ -14,6 +14,7 @@ from entmax.activations import Entmax15Function, SparsemaxFunction
 from entmax.root_finding import EntmaxBisectFunction
 from torch import nn
 
+from lengthbench.kernels.defaults import ENTMAX_ALPHA
 from lengthbench.models.attention.base import (
     AttentionLayer,
     as_compute,
@@ -99,7 +100,7 @@ def entmax_map(z: torch.Tensor, visible: torch.Tensor, alpha: float = 1.5) -> to
     return torch.where(visible & has_any, p, zero)
 
 
-def entmax_weights(scores, mask, alpha=1.5, query_positions=None):
+def entmax_weights(scores, mask, alpha=ENTMAX_ALPHA, query_positions=None):
     """``alpha-entmax(z)`` over ``j <= r`` (default alpha 1.5)."""
     return entmax_map(scores, mask, alpha)
 
@@ -109,7 +110,8 @@ def sparsemax_weights(scores, mask, query_positions=None):
     return entmax_map(scores, mask, 2.0)
 
 
-def asentmax_weights(scores, mask, beta=ASENTMAX_BETA_INIT, gamma=0.0, delta=1.0, alpha=1.5, query_positions=None):
+def asentmax_weights(scores, mask, beta=ASENTMAX_BETA_INIT, gamma=0.0, delta=1.0, alpha=ENTMAX_ALPHA,
+                     query_positions=None):
     """``alpha-entmax((delta + beta_r * log(n_r + 1) ** gamma_r) * z)``; ``beta``, ``gamma`` floats or per
     row ``[..., Lq]`` (defaults: a zero-initialised projection, ``beta = log 2``, ``gamma = 0``). Uses
     ``log(r + 2)`` as the authors' code, not the paper's ``log n`` (see ``scaled.py``)."""
@@ -118,7 +120,8 @@ def asentmax_weights(scores, mask, beta=ASENTMAX_BETA_INIT, gamma=0.0, delta=1.0
                       mask, alpha)
 
 
-def sentmax_weights(scores, mask, beta=ASENTMAX_BETA_INIT, gamma=0.0, delta=1.0, alpha=1.5, query_positions=None):
+def sentmax_weights(scores, mask, beta=ASENTMAX_BETA_INIT, gamma=0.0, delta=1.0, alpha=ENTMAX_ALPHA,
+                    query_positions=None):
     """``alpha-entmax((delta + beta * log(n_r + 1) ** gamma) * z)`` with ``beta``, ``gamma`` floats or
     per-head ``[H]`` tensors."""
     def rows(value):
@@ -145,7 +148,7 @@ class _EntmaxKernel:
 class EntmaxAttention(AttentionLayer):
     """alpha-entmax attention (default alpha 1.5): sparse, sums to one."""
 
-    def __init__(self, d_model, n_heads, pe, alpha: float = 1.5, **params):
+    def __init__(self, d_model, n_heads, pe, alpha: float = ENTMAX_ALPHA, **params):
         super().__init__(d_model, n_heads, pe, **params)
         self.alpha = float(alpha)
 
@@ -178,7 +181,7 @@ class SEntmaxAttention(_EntmaxKernel, RowScaledAttention):
     """Scalable entmax (Long-Context Generalization with Sparse Attention): entmax((delta + beta * log(n_r + 1)^gamma) * z), beta and gamma
     learned per head directly (start: beta = log 2, gamma = 0, as ASEntmax's zero projections)."""
 
-    def __init__(self, d_model, n_heads, pe, alpha: float = 1.5, delta: float = 1.0, **params):
+    def __init__(self, d_model, n_heads, pe, alpha: float = ENTMAX_ALPHA, delta: float = 1.0, **params):
         super().__init__(d_model, n_heads, pe, **params)
         self.alpha = float(alpha)
         self.delta = float(delta)
@@ -201,7 +204,7 @@ class ASEntmaxAttention(_EntmaxKernel, AdaptiveScaled):
     """Adaptive-scalable entmax (Long-Context Generalization with Sparse Attention): entmax((delta + beta_r * log(n_r + 1)^gamma_r) * z) with
     beta_r, gamma_r projected from each query token; log(r + 2) as the authors' code."""
 
-    def __init__(self, d_model, n_heads, pe, alpha: float = 1.5, **params):
+    def __init__(self, d_model, n_heads, pe, alpha: float = ENTMAX_ALPHA, **params):
         super().__init__(d_model, n_heads, pe, **params)
         self.alpha = float(alpha)
 

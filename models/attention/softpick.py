@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from lengthbench.kernels.defaults import SOFTPICK_EPS
 from lengthbench.models.attention.base import (
     AttentionLayer,
     as_compute,
@@ -21,8 +22,6 @@ from lengthbench.models.attention.base import (
 )
 from lengthbench.models.attention.registry import register_attention
 from lengthbench.models.attention.scaled import SSMAX_S_INIT, LogLengthScaled, log_length_scale, scale_scores
-
-SOFTPICK_EPS = 1e-6
 
 
 def softpick_map(z: torch.Tensor, visible: torch.Tensor, eps: float = SOFTPICK_EPS) -> torch.Tensor:

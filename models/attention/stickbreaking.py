@@ -1,4 +1,4 @@
-"""Stick-breaking attention (Tan et al. 2025) and Sieve attention (Sieve Attention, Section 3 and Algorithm 1).
+"""Stick-breaking attention (Tan et al. 2025) and Sieve attention (Sieve Attention, Section 3; Algorithm 1's window).
 
 Both allocate over the earlier keys ``j < r``, most recent first, and put what is left of the stick on the
 query's own value (the diagonal), so every row sums to one (Tan et al.'s reference; some copies drop the
@@ -8,20 +8,18 @@ remainder, we keep it, as ATTENTION.md says):
 
 computed in log space: ``log a_j = z_j - sum_{j <= k < r} softplus(z_k)``, the sum a reversed cumulative
 sum (accumulated from the most recent key backwards, so the weights that matter lose no precision).
-Sieve Attention describes two filters; the paper's text and its Algorithm 1 disagree, and ``sieve`` is the one
-that reproduces its Table 1:
+Sieve Attention filters the earlier keys before the stick is broken; its text and its Algorithm 1 describe two
+filters:
 
-- ``sieve`` is Algorithm 1 read literally: the filter keeps the earlier keys with ``z >= max_{j<r} z - eps``,
-  every earlier key breaks the stick (its line 17 accumulates the softplus of all keys), and the weights
-  outside the filter are set to zero (their mass is dropped; the remainder ``prod_{j<r} (1 - sigmoid(z_j))``
-  stays on the diagonal); no gradient flows through the filter. ``eps`` defaults to 8: with it, 4 layers and
-  NoPE it learned MQRAR and held 93.3% exact match at 1024x on 1,000 samples (``results/leaderboard.md``, MQRAR
-  NoPE, ``sieve-alg1 (eps=8)``; docs/reproduction.md, Sieve Attention Table 1), near the paper's Table 1 Sieve row (98.5%);
-  with eps 2 it does not learn MQRAR's inline stage. ``sieve-alg1`` is its earlier name, kept with the earlier
-  default ``eps = 2`` so that rows stored under that name run as they ran.
-- ``sieve-entmax`` is the text's definition (Section 3): filter with the support of alpha-entmax over
-  ``z_{j<r}`` and break the stick over that support only; no gradient flows through the support. On MQRAR it
-  learns nothing (docs/reproduction.md: 0.0 at every length with 4 layers, two seeds).
+- ``sieve`` is the paper's definition (Section 3, Eqs. 5-7): the candidates are the support of alpha-entmax over
+  ``z_{j<r}`` (alpha 1.5, the value its Figure 4 ablation found best), the stick is broken by the candidates only,
+  and the weights outside them are exact zeros; no gradient flows through the support.
+- ``sieve-window`` is the filter of its Algorithm 1 (Appendix C), read literally: it keeps the earlier keys with
+  ``z >= max_{j<r} z - eps``, every earlier key breaks the stick (line 17 accumulates the softplus of all keys),
+  and the weights outside the filter are set to zero (their mass is dropped; the remainder ``prod_{j<r} (1 -
+  sigmoid(z_j))`` stays on the diagonal); no gradient flows through the filter. ``eps`` defaults to 2, the
+  narrowest window that holds every 1.5-entmax support (``lengthbench.kernels.defaults.SIEVE_WINDOW_EPS``); with
+  eps 8 and 4 layers it learned MQRAR (docs/reproduction.md, Sieve Attention Table 1).
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lengthbench.kernels.defaults import SIEVE_ALPHA, SIEVE_WINDOW_EPS
 from lengthbench.models.attention.base import (
     AttentionLayer,
     as_compute,
@@ -69,27 +68,23 @@ def stickbreaking_weights(scores, mask, query_positions=None, remainder="diagona
     return stick_break(z, earlier, diagonal, remainder == "diagonal")
 
 
-def sieve_support(z: torch.Tensor, earlier: torch.Tensor, alpha: float = 1.5) -> torch.Tensor:
+def sieve_support(z: torch.Tensor, earlier: torch.Tensor, alpha: float = SIEVE_ALPHA) -> torch.Tensor:
     """The support (bool) of alpha-entmax over the earlier keys, without gradient."""
     with torch.no_grad():
         return entmax_map(z.detach(), earlier, alpha) > 0
 
 
-SIEVE_EPS = 8.0  # the filter width that learned MQRAR (module docstring)
-SIEVE_ALG1_EPS = 2.0  # the earlier default, kept by the name sieve-alg1
-
-
-def sieve_entmax_weights(scores, mask, alpha=1.5, query_positions=None):
-    """Sieve by Section 3's text: stick-breaking over the support of alpha-entmax(z_{j<r}) (default alpha 1.5),
-    remainder on ``j = r``, exact zeros outside the support; rows sum to one."""
+def sieve_weights(scores, mask, alpha=SIEVE_ALPHA, query_positions=None):
+    """Sieve (Section 3): stick-breaking over the support of alpha-entmax(z_{j<r}) (default alpha 1.5), remainder
+    on ``j = r``, exact zeros outside the support; rows sum to one."""
     z = as_compute(scores)
     diagonal, earlier = diagonal_and_earlier(mask, query_positions)
     return stick_break(z, earlier & sieve_support(z, earlier, alpha), diagonal)
 
 
-def sieve_weights(scores, mask, eps=SIEVE_EPS, query_positions=None):
-    """Sieve as Algorithm 1: stick-breaking over all ``j < r``, weights kept where ``z_j >= max_{k<r} z_k - eps``
-    (default eps 8; no gradient through the filter), the remainder on ``j = r``."""
+def sieve_window_weights(scores, mask, eps=SIEVE_WINDOW_EPS, query_positions=None):
+    """Sieve's Algorithm 1 window: stick-breaking over all ``j < r``, weights kept where ``z_j >= max_{k<r} z_k -
+    eps`` (default eps 2; no gradient through the filter), the remainder on ``j = r``."""
     z = as_compute(scores)
     diagonal, earlier = diagonal_and_earlier(mask, query_positions)
     with torch.no_grad():
@@ -98,11 +93,6 @@ def sieve_weights(scores, mask, eps=SIEVE_EPS, query_positions=None):
         keep = (earlier & (z.detach() >= rowmax - float(eps))) | diagonal
     w = stick_break(z, earlier, diagonal)
     return torch.where(keep, w, torch.zeros((), dtype=w.dtype, device=w.device))
-
-
-def sieve_alg1_weights(scores, mask, eps=SIEVE_ALG1_EPS, query_positions=None):
-    """``sieve`` under its earlier name, with the earlier default eps 2."""
-    return sieve_weights(scores, mask, eps, query_positions)
 
 
 @register_attention("stickbreaking", weights=stickbreaking_weights)
@@ -133,17 +123,16 @@ class StickBreakingAttention(AttentionLayer):
         return self.reference_attend(q, k, v, x)
 
 
-@register_attention("sieve-entmax", weights=sieve_entmax_weights)
-class SieveEntmaxAttention(AttentionLayer):
-    """Sieve by Sieve Attention's Section 3: entmax-support filter, then stick-breaking over the survivors."""
+@register_attention("sieve", weights=sieve_weights)
+class SieveAttention(AttentionLayer):
+    """Sieve attention (Sieve Attention, Section 3): entmax-support filter, then stick-breaking over the survivors."""
 
-    def __init__(self, d_model, n_heads, pe, alpha: float = 1.5, **params):
+    def __init__(self, d_model, n_heads, pe, alpha: float = SIEVE_ALPHA, **params):
         super().__init__(d_model, n_heads, pe, **params)
         self.alpha = float(alpha)
 
     def weights(self, scores, query_positions, x_rows):
-        return sieve_entmax_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.alpha,
-                                    query_positions)
+        return sieve_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.alpha, query_positions)
 
     def attend(self, q, k, v, x):
         op = self.kernel() if q.is_cuda and self.alpha == KERNEL_ALPHA else None
@@ -152,27 +141,21 @@ class SieveEntmaxAttention(AttentionLayer):
         return self.reference_attend(q, k, v, x)
 
 
-@register_attention("sieve", weights=sieve_weights)
-class SieveAttention(AttentionLayer):
-    """Sieve attention (Sieve Attention, Algorithm 1): keys within eps of the row's max, stick broken by every key."""
+@register_attention("sieve-window", weights=sieve_window_weights)
+class SieveWindowAttention(AttentionLayer):
+    """Sieve's Algorithm 1 window (Sieve Attention, Appendix C): keys within eps of the row's max, stick broken by
+    every key."""
 
-    def __init__(self, d_model, n_heads, pe, eps: float = SIEVE_EPS, **params):
+    def __init__(self, d_model, n_heads, pe, eps: float = SIEVE_WINDOW_EPS, **params):
         super().__init__(d_model, n_heads, pe, **params)
         self.eps = float(eps)
 
     def weights(self, scores, query_positions, x_rows):
-        return sieve_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.eps, query_positions)
+        return sieve_window_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.eps,
+                                    query_positions)
 
     def attend(self, q, k, v, x):
         op = self.kernel() if q.is_cuda else None
         if op is not None:
             return op(q, k, v, slopes=self.pe.slopes(), eps=self.eps)
         return self.reference_attend(q, k, v, x)
-
-
-@register_attention("sieve-alg1", weights=sieve_alg1_weights)
-class SieveAlg1Attention(SieveAttention):
-    """Sieve's earlier name (Algorithm 1), with the earlier default eps 2."""
-
-    def __init__(self, d_model, n_heads, pe, eps: float = SIEVE_ALG1_EPS, **params):
-        super().__init__(d_model, n_heads, pe, eps=eps, **params)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lengthbench.kernels.defaults import TDA_LAM, TRA_BETA, TRA_KAPPA, TRA_POWER, TRA_TAU_INDEX
 from lengthbench.models.attention.base import (
     AttentionLayer,
     HeadRMSNorm,
@@ -47,8 +48,8 @@ def rela_weights(scores, mask, query_positions=None):
 TAU_INDEX_OFFSET = {"alg1": 0, "eq1": 1}  # added to n_r inside tau's log
 
 
-def tra_threshold(counts: torch.Tensor, head_dim: int, beta=1.0, kappa: float = 1.0,
-                  tau_index: str = "alg1") -> torch.Tensor:
+def tra_threshold(counts: torch.Tensor, head_dim: int, beta=TRA_BETA, kappa: float = TRA_KAPPA,
+                  tau_index: str = TRA_TAU_INDEX) -> torch.Tensor:
     """``tau_r = beta * sqrt(2 * max(0, log((n_r + c) / kappa)) / d)``, ``c`` 0 (``"alg1"``) or 1 (``"eq1"``);
     ``counts`` ``[Lq, 1]``."""
     if tau_index not in TAU_INDEX_OFFSET:
@@ -58,8 +59,8 @@ def tra_threshold(counts: torch.Tensor, head_dim: int, beta=1.0, kappa: float = 
 
 
 
-def tra_weights(scores, mask, head_dim=None, beta=1.0, kappa=1.0, power=2.0, query_positions=None,
-                tau_index="alg1"):
+def tra_weights(scores, mask, head_dim=None, beta=TRA_BETA, kappa=TRA_KAPPA, power=TRA_POWER, query_positions=None,
+                tau_index=TRA_TAU_INDEX):
     """``(s - tau_r)_+ ^ p`` for cosine scores ``s`` over ``j <= r``; ``head_dim`` is required (it sets the
     threshold), ``beta`` (default 1) a float or tensor, ``kappa`` 1, ``power`` 2, ``tau_index`` ``"alg1"``."""
     if head_dim is None:
@@ -69,8 +70,8 @@ def tra_weights(scores, mask, head_dim=None, beta=1.0, kappa=1.0, power=2.0, que
     return zeros_where_not(torch.relu(s - tau) ** power, mask)
 
 
-def tda_weights(scores, mask, scores2=None, head_dim=None, lam=0.5, beta=1.0, kappa=1.0, power=2.0,
-                query_positions=None, tau_index="alg1"):
+def tda_weights(scores, mask, scores2=None, head_dim=None, lam=TDA_LAM, beta=TRA_BETA, kappa=TRA_KAPPA,
+                power=TRA_POWER, query_positions=None, tau_index=TRA_TAU_INDEX):
     """``tra(scores) - lam * tra(scores2)``: the effective map of two cosine-score views (``scores2``
     required, same shape); ``lam`` in (0, 1), default 0.5."""
     if scores2 is None:
@@ -130,8 +131,8 @@ class TRAAttention(_Thresholded, AttentionLayer):
     """Threshold rectified attention (Threshold Differential Attention, Section 4.1): cosine scores above a
     length-dependent threshold."""
 
-    def __init__(self, d_model, n_heads, pe, beta: float = 1.0, kappa: float = 1.0, power: float = 2.0,
-                 tau_index: str = "alg1", **params):
+    def __init__(self, d_model, n_heads, pe, beta: float = TRA_BETA, kappa: float = TRA_KAPPA,
+                 power: float = TRA_POWER, tau_index: str = TRA_TAU_INDEX, **params):
         AttentionLayer.__init__(self, d_model, n_heads, pe, **params)
         self._init_threshold(beta, kappa, power, tau_index)
 
@@ -160,8 +161,8 @@ class TDAAttention(_Thresholded, TwoViewAttention):
     """Threshold differential attention (Threshold Differential Attention, Section 4.2): TRA of view 1 minus
     lambda times TRA of view 2."""
 
-    def __init__(self, d_model, n_heads, pe, beta: float = 1.0, kappa: float = 1.0, power: float = 2.0,
-                 lambda_init: float = 0.5, tau_index: str = "alg1", **params):
+    def __init__(self, d_model, n_heads, pe, beta: float = TRA_BETA, kappa: float = TRA_KAPPA,
+                 power: float = TRA_POWER, lambda_init: float = TDA_LAM, tau_index: str = TRA_TAU_INDEX, **params):
         TwoViewAttention.__init__(self, d_model, n_heads, pe, **params)
         self._init_threshold(beta, kappa, power, tau_index)
         if not 0 < lambda_init < 1:
