@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 __version__ = "0.1.0"
 
 
@@ -27,3 +29,12 @@ def __getattr__(name: str):
 
 
 __all__ = ["__version__", "attention_weights", "register_attention", "register_pe", "register_task"]
+
+
+def checkout_path(*parts: str) -> Path:
+    """A path of the checkout (``results/benchmarks``, ``configs``): beside the package where it runs from a
+    checkout (an editable install), else under the current folder (a package installed from a checkout and run
+    from it, as on a GPU machine); the first where it exists, else the package's."""
+    beside = Path(__file__).resolve().parent.parent.joinpath(*parts)
+    here = Path.cwd().joinpath(*parts)
+    return beside if beside.exists() or not here.exists() else here

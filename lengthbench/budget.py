@@ -29,12 +29,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from lengthbench import checkout_path
 from lengthbench.config import RunConfig, selection_multiplier
 from lengthbench.errors import UsageError
 
 # The product benchmarks' tables, beside the package in a checkout (an installed package without them plans from
 # the store and the defaults).
-BENCHMARKS = Path(__file__).resolve().parents[1] / "results" / "benchmarks"
+BENCHMARKS = checkout_path("results", "benchmarks")
 # Where nothing measured matches: a slow training step (the paper MQMTAR model with the slowest fused
 # mechanisms trains at about 30,000 samples/s on an H200), the slowest scoring measured (Sieve's entmax filter,
 # fresh weights, 374 s per 1,000 samples of 65,536 tokens at 4 layers x d 512 on an H100), and a start with

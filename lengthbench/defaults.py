@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lengthbench import checkout_path
+
 # The committed store of the checkout this package runs from (absent in an installed wheel: no estimates then)
-COMMITTED_RESULTS = Path(__file__).resolve().parent.parent / "results"
+COMMITTED_RESULTS = checkout_path("results")
 DEFAULT_CPU_PRESET = "smoke"
 EVAL_SAMPLES = 200  # samples per length of a recipe's scoring (the quick preset's)
 

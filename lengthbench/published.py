@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lengthbench import checkout_path
 from lengthbench.config import RunConfig, selection_words
 from lengthbench.leaderboard import (
     METRIC_NAMES,
@@ -30,7 +31,7 @@ from lengthbench.leaderboard import (
 )
 from lengthbench.tasks import multiplier_label
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = checkout_path("configs")
 SELECTION_KINDS = ("paper", "id")  # the run's own (the paper's) selection; the in-distribution one kept beside it
 
 
@@ -316,7 +317,7 @@ def section_tables(part: pd.DataFrame, section: Section) -> list[TextTable]:
                 continue
             best_rows.append(cells + [interval_text(row, multiplier_label(m)) for m in multipliers]
                              + [_reach_text(row["reach"]), f"{row['auc']:.3f}",
-                                f"{row['seeds']} (best: {row['best_seed']})"])
+                                f"{row['seeds']} (best: {int(row['best_seed'])})"])
             means = []
             for m in multipliers:
                 mean, std = row[f"{m}x_mean"], row[f"{m}x_std"]

@@ -704,7 +704,11 @@ def test_sampled_start_of_wide_tiles(name, with_rs):
     sampled = (tiles >= 2) & (tiles != 9)
     per_tile = [int(above[:, tiles == t].sum()) for t in range(11)]
     print(f"ERR sampled starts above tau* per tile {per_tile}")
-    assert all(per_tile[t] > 0 for t in range(2, 11) if t != 9) and per_tile[9] == 0 and per_tile[0] == 0
+    assert all(per_tile[t] > 0 for t in range(2, 11) if t != 9)
+    # tile 9 (half its rows narrow) and the first two (too few keys to sample) take the first stage: its starts,
+    # which on listed rows may lie above tau* by their float32 rounding (checked above), not by a sample's error
+    first_stage = ~sampled
+    assert torch.equal(starts["sampled"][:, first_stage], starts["first stage"][:, first_stage])
     gap = (starts["sampled"] - want).abs()[:, sampled]
     print(f"ERR sampled starts: largest |start - tau*| {gap.max().item():.3g}")
     assert gap.max().item() < 0.1
