@@ -290,8 +290,9 @@ def cost_lines(chain: list, recipe, preset: str | None, device, explicit: dict) 
     runs = defaults.committed_runs(task=config.task)
     lines = []
     if preset is None and device.type == "cuda":
-        lines.append(f"default on a GPU for {config.task} + {config.pe}: {recipe.describe()}; --preset chooses "
-                     "another")
+        learned = defaults.learned_words(config, runs)
+        lines.append(f"default on a GPU for {config.task} + {config.pe}: {recipe.describe()}"
+                     + (f"; {learned}" if learned else "") + "; --preset chooses another")
     cost = "cost: " + defaults.cost_words(chain, device_description(device), runs)
     if preset is None and device.type != "cuda":
         cost += " (the smoke preset, a CPU's default: a tiny model that checks the pipeline and learns little)"
@@ -300,8 +301,10 @@ def cost_lines(chain: list, recipe, preset: str | None, device, explicit: dict) 
         cell = {key: explicit.get(key) for key in ("seed", "task_params", "attn_params", "pe_params")}
         gpu = defaults.gpu_recipe(config.task, config.pe)
         gpu_chain = plan_run(config.task, config.attn, config.pe, gpu, cell)
+        learned = defaults.learned_words(gpu_chain[-1], runs)
         lines.append(f"a run that learns {config.task} needs a GPU, where `run` defaults to {gpu.describe()}: "
-                     f"{defaults.cost_words(gpu_chain, defaults.usual_device(gpu_chain, runs), runs)}")
+                     f"{defaults.cost_words(gpu_chain, defaults.usual_device(gpu_chain, runs), runs)}"
+                     + (f"; {learned}" if learned else ""))
     else:
         lines.append(cost)
     return lines
