@@ -170,25 +170,23 @@ def save(rows: list[dict], args) -> None:
 
 
 def markdown(frame: pd.DataFrame) -> str:
-    """The table, one section per task, length and kind of weights, each row with its device, date and commit;
-    the commands after."""
-    columns = ["attn", "pe", "weights", "accuracy_1x", "tokens", "samples", "seconds", "s_per_1000", "projected",
-               "vs_softmax", "peak_mem_gib", "error", "device", "date", "commit"]
+    """One table: per task, length, kind of weights and mechanism, the seconds per 1,000 samples and the ratio to
+    softmax + RoPE of the same command, each row with its device, date and commit; the commands after."""
+    columns = ["task", "n", "weights", "attn", "pe", "accuracy_1x", "samples", "s_per_1000", "vs_softmax",
+               "peak_mem_gib", "error", "device", "date", "commit"]
     frame = frame.assign(date=frame["created_at"].astype(str).str[:10], commit=frame["git_sha"])
-    lines = ["# Evaluation time of whole samples at long lengths, per mechanism", "",
-             "Measured by `benchmarks/eval_time.py` through the runner's Evaluator (adaptive batch, fused kernels). "
-             "`s_per_1000` projects the timed samples to 1,000 (`projected`); `vs_softmax` is the ratio to "
-             "softmax + RoPE timed by the same command. `fresh`: the task's `paper` model freshly initialised; "
-             "`trained`: the run named in `weights` (its model, its selected checkpoint), `accuracy_1x` its "
-             "in-distribution token accuracy. The trained runs: `bash benchmarks/gpu_checks.sh eval-trained` "
-             "(each run's configuration is in its checkpoint). A trained model's time depends on its scores (how far "
-             "stick-breaking walks, how many entmax rows stay open): read it beside `accuracy_1x`; a model that has "
-             "not learned its task (MQRAR's at about 0.27 here: trained at n 64 without the curriculum of "
-             "`configs/sieve_table1_mqrar.toml`) need not attend as one that has.", ""]
-    for (task, n, kind), part in frame.groupby(["task", "n", "kind"], sort=False):
-        lines += [f"## {task}, n = {int(n):,}, {kind} weights", "",
-                  frame_markdown(part.reindex(columns=columns)), ""]
-    lines += ["Commands:", ""] + [f"- `{command}`" for command in frame["command"].dropna().unique()]
+    frame = frame.sort_values(["task", "n", "kind", "created_at"], kind="stable")
+    table = frame.reindex(columns=columns).dropna(axis=1, how="all")
+    lines = ["# Scoring time of whole samples at long lengths, per mechanism", "",
+             "Measured by `benchmarks/eval_time.py` through the runner's Evaluator (adaptive batch, fused kernels): "
+             "`s_per_1000` is the seconds to score 1,000 samples of `n` tokens, projected from the `samples` timed; "
+             "`vs_softmax` its ratio to softmax + RoPE timed by the same command. `fresh`: the task's `paper` "
+             "model freshly initialised; `trained`: the model of the finished run named (`bash "
+             "benchmarks/gpu_checks.sh eval-trained` trains them), "
+             "`accuracy_1x` its in-distribution token accuracy. A trained model's time depends on its scores (how "
+             "far stick-breaking walks, how many entmax rows stay open): read it beside `accuracy_1x`.", "",
+             frame_markdown(table), "", "Commands:", ""]
+    lines += [f"- `{command}`" for command in frame["command"].dropna().unique()]
     return "\n".join(lines) + "\n"
 
 

@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_checks.sh tests-lists OUT # the list forward/backward of entmax, sparsemax and Sieve
 #   bash benchmarks/gpu_checks.sh tests-modules OUT  # each module's fast path against its reference; compiled references;
 #                                                    # the training-width kernels; the query, key and value views; the training step's gradients
-#   bash benchmarks/gpu_checks.sh kernels OUT     # kernel benchmark against SDPA (all ops, TDA included)
+#   bash benchmarks/gpu_checks.sh kernels OUT     # kernel benchmark against SDPA (every fused op)
 #   bash benchmarks/gpu_checks.sh long-walks OUT  # stick-breaking and sieve-alg1 at 65,536 on random and long-walk inputs
 #   bash benchmarks/gpu_checks.sh eval OUT        # paper MQMTAR evaluation at 65,536 tokens per mechanism
 #   bash benchmarks/gpu_checks.sh eval-trained OUT  # trains small MQRAR and MQMTAR models (about 10 minutes), then
@@ -13,18 +13,13 @@
 #   bash benchmarks/gpu_checks.sh throughput OUT  # training throughput of the paper models (default step, batch 128;
 #                                                  # BATCH=512 for the other; TASKS, PES, WARM_JOBS; ATTNS: some
 #                                                  # mechanisms only, softmax + RoPE always first), one command
-#   bash benchmarks/gpu_checks.sh warmup OUT      # each cell's warm-up alone in empty caches (a fresh machine's)
-#   bash benchmarks/gpu_checks.sh parity OUT      # short trainings of the default step and the step before it
-#   bash benchmarks/gpu_checks.sh profile OUT     # where the training step's GPU time goes, per kernel, ATTNS against
-#                                                  # softmax + RoPE on TASKS (benchmarks/step_profile.py), to OUT/step_profile.txt
-#   bash benchmarks/gpu_checks.sh ab OUT          # a lever (CAPTURE/NARROW tuning, ENV) against the default step, whole steps
 #
-# OUT (default ./gpu_checks) receives the logs and tables. The committed tables are results/benchmarks/*:
-# merge new kernel rows with `python benchmarks/kernels.py --merge OUT --out results/benchmarks` (results/README.md).
+# OUT (default ./gpu_checks) receives the logs and tables. The committed tables are results/benchmarks/*
+# (results/benchmarks/README.md says how each is brought up to date).
 # Run from the repository root with lengthbench installed (pip install -e . or pip install .).
 set -u -o pipefail
 if [ $# -lt 1 ]; then
-  echo "usage: gpu_checks.sh tests|tests-lists|tests-modules|kernels|long-walks|eval|eval-trained|throughput|warmup|ab|parity|profile [OUT]" >&2
+  echo "usage: gpu_checks.sh tests|tests-lists|tests-modules|kernels|long-walks|eval|eval-trained|throughput [OUT]" >&2
   exit 2
 fi
 part=$1
@@ -88,15 +83,13 @@ case "$part" in
     done ;;
   throughput)
     # the committed table: results/benchmarks/train_throughput.md. One command for every task (TASKS, comma-separated):
-    # per task softmax + RoPE first and again last (the run's steadiness); every cell compiled first, WARM_JOBS at a
-    # time (--warm-jobs; twelve on 16 cores took 289 s for the 66 cells of batch 128); 300 timed steps after 20, at
-    # batch 512 200 after 100 (its first cells ran up to three times slower for their first seconds after 20:
-    # results/benchmarks/gpu_logs/train_throughput_copy_b512_warmup.txt). PES chooses the encodings (e.g. rope,nape).
-    # Alone on the machine: commands on several GPUs of one host at once starve each other's data workers
-    # (results/benchmarks/gpu_logs/train_throughput_four_at_once.txt)
+    # per task softmax + RoPE first and again last (the command's steadiness); every cell compiled first, WARM_JOBS at a
+    # time (--warm-jobs); 300 timed steps after 20, at batch 512 200 after 100 (its first cells ran slow for their
+    # first seconds after 20). PES chooses the encodings (e.g. rope,nape). Alone on the machine: commands on several
+    # GPUs of one host at once starve each other's data workers.
     # ATTNS (comma-separated) measures those mechanisms only, after softmax + RoPE (the ratios' baseline), e.g. the cells
-    # that a change of one mechanism's kernels leaves out of the table until measured again; softmax + RoPE runs first
-    # and last even where PES leaves RoPE out (e.g. PES=nape: the NAPE cells only, beside their baseline)
+    # that a change of one mechanism's kernels leaves to be measured again; softmax + RoPE runs first and last even
+    # where PES leaves RoPE out (e.g. PES=nape: the NAPE cells only, beside their baseline)
     if [ "${BATCH:-128}" = 512 ]; then timed="--steps 200 --warmup 100"; else timed="--steps 300 --warmup 20"; fi
     attns=softmax,ssmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda
     if [ -n "${ATTNS:-}" ]; then
@@ -107,47 +100,7 @@ case "$part" in
       --batch-sizes "${BATCH:-128}" --attns "$attns" --baseline \
       $timed --warm-jobs "${WARM_JOBS:-12}" --out "$out/throughput_b${BATCH:-128}" 2>&1 \
       | grep -v -i warn | tee -a "$out/throughput_log.txt" ;;
-  warmup)
-    # the warm-up target (under 60 s a cell on a fresh machine): each cell's warm process alone (--warm-jobs 1) in
-    # Inductor and Triton caches of its own, empty when it starts (--fresh-caches); the rows' first_warmup_s. About 40 s
-    # a cell warm and again timed (the timed pass compiles in the command's caches); ATTNS, TASKS (comma-separated), BATCH choose others
-    python3 benchmarks/train_throughput.py --tasks "${TASKS:-copy,mqmtar}" --preset paper --pes "${PES:-rope}" \
-      --batch-sizes "${BATCH:-512}" --attns "${ATTNS:-softmax,entmax,asentmax,stickbreaking,sieve,sieve-alg1,sieve-entmax,softpick,tra,tda}" \
-      --steps 30 --warmup 60 --warm-jobs 1 --fresh-caches --out "$out/warmup" 2>&1 | grep -v -i warn \
-      | tee -a "$out/warmup_log.txt" ;;
-  ab)
-    # a lever through whole training steps: the default step of ATTNS (and softmax + RoPE, the baseline) against the
-    # same with CAPTURE and/or NARROW (JSON, as LENGTHBENCH_CAPTURE_TUNING / LENGTHBENCH_NARROW_TUNING) and/or ENV
-    # (VAR=value ..., e.g. LENGTHBENCH_SDPA_ALIBI=mask), on TASKS at BATCH with PES (default rope); the two commands
-    # of a task one after the other, each with its own baseline (their ratios compare), e.g.
-    #   ATTNS=sieve,sieve-alg1 CAPTURE='{"sieve": {"rowmax_pass": "fused"}, "sieve-alg1": {"rowmax_pass": "kernel"}}'
-    # (ENV is split as a shell would: a JSON value keeps its quotes inside single quotes, e.g.
-    #   ENV="LENGTHBENCH_INDUCTOR_OPTIONS='{\"triton.mix_order_reduction\": true}'")
-    if [ -z "${ATTNS:-}" ] || [ -z "${CAPTURE:-}${NARROW:-}${ENV:-}" ]; then
-      echo "error: ab needs ATTNS (mechanisms) and CAPTURE, NARROW (the lever's tuning, JSON) or ENV" >&2; exit 2
-    fi
-    # one lever of benchmarks/train_levers.py, named "lever": OUT/<task>/default and OUT/<task>/lever
-    levers=$(python3 -c 'import json, os, shlex
-v = {name: os.environ[key] for key, name in (("CAPTURE", "LENGTHBENCH_CAPTURE_TUNING"),
-                                             ("NARROW", "LENGTHBENCH_NARROW_TUNING")) if os.environ.get(key)}
-v.update(item.split("=", 1) for item in shlex.split(os.environ.get("ENV", "")))
-print(json.dumps({"lever": v}))')
-    tasks=${TASKS:-mqmtar,mqrar,copy}
-    python3 benchmarks/train_levers.py --tasks "${tasks// /,}" --attns "$ATTNS" --pes "${PES:-rope}" \
-      --batch-size "${BATCH:-128}" --levers "$levers" --out "$out" 2>&1 | grep -v -i warn | tee -a "$out/ab_log.txt" ;;
-  parity)
-    # four runs at a time; the committed table: results/benchmarks/train_parity.md
-    python3 benchmarks/train_parity.py --cells mqmtar:asentmax:nape,mqrar:stickbreaking:none --seeds 0,1 \
-      --train-samples 1000000 --jobs 4 --out "$out" 2>&1 | tee "$out/parity_log.txt" ;;
-  profile)
-    # about a minute a mechanism (its warm-up and capture, then three steps outside the graph); by default the
-    # mechanisms below 0.8x softmax + RoPE in results/benchmarks/train_throughput.md
-    tasks=${TASKS:-mqmtar,mqrar,copy}
-    for task in ${tasks//,/ }; do
-      python3 benchmarks/step_profile.py --task "$task" --attns "softmax,${ATTNS:-asentmax,softpick,sieve-entmax,tda}" \
-        --batch-size "${BATCH:-128}" --top 30 --out "$out/step_profile.txt" 2>&1 | grep -v -i warn
-    done ;;
   *)
     echo "error: unknown part '$part'; choose from: tests, tests-lists, tests-modules, kernels, long-walks, eval," \
-      "eval-trained, throughput, warmup, ab, parity, profile" >&2; exit 2 ;;
+      "eval-trained, throughput" >&2; exit 2 ;;
 esac

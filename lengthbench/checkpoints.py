@@ -31,12 +31,21 @@ def build_model(config: RunConfig, task) -> Decoder:
     ))
 
 
+def cell_finished(results: str | Path, config: RunConfig) -> bool:
+    """Whether run ``config`` and the runs of its other selections (``also_select``) are all in the store."""
+    return all(run_finished(results, run.run_id) for run in (config, *config.selected_runs()))
+
+
 def run_status(results: str | Path, config: RunConfig) -> str:
     """Where run ``config`` stands in ``results``, in words (``lengthbench sweep --dry-run``): "in the store",
     "to run", or what an interrupted run resumes from: its training checkpoint, its trained model, the lengths
     already scored and the samples of the length it was scoring."""
     if run_finished(results, config.run_id):
-        return "in the store"
+        left = [other for other in config.selected_runs() if not run_finished(results, other.run_id)]
+        if not left:
+            return "in the store"
+        return "to resume: selection " + ", ".join(
+            f"{other.selection} {run_status(results, other).removeprefix('to resume: ')}" for other in left)
     folder = checkpoint_dir(results, config.run_id)
     rows_path, samples_path = folder / "eval_rows.json", folder / "eval_samples_partial.json"
     if rows_path.exists() or samples_path.exists():

@@ -95,31 +95,18 @@ def model_dispatches_to_kernels(model) -> bool:
     return any(block.attn.dispatches_to_kernel() for block in model.blocks)
 
 
-# Inductor's options for the compiled training step in one CUDA graph (``lengthbench/graph_step.py``). Its
-# mix-order reductions (on by default since torch 2.10) fuse LayerNorm's backward over each token's features with
-# the sums over tokens of its weight and bias gradients, and leave the last stage of those sums to eager aten sums
-# of the partials: on the paper MQMTAR model (d_model 512, 11,648 tokens a batch of 128) 18 sums of [728, 512]
-# partials took 270 us of a 3.2 ms step on an H200; off, every mechanism's step is 0.19-0.22 ms shorter there
-# (results/benchmarks/gpu_logs/ab_head_bridge_mix_order.txt). ``LENGTHBENCH_INDUCTOR_OPTIONS`` (a JSON object)
-# replaces or adds options, to compare them. ``coordinate_descent_tuning`` on, softmax + RoPE on MQMTAR at batch 128
-# (H200): 39,758 samples/s against 39,440 and 39,455 before and after it, with a warm-up of 62 s against 12-25 s
-# (results/benchmarks/gpu_logs/softmax_coordinate_descent.txt): left off. Same measure, each beside the default
-# (H200, 2026-11-28, commit 9ef32c8, results/benchmarks/gpu_logs/ab_sdpa_backend_inductor_walk.txt): ``combo_kernels``
-# 21,219 against 38,861 samples/s; ``triton.enable_pdl`` 39,243 against 38,861 (Copy: 75,737 against 74,630), and
-# every mechanism's ratio to softmax + RoPE within 0.01 of the default's (TDA on MQMTAR 0.79; ASEntmax and
-# sieve-entmax on Copy): both left off. The two together, and PDL with ``max_autotune_pointwise``, same measure
-# beside the default (H200, 2026-11-29, commit 5b39432, results/benchmarks/gpu_logs/softmax_pdl_coordinate_descent.txt):
-# softmax + RoPE 39,931 and 40,066 (first and closing rows) and 39,735 and 39,741 against 39,204 and 39,258; TDA's
-# ratio 0.83, 0.84 against 0.83; the two cells compiled in 92, 38 and 37 s (six processes at a time): coordinate-descent
-# tuning's warm-up of one cell in empty caches (62 s above) is past the 60 s a cell may take, and it stays off.
-# Taken: programmatic dependent launch (a Triton kernel of Inductor's starts while the one before it drains; Hopper
-# and newer, elsewhere Inductor leaves it out) and the pointwise kernels' block sizes autotuned; same measure beside
-# the default (H200, 2026-11-29, commit e779d5d, results/benchmarks/gpu_logs/softmax_pdl_nd_tiling.txt): softmax +
-# RoPE 40,072 and 40,122 against 39,397 and 39,385 samples/s, TDA's ratio 0.84 as the default's, the two cells
-# compiled in 35 s against 32 s. With ``triton.prefer_nd_tiling`` besides (tiles of two dimensions for pointwise
-# kernels over transposed views): 40,734 and 40,713, and at commit 59d6496, where it was the default, 40,295 and
-# 40,244 in a run of every mechanism on MQMTAR (TDA 0.83, the lowest ratio 0.81), but the softmax + RoPE cell's
-# warm-up in empty caches took 66.7 s (24.7 s at commit 9ef32c8), past the 60 s a cell may take: left off.
+# Inductor's options for the compiled training step in one CUDA graph (``lengthbench/graph_step.py``).
+# - Mix-order reductions off: on, they fuse LayerNorm's backward over each token's features with the sums over tokens
+#   of its weight and bias gradients and leave the last stage of those sums to eager aten sums of the partials (on
+#   the paper MQMTAR model at batch 128, 18 such sums took 270 us of a 3.2 ms step on an H200); off, every
+#   mechanism's step there is about 0.2 ms shorter.
+# - Programmatic dependent launch on (a Triton kernel of Inductor's starts while the one before it drains; Hopper and
+#   newer, elsewhere Inductor leaves it out) and the pointwise kernels' block sizes autotuned: softmax + RoPE's step
+#   on MQMTAR at batch 128 about 2% faster on an H200, every mechanism's ratio to it unchanged.
+# Coordinate-descent tuning (under 1% faster there) and two-dimensional pointwise tiles (about 1.5%) stay off: each
+# took a cell's warm-up on a fresh machine past the 60 s a cell may take (62 and 67 s); combo kernels stay off: the
+# step ran at about half the samples/s. ``LENGTHBENCH_INDUCTOR_OPTIONS`` (a JSON object) replaces or adds options,
+# to compare them.
 INDUCTOR_OPTIONS = {"triton.mix_order_reduction": False, "triton.enable_pdl": True, "max_autotune_pointwise": True}
 INDUCTOR_OPTIONS_ENV = "LENGTHBENCH_INDUCTOR_OPTIONS"
 

@@ -62,8 +62,11 @@ TRAIN_ATTENTION = ("fused", "reference")
 # compiled by Inductor at that one width (not with ``compile = False``), see lengthbench/graph_step.py; "graph",
 # the same without Inductor (eager kernels in the graph: no compilation, slower steps); "compiled", torch.compile
 # per bucket width where the model allows (see ``compile``, ``compile_mode``, ``train_attention``), else the fused
-# ops eagerly. A CPU always trains eagerly. Measured side by side: results/benchmarks/train_throughput.md.
+# ops eagerly. A CPU always trains eagerly. The default step's speed: results/benchmarks/train_throughput.md
+# (``benchmarks/train_throughput.py --train-steps`` measures the others).
 TRAIN_STEPS = ("graph-compiled", "graph", "compiled")
+# Fields that a run's id hashes only where they differ from these defaults (see ``RunConfig.identity``).
+OPTIONAL_FIELDS: dict[str, Any] = {"also_select": [], "selected_from": ""}
 # What a stored configuration that lacks a field (written before the field existed) ran with, where that is not
 # the field's default: the configurations of the store's schema version 1 trained on the compiled step.
 ABSENT_FIELDS = {"train_step": "compiled"}
@@ -109,6 +112,13 @@ class RunConfig:
     grad_clip: float = 1.0
     selection: str = "id"
     selection_metric: str = "task"  # one of SELECTION_METRICS
+    # more checkpoint selections kept from this one training (e.g. ["id"] beside selection "8x"): each is
+    # validated at every ``eval_every`` steps too, and its best checkpoint is scored and stored as a run of its
+    # own (``selected_runs``), so one training gives the rows of both selections
+    also_select: list[str] = field(default_factory=list)
+    # the run id of the training whose checkpoint of selection ``selection`` this run scores (a run of
+    # ``selected_runs``); "" for a run that selected its own checkpoint
+    selected_from: str = ""
     eval_every: int = 1000  # steps between checkpoint-selection evaluations
     val_samples: int = 256
     checkpoint_every: int = 500  # steps between resumable checkpoints
@@ -123,6 +133,14 @@ class RunConfig:
 
     def __post_init__(self):
         selection_multiplier(self.selection)
+        if isinstance(self.also_select, str) or not isinstance(self.also_select, list | tuple):
+            raise ValueError(f"also_select takes a list of selections, got {self.also_select!r}")
+        self.also_select = list(self.also_select)
+        for other in self.also_select:
+            selection_multiplier(other)
+        if len(set(self.also_select)) != len(self.also_select) or self.selection in self.also_select:
+            raise ValueError(f"also_select {self.also_select} repeats a selection (the run's own is "
+                             f"{self.selection!r})")
         if self.selection_metric not in SELECTION_METRICS:
             raise ValueError(f"unknown selection metric {self.selection_metric!r}; choose from: "
                              f"{', '.join(SELECTION_METRICS)}")
@@ -155,8 +173,20 @@ class RunConfig:
         return max(1, -(-self.train_samples // self.batch_size))
 
     def identity(self) -> dict[str, Any]:
-        """What ``run_id`` hashes: every field (rows of the store's schema version 1 hashed fewer)."""
-        return dataclasses.asdict(self)
+        """What ``run_id`` hashes: every field, except that fields of :data:`OPTIONAL_FIELDS` count only where
+        they differ from their default (so adding one leaves the ids of the runs that do not use it unchanged;
+        rows of the store's schema version 1 hashed fewer)."""
+        values = dataclasses.asdict(self)
+        for name, default in OPTIONAL_FIELDS.items():
+            if values.get(name) == default:
+                values.pop(name)
+        return values
+
+    def selected_runs(self) -> list[RunConfig]:
+        """The runs of ``also_select``: this training's checkpoint of each other selection, scored as a run of
+        its own (its ``selected_from`` is this run's id, its training fields this run's)."""
+        return [dataclasses.replace(self, selection=other, also_select=[], selected_from=self.run_id)
+                for other in self.also_select]
 
     @property
     def run_id(self) -> str:

@@ -394,6 +394,7 @@ def _drive(pending: list[RunConfig], results: Path, backend: _Backend, emit: Eve
     running) where the backend can. Returns the cells left unsubmitted."""
     import pandas as pd
 
+    from lengthbench.checkpoints import cell_finished
     from lengthbench.store import run_finished, run_path
     from lengthbench.sweep import CellOutcome, _outcome_curve, _stage_failed
 
@@ -430,7 +431,7 @@ def _drive(pending: list[RunConfig], results: Path, backend: _Backend, emit: Eve
             config, started, job_id = running.pop(handle)
             error = backend.error(handle)
             seconds = time.perf_counter() - started
-            if not error and run_finished(results, config.run_id):
+            if not error and cell_finished(results, config):
                 curve = _outcome_curve(pd.read_parquet(run_path(results, config.run_id)))
                 outcome = CellOutcome(config, "done", seconds, curve=curve, slot=job_id)
             else:

@@ -29,6 +29,7 @@ import math
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -91,6 +92,47 @@ def load_store(results: str | Path, *, tasks: Iterable[str] | None = None,
         if unknown:
             raise UsageError(f"no runs of task {unknown[0]!r} in {path}; tasks there: {', '.join(present)}")
         frame = frame[frame["task"].isin(wanted)]
+    return frame.reset_index(drop=True), notes
+
+
+def results_list(values: Iterable[str] | str | None, default: str = "runs") -> list[str]:
+    """``--results`` given once or repeated, each a folder or a comma-separated list of folders (a name that
+    exists as a folder is taken whole, commas and all); the default store where none is given."""
+    values = [values] if isinstance(values, str) else list(values or [])
+    folders = []
+    for value in values:
+        value = str(value)
+        if not value.strip():
+            raise UsageError("--results is empty: give the results folder (e.g. --results runs)")
+        parts = [value] if Path(value).is_dir() or "," not in value else [p.strip() for p in value.split(",")]
+        if any(not part for part in parts):
+            raise UsageError(f"--results {value!r} holds an empty folder name")
+        folders += parts
+    return list(dict.fromkeys(folders)) or [default]
+
+
+def load_stores(results: Iterable[str] | str, *, tasks: Iterable[str] | None = None,
+                attns: Iterable[str] | None = None, pes: Iterable[str] | None = None,
+                skip_unreadable: bool = False) -> tuple[pd.DataFrame, list[str]]:
+    """The rows of several stores (:func:`load_store` each), a run stored in more than one counted once, and
+    only the mechanisms ``attns`` and encodings ``pes`` where given (by name, ``entmax``, or by the label a row
+    with parameters has, ``entmax (alpha=4)``); a filter that matches nothing is a one-line UsageError."""
+    frames, notes = [], []
+    for folder in results_list(results):
+        frame, found = load_store(folder, tasks=tasks, skip_unreadable=skip_unreadable)
+        frames.append(frame.assign(store=folder))
+        notes += found
+    frame = pd.concat(frames, ignore_index=True)
+    frame = frame.drop_duplicates(subset=["run_id", "multiplier"], keep="first")
+    for column, wanted, flag in (("attn", attns, "--attn"), ("pe", pes, "--pe")):
+        wanted = [w for w in (wanted or []) if w]
+        if not wanted:
+            continue
+        keep = frame[column].isin(wanted) | frame[column].str.split(" (", regex=False).str[0].isin(wanted)
+        if not keep.any():
+            raise UsageError(f"{flag} {', '.join(wanted)}: no runs of it; there: "
+                             f"{', '.join(sorted(frame[column].unique()))}")
+        frame = frame[keep]
     return frame.reset_index(drop=True), notes
 
 
@@ -317,6 +359,21 @@ def run_curves(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([curves, summary], axis=1).reset_index()
 
 
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+def wilson(score: float, n: float, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval (95% by default) of a proportion ``score`` measured on ``n`` samples, as
+    ``(low, high)`` fractions; NaN where ``n`` is missing or 0. It stays inside [0, 1] and is not empty at 0 or 1
+    (0 of 1,000: [0, 0.38%]), where the normal approximation's is."""
+    if n is None or not n > 0 or score is None or math.isnan(score):
+        return float("nan"), float("nan")
+    denominator = 1 + z * z / n
+    centre = (score + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(score * (1 - score) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def _multipliers(frame: pd.DataFrame) -> list[int | float]:
     return sorted(c for c in frame.columns if isinstance(c, (int, float)))
 
@@ -328,14 +385,21 @@ def _pick_best(runs: pd.DataFrame) -> pd.Series:
     return ranked.iloc[0].drop("_auc")
 
 
-def build_leaderboard(frame: pd.DataFrame) -> pd.DataFrame:
+def build_leaderboard(frame: pd.DataFrame, protocol: str | None = None) -> pd.DataFrame:
     """The leaderboard as one wide frame: a row per (task, preset, train_length, pe, attn).
 
     Columns: the keys, ``metric``, ``seeds`` (how many), ``best_seed``, ``best_run_id``; per multiplier
-    ``m``: ``"{m}x"`` (the best run's score, %), ``"{m}x_mean"`` and ``"{m}x_std"`` (over seeds, %);
-    ``reach`` and ``auc`` of the best run; ``reach_mean``, ``auc_mean``, ``auc_std`` over seeds.
-    """
-    curves = run_curves(with_score(frame))
+    ``m``: ``"{m}x"`` (the best run's score, %), ``"{m}x_n"`` (its samples), ``"{m}x_lo"`` and ``"{m}x_hi"`` (its
+    95% Wilson interval, %), ``"{m}x_mean"`` and ``"{m}x_std"`` (over seeds, %);
+    ``reach`` and ``auc`` of the best run; ``reach_mean``, ``auc_mean``, ``auc_std`` over seeds. ``protocol``
+    puts every run in one protocol (a published section's runs: one config's, which the caller matched)."""
+    scored = with_score(frame)
+    if protocol is not None:
+        scored["protocol"] = protocol
+    curves = run_curves(scored)
+    samples = ({(run_id, as_multiplier(m)): n for run_id, m, n in
+                zip(scored["run_id"], scored["multiplier"], scored["n_samples"], strict=True)}
+               if "n_samples" in scored.columns else {})
     multipliers = _multipliers(curves)
     rows = []
     for keys, group in curves.groupby(TABLE_KEYS + ["metric"] + ROW_KEYS, sort=True, dropna=False):
@@ -344,7 +408,11 @@ def build_leaderboard(frame: pd.DataFrame) -> pd.DataFrame:
         row = dict(zip(TABLE_KEYS + ["metric"] + ROW_KEYS, keys, strict=True))
         row.update(seeds=len(per_seed), best_seed=int(best["seed"]), best_run_id=str(best["run_id"]))
         for m in multipliers:  # columns may be floats (1.0, 1.5): name them "1x", "1.5x"
-            row[f"{multiplier_label(m)}x"] = 100 * best[m]
+            label = multiplier_label(m)
+            row[f"{label}x"] = 100 * best[m]
+            n = samples.get((best["run_id"], m))
+            low, high = wilson(float(best[m]), float(n) if n is not None and pd.notna(n) else float("nan"))
+            row[f"{label}x_n"], row[f"{label}x_lo"], row[f"{label}x_hi"] = n, 100 * low, 100 * high
         row.update(reach=as_multiplier(best["reach"]), auc=float(best["auc"]))
         row.update(reach_mean=float(per_seed["reach"].mean()), auc_mean=float(per_seed["auc"].mean()),
                    auc_std=float(per_seed["auc"].std(ddof=1)) if len(per_seed) > 1 else float("nan"))
@@ -356,6 +424,17 @@ def build_leaderboard(frame: pd.DataFrame) -> pd.DataFrame:
     board = pd.DataFrame(rows)
     board["train_length"] = board["train_length"].astype(int)
     return board
+
+
+def interval_text(row, label: str) -> str:
+    """``"99.1 (98.3-99.5)"``: a best-of-seeds value with its 95% Wilson interval (``"–"`` where none)."""
+    value = row.get(f"{label}x")
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    low, high = row.get(f"{label}x_lo"), row.get(f"{label}x_hi")
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return _pct(value)
+    return f"{value:.1f} ({low:.1f}–{high:.1f})"
 
 
 def board_multipliers(board: pd.DataFrame) -> list[int | float]:
@@ -406,63 +485,89 @@ def frame_markdown(frame: pd.DataFrame, floatfmt: str = ".3f") -> str:
     return _md_table([str(c) for c in frame.columns], rows, ["r" if n else "l" for n in numeric])
 
 
+class TextTable(NamedTuple):
+    """A table as text, for the Markdown and the HTML report alike: the line above it, the header, the rows
+    (Markdown inline text: ``**bold**``) and each column's alignment (``"l"`` or ``"r"``)."""
+
+    caption: str
+    header: list[str]
+    rows: list[list[str]]
+    align: list[str]
+
+    def markdown(self) -> str:
+        return _md_table(self.header, self.rows, self.align)
+
+
+ALL_NOTE = (
+    "Values are the task's metric in %. **Best of seeds**: the whole curve of the run with the largest AUC "
+    "(ties: lower seed), the papers' convention of reporting the single best model, each value with its 95% "
+    "Wilson interval over the samples scored; bold marks the best value of a column. **Reach**: the largest "
+    "multiplier scoring at least 90% (– if none). **AUC**: area under the score curve against log2(multiplier), "
+    "normalised to [0, 1]. **Mean ± std**: over seeds (sample std; one seed: the mean alone).")
+
+
+def protocol_note(table: pd.DataFrame) -> str:
+    """The line under a protocol's heading: its metric, preset, protocol and training length."""
+    preset, protocol, train_length = (table[key].iloc[0] for key in TABLE_KEYS[1:])
+    metric = METRIC_NAMES.get(table["metric"].iloc[0], str(table["metric"].iloc[0]))
+    return (f"{metric} (%), preset `{preset}`" + (f" ({protocol})" if protocol else "")
+            + f", trained at n = {train_length}; 1× is in distribution.")
+
+
+def protocol_tables(table: pd.DataFrame) -> list[TextTable]:
+    """The tables of one protocol's rows (one group of ``TABLE_KEYS``): best of seeds, the best value of each
+    column in bold, then mean +- std where a row has several seeds."""
+    table = table.sort_values(ROW_KEYS)
+    multipliers = board_multipliers(table)
+    header = ["pe", "attn"] + [f"{m}×" for m in multipliers]
+    best_of_column = {m: table[f"{m}x"].max() for m in multipliers}
+    best_auc = table["auc"].max()
+    rows = []
+    for _, row in table.iterrows():
+        cells = [str(row["pe"]), str(row["attn"])]
+        for m in multipliers:
+            text = interval_text(row, multiplier_label(m))
+            if (text != "–" and len(table) > 1 and best_of_column[m] > 0
+                    and row[f"{m}x"] >= best_of_column[m] - 1e-9):
+                text = f"**{text}**"
+            cells.append(text)
+        auc_text = f"{row['auc']:.3f}"
+        if len(table) > 1 and best_auc > 0 and row["auc"] >= best_auc - 1e-12:
+            auc_text = f"**{auc_text}**"
+        cells += [_reach_text(row["reach"]), auc_text, f"{row['seeds']} (best: {row['best_seed']})"]
+        rows.append(cells)
+    tables = [TextTable("Best of seeds:", header + ["reach", "AUC", "seeds"], rows,
+                        ["l", "l"] + ["r"] * (len(multipliers) + 3))]
+    if table["seeds"].max() <= 1:
+        return tables
+    rows = []
+    for _, row in table.iterrows():
+        cells = [str(row["pe"]), str(row["attn"])]
+        for m in multipliers:
+            mean, std = row[f"{m}x_mean"], row[f"{m}x_std"]
+            cells.append(_pct(mean) if math.isnan(std) else f"{mean:.1f} ± {std:.1f}")
+        auc_text = (f"{row['auc_mean']:.3f}" if math.isnan(row["auc_std"])
+                    else f"{row['auc_mean']:.3f} ± {row['auc_std']:.3f}")
+        cells += [_reach_mean_text(row["reach_mean"]), auc_text]
+        rows.append(cells)
+    return tables + [TextTable("Mean ± std over seeds:", header + ["reach (mean)", "AUC"], rows,
+                               ["l", "l"] + ["r"] * (len(multipliers) + 2))]
+
+
 def to_markdown(board: pd.DataFrame, *, source: str | None = None) -> str:
     """The leaderboard as Markdown: per table (task, preset, n) the best-of-seeds table, with the
     best value of each column in bold, then the mean +- std table."""
     parts = ["# lengthbench leaderboard", ""]
     if source:
         parts += [source, ""]
-    parts += [
-        "Values are the task's metric in %. **Best of seeds**: the whole curve of the run with the largest AUC "
-        "(ties: lower seed), the seeds' convention of reporting the single best model; bold marks the best "
-        "value of a column. **Reach**: the largest multiplier scoring at least 90% (– if none). **AUC**: area "
-        "under the score curve against log2(multiplier), normalised to [0, 1]. **Mean ± std**: over seeds "
-        "(sample std; one seed: the mean alone).",
-        "",
-    ]
-    for (task, preset, protocol, train_length), table in board.groupby(TABLE_KEYS, sort=True):
-        table = table.sort_values(ROW_KEYS)
-        multipliers = board_multipliers(table)
-        metric = METRIC_NAMES.get(table["metric"].iloc[0], str(table["metric"].iloc[0]))
-        parts += [f"## {task}", "",
-                  f"{metric} (%), preset `{preset}`" + (f" ({protocol})" if protocol else "")
-                  + f", trained at n = {train_length}; 1× is in distribution.", ""]
-        header = ["pe", "attn"] + [f"{m}×" for m in multipliers]
-        best_of_column = {m: table[f"{m}x"].max() for m in multipliers}
-        best_auc = table["auc"].max()
-        rows = []
-        for _, row in table.iterrows():
-            cells = [str(row["pe"]), str(row["attn"])]
-            for m in multipliers:
-                text = _pct(row[f"{m}x"])
-                if (text != "–" and len(table) > 1 and best_of_column[m] > 0
-                        and row[f"{m}x"] >= best_of_column[m] - 1e-9):
-                    text = f"**{text}**"
-                cells.append(text)
-            auc_text = f"{row['auc']:.3f}"
-            if len(table) > 1 and best_auc > 0 and row["auc"] >= best_auc - 1e-12:
-                auc_text = f"**{auc_text}**"
-            cells += [_reach_text(row["reach"]), auc_text, f"{row['seeds']} (best: {row['best_seed']})"]
-            rows.append(cells)
-        parts += ["Best of seeds:", "",
-                  _md_table(header + ["reach", "AUC", "seeds"], rows, ["l", "l"] + ["r"] * (len(multipliers) + 3)),
-                  ""]
-        if table["seeds"].max() <= 1:
+    parts += [ALL_NOTE, ""]
+    for (task, *_), table in board.groupby(TABLE_KEYS, sort=True):
+        parts += [f"## {task}", "", protocol_note(table), ""]
+        tables = protocol_tables(table)
+        for text_table in tables:
+            parts += [text_table.caption, "", text_table.markdown(), ""]
+        if len(tables) == 1:
             parts += ["One seed per row: no mean ± std.", ""]
-            continue
-        rows = []
-        for _, row in table.iterrows():
-            cells = [str(row["pe"]), str(row["attn"])]
-            for m in multipliers:
-                mean, std = row[f"{m}x_mean"], row[f"{m}x_std"]
-                cells.append(_pct(mean) if math.isnan(std) else f"{mean:.1f} ± {std:.1f}")
-            auc_text = (f"{row['auc_mean']:.3f}" if math.isnan(row["auc_std"])
-                        else f"{row['auc_mean']:.3f} ± {row['auc_std']:.3f}")
-            cells += [_reach_mean_text(row["reach_mean"]), auc_text]
-            rows.append(cells)
-        parts += ["Mean ± std over seeds:", "",
-                  _md_table(header + ["reach (mean)", "AUC"], rows, ["l", "l"] + ["r"] * (len(multipliers) + 2)),
-                  ""]
     return "\n".join(parts).rstrip() + "\n"
 
 

@@ -31,21 +31,15 @@ EXECUTION_FIELDS = frozenset({"train_step", "compile", "compile_mode", "train_at
                               "checkpoint_every", "diagnostics", "diagnostic_rows"})
 
 
-def config_cells(config_path: str | Path, seeds: list[int]) -> tuple[list[RunConfig], dict[str, RunConfig]]:
-    """The cells a config plans for ``seeds`` (its curriculum's final stage, the cell itself) and every
-    configuration it plans by run id (the earlier stages too). Problems are one-line UsageErrors."""
-    from lengthbench.sweep import add_stages, plan_cells, plan_sweep, read_sweep_file, split_list
+def config_cells(config_path: str | Path, seeds: list[int] | None = None
+                 ) -> tuple[list[RunConfig], dict[str, RunConfig]]:
+    """The cells a config plans for ``seeds`` (default: the config's own; its curriculum's final stage, the cell
+    itself) and every configuration it plans by run id (the earlier stages too). Problems are one-line
+    UsageErrors."""
+    from lengthbench.sweep import configs_of_sweep, read_sweep_file
 
     settings = read_sweep_file(config_path)
-    preset = settings.get("preset", "smoke")
-    overrides = dict(settings.get("overrides", {}))
-    cells = split_list(settings.get("cells"))
-    if cells:
-        configs = plan_cells(cells, seeds, preset, overrides)
-    else:
-        configs = plan_sweep(split_list(settings.get("tasks")), split_list(settings.get("attns")),
-                             split_list(settings.get("pes")), seeds, preset, overrides)
-    planned = add_stages(configs, settings.get("stages", []), preset, overrides)
+    planned = configs_of_sweep(settings, seeds=None if seeds is None else ",".join(map(str, seeds)))
     sources = {config.init_from for config in planned}
     return [config for config in planned if config.run_id not in sources], {c.run_id: c for c in planned}
 
@@ -67,12 +61,15 @@ def _key(config: dict[str, Any], configs: dict[str, dict], seen: frozenset = fro
     return json.dumps(identity, sort_keys=True, default=str)
 
 
-def runs_of_config(frame: pd.DataFrame, config_path: str | Path) -> pd.DataFrame:
+def runs_of_config(frame: pd.DataFrame, config_path: str | Path, *, config_seeds: bool = False,
+                   cells: list[RunConfig] | None = None) -> pd.DataFrame:
     """The rows of ``frame`` (a results store's rows, with ``run_id``, ``seed``, ``config_json`` and
     ``schema_version``) whose run carries out the protocol of the config file at ``config_path`` (the module's
-    rule); an empty frame where none does. Rows of the store's schema version 1 are read in today's terms
-    (:func:`lengthbench.store.with_schema_version`: the defaults they ran with written out), so a config that
-    leaves a since-changed default to today's does not match them."""
+    rule), of any seed or, with ``config_seeds``, of the config's seeds only (the published leaderboard: a seed
+    added after the fact is not the protocol's); an empty frame where none does. Rows of the store's schema
+    version 1 are read in today's terms (:func:`lengthbench.store.with_schema_version`: the defaults they ran
+    with written out), so a config that leaves a since-changed default to today's does not match them. ``cells``
+    (e.g. a user's own mechanism planned at the config's protocol) replaces the config's cells."""
     from lengthbench.store import with_schema_version
 
     if frame.empty:
@@ -85,12 +82,32 @@ def runs_of_config(frame: pd.DataFrame, config_path: str | Path) -> pd.DataFrame
                 stored[run_id] = json.loads(text)
             except ValueError:
                 continue
-    seeds = sorted({int(seed) for seed in frame["seed"].dropna().unique()})
-    if not seeds:
+    seeds = None if config_seeds or cells is not None else sorted(
+        {int(seed) for seed in frame["seed"].dropna().unique()})
+    if seeds == []:
         return frame.iloc[:0]
-    cells, planned = config_cells(config_path, seeds)
+    planned_cells, planned = config_cells(config_path, seeds)
+    if cells is not None:
+        planned = {**planned, **{cell.run_id: cell for cell in cells}}
+    cells = planned_cells if cells is None else cells
     planned_json = {run_id: json.loads(config.to_json()) for run_id, config in planned.items()}
     wanted = {_key(json.loads(cell.to_json()), planned_json) for cell in cells}
     matching = {run_id for run_id, config in stored.items()
                 if isinstance(config, dict) and _key(config, stored) in wanted}
     return frame[frame["run_id"].isin(matching)]
+
+
+def other_selections(frame: pd.DataFrame, run_ids: set[str]) -> pd.DataFrame:
+    """The rows of ``frame`` whose run scores another checkpoint selection of one of ``run_ids``' trainings
+    (``RunConfig.also_select``: its stored ``selected_from`` is one of them)."""
+    if frame.empty or "config_json" not in frame.columns:
+        return frame.iloc[:0]
+    sources = {}
+    for run_id, text in zip(frame["run_id"], frame["config_json"], strict=True):
+        if run_id in sources:
+            continue
+        try:
+            sources[run_id] = (json.loads(text) or {}).get("selected_from", "") if isinstance(text, str) else ""
+        except (ValueError, AttributeError):
+            sources[run_id] = ""
+    return frame[frame["run_id"].map(lambda run_id: sources.get(run_id, "") in run_ids)]

@@ -28,6 +28,7 @@ from lengthbench.checkpoints import (
     VOCAB_PARAMETERS,
     atomic_torch_save,
     build_model,
+    cell_finished,
     checkpoint_dir,
     load_model,
     newest_trained_run,
@@ -86,15 +87,18 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
     results = Path(results)
     run_id = config.run_id
     if run_finished(results, run_id) and not restart:
+        if not cell_finished(results, config):  # its other selections' scoring was interrupted
+            _score_selected(config, results, resolve_device(device), progress, log, log_samples=log_samples)
         return pd.read_parquet(run_path(results, run_id))
     torch_device = resolve_device(device)
     task = get_task(config.task, **config.task_params)
     task.check_length(config.train_length)
     lengths = eval_lengths(config.train_length, config.max_multiplier, task.extra_multipliers)
     ckpt_dir = checkpoint_dir(results, run_id)
-    if restart and ckpt_dir.exists():
-        for path in ckpt_dir.glob("*"):
-            path.unlink()
+    if restart:
+        for folder in (ckpt_dir, *(checkpoint_dir(results, other.run_id) for other in config.selected_runs())):
+            for path in folder.glob("*"):
+                path.unlink()
     trainer = Trainer(config, task, torch_device, results, progress=progress, log=log, on_metrics=on_metrics)
     if trainer.checkpoint_path.exists() and not resume and not restart:
         raise UsageError(f"run {run_id} has a checkpoint in {ckpt_dir}; pass --resume to continue it "
@@ -107,11 +111,18 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
     (ckpt_dir / "config.json").write_text(json.dumps(config.identity(), indent=2, sort_keys=True))
 
     trainer.train()
+    # the other selections' weights, each in its run's folder, before the training checkpoint that holds them goes
+    state = {k: v for k, v in trainer.state.__dict__.items() if k not in ("history", "also_best")}
+    for other in config.selected_runs():
+        if other.selection in trainer.also_model_states:
+            score, step = trainer.state.also_best[other.selection]
+            atomic_torch_save({"config": other.identity(), "model": trainer.also_model_states[other.selection],
+                               "state": dict(state, best_score=score, best_step=step)},
+                              checkpoint_dir(results, other.run_id) / "model.pt")
     trainer.use_best()
     model = trainer.model
     model.eval()
     # the selected weights, with the state the rows record: scoring can resume from this file alone (load_trained)
-    state = {k: v for k, v in trainer.state.__dict__.items() if k != "history"}
     atomic_torch_save({"config": config.identity(), "model": model.state_dict(), "state": state},
                       ckpt_dir / "model.pt")
 
@@ -119,7 +130,42 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
                   best_step=trainer.state.best_step)
     _score_and_store(config, task, model, torch_device, results, lengths, common, progress, log, log_samples)
     trainer.checkpoint_path.unlink(missing_ok=True)  # the run is in the store; model.pt stays for inspect
+    _score_selected(config, results, torch_device, progress, log, rescore=restart, log_samples=log_samples)
     return pd.read_parquet(run_path(results, run_id))
+
+
+def _score_selected(config: RunConfig, results: Path, torch_device: torch.device, progress: bool,
+                    log: Callable[[str], None] | None, rescore: bool = False, log_samples: bool = False) -> None:
+    """Score and store the runs of ``config.also_select`` (its training's checkpoint of each other selection)
+    that are not in the store yet (all of them with ``rescore``). A selection that chose the step the run's own
+    selection chose has the same weights, hence the same rows: those are copied, not scored again."""
+    own = pd.read_parquet(run_path(results, config.run_id))
+    for other in config.selected_runs():
+        if run_finished(results, other.run_id) and not rescore:
+            continue
+        path = checkpoint_dir(results, other.run_id) / "model.pt"
+        if not path.exists():
+            raise UsageError(f"run {other.run_id} (selection {other.selection} of run {config.run_id}) has no "
+                             f"kept checkpoint in {path.parent}: rerun {config.run_id} with --restart")
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+        state = saved["state"]
+        if int(state["best_step"]) == int(own["best_step"].iloc[0]):
+            created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            rows = own.drop(columns=["schema_version"]).assign(
+                run_id=other.run_id, selection=other.selection, config_json=other.to_json(), created_at=created_at)
+            write_run(results, other.run_id, rows.to_dict("records"))
+            if log:
+                log(f"{other.run_id}: selection {other.selection} chose step {state['best_step']}, as "
+                    f"{config.run_id} did: the same rows")
+            continue
+        task = get_task(other.task, **other.task_params)
+        lengths = eval_lengths(other.train_length, other.max_multiplier, task.extra_multipliers)
+        model = build_model(other, task)
+        model.load_state_dict(saved["model"])
+        model = model.to(torch_device).eval()
+        common = dict(train_steps=int(state["step"]), train_seconds=round(float(state["train_seconds"]), 3),
+                      best_step=int(state["best_step"]))
+        _score_and_store(other, task, model, torch_device, results, lengths, common, progress, log, log_samples)
 
 
 def sample_log_path(results: str | Path, run_id: str, multiplier: float) -> Path:
@@ -251,6 +297,7 @@ __all__ = [
     "attention_kernels",
     "autocast",
     "build_model",
+    "cell_finished",
     "checkpoint_dir",
     "compile_cache_file",
     "compiles",

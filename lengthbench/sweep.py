@@ -34,6 +34,21 @@ weights of the one before (``init_from``), and last the cell itself from the las
     attn_params = {alpha = 1.25}   # over the cell's own parameters, for this stage only
 
 A stage starts only when the stage before it is in the store; a failed stage fails the stages after it.
+
+A study of one change at a time: ``[variants.NAME]`` tables, each the RunConfig fields one variant changes over
+the cell's own (``task_params``, ``attn_params`` and ``pe_params`` merged key by key), and optionally the
+``cells`` it applies to (default: every cell of the file). Every cell runs as given and once more per variant
+that applies to it; ``[by_task.NAME]`` tables give one task's cells their fields over ``[overrides]`` (a budget
+per task, say), as ``[by_pe.NAME]`` does for an encoding. Both need a ``cells`` list::
+
+    cells = ["mqrar:stickbreaking:none", "copy:stickbreaking:none"]
+    [by_task.copy]
+    train_samples = 2000000
+    [variants.inline]    # mqrar:stickbreaking:none once more, each query answered in place
+    cells = ["mqrar:stickbreaking:none"]
+    task_params = {layout = "inline"}
+    [variants.init-torch]    # both cells once more, with PyTorch's initialisation
+    init = "torch"
 """
 
 from __future__ import annotations
@@ -53,8 +68,9 @@ from lengthbench.config import RunConfig, build_config
 from lengthbench.errors import UsageError, interrupted
 from lengthbench.validation import MAX_CELLS, check_config, check_task_params
 
-SWEEP_KEYS = ("tasks", "attns", "pes", "cells", "seeds", "preset", "results", "device", "per_gpu", "overrides",
-              "stages")
+SWEEP_KEYS = ("tasks", "attns", "pes", "cells", "seeds", "preset", "results", "device", "per_gpu", "mps", "budget",
+              "budget_fraction", "paper", "table", "explained", "overrides", "by_pe", "by_task", "variants", "stages")
+PARAM_FIELDS = ("task_params", "attn_params", "pe_params")  # merged key by key where a variant or task table sets them
 # What a stage may not set: the cell's identity, and the chain itself.
 STAGE_FIXED = ("attn", "pe", "seed", "preset", "init_from")
 
@@ -124,6 +140,10 @@ def read_sweep_file(path: str | Path) -> dict[str, Any]:
         raise UsageError(f"sweep file {path}: unknown key {unknown[0]!r}; keys: {', '.join(SWEEP_KEYS)}")
     if not isinstance(data.get("overrides", {}), dict):
         raise UsageError(f"sweep file {path}: [overrides] must be a table of RunConfig fields")
+    for key in ("by_pe", "by_task", "variants"):
+        tables = data.get(key, {})
+        if not isinstance(tables, dict) or not all(isinstance(table, dict) for table in tables.values()):
+            raise UsageError(f"sweep file {path}: [{key}.NAME] must be tables of RunConfig fields")
     stages = data.get("stages", [])
     if not isinstance(stages, list) or not all(isinstance(stage, dict) for stage in stages):
         raise UsageError(f"sweep file {path}: stages must be [[stages]] tables of RunConfig fields")
@@ -144,7 +164,10 @@ def check_sweep_settings(data: dict[str, Any], where: str) -> None:
         if value is not None and not (isinstance(value, str) or (
                 isinstance(value, list) and all(isinstance(item, str) for item in value))):
             fail(f"{key} must be a list of names (or one comma-separated string), got {value!r}")
-    for key in ("preset", "results", "device"):
+    if "explained" in data and not (isinstance(data["explained"], dict) and all(
+            isinstance(v, str) for v in data["explained"].values())):
+        fail("[explained] must be a table of \"attn:pe\" = \"the reason\"")
+    for key in ("preset", "results", "device", "paper", "table"):
         if key in data and not isinstance(data[key], str):
             fail(f"{key} must be a string, got {data[key]!r}")
     if "results" in data and not data["results"].strip():
@@ -152,14 +175,44 @@ def check_sweep_settings(data: dict[str, Any], where: str) -> None:
     seeds = data.get("seeds")
     if seeds is not None and not isinstance(seeds, str | int | list) or isinstance(seeds, bool):
         fail(f"seeds must be a list of integers or a string like \"0-4\", got {seeds!r}")
-    if "per_gpu" in data:
+    if "per_gpu" in data and data["per_gpu"] != "auto":
         if isinstance(data["per_gpu"], bool) or not isinstance(data["per_gpu"], int):
-            fail(f"per_gpu must be a whole number, got {data['per_gpu']!r}")
+            fail(f"per_gpu must be a whole number or \"auto\", got {data['per_gpu']!r}")
         try:
             validation.check_int("per_gpu", data["per_gpu"], 1, 64)
         except UsageError as error:
             fail(str(error))
+    if "mps" in data and data["mps"] not in ("auto", "on", "off"):
+        fail(f"mps must be \"auto\", \"on\" or \"off\", got {data['mps']!r}")
+    if "budget" in data:
+        from lengthbench.budget import parse_budget
+
+        try:
+            parse_budget(data["budget"])
+        except UsageError as error:
+            fail(str(error))
+    if "budget_fraction" in data:
+        try:
+            validation.check_float("budget_fraction", data["budget_fraction"], 0.0, 1.0, low_open=True)
+        except UsageError as error:
+            fail(str(error))
+    variants = data.get("variants", {})
+    for name, variant in variants.items():
+        own = variant.get("cells")
+        if own is not None and not (isinstance(own, str) or (
+                isinstance(own, list) and all(isinstance(item, str) for item in own))):
+            fail(f"variants.{name}: cells must be a list of cells, got {own!r}")
+        if own is not None and not split_list(own):
+            fail(f"variants.{name}: cells is empty: leave it out to apply the variant to every cell")
+    if (variants or data.get("by_task")) and not data.get("cells"):
+        fail("[variants.NAME] and [by_task.NAME] need a cell list (cells = [...])")
+    if variants and data.get("stages"):
+        fail("[variants.NAME] and [[stages]] do not combine: give each curriculum its own sweep file")
     for label, table in [("", data.get("overrides", {}))] + [
+            (f"by_pe.{name}: ", table) for name, table in data.get("by_pe", {}).items()] + [
+            (f"by_task.{name}: ", table) for name, table in data.get("by_task", {}).items()] + [
+            (f"variants.{name}: ", {k: v for k, v in table.items() if k != "cells"})
+            for name, table in variants.items()] + [
             (f"stage {number}: ", stage) for number, stage in enumerate(data.get("stages", []), 1)]:
         try:
             validation.check_overrides(table, validation.field)
@@ -294,12 +347,66 @@ def _check_parameters(config: RunConfig, where: str = "") -> None:
         raise UsageError(f"{where}: {str(error).splitlines()[0]}") from error
 
 
+def _pe_overrides(pe: str, overrides: dict[str, Any], by_pe: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """``overrides`` with the fields of the encoding's ``[by_pe.NAME]`` table over them (its canonical name or an
+    alias)."""
+    if not by_pe:
+        return overrides
+    from lengthbench.models.positional import POSITIONAL_ENCODINGS
+
+    def canonical(name: str) -> str:
+        try:
+            return POSITIONAL_ENCODINGS.canonical(name)
+        except LookupError:
+            return name
+
+    extra = {}
+    for name, table in by_pe.items():
+        if canonical(name) == canonical(pe):
+            extra.update(table)
+    return {**overrides, **extra}
+
+
+def _merged(fields: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over``'s fields over ``fields``, the parameter tables (:data:`PARAM_FIELDS`) merged key by key."""
+    merged = {**fields, **over}
+    for key in PARAM_FIELDS:
+        if key in over and isinstance(over[key], dict):
+            merged[key] = {**(fields.get(key) or {}), **over[key]}
+    return merged
+
+
+def _task_overrides(task: str, overrides: dict[str, Any], by_task: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """``overrides`` with the fields of the task's ``[by_task.NAME]`` table over them (its canonical name or an
+    alias)."""
+    if not by_task:
+        return overrides
+    from lengthbench.tasks import TASKS
+
+    def canonical(name: str) -> str:
+        try:
+            return TASKS.canonical(name)
+        except LookupError:
+            return name
+
+    for name, table in by_task.items():
+        if canonical(name) == canonical(task):
+            overrides = _merged(overrides, table)
+    return overrides
+
+
 def plan_cells(cells: list[str], seeds: list[int], preset: str = "smoke",
-               overrides: dict[str, Any] | None = None) -> list[RunConfig]:
+               overrides: dict[str, Any] | None = None,
+               by_pe: dict[str, dict[str, Any]] | None = None,
+               by_task: dict[str, dict[str, Any]] | None = None,
+               variant: dict[str, Any] | None = None) -> list[RunConfig]:
     """The configurations of an explicit cell list (``task:attn:pe`` each, as tables mix mechanisms and
     encodings), in the order given, each with every seed. The mechanism and the encoding may carry their own
     parameters, ``maxretrieval:entmax(alpha=4):none`` or ``passkey:softmax:rope(factor=1)``, over those of the
-    overrides (``attn_params``, ``pe_params``)."""
+    overrides (``attn_params``, ``pe_params``). ``by_pe`` holds fields for the cells of one encoding over the
+    overrides (a sweep file's ``[by_pe.rope]``: e.g. the checkpoint selection a paper used for its RoPE models),
+    ``by_task`` those of one task over both; ``variant`` (a sweep file's ``[variants.NAME]``, less its cells)
+    holds the fields one variant changes, over all of these but the cell's own parameters."""
     if not cells:
         raise UsageError("--cells is empty: give at least one task:attn:pe")
     overrides = dict(overrides or {})
@@ -310,13 +417,69 @@ def plan_cells(cells: list[str], seeds: list[int], preset: str = "smoke",
             raise UsageError(f"a cell is task:attn:pe, e.g. copy:sieve:none; got {cell!r}")
         attn, attn_params = _cell_part(parts[1], cell)
         pe, pe_params = _cell_part(parts[2], cell)
-        cell_overrides = dict(overrides)
+        cell_overrides = _merged(_task_overrides(parts[0], _pe_overrides(pe, dict(overrides), by_pe), by_task),
+                                 variant or {})
         for key, params in (("attn_params", attn_params), ("pe_params", pe_params)):
             if params:
-                cell_overrides[key] = {**(overrides.get(key) or {}), **params}
+                cell_overrides[key] = {**(cell_overrides.get(key) or {}), **params}
         for config in plan_sweep([parts[0]], [attn], [pe], seeds, preset, cell_overrides):
             configs.setdefault(config.run_id, config)
     return list(configs.values())
+
+
+def sweep_variants(settings: dict[str, Any], cell_list: list[str], narrowed: bool = False):
+    """``(name, cells, fields)`` of each ``[variants.NAME]``: the cells it applies to (its own list, else every
+    cell) and the fields it changes. ``narrowed``: the cells were given on the command line, and a variant's own
+    list keeps only those among them."""
+    for name, table in (settings.get("variants") or {}).items():
+        own = split_list(table.get("cells")) or list(cell_list)
+        if narrowed and table.get("cells"):
+            own = [cell for cell in own if cell in cell_list]
+        if own:
+            yield name, own, {key: value for key, value in table.items() if key != "cells"}
+
+
+def configs_of_sweep(settings: dict[str, Any], *, tasks=None, attns=None, pes=None, cells=None, seeds=None,
+                     preset: str | None = None, flags: dict[str, Any] | None = None,
+                     labels: dict[str, str] | None = None) -> list[RunConfig]:
+    """Every configuration a sweep file's ``settings`` (:func:`read_sweep_file`) runs, stages included, with
+    command-line values (``None``: the file's) over the file's: the one way the sweep, its status, the
+    leaderboard's sections and ``compare --config`` know a protocol's runs. ``labels``, where given, receives the
+    name of the variant each variant's run belongs to (by run id)."""
+    overrides = dict(settings.get("overrides", {}))
+    overrides.update({key: value for key, value in (flags or {}).items() if value is not None})
+    by_pe = settings.get("by_pe") or {}
+    seed_list = parse_seeds(seeds if seeds is not None else settings.get("seeds", "0"))
+    preset = preset or settings.get("preset", "smoke")
+    task_list = split_list(tasks if tasks is not None else settings.get("tasks"))
+    attn_list = split_list(attns if attns is not None else settings.get("attns"))
+    pe_list = split_list(pes if pes is not None else settings.get("pes"))
+    cell_list = split_list(cells if cells is not None else settings.get("cells"))
+    if cell_list and (tasks or attns or pes):
+        raise UsageError("give either --cells or --tasks/--attns/--pes, not both")
+    if cell_list:
+        by_task = settings.get("by_task")
+        configs = plan_cells(cell_list, seed_list, preset, overrides, by_pe, by_task)
+        for name, own, variant in sweep_variants(settings, cell_list, narrowed=cells is not None):
+            try:
+                planned = plan_cells(own, seed_list, preset, overrides, by_pe, by_task, variant)
+            except UsageError as error:
+                raise UsageError(f"variants.{name}: {error}") from error
+            if labels is not None:
+                labels.update({c.run_id: name for c in planned if c.run_id not in labels})
+            configs += planned
+        configs = list({c.run_id: c for c in configs}.values())  # a variant that changes nothing is its cell
+    elif by_pe and pe_list:
+        configs = []
+        for pe in pe_list:
+            configs += plan_sweep(task_list, attn_list, [pe], seed_list, preset, _pe_overrides(pe, overrides, by_pe))
+        order = {pe: number for number, pe in enumerate(pe_list)}
+        configs.sort(key=lambda c: (task_list.index(c.task) if c.task in task_list else 0,
+                                    attn_list.index(c.attn) if c.attn in attn_list else 0,
+                                    order.get(c.pe, 0), seed_list.index(c.seed)))
+    else:
+        configs = plan_sweep(task_list, attn_list, pe_list, seed_list, preset, overrides)
+    return add_stages(configs, settings.get("stages", []), preset, overrides)
 
 
 def check_task_params_of(tasks: list[str], overrides: dict[str, Any]) -> None:
@@ -356,6 +519,44 @@ def gpu_slots(device: str, per_gpu: int = 1) -> list[str]:
     return slots if len(slots) > 1 else []
 
 
+# Cells side by side on one GPU by model width, where no measurement says better: three small paper models (d 256),
+# two of d 512 and wider (whose kernels fill more of the GPU); at most one cell per CELL_MEMORY_GIB of its memory.
+AUTO_PER_GPU = ((256, 3), (10**9, 2))
+CELL_MEMORY_GIB = 20
+
+
+def auto_per_gpu(configs: list[RunConfig], gpu: str, memory_gib: float | None = None) -> int:
+    """``--per-gpu auto``: how many cells share a GPU, from the widest model of ``configs``, the GPU's memory and
+    the side-by-side measurement (``results/benchmarks/side_by_side.parquet``: the count with the most samples/s
+    where one more cell gains at least 5%)."""
+    if not configs:
+        return 1
+    widest = max(configs, key=lambda c: c.d_model * c.n_layers)
+    count = next(cells for width, cells in AUTO_PER_GPU if widest.d_model <= width)
+    from lengthbench.budget import BENCHMARKS, _read_table
+
+    measured = _read_table(BENCHMARKS / "side_by_side.parquet")
+    if not measured.empty:
+        rows = measured[measured["mps"]]
+        if not rows.empty:
+            nearest = (rows["d_model"].astype(float) - widest.d_model).abs()
+            rows = rows[nearest == nearest.min()].sort_values("cells")
+            count, best = 1, 1.0
+            for cells, slowdown in zip(rows["cells"], rows["slowdown"], strict=True):
+                if int(cells) / float(slowdown) >= 1.05 * best:
+                    count, best = int(cells), int(cells) / float(slowdown)
+    if memory_gib is None:
+        memory_gib = 80.0 if "h100" in gpu.lower() else 140.0 if "h200" in gpu.lower() else 40.0
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                memory_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+        except (ImportError, RuntimeError):
+            pass
+    return max(1, min(count, int(memory_gib // CELL_MEMORY_GIB)))
+
+
 def slot_gpu(slot: str) -> str:
     return slot.split(".")[0]
 
@@ -363,15 +564,16 @@ def slot_gpu(slot: str) -> str:
 @dataclass
 class CellOutcome:
     config: RunConfig
-    status: str  # done, skipped (in the store), failed, elsewhere (claimed by a live sweep elsewhere); on a
-    # cluster also queued (its job is queued or running)
+    status: str  # done, skipped (in the store), failed, elsewhere (claimed by a live sweep elsewhere), left (not
+    # started: the time budget ran out); on a cluster also queued (its job is queued or running)
     seconds: float = 0.0
     curve: dict[int, float] = field(default_factory=dict)
     error: str = ""
     slot: str = ""
 
 
-# (kind, config, outcome, slot); kind: start, done, skipped, failed, elsewhere, or waiting (for a sweep elsewhere)
+# (kind, config, outcome, slot); kind: start, done, skipped, failed, elsewhere, left, or waiting (for a sweep
+# elsewhere)
 Event = Callable[[str, RunConfig, "CellOutcome | None", str], None]
 
 
@@ -382,7 +584,8 @@ def _outcome_curve(frame) -> dict[int, float]:
 def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "auto",
               on_event: Event | None = None, slots: list[str] | None = None,
               worker_command: Callable[[RunConfig, Path], list[str]] | None = None, wait: bool = True,
-              poll: float = 2.0, track: str | None = None) -> list[CellOutcome]:
+              poll: float = 2.0, track: str | None = None,
+              admit: Callable[[RunConfig], bool] | None = None) -> list[CellOutcome]:
     """Run every unfinished cell; return one outcome per cell in ``configs`` order.
 
     Each cell is claimed before it runs (:mod:`lengthbench.claims`), so several sweeps over one store share
@@ -393,6 +596,10 @@ def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "a
     ``slots`` (default: :func:`gpu_slots`) with more than one entry runs a worker process per slot;
     ``worker_command`` replaces the worker's command line (tests). ``track`` (``tensorboard`` or ``wandb``)
     logs each cell's training to that tracker (:mod:`lengthbench.tracking`).
+
+    ``admit`` (a time budget's :meth:`lengthbench.budget.BudgetGuard.admits`) is asked before each cell starts;
+    the first cell it refuses and every cell after it end as ``left`` (not started), and the running ones
+    finish: a clean stop.
     """
     from lengthbench.claims import holder
 
@@ -405,9 +612,9 @@ def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "a
     while pending:
         if len(slots) > 1:
             command = worker_command or (lambda config, results: _worker_command(config, results, track))
-            elsewhere = _run_parallel(pending, results, slots, outcomes, emit, command)
+            elsewhere = _run_parallel(pending, results, slots, outcomes, emit, command, admit)
         else:
-            elsewhere = _run_sequential(pending, results, device, outcomes, emit, track)
+            elsewhere = _run_sequential(pending, results, device, outcomes, emit, track, admit)
         pending = [config for config in elsewhere if not _skip_finished(config, results, outcomes, emit)]
         if pending and not wait:
             for config in pending:
@@ -427,9 +634,10 @@ def _skip_finished(config: RunConfig, results: Path, outcomes: dict[str, CellOut
     """Whether ``config`` is in the store already (its outcome ``skipped``, its curve read back)."""
     import pandas as pd
 
-    from lengthbench.store import run_finished, run_path
+    from lengthbench.checkpoints import cell_finished
+    from lengthbench.store import run_path
 
-    if not run_finished(results, config.run_id):
+    if not cell_finished(results, config):
         return False
     curve, note = {}, ""
     try:
@@ -446,27 +654,39 @@ def _waits_on_elsewhere(config: RunConfig, elsewhere: list[RunConfig]) -> bool:
     return bool(config.init_from) and any(c.run_id == config.init_from for c in elsewhere)
 
 
-def _run_sequential(pending, results: Path, device: str, outcomes, emit, track: str | None = None) -> list[RunConfig]:
+def _leave(configs: list[RunConfig], outcomes: dict[str, CellOutcome], emit) -> None:
+    """End ``configs`` as ``left``: not started, the budget refused the first of them."""
+    for config in configs:
+        if config.run_id not in outcomes:
+            outcomes[config.run_id] = CellOutcome(config, "left", error="not started: the budget ran out")
+            emit("left", config, outcomes[config.run_id], "")
+
+
+def _run_sequential(pending, results: Path, device: str, outcomes, emit, track: str | None = None,
+                    admit: Callable[[RunConfig], bool] | None = None) -> list[RunConfig]:
     """Run ``pending`` in this process, one after another; return those claimed by a live sweep elsewhere."""
+    from lengthbench.checkpoints import cell_finished
     from lengthbench.claims import claim
     from lengthbench.runner import resolve_device
-    from lengthbench.store import run_finished
 
     if pending:
         resolve_device(device)
         (results / "logs").mkdir(parents=True, exist_ok=True)
     elsewhere: list[RunConfig] = []
-    for config in pending:
+    for number, config in enumerate(pending):
         if _stage_failed(config, outcomes, emit):
             continue
         if _waits_on_elsewhere(config, elsewhere):
             elsewhere.append(config)
             continue
+        if admit is not None and not cell_finished(results, config) and not admit(config):
+            _leave(pending[number:], outcomes, emit)
+            break
         with claim(results, config.run_id) as got:
             if not got:
                 elsewhere.append(config)
                 continue
-            if run_finished(results, config.run_id):  # finished elsewhere since we looked
+            if cell_finished(results, config):  # finished elsewhere since we looked
                 _skip_finished(config, results, outcomes, emit)
                 continue
             emit("start", config, None, "")
@@ -557,11 +777,12 @@ def _worker_command(config: RunConfig, results: Path, track: str | None = None) 
             ",".join(plugin_modules()), track or ""]
 
 
-def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, command) -> list[RunConfig]:
+def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, command,
+                  admit: Callable[[RunConfig], bool] | None = None) -> list[RunConfig]:
     """Run ``pending`` in worker processes, one per slot, each cell claimed (by this process) while its worker
     runs; return those claimed by a live sweep elsewhere."""
+    from lengthbench.checkpoints import cell_finished
     from lengthbench.claims import take
-    from lengthbench.store import run_finished
 
     log_dir = results / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -581,8 +802,13 @@ def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, comm
                         elsewhere.append(config)
                         config = None
                         continue
+                    if admit is not None and not cell_finished(results, config) and not admit(config):
+                        _leave([config, *queue], outcomes, emit)
+                        queue.clear()
+                        config = None
+                        break
                     held = take(results, config.run_id)
-                    if held is None or run_finished(results, config.run_id):
+                    if held is None or cell_finished(results, config):
                         if held is None:
                             elsewhere.append(config)
                         else:
@@ -645,9 +871,10 @@ def _next_runnable(queue: list[RunConfig], outcomes: dict[str, CellOutcome], bus
 def _finished_outcome(config: RunConfig, results: Path, returncode: int, seconds: float, log_dir: Path) -> CellOutcome:
     import pandas as pd
 
-    from lengthbench.store import run_finished, run_path
+    from lengthbench.checkpoints import cell_finished
+    from lengthbench.store import run_path
 
-    if returncode == 0 and run_finished(results, config.run_id):
+    if returncode == 0 and cell_finished(results, config):
         return CellOutcome(config, "done", seconds, curve=_outcome_curve(pd.read_parquet(run_path(results, config.run_id))))
     log_path = log_dir / f"{config.run_id}.log"
     lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()] if log_path.exists() else []

@@ -55,6 +55,8 @@ class TrainState:
     best_score: float = -1.0
     best_step: int = -1
     history: list = field(default_factory=list)  # (step, loss, val_score)
+    # the best score and step of each selection of ``also_select``: {"id": [score, step]}
+    also_best: dict = field(default_factory=dict)
 
 
 class Trainer:
@@ -119,6 +121,7 @@ class Trainer:
                                             fused=fused))
         self.state = TrainState()
         self.best_model_state = None
+        self.also_model_states: dict[str, dict] = {}  # the selected weights of each of ``also_select``
         self.step_fn = self._make_step_fn()
 
     # -- checkpoints -------------------------------------------------------------------------------
@@ -133,6 +136,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "state": self.state.__dict__,
             "best_model": self.best_model_state,
+            "also_models": self.also_model_states,
         }, self.checkpoint_path)
 
     def load(self) -> bool:
@@ -143,6 +147,7 @@ class Trainer:
         self.optimizer.load_state_dict(saved["optimizer"])
         self.state = TrainState(**saved["state"])
         self.best_model_state = saved["best_model"]
+        self.also_model_states = saved.get("also_models") or {}
         return True
 
     def load_trained(self) -> bool:
@@ -229,18 +234,34 @@ class Trainer:
         return stream
 
     def _select(self, evaluator: Evaluator) -> float:
+        """Validate at each selection's length; keep the weights where each scores its best (a later step wins
+        a tie). Returns the run's own selection's score."""
         config = self.config
-        n = config.train_length * selection_multiplier(config.selection)
         metric = self.task.metric if config.selection_metric == "task" else config.selection_metric
+        values = {}
         with attention_kernels(self.model, self.kernel_flags):  # the fused ops, as in scoring
-            scores = evaluator.score(n, config.val_samples, split="val", bleu=metric == "bleu")
-        value = scores.metric(metric)
+            for selection in (config.selection, *config.also_select):
+                n = config.train_length * selection_multiplier(selection)
+                if n not in values:
+                    scores = evaluator.score(n, config.val_samples, split="val", bleu=metric == "bleu")
+                    values[n] = scores.metric(metric)
+        value = values[config.train_length * selection_multiplier(config.selection)]
         if value >= self.state.best_score:
             self.state.best_score = value
             self.state.best_step = self.state.step
-            self.best_model_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            self.best_model_state = self._weights()
+        for selection in config.also_select:
+            other = values[config.train_length * selection_multiplier(selection)]
+            if other >= self.state.also_best.get(selection, [-1.0, -1])[0]:
+                self.state.also_best[selection] = [other, self.state.step]
+                # the same step as the run's own selection: the same weights
+                self.also_model_states[selection] = (
+                    self.best_model_state if self.state.best_step == self.state.step else self._weights())
         self.model.train()
         return value
+
+    def _weights(self) -> dict:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def train(self) -> None:
         config = self.config
@@ -294,7 +315,9 @@ class Trainer:
                         self.log(f"{config.run_id} step {step}/{total}: loss {loss.item():.4f}, {val_label} "
                                  f"{val_score:.3f} (best {self.state.best_score:.3f} at {self.state.best_step}), "
                                  f"{step * config.batch_size / max(time.perf_counter() - started, 1e-9):,.0f} "
-                                 f"samples/s since start, ETA {_clock(left)}")
+                                 f"samples/s since start, ETA {_clock(left)}" + "".join(
+                                     f"; selection {other}: best {score:.3f} at {at}"
+                                     for other, (score, at) in self.state.also_best.items()))
                         self.on_metrics("validation", step, {"score": val_score, "best_score": self.state.best_score})
                     if step % report_every == 0 or step == total:
                         elapsed = time.perf_counter() - window_start

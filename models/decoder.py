@@ -105,10 +105,9 @@ class Block(nn.Module):
 
 # cuBLAS wants the rows of a bf16 matrix 16 bytes apart: with the head's output (the vocabulary) an odd width, the
 # logits' product and its two gradients take align-1 kernels, 161 us of a 3.2 ms step on the paper MQMTAR model
-# (vocabulary 263) at batch 128 on an H200, 36 us padded (results/benchmarks/gpu_logs/ab_head_bridge_mix_order.txt).
-# So on a GPU the head multiplies by its
-# weight padded with zero rows to a multiple of HEAD_ALIGN and drops the padded logits: the same model and
-# parameters, aligned products.
+# (vocabulary 263) at batch 128 on an H200, 36 us padded. So on a GPU the head multiplies by its weight padded
+# with zero rows to a multiple of HEAD_ALIGN and drops the padded logits: the same model and parameters, aligned
+# products.
 HEAD_ALIGN = 8
 
 

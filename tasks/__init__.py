@@ -9,9 +9,14 @@ TASKS: Registry[type[Task]] = Registry("task")
 
 
 def register_task(name: str, **kwargs):
-    """Class decorator: ``@register_task("mytask")`` makes a :class:`Task` subclass runnable by name."""
+    """Class decorator: ``@register_task("mytask")`` makes a :class:`Task` subclass runnable by name. A subclass
+    that leaves one of :class:`Task`'s abstract methods out fails here, where it is defined (``TypeError``)."""
 
     def decorator(cls: type[Task]) -> type[Task]:
+        missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        if missing:
+            raise TypeError(f"task {name!r}: {cls.__name__} does not define {', '.join(missing)} "
+                            "(abstract methods of Task)")
         cls.name = name
         return TASKS.register(name, **kwargs)(cls)
 

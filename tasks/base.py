@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -56,8 +57,13 @@ class ModelDefaults:
     batch_size: int = 128
 
 
-class Task:
-    """A task family. Subclasses set the class attributes and implement ``vocab`` and ``generate``.
+class Task(abc.ABC):
+    """A task family. Subclasses set the class attributes and define the abstract methods ``build_vocab``,
+    ``max_tokens`` and ``generate``; ``min_length``, ``max_length`` and ``train_length_range`` have defaults.
+
+    A subclass that leaves an abstract method out is abstract: ``register_task`` refuses it where it is defined
+    (the class statement under the decorator raises ``TypeError`` naming the methods), and creating one raises
+    ``TypeError`` too.
 
     ``generate`` receives a :class:`SampleRandom` whose row ``b`` belongs to sample ``indices[b]``; it
     must draw every random number through it, vectorised over the batch, so that a sample does not
@@ -98,8 +104,9 @@ class Task:
             raise AssertionError(f"task {self.name}: id 0 must be {PAD}")
 
     # -- what subclasses provide ------------------------------------------------------------------
+    @abc.abstractmethod
     def build_vocab(self) -> list[str]:
-        raise NotImplementedError
+        """The symbols, id 0 first (``<pad>``)."""
 
     def min_length(self) -> int:
         return 1
@@ -108,12 +115,13 @@ class Task:
         """Largest nominal length the task can build (None: unbounded)."""
         return None
 
+    @abc.abstractmethod
     def max_tokens(self, n: int) -> int:
         """Upper bound on the realised token count of a sample of nominal length ``n``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def generate(self, rng: SampleRandom, n: int) -> Batch:
-        raise NotImplementedError
+        """The batch of the samples whose random numbers ``rng`` draws (row ``b``: sample ``b``), at length ``n``."""
 
     def train_length_range(self, train_length: int) -> tuple[int, int]:
         """Inclusive range of nominal lengths seen in training (the seeds: n_train/2 .. n_train)."""

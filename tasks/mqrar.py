@@ -20,6 +20,13 @@ key) and ``<eos>``; ``n + 3 * queries + 3`` tokens. An answer then needs one hop
 position); Sieve Attention's text ("a series of queries ... output the most recent value assigned to each queried
 key") fits both.
 
+``score_recurrences = True`` (default False) also scores every key of the prefix that was assigned before, at
+the key, with the value it held until then (the label is that value, not the next input token, which assigns the
+new one). In the example above, the second ``k53`` (position 7) is scored with ``v29``. Tan et al.'s MQRAR
+generator (shawntan/zoology, ``zoology/data/recent_associative_recall.py``) scores every key that recurs this way,
+so its samples carry many more scored positions than the queries alone; exact match then needs the recurrences
+too. It needs one-symbol values.
+
 ``value_tokens = 2`` (default 1) makes each value two symbols: assignments ``k v v'`` (``n // 3`` of them, the
 remainder of ``n`` as leading ``<space>``) and answers ``<q> a a'``, each symbol scored. Not the paper's task:
 it is the first stage of a curriculum (the second answer symbol is a plain induction step, copying what
@@ -28,11 +35,10 @@ the vocabulary is the same.
 
 The model: 4 layers (d 256, 16 heads). Sieve Attention's Table 1 heads its MQRAR columns "MQRAR (L = 4)" while
 its Table 3 gives 2 layers; here no 2-layer position-free model learns the separate layout (0 of 3 seeds), while
-4-layer stick-breaking and ``sieve`` + NoPE models learn it and hold it to 1024x (REPRODUCTION.md, the MQRAR depth
-sweeps ``sweeps/mqrar_depth_l{2,3,4}.toml``). Why depth: the answer slots after ``<sep>`` share one input
-token (``<q>``), and without positions a first layer's scores depend on content only, so no slot can pick its
-own query's key in layer 1; one layer recalls each query key's value, a later one lets each slot fetch it
-(``benchmarks/mqrar_slot_attention.py``).
+4-layer stick-breaking and ``sieve`` + NoPE models learn it and hold it to 1024x (docs/reproduction.md, Sieve
+Attention Table 1). Why depth: the answer slots after ``<sep>`` share one input token (``<q>``), and without
+positions a first layer's scores depend on content only, so no slot can pick its own query's key in layer 1; one
+layer recalls each query key's value, a later one lets each slot fetch it.
 
 Choices the paper leaves open (ours): for odd ``n`` the prefix starts with one ``<space>`` so that it
 is ``n`` tokens; "keys present" is uniform over distinct present keys (not weighted by how often a
@@ -67,7 +73,7 @@ class MQRAR(Task):
     """Multi-query repeated associative recall: answer the most recent value of each queried key."""
 
     model_defaults = ModelDefaults(layers=4, d_model=256, heads=16, ffn=1024, train_samples=20_000_000)
-    presentation_params = ("layout",)
+    presentation_params = ("layout", "score_recurrences")
 
     @dataclass(frozen=True)
     class Params:
@@ -77,6 +83,7 @@ class MQRAR(Task):
         queries: int = 4
         layout: str = "separate"  # "separate": queries, <sep>, then the answers; "inline": <q> k a per query
         value_tokens: int = 1  # symbols per value (a curriculum's first stage uses 2; the paper's task has 1)
+        score_recurrences: bool = False  # also score each prefix key assigned before with its value until then
 
     def build_vocab(self) -> list[str]:
         p = self.params
@@ -86,6 +93,8 @@ class MQRAR(Task):
             raise ValueError(f"num_keys ({p.num_keys}) cannot exceed keys ({p.keys})")
         if p.layout not in LAYOUTS:
             raise ValueError(f"unknown layout {p.layout!r}; choose from: {', '.join(LAYOUTS)}")
+        if p.score_recurrences and p.value_tokens != 1:
+            raise ValueError("score_recurrences needs value_tokens = 1 (a recurring key is scored with one symbol)")
         return SPECIALS + [f"k{i}" for i in range(p.keys)] + [f"v{i}" for i in range(p.values)]
 
     tail_window = 64  # assignments per active key searched before the whole prefix (speed only)
@@ -157,4 +166,22 @@ class MQRAR(Task):
         labels = np.full_like(input_ids, IGNORE_INDEX)
         labels[:, answer_at - 1] = input_ids[:, answer_at]
         labels[:, -2] = eos
+        if p.score_recurrences:
+            recurs, before = previous_assignment(slot)
+            key_at = 1 + filler + width * np.arange(assignments)  # each assignment's key position
+            rows_hit, hit = np.nonzero(recurs)
+            labels[rows_hit, key_at[hit]] = values[rows_hit, before[rows_hit, hit], 0] + first_value
         return full_batch(input_ids, labels, n)
+
+
+def previous_assignment(slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each assignment ``[B, A]`` (its key's slot): whether the key was assigned before it, and the index of
+    that key's latest earlier assignment (0 where there is none)."""
+    order = np.argsort(slot, axis=1, kind="stable")  # by key, then by position
+    by_key = np.take_along_axis(slot, order, axis=1)
+    same = by_key[:, 1:] == by_key[:, :-1]  # the assignment before in this order sets the same key
+    recurs = np.zeros(slot.shape, dtype=bool)
+    before = np.zeros(slot.shape, dtype=np.int64)
+    np.put_along_axis(recurs, order[:, 1:], same, axis=1)
+    np.put_along_axis(before, order[:, 1:], np.where(same, order[:, :-1], 0), axis=1)
+    return recurs, before

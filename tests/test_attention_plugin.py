@@ -70,7 +70,13 @@ def test_one_registration_gives_module_and_weights(monkeypatch):
     the old second registration of the weight function alone says what to do instead."""
     import pytest
 
-    from lengthbench.models.attention import MECHANISMS, WEIGHT_FUNCTIONS, AttentionLayer, register_attention
+    from lengthbench.models.attention import (
+        MECHANISMS,
+        WEIGHT_FUNCTIONS,
+        AttentionLayer,
+        causal_mask,
+        register_attention,
+    )
 
     builtin = ["softmax", "gated", "ssmax", "assmax", "adatemp", "entmax", "sparsemax", "sentmax", "asentmax",
                "stickbreaking", "sieve", "sieve-alg1", "softpick", "scalable-softpick", "rectified", "rela", "tra",
@@ -88,7 +94,8 @@ def test_one_registration_gives_module_and_weights(monkeypatch):
 
     @register_attention("test-doubled", weights=doubled)
     class Doubled(AttentionLayer):
-        pass
+        def weights(self, scores, query_positions, x_rows):
+            return doubled(scores, causal_mask(query_positions, scores.shape[-1]), query_positions)
 
     scores = torch.randn(4, 4)
     torch.testing.assert_close(attention_weights("test-doubled", scores), 2 * attention_weights("softmax", scores))

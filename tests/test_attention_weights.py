@@ -235,6 +235,23 @@ def test_stickbreaking_formula():
     torch.testing.assert_close(w[2], torch.tensor(expected))
 
 
+def test_stickbreaking_remainder_dropped():
+    """``remainder="drop"``: the same weights on the earlier keys, nothing on the diagonal (Sieve Attention's Eq. 7
+    over the earlier tokens only); a row sums to one minus what was left of its stick."""
+    z = random_scores(2, 7, 7)
+    kept, dropped = weights("stickbreaking", z), weights("stickbreaking", z, remainder="drop")
+    eye = torch.eye(7, dtype=torch.bool)
+    torch.testing.assert_close(dropped, torch.where(eye, torch.zeros(()), kept))
+    left = torch.stack([torch.prod(1 - torch.sigmoid(z[..., r, :r]), -1) for r in range(7)], -1)
+    torch.testing.assert_close(dropped.sum(-1), 1 - left)
+    assert (dropped[..., 0, :] == 0).all()  # the first row has nothing earlier to attend to
+    z.requires_grad_()
+    weights("stickbreaking", z.masked_fill(~eye.tril(), float("-inf")), remainder="drop").sum().backward()
+    assert torch.isfinite(z.grad).all()
+    with pytest.raises(ValueError, match="remainder"):
+        weights("stickbreaking", z, remainder="query")
+
+
 def test_stickbreaking_is_stable_in_log_space():
     z = torch.full((300, 300), 30.0)  # products of 1 - sigmoid(30) underflow in linear space
     w = weights("stickbreaking", z)

@@ -254,7 +254,7 @@ def test_a_foreign_file_is_skipped_with_its_name_and_the_good_rows_stay(places, 
     # a partial-column file beside a good run: --skip-unreadable leaves it out by name; the board counts one run
     foreign = places / "good" / "runs" / "partial.parquet"
     pd.DataFrame({"task": ["copy"], "attn": ["softmax"], "multiplier": [1]}).to_parquet(foreign)
-    assert cli(monkeypatch, "leaderboard", "--results", places / "good", "--skip-unreadable") == 0
+    assert cli(monkeypatch, "leaderboard", "--results", places / "good", "--skip-unreadable", "--all") == 0
     captured = capsys.readouterr()
     assert "partial.parquet" in captured.err and "lacks the columns" in captured.err
     assert "from 1 runs" in captured.out

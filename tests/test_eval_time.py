@@ -37,7 +37,8 @@ def test_eval_time_times_a_trained_run_and_names_a_missing_one(tmp_path):
     frame = pd.read_parquet(out / "eval_time.parquet")
     assert sorted(zip(frame["attn"], frame["kind"], strict=True)) == [("entmax", "trained"), ("softmax", "fresh")]
     text = (out / "eval_time.md").read_text()
-    assert "## mqmtar, n = 128, trained weights" in text and "## mqmtar, n = 128, fresh weights" in text
+    assert f"| mqmtar | 128 | trained: {config.run_id} | entmax | nape |" in text
+    assert "| mqmtar | 128 | fresh | softmax | none |" in text
     missing = subprocess.run([sys.executable, str(SCRIPT), "--runs", str(tmp_path), "--attns", "sieve:none",
                               "--n", "128", "--device", "cpu", "--out", str(out)],
                              capture_output=True, text=True, timeout=300)

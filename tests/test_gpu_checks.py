@@ -5,8 +5,7 @@ import subprocess
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_checks.sh"
-PARTS = ["tests", "tests-lists", "tests-modules", "kernels", "long-walks", "eval", "eval-trained", "throughput", "warmup",
-         "ab", "parity", "profile"]
+PARTS = ["tests", "tests-lists", "tests-modules", "kernels", "long-walks", "eval", "eval-trained", "throughput"]
 
 
 def test_gpu_checks_names_its_parts(tmp_path):
@@ -20,18 +19,6 @@ def test_gpu_checks_names_its_parts(tmp_path):
     assert all(part in unknown.stderr for part in PARTS)
     for part in PARTS:  # each part documented in the header
         assert f"gpu_checks.sh {part} OUT" in SCRIPT.read_text()
-
-
-def test_ab_names_what_it_needs(tmp_path):
-    """``ab`` without the mechanisms or without a lever: a one-line error, exit 2, nothing run."""
-    import os
-
-    for env in ({}, {"ATTNS": "sieve"}, {"CAPTURE": '{"sieve": {}}'}, {"ENV": "LENGTHBENCH_SDPA_ALIBI=mask"}):
-        done = subprocess.run(["bash", str(SCRIPT), "ab", str(tmp_path / "out")], capture_output=True, text=True,
-                              cwd=tmp_path, env={**{k: v for k, v in os.environ.items()
-                                                    if k not in ("ATTNS", "CAPTURE", "NARROW", "ENV")}, **env})
-        assert done.returncode == 2 and done.stderr.startswith("error: ab needs ATTNS"), done.stderr
-        assert not (tmp_path / "out" / "ab_log.txt").exists()
 
 
 def test_throughput_attns_measures_those_after_softmax(tmp_path):

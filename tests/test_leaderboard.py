@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 import zlib
 
@@ -97,9 +98,17 @@ def test_markdown_has_the_seeds_layout(store):
     text = to_markdown(board)
     assert "## copy" in text and "## 2back" in text
     assert "| pe | attn | 1× | 2× | 4× | 8× | reach | AUC | seeds |" in text
-    assert "| nape | softmax | **100.0** | **100.0** | **92.0** | **30.0** | 4× |" in text
+    from lengthbench.leaderboard import wilson
+
+    def shown(score, bold=False):  # best of seeds with its 95% Wilson interval over the 16 samples scored
+        low, high = wilson(score, 16)
+        text = f"{100 * score:.1f} ({100 * low:.1f}–{100 * high:.1f})"
+        return f"**{text}**" if bold else text
+
+    assert (f"| nape | softmax | {shown(1.0, True)} | {shown(1.0, True)} | {shown(0.92, True)} | "
+            f"{shown(0.3, True)} | 4× |") in text
     assert "token accuracy (%)" in text  # 2back reports its own metric
-    assert "| nape | softmax | 99.0 | 98.0 | 2× |" in text  # 2back only has 1x and 2x columns
+    assert f"| nape | softmax | {shown(0.99)} | {shown(0.98)} | 2× |" in text  # 2back has 1x and 2x columns only
 
 
 def test_presets_never_share_a_table(tmp_path):
@@ -134,14 +143,14 @@ def test_training_protocols_never_share_a_table(tmp_path):
 
 
 def test_cli_formats_and_publish(store, tmp_path, monkeypatch, capsys):
-    assert cli(monkeypatch, "leaderboard", "--results", store, "--task", "copy") == 0
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--task", "copy", "--all") == 0
     printed = capsys.readouterr().out
     assert "## copy" in printed and "## 2back" not in printed
-    assert cli(monkeypatch, "leaderboard", "--results", store, "--format", "csv", "--out", tmp_path / "b.csv") == 0
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--format", "csv", "--out", tmp_path / "b.csv", "--all") == 0
     assert len(pd.read_csv(tmp_path / "b.csv")) == 3
-    assert cli(monkeypatch, "leaderboard", "--results", store, "--format", "parquet", "--out", tmp_path / "b.pq") == 0
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--format", "parquet", "--out", tmp_path / "b.pq", "--all") == 0
     assert set(pd.read_parquet(tmp_path / "b.pq")["task"]) == {"copy", "2back"}
-    assert cli(monkeypatch, "leaderboard", "--results", store, "--publish", tmp_path / "pub") == 0
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--publish", tmp_path / "pub", "--all") == 0
     assert (tmp_path / "pub" / "leaderboard.md").read_text().startswith("# lengthbench leaderboard")
     assert len(pd.read_parquet(tmp_path / "pub" / "leaderboard.parquet")) == 3
 
@@ -180,7 +189,7 @@ def test_corrupt_file_is_reported_and_left_byte_identical(store, tmp_path, monke
     assert "broken.parquet" in err and "Traceback" not in err
     assert digest(store) == before
     # Asked to, it leaves the file out with a warning and goes on, still touching nothing.
-    assert cli(monkeypatch, "leaderboard", "--results", store, "--skip-unreadable") == 0
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--skip-unreadable", "--all") == 0
     captured = capsys.readouterr()
     assert "## copy" in captured.out and "broken.parquet" in captured.err
     assert digest(store) == before
@@ -238,7 +247,7 @@ def test_runs_with_mechanism_or_encoding_parameters_are_rows_of_their_own(tmp_pa
         ("none", "entmax"), ("none", "entmax (alpha=4)"), ("rope (factor=1)", "entmax (alpha=16)")]
     assert board.set_index("attn").loc["entmax (alpha=4)", "2x"] == pytest.approx(95.0)
     text = to_markdown(board)
-    assert "| none | entmax (alpha=4) | **99.0** | **95.0** |" in text
+    assert "| none | entmax (alpha=4) | **99.0" in text and "| **95.0" in text.split("entmax (alpha=4) |")[1]
     assert len([p for p in plot_curves(board, tmp_path / "plots") if p.suffix == ".png"]) == 1
 
 
@@ -376,3 +385,13 @@ def test_a_stage_with_its_own_warm_up_names_it_in_steps(tmp_path):
     board = build_leaderboard(load_store(results)[0])
     protocol = board.loc[board["protocol"].str.contains(" after "), "protocol"].iloc[0]
     assert protocol.endswith("after mqrar at n 16, 1.28M samples, warm-up 10,000 steps")
+
+
+def test_wilson_intervals_against_hand_worked_values():
+    from lengthbench.leaderboard import wilson
+
+    low, high = wilson(0.5, 200)  # centre 0.5, half-width z sqrt(0.25/200 + z^2/160000) / (1 + z^2/200)
+    assert (low, high) == pytest.approx((0.43136, 0.56864), abs=1e-5)
+    assert wilson(0.0, 1000)[0] == pytest.approx(0.0, abs=1e-12) and wilson(0.0, 1000)[1] == pytest.approx(0.0038268, abs=1e-6)
+    assert wilson(1.0, 1000) == pytest.approx((0.9961732, 1.0), abs=1e-6)
+    assert all(math.isnan(v) for v in wilson(0.5, 0)) and all(math.isnan(v) for v in wilson(float("nan"), 10))

@@ -47,11 +47,17 @@ def test_rows_without_the_column_are_version_1_and_never_share_a_table_with_newe
 
 
 def test_the_run_id_hashes_every_field():
+    from lengthbench.config import OPTIONAL_FIELDS
+
     base = build_config("copy", "softmax", "nape", "smoke")
-    assert set(base.identity()) == set(base.__dataclass_fields__)
+    # every field, the optional ones where they differ from their default (a field added that way leaves the ids
+    # of the runs that do not use it unchanged)
+    assert set(base.identity()) == set(base.__dataclass_fields__) - set(OPTIONAL_FIELDS)
     for change in (dict(arch="gemma2"), dict(init="torch"), dict(train_attention="reference"),
-                   dict(selection_metric="bleu"), dict(init_from="x"), dict(rescored_from="y")):
-        assert build_config("copy", "softmax", "nape", "smoke", **change).run_id != base.run_id, change
+                   dict(selection_metric="bleu"), dict(init_from="x"), dict(rescored_from="y"),
+                   dict(also_select=["id"], selection="8x"), dict(selected_from="z")):
+        changed = build_config("copy", "softmax", "nape", "smoke", **change)
+        assert changed.run_id != base.run_id and set(change) <= set(changed.identity()), change
 
 
 def test_the_committed_store_loads_as_version_1_and_shows_in_the_leaderboard():

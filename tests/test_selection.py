@@ -138,3 +138,85 @@ def test_cli_run_names_the_selection_and_the_step_it_kept(monkeypatch, capsys, t
     assert kept in (2, 4)  # a validation step of the 4
     assert cli(monkeypatch, *common, "--seed", "1") == 0
     assert "selection in distribution: step " in capsys.readouterr().out
+
+
+def test_one_training_keeps_two_selections_as_two_runs(tmp_path, monkeypatch):
+    """``also_select``: one training, the best checkpoint of each selection scored and stored as a run of its own;
+    an interrupted scoring of the second resumes; the same step's checkpoint gives the same rows, copied."""
+    import pandas as pd
+
+    from lengthbench.runner import cell_finished, checkpoint_dir, run_cell, run_path
+
+    original = Evaluator.score
+    # validation at 16 (id) peaks at step 2, at 32 (2x) at step 4: the two selections keep different weights
+    peaks = {16: {2: 0.9, 4: 0.1}, 32: {2: 0.1, 4: 0.8}}
+    scored_lengths = []
+
+    def score(self, n, count, split="test", bleu=False, **kwargs):
+        result = original(self, n, count, split=split, bleu=bleu, **kwargs)
+        if split == "val":
+            result.exact_match = peaks[n][trainer_steps[0]]
+        else:
+            scored_lengths.append(n)
+        return result
+
+    trainer_steps = [0]
+    original_select = Trainer._select
+
+    def select(self, evaluator):
+        trainer_steps[0] = self.state.step
+        return original_select(self, evaluator)
+
+    monkeypatch.setattr(Evaluator, "score", score)
+    monkeypatch.setattr(Trainer, "_select", select)
+    config = build_config("copy", "softmax", "rope", "smoke", train_length=16, train_samples=16 * 4,
+                          batch_size=16, selection="2x", also_select=["id"], **TINY)
+    (other,) = config.selected_runs()
+    assert other.selection == "id" and other.selected_from == config.run_id and other.run_id != config.run_id
+    frame = run_cell(config, tmp_path, device="cpu", progress=False)
+    assert cell_finished(tmp_path, config)
+    own, kept = frame, pd.read_parquet(run_path(tmp_path, other.run_id))
+    assert set(own["best_step"]) == {4} and set(kept["best_step"]) == {2}
+    assert set(own["selection"]) == {"2x"} and set(kept["selection"]) == {"id"}
+    assert set(kept["train_steps"]) == {4}  # the training's fields are the one training's
+    assert scored_lengths == [16, 32, 64] * 2  # both checkpoints scored at every length
+    # the second selection's scoring interrupted: the run resumes it from its kept checkpoint, training nothing
+    run_path(tmp_path, other.run_id).unlink()
+    assert not cell_finished(tmp_path, config) and (checkpoint_dir(tmp_path, other.run_id) / "model.pt").exists()
+    monkeypatch.setattr(Trainer, "train", lambda self: pytest.fail("trained again"))
+    scored_lengths.clear()
+    run_cell(config, tmp_path, device="cpu", progress=False)
+    assert scored_lengths == [16, 32, 64] and cell_finished(tmp_path, config)
+    again = pd.read_parquet(run_path(tmp_path, other.run_id))
+    assert list(again["exact_match"]) == list(kept["exact_match"])
+
+
+def test_two_selections_of_one_step_share_their_rows(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from lengthbench.runner import run_cell, run_path
+
+    scored = []
+    original = Evaluator.score
+
+    def score(self, n, count, split="test", bleu=False, **kwargs):
+        if split != "val":
+            scored.append(n)
+        return original(self, n, count, split=split, bleu=bleu, **kwargs)
+
+    monkeypatch.setattr(Evaluator, "score", score)
+    # one validation (the last step): both selections keep its checkpoint
+    config = build_config("copy", "softmax", "rope", "smoke", train_length=16, train_samples=16 * 2,
+                          batch_size=16, selection="8x", also_select=["id"], **dict(TINY, eval_every=50))
+    own = run_cell(config, tmp_path, device="cpu", progress=False)
+    (other,) = config.selected_runs()
+    kept = pd.read_parquet(run_path(tmp_path, other.run_id))
+    assert scored == [16, 32, 64]  # scored once
+    assert list(kept["exact_match"]) == list(own["exact_match"]) and set(kept["selection"]) == {"id"}
+    assert set(kept["run_id"]) == {other.run_id} and set(kept["best_step"]) == set(own["best_step"]) == {2}
+
+
+@pytest.mark.parametrize("value", ["id", ["3x"], ["8x", "8x"], ["8x"]])
+def test_a_bad_also_select_is_refused(value):
+    with pytest.raises(ValueError):
+        build_config("copy", "softmax", "rope", "smoke", selection="8x", also_select=value)

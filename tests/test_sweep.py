@@ -181,7 +181,7 @@ def test_a_real_tiny_sweep_then_leaderboard(tmp_path, monkeypatch, capsys):
     assert f"{config.run_id} eval 1x" in log and f"{config.run_id} step" in log
     assert cli(monkeypatch, "sweep", "--config", path, "--quiet") == 0
     assert "0 ran, 1 already in the store" in capsys.readouterr().out
-    assert cli(monkeypatch, "leaderboard", "--results", store) == 0
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--all") == 0
     assert "| rope (factor=1) | softmax |" in capsys.readouterr().out
 
 
@@ -388,11 +388,11 @@ def test_a_real_tiny_curriculum_sweep(tmp_path, monkeypatch, capsys):
     assert "(the cell)" in out.out and out.out.count("to run") == 2
     assert cli(monkeypatch, "sweep", "--config", path, "--quiet") == 0
     assert "2 ran, 0 already in the store" in capsys.readouterr().out
-    assert cli(monkeypatch, "leaderboard", "--results", store) == 0
+    assert cli(monkeypatch, "leaderboard", "--results", store, "--all") == 0
     assert "after mqrar (layout=inline) at n 16" in " ".join(capsys.readouterr().out.split())
 
 
-CONFIG_FILES = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.toml"))
+CONFIG_FILES = sorted((Path(__file__).resolve().parent.parent / "configs").rglob("*.toml"))  # studies/ too
 
 
 def test_there_are_reproduction_configs():
@@ -401,10 +401,98 @@ def test_there_are_reproduction_configs():
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.stem)
 def test_every_committed_config_file_plans(path, tmp_path, monkeypatch, capsys):
-    """The configs that reproduce the papers' tables (docs/reproduction.md) still read and plan: their cells,
-    mechanisms, parameters and stages are all valid here, so a rerun from one of them does not fail on its first
-    line."""
+    """The configs that reproduce the papers' tables (docs/reproduction.md) and the studies beside them
+    (configs/studies/) still read and plan: their cells, mechanisms, parameters, variants and stages are all valid
+    here, so a rerun from one of them does not fail on its first line."""
+    monkeypatch.setenv("COLUMNS", "250")
     assert cli(monkeypatch, "sweep", "--config", path, "--results", tmp_path, "--dry-run") == 0
     out = capsys.readouterr().out
-    assert "to run" in out and "in the store" not in out, out[-500:]  # an empty store: every run is to run
+    # an empty store: every run is to run (a budgeted file prints its plan: each cell runs or does not fit)
+    assert ("to run" in out or " runs " in out or "does not fit" in out) and "in the store" not in out, out[-500:]
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
+
+
+def test_variants_run_each_cell_once_more_per_change(tmp_path, monkeypatch, capsys):
+    """A study: every cell as listed, then once per ``[variants.NAME]`` that applies to it, with the variant's
+    fields over the cell's (parameter tables merged), ``[by_task.NAME]`` per task; the plan names the variants."""
+    from lengthbench.sweep import configs_of_sweep, read_sweep_file
+
+    path = tmp_path / "study.toml"
+    path.write_text(textwrap.dedent('''\
+        cells = ["mqrar:stickbreaking:none", "copy:stickbreaking:none", "copy:softmax:rope(factor=1)"]
+        seeds = [0, 1]
+        preset = "quick"
+        [overrides]
+        train_samples = 1000
+        task_params = {queries = 2}
+        [by_task.copy]
+        train_samples = 3000
+        task_params = {symbols = 8}
+        [variants.inline]
+        cells = ["mqrar:stickbreaking:none"]
+        task_params = {layout = "inline"}
+        [variants.drop]
+        cells = ["mqrar:stickbreaking:none", "copy:stickbreaking:none"]
+        attn_params = {remainder = "drop"}
+        [variants.torch-init]
+        init = "torch"
+        [variants.base-500]
+        cells = ["copy:softmax:rope(factor=1)"]
+        pe_params = {base = 500}
+        '''))
+    labels = {}
+    settings = read_sweep_file(path)
+    with pytest.raises(UsageError, match="queries"):  # the overrides' task_params reach copy too
+        configs_of_sweep(settings)
+    settings["overrides"]["task_params"] = {}
+    settings["by_task"]["mqrar"] = {"task_params": {"queries": 2}}
+    configs = configs_of_sweep(settings, labels=labels)
+    base, rest = configs[:6], configs[6:]
+    assert [(c.task, c.attn, c.seed) for c in base] == [(t, a, s) for t, a in [
+        ("mqrar", "stickbreaking"), ("copy", "stickbreaking"), ("copy", "softmax")] for s in (0, 1)]
+    assert [c.train_samples for c in base] == [1000, 1000, 3000, 3000, 3000, 3000]
+    assert base[0].task_params == {"queries": 2} and base[2].task_params == {"symbols": 8}
+    assert not any(c.run_id in labels for c in base)
+    named = [(labels[c.run_id], c.task, c.attn) for c in rest]
+    assert named == [(name, task, attn) for name, cells in [
+        ("inline", [("mqrar", "stickbreaking")]), ("drop", [("mqrar", "stickbreaking"), ("copy", "stickbreaking")]),
+        ("torch-init", [("mqrar", "stickbreaking"), ("copy", "stickbreaking"), ("copy", "softmax")]),
+        ("base-500", [("copy", "softmax")])]
+        for task, attn in cells for _ in (0, 1)]
+    inline = rest[0]
+    assert inline.task_params == {"queries": 2, "layout": "inline"} and inline.train_samples == 1000
+    assert rest[2].attn_params == {"remainder": "drop"} and rest[4].task_params == {"symbols": 8}
+    assert rest[-3].init == "torch" and rest[-3].pe_params == {"factor": 1}
+    softmax = rest[-1]  # the variant's encoding parameters under the cell's own
+    assert softmax.init != "torch" and softmax.pe_params == {"base": 500, "factor": 1}
+    assert len({c.run_id for c in configs}) == len(configs) == 6 + 2 + 4 + 6 + 2
+    # --cells narrows a variant's own list to the cells given
+    narrowed = configs_of_sweep(settings, cells="copy:stickbreaking:none", labels=(labels := {}))
+    assert sorted(set(labels.values())) == ["drop", "torch-init"] and len(narrowed) == 2 + 2 + 2
+    # the dry run's plan names each variant's runs
+    path.write_text(path.read_text().replace('task_params = {queries = 2}', 'task_params = {}')
+                    .replace('[variants.inline]', '[by_task.mqrar]\ntask_params = {queries = 2}\n[variants.inline]'))
+    monkeypatch.setenv("COLUMNS", "250")
+    assert cli(monkeypatch, "sweep", "--config", path, "--results", tmp_path / "store", "--dry-run") == 0
+    out = capsys.readouterr()
+    assert "20 runs (3 listed x 2 seeds, and 14 of 4 variants)" in " ".join(out.err.split())
+    assert "mqrar / stickbreaking + none / s1 [inline]" in out.out
+    assert "copy / softmax + rope (factor=1) / s0 [torch-init]" in out.out
+
+
+@pytest.mark.parametrize("text, message", [
+    ('cells = ["copy:softmax:rope"]\n[variants.a]\nlr = -1\n', "variants.a: lr"),
+    ('cells = ["copy:softmax:rope"]\n[variants.a]\ncells = []\nlr = 0.1\n', "variants.a: cells is empty"),
+    ('cells = ["copy:softmax:rope"]\n[variants.a]\ncells = 3\n', "variants.a: cells must be a list"),
+    ('tasks = ["copy"]\nattns = ["softmax"]\npes = ["rope"]\n[variants.a]\nlr = 0.1\n', "need a cell list"),
+    ('cells = ["copy:softmax:rope"]\n[by_task.copy]\nwarmup_steps = "many"\n', "by_task.copy: warmup_steps"),
+    ('cells = ["copy:softmax:rope"]\n[variants.a]\nlr = 0.1\n[[stages]]\ntrain_length = 16\n', "do not combine"),
+    ('cells = ["copy:softmax:rope"]\n[variants.a]\nattn_params = {alpha = 2}\n', "variants.a: copy:softmax:rope"),
+    ('cells = ["copy:softmax:rope"]\nvariants = 3\n', "[variants.NAME] must be tables"),
+])
+def test_bad_variants_are_one_line_errors(text, message, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "study.toml"
+    path.write_text(text)
+    assert cli(monkeypatch, "sweep", "--config", path, "--results", tmp_path / "store", "--dry-run") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err, err

@@ -406,6 +406,47 @@ def test_mqrar_two_token_values(layout, n):
         len(get_task("mqrar", value_tokens=0).vocab)
 
 
+def check_mqrar_recurrences(task, n, indices):
+    """``score_recurrences``: the samples of the same task without it, plus a label at every prefix key assigned
+    before, recomputed by walking the prefix (the latest value of each key so far)."""
+    plain = get_task("mqrar", **{**task.params.__dict__, "score_recurrences": False})
+    batch, reference = task.batch(indices, n), plain.batch(indices, n)
+    np.testing.assert_array_equal(batch.input_ids, reference.input_ids)
+    for b in range(len(indices)):
+        sym, ids, labels = unpack(task, batch, b)
+        expected = reference.labels[b, : len(sym)].copy()
+        latest = {}
+        start = 1 + n % 2
+        for t in range(start, n + 1, 2):
+            key, value = sym[t], sym[t + 1]
+            if key in latest:
+                assert expected[t] == IGNORE_INDEX
+                expected[t] = task.token_id(latest[key])
+            latest[key] = value
+        np.testing.assert_array_equal(labels, expected)
+    return batch
+
+
+@FAST
+@given(num_keys=st.integers(1, 20), queries=st.integers(1, 6), n=st.integers(2, 300), index=st.integers(0, 2**40),
+       layout=st.sampled_from(["separate", "inline"]))
+def test_mqrar_scored_recurrences(num_keys, queries, n, index, layout):
+    task = get_task("mqrar", keys=20, num_keys=num_keys, queries=queries, layout=layout, score_recurrences=True)
+    check_mqrar_recurrences(task, n, [index, index + 3])
+
+
+def test_mqrar_recurrences_scored_at_the_paper_length():
+    task = get_task("mqrar", score_recurrences=True)
+    batch = check_mqrar_recurrences(task, 64, range(32))
+    scored = (batch.labels != IGNORE_INDEX).sum(1)
+    # 32 assignments of 16 active keys: most keys recur, so far more scored positions than the 4 answers + <eos>
+    assert scored.min() > 5 + 10 and scored.max() <= 5 + 32 - 1
+    assert task.key("train", 64, 0) == get_task("mqrar").key("train", 64, 0)  # the same draws
+    check_mqrar_recurrences(task, 65_536, [0])
+    with pytest.raises(ValueError, match="value_tokens"):
+        len(get_task("mqrar", score_recurrences=True, value_tokens=2).vocab)
+
+
 def test_mqrar_layouts_ask_the_same_questions():
     separate, inline = get_task("mqrar"), get_task("mqrar", layout="inline")
     a, b = separate.batch(range(4), 64), inline.batch(range(4), 64)

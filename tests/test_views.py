@@ -7,7 +7,6 @@ whole layers and training steps on the op: ``test_attention_cuda.py``, ``test_tr
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -165,43 +164,6 @@ def test_the_views_choice_traces_without_a_graph_break(attn, monkeypatch):
     decided = torch.compile(lambda x: x + 1 if layer.dispatches_to_kernel() else x - 1, backend="eager",
                             fullgraph=True)(torch.zeros(2))
     assert torch.equal(decided, torch.full((2,), 1.0 if attn != "softmax" else -1.0))  # softmax's is SDPA
-
-
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "views_kernels.py"
-
-
-@pytest.mark.parametrize("rope", [True, False])
-def test_benchmark_baseline_is_the_models_prologue(rope):
-    """``benchmarks/views_kernels.py`` times the op against TDA's own prologue: the same views as this file's
-    reference (float64, on the CPU)."""
-    import torch
-
-    sys.path.insert(0, str(BENCHMARK.parent))
-    import views_kernels
-
-    call, inv_freq = views_kernels.prologue(2, 8, rope, device="cpu")
-    qkv, qk2 = torch.randn(3, 11, 48, dtype=torch.float64), torch.randn(3, 11, 32, dtype=torch.float64)
-    for got, want in zip(call(qkv, qk2), reference(qkv, qk2, 2, inv_freq, torch.float64), strict=True):
-        assert got.is_contiguous()
-        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-    assert views_kernels.traffic(1, 1, 1, 2) == (2 * 10 * 2 + 16, 2 * 15 * 2 + 16)
-
-
-@pytest.mark.parametrize("argv, said", [(["--shapes", "128x91x8"], "is not batch x tokens x heads x head_dim"),
-                                        (["--variant", "r64"], "give NAME=JSON"),
-                                        (["--variant", "r64=[64]"], "give NAME=JSON"),
-                                        (["--variant", "r64={"], "the tuning is not JSON"),
-                                        (["--rope", "maybe"], "--rope takes on, off"),
-                                        ([], "needs a CUDA GPU")])
-def test_benchmark_refuses_bad_input_in_one_line(argv, said, tmp_path):
-    import torch
-
-    if not argv and torch.cuda.is_available():
-        pytest.skip("a GPU is here: the benchmark would run")
-    done = subprocess.run([sys.executable, str(BENCHMARK), *argv, "--out", str(tmp_path)], capture_output=True,
-                          text=True, check=False)
-    assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.gpu

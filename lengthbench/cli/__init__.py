@@ -28,7 +28,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMAND_MODULES = ["run", "registry", "tasks", "inspect", "report"]
+COMMAND_MODULES = ["run", "registry", "tasks", "inspect", "report", "html"]
 
 
 def load_plugins(modules: list[str]) -> None:

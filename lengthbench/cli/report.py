@@ -18,15 +18,21 @@ out = Console()
 err = Console(stderr=True)
 
 DEFAULT_RESULTS = "runs"  # the default of `lengthbench run --results`
+DEFAULT_PLAN_GPU = "NVIDIA H100 80GB HBM3"  # lengthbench.budget.DEFAULT_PLAN_GPU, without importing pandas here
 # --help panels beside each command's first, "Options"
 OVER_PRESET = "Over the preset (every cell)"
+BUDGET = "Budget and GPUs"
 SLURM = "--executor slurm"
 RAY = "--executor ray"
 OUTPUT = "Output"
 
 
-def _cell_name(config) -> str:
-    return config.cell_name()
+def _cell_name(config, labels: dict[str, str] | None = None) -> str:
+    """The cell as the leaderboard names it, and the sweep file's variant it belongs to in brackets."""
+    from rich.markup import escape
+
+    label = (labels or {}).get(config.run_id)
+    return config.cell_name() + (escape(f" [{label}]") if label else "")  # printed through rich: not a style tag
 
 
 def _progress(quiet: bool) -> Progress:
@@ -57,7 +63,7 @@ def _print_notes(notes: list[str]) -> None:
         err.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
 
 
-def _print_status(configs, results: str) -> None:
+def _print_status(configs, results: str, labels: dict[str, str] | None = None) -> None:
     """``sweep --status``: a row per cell, from the store and the records of its jobs."""
     from lengthbench.executors import CELL_STATES, cell_states
 
@@ -66,7 +72,7 @@ def _print_status(configs, results: str) -> None:
     table = Table("cell", "run id", "state", "job", "note", title=f"sweep status ({results})", title_justify="left")
     for config in configs:
         state = states[config.run_id]
-        table.add_row(_cell_name(config), config.run_id, f"[{colours[state.state]}]{state.state}[/]",
+        table.add_row(_cell_name(config, labels), config.run_id, f"[{colours[state.state]}]{state.state}[/]",
                       f"{state.executor} {state.job_id}".strip(), state.note)
     out.print(table, width=None if out.is_terminal else max(out.width, 160))
     counts = [f"{sum(s.state == name for s in states.values())} {name}" for name in CELL_STATES]
@@ -103,6 +109,175 @@ def _config_files(paths: list[str]) -> list[Path]:
     return files
 
 
+def _plan_gpu(device: str, given: str | None) -> str:
+    """The GPU model a plan is for: this machine's first GPU, else ``--plan-gpu``, else the default."""
+    if device != "cpu" and _cuda_available():
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    if given is not None and not given.strip():
+        raise UsageError("--plan-gpu is empty: give a GPU model, e.g. 'NVIDIA H200'")
+    return given or DEFAULT_PLAN_GPU
+
+
+def _plan_gpus(device: str) -> int:
+    if device != "cpu" and _cuda_available():
+        import torch
+
+        return torch.cuda.device_count()
+    return 1
+
+
+def _cost_model(results: str, plan_gpu: str):
+    import warnings
+
+    from lengthbench.budget import CostModel
+    from lengthbench.store import StoreError, load_results
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an unreadable file only loses its calibration here
+            store = load_results(results) if Path(results).is_dir() else None
+    except StoreError:
+        store = None
+    return CostModel(plan_gpu, store)
+
+
+def _print_plan(configs, results: str, budget_seconds: float, plan_gpu: str, slots: int, per_gpu: int,
+                mps: bool, labels: dict[str, str] | None = None):
+    """The budget's plan, before anything starts: each cell's estimated minutes, its start, what fits."""
+    from lengthbench.budget import format_minutes, plan
+    from lengthbench.checkpoints import cell_finished
+
+    cost = _cost_model(results, plan_gpu)
+    planned = plan(configs, budget_seconds, slots, per_gpu, mps, cost,
+                   finished=[c.run_id for c in configs if cell_finished(results, c)])
+    side = f", {per_gpu} side by side per GPU{' under MPS' if mps else ''}" if per_gpu > 1 else ""
+    table = Table("cell", "run id", "minutes", "starts at", "plan", "estimated from",
+                  title=f"plan: {format_minutes(budget_seconds)} on {slots // per_gpu} x {plan_gpu}{side}",
+                  title_justify="left")
+    colours = {"runs": "green", "in the store": "dim", "does not fit": "yellow"}
+    for cell in planned:
+        table.add_row(_cell_name(cell.config, labels), cell.config.run_id,
+                      f"{cell.seconds / 60:.1f}" if cell.state != "in the store" else "",
+                      f"{cell.start / 60:.1f}" if cell.state == "runs" else "",
+                      f"[{colours[cell.state]}]{cell.state}[/]", "; ".join(cell.sources))
+    out.print(table, width=None if out.is_terminal else max(out.width, 200))
+    runs = [c for c in planned if c.state == "runs"]
+    left = [c for c in planned if c.state == "does not fit"]
+    end = max((c.end for c in runs), default=0.0)
+    stored = sum(c.state == "in the store" for c in planned)
+    out.print(f"{len(runs)} cells fit ({format_minutes(end)} of {format_minutes(budget_seconds)}), "
+              f"{len(left)} do not" + (f", {stored} in the store already" if stored else "")
+              + (f"; next after this budget: {_cell_name(left[0].config, labels)}" if left else ""), highlight=False)
+    return cost
+
+
+def _print_progress(configs, results: str, plan_gpu: str, per_gpu: int, mps: bool) -> None:
+    """``sweep --status``'s last lines: cells done / total, runs stored, GPU-hours spent, the estimate to finish."""
+    from lengthbench.budget import side_by_side_factor
+    from lengthbench.checkpoints import cell_finished
+    from lengthbench.store import run_finished
+
+    cells = [c for c in configs if not c.init_from or c.run_id not in {o.init_from for o in configs}]
+    done = [c for c in cells if cell_finished(results, c)]
+    runs = [run for c in configs for run in (c, *c.selected_runs())]
+    stored = [run for run in runs if run_finished(results, run.run_id)]
+    spent = _gpu_seconds(results, stored)
+    cost = _cost_model(results, plan_gpu)
+    todo = [c for c in configs if not cell_finished(results, c)]
+    alone = sum(cost.cost(c).total for c in todo)
+    shared = sum(cost.cost(c).total * side_by_side_factor(c, per_gpu, mps, cost.benchmarks) / per_gpu
+                 for c in todo)
+    out.print(f"{len(done)} of {len(cells)} cells done; {len(stored)} of {len(runs)} runs stored (a run per "
+              f"selection); {spent / 3600:.2f} GPU-hours spent; to finish: about {alone / 3600:.1f} GPU-hours on "
+              f"{plan_gpu} one at a time" + (f", {shared / 3600:.1f} with {per_gpu} side by side" if per_gpu > 1
+                                             else ""), highlight=False)
+
+
+def _gpu_seconds(results: str, runs) -> float:
+    """The GPU seconds of stored runs: each training once (a run of another selection shares its training) and
+    each scoring (a selection that copied its rows scored nothing)."""
+    import pandas as pd
+
+    from lengthbench.store import run_path
+
+    total = 0.0
+    frames = {run.run_id: pd.read_parquet(run_path(results, run.run_id)) for run in runs}
+    for run in runs:
+        frame = frames[run.run_id]
+        if run.selected_from:
+            source = frames.get(run.selected_from)
+            if source is not None and int(source["best_step"].iloc[0]) == int(frame["best_step"].iloc[0]):
+                continue
+        else:
+            total += float(frame["train_seconds"].iloc[0])
+        total += float(frame["eval_seconds"].sum())
+    return total
+
+
+def _published_leaderboard(frame, results: str, configs: list[str] | None, fmt: str, out_file, publish,
+                           note: str | None) -> None:
+    """``lengthbench leaderboard`` without --all: a section per paper-table config."""
+    from lengthbench.published import build_sections, load_sections, sections_markdown
+    from lengthbench.store import atomic_write_parquet, atomic_write_text
+
+    for path in configs or []:
+        if not Path(path).is_file():
+            raise UsageError(f"--config {path}: no such file")
+    sections = load_sections(configs)
+    board = build_sections(frame, sections)
+    matched = int(board["seeds"].sum()) if not board.empty else 0
+    if not matched:
+        err.print(f"no run in {results} matches a paper-table config ({len(sections)} configs); "
+                  f"`lengthbench leaderboard --results {results} --all` shows every run by protocol", highlight=False,
+                  soft_wrap=True)
+    command = "lengthbench leaderboard --results " + results + "".join(f" --config {c}" for c in configs or [])
+    source = f"Generated from {matched} runs in `{results}` by `{command}" + (
+        f" --publish {publish}`." if publish is not None else "`.")
+    source = f"{note}\n\n{source}" if note else source
+    if publish is not None:
+        atomic_write_text(Path(publish) / "leaderboard.md", sections_markdown(board, sections, source=source))
+        atomic_write_parquet(board, Path(publish) / "leaderboard.parquet")
+        err.print(f"wrote {Path(publish) / 'leaderboard.md'} and {Path(publish) / 'leaderboard.parquet'} "
+                  f"({len(sections)} sections, {matched} runs)", highlight=False)
+        return
+    if fmt == "parquet":
+        if out_file is None:
+            raise UsageError("--format parquet needs --out FILE")
+        atomic_write_parquet(board, Path(out_file))
+        return
+    text = sections_markdown(board, sections, source=source) if fmt == "markdown" else board.to_csv(
+        index=False, float_format="%.4f")
+    if out_file is None:
+        sys.stdout.write(text)
+    else:
+        atomic_write_text(Path(out_file), text)
+        err.print(f"wrote {out_file} ({len(sections)} sections, {matched} runs)", highlight=False)
+
+
+def _compare_configs(configs: list[str], results: str, out_file, skip_unreadable: bool) -> None:
+    """``compare --config``: per config, the store's runs at its protocol beside its published rows."""
+    from lengthbench.leaderboard import load_stores
+    from lengthbench.published import beside_published, load_sections
+    from lengthbench.store import atomic_write_text
+
+    for path in configs:
+        if not Path(path).is_file():
+            raise UsageError(f"--config {path}: no such file")
+    sections = load_sections(configs)
+    frame, notes = load_stores(results, skip_unreadable=skip_unreadable)
+    _print_notes(notes)
+    text = "\n".join(beside_published(frame, section) for section in sections)
+    text = (f"# Your runs beside the published rows\n\nFrom `{results}` by `lengthbench compare --results {results}"
+            + "".join(f" --config {c}" for c in configs) + "`.\n\n" + text)
+    if out_file is not None:
+        atomic_write_text(Path(out_file), text)
+        err.print(f"wrote {out_file}", highlight=False)
+    else:
+        sys.stdout.write(text)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("sweep", rich_help_panel="Train and score")
     def sweep(
@@ -124,8 +299,19 @@ def register(app: typer.Typer) -> None:
                                          rich_help_panel=OVER_PRESET),
         train_length: int = typer.Option(None, "--train-length", help="n_train (default: the task's).",
                                          rich_help_panel=OVER_PRESET),
-        per_gpu: int = typer.Option(None, "--per-gpu", help="Cells run side by side on each GPU (default 1), "
-                                    "for small models that leave a GPU idle between kernel launches."),
+        per_gpu: str = typer.Option(None, "--per-gpu", help="Cells run side by side on each GPU: a number "
+                                    "(default 1) or auto (by the model's size and the GPU's memory: three small "
+                                    "paper models, two of d 512), for models that leave a GPU idle between kernel "
+                                    "launches.", rich_help_panel=BUDGET),
+        mps: str = typer.Option(None, "--mps", help="auto (default): with cells side by side, start NVIDIA MPS "
+                                "(nvidia-cuda-mps-control -d) for the sweep where the binary is on the PATH and no "
+                                "daemon runs, and stop it at the end; on: insist; off: never. A daemon the sweep "
+                                "did not start is used and left running.", rich_help_panel=BUDGET),
+        budget: str = typer.Option(None, "--budget", help="Time budget, e.g. 25m, 90s or 1h30m: plan each cell's "
+                                   "minutes first (print the plan), never start a cell that cannot end inside it, "
+                                   "and stop cleanly (exit 0) when the next does not fit.", rich_help_panel=BUDGET),
+        plan_gpu: str = typer.Option(None, "--plan-gpu", help="The GPU a plan is for where this machine has none "
+                                     f"(default {DEFAULT_PLAN_GPU}; e.g. 'NVIDIA H200').", rich_help_panel=BUDGET),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the cells and what is done; run nothing."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
         executor: str = typer.Option("local", "--executor", help="local (this machine), slurm (a job per cell "
@@ -168,15 +354,13 @@ def register(app: typer.Typer) -> None:
         """Run every cell of tasks x attns x pes x seeds that is not in the store yet.
 
         Several sweeps on one store share the cells: each is claimed before it runs. A paper table's config:
-        --config configs/NAME.toml.
+        --config configs/NAME.toml (with its time budget: --budget 25m).
         """
         from lengthbench import validation
         from lengthbench.sweep import (
-            add_stages,
+            configs_of_sweep,
             gpu_slots,
             parse_seeds,
-            plan_cells,
-            plan_sweep,
             read_sweep_file,
             run_sweep,
             slot_gpu,
@@ -186,14 +370,9 @@ def register(app: typer.Typer) -> None:
         if config_file is not None and not config_file.strip():
             raise UsageError("--config is empty: give a sweep file")
         settings = read_sweep_file(config_file) if config_file else {}
-        overrides = dict(settings.get("overrides", {}))
         flags = dict(train_samples=train_samples, max_multiplier=max_multiplier, eval_samples=eval_samples,
                      train_length=train_length)
         validation.check_overrides(flags)
-        overrides.update({key: value for key, value in flags.items() if value is not None})
-        task_list = split_list(tasks if tasks is not None else settings.get("tasks"))
-        attn_list = split_list(attns if attns is not None else settings.get("attns"))
-        pe_list = split_list(pes if pes is not None else settings.get("pes"))
         seed_list = parse_seeds(seeds if seeds is not None else settings.get("seeds", "0"))
         preset = preset or settings.get("preset", "smoke")
         results = results if results is not None else settings.get("results", DEFAULT_RESULTS)
@@ -201,24 +380,40 @@ def register(app: typer.Typer) -> None:
         device = device or settings.get("device", "auto")
         if device not in ("auto", "cpu", "cuda"):
             raise UsageError(f"unknown device {device!r}; choose from: auto, cpu, cuda")
+        labels: dict[str, str] = {}  # run id -> the variant it belongs to ([variants.NAME])
+        configs = configs_of_sweep(settings, tasks=tasks, attns=attns, pes=pes, cells=cells, seeds=seeds,
+                                   preset=preset, flags=flags, labels=labels)
         cell_list = split_list(cells if cells is not None else settings.get("cells"))
-        if cell_list and (tasks or attns or pes):
-            raise UsageError("give either --cells or --tasks/--attns/--pes, not both")
-        if cell_list:
-            configs = plan_cells(cell_list, seed_list, preset, overrides)
-            task_list = sorted({c.task for c in configs})
-            attn_list = sorted({c.attn for c in configs})
-            pe_list = sorted({c.pe for c in configs})
-        else:
-            configs = plan_sweep(task_list, attn_list, pe_list, seed_list, preset, overrides)
+        cells_only = [c for c in configs if not any(c.run_id == o.init_from for o in configs)]
+        task_list = sorted({c.task for c in cells_only})
+        attn_list = sorted({c.attn for c in cells_only})
+        pe_list = sorted({c.pe for c in cells_only})
         stages = settings.get("stages", [])
-        configs = add_stages(configs, stages, preset, overrides)
         from lengthbench.runner import run_status
         from lengthbench.store import run_finished
 
         done_before = sum(run_finished(results, c.run_id) for c in configs)
         per_gpu = per_gpu if per_gpu is not None else settings.get("per_gpu", 1)
-        validation.check_int("--per-gpu", per_gpu, 1, 64)
+        mps = mps if mps is not None else settings.get("mps", "auto")
+        from lengthbench.mps import MODES
+
+        if mps not in MODES:
+            raise UsageError(f"unknown --mps {mps!r}; choose from: {', '.join(MODES)}")
+        budget = budget if budget is not None else settings.get("budget")
+        from lengthbench.budget import parse_budget
+
+        budget_seconds = parse_budget(budget) if budget is not None else None
+        plan_gpu = _plan_gpu(device, plan_gpu)
+        if str(per_gpu).strip() == "auto":
+            from lengthbench.sweep import auto_per_gpu
+
+            per_gpu = auto_per_gpu(configs, plan_gpu)
+        else:
+            if isinstance(per_gpu, str):
+                if not per_gpu.strip().isdigit():
+                    raise UsageError(f"--per-gpu must be a whole number or auto, got {per_gpu!r}")
+                per_gpu = int(per_gpu)
+            validation.check_int("--per-gpu", per_gpu, 1, 64)
         memory_device = "cuda" if device != "cpu" and _cuda_available() else "cpu"
         for config in configs:
             try:
@@ -246,7 +441,8 @@ def register(app: typer.Typer) -> None:
             ray_options = executors.RayOptions(address=ray_address, gpus_per_cell=ray_gpus_per_cell,
                                                cpus_per_cell=ray_cpus_per_cell, max_retries=ray_max_retries)
         if status:
-            _print_status(configs, results)
+            _print_status(configs, results, labels)
+            _print_progress(configs, results, plan_gpu, per_gpu, mps != "off")
             return
         slots = [] if dry_run or executor != "local" else gpu_slots(device, per_gpu)
         gpus = len({slot_gpu(s) for s in slots})
@@ -258,8 +454,16 @@ def register(app: typer.Typer) -> None:
                  f"{len(task_list)} tasks x {len(attn_list)} attns x {len(pe_list)} pes x {len(seed_list)} seeds")
         if stages:
             shape += f", each after {len(stages)} earlier stage{'s' if len(stages) > 1 else ''}"
+        if labels:
+            variants = len(set(labels.values()))
+            shape += f", and {len(labels)} of {variants} variant{'s' if variants > 1 else ''}"
         err.print(f"[bold]sweep[/]: {len(configs)} runs ({shape}), preset {preset}; {done_before} already in "
                   f"{results}" + (f"; running in {where}" if where else ""), highlight=False)
+        if budget_seconds is not None:
+            cost = _print_plan(configs, results, budget_seconds, plan_gpu, max(1, len(slots)) if not dry_run else
+                               _plan_gpus(device) * per_gpu, per_gpu, mps != "off", labels)
+        if dry_run and budget_seconds is not None:
+            return
         if dry_run:
             columns = ("cell", "stage", "run id", "status") if stages else ("cell", "run id", "status")
             table = Table(*columns, title="sweep plan", title_justify="left")
@@ -270,7 +474,7 @@ def register(app: typer.Typer) -> None:
                 while source in by_id:
                     depth, source = depth + 1, by_id[source].init_from
                 stage = [f"{depth}" if config.run_id in sources else f"{depth} (the cell)"] if stages else []
-                table.add_row(_cell_name(config), *stage, config.run_id, run_status(results, config))
+                table.add_row(_cell_name(config, labels), *stage, config.run_id, run_status(results, config))
             out.print(table)
             return
         with _progress(quiet) as progress:
@@ -280,21 +484,30 @@ def register(app: typer.Typer) -> None:
             def on_event(kind, config, outcome, slot) -> None:
                 if kind == "start":
                     where = "gpu" if executor == "local" else "job"
-                    running[config.run_id] = _cell_name(config) + (f" ({where} {slot})" if slot else "")
+                    running[config.run_id] = _cell_name(config, labels) + (f" ({where} {slot})" if slot else "")
                 elif kind == "waiting":
-                    running[config.run_id] = _cell_name(config) + " (running elsewhere)"
+                    running[config.run_id] = _cell_name(config, labels) + " (running elsewhere)"
                 else:
                     running.pop(config.run_id, None)
                     progress.advance(bar)
                     if kind == "failed":
-                        err.print(f"[red]failed[/] {_cell_name(config)}: {outcome.error}", highlight=False,
+                        err.print(f"[red]failed[/] {_cell_name(config, labels)}: {outcome.error}", highlight=False,
                                   soft_wrap=True)
                 progress.update(bar, info=("running: " + "; ".join(running.values())) if running else "")
 
             try:
                 if executor == "local":
-                    outcomes = run_sweep(configs, results, device=device, on_event=on_event, slots=slots, wait=wait,
-                                         track=track)
+                    from lengthbench.mps import mps_for_sweep
+
+                    with mps_for_sweep(mps, len(slots) > 1 and per_gpu > 1,
+                                       say=lambda line: err.print(line, highlight=False)) as mps_on:
+                        admit = None
+                        if budget_seconds is not None:
+                            from lengthbench.budget import BudgetGuard
+
+                            admit = BudgetGuard(budget_seconds, cost, per_gpu, mps_on).admits
+                        outcomes = run_sweep(configs, results, device=device, on_event=on_event, slots=slots,
+                                             wait=wait, track=track, admit=admit)
                 else:
                     outcomes, submitted, unsubmitted = executors.run_on_cluster(
                         configs, results, executor, slurm=slurm_options, ray=ray_options, track=track,
@@ -313,8 +526,9 @@ def register(app: typer.Typer) -> None:
         show_note = any(o.error for o in outcomes)
         if show_note:
             table.add_column("note", overflow="fold")
-        colours = {"done": "green", "skipped": "dim", "failed": "red", "elsewhere": "yellow", "queued": "blue"}
-        words = {"done": "ran", "skipped": "in store", "elsewhere": "running elsewhere"}
+        colours = {"done": "green", "skipped": "dim", "failed": "red", "elsewhere": "yellow", "queued": "blue",
+                   "left": "yellow"}
+        words = {"done": "ran", "skipped": "in store", "elsewhere": "running elsewhere", "left": "left (budget)"}
         for outcome in outcomes:
             c = outcome.config
             reach_text, auc_text = _summary_numbers(outcome.curve)
@@ -325,7 +539,16 @@ def register(app: typer.Typer) -> None:
                           *([outcome.error] if show_note else []))
         # a log file (no terminal) gets the whole row rather than rich's 80 columns, which cut the last ones
         out.print(table, width=None if out.is_terminal else max(out.width, 160))
-        counts = {k: sum(o.status == k for o in outcomes) for k in ("done", "skipped", "failed", "elsewhere", "queued")}
+        counts = {k: sum(o.status == k for o in outcomes)
+                  for k in ("done", "skipped", "failed", "elsewhere", "queued", "left")}
+        if counts["left"]:
+            left = [o.config for o in outcomes if o.status == "left"]
+            finished = counts["done"] + counts["skipped"]
+            out.print(f"{finished} cells done, {len(left)} left, next: {_cell_name(left[0], labels)} ({left[0].run_id}). "
+                      "The budget stopped the sweep cleanly: run the same command again to go on.", highlight=False)
+            if counts["failed"]:
+                raise SystemExit(1)
+            return
         elsewhere = f", {counts['elsewhere']} running elsewhere" if counts["elsewhere"] else ""
         queued = f", {counts['queued']} queued or running in earlier jobs" if counts["queued"] else ""
         out.print(f"{len(outcomes)} cells: {counts['done']} ran, {counts['skipped']} already in the store, "
@@ -336,20 +559,29 @@ def register(app: typer.Typer) -> None:
 
     @app.command("leaderboard", rich_help_panel="Results")
     def leaderboard(
-        results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
+        results: list[str] = typer.Option(None, "--results", help="Results store folder (default runs); repeat "
+                                          "it, or give A,B, to read several stores at once."),
         fmt: str = typer.Option("markdown", "--format", help="markdown, parquet or csv.", rich_help_panel=OUTPUT),
         out_file: str = typer.Option(None, "--out", help="Write here (default: stdout; parquet needs it).",
                                      rich_help_panel=OUTPUT),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
+        attn: str = typer.Option(None, "--attn", help="Only these mechanisms (comma-separated names or labels)."),
+        pe: str = typer.Option(None, "--pe", help="Only these encodings (comma-separated)."),
         publish: str = typer.Option(None, "--publish", rich_help_panel=OUTPUT,
                                      help="Write DIR/leaderboard.md and DIR/leaderboard.parquet (the committed pair)."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning) instead of stopping."),
         note: str = typer.Option(None, "--note", help="A paragraph to print under the title (Markdown).",
                                  rich_help_panel=OUTPUT),
+        configs: list[str] = typer.Option(None, "--config", help="The paper-table configs whose sections to show "
+                                          "(repeat for several; default: every config in configs/)."),
+        show_all: bool = typer.Option(False, "--all", help="Every run of the store, a table per task and protocol, "
+                                      "instead of the paper-table sections."),
     ) -> None:
-        """Per task, the seeds' table: a row per attention x encoding, a column per multiplier (%)."""
-        from lengthbench.leaderboard import FORMATS, build_leaderboard, load_store, write_leaderboard
+        """The published leaderboard: a section per paper-table config (its runs only), a row per attention x
+        encoding, a column per multiplier (%), best of seeds and mean +- std, for the paper's checkpoint selection
+        and the in-distribution one. --all: every run, a table per task and protocol."""
+        from lengthbench.leaderboard import FORMATS, build_leaderboard, write_leaderboard
         from lengthbench.sweep import split_list
         from lengthbench.validation import check_writable
 
@@ -359,8 +591,19 @@ def register(app: typer.Typer) -> None:
             publish = check_writable(publish, "--publish")
         if out_file is not None:
             out_file = check_writable(out_file, "--out", folder=False)
-        frame, notes = load_store(results, tasks=split_list(task), skip_unreadable=skip_unreadable)
+        if configs and show_all:
+            raise UsageError("give --config or --all, not both")
+        if fmt == "parquet" and out_file is None and publish is None:
+            raise UsageError("--format parquet needs --out FILE")
+        from lengthbench.leaderboard import load_stores, results_list
+
+        results = ",".join(results_list(results, DEFAULT_RESULTS))
+        frame, notes = load_stores(results, tasks=split_list(task), attns=split_list(attn), pes=split_list(pe),
+                                   skip_unreadable=skip_unreadable)
         _print_notes(notes)
+        if not show_all:
+            _published_leaderboard(frame, results, configs, fmt, out_file, publish, note)
+            return
         board = build_leaderboard(frame)
         runs = frame["run_id"].nunique()
         if publish is not None:
@@ -381,7 +624,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("compare", rich_help_panel="Results")
     def compare(
-        results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
+        results: list[str] = typer.Option(None, "--results", help="Results store folder (default runs); repeat "
+                                          "it, or give A,B, to read several stores at once."),
+        configs: list[str] = typer.Option(None, "--config", help="A paper-table config: your runs at its protocol "
+                                          "beside its published rows and the paper's values (repeat for several)."),
         seed_tables: str = typer.Option(None, "--seed-tables",
                                          help="CSV of the seeds' cells (default: lengthbench/seed_tables.csv)."),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
@@ -394,10 +640,11 @@ def register(app: typer.Typer) -> None:
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning)."),
     ) -> None:
-        """Our leaderboard beside the seeds' published tables: per seed cell, ours and the difference in points."""
+        """Our leaderboard beside the seeds' published tables: per seed cell, ours and the difference in points.
+        With --config: the runs of --results trained at that config's protocol (your own mechanism's too) beside
+        the published rows of the protocol and the paper's values."""
         from lengthbench.compare import SEED_TABLES, load_seed_tables, to_markdown, write_comparison
         from lengthbench.compare import compare as compare_store
-        from lengthbench.leaderboard import load_store
         from lengthbench.sweep import split_list
 
         if not (tolerance >= 0 and math.isfinite(tolerance)):
@@ -410,6 +657,12 @@ def register(app: typer.Typer) -> None:
             publish = check_writable(publish, "--publish")
         if out_file is not None:
             out_file = check_writable(out_file, "--out", folder=False)
+        from lengthbench.leaderboard import load_stores, results_list
+
+        results = ",".join(results_list(results, DEFAULT_RESULTS))
+        if configs:
+            _compare_configs(configs, results, out_file, skip_unreadable)
+            return
         if seed_tables is not None and not seed_tables.strip():
             raise UsageError("--seed-tables is empty: give a CSV file")
         seeds = load_seed_tables(seed_tables or SEED_TABLES)
@@ -420,7 +673,7 @@ def register(app: typer.Typer) -> None:
                              f"choose from: {', '.join(sorted(seeds['task'].unique()))}")
         if wanted:
             seeds = seeds[seeds["task"].isin(wanted)]
-        frame, notes = load_store(results, skip_unreadable=skip_unreadable)
+        frame, notes = load_stores(results, skip_unreadable=skip_unreadable)
         _print_notes(notes)
         frame = frame[frame["task"].isin(set(seeds["task"]))]
         if frame.empty:
@@ -442,9 +695,12 @@ def register(app: typer.Typer) -> None:
 
     @app.command("plot", rich_help_panel="Results")
     def plot(
-        results: str = typer.Option(DEFAULT_RESULTS, "--results", help="Results store folder."),
+        results: list[str] = typer.Option(None, "--results", help="Results store folder (default runs); repeat "
+                                          "it, or give A,B, to read several stores at once."),
         out_dir: str = typer.Option("plots", "--out", help="Folder for the figures."),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
+        attn: str = typer.Option(None, "--attn", help="Only these mechanisms (comma-separated names or labels)."),
+        pe: str = typer.Option(None, "--pe", help="Only these encodings (comma-separated)."),
         config: list[str] = typer.Option([], "--config", help="A paper-table config (or a folder of them): its "
                                          "figure (repeatable; default: configs/ where it exists)."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
@@ -456,14 +712,16 @@ def register(app: typer.Typer) -> None:
         style: encoding), the best seed's curve with the mean +- std over seeds. Without configs: a figure per
         task, a panel per protocol.
         """
-        from lengthbench.leaderboard import build_leaderboard, load_store
+        from lengthbench.leaderboard import build_leaderboard, load_stores, results_list
         from lengthbench.plots import plot_all, plot_configs, prune_stale
         from lengthbench.sweep import split_list
         from lengthbench.validation import check_writable
 
+        results = ",".join(results_list(results, DEFAULT_RESULTS))
         out_dir = check_writable(out_dir, "--out")
         config_files = _config_files(config or (["configs"] if Path("configs").is_dir() else []))
-        frame, notes = load_store(results, tasks=split_list(task), skip_unreadable=skip_unreadable)
+        frame, notes = load_stores(results, tasks=split_list(task), attns=split_list(attn), pes=split_list(pe),
+                                   skip_unreadable=skip_unreadable)
         _print_notes(notes)
         paths = plot_configs(frame, config_files, out_dir) if config_files else []
         if config and not paths:

@@ -152,10 +152,10 @@ def register(app: typer.Typer) -> None:
         for line in cost_lines(chain, recipe, preset, torch_device, explicit):
             out.print(line, highlight=False)
         if dry_run:
-            from lengthbench.runner import checkpoint_dir, run_finished
+            from lengthbench.runner import cell_finished, checkpoint_dir
 
             for each in chain:
-                state = ("finished: in the store" if run_finished(results, each.run_id) else
+                state = ("finished: in the store" if cell_finished(results, each) else
                          "interrupted: a checkpoint to --resume" if checkpoint_dir(results, each.run_id).exists()
                          else "not started")
                 stage = f" (stage {chain.index(each) + 1} of {len(chain)}: {each.run_id})" if each is not config else ""

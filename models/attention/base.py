@@ -16,6 +16,7 @@ float64 when given float64 (so that ``gradcheck`` works), return exact zeros whe
 
 from __future__ import annotations
 
+import abc
 import functools
 import math
 from collections.abc import Callable
@@ -127,11 +128,13 @@ def _call_kernel(op, *tensors, **kwargs):
     return op(*(t.to(dtype).contiguous() for t in tensors), **kwargs)
 
 
-class AttentionLayer(nn.Module):
+class AttentionLayer(nn.Module, abc.ABC):
     """Multi-head causal self-attention: ``x [B, T, d_model] -> [B, T, d_model]``.
 
-    Subclasses set ``name`` (by registering) and override ``weights`` (a map of one score matrix), or
-    ``scores``/``attend`` where the mechanism needs more (two views, an output norm, a gate).
+    Subclasses set ``name`` (by registering) and define ``weights`` (a map of one score matrix, the one abstract
+    method), and override ``scores``/``attend`` where the mechanism needs more (two views, an output norm, a
+    gate). A subclass without ``weights`` is abstract: ``register_attention`` refuses it where it is defined (the
+    class statement under the decorator raises ``TypeError``), and creating one raises ``TypeError`` too.
     ``query_chunk`` (None: all rows at once) bounds the memory of the reference path; ``use_kernels``
     lets a mechanism call its fused kernel on CUDA, ``capturable`` with the launch settings a CUDA graph records.
     """
@@ -194,9 +197,9 @@ class AttentionLayer(nn.Module):
         ``0 .. Lk-1``; the causal mask is not applied here."""
         return self.score_matrix(q_rows, k, query_positions)
 
+    @abc.abstractmethod
     def weights(self, scores: torch.Tensor, query_positions: torch.Tensor, x_rows: torch.Tensor) -> torch.Tensor:
         """The weight map ``[B, H, Lq, Lk]`` of the mechanism for these raw scores; zero where masked."""
-        raise NotImplementedError
 
     def attend(self, q, k, v, x) -> torch.Tensor:
         """Per-head outputs ``[B, H, T, head_dim]``. Mechanisms with a kernel dispatch here."""

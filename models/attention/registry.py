@@ -81,6 +81,10 @@ def register_attention(name: str, *, weights: WeightFunction | None = None, alia
     def decorator(cls: type[AttentionLayer]) -> type[AttentionLayer]:
         if not (isinstance(cls, type) and issubclass(cls, AttentionLayer)):
             raise TypeError(f"attention mechanism {name!r}: {cls!r} is not an AttentionLayer subclass")
+        missing = sorted(cls.__abstractmethods__)
+        if missing:
+            raise TypeError(f"attention mechanism {name!r}: {cls.__name__} does not define {', '.join(missing)} "
+                            "(abstract methods of AttentionLayer)")
         MECHANISMS.register(name, aliases=aliases, replace=replace)(Mechanism(name, cls, weights))
         cls.name = name
         return cls

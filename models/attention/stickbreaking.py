@@ -39,24 +39,34 @@ from lengthbench.models.attention.entmax import KERNEL_ALPHA, entmax_map
 from lengthbench.models.attention.registry import register_attention
 
 
-def stick_break(z: torch.Tensor, active: torch.Tensor, diagonal: torch.Tensor) -> torch.Tensor:
+def stick_break(z: torch.Tensor, active: torch.Tensor, diagonal: torch.Tensor,
+                remainder: bool = True) -> torch.Tensor:
     """Stick-breaking over the ``active`` keys of each row (later keys break first), the remainder on the
-    ``diagonal``; zero elsewhere. ``-inf`` scores take nothing; no NaN in value or gradient."""
+    ``diagonal`` (or, ``remainder=False``, nowhere); zero elsewhere. ``-inf`` scores take nothing; no NaN in value
+    or gradient."""
     zero = torch.zeros((), dtype=z.dtype, device=z.device)
     z_active = torch.where(active, z, zero)
     log_keep = torch.where(active, F.softplus(z_active), zero)  # -log(1 - sigmoid(z)) per active key
     suffix = log_keep.flip(-1).cumsum(-1).flip(-1)  # sum over active k >= j
     log_weights = torch.where(active, z_active - suffix, zero)
     weights = torch.where(active, torch.exp(log_weights), zero)
-    remainder = torch.exp(-log_keep.sum(-1, keepdim=True))
-    return weights + torch.where(diagonal, remainder, zero)
+    if not remainder:
+        return weights
+    left = torch.exp(-log_keep.sum(-1, keepdim=True))
+    return weights + torch.where(diagonal, left, zero)
 
 
-def stickbreaking_weights(scores, mask, query_positions=None):
-    """Stick-breaking over ``j < r`` with the remainder on ``j = r``; rows sum to one."""
+REMAINDERS = ("diagonal", "drop")  # where what is left of the stick goes: the query's own value, or nowhere
+
+
+def stickbreaking_weights(scores, mask, query_positions=None, remainder="diagonal"):
+    """Stick-breaking over ``j < r`` with the remainder on ``j = r`` (rows sum to one), or, ``remainder="drop"``,
+    over ``j < r`` only (rows sum to ``1 - prod_{j<r} (1 - sigmoid(z_j))``)."""
+    if remainder not in REMAINDERS:
+        raise ValueError(f"unknown remainder {remainder!r}; choose from: {', '.join(REMAINDERS)}")
     z = as_compute(scores)
     diagonal, earlier = diagonal_and_earlier(mask, query_positions)
-    return stick_break(z, earlier, diagonal)
+    return stick_break(z, earlier, diagonal, remainder == "diagonal")
 
 
 def sieve_support(z: torch.Tensor, earlier: torch.Tensor, alpha: float = 1.5) -> torch.Tensor:
@@ -97,13 +107,27 @@ def sieve_alg1_weights(scores, mask, eps=SIEVE_ALG1_EPS, query_positions=None):
 
 @register_attention("stickbreaking", weights=stickbreaking_weights)
 class StickBreakingAttention(AttentionLayer):
-    """Stick-breaking attention (Tan et al. 2025): recency-biased, remainder on the query's own value."""
+    """Stick-breaking attention (Tan et al. 2025): recency-biased. What is left of the stick goes on the query's
+    own value (``remainder="diagonal"``, the default: Tan et al.'s reference) or nowhere (``"drop"``: the weights
+    of Sieve Attention's Eq. 7, over the earlier tokens only, and what the stick-breaking layer of the Sparse
+    Attention authors' code (deep-spin/asentmax) computes: it drops the remainder its kernel returns). The fused
+    kernel computes the default; ``"drop"`` runs the dense reference everywhere."""
+
+    def __init__(self, d_model, n_heads, pe, remainder: str = "diagonal", **params):
+        super().__init__(d_model, n_heads, pe, **params)
+        if remainder not in REMAINDERS:
+            raise ValueError(f"unknown remainder {remainder!r}; choose from: {', '.join(REMAINDERS)}")
+        self.remainder = remainder
 
     def weights(self, scores, query_positions, x_rows):
-        return stickbreaking_weights(scores, causal_mask(query_positions, scores.shape[-1]), query_positions)
+        return stickbreaking_weights(scores, causal_mask(query_positions, scores.shape[-1]), query_positions,
+                                     self.remainder)
+
+    def kernel_names(self) -> tuple[str, ...]:
+        return (self.name,) if self.remainder == "diagonal" else ()
 
     def attend(self, q, k, v, x):
-        op = self.kernel() if q.is_cuda else None
+        op = self.kernel() if q.is_cuda and self.remainder == "diagonal" else None
         if op is not None:
             return op(q, k, v, slopes=self.pe.slopes())
         return self.reference_attend(q, k, v, x)

@@ -1,0 +1,314 @@
+"""A sweep's time budget (``lengthbench sweep --budget 25m``): what each cell costs on a GPU, which cells fit,
+the plan printed before anything starts, and the guard that never starts a cell that cannot finish in time.
+
+A cell costs its start (process, compilation, graph capture), its training (``train_samples`` over samples per
+second), its validations (every ``eval_every`` steps, ``val_samples`` at each selection's length) and its
+scoring (``eval_samples`` at every length, once per selection: the run's own and each of ``also_select``). The
+rates come, best first, from
+
+1. the store: finished runs with the same task, mechanism, encoding, model and batch on the same GPU model
+   (their ``train_seconds`` and ``eval_seconds`` per length), so a campaign's first window calibrates the next;
+2. the product benchmarks: ``results/benchmarks/train_throughput.parquet`` (samples/s, warm-up) and
+   ``eval_time.parquet`` (seconds per 1,000 samples at a length, scaled to the model's layers x width and
+   linearly in length, which over-estimates shorter lengths: attention's share grows with the square);
+3. conservative defaults (:data:`DEFAULT_SAMPLES_PER_S`, :data:`DEFAULT_SECONDS_PER_1000_AT_64K`).
+
+Cells side by side on one GPU each run slower (:func:`side_by_side_factor`, from
+``results/benchmarks/side_by_side.parquet`` where measured, else as slow as one after another).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import pandas as pd
+
+from lengthbench.config import RunConfig, selection_multiplier
+from lengthbench.errors import UsageError
+
+# The product benchmarks' tables, beside the package in a checkout (an installed package without them plans from
+# the store and the defaults).
+BENCHMARKS = Path(__file__).resolve().parents[1] / "results" / "benchmarks"
+# Where nothing measured matches: a slow training step (the paper MQMTAR model with the slowest fused
+# mechanisms trains at about 30,000 samples/s on an H200), the slowest scoring measured (Sieve's entmax filter,
+# fresh weights, 374 s per 1,000 samples of 65,536 tokens at 4 layers x d 512 on an H100), and a start with
+# compilation and graph capture.
+DEFAULT_SAMPLES_PER_S = 10_000.0
+DEFAULT_SECONDS_PER_1000_AT_64K = 400.0
+DEFAULT_START_S = 150.0
+REFERENCE_WIDTH = 4 * 512  # layers x d_model of the eval_time benchmark's model (the paper MQMTAR model)
+PROCESS_START_S = 20.0  # Python, torch and the data workers, before the first step
+LENGTH_OVERHEAD_S = 1.0  # per scored length: batch planning, diagnostics, the row's write
+# The GPU a plan made on a machine without one is for: the slower of the two lent kinds.
+DEFAULT_PLAN_GPU = "NVIDIA H100 80GB HBM3"
+
+
+def parse_budget(text: str | int | float) -> float:
+    """``"25m"``, ``"90s"``, ``"1h30m"``, ``"2h"`` or a number of minutes -> seconds; a one-line
+    :class:`UsageError` for anything else."""
+    if isinstance(text, bool):
+        raise UsageError(f"budget must be a duration like 25m, 90s or 1h30m, got {text!r}")
+    if isinstance(text, int | float):
+        seconds = float(text) * 60
+    else:
+        match = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?:in)?)?\s*(?:(\d+(?:\.\d+)?)s)?\s*",
+                             str(text))
+        if not match or not any(match.groups()):
+            raise UsageError(f"budget must be a duration like 25m, 90s or 1h30m, got {text!r}")
+        hours, minutes, secs = (float(part) if part else 0.0 for part in match.groups())
+        seconds = hours * 3600 + minutes * 60 + secs
+    if not math.isfinite(seconds) or seconds <= 0 or seconds > 30 * 24 * 3600:
+        raise UsageError(f"budget must be more than 0 and at most 30 days, got {text!r}")
+    return seconds
+
+
+def format_minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def _gpu_family(name: str) -> str:
+    """``"NVIDIA H100 80GB HBM3"`` -> ``"h100"``: what the tables' device names are matched on."""
+    match = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", name.upper())
+    return match.group(1).lower() if match else name.strip().lower()
+
+
+@dataclass
+class CellCost:
+    """One cell's estimated seconds, in parts, and where each rate came from."""
+
+    start: float
+    train: float
+    validation: float
+    scoring: float
+    sources: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return self.start + self.train + self.validation + self.scoring
+
+
+class CostModel:
+    """Estimated seconds of a cell on ``gpu`` (a device name such as ``torch.cuda.get_device_name()`` gives),
+    from ``store`` (a loaded results frame, may be empty) and the benchmark tables in ``benchmarks``."""
+
+    def __init__(self, gpu: str, store: pd.DataFrame | None = None, benchmarks: Path = BENCHMARKS):
+        self.gpu = gpu
+        self.family = _gpu_family(gpu)
+        self.store = store if store is not None else pd.DataFrame()
+        self.benchmarks = Path(benchmarks)
+
+    @cached_property
+    def _throughput(self) -> pd.DataFrame:
+        return _read_table(self.benchmarks / "train_throughput.parquet")
+
+    @cached_property
+    def _eval_time(self) -> pd.DataFrame:
+        return _read_table(self.benchmarks / "eval_time.parquet")
+
+    @cached_property
+    def _stored_runs(self) -> pd.DataFrame:
+        """The store's finished training runs on this GPU model, one row per length, with their configuration."""
+        frame = self.store
+        needed = {"config_json", "device", "train_seconds", "eval_seconds", "n_samples", "eval_length"}
+        if frame.empty or not needed <= set(frame.columns):
+            return pd.DataFrame()
+        frame = frame[frame["device"].astype(str).map(_gpu_family) == self.family]
+        return frame[frame["train_seconds"].astype(float) > 0]
+
+    def _same_model(self, frame: pd.DataFrame, config: RunConfig, batch: bool = True) -> pd.DataFrame:
+        import json
+
+        def matches(text: str) -> bool:
+            try:
+                other = json.loads(text)
+            except (TypeError, ValueError):
+                return False
+            keys = ["task", "attn", "pe", "attn_params", "pe_params", "d_model", "n_layers", "n_heads", "ffn",
+                    "train_length", "train_step"] + (["batch_size"] if batch else [])
+            return all(other.get(key) == getattr(config, key) for key in keys) and not other.get("rescored_from")
+
+        return frame[frame["config_json"].map(matches)] if not frame.empty else frame
+
+    def samples_per_second(self, config: RunConfig) -> tuple[float, float, str]:
+        """``(samples/s, start seconds, source)`` of ``config``'s training on this GPU."""
+        runs = self._same_model(self._stored_runs, config)
+        if not runs.empty:
+            per_run = runs.groupby("run_id").first()
+            steps = per_run["train_steps"].astype(float) * config.batch_size
+            rate = float((steps / per_run["train_seconds"].astype(float)).median())
+            # a stored run's seconds include its start and validations: its rate is the whole training's
+            return rate, PROCESS_START_S, f"the store ({len(per_run)} run{'s' * (len(per_run) > 1)})"
+        table = self._throughput
+        if not table.empty and {"tokens_per_sample", "d_model", "layers"} <= set(table.columns):
+            rows = table[(table["attn"] == config.attn) & (table["pe"] == config.pe) &
+                         (table["batch_size"] == config.batch_size)]
+            if "train_step" in rows.columns:
+                rows = rows[rows["train_step"] == config.train_step]
+            same_model = rows[(rows["task"] == config.task) & (rows["d_model"].astype(float) == config.d_model) &
+                              (rows["layers"].astype(float) == config.n_layers)]
+            # another task's model (its rate scaled by layers x width x tokens a sample, which the step's time
+            # follows at these sizes), or another GPU model's rate at three quarters (an H100 trains these
+            # models at 0.8-0.9x an H200)
+            for candidates, scaled in ((same_model, False), (rows, True)):
+                same_gpu = candidates[candidates["device"].astype(str).map(_gpu_family) == self.family]
+                chosen, scale, where = ((same_gpu, 1.0, "") if not same_gpu.empty else
+                                        (candidates, 0.75, ", another GPU x 0.75"))
+                if chosen.empty:
+                    continue
+                newest = chosen[chosen["commit"] == chosen.sort_values("created_at")["commit"].iloc[-1]]
+                if scaled:
+                    from lengthbench.tasks import get_task
+
+                    tokens = get_task(config.task, **config.task_params).max_tokens(config.train_length)
+                    work = newest["layers"].astype(float) * newest["d_model"].astype(float) * newest[
+                        "tokens_per_sample"].astype(float)
+                    rate = float((newest["samples_per_s"] * work).min()) / (config.n_layers * config.d_model * tokens)
+                    where = f", scaled from {', '.join(sorted(set(newest['task'])))}{where}"
+                else:
+                    rate = float(newest["samples_per_s"].median())
+                start = float(newest["warmup_s"].median()) if "warmup_s" in newest else DEFAULT_START_S
+                return rate * scale, PROCESS_START_S + start, f"train_throughput{where}"
+        return DEFAULT_SAMPLES_PER_S, DEFAULT_START_S, "default"
+
+    def seconds_per_sample(self, config: RunConfig, n: int) -> tuple[float, str]:
+        """Seconds to score one sample of ``n`` tokens with ``config``'s model on this GPU."""
+        runs = self._same_model(self._stored_runs, config, batch=False)
+        if not runs.empty:
+            rows = runs[runs["eval_length"].astype(int) == n]
+            if not rows.empty:
+                per_sample = rows["eval_seconds"].astype(float) / rows["n_samples"].astype(float).clip(lower=1)
+                return float(per_sample.max()), "the store"
+        width = config.n_layers * config.d_model
+        table = self._eval_time
+        if not table.empty:
+            rows = table[(table["attn"] == config.attn) & (table["pe"] == config.pe)]
+            if rows.empty:  # the mechanism under another encoding
+                rows = table[table["attn"] == config.attn]
+            same_task = rows[rows["task"] == config.task]
+            rows = same_task if not same_task.empty else rows
+            same_gpu = rows[rows["device"].astype(str).map(_gpu_family) == self.family]
+            rows, scale = (same_gpu, 1.0) if not same_gpu.empty else (rows, 1.33)
+            if not rows.empty:
+                row = rows.sort_values("created_at").iloc[-1]
+                reference_width = float(row["layers"]) * float(row["d_model"])
+                per_sample = float(row["s_per_1000"]) / 1000 * scale * width / reference_width
+                return per_sample * n / float(row["n"]), "eval_time"
+        return DEFAULT_SECONDS_PER_1000_AT_64K / 1000 * width / REFERENCE_WIDTH * n / 65536, "default"
+
+    def cost(self, config: RunConfig) -> CellCost:
+        from lengthbench.tasks import eval_lengths, get_task
+
+        rate, start, train_source = self.samples_per_second(config)
+        train = config.train_steps * config.batch_size / rate
+        task = get_task(config.task, **config.task_params)
+        selections = [config.selection, *config.also_select]
+        validation_lengths = sorted({config.train_length * selection_multiplier(s) for s in selections})
+        validations = -(-config.train_steps // config.eval_every)
+        # a stored run's training seconds hold its validations already
+        validation = 0.0 if train_source.startswith("the store") else validations * sum(config.val_samples * self.seconds_per_sample(config, n)[0]
+                                       for n in validation_lengths)
+        lengths = [n for _, n in eval_lengths(config.train_length, config.max_multiplier, task.extra_multipliers)]
+        scoring_sources = set()
+        once = 0.0
+        for n in lengths:
+            per_sample, source = self.seconds_per_sample(config, n)
+            scoring_sources.add(source)
+            once += config.eval_samples * per_sample + LENGTH_OVERHEAD_S
+        return CellCost(start, train, validation, once * len(selections),
+                        [f"training: {train_source}", f"scoring: {', '.join(sorted(scoring_sources))}"])
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError, ImportError):
+        return pd.DataFrame()
+
+
+def side_by_side_factor(config: RunConfig, cells: int, mps: bool, benchmarks: Path = BENCHMARKS) -> float:
+    """How much longer each of ``cells`` cells sharing one GPU takes than one alone: the measured factor for the
+    nearest model size (``results/benchmarks/side_by_side.parquet``: ``d_model``, ``cells``, ``mps``,
+    ``slowdown``), else ``cells`` (no gain: as slow as one after another)."""
+    if cells <= 1:
+        return 1.0
+    table = _read_table(Path(benchmarks) / "side_by_side.parquet")
+    if not table.empty:
+        rows = table[(table["cells"] == cells) & (table["mps"] == mps)]
+        if not rows.empty:
+            nearest = (rows["d_model"].astype(float) - config.d_model).abs()
+            rows = rows[nearest == nearest.min()]
+            return float(max(1.0, rows["slowdown"].max()))
+    return float(cells)
+
+
+@dataclass
+class PlannedCell:
+    config: RunConfig
+    seconds: float  # estimated, side by side included; 0 for a cell in the store
+    start: float = 0.0  # seconds after the sweep starts
+    slot: int = 0
+    state: str = "runs"  # runs, in the store, does not fit
+    sources: list[str] = field(default_factory=list)
+
+    @property
+    def end(self) -> float:
+        return self.start + self.seconds
+
+
+def plan(configs: Iterable[RunConfig], budget: float, slots: int, per_gpu: int, mps: bool, cost: CostModel,
+         finished: Iterable[str] = ()) -> list[PlannedCell]:
+    """Each cell in order on the first free slot of ``slots`` (``per_gpu`` of them share a GPU, each slower by
+    :func:`side_by_side_factor`), until the first that cannot end inside ``budget`` seconds: it and every cell
+    after it do not fit (the sweep stops there). A cell's earlier stage (``init_from``) ends before it starts."""
+    finished = set(finished)
+    free = [0.0] * max(1, slots)
+    ends: dict[str, float] = {}
+    planned, stopped = [], False
+    for config in configs:
+        if config.run_id in finished:
+            planned.append(PlannedCell(config, 0.0, state="in the store"))
+            continue
+        estimate = cost.cost(config)
+        seconds = estimate.total * side_by_side_factor(config, per_gpu, mps, cost.benchmarks)
+        slot = min(range(len(free)), key=free.__getitem__)
+        start = max(free[slot], ends.get(config.init_from, 0.0))
+        cell = PlannedCell(config, seconds, start, slot, sources=estimate.sources)
+        if stopped or start + seconds > budget:
+            stopped = True
+            cell.state, cell.start = "does not fit", 0.0
+        else:
+            free[slot] = ends[config.run_id] = start + seconds
+        planned.append(cell)
+    return planned
+
+
+class BudgetGuard:
+    """At run time: whether a cell, started now beside ``running`` others on its GPU, ends before the deadline
+    (by the cost model, side by side included). Once one does not, no other starts (the sweep stops cleanly)."""
+
+    def __init__(self, seconds: float, cost: CostModel, per_gpu: int, mps: bool, clock=time.monotonic):
+        self.clock = clock
+        self.deadline = clock() + seconds
+        self.cost = cost
+        self.per_gpu = per_gpu
+        self.mps = mps
+        self.stopped_at: RunConfig | None = None
+
+    def admits(self, config: RunConfig) -> bool:
+        if self.stopped_at is not None:
+            return False
+        seconds = self.cost.cost(config).total * side_by_side_factor(config, self.per_gpu, self.mps,
+                                                                     self.cost.benchmarks)
+        if self.clock() + seconds > self.deadline:
+            self.stopped_at = config
+            return False
+        return True
+
+    def left_seconds(self) -> float:
+        return self.deadline - self.clock()

@@ -1,0 +1,82 @@
+"""NVIDIA MPS (the Multi-Process Service) for cells side by side on one GPU.
+
+Several processes on one GPU take turns in time slices; under MPS their kernels run at once, which helps the
+small models that leave a GPU idle between kernel launches (``benchmarks/side_by_side.py`` measures it).
+``lengthbench sweep --mps auto`` (the
+default) starts the control daemon (``nvidia-cuda-mps-control -d``) for the sweep's lifetime when cells share a
+GPU, the binary is on the PATH and no daemon runs, and stops it (``quit``) when the sweep ends; a daemon that
+ran before is used and left as it is. ``--mps on`` insists (an error where it cannot be had), ``--mps off``
+never starts one. Starting a daemon needs the rights to (root on the project's GPU machines).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from lengthbench.errors import UsageError
+
+CONTROL = "nvidia-cuda-mps-control"
+MODES = ("auto", "on", "off")
+
+
+def pipe_directory() -> Path:
+    """Where the control daemon's pipe lies (``CUDA_MPS_PIPE_DIRECTORY``, else MPS's default)."""
+    return Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
+
+
+def daemon_running() -> bool:
+    """Whether an MPS control daemon serves this machine: its control pipe exists, or a process of its name
+    runs."""
+    if (pipe_directory() / "control").exists():
+        return True
+    pgrep = shutil.which("pgrep")
+    if pgrep is None:
+        return False
+    return subprocess.run([pgrep, "-x", CONTROL], capture_output=True).returncode == 0
+
+
+@contextlib.contextmanager
+def mps_for_sweep(mode: str, side_by_side: bool, say: Callable[[str], None] = print,
+                  wait_seconds: float = 5.0) -> Iterator[bool]:
+    """Yield whether MPS serves the sweep's cells: with ``side_by_side`` cells and ``mode`` auto or on, a daemon
+    that runs already, or one started here and stopped when the block ends."""
+    if mode not in MODES:
+        raise UsageError(f"unknown --mps {mode!r}; choose from: {', '.join(MODES)}")
+    if mode == "off" or not side_by_side:
+        yield False
+        return
+    if daemon_running():
+        say("MPS: a control daemon runs already; the cells use it and it is left running")
+        yield True
+        return
+    binary = shutil.which(CONTROL)
+    if binary is None:
+        if mode == "on":
+            raise UsageError(f"--mps on: {CONTROL} is not on the PATH (it comes with the NVIDIA driver)")
+        yield False
+        return
+    started = subprocess.run([binary, "-d"], capture_output=True, text=True, timeout=60)
+    if started.returncode != 0:
+        why = (started.stderr or started.stdout).strip().splitlines()
+        message = f"{CONTROL} -d failed (exit {started.returncode}{': ' + why[-1] if why else ''})"
+        if mode == "on":
+            raise UsageError(f"--mps on: {message}")
+        say(f"MPS: {message}; the cells share the GPU without it")
+        yield False
+        return
+    deadline = time.monotonic() + wait_seconds
+    while not daemon_running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    say(f"MPS: started {CONTROL} -d for this sweep")
+    try:
+        yield True
+    finally:
+        stopped = subprocess.run([binary], input="quit\n", capture_output=True, text=True, timeout=60)
+        say("MPS: stopped the daemon this sweep started" if stopped.returncode == 0 else
+            f"MPS: 'quit' to {CONTROL} exited {stopped.returncode}; stop it by hand: echo quit | {CONTROL}")

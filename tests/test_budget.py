@@ -1,0 +1,392 @@
+"""A sweep's time budget: the cost model's arithmetic, the plan (what fits, a cell that cannot finish is never
+started), the guard's clean stop, the CLI's plan and exit codes, and MPS started and stopped with a stand-in."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from cli_helpers import cli
+
+from lengthbench.budget import BudgetGuard, CellCost, CostModel, parse_budget, plan, side_by_side_factor
+from lengthbench.config import build_config
+from lengthbench.errors import UsageError
+from lengthbench.mps import daemon_running, mps_for_sweep
+from lengthbench.store import CONTRACT_COLUMNS, write_run
+from lengthbench.sweep import auto_per_gpu, plan_sweep, run_sweep
+
+
+@pytest.mark.parametrize("text, seconds", [("25m", 1500), ("90s", 90), ("1h30m", 5400), ("2h", 7200),
+                                           ("1.5m", 90), (25, 1500), ("10min", 600), ("1h 5m 3s", 3903)])
+def test_budgets_read_as_seconds(text, seconds):
+    assert parse_budget(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "abc", "25", "-5m", "0m", "m", "5x", True, "99999h", float("nan")])
+def test_a_bad_budget_is_one_line(text):
+    with pytest.raises(UsageError, match="budget must be"):
+        parse_budget(text)
+
+
+def copy_config(**overrides):
+    values = dict(train_samples=1_280_000, batch_size=128, eval_samples=1000, max_multiplier=4, val_samples=100,
+                  eval_every=5000, selection="8x")
+    values.update(overrides)
+    return build_config("copy", "softmax", "rope", "paper", **values)
+
+
+def write_benchmarks(folder: Path, samples_per_s=20_000.0, warmup_s=30.0, s_per_1000=64.0, device="NVIDIA H200"):
+    folder.mkdir(parents=True, exist_ok=True)
+    config = copy_config()
+    pd.DataFrame([dict(task="copy", attn="softmax", pe="rope", batch_size=128, d_model=config.d_model,
+                       layers=config.n_layers, train_step=config.train_step, device=device, commit="abc",
+                       created_at="2026-12-01", samples_per_s=samples_per_s, warmup_s=warmup_s,
+                       tokens_per_sample=130)]
+                 ).to_parquet(folder / "train_throughput.parquet")
+    # 64 s per 1,000 samples of 65,536 tokens at the model's own width: 1 ms a sample at 1,024 tokens
+    pd.DataFrame([dict(task="copy", attn="softmax", pe="rope", n=65536, s_per_1000=s_per_1000,
+                       layers=config.n_layers, d_model=config.d_model, device=device, created_at="2026-12-01")]
+                 ).to_parquet(folder / "eval_time.parquet")
+
+
+def test_the_cost_of_a_cell_from_the_benchmarks(tmp_path):
+    write_benchmarks(tmp_path)
+    config = copy_config()
+    cost = CostModel("NVIDIA H200", benchmarks=tmp_path).cost(config)
+    assert cost.train == pytest.approx(10_000 * 128 / 20_000.0)  # 10,000 steps of 128 at 20,000 samples/s
+    assert cost.start == pytest.approx(20.0 + 30.0)  # the process, then the measured warm-up
+    per_sample = 64.0 / 1000 / 65536  # seconds a sample a token
+    # two validations (steps 5,000 and 10,000), 100 samples at 8x (512 tokens)
+    assert cost.validation == pytest.approx(2 * 100 * per_sample * 512)
+    # 1,000 samples at 64, 128 and 256 tokens, one second of overhead each length
+    assert cost.scoring == pytest.approx(sum(1000 * per_sample * n + 1.0 for n in (64, 128, 256)))
+    assert cost.total == pytest.approx(cost.start + cost.train + cost.validation + cost.scoring)
+    # another selection kept from the same training is scored too: twice the scoring
+    twice = CostModel("NVIDIA H200", benchmarks=tmp_path).cost(copy_config(also_select=["id"]))
+    assert twice.scoring == pytest.approx(2 * cost.scoring) and twice.train == cost.train
+    # another GPU model: three quarters of the rate, a third more scoring time
+    other = CostModel("NVIDIA H100 80GB HBM3", benchmarks=tmp_path).cost(config)
+    assert other.train == pytest.approx(cost.train / 0.75)
+    assert other.sources == ["training: train_throughput, another GPU x 0.75", "scoring: eval_time"]
+    # another task's model: the rate scaled by layers x width x tokens (Reverse: 6 layers, 130 tokens a sample)
+    reverse = build_config("reverse", "softmax", "rope", "paper", train_samples=1_280_000)
+    scaled = CostModel("NVIDIA H200", benchmarks=tmp_path).cost(reverse)
+    from lengthbench.tasks import get_task
+
+    tokens = get_task("reverse").max_tokens(64)
+    assert scaled.train == pytest.approx(1_280_000 / (20_000.0 * 2 * 130 / (6 * tokens)))
+    assert scaled.sources[0] == "training: train_throughput, scaled from copy"
+    # nothing measured: the defaults, which are slow
+    bare = CostModel("NVIDIA H200", benchmarks=tmp_path / "none").cost(config)
+    assert bare.train > cost.train and bare.sources == ["training: default", "scoring: default"]
+
+
+def test_the_store_calibrates_the_cost(tmp_path):
+    write_benchmarks(tmp_path / "bench")
+    config = copy_config()
+    rows = []
+    for multiplier in (1, 2, 4):
+        row = dict.fromkeys(CONTRACT_COLUMNS)
+        row.update(run_id="r1", task="copy", attn="softmax", pe="rope", seed=0, train_length=64, multiplier=multiplier,
+                   eval_length=64 * multiplier, n_samples=500, eval_seconds=5.0 * multiplier, train_steps=10_000,
+                   train_seconds=128.0, device="NVIDIA H200", config_json=config.to_json())
+        rows.append(row)
+    store = pd.DataFrame(rows)
+    cost = CostModel("NVIDIA H200", store, benchmarks=tmp_path / "bench").cost(config)
+    assert cost.train == pytest.approx(128.0)  # the stored run: 1.28M samples in 128 s (the benchmark says 64)
+    assert cost.validation == 0.0  # inside the stored training seconds
+    # 5, 10, 20 s for 500 samples: 1,000 samples take twice as long, plus one second each length
+    assert cost.scoring == pytest.approx(2 * (5 + 10 + 20) + 3)
+    assert cost.sources == ["training: the store (1 run)", "scoring: the store"]
+    # another GPU's rows do not calibrate this one
+    assert CostModel("NVIDIA H100", store, benchmarks=tmp_path / "bench").cost(config).sources[0].startswith(
+        "training: train_throughput")
+
+
+class FixedCost:
+    """A cost model of given seconds per seed."""
+
+    benchmarks = Path("/nonexistent")
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def cost(self, config):
+        return CellCost(0.0, self.seconds[config.seed], 0.0, 0.0, ["fixed"])
+
+
+def test_the_plan_stops_at_the_first_cell_that_cannot_finish():
+    configs = plan_sweep(["copy"], ["softmax"], ["rope"], [0, 1, 2, 3])
+    cost = FixedCost({0: 600, 1: 600, 2: 400, 3: 60})
+    planned = plan(configs, 1500, 1, 1, False, cost)
+    assert [c.state for c in planned] == ["runs", "runs", "does not fit", "does not fit"]
+    assert [c.start for c in planned[:2]] == [0, 600]
+    # a cell ending exactly at the budget fits; the 60-second cell after a refused one is not started either
+    assert [c.state for c in plan(configs, 1600, 1, 1, False, cost)] == ["runs", "runs", "runs", "does not fit"]
+    # cells in the store cost nothing and start nothing
+    planned = plan(configs, 1500, 1, 1, False, cost, finished=[configs[0].run_id])
+    assert [c.state for c in planned] == ["in the store", "runs", "runs", "runs"]
+    # two slots: side by side, each slower by the factor (no measurement: as slow as one after another)
+    planned = plan(configs, 1500, 2, 2, False, cost)
+    assert [c.seconds for c in planned] == [1200, 1200, 800, 120]
+    assert [c.state for c in planned] == ["runs", "runs", "does not fit", "does not fit"]
+
+
+def test_side_by_side_factor_from_the_measurement(tmp_path):
+    config = copy_config()
+    assert side_by_side_factor(config, 1, True, tmp_path) == 1.0
+    assert side_by_side_factor(config, 3, True, tmp_path) == 3.0  # nothing measured: no gain
+    pd.DataFrame([dict(d_model=256, cells=3, mps=True, slowdown=1.5), dict(d_model=256, cells=3, mps=False,
+                                                                          slowdown=1.8),
+                  dict(d_model=512, cells=3, mps=True, slowdown=2.7)]).to_parquet(tmp_path / "side_by_side.parquet")
+    assert side_by_side_factor(config, 3, True, tmp_path) == 1.5
+    assert side_by_side_factor(config, 3, False, tmp_path) == 1.8
+    assert side_by_side_factor(build_config("mqmtar", "softmax", "rope", "paper"), 3, True, tmp_path) == 2.7
+    assert side_by_side_factor(config, 2, True, tmp_path) == 2.0  # not measured at 2
+
+
+def test_the_guard_refuses_once_and_for_all():
+    now = [0.0]
+    configs = plan_sweep(["copy"], ["softmax"], ["rope"], [0, 1, 2])
+    guard = BudgetGuard(1000, FixedCost({0: 500, 1: 600, 2: 10}), 1, False, clock=lambda: now[0])
+    assert guard.admits(configs[0])
+    now[0] = 500
+    assert not guard.admits(configs[1])  # 500 + 600 > 1000
+    assert not guard.admits(configs[2]) and guard.stopped_at == configs[1]  # stopped: nothing else starts
+
+
+def fake_rows(config):
+    row = dict.fromkeys(CONTRACT_COLUMNS)
+    row.update(run_id=config.run_id, task=config.task, attn=config.attn, pe=config.pe, seed=config.seed,
+               multiplier=1, metric="exact_match", score=1.0, config_json=config.to_json())
+    return [row]
+
+
+def test_a_sweep_with_a_budget_stops_cleanly_and_resumes(tmp_path, monkeypatch):
+    import lengthbench.runner
+
+    ran = []
+
+    def fake_run_cell(config, results, **kwargs):
+        ran.append(config.seed)
+        write_run(results, config.run_id, fake_rows(config))
+        return pd.DataFrame(fake_rows(config))
+
+    monkeypatch.setattr(lengthbench.runner, "run_cell", fake_run_cell)
+    configs = plan_sweep(["copy"], ["softmax"], ["rope"], [0, 1, 2, 3])
+    admitted = iter([True, True, False])
+    outcomes = run_sweep(configs, tmp_path, device="cpu", admit=lambda config: next(admitted))
+    assert [o.status for o in outcomes] == ["done", "done", "left", "left"] and ran == [0, 1]
+    assert "budget" in outcomes[2].error
+    # the next window runs what is left; finished cells are not asked about
+    asked = []
+    outcomes = run_sweep(configs, tmp_path, device="cpu", admit=lambda config: asked.append(config.seed) or True)
+    assert [o.status for o in outcomes] == ["skipped", "skipped", "done", "done"] and asked == [2, 3]
+
+
+WORKER = """
+import json, sys
+from lengthbench.store import CONTRACT_COLUMNS, write_run
+config = json.loads(sys.argv[2])
+write_run(sys.argv[1], sys.argv[3], [dict(dict.fromkeys(CONTRACT_COLUMNS), run_id=sys.argv[3], task=config["task"],
+          attn=config["attn"], pe=config["pe"], seed=config["seed"], multiplier=1, metric="exact_match", score=1.0)])
+"""
+
+
+def test_cells_side_by_side_stop_cleanly_too(tmp_path):
+    configs = plan_sweep(["copy"], ["softmax"], ["rope"], [0, 1, 2, 3, 4])
+    admitted = iter([True, True, True, False])
+    outcomes = run_sweep(configs, tmp_path, slots=["0", "0.1"], admit=lambda config: next(admitted),
+                         worker_command=lambda config, results: [sys.executable, "-c", WORKER, str(results),
+                                                                 config.to_json(), config.run_id])
+    assert [o.status for o in outcomes] == ["done", "done", "done", "left", "left"]
+
+
+SWEEP = """
+cells = ["copy:softmax:rope", "copy:softmax:nape"]
+seeds = [0, 1]
+preset = "smoke"
+per_gpu = 1
+budget = "{budget}"
+[overrides]
+train_samples = 64
+batch_size = 32
+eval_samples = 4
+val_samples = 4
+max_multiplier = 2
+d_model = 16
+n_heads = 2
+ffn = 32
+n_layers = 1
+diagnostics = false
+"""
+
+
+def test_cli_prints_the_plan_and_a_dry_run_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "250")
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP.format(budget="25m"))
+    store = tmp_path / "store"
+    assert cli(monkeypatch, "sweep", "--config", path, "--results", store, "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "plan: 25.0 min on 1 x NVIDIA H100 80GB HBM3" in out and out.count(" runs ") == 4
+    assert "4 cells fit" in out and "0 do not" in out and not store.exists()
+    assert cli(monkeypatch, "sweep", "--config", path, "--results", store, "--dry-run", "--budget", "1s",
+               "--plan-gpu", "NVIDIA H200") == 0
+    out = capsys.readouterr().out
+    assert "plan: 0.0 min on 1 x NVIDIA H200" in out and out.count("does not fit") == 4
+    assert "0 cells fit" in out and "next after this budget: copy / softmax + rope / s0" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--budget", "soon"], "budget must be a duration"),
+    (["--per-gpu", "many"], "--per-gpu must be a whole number or auto"),
+    (["--mps", "maybe"], "unknown --mps 'maybe'"),
+])
+def test_cli_refuses_bad_budget_options_in_one_line(args, message, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP.format(budget="25m"))
+    assert cli(monkeypatch, "sweep", "--config", path, "--results", tmp_path / "s", "--dry-run", *args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("key, value, message", [("budget", '"later"', "budget must be a duration"),
+                                                  ("budget_fraction", "1.5", "budget_fraction"),
+                                                  ("mps", '"always"', "mps must be"),
+                                                  ("per_gpu", '"most"', "per_gpu must be")])
+def test_a_sweep_files_bad_budget_keys_are_one_line(key, value, message, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "sweep.toml"
+    path.write_text(f'tasks = ["copy"]\nattns = ["softmax"]\npes = ["rope"]\n{key} = {value}\n')
+    assert cli(monkeypatch, "sweep", "--config", path, "--results", tmp_path / "s", "--dry-run") == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_a_real_sweep_whose_budget_fits_nothing_exits_0_and_says_what_is_next(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "250")
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP.format(budget="1s"))
+    assert cli(monkeypatch, "sweep", "--config", path, "--results", tmp_path / "store", "--device", "cpu") == 0
+    out = capsys.readouterr().out
+    assert "0 cells done, 4 left, next: copy / softmax + rope / s0" in out
+    assert not list((tmp_path / "store" / "runs").glob("*.parquet")) if (tmp_path / "store" / "runs").exists() else True
+
+
+def test_a_real_budgeted_sweep_runs_what_fits(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "250")
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP.format(budget="2h"))
+    assert cli(monkeypatch, "sweep", "--config", path, "--results", tmp_path / "store", "--device", "cpu") == 0
+    out = capsys.readouterr().out
+    assert "4 cells: 4 ran" in out and len(list((tmp_path / "store" / "runs").glob("*.parquet"))) == 4
+
+
+def test_sweep_status_says_cells_runs_hours_and_what_is_left(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "250")
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP.format(budget="2h").replace("diagnostics = false", "diagnostics = false\n"
+                                                      "also_select = [\"2x\"]"))
+    store = tmp_path / "store"
+    assert cli(monkeypatch, "sweep", "--config", path, "--results", store, "--device", "cpu",
+               "--cells", "copy:softmax:rope", "--seeds", "0") == 0
+    capsys.readouterr()
+    assert cli(monkeypatch, "sweep", "--config", path, "--results", store, "--status") == 0
+    out = capsys.readouterr().out
+    assert "1 of 4 cells done; 2 of 8 runs stored (a run per selection)" in out
+    assert "GPU-hours spent" in out and "to finish: about" in out
+
+
+def test_auto_per_gpu_by_model_and_memory(tmp_path, monkeypatch):
+    import lengthbench.budget
+
+    monkeypatch.setattr(lengthbench.budget, "BENCHMARKS", tmp_path)
+    small, wide = copy_config(), build_config("mqmtar", "softmax", "rope", "paper")
+    assert auto_per_gpu([small], "NVIDIA H100", memory_gib=80) == 3
+    assert auto_per_gpu([small, wide], "NVIDIA H100", memory_gib=80) == 2
+    assert auto_per_gpu([small], "NVIDIA H100", memory_gib=30) == 1  # one cell's memory allowance
+    # measured: the count with the most samples/s where one more gains 5% or more
+    pd.DataFrame([dict(d_model=256, cells=2, mps=True, slowdown=1.2), dict(d_model=256, cells=3, mps=True,
+                                                                          slowdown=2.9),
+                  dict(d_model=512, cells=2, mps=True, slowdown=1.96)]).to_parquet(tmp_path / "side_by_side.parquet")
+    assert auto_per_gpu([small], "NVIDIA H100", memory_gib=80) == 2  # 3 / 2.9 gains nothing over 2 / 1.2
+    assert auto_per_gpu([wide], "NVIDIA H100", memory_gib=80) == 1  # 2 / 1.96 gains 2%
+
+
+# -- MPS, with a stand-in for nvidia-cuda-mps-control ------------------------------------------------------------
+
+STAND_IN = """#!{python}
+import os, sys
+from pathlib import Path
+pipe = Path(os.environ["CUDA_MPS_PIPE_DIRECTORY"])
+log = Path(os.environ["MPS_STAND_IN_LOG"])
+if sys.argv[1:] == ["-d"]:
+    pipe.mkdir(parents=True, exist_ok=True)
+    (pipe / "control").write_text("")
+    log.open("a").write("start\\n")
+elif sys.stdin.read().strip() == "quit":
+    (pipe / "control").unlink()
+    log.open("a").write("quit\\n")
+"""
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    binary = bin_dir / "nvidia-cuda-mps-control"
+    binary.write_text(textwrap.dedent(STAND_IN.format(python=sys.executable)))
+    binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "pipe"))
+    monkeypatch.setenv("MPS_STAND_IN_LOG", str(tmp_path / "log"))
+    return tmp_path / "log"
+
+
+def calls(log: Path) -> list[str]:
+    return log.read_text().split() if log.exists() else []
+
+
+def test_mps_starts_for_cells_side_by_side_and_stops_after(stand_in):
+    lines = []
+    with mps_for_sweep("auto", True, say=lines.append) as on:
+        assert on and daemon_running() and calls(stand_in) == ["start"]
+    assert calls(stand_in) == ["start", "quit"] and not daemon_running()
+    assert "started" in lines[0] and "stopped" in lines[1]
+
+
+def test_mps_stops_after_an_interrupt_too(stand_in):
+    with pytest.raises(KeyboardInterrupt), mps_for_sweep("on", True, say=lambda line: None):
+        raise KeyboardInterrupt
+    assert calls(stand_in) == ["start", "quit"]
+
+
+def test_mps_never_touches_a_daemon_it_did_not_start(stand_in, tmp_path):
+    (tmp_path / "pipe").mkdir()
+    (tmp_path / "pipe" / "control").write_text("")
+    lines = []
+    with mps_for_sweep("auto", True, say=lines.append) as on:
+        assert on
+    assert calls(stand_in) == [] and (tmp_path / "pipe" / "control").exists() and "left running" in lines[0]
+
+
+@pytest.mark.parametrize("mode, side_by_side", [("off", True), ("auto", False), ("on", False)])
+def test_mps_is_not_started_where_not_asked_or_not_needed(stand_in, mode, side_by_side):
+    with mps_for_sweep(mode, side_by_side, say=lambda line: None) as on:
+        assert not on
+    assert calls(stand_in) == []
+
+
+def test_mps_on_without_the_binary_is_an_error_and_auto_goes_without(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "pipe"))
+    with pytest.raises(UsageError, match="--mps on: nvidia-cuda-mps-control is not on the PATH"):
+        with mps_for_sweep("on", True, say=lambda line: None):
+            pass
+    with mps_for_sweep("auto", True, say=lambda line: None) as on:
+        assert not on
