@@ -14,7 +14,7 @@ err = Console(stderr=True)
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("report")
+    @app.command("report", rich_help_panel="Results")
     def report(
         html: str = typer.Option(..., "--html", metavar="DIR", help="Write DIR/index.html: a page that opens without a network."),
         results: list[str] = typer.Option(None, "--results", help=f"Results store folder (default {DEFAULT_RESULTS}); "

@@ -109,9 +109,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train one model at n_train and score it at every multiplier up to --max-multiplier.
 
-        Without --preset, a GPU trains the task's recipe: the settings (and curriculum) of its paper-table config,
-        with which the committed runs learn the task; a CPU trains the smoke preset, a tiny model that checks the
-        pipeline and learns little. The cost is printed before training starts.
+        Without --preset, a GPU trains the task's recipe: a preset, settings and curriculum with which the committed
+        runs learn the task in minutes (for most tasks its paper-table config's training); a CPU trains the smoke
+        preset, a tiny model that checks the pipeline and learns little. The cost is printed before training
+        starts.
         """
         from lengthbench.cli import load_plugins
 
