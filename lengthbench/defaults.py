@@ -1,32 +1,36 @@
 """What ``lengthbench run`` trains when no ``--preset`` is given, and what a run costs before it starts.
 
 On a CPU the default is the ``smoke`` preset: a tiny model for a minute, which checks the pipeline and learns
-little. On a GPU it is the task's **recipe**: the preset, settings and curriculum of the paper-table config
-(``configs/``) whose committed runs learn the task in distribution (``results/leaderboard.md``), scored on 200
-samples per length over that table's lengths. The ``quick`` preset alone learns most tasks; MQMTAR learns with the
-``paper`` model at lr 3e-4, and MQRAR only after a curriculum (no run of ours learns it from scratch: its 1M-8M
-sample runs at n 64 stay at 0 in distribution), one for NoPE models and one for the others. A test checks each
-recipe that names a config against that config file, and that most committed runs of every recipe's settings
-learn. The recipes of Sparse Attention Table 1's tasks and MQRAR's are not their paper-table configs (those carry
-out the papers' protocols, 20M-50M samples a run): they are the settings of committed runs that learn. The committed runs of MQMTAR,
-Local Count and the Flip-Flops trained those tasks' earlier layouts (the store's schema 1: MQMTAR's random spacing
-and uniform values, Local Count's cut runs, Flip-Flop's ``<sep>``); today's layouts have no committed run of these
-settings yet.
+little. On a GPU it is the task's **recipe**: a preset, settings and curriculum with which the committed runs
+(``results/runs/``) learn the task in distribution, in minutes, scored on 200 samples per length. Where a
+paper-table config (``configs/``) trains that way the recipe is its training (the quick preset for most tasks;
+MQRAR's curricula of Sieve Attention Table 1, since no run of ours learns MQRAR from scratch: its 1M-8M sample
+runs at n 64 stay at 0 in distribution, one curriculum for NoPE models and one for the others). Copy, Reverse,
+Sort and MQMTAR have configs that carry out the paper's own protocol (20M-40M samples, hours a cell) with no run
+stored yet; their recipes are the shorter settings of the committed runs that learn them (the quick preset with
+3M-4M samples of batch 512; MQMTAR the paper model, 5M samples at lr 3e-4). A test checks each recipe that names a
+config against it, and that most committed runs of every recipe's settings learn. The committed runs of MQMTAR,
+Local Count and the Flip-Flops trained those tasks' earlier layouts (the store's schema 1: MQMTAR's random
+spacing and uniform values, Local Count's cut runs, Flip-Flop's ``<sep>``); today's layouts have no committed run
+of these settings yet.
 
 The cost line gives the runs, steps and samples, and an estimate of the minutes on this device where the
 committed runs (``results/runs/`` of the checkout) include runs of the same task, model and batch size on a
 device of the same name: their median training samples per second, and their scoring seconds per sample over the
-same lengths.
+same lengths. The line naming the default says in how many of the committed runs of its settings the task was
+learned (MQRAR's curricula learn it on most seeds, not all).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lengthbench import checkout_path
+from lengthbench.config import RunConfig
 
 # The committed store of the checkout this package runs from (absent in an installed wheel: no estimates then)
 COMMITTED_RESULTS = checkout_path("results")
@@ -37,7 +41,8 @@ EVAL_SAMPLES = 200  # samples per length of a recipe's scoring (the quick preset
 @dataclass(frozen=True)
 class Recipe:
     """A preset, the RunConfig fields over it, and the curriculum stages (``[[stages]]`` of a sweep file) that
-    come before the cell; ``config`` names the paper-table config it comes from (``""``: none)."""
+    come before the cell; ``config`` names the paper-table config whose training it is (``""``: none, the
+    settings of committed runs)."""
 
     preset: str
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -115,43 +120,86 @@ def default_recipe(task: str, pe: str, device_type: str, preset: str | None) -> 
 # -- cost --------------------------------------------------------------------------------------------------------
 
 _RUN_COLUMNS = ["run_id", "task", "attn", "pe", "device", "train_seconds", "eval_seconds", "multiplier", "n_samples",
-                "train_length", "config_json"]
+                "train_length", "score", "config_json"]
 _MODEL_FIELDS = ("n_layers", "d_model", "n_heads", "ffn", "batch_size")
+# what else a run's training shares with another of the same protocol, for the count of runs that learned
+_TRAINING_FIELDS = ("preset", "train_samples", "lr", "warmup_steps", "selection", "selection_metric", "init",
+                    "arch")
 
 
 def committed_runs(results: Path = COMMITTED_RESULTS, task: str | None = None):
     """One row per run of a store (default: the committed one; with ``task``, the runs whose id starts with its
-    name) with what an estimate needs: device, task, training length, task parameters, model and batch, training
-    samples per second, and scoring seconds per sample by multiplier (``eval_per_sample``: {multiplier:
-    seconds}). Empty where the store is absent or unreadable; rescored runs (no training) are left out."""
+    name) with what an estimate needs: device, task, training length, task parameters as stored, model and batch,
+    training samples per second, and scoring seconds per sample by multiplier (``eval_per_sample``: {multiplier:
+    seconds}); and, read in today's terms (schema-1 rows with the defaults they ran), the mechanism, the task
+    parameters and the training fields, ``staged`` (trained after a curriculum) and ``learned`` (at least 90% in
+    distribution). Empty where the store is absent or unreadable; rescored runs (no training) are left out."""
     import pandas as pd
+
+    from lengthbench.store import with_schema_version
 
     files = sorted((Path(results) / "runs").glob(f"{task}-*.parquet" if task else "*.parquet"))
     frames = []
     for path in files:
         try:
-            frames.append(pd.read_parquet(path, columns=_RUN_COLUMNS))
+            frame = pd.read_parquet(path)
+            frames.append(frame[_RUN_COLUMNS + (["schema_version"] if "schema_version" in frame else [])])
         except Exception:  # noqa: BLE001 - an unreadable or foreign file gives no estimate, never an error
             continue
     if not frames:
         return pd.DataFrame()
+    raw = pd.concat(frames, ignore_index=True)
+    today = with_schema_version(raw)
     rows = []
-    for run_id, run in pd.concat(frames, ignore_index=True).groupby("run_id", sort=False):
+    for (run_id, run), (_, read) in zip(raw.groupby("run_id", sort=False), today.groupby("run_id", sort=False),
+                                        strict=True):
         first = run.iloc[0]
-        config = json.loads(first["config_json"])
+        stored, config = json.loads(first["config_json"]), json.loads(read["config_json"].iloc[0])
         seconds = float(first["train_seconds"])
         if config.get("rescored_from") or not seconds > 0:
             continue
+        ones = read.loc[read["multiplier"] == 1, "score"]
+        try:  # the fields a configuration stored before they existed ran with
+            config = dataclasses.asdict(RunConfig.from_dict(config))
+        except (TypeError, ValueError):
+            continue
         rows.append(dict(
-            run_id=run_id, task=first["task"], attn=first["attn"], pe=first["pe"], device=first["device"],
-            train_length=int(first["train_length"]), task_params=json.dumps(config.get("task_params", {}),
-                                                                            sort_keys=True),
-            **{key: config.get(key) for key in _MODEL_FIELDS},
+            run_id=run_id, task=first["task"], attn=read["attn"].iloc[0], pe=first["pe"], device=first["device"],
+            train_length=int(first["train_length"]),
+            task_params=json.dumps(stored.get("task_params", {}), sort_keys=True),
+            task_params_today=json.dumps(config.get("task_params", {}), sort_keys=True),
+            attn_params=json.dumps(config.get("attn_params", {}), sort_keys=True),
+            **{key: config.get(key) for key in _MODEL_FIELDS + _TRAINING_FIELDS},
+            staged=bool(config.get("init_from")), learned=bool(len(ones)) and float(ones.iloc[0]) >= 0.9,
             samples_per_s=config.get("train_samples", 0) / seconds,
             eval_per_sample={float(m): float(s) / max(1, int(n)) for m, s, n in
                              zip(run["multiplier"], run["eval_seconds"], run["n_samples"], strict=True)},
         ))
     return pd.DataFrame(rows)
+
+
+def learned_words(config, runs) -> str:
+    """How often the committed runs trained as ``config`` (its task, training length, task parameters, model,
+    batch, training fields, curriculum or none) learned the task (at least 90% in distribution), those of its
+    mechanism and encoding where there are some: ``"the committed runs of these settings learned it in 4 of 6
+    (sieve-alg1 + none)"``; ``""`` where there are none."""
+    if runs is None or len(runs) == 0:
+        return ""
+    same = runs[(runs["task"] == config.task) & (runs["train_length"] == config.train_length)
+                & (runs["task_params_today"] == json.dumps(config.task_params, sort_keys=True))
+                & (runs["staged"] == bool(config.init_from))]
+    for key in _MODEL_FIELDS + _TRAINING_FIELDS:
+        same = same[same[key] == getattr(config, key)]
+    if same.empty:
+        return ""
+    params = json.dumps(config.attn_params, sort_keys=True)
+    for narrower, which in ((same[(same["attn"] == config.attn) & (same["attn_params"] == params)
+                                  & (same["pe"] == config.pe)], f"{config.attn} + {config.pe}"),
+                            (same, "any mechanism")):
+        if len(narrower):
+            return (f"the committed runs of these settings learned it in {int(narrower['learned'].sum())} of "
+                    f"{len(narrower)} ({which})")
+    return ""
 
 
 def estimate_seconds(config, device: str, runs) -> float | None:

@@ -33,6 +33,7 @@ def test_a_cpu_keeps_the_smoke_preset_and_a_gpu_takes_the_tasks_recipe():
     assert default_recipe("mqrar", "rope", "cuda", None) is GPU_RECIPES["mqrar"]
     assert default_recipe("mqmtar", "nape", "cuda", None).preset == "paper"
     assert default_recipe("2back", "nape", "cuda", None).preset == "quick"
+    assert default_recipe("copy", "rope", "cuda", None).overrides["train_samples"] == 4_000_000
     assert default_recipe("flipflop-liu", "rope", "cuda", None) == Recipe("quick")  # no config of ours: quick
 
 
@@ -122,6 +123,28 @@ def test_the_estimate_comes_from_runs_like_it_on_the_same_device(tmp_path):
     assert cost_words([planned], "GPU B", runs) == "7,813 steps, 2M samples"
 
 
+def test_the_default_says_how_often_its_settings_learned(tmp_path):
+    from lengthbench.defaults import learned_words
+
+    def run(attn, seed, score, **changes):
+        config = build_config("copy", attn, "rope", "quick", seed=seed, max_multiplier=2, **changes)
+        _store_run(tmp_path, config, "GPU A", train_seconds=10.0, eval_seconds=1.0, multipliers=[1, 2])
+        frame = pd.read_parquet(tmp_path / "runs" / f"{config.run_id}.parquet").assign(score=score)
+        frame.to_parquet(tmp_path / "runs" / f"{config.run_id}.parquet", index=False)
+
+    run("softmax", 0, 1.0)
+    run("softmax", 1, 0.2)
+    run("entmax", 0, 0.95)
+    run("softmax", 2, 1.0, lr=3e-4)  # other settings: not counted
+    runs = defaults.committed_runs(tmp_path)
+    planned = build_config("copy", "softmax", "rope", "quick", seed=5)
+    assert learned_words(planned, runs) == ("the committed runs of these settings learned it in 1 of 2 "
+                                            "(softmax + rope)")
+    sieve = build_config("copy", "sieve", "rope", "quick")
+    assert learned_words(sieve, runs) == "the committed runs of these settings learned it in 2 of 3 (any mechanism)"
+    assert learned_words(build_config("copy", "softmax", "rope", "quick", train_samples=10), runs) == ""
+
+
 def test_the_headline_cell_gets_a_curriculum_and_an_estimate_from_the_committed_runs():
     from lengthbench.cli.run import plan_run
 
@@ -152,7 +175,8 @@ def test_run_on_a_gpu_without_preset_says_its_recipe_and_cost(monkeypatch, capsy
     chain = _plan("mqrar", "sieve", "none", gpu_recipe("mqrar", "none"))
     assert out.startswith(chain[-1].run_id) and "-paper-" in chain[-1].run_id
     assert ("default on a GPU for mqrar + none: the paper preset with a 2-stage curriculum "
-            "(configs/sieve_table1_mqrar.toml); --preset chooses another") in out
+            "(configs/sieve_table1_mqrar.toml); the committed runs of these settings learned it in ") in out
+    assert "(any mechanism); --preset chooses another" in out
     assert "cost: 3 runs (2 curriculum stages, then the cell): 17,500 steps, 2.24M samples; about " in out
     assert "min on NVIDIA H100 80GB HBM3" in out
     assert f"dry run (stage 1 of 3: {chain[0].run_id}): not started" in out
@@ -215,3 +239,44 @@ def _plan(task, attn, pe, recipe):
     from lengthbench.cli.run import plan_run
 
     return plan_run(task, attn, pe, recipe, {})
+
+
+def _run_default(tmp_path, *cell):
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "lengthbench.cli", "run", *cell, "--results", str(tmp_path)]
+    process = subprocess.run(args, capture_output=True, text=True, timeout=3600)
+    assert process.returncode == 0, process.stdout[-4000:] + process.stderr[-4000:]
+    return process.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_a_gpu_default_run_learns_2back(tmp_path):
+    """`run` with its GPU default (the quick preset of Sparse Attention Table 3's config) learns 2Back in
+    distribution, and the cost line printed first has an estimate on a device of the committed runs."""
+    out = _run_default(tmp_path, "--task", "2back", "--attn", "softmax", "--pe", "nape")
+    assert "default on a GPU for 2back + nape: the quick preset" in " ".join(out.split())
+    frame = pd.concat([pd.read_parquet(p) for p in (tmp_path / "runs").glob("*.parquet")])
+    assert frame["preset"].unique().tolist() == ["quick"]
+    assert frame.set_index("multiplier").loc[1, "score"] >= 0.9
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_the_headline_command_prints_a_curve_worth_reading_on_a_gpu(tmp_path):
+    """The README's headline cell with its defaults on one GPU (about 11 minutes on an H100): its curriculum's
+    two stages, then the cell, scored from 1x to 1024x. The first stage learns in every committed run; the cell
+    learned in most committed runs of its settings but not in all (the line before training says how many; the
+    committed sieve-alg1 run of seed 0 did not), so its curve is printed here rather than asserted."""
+    out = _run_default(tmp_path, "--task", "mqrar", "--attn", "sieve", "--pe", "none")
+    print(out)
+    assert "stage 1 of 3" in out and "stage 2 of 3" in out and "learned it in" in out
+    runs = {p.stem: pd.read_parquet(p) for p in (tmp_path / "runs").glob("*.parquet")}
+    assert len(runs) == 3
+    first_stage = next(frame for frame in runs.values() if frame["train_length"].iloc[0] == 16
+                       and "inline" in frame["config_json"].iloc[0])
+    assert first_stage.set_index("multiplier").loc[1, "score"] >= 0.9
+    cell = next(frame for frame in runs.values() if frame["train_length"].iloc[0] == 64)
+    assert sorted(cell["multiplier"]) == [2 ** k for k in range(11)]

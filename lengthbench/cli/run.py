@@ -109,9 +109,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train one model at n_train and score it at every multiplier up to --max-multiplier.
 
-        Without --preset, a GPU trains the task's recipe: the settings (and curriculum) of its paper-table config,
-        with which the committed runs learn the task; a CPU trains the smoke preset, a tiny model that checks the
-        pipeline and learns little. The cost is printed before training starts.
+        Without --preset, a GPU trains the task's recipe: a preset, settings and curriculum with which the committed
+        runs learn the task in minutes (for most tasks its paper-table config's training); a CPU trains the smoke
+        preset, a tiny model that checks the pipeline and learns little. The cost is printed before training
+        starts.
         """
         from lengthbench.cli import load_plugins
 
@@ -290,8 +291,9 @@ def cost_lines(chain: list, recipe, preset: str | None, device, explicit: dict) 
     runs = defaults.committed_runs(task=config.task)
     lines = []
     if preset is None and device.type == "cuda":
-        lines.append(f"default on a GPU for {config.task} + {config.pe}: {recipe.describe()}; --preset chooses "
-                     "another")
+        learned = defaults.learned_words(config, runs)
+        lines.append(f"default on a GPU for {config.task} + {config.pe}: {recipe.describe()}"
+                     + (f"; {learned}" if learned else "") + "; --preset chooses another")
     cost = "cost: " + defaults.cost_words(chain, device_description(device), runs)
     if preset is None and device.type != "cuda":
         cost += " (the smoke preset, a CPU's default: a tiny model that checks the pipeline and learns little)"
@@ -300,8 +302,10 @@ def cost_lines(chain: list, recipe, preset: str | None, device, explicit: dict) 
         cell = {key: explicit.get(key) for key in ("seed", "task_params", "attn_params", "pe_params")}
         gpu = defaults.gpu_recipe(config.task, config.pe)
         gpu_chain = plan_run(config.task, config.attn, config.pe, gpu, cell)
+        learned = defaults.learned_words(gpu_chain[-1], runs)
         lines.append(f"a run that learns {config.task} needs a GPU, where `run` defaults to {gpu.describe()}: "
-                     f"{defaults.cost_words(gpu_chain, defaults.usual_device(gpu_chain, runs), runs)}")
+                     f"{defaults.cost_words(gpu_chain, defaults.usual_device(gpu_chain, runs), runs)}"
+                     + (f"; {learned}" if learned else ""))
     else:
         lines.append(cost)
     return lines
