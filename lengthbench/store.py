@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+
+from lengthbench.errors import UsageError
 
 # The contract of ../shared/specs/INTERFACES.md, in order; more columns follow them.
 CONTRACT_COLUMNS = [
@@ -63,10 +66,38 @@ def run_path(results: str | Path, run_id: str) -> Path:
     return runs_dir(results) / f"{run_id}.parquet"
 
 
+def special_file_kind(path: str | Path) -> str | None:
+    """What ``path`` is (through its symlinks) where it exists as something other than a regular file or a
+    folder: "character device" (``/dev/null``), "block device", "FIFO" or "socket"; None otherwise."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # missing, a dangling link, a name the file system refuses
+        return None
+    for test, kind in ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return kind
+    return None
+
+
+def refuse_special_file(path: str | Path, option: str = "") -> None:
+    """A :class:`UsageError` where ``path`` is a device, FIFO or socket: writing renames a new file over its
+    target, which would replace ``/dev/null`` itself with a plain file."""
+    kind = special_file_kind(path)
+    if kind is not None:
+        where = f"{option} {path}" if option else str(path)
+        raise UsageError(f"{where} is a {kind}, not a regular file: give the name of a file to write")
+
+
 def atomic_write(path: Path, write: Callable[[str], object]) -> None:
     """The one way this package writes a file: ``write(tmp)`` fills a temporary file beside ``path``,
-    which then replaces ``path`` in one step; an interrupted write leaves the old file untouched."""
+    which then replaces ``path`` in one step; an interrupted write leaves the old file untouched. A symlink is
+    written through (its target is replaced, the link stays); a device, FIFO or socket is refused
+    (:func:`refuse_special_file`)."""
     path = Path(path)
+    refuse_special_file(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)

@@ -363,8 +363,8 @@ def _name_max(folder: Path) -> int:
 
 def check_writable(path: str | Path, option: str, *, folder: bool = True) -> Path:
     """Refuse, before any work, a ``path`` the command could not write: an empty name, a file where a
-    folder is wanted (or the reverse), a path under a regular file, a name too long, a folder without
-    write permission. Nothing is created. Returns the path."""
+    folder is wanted (or the reverse), a device, FIFO or socket where a file is wanted, a path under a regular
+    file, a name too long, a folder without write permission. Nothing is created. Returns the path."""
     if str(path).strip() == "":
         raise UsageError(f"{option} is empty: give a folder name (e.g. {option} runs)")
     path = Path(path)
@@ -376,6 +376,10 @@ def check_writable(path: str | Path, option: str, *, folder: bool = True) -> Pat
             raise UsageError(f"{option} {path} is a file, not a folder")
         if not folder and path.is_dir():
             raise UsageError(f"{option} {path} is a folder, not a file")
+        if not folder:
+            from lengthbench.store import refuse_special_file
+
+            refuse_special_file(path, option)
         target = path if folder else path.parent
     else:
         target = path.parent if str(path.parent) else Path(".")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 import pandas as pd
 import pytest
@@ -53,7 +54,21 @@ def places(tmp_path):
                                         "Sieve Attention,1,copy,softmax,rope,1,abc\n")
     (tmp_path / "base.json").write_text(json.dumps({"cells": [cell]}))
     (tmp_path / "badbase.json").write_text(json.dumps({"cells": [{**cell, "overrides": {"eval_samples": "many"}}]}))
+    # special files where a file is written: a FIFO, a link to it, and folders holding one under a file's name
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to(tmp_path / "fifo")
+    for folder, names in (("pubfifo", ["leaderboard.md", "seed_comparison.md"]), ("plotfifo", ["curves_copy.png"]),
+                          ("diagfifo", ["diagnostics-copy.png"])):
+        (tmp_path / folder).mkdir()
+        for name in names:
+            os.mkfifo(tmp_path / folder / name)
     return tmp_path
+
+
+def special_files(folder) -> dict[str, str]:
+    """Every FIFO and symlink under ``folder``: what a writer must leave as it is."""
+    return {str(path): ("link" if path.is_symlink() else "fifo") for path in sorted(folder.rglob("*"))
+            if path.is_symlink() or stat.S_ISFIFO(path.lstat().st_mode)}
 
 
 # (id, arguments, the words the one line must hold). {tmp} is the test's folder (see ``places``).
@@ -216,6 +231,24 @@ CASES = [
     ("pe list extra argument", ["pe", "list", "extra"], "unexpected extra argument"),
     ("pe params unknown", ["pe", "params", "nosuch"], "unknown positional encoding"),
     ("unknown command", ["nosuch"], "No such command"),
+    # -- special files: an output that is a device, FIFO or socket is refused, never renamed over ----------
+    ("leaderboard out is a FIFO", ["leaderboard", "--results", "{tmp}/good", "--out", "{tmp}/fifo"],
+     "--out {tmp}/fifo is a FIFO, not a regular file"),
+    ("leaderboard out links to a FIFO", ["leaderboard", "--results", "{tmp}/good", "--out", "{tmp}/link"],
+     "is a FIFO, not a regular file"),
+    ("leaderboard parquet out is a FIFO", ["leaderboard", "--results", "{tmp}/good", "--format", "parquet", "--out",
+                                       "{tmp}/fifo"], "is a FIFO"),
+    ("leaderboard publish holds a FIFO", ["leaderboard", "--results", "{tmp}/good", "--publish", "{tmp}/pubfifo"],
+     "pubfifo/leaderboard.md is a FIFO"),
+    ("compare out is a FIFO", ["compare", "--results", "{tmp}/good", "--out", "{tmp}/fifo"], "is a FIFO"),
+    ("compare publish holds a FIFO", ["compare", "--results", "{tmp}/good", "--publish", "{tmp}/pubfifo"],
+     "pubfifo/seed_comparison.md is a FIFO"),
+    ("plot out holds a FIFO", ["plot", "--results", "{tmp}/good", "--out", "{tmp}/plotfifo"],
+     "curves_copy.png is a FIFO"),
+    ("inspect diagnostics out holds a FIFO", ["inspect", "diagnostics", "--results", "{tmp}/good", "--out",
+                                              "{tmp}/diagfifo"], "diagnostics-copy.png is a FIFO"),
+    ("check update baseline is a FIFO", ["check", "--baseline", "{tmp}/fifo", "--update"],
+     "--baseline {tmp}/fifo is a FIFO"),
 ]
 # Cases whose folder is unwritable by permission: ``os.access`` says no for paths ending so.
 NO_PERMISSION = {"run runs/ unwritable": "runs", "sweep runs/ unwritable": "runs", "rescore runs/ unwritable": "runs",
@@ -230,6 +263,7 @@ def test_bad_input_is_one_line_and_exit_2(case, places, monkeypatch, capsys):
         monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if str(path).endswith(suffix)
                             else real_access(path, mode, **kw))
     monkeypatch.chdir(places)
+    untouched = special_files(places)
     code = cli(monkeypatch, *[arg.replace("{tmp}", str(places)) for arg in args])
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
@@ -237,7 +271,8 @@ def test_bad_input_is_one_line_and_exit_2(case, places, monkeypatch, capsys):
     assert "Traceback" not in err
     assert len(lines) == 1, err
     assert lines[0].startswith("error: "), err
-    assert words.lower() in lines[0].lower(), (words, err)
+    assert words.replace("{tmp}", str(places)).lower() in lines[0].lower(), (words, err)
+    assert special_files(places) == untouched  # no FIFO or link was replaced by a file
 
 
 def test_the_table_covers_every_command():
@@ -269,3 +304,14 @@ def test_no_work_starts_when_the_store_cannot_be_written(places, monkeypatch):
     monkeypatch.setattr(lengthbench.runner, "run_cell", lambda *a, **k: pytest.fail("run_cell was called"))
     args = [arg.replace("{tmp}", str(places)) for arg in B[:-1]] + [str(places / "filerun")]
     assert cli(monkeypatch, *args) == 2
+
+
+def test_a_link_to_a_file_is_written_through(tmp_path):
+    # the link stays a link; its target gets the new text
+    from lengthbench.store import atomic_write_text
+
+    target = tmp_path / "real.md"
+    target.write_text("old\n")
+    (tmp_path / "link.md").symlink_to(target)
+    atomic_write_text(tmp_path / "link.md", "new\n")
+    assert (tmp_path / "link.md").is_symlink() and target.read_text() == "new\n"

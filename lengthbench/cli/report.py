@@ -758,11 +758,11 @@ def register(app: typer.Typer) -> None:
 
         if not baseline.strip():
             raise UsageError("--baseline is empty: give a baseline JSON file")
+        if update and Path(baseline).exists():  # (before reading: a FIFO would wait for a writer)
+            check_writable(baseline, "--baseline", folder=False)
         base = load_baseline(baseline, need_curves=not update)
         if results is not None:
             check_results_writable(results)
-        if update:
-            check_writable(baseline, "--baseline", folder=False)
         err.print(f"[bold]check[/]: {len(base.cells)} cells of {baseline}, tolerance {tolerance:g}, device {device}"
                   + (f", store {results}" if results else ""), highlight=False)
         with _progress(quiet) as progress:
