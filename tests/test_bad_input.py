@@ -62,6 +62,12 @@ def places(tmp_path):
         (tmp_path / folder).mkdir()
         for name in names:
             os.mkfifo(tmp_path / folder / name)
+    # plugins that fail on import (on sys.path in every case)
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "lb_bad_runtime.py").write_text('raise RuntimeError("boom")\n')
+    (plugins / "lb_bad_syntax.py").write_text("def broken(:\n")
+    (plugins / "lb_bad_key.py").write_text('{}["missing"]\n')
     return tmp_path
 
 
@@ -249,7 +255,20 @@ CASES = [
                                               "{tmp}/diagfifo"], "diagnostics-copy.png is a FIFO"),
     ("check update baseline is a FIFO", ["check", "--baseline", "{tmp}/fifo", "--update"],
      "--baseline {tmp}/fifo is a FIFO"),
+    # -- plugins that fail on import, whatever they raise: one line naming the plugin and the error --------
+    ("plugin raises RuntimeError", ["--plugin", "lb_bad_runtime", "attn", "list"],
+     "plugin module 'lb_bad_runtime': RuntimeError: boom"),
+    ("plugin has a SyntaxError", [*B, "--plugin", "lb_bad_syntax"], "'lb_bad_syntax': SyntaxError"),
+    ("plugin raises KeyError", ["rescore", "r", "--samples", "8", "--results", "{tmp}/good", "--plugin",
+                                "lb_bad_key"], "'lb_bad_key': KeyError: 'missing'"),
+    ("plugin relative ../x", ["--plugin", "../x", "tasks", "list"], "plugin module '../x'"),
+    ("plugin relative .foo", [*B, "--plugin", ".foo"], "plugin module '.foo'"),
+    ("LENGTHBENCH_PLUGINS raises", ["pe", "list"], "'lb_bad_runtime': RuntimeError: boom"),
+    ("LENGTHBENCH_PLUGINS relative", ["attn", "list"], "plugin module '.foo'"),
 ]
+# Cases run with these environment variables.
+ENVIRONMENT = {"LENGTHBENCH_PLUGINS raises": {"LENGTHBENCH_PLUGINS": "lb_bad_runtime"},
+               "LENGTHBENCH_PLUGINS relative": {"LENGTHBENCH_PLUGINS": ".foo"}}
 # Cases whose folder is unwritable by permission: ``os.access`` says no for paths ending so.
 NO_PERMISSION = {"run runs/ unwritable": "runs", "sweep runs/ unwritable": "runs", "rescore runs/ unwritable": "runs",
                  "check results unwritable": "good"}
@@ -262,6 +281,9 @@ def test_bad_input_is_one_line_and_exit_2(case, places, monkeypatch, capsys):
         real_access, suffix = os.access, NO_PERMISSION[name]
         monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if str(path).endswith(suffix)
                             else real_access(path, mode, **kw))
+    for key, value in ENVIRONMENT.get(name, {}).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.syspath_prepend(str(places / "plugins"))
     monkeypatch.chdir(places)
     untouched = special_files(places)
     code = cli(monkeypatch, *[arg.replace("{tmp}", str(places)) for arg in args])

@@ -38,12 +38,26 @@ def load_plugins(modules: list[str]) -> None:
 
     names = list(modules) + [m for m in os.environ.get("LENGTHBENCH_PLUGINS", "").split(",") if m.strip()]
     for name in names:
+        name = name.strip()
+        if name.startswith(".") or "/" in name:
+            raise UsageError(f"cannot import plugin module {name!r}: give a module name (my_attention), not a "
+                             "relative name or a path")
         try:
-            importlib.import_module(name.strip())
-        except ImportError as error:
-            raise UsageError(f"cannot import plugin module {name.strip()!r}: {error}") from error
+            importlib.import_module(name)
+        except (Exception, SystemExit) as error:  # whatever the module raises: a SyntaxError, a KeyError...
+            raise UsageError(f"cannot import plugin module {name!r}: {_error_line(error)}") from error
     for entry in entry_points(group="lengthbench.plugins"):
-        entry.load()
+        try:
+            entry.load()
+        except (Exception, SystemExit) as error:
+            raise UsageError(f"cannot load plugin {entry.name!r} (entry point {entry.value}): "
+                             f"{_error_line(error)}") from error
+
+
+def _error_line(error: BaseException) -> str:
+    """``"RuntimeError: boom"``: an exception's type and the first line of its message."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
 @app.callback()
