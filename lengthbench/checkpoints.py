@@ -23,6 +23,28 @@ def atomic_torch_save(obj, path: Path) -> None:
     atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
+# What to do about an unreadable checkpoint, by what the command wanted from it.
+RESTART = "delete it, or pass --restart, to train the run from the start"
+RETRAIN = "the run's trained model is lost: train the run again (`lengthbench run` with its options and --restart)"
+
+
+def read_checkpoint(path: Path, device, remedy: str) -> dict:
+    """The saved dict of ``train.pt`` or ``model.pt``; a truncated, corrupt or foreign file is a one-line
+    :class:`UsageError` naming it, why, and ``remedy`` (what the user can do: :data:`RESTART`, :data:`RETRAIN`)."""
+    try:
+        saved = torch.load(path, map_location=device, weights_only=False)
+    except (torch.OutOfMemoryError, MemoryError):
+        raise
+    except Exception as error:  # a truncated zip (RuntimeError), a file of other bytes (UnpicklingError), ...
+        text = str(error).strip().splitlines()[0].split(". ")[0] if str(error).strip() else ""
+        reason = f"{type(error).__name__}: {text}" if text else type(error).__name__  # (torch's zip errors run on)
+        raise UsageError(f"checkpoint {path} is unreadable ({reason}): {remedy}") from error
+    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict) \
+            or not isinstance(saved.get("config"), dict):
+        raise UsageError(f"checkpoint {path} is not a lengthbench checkpoint (no model and config): {remedy}")
+    return saved
+
+
 def build_model(config: RunConfig, task) -> Decoder:
     return Decoder(ModelConfig(
         vocab_size=task.vocab_size, d_model=config.d_model, n_layers=config.n_layers, n_heads=config.n_heads,
@@ -80,7 +102,7 @@ def warm_start(results: str | Path, run_id: str, model: torch.nn.Module, device,
     if not path.exists():
         raise UsageError(f"--init-from {run_id}: no trained model of that run in {results} (run it to the end "
                          "there first)")
-    weights = torch.load(path, map_location=device, weights_only=False)["model"]
+    weights = read_checkpoint(path, device, f"--init-from {run_id} needs that run trained again")["model"]
     mine = model.state_dict()
     keep = set(VOCAB_PARAMETERS) if part == "body" else set()
     for key in sorted((set(mine) | set(weights)) - keep):
@@ -102,7 +124,7 @@ def trained_checkpoint(results: str | Path, run_id: str, device, hint: str = "")
         known = sorted(p.parent.name for p in (Path(results) / "checkpoints").glob("*/model.pt"))
         raise UsageError(f"no trained model for run {run_id!r} in {results}{hint}"
                          + (f"; runs with a model: {', '.join(known)}" if known else ""))
-    return torch.load(path, map_location=device, weights_only=False)
+    return read_checkpoint(path, device, RETRAIN)
 
 
 def load_model(results: str | Path, run_id: str, device: str = "cpu"):
@@ -119,7 +141,10 @@ def newest_trained_run(results: str | Path, task: str, attn: str, pe: str) -> st
     """The run id of the newest run of ``task:attn:pe`` in ``results`` that kept its model (``model.pt``)."""
     found = []
     for path in (Path(results) / "checkpoints").glob("*/model.pt"):
-        config = saved_config(torch.load(path, map_location="cpu", weights_only=False)["config"])
+        try:
+            config = saved_config(read_checkpoint(path, "cpu", RETRAIN)["config"])
+        except UsageError:  # an unreadable model is not the one asked for
+            continue
         if (config.get("task"), config.get("attn"), config.get("pe")) == (task, attn, pe):
             found.append((path.stat().st_mtime, path.parent.name))
     if not found:

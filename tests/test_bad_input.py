@@ -62,6 +62,24 @@ def places(tmp_path):
         (tmp_path / folder).mkdir()
         for name in names:
             os.mkfifo(tmp_path / folder / name)
+    # checkpoints: a truncated zip, and bytes that are no zip at all
+    import io
+
+    import torch
+
+    from lengthbench.config import build_config
+
+    saved = io.BytesIO()
+    torch.save({"config": {}, "model": {"w": torch.zeros(64)}, "state": {}}, saved)
+    truncated = saved.getvalue()[: len(saved.getvalue()) // 2]
+    for run_id, content in (("cut", truncated), ("text", b"not a checkpoint\n")):
+        (tmp_path / "ckpt" / "checkpoints" / run_id).mkdir(parents=True)
+        (tmp_path / "ckpt" / "checkpoints" / run_id / "model.pt").write_bytes(content)
+    run_id = build_config("2back", "softmax", "nape", "smoke", train_length=64, max_multiplier=2, eval_samples=4,
+                          seed=0, train_samples=64).run_id  # the run of B
+    for store, name in (("resume", "train.pt"), ("resumed", "model.pt")):
+        (tmp_path / store / "checkpoints" / run_id).mkdir(parents=True)
+        (tmp_path / store / "checkpoints" / run_id / name).write_bytes(truncated)
     # plugins that fail on import (on sys.path in every case)
     plugins = tmp_path / "plugins"
     plugins.mkdir()
@@ -265,6 +283,22 @@ CASES = [
     ("plugin relative .foo", [*B, "--plugin", ".foo"], "plugin module '.foo'"),
     ("LENGTHBENCH_PLUGINS raises", ["pe", "list"], "'lb_bad_runtime': RuntimeError: boom"),
     ("LENGTHBENCH_PLUGINS relative", ["attn", "list"], "plugin module '.foo'"),
+    # -- corrupt checkpoints: the file named, and what to do ---------------------------------------------------
+    ("rescore model.pt truncated", ["rescore", "cut", "--samples", "8", "--results", "{tmp}/ckpt"],
+     "checkpoint {tmp}/ckpt/checkpoints/cut/model.pt is unreadable"),
+    ("rescore model.pt not a zip", ["rescore", "text", "--samples", "8", "--results", "{tmp}/ckpt"],
+     "the run's trained model is lost: train the run again"),
+    ("inspect maps model.pt truncated", ["inspect", "maps", "--run", "cut", "--length", "64", "--results",
+                                         "{tmp}/ckpt", "--out", "{tmp}/m"], "cut/model.pt is unreadable"),
+    ("inspect maps model.pt not a zip", ["inspect", "maps", "--run", "text", "--length", "64", "--results",
+                                         "{tmp}/ckpt", "--out", "{tmp}/m"], "text/model.pt is unreadable"),
+    ("run resume train.pt truncated", [*B[:-1], "{tmp}/resume", "--resume"],
+     "train.pt is unreadable (RuntimeError: PytorchStreamReader failed reading zip archive"),
+    ("run resume model.pt truncated", [*B[:-1], "{tmp}/resumed", "--resume"],
+     "model.pt is unreadable (RuntimeError: PytorchStreamReader failed reading zip archive: failed finding "
+     "central directory): delete it, or pass --restart"),
+    ("run init-from model.pt not a zip", [*B[:-1], "{tmp}/ckpt", "--init-from", "text"],
+     "text/model.pt is unreadable (UnpicklingError"),
 ]
 # Cases run with these environment variables.
 ENVIRONMENT = {"LENGTHBENCH_PLUGINS raises": {"LENGTHBENCH_PLUGINS": "lb_bad_runtime"},
