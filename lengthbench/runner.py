@@ -52,7 +52,15 @@ from lengthbench.devices import autocast, device_description, git_sha, resolve_d
 from lengthbench.errors import UsageError
 from lengthbench.evaluation import BleuTally, Evaluator, Scores
 from lengthbench.progress import progress_bar
-from lengthbench.store import atomic_write_text, load_results, run_finished, run_path, saved_config, write_run
+from lengthbench.store import (
+    atomic_write_text,
+    load_results,
+    read_json_file,
+    run_finished,
+    run_path,
+    saved_config,
+    write_run,
+)
 from lengthbench.tasks import eval_lengths, eval_multipliers, get_task, multiplier_label
 from lengthbench.training import Trainer, TrainState, learning_rate
 
@@ -187,7 +195,10 @@ def _score_and_store(config: RunConfig, task, model, torch_device: torch.device,
     samples_path = checkpoint_dir(results, run_id) / "eval_samples_partial.json"
     done: dict[int, dict] = {}
     if partial_path.exists():
-        done = {row["multiplier"]: row for row in json.loads(partial_path.read_text())}
+        rows = read_json_file(partial_path, "delete it to score the run's lengths again",
+                              lambda data: isinstance(data, list) and all(isinstance(row, dict) and "multiplier"
+                                                                          in row for row in data))
+        done = {row["multiplier"]: row for row in rows}
     evaluator = Evaluator(model, task, torch_device, seed=config.seed, tokens_per_batch=config.eval_tokens_per_batch)
     last = ""  # the last length scored, as the progress display shows it
     common = dict(

@@ -113,6 +113,18 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
+def read_json_file(path: Path, remedy: str, check: Callable[[object], bool] = lambda data: True):
+    """The JSON a run left in its checkpoint folder (its scored lengths, a length's tallies); a file that is not
+    JSON, or whose content ``check`` refuses, is a one-line :class:`UsageError` naming it and ``remedy``."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:  # (json's errors are ValueErrors)
+        raise UsageError(f"{path} is unreadable ({str(error).splitlines()[0]}): {remedy}") from error
+    if not check(data):
+        raise UsageError(f"{path} does not hold what lengthbench wrote there: {remedy}")
+    return data
+
+
 def atomic_write_parquet(frame: pd.DataFrame, path: Path) -> None:
     atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
 

@@ -75,11 +75,23 @@ def places(tmp_path):
     for run_id, content in (("cut", truncated), ("text", b"not a checkpoint\n")):
         (tmp_path / "ckpt" / "checkpoints" / run_id).mkdir(parents=True)
         (tmp_path / "ckpt" / "checkpoints" / run_id / "model.pt").write_bytes(content)
-    run_id = build_config("2back", "softmax", "nape", "smoke", train_length=64, max_multiplier=2, eval_samples=4,
-                          seed=0, train_samples=64).run_id  # the run of B
+    config = build_config("2back", "softmax", "nape", "smoke", train_length=64, max_multiplier=2, eval_samples=4,
+                          seed=0, train_samples=64)  # the run of B
     for store, name in (("resume", "train.pt"), ("resumed", "model.pt")):
-        (tmp_path / store / "checkpoints" / run_id).mkdir(parents=True)
-        (tmp_path / store / "checkpoints" / run_id / name).write_bytes(truncated)
+        (tmp_path / store / "checkpoints" / config.run_id).mkdir(parents=True)
+        (tmp_path / store / "checkpoints" / config.run_id / name).write_bytes(truncated)
+    # B trained, its scoring interrupted: the file of scored lengths, or of a length's tallies, is corrupt
+    from lengthbench.checkpoints import build_model
+    from lengthbench.tasks import get_task
+
+    model = build_model(config, get_task("2back"))
+    for store, name in (("scoring", "eval_rows.json"), ("tallies", "eval_samples_partial.json")):
+        folder = tmp_path / store / "checkpoints" / config.run_id
+        folder.mkdir(parents=True)
+        torch.save({"config": config.identity(), "model": model.state_dict(),
+                    "state": {"step": config.train_steps, "train_seconds": 1.0, "best_score": 0.0, "best_step": 1}},
+                   folder / "model.pt")
+        (folder / name).write_text('[{"multiplier": 1, ')
     # plugins that fail on import (on sys.path in every case)
     plugins = tmp_path / "plugins"
     plugins.mkdir()
@@ -299,6 +311,11 @@ CASES = [
      "central directory): delete it, or pass --restart"),
     ("run init-from model.pt not a zip", [*B[:-1], "{tmp}/ckpt", "--init-from", "text"],
      "text/model.pt is unreadable (UnpicklingError"),
+    # -- error texts that name the problem, not Python's ---------------------------------------------------------
+    ("run resume eval_rows.json corrupt", [*B[:-1], "{tmp}/scoring", "--resume"],
+     "eval_rows.json is unreadable (Expecting"),
+    ("run resume eval_samples_partial.json corrupt", [*B[:-1], "{tmp}/tallies", "--resume"],
+     "eval_samples_partial.json is unreadable"),
 ]
 # Cases run with these environment variables.
 ENVIRONMENT = {"LENGTHBENCH_PLUGINS raises": {"LENGTHBENCH_PLUGINS": "lb_bad_runtime"},
