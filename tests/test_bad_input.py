@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -54,6 +55,29 @@ def places(tmp_path):
                                         "Sieve Attention,1,copy,softmax,rope,1,abc\n")
     (tmp_path / "base.json").write_text(json.dumps({"cells": [cell]}))
     (tmp_path / "badbase.json").write_text(json.dumps({"cells": [{**cell, "overrides": {"eval_samples": "many"}}]}))
+    # baselines of `check`, each with one thing wrong (the first cell of the committed tiny baseline otherwise)
+    tiny = json.loads((Path(__file__).resolve().parents[1] / "results" / "baselines" / "tiny.json").read_text())
+    good = tiny["cells"][0]
+    hand = {"task": "copy", "attn": "softmax", "pe": "rope", "overrides": {"train_samples": 64}}
+    broken = {"task_params": {**good, "config": {**good["config"], "task_params": [1, 2]}},
+              "attn_params": {**hand, "overrides": {"attn_params": "alpha=2"}},
+              "key3": {**good, "curve": {"1": 0.5, "3": 0.5}}, "key-1": {**good, "curve": {"-1": 0.5}},
+              "keyinf": {**good, "curve": {"inf": 0.5}}, "key1e400": {**good, "curve": {"1e400": 0.5}},
+              "string": {**good, "curve": {"1": "0.5"}}, "true": {**good, "curve": {"1": True}},
+              "negative": {**good, "curve": {"2": -0.25}}, "nan": {**good, "curve": {"1": float("nan")}},
+              "fields": {**good, "config": {"task": "2back", "attn": "softmax", "pe": "nape"}},
+              "compile": {**good, "config": {**good["config"], "compile": "yes"}},
+              "lr": {**good, "config": {**good["config"], "lr": "abc"}},
+              "dmodel": {**good, "config": {**good["config"], "d_model": True}},
+              "field": {**good, "config": {**good["config"], "warmup": 5}},
+              "cellkey": {key: value for key, value in {**hand, "overides": hand["overrides"]}.items()
+                          if key != "overrides"},
+              "both": {**good, "overrides": {"train_samples": 64}}}
+    for name, bad in broken.items():
+        (tmp_path / f"b-{name}.json").write_text(json.dumps({"cells": [bad]}))
+    (tmp_path / "lr.toml").write_text('tasks = "copy"\nattns = "softmax"\npes = "rope"\n[overrides]\nlr = "abc"\n')
+    (tmp_path / "stage.toml").write_text('tasks = "copy"\nattns = "softmax"\npes = "rope"\n[[stages]]\n'
+                                         'd_model = true\n')
     # special files where a file is written: a FIFO, a link to it, and folders holding one under a file's name
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "link").symlink_to(tmp_path / "fifo")
@@ -312,7 +336,37 @@ CASES = [
      "central directory): delete it, or pass --restart"),
     ("run init-from model.pt not a zip", [*B[:-1], "{tmp}/ckpt", "--init-from", "text"],
      "text/model.pt is unreadable (UnpicklingError"),
+    # -- baselines of `check`: validated whole before any cell runs --------------------------------------------
+    ("check baseline task_params a list", ["check", "--baseline", "{tmp}/b-task_params.json"],
+     "task_params must be a table of key = value, got [1, 2]"),
+    ("check baseline attn_params a string", ["check", "--baseline", "{tmp}/b-attn_params.json"],
+     "attn_params must be a table"),
+    ("check baseline curve key 3", ["check", "--baseline", "{tmp}/b-key3.json"],
+     "curve key '3' is not a multiplier the cell evaluates (\"1\", \"2\")"),
+    ("check baseline curve key -1", ["check", "--baseline", "{tmp}/b-key-1.json"], "curve key '-1' is not"),
+    ("check baseline curve key inf", ["check", "--baseline", "{tmp}/b-keyinf.json"], "curve key 'inf' is not"),
+    ("check baseline curve key 1e400", ["check", "--baseline", "{tmp}/b-key1e400.json"], "curve key '1e400' is not"),
+    ("check baseline score a string", ["check", "--baseline", "{tmp}/b-string.json"],
+     "the score '0.5' at 1x is not a fraction in [0, 1]"),
+    ("check baseline score true", ["check", "--baseline", "{tmp}/b-true.json"], "the score True at 1x"),
+    ("check baseline score negative", ["check", "--baseline", "{tmp}/b-negative.json"], "the score -0.25 at 2x"),
+    ("check baseline score NaN", ["check", "--baseline", "{tmp}/b-nan.json"], "the score nan at 1x"),
+    ("check baseline config lacks fields", ["check", "--baseline", "{tmp}/b-fields.json"],
+     "the configuration lacks the fields seed, preset, train_length"),
+    ("check baseline config compile a string", ["check", "--baseline", "{tmp}/b-compile.json"],
+     "compile must be true or false, got 'yes'"),
+    ("check baseline config unknown field", ["check", "--baseline", "{tmp}/b-field.json"],
+     "unknown configuration field 'warmup'"),
+    ("check baseline cell key misspelt", ["check", "--baseline", "{tmp}/b-cellkey.json"], "unknown key 'overides'"),
+    ("check baseline config and overrides", ["check", "--baseline", "{tmp}/b-both.json"], "not both"),
     # -- error texts that name the problem, not Python's ---------------------------------------------------------
+    ("check baseline config lr a string", ["check", "--baseline", "{tmp}/b-lr.json"], "lr must be a number, got 'abc'"),
+    ("check baseline config d_model true", ["check", "--baseline", "{tmp}/b-dmodel.json"],
+     "d_model must be an integer, got True"),
+    ("sweep file lr a string", ["sweep", "--config", "{tmp}/lr.toml", "--dry-run", "--results", "{tmp}/s"],
+     "lr must be a number, got 'abc'"),
+    ("sweep file stage d_model true", ["sweep", "--config", "{tmp}/stage.toml", "--dry-run", "--results", "{tmp}/s"],
+     "stage 1: d_model must be an integer, got True"),
     ("run resume eval_rows.json corrupt", [*B[:-1], "{tmp}/scoring", "--resume"],
      "eval_rows.json is unreadable (Expecting"),
     ("run resume eval_samples_partial.json corrupt", [*B[:-1], "{tmp}/tallies", "--resume"],
