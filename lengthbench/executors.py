@@ -113,8 +113,12 @@ class RayOptions:
     max_retries: int = 3
 
     def __post_init__(self):
-        if self.gpus_per_cell < 0 or self.cpus_per_cell < 0 or self.max_retries < 0:
-            raise UsageError("--ray-gpus-per-cell, --ray-cpus-per-cell and --ray-max-retries must not be negative")
+        from lengthbench.validation import check_float, check_int
+
+        # finite: a NaN would pass every comparison and reach Ray
+        check_float("--ray-gpus-per-cell", self.gpus_per_cell, 0.0, 1024.0)
+        check_float("--ray-cpus-per-cell", self.cpus_per_cell, 0.0, 1e6, low_open=True)
+        check_int("--ray-max-retries", self.max_retries, 0, 1000)
 
 
 # -- records under <results>/jobs/ ---------------------------------------------------------------------------

@@ -75,13 +75,17 @@ PARAM_FIELDS = ("task_params", "attn_params", "pe_params")  # merged key by key 
 STAGE_FIXED = ("attn", "pe", "seed", "preset", "init_from")
 
 
-def split_list(text: str | Iterable | None) -> list[str]:
-    """``"a,b, c"`` -> ``["a", "b", "c"]``; a list passes through (as strings)."""
-    if text is None:
+def split_list(text: str | Iterable | None, name: str = "the list") -> list[str]:
+    """``"a,b, c"`` -> ``["a", "b", "c"]``; a list passes through (as strings); None and "" are no items. An empty
+    item (``"copy,,2back"``, a comma at an end) is a :class:`UsageError` naming ``name`` (the option)."""
+    if text is None or text == "":
         return []
     # commas inside brackets belong to a cell's parameters: "mqrar:entmax(alpha=4, k=2):none,copy:softmax:rope"
     items = re.split(r",(?![^()]*\))", text) if isinstance(text, str) else [str(x) for x in text]
-    return [item.strip() for item in items if str(item).strip()]
+    items = [item.strip() for item in items]
+    if not all(items):
+        raise UsageError(f"{name} {text!r} has an empty item (two commas in a row, or one at an end)")
+    return items
 
 
 def parse_seeds(text: str | int | Iterable | None) -> list[int]:
@@ -96,7 +100,7 @@ def parse_seeds(text: str | int | Iterable | None) -> list[int]:
             if isinstance(item, bool) or not isinstance(item, int | str):
                 raise UsageError(f"seeds must be integers, got {item!r}")
     seeds: list[int] = []
-    for item in split_list(text):
+    for item in split_list(text, "--seeds"):
         span = re.fullmatch(r"(\d+)-(\d+)", item)
         if span:
             first, last = int(span[1]), int(span[2])
@@ -451,10 +455,10 @@ def configs_of_sweep(settings: dict[str, Any], *, tasks=None, attns=None, pes=No
     by_pe = settings.get("by_pe") or {}
     seed_list = parse_seeds(seeds if seeds is not None else settings.get("seeds", "0"))
     preset = preset or settings.get("preset", "smoke")
-    task_list = split_list(tasks if tasks is not None else settings.get("tasks"))
-    attn_list = split_list(attns if attns is not None else settings.get("attns"))
-    pe_list = split_list(pes if pes is not None else settings.get("pes"))
-    cell_list = split_list(cells if cells is not None else settings.get("cells"))
+    task_list = split_list(*((tasks, "--tasks") if tasks is not None else (settings.get("tasks"), "tasks")))
+    attn_list = split_list(*((attns, "--attns") if attns is not None else (settings.get("attns"), "attns")))
+    pe_list = split_list(*((pes, "--pes") if pes is not None else (settings.get("pes"), "pes")))
+    cell_list = split_list(*((cells, "--cells") if cells is not None else (settings.get("cells"), "cells")))
     if cell_list and (tasks or attns or pes):
         raise UsageError("give either --cells or --tasks/--attns/--pes, not both")
     if cell_list:

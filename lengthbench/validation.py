@@ -454,6 +454,23 @@ def check_results_writable(results: str | Path, option: str = "--results") -> Pa
     return path
 
 
+def check_results_readable(results: str | Path, option: str = "--results") -> Path:
+    """A store that a command only reads (``sweep --dry-run``, ``--status``): a folder or nothing yet, its
+    ``runs/`` a folder it may list; write permission is not needed."""
+    if str(results).strip() == "":
+        raise UsageError(f"{option} is empty: give a folder name (e.g. {option} runs)")
+    path = Path(results)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path} is a file, not a folder")
+    runs = path / "runs"
+    if runs.exists() and not runs.is_dir():
+        raise UsageError(f"{option} {path}: {runs} is a file, not a folder")
+    for folder in (path, runs):
+        if folder.exists() and not os.access(folder, os.R_OK | os.X_OK):
+            raise UsageError(f"{option} {path}: no permission to read {folder}")
+    return path
+
+
 def _short(path: Path) -> str:
     text = str(path)
     return text if len(text) <= 60 else text[:28] + "..." + text[-28:]

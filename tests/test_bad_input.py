@@ -365,6 +365,36 @@ CASES = [
      "d_model must be an integer, got True"),
     ("sweep file lr a string", ["sweep", "--config", "{tmp}/lr.toml", "--dry-run", "--results", "{tmp}/s"],
      "lr must be a number, got 'abc'"),
+    # -- options checked at once: executors' options in a dry run, no GPU before the plan, empty list items -------
+    ("sweep device cuda without a GPU", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope",
+                                         "--device", "cuda", "--results", "{tmp}/s"], "no CUDA GPU is available"),
+    ("sweep dry run slurm time abc", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope",
+                                      "--executor", "slurm", "--time", "abc", "--dry-run", "--results", "{tmp}/s"],
+     "--time takes minutes"),
+    ("sweep dry run ray gpus -1", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--executor",
+                                   "ray", "--ray-gpus-per-cell", "-1", "--dry-run", "--results", "{tmp}/s"],
+     "--ray-gpus-per-cell must be in [0, 1024], got -1"),
+    ("sweep dry run ray cpus nan", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--executor",
+                                    "ray", "--ray-cpus-per-cell", "nan", "--dry-run", "--results", "{tmp}/s"],
+     "--ray-cpus-per-cell must be a finite number, got nan"),
+    ("sweep ray cpus nan", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--executor", "ray",
+                            "--ray-cpus-per-cell", "nan", "--results", "{tmp}/s"], "--ray-cpus-per-cell must be a finite"),
+    ("sweep status mem lots", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--executor",
+                               "slurm", "--mem", "lots", "--status", "--results", "{tmp}/s"], "--mem takes a size"),
+    ("sweep tasks empty item", ["sweep", "--tasks", "2back,,copy", "--attns", "softmax", "--pes", "rope",
+                                "--dry-run", "--results", "{tmp}/s"], "--tasks '2back,,copy' has an empty item"),
+    ("sweep pes trailing comma", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope,", "--dry-run",
+                                  "--results", "{tmp}/s"], "--pes 'rope,' has an empty item"),
+    ("sweep seeds empty item", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--seeds", "0,,1",
+                                "--dry-run", "--results", "{tmp}/s"], "--seeds '0,,1' has an empty item"),
+    ("leaderboard task empty item", ["leaderboard", "--results", "{tmp}/good", "--all", "--task", ",copy"],
+     "--task ',copy' has an empty item"),
+    # -- read-only stores: what only reads them needs read permission, not write ----------------------------------
+    ("sweep dry run store unreadable", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope",
+                                        "--dry-run", "--results", "{tmp}/good"], "no permission to read"),
+    ("sweep status runs/ unreadable", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope",
+                                       "--status", "--results", "{tmp}/good"], "no permission to read"),
+    ("run dry run runs/ unreadable", [*B[:-1], "{tmp}/good", "--dry-run"], "no permission to read"),
     ("sweep file stage d_model true", ["sweep", "--config", "{tmp}/stage.toml", "--dry-run", "--results", "{tmp}/s"],
      "stage 1: d_model must be an integer, got True"),
     ("run resume eval_rows.json corrupt", [*B[:-1], "{tmp}/scoring", "--resume"],
@@ -372,12 +402,15 @@ CASES = [
     ("run resume eval_samples_partial.json corrupt", [*B[:-1], "{tmp}/tallies", "--resume"],
      "eval_samples_partial.json is unreadable"),
 ]
+# Cases run as on a machine without a GPU (the lead's GPU machine has one).
+NO_GPU = {"sweep device cuda without a GPU"}
 # Cases run with these environment variables.
 ENVIRONMENT = {"LENGTHBENCH_PLUGINS raises": {"LENGTHBENCH_PLUGINS": "lb_bad_runtime"},
                "LENGTHBENCH_PLUGINS relative": {"LENGTHBENCH_PLUGINS": ".foo"}}
 # Cases whose folder is unwritable by permission: ``os.access`` says no for paths ending so.
 NO_PERMISSION = {"run runs/ unwritable": "runs", "sweep runs/ unwritable": "runs", "rescore runs/ unwritable": "runs",
-                 "check results unwritable": "good"}
+                 "check results unwritable": "good", "sweep dry run store unreadable": "good",
+                 "sweep status runs/ unreadable": "runs", "run dry run runs/ unreadable": "runs"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
@@ -387,6 +420,10 @@ def test_bad_input_is_one_line_and_exit_2(case, places, monkeypatch, capsys):
         real_access, suffix = os.access, NO_PERMISSION[name]
         monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if str(path).endswith(suffix)
                             else real_access(path, mode, **kw))
+    if name in NO_GPU:
+        import torch
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for key, value in ENVIRONMENT.get(name, {}).items():
         monkeypatch.setenv(key, value)
     monkeypatch.syspath_prepend(str(places / "plugins"))
@@ -401,6 +438,20 @@ def test_bad_input_is_one_line_and_exit_2(case, places, monkeypatch, capsys):
     assert lines[0].startswith("error: "), err
     assert words.replace("{tmp}", str(places)).lower() in lines[0].lower(), (words, err)
     assert special_files(places) == untouched  # no FIFO or link was replaced by a file
+
+
+@pytest.mark.parametrize("what", ["--dry-run", "--status"])
+def test_a_read_only_store_can_be_planned_and_its_status_read(what, places, monkeypatch, capsys):
+    # no write permission anywhere in the store (root writes anyway: os.access says no, as for a user)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if mode & os.W_OK and "good" in str(path)
+                        else real_access(path, mode, **kw))
+    sweep = ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--results", places / "good"]
+    assert cli(monkeypatch, *sweep, what) == 0, capsys.readouterr().err
+    assert "copy / softmax + rope / s0" in capsys.readouterr().out
+    assert cli(monkeypatch, *sweep) == 2  # a real sweep still needs to write
+    assert "no permission to write" in capsys.readouterr().err
+    assert cli(monkeypatch, *[a.replace("{tmp}", str(places)) for a in B[:-1]], places / "good", "--dry-run") == 0
 
 
 def test_the_table_covers_every_command():

@@ -32,7 +32,10 @@ def fake_rows(config, device="cpu"):
 
 
 def test_lists_and_seeds():
-    assert split_list("copy, 2back,,") == ["copy", "2back"]
+    assert split_list("copy, 2back") == ["copy", "2back"] and split_list("") == split_list(None) == []
+    for text in ("copy,,2back", "copy,", ",copy", [" ", "copy"]):
+        with pytest.raises(UsageError, match="has an empty item"):
+            split_list(text, "--tasks")
     assert parse_seeds("0,2-4,2") == [0, 2, 3, 4]
     with pytest.raises(UsageError, match="non-negative integers"):
         parse_seeds("1,x")

@@ -123,7 +123,10 @@ def register(app: typer.Typer) -> None:
         if resume and restart:
             raise UsageError("give --resume or --restart, not both: --resume continues the checkpoint, "
                              "--restart discards it")
-        validation.check_results_writable(results)
+        if dry_run:  # it only reads the store
+            validation.check_results_readable(results)
+        else:
+            validation.check_results_writable(results)
         numbers = dict(seed=seed, train_length=train_length, max_multiplier=max_multiplier,
                        eval_samples=eval_samples, train_samples=train_samples, batch_size=batch_size, lr=lr,
                        warmup_steps=warmup_steps, eval_every=eval_every, d_model=d_model, n_layers=layers,
