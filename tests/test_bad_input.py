@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -55,6 +56,14 @@ def places(tmp_path):
                                         "Sieve Attention,1,copy,softmax,rope,1,abc\n")
     (tmp_path / "base.json").write_text(json.dumps({"cells": [cell]}))
     (tmp_path / "badbase.json").write_text(json.dumps({"cells": [{**cell, "overrides": {"eval_samples": "many"}}]}))
+    # stores whose rows hold numbers outside the store's ranges (the second row of the run; "allbad": both)
+    for store, column, value in (("nan", "exact_match", float("nan")), ("inf", "score", float("inf")),
+                                 ("above", "score", 1.5), ("zero", "multiplier", 0), ("negative", "eval_length", -5),
+                                 ("allbad", "token_accuracy", -1.0)):
+        rows = [_row("copy-softmax-rope-smoke-s0-bbbb", m) for m in (1, 2)]
+        for row in rows[1:] if store != "allbad" else rows:
+            row[column] = value
+        write_run(tmp_path / f"rows-{store}", "copy-softmax-rope-smoke-s0-bbbb", rows)
     # baselines of `check`, each with one thing wrong (the first cell of the committed tiny baseline otherwise)
     tiny = json.loads((Path(__file__).resolve().parents[1] / "results" / "baselines" / "tiny.json").read_text())
     good = tiny["cells"][0]
@@ -365,6 +374,21 @@ CASES = [
      "d_model must be an integer, got True"),
     ("sweep file lr a string", ["sweep", "--config", "{tmp}/lr.toml", "--dry-run", "--results", "{tmp}/s"],
      "lr must be a number, got 'abc'"),
+    # -- store contents: a row outside its schema's ranges stops the command, or is skipped by name --------------
+    ("leaderboard row exact_match NaN", ["leaderboard", "--all", "--results", "{tmp}/rows-nan"],
+     "1 of 2 rows outside the store's ranges: exact_match nan (the row's metric)"),
+    ("leaderboard row score inf", ["leaderboard", "--all", "--results", "{tmp}/rows-inf"], "score inf"),
+    ("compare row score 1.5", ["compare", "--results", "{tmp}/rows-above"], "score 1.5 (must be in [0, 1])"),
+    ("plot row multiplier 0", ["plot", "--results", "{tmp}/rows-zero", "--out", "{tmp}/p"],
+     "multiplier 0 (must be > 0) (the file is left as it is; pass --skip-unreadable to leave those rows out)"),
+    ("leaderboard row eval_length -5", ["leaderboard", "--all", "--results", "{tmp}/rows-negative"],
+     "eval_length -5 (must be a whole number >= 1)"),
+    ("leaderboard every row bad, skipped", ["leaderboard", "--all", "--skip-unreadable", "--results",
+                                            "{tmp}/rows-allbad"], "the store is empty"),
+    ("leaderboard runs/ unreadable", ["leaderboard", "--all", "--results", "{tmp}/good"],
+     "no permission to read {tmp}/good/runs: its runs cannot be listed"),
+    ("inspect diagnostics runs/ unreadable", ["inspect", "diagnostics", "--results", "{tmp}/good", "--out",
+                                              "{tmp}/d"], "no permission to read"),
     # -- options checked at once: executors' options in a dry run, no GPU before the plan, empty list items -------
     ("sweep device cuda without a GPU", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope",
                                          "--device", "cuda", "--results", "{tmp}/s"], "no CUDA GPU is available"),
@@ -410,7 +434,8 @@ ENVIRONMENT = {"LENGTHBENCH_PLUGINS raises": {"LENGTHBENCH_PLUGINS": "lb_bad_run
 # Cases whose folder is unwritable by permission: ``os.access`` says no for paths ending so.
 NO_PERMISSION = {"run runs/ unwritable": "runs", "sweep runs/ unwritable": "runs", "rescore runs/ unwritable": "runs",
                  "check results unwritable": "good", "sweep dry run store unreadable": "good",
-                 "sweep status runs/ unreadable": "runs", "run dry run runs/ unreadable": "runs"}
+                 "sweep status runs/ unreadable": "runs", "run dry run runs/ unreadable": "runs",
+                 "leaderboard runs/ unreadable": "runs", "inspect diagnostics runs/ unreadable": "runs"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
@@ -452,6 +477,26 @@ def test_a_read_only_store_can_be_planned_and_its_status_read(what, places, monk
     assert cli(monkeypatch, *sweep) == 2  # a real sweep still needs to write
     assert "no permission to write" in capsys.readouterr().err
     assert cli(monkeypatch, *[a.replace("{tmp}", str(places)) for a in B[:-1]], places / "good", "--dry-run") == 0
+
+
+@pytest.mark.parametrize("command", [["leaderboard", "--all"], ["compare"], ["plot", "--out", "plots"]])
+def test_rows_out_of_range_are_skipped_by_name_and_no_numpy_warning(command, places, monkeypatch, capsys):
+    # a NaN exact match, a score of 1.5, a multiplier of 0 (log2 of it warned) beside the good run
+    for store in ("nan", "above", "zero"):
+        for path in (places / f"rows-{store}" / "runs").glob("*.parquet"):
+            frame = pd.read_parquet(path)
+            frame["run_id"] = f"copy-softmax-rope-smoke-s0-{store}"
+            frame.to_parquet(places / "good" / "runs" / f"{store}.parquet")
+    monkeypatch.chdir(places)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # numpy's "invalid value encountered in log2" fails it
+        assert cli(monkeypatch, *command, "--results", places / "good", "--skip-unreadable") == 0
+    err = capsys.readouterr().err
+    skipped = [line for line in err.splitlines() if line.startswith("warning: skipping 1 of 2 rows of")]
+    assert len(skipped) == 3, err
+    for store, words in (("nan", "exact_match nan"), ("above", "score 1.5"), ("zero", "multiplier 0")):
+        assert any(f"{store}.parquet" in line and words in line for line in skipped), (store, err)
+    assert "RuntimeWarning" not in err
 
 
 def test_the_table_covers_every_command():
