@@ -299,14 +299,16 @@ def rows_out_of_range(frame: pd.DataFrame) -> tuple[pd.Series, list[str]]:
             words.append(f"{column} {values[wrong].iloc[0]:g} (must be {kind}{'in ' if high is not None else ''}"
                          f"{bounds})")
             bad |= wrong
-    # the column of the row's metric must hold its value (the other accuracy may be missing)
+    # the row's value must be there: its score, else the column of its metric (the other accuracy may be missing)
+    value = pd.to_numeric(frame["score"], errors="coerce") if "score" in frame.columns else \
+        pd.Series(np.nan, index=frame.index)
     metrics = frame["metric"] if "metric" in frame.columns else pd.Series("exact_match", index=frame.index)
     for metric in ("exact_match", "token_accuracy"):
         if metric in frame.columns:
-            missing = (metrics == metric) & pd.to_numeric(frame[metric], errors="coerce").isna()
-            if missing.any():
-                words.append(f"{metric} nan (the row's metric)")
-                bad |= missing
+            value = value.fillna(pd.to_numeric(frame[metric], errors="coerce").where(metrics == metric))
+    if value.isna().any():
+        words.append(f"score nan and {metrics[value.isna()].iloc[0]} nan (the row has no value)")
+        bad |= value.isna()
     return bad, words
 
 

@@ -57,12 +57,14 @@ def places(tmp_path):
     (tmp_path / "base.json").write_text(json.dumps({"cells": [cell]}))
     (tmp_path / "badbase.json").write_text(json.dumps({"cells": [{**cell, "overrides": {"eval_samples": "many"}}]}))
     # stores whose rows hold numbers outside the store's ranges (the second row of the run; "allbad": both)
-    for store, column, value in (("nan", "exact_match", float("nan")), ("inf", "score", float("inf")),
+    for store, column, value in (("nan", "score", float("nan")), ("inf", "score", float("inf")),
                                  ("above", "score", 1.5), ("zero", "multiplier", 0), ("negative", "eval_length", -5),
                                  ("allbad", "token_accuracy", -1.0)):
         rows = [_row("copy-softmax-rope-smoke-s0-bbbb", m) for m in (1, 2)]
         for row in rows[1:] if store != "allbad" else rows:
             row[column] = value
+            if store == "nan":  # no value at all: the score and the metric's column
+                row["exact_match"] = value
         write_run(tmp_path / f"rows-{store}", "copy-softmax-rope-smoke-s0-bbbb", rows)
     # baselines of `check`, each with one thing wrong (the first cell of the committed tiny baseline otherwise)
     tiny = json.loads((Path(__file__).resolve().parents[1] / "results" / "baselines" / "tiny.json").read_text())
@@ -375,8 +377,8 @@ CASES = [
     ("sweep file lr a string", ["sweep", "--config", "{tmp}/lr.toml", "--dry-run", "--results", "{tmp}/s"],
      "lr must be a number, got 'abc'"),
     # -- store contents: a row outside its schema's ranges stops the command, or is skipped by name --------------
-    ("leaderboard row exact_match NaN", ["leaderboard", "--all", "--results", "{tmp}/rows-nan"],
-     "1 of 2 rows outside the store's ranges: exact_match nan (the row's metric)"),
+    ("leaderboard row score NaN", ["leaderboard", "--all", "--results", "{tmp}/rows-nan"],
+     "1 of 2 rows outside the store's ranges: score nan and exact_match nan (the row has no value)"),
     ("leaderboard row score inf", ["leaderboard", "--all", "--results", "{tmp}/rows-inf"], "score inf"),
     ("compare row score 1.5", ["compare", "--results", "{tmp}/rows-above"], "score 1.5 (must be in [0, 1])"),
     ("plot row multiplier 0", ["plot", "--results", "{tmp}/rows-zero", "--out", "{tmp}/p"],
@@ -481,7 +483,7 @@ def test_a_read_only_store_can_be_planned_and_its_status_read(what, places, monk
 
 @pytest.mark.parametrize("command", [["leaderboard", "--all"], ["compare"], ["plot", "--out", "plots"]])
 def test_rows_out_of_range_are_skipped_by_name_and_no_numpy_warning(command, places, monkeypatch, capsys):
-    # a NaN exact match, a score of 1.5, a multiplier of 0 (log2 of it warned) beside the good run
+    # a row without a value (NaN score and exact match), a score of 1.5, a multiplier of 0 (log2 of it warned)
     for store in ("nan", "above", "zero"):
         for path in (places / f"rows-{store}" / "runs").glob("*.parquet"):
             frame = pd.read_parquet(path)
@@ -494,7 +496,7 @@ def test_rows_out_of_range_are_skipped_by_name_and_no_numpy_warning(command, pla
     err = capsys.readouterr().err
     skipped = [line for line in err.splitlines() if line.startswith("warning: skipping 1 of 2 rows of")]
     assert len(skipped) == 3, err
-    for store, words in (("nan", "exact_match nan"), ("above", "score 1.5"), ("zero", "multiplier 0")):
+    for store, words in (("nan", "score nan and exact_match nan"), ("above", "score 1.5"), ("zero", "multiplier 0")):
         assert any(f"{store}.parquet" in line and words in line for line in skipped), (store, err)
     assert "RuntimeWarning" not in err
 
