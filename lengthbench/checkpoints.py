@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import torch
+from pyarrow import ArrowException
 
 from lengthbench.config import RunConfig
 from lengthbench.errors import UsageError
 from lengthbench.models.decoder import Decoder, ModelConfig
-from lengthbench.store import atomic_write, run_finished, saved_config
+from lengthbench.plugins import check_loaded
+from lengthbench.store import atomic_write, run_finished, run_path, saved_config
 from lengthbench.tasks import eval_lengths, get_task
 
 
@@ -118,13 +121,29 @@ def warm_start(results: str | Path, run_id: str, model: torch.nn.Module, device,
 
 def trained_checkpoint(results: str | Path, run_id: str, device, hint: str = "") -> dict:
     """The saved ``model.pt`` of a trained run (config, selected weights, training state), or a one-line
-    :class:`UsageError` naming the runs of ``results`` that have one."""
+    :class:`UsageError` naming the runs of ``results`` that have one, or the plugin to load where the run's task,
+    mechanism or encoding is not registered."""
     path = checkpoint_dir(results, run_id) / "model.pt"
     if not path.exists():
         known = sorted(p.parent.name for p in (Path(results) / "checkpoints").glob("*/model.pt"))
         raise UsageError(f"no trained model for run {run_id!r} in {results}{hint}"
                          + (f"; runs with a model: {', '.join(known)}" if known else ""))
-    return read_checkpoint(path, device, RETRAIN)
+    saved = read_checkpoint(path, device, RETRAIN)
+    check_loaded(RunConfig.from_dict(saved_config(saved["config"])), _plugins(results, run_id, saved), run_id)
+    return saved
+
+
+def _plugins(results: str | Path, run_id: str, saved: dict) -> list[str]:
+    """The plugins a run recorded: in its ``model.pt``, else in its rows in the store."""
+    if saved.get("plugins") is not None:
+        return list(saved["plugins"])
+    path = run_path(results, run_id)
+    try:
+        column = pd.read_parquet(path, columns=["plugins"])["plugins"] if path.exists() else []
+    except (OSError, ValueError, KeyError, ArrowException):  # an unreadable file, rows stored without the column
+        column = []
+    recorded = next((value for value in column if isinstance(value, str)), "")
+    return [plugin for plugin in recorded.split(",") if plugin]
 
 
 def load_model(results: str | Path, run_id: str, device: str = "cpu"):

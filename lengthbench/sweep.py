@@ -744,41 +744,14 @@ def _stage_failed(config: RunConfig, outcomes: dict[str, CellOutcome], emit) -> 
     return True
 
 
-def plugin_modules() -> list[str]:
-    """Modules outside lengthbench that registered a task, mechanism or encoding, for the processes that run a
-    sweep's cells to import (:func:`import_plugins`): ``module`` or, for a module loaded from a file,
-    ``module@folder``, so a worker finds it whatever its working directory and ``sys.path``."""
-    from lengthbench.models.attention import ATTENTION
-    from lengthbench.models.positional import POSITIONAL_ENCODINGS
-    from lengthbench.tasks import TASKS
-
-    modules = set()
-    for registry in (TASKS, ATTENTION, POSITIONAL_ENCODINGS):
-        for name in registry.names():
-            module = getattr(registry.get(name), "__module__", "") or ""
-            if module and not module.startswith("lengthbench") and module != "__main__":
-                path = getattr(sys.modules.get(module), "__file__", None)
-                top_level = "." not in module and path and Path(path).name != "__init__.py"
-                modules.add(f"{module}@{Path(path).resolve().parent}" if top_level else module)
-    return sorted(modules)
-
-
-def import_plugins(spec: str) -> None:
-    """Import the modules of :func:`plugin_modules`' comma-separated ``spec``, a ``module@folder`` from its
-    folder."""
-    for entry in split_list(spec):
-        module, _, folder = entry.partition("@")
-        if folder and folder not in sys.path:
-            sys.path.insert(0, folder)
-        __import__(module)
-
-
 def _worker_command(config: RunConfig, results: Path, track: str | None = None) -> list[str]:
     # -P: no current directory on sys.path, where a checkout's lengthbench/ folder would shadow the
     # installed (namespaced) package
     safe = ["-P"] if sys.version_info >= (3, 11) else []
+    from lengthbench.plugins import loaded_plugins
+
     return [sys.executable, *safe, "-m", "lengthbench.sweep", "--worker", str(results), config.to_json(),
-            ",".join(plugin_modules()), track or ""]
+            ",".join(loaded_plugins()), track or ""]
 
 
 def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, command,
@@ -889,7 +862,9 @@ def _finished_outcome(config: RunConfig, results: Path, returncode: int, seconds
 def _worker_main(argv: list[str]) -> int:
     """``python -m lengthbench.sweep --worker RESULTS CONFIG_JSON [PLUGINS] [TRACK]``: run one cell."""
     results, config_json = argv[0], argv[1]
-    import_plugins(argv[2] if len(argv) > 2 else "")
+    from lengthbench.plugins import load_plugins
+
+    load_plugins(split_list(argv[2] if len(argv) > 2 else ""))
     track = argv[3] if len(argv) > 3 and argv[3] else None
     config = RunConfig.from_dict(json.loads(config_json))
     try:

@@ -110,6 +110,14 @@ def places(tmp_path):
     for run_id, content in (("cut", truncated), ("text", b"not a checkpoint\n")):
         (tmp_path / "ckpt" / "checkpoints" / run_id).mkdir(parents=True)
         (tmp_path / "ckpt" / "checkpoints" / run_id / "model.pt").write_bytes(content)
+    # runs of a plugin's mechanism (recorded) and encoding (not recorded) that is not loaded
+    from lengthbench.config import RunConfig
+
+    for run_id, config, plugins in (("plugged", RunConfig("copy", "lb-gone", "rope"), ["lb_gone@/nowhere"]),
+                                    ("unnamed", RunConfig("copy", "softmax", "lb-pe-gone"), None)):
+        (tmp_path / "ckpt" / "checkpoints" / run_id).mkdir(parents=True)
+        torch.save({"config": config.identity(), "model": {}, "state": {"step": 10**9}, "plugins": plugins},
+                   tmp_path / "ckpt" / "checkpoints" / run_id / "model.pt")
     config = build_config("2back", "softmax", "nape", "smoke", train_length=64, max_multiplier=2, eval_samples=4,
                           seed=0, train_samples=64)  # the run of B
     for store, name in (("resume", "train.pt"), ("resumed", "model.pt")):
@@ -133,6 +141,7 @@ def places(tmp_path):
     (plugins / "lb_bad_runtime.py").write_text('raise RuntimeError("boom")\n')
     (plugins / "lb_bad_syntax.py").write_text("def broken(:\n")
     (plugins / "lb_bad_key.py").write_text('{}["missing"]\n')
+    (plugins / "1-bad.py").write_text("")
     return tmp_path
 
 
@@ -323,14 +332,34 @@ CASES = [
      "--baseline {tmp}/fifo is a FIFO"),
     # -- plugins that fail on import, whatever they raise: one line naming the plugin and the error --------
     ("plugin raises RuntimeError", ["--plugin", "lb_bad_runtime", "attn", "list"],
-     "plugin module 'lb_bad_runtime': RuntimeError: boom"),
+     "cannot import plugin 'lb_bad_runtime': RuntimeError: boom"),
     ("plugin has a SyntaxError", [*B, "--plugin", "lb_bad_syntax"], "'lb_bad_syntax': SyntaxError"),
     ("plugin raises KeyError", ["rescore", "r", "--samples", "8", "--results", "{tmp}/good", "--plugin",
                                 "lb_bad_key"], "'lb_bad_key': KeyError: 'missing'"),
-    ("plugin relative ../x", ["--plugin", "../x", "tasks", "list"], "plugin module '../x'"),
-    ("plugin relative .foo", [*B, "--plugin", ".foo"], "plugin module '.foo'"),
+    ("plugin relative ../x", ["--plugin", "../x", "tasks", "list"], "plugin '../x': no such file or folder"),
+    ("plugin relative .foo", [*B, "--plugin", ".foo"], "plugin '.foo' is a relative module name"),
     ("LENGTHBENCH_PLUGINS raises", ["pe", "list"], "'lb_bad_runtime': RuntimeError: boom"),
-    ("LENGTHBENCH_PLUGINS relative", ["attn", "list"], "plugin module '.foo'"),
+    ("LENGTHBENCH_PLUGINS relative", ["attn", "list"], "plugin '.foo' is a relative module name"),
+    # -- plugins named by module, file or module@folder, on every command; a stored run names its plugin -------
+    ("plugin file missing", [*B, "--plugin", "{tmp}/nosuch.py"], "plugin '{tmp}/nosuch.py': no such file or folder"),
+    ("plugin module@folder missing", ["attn", "list", "--plugin", "lb_x@{tmp}/nosuch"],
+     "plugin 'lb_x@{tmp}/nosuch': the folder '{tmp}/nosuch' does not exist"),
+    ("plugin not a .py file", ["tasks", "list", "--plugin", "{tmp}/file.txt"],
+     "is neither a .py file nor a package folder"),
+    ("plugin module not on the path", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--dry-run",
+                                       "--results", "{tmp}/s", "--plugin", "lb_nowhere"],
+     "no module of that name on Python's path; give its file (--plugin path/to/lb_nowhere.py) or lb_nowhere@FOLDER"),
+    ("plugin file name no module name", ["pe", "list", "--plugin", "{tmp}/plugins/1-bad.py"],
+     "'1-bad' is not a module name"),
+    ("plugin empty", ["leaderboard", "--results", "{tmp}/good", "--plugin", ""], "--plugin is empty"),
+    ("inspect maps of a plugin's run", ["inspect", "maps", "--run", "plugged", "--length", "16", "--results",
+                                        "{tmp}/ckpt", "--out", "{tmp}/m"],
+     "run plugged uses the mechanism 'lb-gone', which no loaded module registers; load its plugin: --plugin "
+     "lb_gone@/nowhere"),
+    ("rescore a plugin's run", ["rescore", "plugged", "--samples", "8", "--results", "{tmp}/ckpt"],
+     "load its plugin: --plugin lb_gone@/nowhere"),
+    ("rescore a run naming no plugin", ["rescore", "unnamed", "--samples", "8", "--results", "{tmp}/ckpt"],
+     "uses the encoding 'lb-pe-gone', which no loaded module registers; its rows name no plugin"),
     # -- corrupt checkpoints: the file named, and what to do ---------------------------------------------------
     ("rescore model.pt truncated", ["rescore", "cut", "--samples", "8", "--results", "{tmp}/ckpt"],
      "checkpoint {tmp}/ckpt/checkpoints/cut/model.pt is unreadable"),

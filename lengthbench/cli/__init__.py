@@ -8,9 +8,10 @@ write before any work starts (``lengthbench.validation``).
 
 from __future__ import annotations
 
+import functools
 import importlib
-import os
 import sys
+from inspect import Parameter, signature
 
 import typer
 from rich.console import Console
@@ -18,6 +19,8 @@ from rich.markup import escape
 
 from lengthbench.errors import TrainingDiverged, UsageError, interrupted
 from lengthbench.models.registry import UnknownNameError
+from lengthbench.plugins import HELP as PLUGIN_HELP
+from lengthbench.plugins import load_plugins
 from lengthbench.store import StoreError
 
 console = Console(stderr=True)
@@ -31,42 +34,39 @@ app = typer.Typer(
 COMMAND_MODULES = ["run", "registry", "tasks", "inspect", "report", "html"]
 
 
-def load_plugins(modules: list[str]) -> None:
-    """Import user modules that register tasks, mechanisms or encodings: ``--plugin``, the
-    ``LENGTHBENCH_PLUGINS`` variable (comma-separated) and ``lengthbench.plugins`` entry points."""
-    from importlib.metadata import entry_points
-
-    names = list(modules) + [m for m in os.environ.get("LENGTHBENCH_PLUGINS", "").split(",") if m.strip()]
-    for name in names:
-        name = name.strip()
-        if name.startswith(".") or "/" in name:
-            raise UsageError(f"cannot import plugin module {name!r}: give a module name (my_attention), not a "
-                             "relative name or a path")
-        try:
-            importlib.import_module(name)
-        except (Exception, SystemExit) as error:  # whatever the module raises: a SyntaxError, a KeyError...
-            raise UsageError(f"cannot import plugin module {name!r}: {_error_line(error)}") from error
-    for entry in entry_points(group="lengthbench.plugins"):
-        try:
-            entry.load()
-        except (Exception, SystemExit) as error:
-            raise UsageError(f"cannot load plugin {entry.name!r} (entry point {entry.value}): "
-                             f"{_error_line(error)}") from error
-
-
-def _error_line(error: BaseException) -> str:
-    """``"RuntimeError: boom"``: an exception's type and the first line of its message."""
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
-
-
 @app.callback()
-def root(
-    plugin: list[str] = typer.Option(
-        [], "--plugin", help="Python module to import first (registers your tasks, mechanisms, encodings)."
-    ),
-) -> None:
-    load_plugins(plugin)
+def root(plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP)) -> None:
+    # the plugins of the root --plugin, of LENGTHBENCH_PLUGINS and of installed entry points
+    load_plugins(plugin, environment=True, entry_points=True)
+
+
+def _with_plugin_option(callback):
+    """``callback`` with a ``--plugin`` option that loads the plugins before the command runs (a command that
+    has its own ``plugin`` parameter is left as it is)."""
+    # (``inspect`` here is the command module lengthbench.cli.inspect)
+    parameters = signature(callback).parameters
+    if "plugin" in parameters:
+        return callback
+
+    @functools.wraps(callback)
+    def command(*args, plugin: list[str], **kwargs):
+        load_plugins(plugin)
+        return callback(*args, **kwargs)
+
+    option = Parameter("plugin", Parameter.KEYWORD_ONLY, annotation=list[str],
+                       default=typer.Option([], "--plugin", help=PLUGIN_HELP))
+    command.__signature__ = signature(callback).replace(parameters=[*parameters.values(), option])
+    command.__annotations__ = {**callback.__annotations__, "plugin": list[str]}
+    return command
+
+
+def _add_plugin_option(typer_app: typer.Typer) -> None:
+    """``--plugin`` on every command of ``typer_app`` and its groups: each command loads mechanisms, encodings or
+    tasks by name, so each takes the plugins that register them."""
+    for info in typer_app.registered_commands:
+        info.callback = _with_plugin_option(info.callback)
+    for group in typer_app.registered_groups:
+        _add_plugin_option(group.typer_instance)
 
 
 def reflow_help(typer_app: typer.Typer) -> None:
@@ -85,6 +85,7 @@ def reflow_help(typer_app: typer.Typer) -> None:
 for _name in COMMAND_MODULES:
     importlib.import_module(f"lengthbench.cli.{_name}").register(app)
 reflow_help(app)
+_add_plugin_option(app)
 
 
 def fail(message: str) -> None:
@@ -109,7 +110,7 @@ def main() -> None:
         if isinstance(code, int) and code:
             raise SystemExit(code)
     except UnknownNameError as error:  # a LookupError: its str() comes in quotes
-        fail(str(error).strip("'\""))
+        fail(str(error).strip("'\"") + "; one of your own: load its module with --plugin")
     except UsageError as error:  # (a message may end in a quoted name: keep it)
         fail(str(error))
     except ValueError as error:  # impossible arguments found by the configuration or a generator

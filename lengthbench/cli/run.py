@@ -10,6 +10,7 @@ from rich.table import Table
 
 from lengthbench.config import parse_params, selection_words
 from lengthbench.errors import UsageError
+from lengthbench.plugins import HELP as PLUGIN_HELP
 from lengthbench.tasks import multiplier_label
 
 out = Console()
@@ -99,8 +100,7 @@ def register(app: typer.Typer) -> None:
                                    "not a terminal).", rich_help_panel=STORE),
         track: str = typer.Option(None, "--track", help="tensorboard or wandb, under RESULTS/tracking/.",
                                   rich_help_panel=STORE),
-        plugin: list[str] = typer.Option([], "--plugin", help="Module registering your task/attn/pe.",
-                                         rich_help_panel=STORE),
+        plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP, rich_help_panel=STORE),
         compile: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile.", rich_help_panel=CUDA),
         compile_mode: str = typer.Option(None, "--compile-mode", help="default, reduce-overhead or max-autotune.",
                                          rich_help_panel=CUDA),
@@ -213,8 +213,7 @@ def register(app: typer.Typer) -> None:
         results: str = typer.Option("runs", "--results", help="Results store folder.", rich_help_panel=STORE),
         quiet: bool = typer.Option(False, "--quiet", help="Plain lines, no progress bar (also when the output is "
                                    "not a terminal).", rich_help_panel=STORE),
-        plugin: list[str] = typer.Option([], "--plugin", help="Module registering your task/attn/pe.",
-                                         rich_help_panel=STORE),
+        plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP, rich_help_panel=STORE),
     ) -> None:
         """Score a trained run again with other samples or lengths, as a run of its own; nothing is trained."""
         # The new run's configuration is the old one's with --samples / --max-multiplier and `rescored_from` set;
