@@ -92,7 +92,8 @@ def places(tmp_path):
     # special files where a file is written: a FIFO, a link to it, and folders holding one under a file's name
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "link").symlink_to(tmp_path / "fifo")
-    for folder, names in (("pubfifo", ["leaderboard.md", "seed_comparison.md"]), ("plotfifo", ["curves_copy.png"]),
+    for folder, names in (("pubfifo", ["leaderboard.md", "seed_comparison.md", "index.html"]),
+                          ("plotfifo", ["curves_copy.png"]),
                           ("diagfifo", ["diagnostics-copy.png"])):
         (tmp_path / folder).mkdir()
         for name in names:
@@ -270,7 +271,7 @@ CASES = [
      "per_gpu must be in [1"),
     ("check baseline eval_samples many", ["check", "--baseline", "{tmp}/badbase.json"],
      "eval_samples must be an integer, got 'many'"),
-    ("leaderboard results empty", ["leaderboard", "--results", ""], "--results '' holds an empty folder name"),
+    ("leaderboard results empty", ["leaderboard", "--results", ""], "--results is empty"),
     ("plot results empty", ["plot", "--results", "", "--out", "{tmp}/p"], "--results is empty"),
     ("inspect diagnostics results empty", ["inspect", "diagnostics", "--results", "", "--out", "{tmp}/d"],
      "--results is empty"),
@@ -328,6 +329,8 @@ CASES = [
      "curves_copy.png is a FIFO"),
     ("inspect diagnostics out holds a FIFO", ["inspect", "diagnostics", "--results", "{tmp}/good", "--out",
                                               "{tmp}/diagfifo"], "diagnostics-copy.png is a FIFO"),
+    ("report html holds a FIFO", ["report", "--html", "{tmp}/pubfifo", "--results", "{tmp}/good", "--all"],
+     "pubfifo/index.html is a FIFO"),
     ("check update baseline is a FIFO", ["check", "--baseline", "{tmp}/fifo", "--update"],
      "--baseline {tmp}/fifo is a FIFO"),
     # -- plugins that fail on import, whatever they raise: one line naming the plugin and the error --------
