@@ -277,7 +277,7 @@ def schema_problem(frame: pd.DataFrame) -> str | None:
 
 def rows_out_of_range(frame: pd.DataFrame) -> tuple[pd.Series, list[str]]:
     """Which rows of ``frame`` hold a number outside :data:`ROW_RANGES` (NaN, an infinity, a score above 1, a
-    multiplier of 0...), and a few words on each column that does: ``"exact_match nan (in [0, 1])"``."""
+    multiplier of 0...), and a few words on each column that does: ``"score 1.5 (must be in [0, 1])"``."""
     bad = pd.Series(False, index=frame.index)
     words = []
     for column, (low, high, low_open, nan_allowed, whole) in ROW_RANGES.items():
@@ -323,8 +323,6 @@ def read_run_file(path: Path) -> pd.DataFrame:
     if problem:
         raise RunFileError(f"results file {path} {problem}; it is not a lengthbench run file")
     return frame
-
-
 
 
 def load_results(results: str | Path, *, strict: bool = False) -> pd.DataFrame:

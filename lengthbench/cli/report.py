@@ -607,8 +607,7 @@ def register(app: typer.Typer) -> None:
 
         results = ",".join(results_list(results, DEFAULT_RESULTS))
         frame, notes = load_stores(results, tasks=split_list(task, "--task"), attns=split_list(attn, "--attn"),
-                                   pes=split_list(pe, "--pe"),
-                                   skip_unreadable=skip_unreadable)
+                                   pes=split_list(pe, "--pe"), skip_unreadable=skip_unreadable)
         _print_notes(notes)
         if not show_all:
             _published_leaderboard(frame, results, configs, fmt, out_file, publish, note)
