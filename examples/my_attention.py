@@ -4,9 +4,9 @@ Sigmoid attention (Ramapuram et al. 2024) weighs each visible key independently,
 ``a_rj = sigmoid(z_rj + b_r)``, with the bias ``b_r = -log(n_r)`` so that a row's total stays near one
 however many keys it sees. Run it with::
 
-    lengthbench --plugin my_attention run --task copy --attn sigmoid --pe nape --preset smoke
+    lengthbench run --task copy --attn sigmoid --pe nape --plugin examples/my_attention.py
 
-(with this folder on ``PYTHONPATH``), or ``LENGTHBENCH_PLUGINS=my_attention lengthbench run ...``.
+or name it in ``LENGTHBENCH_PLUGINS`` (docs/plugins.md).
 """
 
 from __future__ import annotations

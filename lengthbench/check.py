@@ -139,26 +139,48 @@ def load_baseline(path: str | Path, *, need_curves: bool = True) -> Baseline:
                     description=str(data.get("description", "")), device=str(data.get("device", "cpu")))
 
 
+CELL_KEYS = ("run_id", "task", "attn", "pe", "seed", "preset", "metric", "config", "overrides", "curve")
+
+
 def _parse_cell(path: Path, index: int, raw: Any, need_curves: bool) -> Cell:
+    """One cell, validated whole: its keys, its configuration (a complete ``config``, or a preset's with
+    ``overrides``), and its curve (a score in [0, 1] at each multiplier the cell evaluates)."""
     from lengthbench.models.attention import ATTENTION
     from lengthbench.models.positional import POSITIONAL_ENCODINGS
     from lengthbench.models.registry import UnknownNameError
     from lengthbench.sweep import default_train_length
-    from lengthbench.tasks import TASKS, eval_multipliers
-    from lengthbench.validation import check_config, check_overrides, check_task_params, field
+    from lengthbench.tasks import TASKS, eval_lengths, eval_multipliers, get_task
+    from lengthbench.validation import (
+        check_config,
+        check_overrides,
+        check_stored_config,
+        check_task_params,
+        field,
+    )
 
     if not isinstance(raw, dict):
         raise _fail(path, f"cell {index} is not a JSON object")
-    source = raw.get("config") if isinstance(raw.get("config"), dict) else raw
+    unknown = sorted(set(raw) - set(CELL_KEYS))
+    if unknown:
+        raise _fail(path, f"cell {index}: unknown key {unknown[0]!r}; a cell's keys: {', '.join(CELL_KEYS)}")
+    if "config" in raw and not isinstance(raw["config"], dict):
+        raise _fail(path, f"cell {index}: \"config\" must be an object of RunConfig fields")
+    if "config" in raw and "overrides" in raw:
+        raise _fail(path, f"cell {index}: give \"config\" (every field) or \"overrides\" (of a preset), not both")
+    source = raw.get("config", raw)
     names = {k: source.get(k) for k in ("task", "attn", "pe")}
     where = f"cell {index} ({names['task']} / {names['attn']} + {names['pe']})"
     for key, value in names.items():
         if not isinstance(value, str):
             raise _fail(path, f"cell {index} has no {key!r}")
+    for key in ("run_id", "metric"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise _fail(path, f"{where}: {key!r} must be a string, got {raw[key]!r}")
     try:
         for registry, key in ((TASKS, "task"), (ATTENTION, "attn"), (POSITIONAL_ENCODINGS, "pe")):
             registry.canonical(names[key])
-        if isinstance(raw.get("config"), dict):
+        if "config" in raw:
+            check_stored_config(raw["config"], field)
             config = RunConfig.from_dict(raw["config"])
         else:
             overrides = raw.get("overrides") or {}
@@ -168,13 +190,15 @@ def _parse_cell(path: Path, index: int, raw: Any, need_curves: bool) -> Cell:
             unknown = sorted(set(overrides) - known)
             if unknown:
                 raise ValueError(f"unknown configuration field {unknown[0]!r}")
-            check_overrides({**overrides, "seed": raw.get("seed", 0)}, field)
+            check_overrides({**overrides, "seed": raw.get("seed", 0), "preset": raw.get("preset", "smoke")}, field)
             check_task_params(names["task"], overrides.get("task_params") or {})
             config = build_config(names["task"], names["attn"], names["pe"], raw.get("preset", "smoke"),
                                   seed=raw.get("seed", 0), **{**default_train_length(names["task"], overrides),
                                                              **overrides})
         check_config(config, name=field)
         eval_multipliers(config.max_multiplier)
+        multipliers = [m for m, _ in eval_lengths(config.train_length, config.max_multiplier,
+                                                  get_task(config.task, **config.task_params).extra_multipliers)]
     except (UnknownNameError, ValueError, TypeError) as error:
         message = str(error).strip("'\"") if isinstance(error, UnknownNameError) else str(error)  # (a LookupError)
         raise _fail(path, f"{where}: {message}") from error
@@ -182,14 +206,17 @@ def _parse_cell(path: Path, index: int, raw: Any, need_curves: bool) -> Cell:
     if not isinstance(curve_raw, dict):
         raise _fail(path, f"{where}: \"curve\" must map multipliers to scores")
     curve = {}
+    shown = ", ".join(f'"{m}"' for m in multipliers)
     for key, value in curve_raw.items():
         try:
-            multiplier, score = as_multiplier(float(key)), float(value)
-        except (TypeError, ValueError) as error:
-            raise _fail(path, f"{where}: bad curve point {key!r}: {value!r}") from error
-        if not 0.0 <= score <= 1.0 or math.isnan(score):
-            raise _fail(path, f"{where}: score {score} at {multiplier}x is not a fraction in [0, 1]")
-        curve[multiplier] = score
+            multiplier = as_multiplier(float(key))
+        except (TypeError, ValueError, OverflowError):  # "x", "inf", "1e400"
+            multiplier = None
+        if multiplier not in multipliers:
+            raise _fail(path, f"{where}: curve key {key!r} is not a multiplier the cell evaluates ({shown})")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+            raise _fail(path, f"{where}: the score {value!r} at {key}x is not a fraction in [0, 1]")
+        curve[multiplier] = float(value)
     if need_curves and not curve:
         raise _fail(path, f"{where} has no curve yet; record one with `lengthbench check --baseline {path} --update`")
     return Cell(config=config, curve=curve, metric=raw.get("metric"), recorded_run_id=raw.get("run_id"))

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import torch
+from pyarrow import ArrowException
 
 from lengthbench.config import RunConfig
 from lengthbench.errors import UsageError
 from lengthbench.models.decoder import Decoder, ModelConfig
-from lengthbench.store import atomic_write, run_finished, saved_config
+from lengthbench.plugins import check_loaded
+from lengthbench.store import atomic_write, run_finished, run_path, saved_config
 from lengthbench.tasks import eval_lengths, get_task
 
 
@@ -21,6 +24,28 @@ def checkpoint_dir(results: str | Path, run_id: str) -> Path:
 
 def atomic_torch_save(obj, path: Path) -> None:
     atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+# What to do about an unreadable checkpoint, by what the command wanted from it.
+RESTART = "delete it, or pass --restart, to train the run from the start"
+RETRAIN = "the run's trained model is lost: train the run again (`lengthbench run` with its options and --restart)"
+
+
+def read_checkpoint(path: Path, device, remedy: str) -> dict:
+    """The saved dict of ``train.pt`` or ``model.pt``; a truncated, corrupt or foreign file is a one-line
+    :class:`UsageError` naming it, why, and ``remedy`` (what the user can do: :data:`RESTART`, :data:`RETRAIN`)."""
+    try:
+        saved = torch.load(path, map_location=device, weights_only=False)
+    except (torch.OutOfMemoryError, MemoryError):
+        raise
+    except Exception as error:  # a truncated zip (RuntimeError), a file of other bytes (UnpicklingError), ...
+        text = str(error).strip().splitlines()[0].split(". ")[0] if str(error).strip() else ""
+        reason = f"{type(error).__name__}: {text}" if text else type(error).__name__  # (torch's zip errors run on)
+        raise UsageError(f"checkpoint {path} is unreadable ({reason}): {remedy}") from error
+    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict) \
+            or not isinstance(saved.get("config"), dict):
+        raise UsageError(f"checkpoint {path} is not a lengthbench checkpoint (no model and config): {remedy}")
+    return saved
 
 
 def build_model(config: RunConfig, task) -> Decoder:
@@ -80,7 +105,7 @@ def warm_start(results: str | Path, run_id: str, model: torch.nn.Module, device,
     if not path.exists():
         raise UsageError(f"--init-from {run_id}: no trained model of that run in {results} (run it to the end "
                          "there first)")
-    weights = torch.load(path, map_location=device, weights_only=False)["model"]
+    weights = read_checkpoint(path, device, f"--init-from {run_id} needs that run trained again")["model"]
     mine = model.state_dict()
     keep = set(VOCAB_PARAMETERS) if part == "body" else set()
     for key in sorted((set(mine) | set(weights)) - keep):
@@ -96,13 +121,29 @@ def warm_start(results: str | Path, run_id: str, model: torch.nn.Module, device,
 
 def trained_checkpoint(results: str | Path, run_id: str, device, hint: str = "") -> dict:
     """The saved ``model.pt`` of a trained run (config, selected weights, training state), or a one-line
-    :class:`UsageError` naming the runs of ``results`` that have one."""
+    :class:`UsageError` naming the runs of ``results`` that have one, or the plugin to load where the run's task,
+    mechanism or encoding is not registered."""
     path = checkpoint_dir(results, run_id) / "model.pt"
     if not path.exists():
         known = sorted(p.parent.name for p in (Path(results) / "checkpoints").glob("*/model.pt"))
         raise UsageError(f"no trained model for run {run_id!r} in {results}{hint}"
                          + (f"; runs with a model: {', '.join(known)}" if known else ""))
-    return torch.load(path, map_location=device, weights_only=False)
+    saved = read_checkpoint(path, device, RETRAIN)
+    check_loaded(RunConfig.from_dict(saved_config(saved["config"])), _plugins(results, run_id, saved), run_id)
+    return saved
+
+
+def _plugins(results: str | Path, run_id: str, saved: dict) -> list[str]:
+    """The plugins a run recorded: in its ``model.pt``, else in its rows in the store."""
+    if saved.get("plugins") is not None:
+        return list(saved["plugins"])
+    path = run_path(results, run_id)
+    try:
+        column = pd.read_parquet(path, columns=["plugins"])["plugins"] if path.exists() else []
+    except (OSError, ValueError, KeyError, ArrowException):  # an unreadable file, rows stored without the column
+        column = []
+    recorded = next((value for value in column if isinstance(value, str)), "")
+    return [plugin for plugin in recorded.split(",") if plugin]
 
 
 def load_model(results: str | Path, run_id: str, device: str = "cpu"):
@@ -119,7 +160,10 @@ def newest_trained_run(results: str | Path, task: str, attn: str, pe: str) -> st
     """The run id of the newest run of ``task:attn:pe`` in ``results`` that kept its model (``model.pt``)."""
     found = []
     for path in (Path(results) / "checkpoints").glob("*/model.pt"):
-        config = saved_config(torch.load(path, map_location="cpu", weights_only=False)["config"])
+        try:
+            config = saved_config(read_checkpoint(path, "cpu", RETRAIN)["config"])
+        except UsageError:  # an unreadable model is not the one asked for
+            continue
         if (config.get("task"), config.get("attn"), config.get("pe")) == (task, attn, pe):
             found.append((path.stat().st_mtime, path.parent.name))
     if not found:

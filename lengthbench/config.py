@@ -68,6 +68,10 @@ TRAIN_ATTENTION = ("fused", "reference")
 TRAIN_STEPS = ("graph-compiled", "graph", "compiled")
 # Fields that a run's id hashes only where they differ from these defaults (see ``RunConfig.identity``).
 OPTIONAL_FIELDS: dict[str, Any] = {"also_select": [], "selected_from": ""}
+# The fields added after the first stored configurations: a stored configuration (a run's ``config_json``, a
+# baseline's cell) may lack them, and reads as ``ABSENT_FIELDS`` or their defaults say; it has every other field.
+LATER_FIELDS = ("init", "arch", "init_from", "init_part", "rescored_from", "compile_mode", "selection_metric",
+                "train_attention", "train_step", *OPTIONAL_FIELDS)
 # What a stored configuration that lacks a field (written before the field existed) ran with, where that is not
 # the field's default: the configurations of the store's schema version 1 trained on the compiled step.
 ABSENT_FIELDS = {"train_step": "compiled"}

@@ -15,7 +15,7 @@ import torch
 
 from lengthbench.devices import autocast, to_device
 from lengthbench.models.decoder import Decoder
-from lengthbench.store import atomic_write_text
+from lengthbench.store import atomic_write_text, read_json_file
 from lengthbench.tasks import IGNORE_INDEX
 
 
@@ -151,7 +151,8 @@ class Evaluator:
         state = dict(start=0, correct_samples=0, correct_tokens=0, scored_tokens=0, realised=0, group_hits={},
                      seconds=0.0)
         if partial is not None and partial.exists():
-            saved = json.loads(partial.read_text())
+            saved = read_json_file(partial, "delete it to score that length from its first sample",
+                                   lambda data: isinstance(data, dict) and isinstance(data.get("state"), dict))
             if saved.get("key") == key:
                 state.update(saved["state"])
                 state["group_hits"] = {int(g): hits for g, hits in state["group_hits"].items()}

@@ -113,8 +113,12 @@ class RayOptions:
     max_retries: int = 3
 
     def __post_init__(self):
-        if self.gpus_per_cell < 0 or self.cpus_per_cell < 0 or self.max_retries < 0:
-            raise UsageError("--ray-gpus-per-cell, --ray-cpus-per-cell and --ray-max-retries must not be negative")
+        from lengthbench.validation import check_float, check_int
+
+        # finite: a NaN would pass every comparison and reach Ray
+        check_float("--ray-gpus-per-cell", self.gpus_per_cell, 0.0, 1024.0)
+        check_float("--ray-cpus-per-cell", self.cpus_per_cell, 0.0, 1e6, low_open=True)
+        check_int("--ray-max-retries", self.max_retries, 0, 1000)
 
 
 # -- records under <results>/jobs/ ---------------------------------------------------------------------------
@@ -164,9 +168,10 @@ def run_cell_job(config_json: str, results: str, plugins: str = "", track: str |
     through :func:`lengthbench.sweep.run_pending_cell` (it resumes from the cell's checkpoint), append its plain
     lines to ``<results>/logs/<run_id>.log``, record how it ended. Returns the run id; raises what the cell
     raised (Ray retries it, submitit reports it)."""
-    from lengthbench.sweep import import_plugins, run_pending_cell
+    from lengthbench.plugins import load_plugins
+    from lengthbench.sweep import run_pending_cell, split_list
 
-    import_plugins(plugins)
+    load_plugins(split_list(plugins))
     config = RunConfig.from_dict(json.loads(config_json))
     write_job_state(results, config.run_id, token, "running")
     log_path = Path(results) / "logs" / f"{config.run_id}.log"
@@ -282,9 +287,9 @@ class _Backend:
 
 
 def _job_args(config: RunConfig, results: Path, track: str | None, token: str, device: str) -> tuple:
-    from lengthbench.sweep import plugin_modules
+    from lengthbench.plugins import loaded_plugins
 
-    return config.to_json(), str(results), ",".join(plugin_modules()), track, token, device
+    return config.to_json(), str(results), ",".join(loaded_plugins()), track, token, device
 
 
 class _SubmititBackend(_Backend):

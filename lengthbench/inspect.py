@@ -21,6 +21,7 @@ from matplotlib.colors import Normalize, PowerNorm, TwoSlopeNorm  # noqa: E402
 
 from lengthbench.errors import UsageError  # noqa: E402
 from lengthbench.plots import _style_maps  # noqa: E402
+from lengthbench.store import atomic_write  # noqa: E402
 from lengthbench.tasks import multiplier_label  # noqa: E402
 
 LABELLED_TOKENS = 48  # up to this many tokens, the axes carry the vocabulary symbols
@@ -137,7 +138,7 @@ def plot_attention_maps(maps: list[np.ndarray], rows: np.ndarray, edges: np.ndar
         fig.suptitle(f"{title} - layer {layer_index}", fontsize=11)
         fig.tight_layout()
         path = out_dir / f"{stem}-layer{layer_index}.png"
-        fig.savefig(path, dpi=110)
+        atomic_write(path, lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=110))
         plt.close(fig)
         paths.append(path)
     return paths
@@ -242,6 +243,6 @@ def plot_diagnostics(frame: pd.DataFrame, out_dir: Path, task: str) -> Path:
     fig.suptitle(f"attention diagnostics against length - task {task}", fontsize=11)
     fig.tight_layout()
     path = out_dir / f"diagnostics-{safe_name(task)}.png"
-    fig.savefig(path, dpi=110)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
     return path

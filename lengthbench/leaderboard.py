@@ -38,6 +38,7 @@ from lengthbench.config import build_config, params_suffix, selection_words
 from lengthbench.errors import UsageError
 from lengthbench.store import (
     SCHEMA_VERSION,
+    RunFileError,
     StoreError,
     atomic_write_text,
     load_results,
@@ -76,9 +77,12 @@ def load_store(results: str | Path, *, tasks: Iterable[str] | None = None,
         warnings.simplefilter("always")
         try:
             frame = load_results(path, strict=not skip_unreadable)
-        except StoreError as error:
+        except RunFileError as error:
             first_line = str(error).strip().splitlines()[0]
-            raise UsageError(f"{first_line} (the file is left as it is; pass --skip-unreadable to leave it out)") from error
+            raise UsageError(f"{first_line} (the file is left as it is; pass --skip-unreadable to leave "
+                             f"{error.part} out)") from error
+        except StoreError as error:  # the store itself: its runs/ cannot be listed
+            raise UsageError(str(error).strip().splitlines()[0]) from error
     notes = [str(w.message).strip().splitlines()[0] for w in caught]
     if frame.empty:
         raise UsageError(f"no runs in {runs_dir(path)}: the store is empty "

@@ -40,6 +40,7 @@ from lengthbench.leaderboard import (  # noqa: E402
     board_multipliers,
     build_leaderboard,
 )
+from lengthbench.store import atomic_write, atomic_write_text  # noqa: E402
 from lengthbench.tasks import get_task, multiplier_label  # noqa: E402
 
 TITLE_WIDTH = 100  # characters a line of a curve plot's title
@@ -162,7 +163,8 @@ def _save(fig, out: Path, stem: str) -> list[Path]:
         path = out / f"{stem}.{fmt}"
         # A fixed salt for the SVG element ids (random otherwise): the same board gives the same bytes.
         with plt.rc_context({"svg.hashsalt": "lengthbench"}):
-            fig.savefig(path, dpi=150, bbox_inches="tight", metadata={"Date": None} if fmt == "svg" else None)
+            atomic_write(path, lambda tmp, fmt=fmt: fig.savefig(tmp, format=fmt, dpi=150, bbox_inches="tight",
+                                                                metadata={"Date": None} if fmt == "svg" else None))
         paths.append(path)
     plt.close(fig)
     return paths
@@ -374,7 +376,5 @@ def prune_stale(out: str | Path, written: list[Path], *, remove: bool = True) ->
                 removed.append(path)
     names = sorted(now if remove else now | set(earlier))
     out.mkdir(parents=True, exist_ok=True)
-    tmp = manifest.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"figures": names}, indent=1) + "\n")
-    tmp.replace(manifest)
+    atomic_write_text(manifest, json.dumps({"figures": names}, indent=1) + "\n")
     return removed

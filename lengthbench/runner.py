@@ -32,6 +32,7 @@ from lengthbench.checkpoints import (
     checkpoint_dir,
     load_model,
     newest_trained_run,
+    read_checkpoint,
     run_status,
     trained_checkpoint,
     warm_start,
@@ -51,8 +52,17 @@ from lengthbench.config import RunConfig
 from lengthbench.devices import autocast, device_description, git_sha, resolve_device, to_device
 from lengthbench.errors import UsageError
 from lengthbench.evaluation import BleuTally, Evaluator, Scores
+from lengthbench.plugins import plugins_of
 from lengthbench.progress import progress_bar
-from lengthbench.store import atomic_write_text, load_results, run_finished, run_path, saved_config, write_run
+from lengthbench.store import (
+    atomic_write_text,
+    load_results,
+    read_json_file,
+    run_finished,
+    run_path,
+    saved_config,
+    write_run,
+)
 from lengthbench.tasks import eval_lengths, eval_multipliers, get_task, multiplier_label
 from lengthbench.training import Trainer, TrainState, learning_rate
 
@@ -117,14 +127,14 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
         if other.selection in trainer.also_model_states:
             score, step = trainer.state.also_best[other.selection]
             atomic_torch_save({"config": other.identity(), "model": trainer.also_model_states[other.selection],
-                               "state": dict(state, best_score=score, best_step=step)},
+                               "state": dict(state, best_score=score, best_step=step), "plugins": plugins_of(other)},
                               checkpoint_dir(results, other.run_id) / "model.pt")
     trainer.use_best()
     model = trainer.model
     model.eval()
     # the selected weights, with the state the rows record: scoring can resume from this file alone (load_trained)
-    atomic_torch_save({"config": config.identity(), "model": model.state_dict(), "state": state},
-                      ckpt_dir / "model.pt")
+    atomic_torch_save({"config": config.identity(), "model": model.state_dict(), "state": state,
+                       "plugins": plugins_of(config)}, ckpt_dir / "model.pt")
 
     common = dict(train_steps=trainer.state.step, train_seconds=round(trainer.state.train_seconds, 3),
                   best_step=trainer.state.best_step)
@@ -147,7 +157,7 @@ def _score_selected(config: RunConfig, results: Path, torch_device: torch.device
         if not path.exists():
             raise UsageError(f"run {other.run_id} (selection {other.selection} of run {config.run_id}) has no "
                              f"kept checkpoint in {path.parent}: rerun {config.run_id} with --restart")
-        saved = torch.load(path, map_location="cpu", weights_only=False)
+        saved = read_checkpoint(path, "cpu", f"rerun {config.run_id} with --restart")
         state = saved["state"]
         if int(state["best_step"]) == int(own["best_step"].iloc[0]):
             created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -187,7 +197,10 @@ def _score_and_store(config: RunConfig, task, model, torch_device: torch.device,
     samples_path = checkpoint_dir(results, run_id) / "eval_samples_partial.json"
     done: dict[int, dict] = {}
     if partial_path.exists():
-        done = {row["multiplier"]: row for row in json.loads(partial_path.read_text())}
+        rows = read_json_file(partial_path, "delete it to score the run's lengths again",
+                              lambda data: isinstance(data, list) and all(isinstance(row, dict) and "multiplier"
+                                                                          in row for row in data))
+        done = {row["multiplier"]: row for row in rows}
     evaluator = Evaluator(model, task, torch_device, seed=config.seed, tokens_per_batch=config.eval_tokens_per_batch)
     last = ""  # the last length scored, as the progress display shows it
     common = dict(
@@ -195,7 +208,7 @@ def _score_and_store(config: RunConfig, task, model, torch_device: torch.device,
         train_length=config.train_length, selection=config.selection, train_steps=common["train_steps"],
         train_seconds=common["train_seconds"], device=device_description(torch_device),
         lengthbench_version=__version__, git_sha=git_sha(), metric=task.metric, config_json=config.to_json(),
-        best_step=common["best_step"],
+        best_step=common["best_step"], plugins=",".join(plugins_of(config)),
     )
     with progress_bar(progress, unit="lengths", eta=False) as bar:
         task_id = bar.add_task("score", total=len(lengths), completed=len(done), rate="", detail="")

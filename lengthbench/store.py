@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+
+from lengthbench.errors import UsageError
 
 # The contract of ../shared/specs/INTERFACES.md, in order; more columns follow them.
 CONTRACT_COLUMNS = [
@@ -55,6 +59,35 @@ class StoreError(RuntimeError):
     """A results folder that cannot be used; the message says why."""
 
 
+class RunFileError(StoreError):
+    """One run file that cannot be used, or some of its rows (``part``: what leaving it out leaves out)."""
+
+    def __init__(self, message: str, part: str = "it"):
+        super().__init__(message)
+        self.part = part
+
+
+# The ranges of a stored row's numbers, per column: (low, high, low_open, nan_allowed, whole). None: unbounded on
+# that side, but finite. A row outside them is not read as data (``load_results``).
+ROW_RANGES: dict[str, tuple[float | None, float | None, bool, bool, bool]] = {
+    "seed": (0, 2**63 - 1, False, False, True),
+    "train_length": (1, None, False, False, True),
+    "eval_length": (1, None, False, False, True),
+    "multiplier": (0, None, True, False, False),
+    "exact_match": (0, 1, False, True, False),  # NaN: where it is not the row's metric (see rows_out_of_range)
+    "token_accuracy": (0, 1, False, True, False),
+    "n_samples": (1, None, False, True, True),  # NaN: not recorded
+    "realised_tokens": (0, None, False, True, False),
+    "train_steps": (0, None, False, True, True),
+    "train_seconds": (0, None, False, True, False),
+    "eval_seconds": (0, None, False, True, False),
+    "sparsity": (0, 1, False, True, False),  # NaN: not measured
+    "sink_rate": (0, 1, False, True, False),
+    "entropy": (0, None, False, True, False),
+    "score": (0, 1, False, True, False),  # NaN: read from the metric's column
+}
+
+
 def runs_dir(results: str | Path) -> Path:
     return Path(results) / "runs"
 
@@ -63,10 +96,38 @@ def run_path(results: str | Path, run_id: str) -> Path:
     return runs_dir(results) / f"{run_id}.parquet"
 
 
+def special_file_kind(path: str | Path) -> str | None:
+    """What ``path`` is (through its symlinks) where it exists as something other than a regular file or a
+    folder: "character device" (``/dev/null``), "block device", "FIFO" or "socket"; None otherwise."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # missing, a dangling link, a name the file system refuses
+        return None
+    for test, kind in ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return kind
+    return None
+
+
+def refuse_special_file(path: str | Path, option: str = "") -> None:
+    """A :class:`UsageError` where ``path`` is a device, FIFO or socket: writing renames a new file over its
+    target, which would replace ``/dev/null`` itself with a plain file."""
+    kind = special_file_kind(path)
+    if kind is not None:
+        where = f"{option} {path}" if option else str(path)
+        raise UsageError(f"{where} is a {kind}, not a regular file: give the name of a file to write")
+
+
 def atomic_write(path: Path, write: Callable[[str], object]) -> None:
     """The one way this package writes a file: ``write(tmp)`` fills a temporary file beside ``path``,
-    which then replaces ``path`` in one step; an interrupted write leaves the old file untouched."""
+    which then replaces ``path`` in one step; an interrupted write leaves the old file untouched. A symlink is
+    written through (its target is replaced, the link stays); a device, FIFO or socket is refused
+    (:func:`refuse_special_file`)."""
     path = Path(path)
+    refuse_special_file(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -80,6 +141,18 @@ def atomic_write(path: Path, write: Callable[[str], object]) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def read_json_file(path: Path, remedy: str, check: Callable[[object], bool] = lambda data: True):
+    """The JSON a run left in its checkpoint folder (its scored lengths, a length's tallies); a file that is not
+    JSON, or whose content ``check`` refuses, is a one-line :class:`UsageError` naming it and ``remedy``."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:  # (json's errors are ValueErrors)
+        raise UsageError(f"{path} is unreadable ({str(error).splitlines()[0]}): {remedy}") from error
+    if not check(data):
+        raise UsageError(f"{path} does not hold what lengthbench wrote there: {remedy}")
+    return data
 
 
 def atomic_write_parquet(frame: pd.DataFrame, path: Path) -> None:
@@ -202,22 +275,60 @@ def schema_problem(frame: pd.DataFrame) -> str | None:
     return None
 
 
+def rows_out_of_range(frame: pd.DataFrame) -> tuple[pd.Series, list[str]]:
+    """Which rows of ``frame`` hold a number outside :data:`ROW_RANGES` (NaN, an infinity, a score above 1, a
+    multiplier of 0...), and a few words on each column that does: ``"score 1.5 (must be in [0, 1])"``."""
+    bad = pd.Series(False, index=frame.index)
+    words = []
+    for column, (low, high, low_open, nan_allowed, whole) in ROW_RANGES.items():
+        if column not in frame.columns:
+            continue
+        values = pd.to_numeric(frame[column], errors="coerce").astype(float)
+        finite = np.isfinite(values)
+        wrong = ~finite & ~(values.isna() & nan_allowed)
+        inside = finite & (values > low if low_open else values >= low) if low is not None else finite
+        if high is not None:
+            inside &= values <= high
+        if whole:
+            inside &= values.where(finite, 0.5) % 1 == 0
+        wrong |= finite & ~inside
+        if wrong.any():
+            bounds = (f"{'(' if low_open else '['}{low:,}, {high:,}]" if high is not None else
+                      f"{'>' if low_open else '>='} {low:,}")
+            kind = "a whole number " if whole else ""
+            words.append(f"{column} {values[wrong].iloc[0]:g} (must be {kind}{'in ' if high is not None else ''}"
+                         f"{bounds})")
+            bad |= wrong
+    # the row's value must be there: its score, else the column of its metric (the other accuracy may be missing)
+    value = pd.to_numeric(frame["score"], errors="coerce") if "score" in frame.columns else \
+        pd.Series(np.nan, index=frame.index)
+    metrics = frame["metric"] if "metric" in frame.columns else pd.Series("exact_match", index=frame.index)
+    for metric in ("exact_match", "token_accuracy"):
+        if metric in frame.columns:
+            value = value.fillna(pd.to_numeric(frame[metric], errors="coerce").where(metrics == metric))
+    if value.isna().any():
+        words.append(f"score nan and {metrics[value.isna()].iloc[0]} nan (the row has no value)")
+        bad |= value.isna()
+    return bad, words
+
+
 def read_run_file(path: Path) -> pd.DataFrame:
-    """The rows of one run file, its schema checked; a :class:`StoreError` says what is wrong with it."""
+    """The rows of one run file, its schema checked; a :class:`RunFileError` says what is wrong with it."""
     try:
         frame = pd.read_parquet(path)
     except Exception as error:  # a corrupt or truncated file, or no permission to read it
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise StoreError(f"cannot read {path}: {reason}") from error
+        raise RunFileError(f"cannot read {path}: {reason}") from error
     problem = schema_problem(frame)
     if problem:
-        raise StoreError(f"results file {path} {problem}; it is not a lengthbench run file")
+        raise RunFileError(f"results file {path} {problem}; it is not a lengthbench run file")
     return frame
 
 
 def load_results(results: str | Path, *, strict: bool = False) -> pd.DataFrame:
-    """All rows of the store. A file that cannot be read or lacks the contract's columns is skipped with a
-    warning naming it and why (or raises :class:`StoreError` with ``strict``)."""
+    """All rows of the store. A file that cannot be read or lacks the contract's columns, and a row with a number
+    outside :data:`ROW_RANGES`, is skipped with a warning naming the file and why (or raises :class:`RunFileError`
+    with ``strict``). A ``runs/`` folder that cannot be listed is a :class:`StoreError`, never an empty store."""
     folder = runs_dir(results)
     if str(results).strip() == "":
         raise StoreError("the results folder name is empty")
@@ -227,15 +338,27 @@ def load_results(results: str | Path, *, strict: bool = False) -> pd.DataFrame:
         raise StoreError(f"results path {results} is not a folder")
     if folder.exists() and not folder.is_dir():
         raise StoreError(f"{folder} is a file, not the folder of run files")
+    if folder.exists() and not os.access(folder, os.R_OK | os.X_OK):  # (a glob would read it as empty)
+        raise StoreError(f"no permission to read {folder}: its runs cannot be listed")
     try:
-        files = sorted(folder.glob("*.parquet")) if folder.exists() else []
+        files = sorted(Path(entry.path) for entry in os.scandir(folder) if entry.name.endswith(".parquet")) \
+            if folder.exists() else []
     except OSError as error:
         raise StoreError(f"cannot list {folder}: {error.strerror or error}") from error
     frames = []
     for path in files:
         try:
-            frames.append(with_schema_version(read_run_file(path)))
-        except StoreError as error:  # a corrupt or foreign file must not hide the others
+            frame = read_run_file(path)
+            bad, words = rows_out_of_range(frame)
+            if bad.any():
+                rows, ranges = f"{int(bad.sum())} of {len(frame)} rows", "; ".join(words)
+                if strict or bad.all():
+                    raise RunFileError(f"results file {path}: {rows} outside the store's ranges: {ranges}",
+                                       "those rows" if not bad.all() else "it")
+                warnings.warn(f"skipping {rows} of {path}, outside the store's ranges: {ranges}", stacklevel=2)
+                frame = frame[~bad]
+            frames.append(with_schema_version(frame))
+        except RunFileError as error:  # a corrupt or foreign file must not hide the others
             if strict:
                 raise
             warnings.warn(f"skipping {str(error).replace('cannot read ', 'unreadable results file ', 1)}",

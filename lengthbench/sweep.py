@@ -75,13 +75,17 @@ PARAM_FIELDS = ("task_params", "attn_params", "pe_params")  # merged key by key 
 STAGE_FIXED = ("attn", "pe", "seed", "preset", "init_from")
 
 
-def split_list(text: str | Iterable | None) -> list[str]:
-    """``"a,b, c"`` -> ``["a", "b", "c"]``; a list passes through (as strings)."""
-    if text is None:
+def split_list(text: str | Iterable | None, name: str = "the list") -> list[str]:
+    """``"a,b, c"`` -> ``["a", "b", "c"]``; a list passes through (as strings); None and "" are no items. An empty
+    item (``"copy,,2back"``, a comma at an end) is a :class:`UsageError` naming ``name`` (the option)."""
+    if text is None or text == "":
         return []
     # commas inside brackets belong to a cell's parameters: "mqrar:entmax(alpha=4, k=2):none,copy:softmax:rope"
     items = re.split(r",(?![^()]*\))", text) if isinstance(text, str) else [str(x) for x in text]
-    return [item.strip() for item in items if str(item).strip()]
+    items = [item.strip() for item in items]
+    if not all(items):
+        raise UsageError(f"{name} {text!r} has an empty item (two commas in a row, or one at an end)")
+    return items
 
 
 def parse_seeds(text: str | int | Iterable | None) -> list[int]:
@@ -96,7 +100,7 @@ def parse_seeds(text: str | int | Iterable | None) -> list[int]:
             if isinstance(item, bool) or not isinstance(item, int | str):
                 raise UsageError(f"seeds must be integers, got {item!r}")
     seeds: list[int] = []
-    for item in split_list(text):
+    for item in split_list(text, "--seeds"):
         span = re.fullmatch(r"(\d+)-(\d+)", item)
         if span:
             first, last = int(span[1]), int(span[2])
@@ -451,10 +455,10 @@ def configs_of_sweep(settings: dict[str, Any], *, tasks=None, attns=None, pes=No
     by_pe = settings.get("by_pe") or {}
     seed_list = parse_seeds(seeds if seeds is not None else settings.get("seeds", "0"))
     preset = preset or settings.get("preset", "smoke")
-    task_list = split_list(tasks if tasks is not None else settings.get("tasks"))
-    attn_list = split_list(attns if attns is not None else settings.get("attns"))
-    pe_list = split_list(pes if pes is not None else settings.get("pes"))
-    cell_list = split_list(cells if cells is not None else settings.get("cells"))
+    task_list = split_list(*((tasks, "--tasks") if tasks is not None else (settings.get("tasks"), "tasks")))
+    attn_list = split_list(*((attns, "--attns") if attns is not None else (settings.get("attns"), "attns")))
+    pe_list = split_list(*((pes, "--pes") if pes is not None else (settings.get("pes"), "pes")))
+    cell_list = split_list(*((cells, "--cells") if cells is not None else (settings.get("cells"), "cells")))
     if cell_list and (tasks or attns or pes):
         raise UsageError("give either --cells or --tasks/--attns/--pes, not both")
     if cell_list:
@@ -740,41 +744,14 @@ def _stage_failed(config: RunConfig, outcomes: dict[str, CellOutcome], emit) -> 
     return True
 
 
-def plugin_modules() -> list[str]:
-    """Modules outside lengthbench that registered a task, mechanism or encoding, for the processes that run a
-    sweep's cells to import (:func:`import_plugins`): ``module`` or, for a module loaded from a file,
-    ``module@folder``, so a worker finds it whatever its working directory and ``sys.path``."""
-    from lengthbench.models.attention import ATTENTION
-    from lengthbench.models.positional import POSITIONAL_ENCODINGS
-    from lengthbench.tasks import TASKS
-
-    modules = set()
-    for registry in (TASKS, ATTENTION, POSITIONAL_ENCODINGS):
-        for name in registry.names():
-            module = getattr(registry.get(name), "__module__", "") or ""
-            if module and not module.startswith("lengthbench") and module != "__main__":
-                path = getattr(sys.modules.get(module), "__file__", None)
-                top_level = "." not in module and path and Path(path).name != "__init__.py"
-                modules.add(f"{module}@{Path(path).resolve().parent}" if top_level else module)
-    return sorted(modules)
-
-
-def import_plugins(spec: str) -> None:
-    """Import the modules of :func:`plugin_modules`' comma-separated ``spec``, a ``module@folder`` from its
-    folder."""
-    for entry in split_list(spec):
-        module, _, folder = entry.partition("@")
-        if folder and folder not in sys.path:
-            sys.path.insert(0, folder)
-        __import__(module)
-
-
 def _worker_command(config: RunConfig, results: Path, track: str | None = None) -> list[str]:
     # -P: no current directory on sys.path, where a checkout's lengthbench/ folder would shadow the
     # installed (namespaced) package
     safe = ["-P"] if sys.version_info >= (3, 11) else []
+    from lengthbench.plugins import loaded_plugins
+
     return [sys.executable, *safe, "-m", "lengthbench.sweep", "--worker", str(results), config.to_json(),
-            ",".join(plugin_modules()), track or ""]
+            ",".join(loaded_plugins()), track or ""]
 
 
 def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, command,
@@ -885,7 +862,9 @@ def _finished_outcome(config: RunConfig, results: Path, returncode: int, seconds
 def _worker_main(argv: list[str]) -> int:
     """``python -m lengthbench.sweep --worker RESULTS CONFIG_JSON [PLUGINS] [TRACK]``: run one cell."""
     results, config_json = argv[0], argv[1]
-    import_plugins(argv[2] if len(argv) > 2 else "")
+    from lengthbench.plugins import load_plugins
+
+    load_plugins(split_list(argv[2] if len(argv) > 2 else ""))
     track = argv[3] if len(argv) > 3 and argv[3] else None
     config = RunConfig.from_dict(json.loads(config_json))
     try:

@@ -16,7 +16,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lengthbench.checkpoints import atomic_torch_save, build_model, checkpoint_dir, warm_start
+from lengthbench.checkpoints import (
+    RESTART,
+    atomic_torch_save,
+    build_model,
+    checkpoint_dir,
+    read_checkpoint,
+    warm_start,
+)
 from lengthbench.compile_policy import (
     DENSE_TRAIN_MAX_TOKENS,
     attention_kernels,
@@ -142,7 +149,7 @@ class Trainer:
     def load(self) -> bool:
         if not self.checkpoint_path.exists():
             return self.load_trained()
-        saved = torch.load(self.checkpoint_path, map_location=self.device, weights_only=False)
+        saved = read_checkpoint(self.checkpoint_path, self.device, RESTART)
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.state = TrainState(**saved["state"])
@@ -167,7 +174,7 @@ class Trainer:
         path = self.dir / "model.pt"
         if not path.exists():
             return None
-        saved = torch.load(path, map_location=self.device, weights_only=False)
+        saved = read_checkpoint(path, self.device, RESTART)
         state = saved.get("state")
         if saved.get("config") != self.config.identity() or not state or state["step"] < self.config.train_steps:
             return None

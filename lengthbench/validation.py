@@ -245,13 +245,40 @@ def check_task_params(task: str, params: Mapping[str, Any]) -> None:
 
 # -- a run's configuration ------------------------------------------------------------------------------
 
+def field_types() -> dict[str, type]:
+    """The type of each :class:`~lengthbench.config.RunConfig` field, read from its default (``str`` for the
+    names without one)."""
+    import dataclasses
+
+    from lengthbench.config import RunConfig
+
+    types = {}
+    for item in dataclasses.fields(RunConfig):
+        if item.default is not dataclasses.MISSING:
+            types[item.name] = type(item.default)
+        elif item.default_factory is not dataclasses.MISSING:
+            types[item.name] = type(item.default_factory())
+        else:
+            types[item.name] = str
+    return types
+
+
 def check_overrides(values: Mapping[str, Any], name=flag) -> None:
-    """The numeric RunConfig fields among ``values`` (a command's options, a sweep file's ``[overrides]``),
-    before anything computes with them; ``name`` turns a field into what the user wrote (a flag, or the
-    field itself for a sweep file). None values are left out (the preset's apply)."""
+    """The RunConfig fields among ``values`` (a command's options, a sweep file's ``[overrides]``, a stored
+    configuration), before anything computes with them: each of its field's type (true/false, a word, a table,
+    a list), the numbers in their ranges; ``name`` turns a field into what the user wrote (a flag, or the field
+    itself for a sweep file). None values are left out (the preset's apply)."""
+    types = field_types()
     for key, value in values.items():
         if value is None:
             continue
+        kind = types.get(key)
+        if kind is bool and not isinstance(value, bool):
+            raise UsageError(f"{name(key)} must be true or false, got {value!r}")
+        if kind is str and not isinstance(value, str):
+            raise UsageError(f"{name(key)} must be a string, got {value!r}")
+        if kind is list and not (isinstance(value, list) and all(isinstance(item, str) for item in value)):
+            raise UsageError(f"{name(key)} must be a list of strings, got {value!r}")
         if key == "seed":
             check_int(name(key), value, 0, MAX_SEED)
         elif key == "max_multiplier":
@@ -263,7 +290,30 @@ def check_overrides(values: Mapping[str, Any], name=flag) -> None:
             check_float(name(key), value, low, high, low_open=low_open)
         elif key in ("task_params", "attn_params", "pe_params") and not isinstance(value, Mapping):
             raise UsageError(f"{name(key)} must be a table of key = value, got {value!r}")
+        elif kind is int:
+            check_int(name(key), value)
+        elif kind is float:
+            check_float(name(key), value)
 
+
+def check_stored_config(data: Mapping[str, Any], name=field) -> None:
+    """A whole configuration as :meth:`RunConfig.to_json` writes it (a baseline's cell): every field there
+    (those of :data:`~lengthbench.config.LATER_FIELDS` may be missing, from configurations written before
+    them), none unknown, each of its type and range (:func:`check_overrides`). Nothing is filled in silently:
+    a missing training budget would start a full training."""
+    from lengthbench.config import LATER_FIELDS
+
+    types = field_types()
+    unknown = sorted(set(data) - set(types))
+    if unknown:
+        raise UsageError(f"unknown configuration field {unknown[0]!r}")
+    missing = [key for key in types if key not in data and key not in LATER_FIELDS]
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise UsageError(f"the configuration lacks the field{'s' if len(missing) > 1 else ''} {shown} (a config "
+                         "holds every field, as `lengthbench check --update` writes it; or give \"overrides\" of "
+                         "a preset instead)")
+    check_overrides(data, name)
 
 
 def check_config(config, where: str = "", name=flag) -> None:
@@ -363,8 +413,8 @@ def _name_max(folder: Path) -> int:
 
 def check_writable(path: str | Path, option: str, *, folder: bool = True) -> Path:
     """Refuse, before any work, a ``path`` the command could not write: an empty name, a file where a
-    folder is wanted (or the reverse), a path under a regular file, a name too long, a folder without
-    write permission. Nothing is created. Returns the path."""
+    folder is wanted (or the reverse), a device, FIFO or socket where a file is wanted, a path under a regular
+    file, a name too long, a folder without write permission. Nothing is created. Returns the path."""
     if str(path).strip() == "":
         raise UsageError(f"{option} is empty: give a folder name (e.g. {option} runs)")
     path = Path(path)
@@ -376,6 +426,10 @@ def check_writable(path: str | Path, option: str, *, folder: bool = True) -> Pat
             raise UsageError(f"{option} {path} is a file, not a folder")
         if not folder and path.is_dir():
             raise UsageError(f"{option} {path} is a folder, not a file")
+        if not folder:
+            from lengthbench.store import refuse_special_file
+
+            refuse_special_file(path, option)
         target = path if folder else path.parent
     else:
         target = path.parent if str(path.parent) else Path(".")
@@ -397,6 +451,23 @@ def check_results_writable(results: str | Path, option: str = "--results") -> Pa
             raise UsageError(f"{option} {path}: {child} is a file, not a folder")
         if child.exists() and not os.access(child, os.W_OK | os.X_OK):
             raise UsageError(f"{option} {path}: no permission to write in {child}")
+    return path
+
+
+def check_results_readable(results: str | Path, option: str = "--results") -> Path:
+    """A store that a command only reads (``sweep --dry-run``, ``--status``): a folder or nothing yet, its
+    ``runs/`` a folder it may list; write permission is not needed."""
+    if str(results).strip() == "":
+        raise UsageError(f"{option} is empty: give a folder name (e.g. {option} runs)")
+    path = Path(results)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path} is a file, not a folder")
+    runs = path / "runs"
+    if runs.exists() and not runs.is_dir():
+        raise UsageError(f"{option} {path}: {runs} is a file, not a folder")
+    for folder in (path, runs):
+        if folder.exists() and not os.access(folder, os.R_OK | os.X_OK):
+            raise UsageError(f"{option} {path}: no permission to read {folder}")
     return path
 
 

@@ -43,24 +43,40 @@ def test_example_plugin_registers_and_trains():
 
 
 def test_lengthbench_run_with_a_plugin_mechanism(tmp_path):
-    """``lengthbench run --attn sigmoid --plugin my_attention``: the user's mechanism end to end, and an
-    unknown plugin module is a one-line error with exit code 2."""
+    """The README's route in fresh processes: its ``lengthbench run ... --plugin examples/my_attention.py`` (the
+    file, no PYTHONPATH; on a small budget); a later ``inspect`` without the plugin says which one to load; an
+    unknown plugin is one line, exit 2."""
     import os
+    import shlex
     import subprocess
 
     import pandas as pd
 
-    env = dict(os.environ, PYTHONPATH=str(EXAMPLES), OMP_NUM_THREADS="1")
-    base = [sys.executable, "-m", "lengthbench.cli", "run", "--task", "copy", "--attn", "sigmoid", "--pe", "none",
-            "--train-samples", "320", "--max-multiplier", "2", "--eval-samples", "4", "--no-diagnostics",
-            "--quiet", "--results", str(tmp_path)]
-    done = subprocess.run([*base, "--plugin", "my_attention"], env=env, capture_output=True, text=True, timeout=300)
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    (line,) = [line for line in readme.splitlines() if line.startswith("lengthbench run ") and "--plugin" in line]
+    plugin = str(EXAMPLES / "my_attention.py")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env["OMP_NUM_THREADS"] = "1"
+    lengthbench = [sys.executable, "-m", "lengthbench.cli"]
+    readme_run = [*lengthbench, *[plugin if arg == "examples/my_attention.py" else arg for arg in shlex.split(line)[1:]]]
+    small = ["--train-samples", "320", "--max-multiplier", "2", "--eval-samples", "4", "--no-diagnostics", "--quiet",
+             "--results", str(tmp_path)]
+    done = subprocess.run([*readme_run, *small], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = pd.concat(pd.read_parquet(p) for p in (tmp_path / "runs").glob("*.parquet"))
     assert set(rows["attn"]) == {"sigmoid"} and list(rows["multiplier"]) == [1, 2]
+    assert set(rows["plugins"]) == {f"my_attention@{EXAMPLES}"}
 
-    missing = subprocess.run([*base, "--plugin", "no_such_module"], env=env, capture_output=True, text=True,
-                             timeout=120)
+    inspect = [*lengthbench, "inspect", "maps", "--run", rows["run_id"].iloc[0], "--length", "16", "--results",
+               str(tmp_path), "--out", str(tmp_path / "maps")]
+    hint = subprocess.run(inspect, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert hint.returncode == 2 and hint.stderr.strip().splitlines() == [
+        f"error: run {rows['run_id'].iloc[0]} uses the mechanism 'sigmoid', which no loaded module registers; "
+        f"load its plugin: --plugin {plugin}"], hint.stderr
+
+    missing = subprocess.run([*lengthbench, "run", "--task", "copy", "--attn", "sigmoid", "--pe", "none", *small,
+                              "--plugin", "no_such_module"], env=env, capture_output=True, text=True, timeout=120,
+                             cwd=tmp_path)
     assert missing.returncode == 2 and "no_such_module" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import warnings
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -53,7 +56,100 @@ def places(tmp_path):
                                         "Sieve Attention,1,copy,softmax,rope,1,abc\n")
     (tmp_path / "base.json").write_text(json.dumps({"cells": [cell]}))
     (tmp_path / "badbase.json").write_text(json.dumps({"cells": [{**cell, "overrides": {"eval_samples": "many"}}]}))
+    # stores whose rows hold numbers outside the store's ranges (the second row of the run; "allbad": both)
+    for store, column, value in (("nan", "score", float("nan")), ("inf", "score", float("inf")),
+                                 ("above", "score", 1.5), ("zero", "multiplier", 0), ("negative", "eval_length", -5),
+                                 ("allbad", "token_accuracy", -1.0)):
+        rows = [_row("copy-softmax-rope-smoke-s0-bbbb", m) for m in (1, 2)]
+        for row in rows[1:] if store != "allbad" else rows:
+            row[column] = value
+            if store == "nan":  # no value at all: the score and the metric's column
+                row["exact_match"] = value
+        write_run(tmp_path / f"rows-{store}", "copy-softmax-rope-smoke-s0-bbbb", rows)
+    # baselines of `check`, each with one thing wrong (the first cell of the committed tiny baseline otherwise)
+    tiny = json.loads((Path(__file__).resolve().parents[1] / "results" / "baselines" / "tiny.json").read_text())
+    good = tiny["cells"][0]
+    hand = {"task": "copy", "attn": "softmax", "pe": "rope", "overrides": {"train_samples": 64}}
+    broken = {"task_params": {**good, "config": {**good["config"], "task_params": [1, 2]}},
+              "attn_params": {**hand, "overrides": {"attn_params": "alpha=2"}},
+              "key3": {**good, "curve": {"1": 0.5, "3": 0.5}}, "key-1": {**good, "curve": {"-1": 0.5}},
+              "keyinf": {**good, "curve": {"inf": 0.5}}, "key1e400": {**good, "curve": {"1e400": 0.5}},
+              "string": {**good, "curve": {"1": "0.5"}}, "true": {**good, "curve": {"1": True}},
+              "negative": {**good, "curve": {"2": -0.25}}, "nan": {**good, "curve": {"1": float("nan")}},
+              "fields": {**good, "config": {"task": "2back", "attn": "softmax", "pe": "nape"}},
+              "compile": {**good, "config": {**good["config"], "compile": "yes"}},
+              "lr": {**good, "config": {**good["config"], "lr": "abc"}},
+              "dmodel": {**good, "config": {**good["config"], "d_model": True}},
+              "field": {**good, "config": {**good["config"], "warmup": 5}},
+              "cellkey": {key: value for key, value in {**hand, "overides": hand["overrides"]}.items()
+                          if key != "overrides"},
+              "both": {**good, "overrides": {"train_samples": 64}}}
+    for name, bad in broken.items():
+        (tmp_path / f"b-{name}.json").write_text(json.dumps({"cells": [bad]}))
+    (tmp_path / "lr.toml").write_text('tasks = "copy"\nattns = "softmax"\npes = "rope"\n[overrides]\nlr = "abc"\n')
+    (tmp_path / "stage.toml").write_text('tasks = "copy"\nattns = "softmax"\npes = "rope"\n[[stages]]\n'
+                                         'd_model = true\n')
+    # special files where a file is written: a FIFO, a link to it, and folders holding one under a file's name
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to(tmp_path / "fifo")
+    for folder, names in (("pubfifo", ["leaderboard.md", "seed_comparison.md", "index.html"]),
+                          ("plotfifo", ["curves_copy.png"]),
+                          ("diagfifo", ["diagnostics-copy.png"])):
+        (tmp_path / folder).mkdir()
+        for name in names:
+            os.mkfifo(tmp_path / folder / name)
+    # checkpoints: a truncated zip, and bytes that are no zip at all
+    import io
+
+    import torch
+
+    from lengthbench.config import build_config
+
+    saved = io.BytesIO()
+    torch.save({"config": {}, "model": {"w": torch.zeros(64)}, "state": {}}, saved)
+    truncated = saved.getvalue()[: len(saved.getvalue()) // 2]
+    for run_id, content in (("cut", truncated), ("text", b"not a checkpoint\n")):
+        (tmp_path / "ckpt" / "checkpoints" / run_id).mkdir(parents=True)
+        (tmp_path / "ckpt" / "checkpoints" / run_id / "model.pt").write_bytes(content)
+    # runs of a plugin's mechanism (recorded) and encoding (not recorded) that is not loaded
+    from lengthbench.config import RunConfig
+
+    for run_id, config, plugins in (("plugged", RunConfig("copy", "lb-gone", "rope"), ["lb_gone@/nowhere"]),
+                                    ("unnamed", RunConfig("copy", "softmax", "lb-pe-gone"), None)):
+        (tmp_path / "ckpt" / "checkpoints" / run_id).mkdir(parents=True)
+        torch.save({"config": config.identity(), "model": {}, "state": {"step": 10**9}, "plugins": plugins},
+                   tmp_path / "ckpt" / "checkpoints" / run_id / "model.pt")
+    config = build_config("2back", "softmax", "nape", "smoke", train_length=64, max_multiplier=2, eval_samples=4,
+                          seed=0, train_samples=64)  # the run of B
+    for store, name in (("resume", "train.pt"), ("resumed", "model.pt")):
+        (tmp_path / store / "checkpoints" / config.run_id).mkdir(parents=True)
+        (tmp_path / store / "checkpoints" / config.run_id / name).write_bytes(truncated)
+    # B trained, its scoring interrupted: the file of scored lengths, or of a length's tallies, is corrupt
+    from lengthbench.checkpoints import build_model
+    from lengthbench.tasks import get_task
+
+    model = build_model(config, get_task("2back"))
+    for store, name in (("scoring", "eval_rows.json"), ("tallies", "eval_samples_partial.json")):
+        folder = tmp_path / store / "checkpoints" / config.run_id
+        folder.mkdir(parents=True)
+        torch.save({"config": config.identity(), "model": model.state_dict(),
+                    "state": {"step": config.train_steps, "train_seconds": 1.0, "best_score": 0.0, "best_step": 1}},
+                   folder / "model.pt")
+        (folder / name).write_text('[{"multiplier": 1, ')
+    # plugins that fail on import (on sys.path in every case)
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "lb_bad_runtime.py").write_text('raise RuntimeError("boom")\n')
+    (plugins / "lb_bad_syntax.py").write_text("def broken(:\n")
+    (plugins / "lb_bad_key.py").write_text('{}["missing"]\n')
+    (plugins / "1-bad.py").write_text("")
     return tmp_path
+
+
+def special_files(folder) -> dict[str, str]:
+    """Every FIFO and symlink under ``folder``: what a writer must leave as it is."""
+    return {str(path): ("link" if path.is_symlink() else "fifo") for path in sorted(folder.rglob("*"))
+            if path.is_symlink() or stat.S_ISFIFO(path.lstat().st_mode)}
 
 
 # (id, arguments, the words the one line must hold). {tmp} is the test's folder (see ``places``).
@@ -216,10 +312,164 @@ CASES = [
     ("pe list extra argument", ["pe", "list", "extra"], "unexpected extra argument"),
     ("pe params unknown", ["pe", "params", "nosuch"], "unknown positional encoding"),
     ("unknown command", ["nosuch"], "No such command"),
+    # -- special files: an output that is a device, FIFO or socket is refused, never renamed over ----------
+    ("leaderboard out is a FIFO", ["leaderboard", "--results", "{tmp}/good", "--out", "{tmp}/fifo"],
+     "--out {tmp}/fifo is a FIFO, not a regular file"),
+    ("leaderboard out links to a FIFO", ["leaderboard", "--results", "{tmp}/good", "--out", "{tmp}/link"],
+     "is a FIFO, not a regular file"),
+    ("leaderboard parquet out is a FIFO", ["leaderboard", "--results", "{tmp}/good", "--format", "parquet", "--out",
+                                       "{tmp}/fifo"], "is a FIFO"),
+    ("leaderboard publish holds a FIFO", ["leaderboard", "--results", "{tmp}/good", "--all", "--publish",
+                                          "{tmp}/pubfifo"],
+     "pubfifo/leaderboard.md is a FIFO"),
+    ("compare out is a FIFO", ["compare", "--results", "{tmp}/good", "--out", "{tmp}/fifo"], "is a FIFO"),
+    ("compare publish holds a FIFO", ["compare", "--results", "{tmp}/good", "--publish", "{tmp}/pubfifo"],
+     "pubfifo/seed_comparison.md is a FIFO"),
+    ("plot out holds a FIFO", ["plot", "--results", "{tmp}/good", "--out", "{tmp}/plotfifo"],
+     "curves_copy.png is a FIFO"),
+    ("inspect diagnostics out holds a FIFO", ["inspect", "diagnostics", "--results", "{tmp}/good", "--out",
+                                              "{tmp}/diagfifo"], "diagnostics-copy.png is a FIFO"),
+    ("report html holds a FIFO", ["report", "--html", "{tmp}/pubfifo", "--results", "{tmp}/good", "--all"],
+     "pubfifo/index.html is a FIFO"),
+    ("check update baseline is a FIFO", ["check", "--baseline", "{tmp}/fifo", "--update"],
+     "--baseline {tmp}/fifo is a FIFO"),
+    # -- plugins that fail on import, whatever they raise: one line naming the plugin and the error --------
+    ("plugin raises RuntimeError", ["--plugin", "lb_bad_runtime", "attn", "list"],
+     "cannot import plugin 'lb_bad_runtime': RuntimeError: boom"),
+    ("plugin has a SyntaxError", [*B, "--plugin", "lb_bad_syntax"], "'lb_bad_syntax': SyntaxError"),
+    ("plugin raises KeyError", ["rescore", "r", "--samples", "8", "--results", "{tmp}/good", "--plugin",
+                                "lb_bad_key"], "'lb_bad_key': KeyError: 'missing'"),
+    ("plugin relative ../x", ["--plugin", "../x", "tasks", "list"], "plugin '../x': no such file or folder"),
+    ("plugin relative .foo", [*B, "--plugin", ".foo"], "plugin '.foo' is a relative module name"),
+    ("LENGTHBENCH_PLUGINS raises", ["pe", "list"], "'lb_bad_runtime': RuntimeError: boom"),
+    ("LENGTHBENCH_PLUGINS relative", ["attn", "list"], "plugin '.foo' is a relative module name"),
+    # -- plugins named by module, file or module@folder, on every command; a stored run names its plugin -------
+    ("plugin file missing", [*B, "--plugin", "{tmp}/nosuch.py"], "plugin '{tmp}/nosuch.py': no such file or folder"),
+    ("plugin module@folder missing", ["attn", "list", "--plugin", "lb_x@{tmp}/nosuch"],
+     "plugin 'lb_x@{tmp}/nosuch': the folder '{tmp}/nosuch' does not exist"),
+    ("plugin not a .py file", ["tasks", "list", "--plugin", "{tmp}/file.txt"],
+     "is neither a .py file nor a package folder"),
+    ("plugin module not on the path", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--dry-run",
+                                       "--results", "{tmp}/s", "--plugin", "lb_nowhere"],
+     "no module of that name on Python's path; give its file (--plugin path/to/lb_nowhere.py) or lb_nowhere@FOLDER"),
+    ("plugin file name no module name", ["pe", "list", "--plugin", "{tmp}/plugins/1-bad.py"],
+     "'1-bad' is not a module name"),
+    ("plugin empty", ["leaderboard", "--results", "{tmp}/good", "--plugin", ""], "--plugin is empty"),
+    ("inspect maps of a plugin's run", ["inspect", "maps", "--run", "plugged", "--length", "16", "--results",
+                                        "{tmp}/ckpt", "--out", "{tmp}/m"],
+     "run plugged uses the mechanism 'lb-gone', which no loaded module registers; load its plugin: --plugin "
+     "lb_gone@/nowhere"),
+    ("rescore a plugin's run", ["rescore", "plugged", "--samples", "8", "--results", "{tmp}/ckpt"],
+     "load its plugin: --plugin lb_gone@/nowhere"),
+    ("rescore a run naming no plugin", ["rescore", "unnamed", "--samples", "8", "--results", "{tmp}/ckpt"],
+     "uses the encoding 'lb-pe-gone', which no loaded module registers; its rows name no plugin"),
+    # -- corrupt checkpoints: the file named, and what to do ---------------------------------------------------
+    ("rescore model.pt truncated", ["rescore", "cut", "--samples", "8", "--results", "{tmp}/ckpt"],
+     "checkpoint {tmp}/ckpt/checkpoints/cut/model.pt is unreadable"),
+    ("rescore model.pt not a zip", ["rescore", "text", "--samples", "8", "--results", "{tmp}/ckpt"],
+     "the run's trained model is lost: train the run again"),
+    ("inspect maps model.pt truncated", ["inspect", "maps", "--run", "cut", "--length", "64", "--results",
+                                         "{tmp}/ckpt", "--out", "{tmp}/m"], "cut/model.pt is unreadable"),
+    ("inspect maps model.pt not a zip", ["inspect", "maps", "--run", "text", "--length", "64", "--results",
+                                         "{tmp}/ckpt", "--out", "{tmp}/m"], "text/model.pt is unreadable"),
+    ("run resume train.pt truncated", [*B[:-1], "{tmp}/resume", "--resume"],
+     "train.pt is unreadable (RuntimeError: PytorchStreamReader failed reading zip archive"),
+    ("run resume model.pt truncated", [*B[:-1], "{tmp}/resumed", "--resume"],
+     "model.pt is unreadable (RuntimeError: PytorchStreamReader failed reading zip archive: failed finding "
+     "central directory): delete it, or pass --restart"),
+    ("run init-from model.pt not a zip", [*B[:-1], "{tmp}/ckpt", "--init-from", "text"],
+     "text/model.pt is unreadable (UnpicklingError"),
+    # -- baselines of `check`: validated whole before any cell runs --------------------------------------------
+    ("check baseline task_params a list", ["check", "--baseline", "{tmp}/b-task_params.json"],
+     "task_params must be a table of key = value, got [1, 2]"),
+    ("check baseline attn_params a string", ["check", "--baseline", "{tmp}/b-attn_params.json"],
+     "attn_params must be a table"),
+    ("check baseline curve key 3", ["check", "--baseline", "{tmp}/b-key3.json"],
+     "curve key '3' is not a multiplier the cell evaluates (\"1\", \"2\")"),
+    ("check baseline curve key -1", ["check", "--baseline", "{tmp}/b-key-1.json"], "curve key '-1' is not"),
+    ("check baseline curve key inf", ["check", "--baseline", "{tmp}/b-keyinf.json"], "curve key 'inf' is not"),
+    ("check baseline curve key 1e400", ["check", "--baseline", "{tmp}/b-key1e400.json"], "curve key '1e400' is not"),
+    ("check baseline score a string", ["check", "--baseline", "{tmp}/b-string.json"],
+     "the score '0.5' at 1x is not a fraction in [0, 1]"),
+    ("check baseline score true", ["check", "--baseline", "{tmp}/b-true.json"], "the score True at 1x"),
+    ("check baseline score negative", ["check", "--baseline", "{tmp}/b-negative.json"], "the score -0.25 at 2x"),
+    ("check baseline score NaN", ["check", "--baseline", "{tmp}/b-nan.json"], "the score nan at 1x"),
+    ("check baseline config lacks fields", ["check", "--baseline", "{tmp}/b-fields.json"],
+     "the configuration lacks the fields seed, preset, train_length"),
+    ("check baseline config compile a string", ["check", "--baseline", "{tmp}/b-compile.json"],
+     "compile must be true or false, got 'yes'"),
+    ("check baseline config unknown field", ["check", "--baseline", "{tmp}/b-field.json"],
+     "unknown configuration field 'warmup'"),
+    ("check baseline cell key misspelt", ["check", "--baseline", "{tmp}/b-cellkey.json"], "unknown key 'overides'"),
+    ("check baseline config and overrides", ["check", "--baseline", "{tmp}/b-both.json"], "not both"),
+    # -- error texts that name the problem, not Python's ---------------------------------------------------------
+    ("check baseline config lr a string", ["check", "--baseline", "{tmp}/b-lr.json"], "lr must be a number, got 'abc'"),
+    ("check baseline config d_model true", ["check", "--baseline", "{tmp}/b-dmodel.json"],
+     "d_model must be an integer, got True"),
+    ("sweep file lr a string", ["sweep", "--config", "{tmp}/lr.toml", "--dry-run", "--results", "{tmp}/s"],
+     "lr must be a number, got 'abc'"),
+    # -- store contents: a row outside its schema's ranges stops the command, or is skipped by name --------------
+    ("leaderboard row score NaN", ["leaderboard", "--all", "--results", "{tmp}/rows-nan"],
+     "1 of 2 rows outside the store's ranges: score nan and exact_match nan (the row has no value)"),
+    ("leaderboard row score inf", ["leaderboard", "--all", "--results", "{tmp}/rows-inf"], "score inf"),
+    ("compare row score 1.5", ["compare", "--results", "{tmp}/rows-above"], "score 1.5 (must be in [0, 1])"),
+    ("plot row multiplier 0", ["plot", "--results", "{tmp}/rows-zero", "--out", "{tmp}/p"],
+     "multiplier 0 (must be > 0) (the file is left as it is; pass --skip-unreadable to leave those rows out)"),
+    ("leaderboard row eval_length -5", ["leaderboard", "--all", "--results", "{tmp}/rows-negative"],
+     "eval_length -5 (must be a whole number >= 1)"),
+    ("leaderboard every row bad, skipped", ["leaderboard", "--all", "--skip-unreadable", "--results",
+                                            "{tmp}/rows-allbad"], "the store is empty"),
+    ("leaderboard runs/ unreadable", ["leaderboard", "--all", "--results", "{tmp}/good"],
+     "no permission to read {tmp}/good/runs: its runs cannot be listed"),
+    ("inspect diagnostics runs/ unreadable", ["inspect", "diagnostics", "--results", "{tmp}/good", "--out",
+                                              "{tmp}/d"], "no permission to read"),
+    # -- options checked at once: executors' options in a dry run, no GPU before the plan, empty list items -------
+    ("sweep device cuda without a GPU", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope",
+                                         "--device", "cuda", "--results", "{tmp}/s"], "no CUDA GPU is available"),
+    ("sweep dry run slurm time abc", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope",
+                                      "--executor", "slurm", "--time", "abc", "--dry-run", "--results", "{tmp}/s"],
+     "--time takes minutes"),
+    ("sweep dry run ray gpus -1", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--executor",
+                                   "ray", "--ray-gpus-per-cell", "-1", "--dry-run", "--results", "{tmp}/s"],
+     "--ray-gpus-per-cell must be in [0, 1024], got -1"),
+    ("sweep dry run ray cpus nan", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--executor",
+                                    "ray", "--ray-cpus-per-cell", "nan", "--dry-run", "--results", "{tmp}/s"],
+     "--ray-cpus-per-cell must be a finite number, got nan"),
+    ("sweep ray cpus nan", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--executor", "ray",
+                            "--ray-cpus-per-cell", "nan", "--results", "{tmp}/s"], "--ray-cpus-per-cell must be a finite"),
+    ("sweep status mem lots", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--executor",
+                               "slurm", "--mem", "lots", "--status", "--results", "{tmp}/s"], "--mem takes a size"),
+    ("sweep tasks empty item", ["sweep", "--tasks", "2back,,copy", "--attns", "softmax", "--pes", "rope",
+                                "--dry-run", "--results", "{tmp}/s"], "--tasks '2back,,copy' has an empty item"),
+    ("sweep pes trailing comma", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope,", "--dry-run",
+                                  "--results", "{tmp}/s"], "--pes 'rope,' has an empty item"),
+    ("sweep seeds empty item", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--seeds", "0,,1",
+                                "--dry-run", "--results", "{tmp}/s"], "--seeds '0,,1' has an empty item"),
+    ("leaderboard task empty item", ["leaderboard", "--results", "{tmp}/good", "--all", "--task", ",copy"],
+     "--task ',copy' has an empty item"),
+    # -- read-only stores: what only reads them needs read permission, not write ----------------------------------
+    ("sweep dry run store unreadable", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope",
+                                        "--dry-run", "--results", "{tmp}/good"], "no permission to read"),
+    ("sweep status runs/ unreadable", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope",
+                                       "--status", "--results", "{tmp}/good"], "no permission to read"),
+    ("run dry run runs/ unreadable", [*B[:-1], "{tmp}/good", "--dry-run"], "no permission to read"),
+    ("sweep file stage d_model true", ["sweep", "--config", "{tmp}/stage.toml", "--dry-run", "--results", "{tmp}/s"],
+     "stage 1: d_model must be an integer, got True"),
+    ("run resume eval_rows.json corrupt", [*B[:-1], "{tmp}/scoring", "--resume"],
+     "eval_rows.json is unreadable (Expecting"),
+    ("run resume eval_samples_partial.json corrupt", [*B[:-1], "{tmp}/tallies", "--resume"],
+     "eval_samples_partial.json is unreadable"),
 ]
+# Cases run as on a machine without a GPU (the lead's GPU machine has one).
+NO_GPU = {"sweep device cuda without a GPU"}
+# Cases run with these environment variables.
+ENVIRONMENT = {"LENGTHBENCH_PLUGINS raises": {"LENGTHBENCH_PLUGINS": "lb_bad_runtime"},
+               "LENGTHBENCH_PLUGINS relative": {"LENGTHBENCH_PLUGINS": ".foo"}}
 # Cases whose folder is unwritable by permission: ``os.access`` says no for paths ending so.
 NO_PERMISSION = {"run runs/ unwritable": "runs", "sweep runs/ unwritable": "runs", "rescore runs/ unwritable": "runs",
-                 "check results unwritable": "good"}
+                 "check results unwritable": "good", "sweep dry run store unreadable": "good",
+                 "sweep status runs/ unreadable": "runs", "run dry run runs/ unreadable": "runs",
+                 "leaderboard runs/ unreadable": "runs", "inspect diagnostics runs/ unreadable": "runs"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
@@ -229,7 +479,15 @@ def test_bad_input_is_one_line_and_exit_2(case, places, monkeypatch, capsys):
         real_access, suffix = os.access, NO_PERMISSION[name]
         monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if str(path).endswith(suffix)
                             else real_access(path, mode, **kw))
+    if name in NO_GPU:
+        import torch
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for key, value in ENVIRONMENT.get(name, {}).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.syspath_prepend(str(places / "plugins"))
     monkeypatch.chdir(places)
+    untouched = special_files(places)
     code = cli(monkeypatch, *[arg.replace("{tmp}", str(places)) for arg in args])
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
@@ -237,7 +495,42 @@ def test_bad_input_is_one_line_and_exit_2(case, places, monkeypatch, capsys):
     assert "Traceback" not in err
     assert len(lines) == 1, err
     assert lines[0].startswith("error: "), err
-    assert words.lower() in lines[0].lower(), (words, err)
+    assert words.replace("{tmp}", str(places)).lower() in lines[0].lower(), (words, err)
+    assert special_files(places) == untouched  # no FIFO or link was replaced by a file
+
+
+@pytest.mark.parametrize("what", ["--dry-run", "--status"])
+def test_a_read_only_store_can_be_planned_and_its_status_read(what, places, monkeypatch, capsys):
+    # no write permission anywhere in the store (root writes anyway: os.access says no, as for a user)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if mode & os.W_OK and "good" in str(path)
+                        else real_access(path, mode, **kw))
+    sweep = ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--results", places / "good"]
+    assert cli(monkeypatch, *sweep, what) == 0, capsys.readouterr().err
+    assert "copy / softmax + rope / s0" in capsys.readouterr().out
+    assert cli(monkeypatch, *sweep) == 2  # a real sweep still needs to write
+    assert "no permission to write" in capsys.readouterr().err
+    assert cli(monkeypatch, *[a.replace("{tmp}", str(places)) for a in B[:-1]], places / "good", "--dry-run") == 0
+
+
+@pytest.mark.parametrize("command", [["leaderboard", "--all"], ["compare"], ["plot", "--out", "plots"]])
+def test_rows_out_of_range_are_skipped_by_name_and_no_numpy_warning(command, places, monkeypatch, capsys):
+    # a row without a value (NaN score and exact match), a score of 1.5, a multiplier of 0 (log2 of it warned)
+    for store in ("nan", "above", "zero"):
+        for path in (places / f"rows-{store}" / "runs").glob("*.parquet"):
+            frame = pd.read_parquet(path)
+            frame["run_id"] = f"copy-softmax-rope-smoke-s0-{store}"
+            frame.to_parquet(places / "good" / "runs" / f"{store}.parquet")
+    monkeypatch.chdir(places)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # numpy's "invalid value encountered in log2" fails it
+        assert cli(monkeypatch, *command, "--results", places / "good", "--skip-unreadable") == 0
+    err = capsys.readouterr().err
+    skipped = [line for line in err.splitlines() if line.startswith("warning: skipping 1 of 2 rows of")]
+    assert len(skipped) == 3, err
+    for store, words in (("nan", "score nan and exact_match nan"), ("above", "score 1.5"), ("zero", "multiplier 0")):
+        assert any(f"{store}.parquet" in line and words in line for line in skipped), (store, err)
+    assert "RuntimeWarning" not in err
 
 
 def test_the_table_covers_every_command():
@@ -269,3 +562,14 @@ def test_no_work_starts_when_the_store_cannot_be_written(places, monkeypatch):
     monkeypatch.setattr(lengthbench.runner, "run_cell", lambda *a, **k: pytest.fail("run_cell was called"))
     args = [arg.replace("{tmp}", str(places)) for arg in B[:-1]] + [str(places / "filerun")]
     assert cli(monkeypatch, *args) == 2
+
+
+def test_a_link_to_a_file_is_written_through(tmp_path):
+    # the link stays a link; its target gets the new text
+    from lengthbench.store import atomic_write_text
+
+    target = tmp_path / "real.md"
+    target.write_text("old\n")
+    (tmp_path / "link.md").symlink_to(target)
+    atomic_write_text(tmp_path / "link.md", "new\n")
+    assert (tmp_path / "link.md").is_symlink() and target.read_text() == "new\n"

@@ -32,7 +32,10 @@ def fake_rows(config, device="cpu"):
 
 
 def test_lists_and_seeds():
-    assert split_list("copy, 2back,,") == ["copy", "2back"]
+    assert split_list("copy, 2back") == ["copy", "2back"] and split_list("") == split_list(None) == []
+    for text in ("copy,,2back", "copy,", ",copy", [" ", "copy"]):
+        with pytest.raises(UsageError, match="has an empty item"):
+            split_list(text, "--tasks")
     assert parse_seeds("0,2-4,2") == [0, 2, 3, 4]
     with pytest.raises(UsageError, match="non-negative integers"):
         parse_seeds("1,x")
@@ -113,7 +116,8 @@ config = json.loads(sys.argv[2])
 if config["seed"] == 1:
     print("worker failed on purpose"); sys.exit(3)
 rows = [dict(dict.fromkeys(CONTRACT_COLUMNS), run_id=sys.argv[3], task=config["task"], attn=config["attn"],
-             pe=config["pe"], seed=config["seed"], multiplier=m, metric="exact_match", score=1.0 / m,
+             pe=config["pe"], seed=config["seed"], multiplier=m, train_length=64, eval_length=64 * m,
+             metric="exact_match", score=1.0 / m,
              device="gpu " + os.environ["CUDA_VISIBLE_DEVICES"]) for m in (1, 2)]
 write_run(sys.argv[1], sys.argv[3], rows)
 """

@@ -8,9 +8,10 @@ write before any work starts (``lengthbench.validation``).
 
 from __future__ import annotations
 
+import functools
 import importlib
-import os
 import sys
+from inspect import Parameter, signature
 
 import typer
 from rich.console import Console
@@ -18,6 +19,8 @@ from rich.markup import escape
 
 from lengthbench.errors import TrainingDiverged, UsageError, interrupted
 from lengthbench.models.registry import UnknownNameError
+from lengthbench.plugins import HELP as PLUGIN_HELP
+from lengthbench.plugins import load_plugins
 from lengthbench.store import StoreError
 
 console = Console(stderr=True)
@@ -31,28 +34,39 @@ app = typer.Typer(
 COMMAND_MODULES = ["run", "registry", "tasks", "inspect", "report", "html"]
 
 
-def load_plugins(modules: list[str]) -> None:
-    """Import user modules that register tasks, mechanisms or encodings: ``--plugin``, the
-    ``LENGTHBENCH_PLUGINS`` variable (comma-separated) and ``lengthbench.plugins`` entry points."""
-    from importlib.metadata import entry_points
-
-    names = list(modules) + [m for m in os.environ.get("LENGTHBENCH_PLUGINS", "").split(",") if m.strip()]
-    for name in names:
-        try:
-            importlib.import_module(name.strip())
-        except ImportError as error:
-            raise UsageError(f"cannot import plugin module {name.strip()!r}: {error}") from error
-    for entry in entry_points(group="lengthbench.plugins"):
-        entry.load()
-
-
 @app.callback()
-def root(
-    plugin: list[str] = typer.Option(
-        [], "--plugin", help="Python module to import first (registers your tasks, mechanisms, encodings)."
-    ),
-) -> None:
-    load_plugins(plugin)
+def root(plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP)) -> None:
+    # the plugins of the root --plugin, of LENGTHBENCH_PLUGINS and of installed entry points
+    load_plugins(plugin, environment=True, entry_points=True)
+
+
+def _with_plugin_option(callback):
+    """``callback`` with a ``--plugin`` option that loads the plugins before the command runs (a command that
+    has its own ``plugin`` parameter is left as it is)."""
+    # (``inspect`` here is the command module lengthbench.cli.inspect)
+    parameters = signature(callback).parameters
+    if "plugin" in parameters:
+        return callback
+
+    @functools.wraps(callback)
+    def command(*args, plugin: list[str], **kwargs):
+        load_plugins(plugin)
+        return callback(*args, **kwargs)
+
+    option = Parameter("plugin", Parameter.KEYWORD_ONLY, annotation=list[str],
+                       default=typer.Option([], "--plugin", help=PLUGIN_HELP))
+    command.__signature__ = signature(callback).replace(parameters=[*parameters.values(), option])
+    command.__annotations__ = {**callback.__annotations__, "plugin": list[str]}
+    return command
+
+
+def _add_plugin_option(typer_app: typer.Typer) -> None:
+    """``--plugin`` on every command of ``typer_app`` and its groups: each command loads mechanisms, encodings or
+    tasks by name, so each takes the plugins that register them."""
+    for info in typer_app.registered_commands:
+        info.callback = _with_plugin_option(info.callback)
+    for group in typer_app.registered_groups:
+        _add_plugin_option(group.typer_instance)
 
 
 def reflow_help(typer_app: typer.Typer) -> None:
@@ -71,6 +85,7 @@ def reflow_help(typer_app: typer.Typer) -> None:
 for _name in COMMAND_MODULES:
     importlib.import_module(f"lengthbench.cli.{_name}").register(app)
 reflow_help(app)
+_add_plugin_option(app)
 
 
 def fail(message: str) -> None:
@@ -95,7 +110,7 @@ def main() -> None:
         if isinstance(code, int) and code:
             raise SystemExit(code)
     except UnknownNameError as error:  # a LookupError: its str() comes in quotes
-        fail(str(error).strip("'\""))
+        fail(str(error).strip("'\"") + "; one of your own: load its module with --plugin")
     except UsageError as error:  # (a message may end in a quoted name: keep it)
         fail(str(error))
     except ValueError as error:  # impossible arguments found by the configuration or a generator

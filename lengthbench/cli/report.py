@@ -376,14 +376,34 @@ def register(app: typer.Typer) -> None:
         seed_list = parse_seeds(seeds if seeds is not None else settings.get("seeds", "0"))
         preset = preset or settings.get("preset", "smoke")
         results = results if results is not None else settings.get("results", DEFAULT_RESULTS)
-        validation.check_results_writable(results)
+        if dry_run or status:  # they only read the store
+            validation.check_results_readable(results)
+        else:
+            validation.check_results_writable(results)
         device = device or settings.get("device", "auto")
         if device not in ("auto", "cpu", "cuda"):
             raise UsageError(f"unknown device {device!r}; choose from: auto, cpu, cuda")
+        from lengthbench import executors
+
+        if executor not in executors.EXECUTORS:
+            raise UsageError(f"unknown executor {executor!r}; choose from: {', '.join(executors.EXECUTORS)}")
+        if executor == "local" and device == "cuda" and not (dry_run or status):
+            from lengthbench.runner import resolve_device
+
+            resolve_device(device)  # no GPU here: one line now, not after the plan
+        if wait is None:  # local waits for cells running elsewhere; slurm returns once its jobs are submitted
+            wait = executor != "slurm"
+        # the executors' options, for a dry run and --status too (their packages and clusters only for a real run)
+        slurm_options = executors.SlurmOptions(
+            partition=slurm_partition, gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task,
+            mem_gb=executors.parse_memory_gb(mem), timeout_min=executors.parse_minutes(time_limit),
+            array_parallelism=slurm_array_parallelism, folder=slurm_folder, cluster=slurm_cluster, wait=wait)
+        ray_options = executors.RayOptions(address=ray_address, gpus_per_cell=ray_gpus_per_cell,
+                                           cpus_per_cell=ray_cpus_per_cell, max_retries=ray_max_retries)
         labels: dict[str, str] = {}  # run id -> the variant it belongs to ([variants.NAME])
         configs = configs_of_sweep(settings, tasks=tasks, attns=attns, pes=pes, cells=cells, seeds=seeds,
                                    preset=preset, flags=flags, labels=labels)
-        cell_list = split_list(cells if cells is not None else settings.get("cells"))
+        cell_list = split_list(cells if cells is not None else settings.get("cells"), "--cells")
         cells_only = [c for c in configs if not any(c.run_id == o.init_from for o in configs)]
         task_list = sorted({c.task for c in cells_only})
         attn_list = sorted({c.attn for c in cells_only})
@@ -420,26 +440,14 @@ def register(app: typer.Typer) -> None:
                 validation.check_run_memory(config, memory_device)
             except UsageError as error:
                 raise UsageError(f"{config.task}:{config.attn}:{config.pe}: {error}") from error
-        from lengthbench import executors
         from lengthbench.tracking import check_tracker
 
-        if executor not in executors.EXECUTORS:
-            raise UsageError(f"unknown executor {executor!r}; choose from: {', '.join(executors.EXECUTORS)}")
-        if wait is None:  # local waits for cells running elsewhere; slurm returns once its jobs are submitted
-            wait = executor != "slurm"
         check_tracker(track)
-        slurm_options = ray_options = None
         if executor == "slurm" and not (dry_run or status):
             executors.require("submitit", "slurm", "--executor slurm")
-            slurm_options = executors.SlurmOptions(
-                partition=slurm_partition, gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task,
-                mem_gb=executors.parse_memory_gb(mem), timeout_min=executors.parse_minutes(time_limit),
-                array_parallelism=slurm_array_parallelism, folder=slurm_folder, cluster=slurm_cluster, wait=wait)
         elif executor == "ray" and not (dry_run or status):
             executors.require("ray", "ray", "--executor ray")
             executors.check_ray_address(ray_address)
-            ray_options = executors.RayOptions(address=ray_address, gpus_per_cell=ray_gpus_per_cell,
-                                               cpus_per_cell=ray_cpus_per_cell, max_retries=ray_max_retries)
         if status:
             _print_status(configs, results, labels)
             _print_progress(configs, results, plan_gpu, per_gpu, mps != "off")
@@ -598,8 +606,8 @@ def register(app: typer.Typer) -> None:
         from lengthbench.leaderboard import load_stores, results_list
 
         results = ",".join(results_list(results, DEFAULT_RESULTS))
-        frame, notes = load_stores(results, tasks=split_list(task), attns=split_list(attn), pes=split_list(pe),
-                                   skip_unreadable=skip_unreadable)
+        frame, notes = load_stores(results, tasks=split_list(task, "--task"), attns=split_list(attn, "--attn"),
+                                   pes=split_list(pe, "--pe"), skip_unreadable=skip_unreadable)
         _print_notes(notes)
         if not show_all:
             _published_leaderboard(frame, results, configs, fmt, out_file, publish, note)
@@ -666,7 +674,7 @@ def register(app: typer.Typer) -> None:
         if seed_tables is not None and not seed_tables.strip():
             raise UsageError("--seed-tables is empty: give a CSV file")
         seeds = load_seed_tables(seed_tables or SEED_TABLES)
-        wanted = split_list(task)
+        wanted = split_list(task, "--task")
         unknown = sorted(set(wanted) - set(seeds["task"]))
         if unknown:
             raise UsageError(f"no seed table has the task {', '.join(unknown)}; "
@@ -720,8 +728,8 @@ def register(app: typer.Typer) -> None:
         results = ",".join(results_list(results, DEFAULT_RESULTS))
         out_dir = check_writable(out_dir, "--out")
         config_files = _config_files(config or (["configs"] if Path("configs").is_dir() else []))
-        frame, notes = load_stores(results, tasks=split_list(task), attns=split_list(attn), pes=split_list(pe),
-                                   skip_unreadable=skip_unreadable)
+        frame, notes = load_stores(results, tasks=split_list(task, "--task"), attns=split_list(attn, "--attn"),
+                                   pes=split_list(pe, "--pe"), skip_unreadable=skip_unreadable)
         _print_notes(notes)
         paths = plot_configs(frame, config_files, out_dir) if config_files else []
         if config and not paths:
@@ -758,11 +766,11 @@ def register(app: typer.Typer) -> None:
 
         if not baseline.strip():
             raise UsageError("--baseline is empty: give a baseline JSON file")
+        if update and Path(baseline).exists():  # (before reading: a FIFO would wait for a writer)
+            check_writable(baseline, "--baseline", folder=False)
         base = load_baseline(baseline, need_curves=not update)
         if results is not None:
             check_results_writable(results)
-        if update:
-            check_writable(baseline, "--baseline", folder=False)
         err.print(f"[bold]check[/]: {len(base.cells)} cells of {baseline}, tolerance {tolerance:g}, device {device}"
                   + (f", store {results}" if results else ""), highlight=False)
         with _progress(quiet) as progress:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from lengthbench.config import parse_params, selection_words
 from lengthbench.errors import UsageError
+from lengthbench.plugins import HELP as PLUGIN_HELP
 from lengthbench.tasks import multiplier_label
 
 out = Console()
@@ -99,8 +100,7 @@ def register(app: typer.Typer) -> None:
                                    "not a terminal).", rich_help_panel=STORE),
         track: str = typer.Option(None, "--track", help="tensorboard or wandb, under RESULTS/tracking/.",
                                   rich_help_panel=STORE),
-        plugin: list[str] = typer.Option([], "--plugin", help="Module registering your task/attn/pe.",
-                                         rich_help_panel=STORE),
+        plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP, rich_help_panel=STORE),
         compile: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile.", rich_help_panel=CUDA),
         compile_mode: str = typer.Option(None, "--compile-mode", help="default, reduce-overhead or max-autotune.",
                                          rich_help_panel=CUDA),
@@ -124,7 +124,10 @@ def register(app: typer.Typer) -> None:
         if resume and restart:
             raise UsageError("give --resume or --restart, not both: --resume continues the checkpoint, "
                              "--restart discards it")
-        validation.check_results_writable(results)
+        if dry_run:  # it only reads the store
+            validation.check_results_readable(results)
+        else:
+            validation.check_results_writable(results)
         numbers = dict(seed=seed, train_length=train_length, max_multiplier=max_multiplier,
                        eval_samples=eval_samples, train_samples=train_samples, batch_size=batch_size, lr=lr,
                        warmup_steps=warmup_steps, eval_every=eval_every, d_model=d_model, n_layers=layers,
@@ -211,8 +214,7 @@ def register(app: typer.Typer) -> None:
         results: str = typer.Option("runs", "--results", help="Results store folder.", rich_help_panel=STORE),
         quiet: bool = typer.Option(False, "--quiet", help="Plain lines, no progress bar (also when the output is "
                                    "not a terminal).", rich_help_panel=STORE),
-        plugin: list[str] = typer.Option([], "--plugin", help="Module registering your task/attn/pe.",
-                                         rich_help_panel=STORE),
+        plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP, rich_help_panel=STORE),
     ) -> None:
         """Score a trained run again with other samples or lengths, as a run of its own; nothing is trained."""
         # The new run's configuration is the old one's with --samples / --max-multiplier and `rescored_from` set;
