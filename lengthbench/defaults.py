@@ -50,7 +50,7 @@ class Recipe:
     config: str = ""
 
     def describe(self) -> str:
-        """``"the paper preset with a 2-stage curriculum (configs/sieve_table1_mqrar.toml)"``."""
+        """``"the paper preset with a 2-stage curriculum"``, and its config where it has one."""
         text = f"the {self.preset} preset"
         if self.stages:
             text += f" with a {len(self.stages)}-stage curriculum"
@@ -73,12 +73,12 @@ _MQRAR_NOPE = Recipe("paper", _scored(1024, init="torch", n_layers=4, train_samp
                      ({"train_length": 16, "task_params": {"layout": "inline"}, "train_samples": 960_000,
                        "warmup_steps": 2000, "max_multiplier": 2, "selection": "id"},
                       {"train_length": 16, "max_multiplier": 2, "selection": "id"}),
-                     "sieve_table1_mqrar.toml")
+                     )
 # its RoPE rows: the 2-layer model of its Table 3, the same two stages with the preset's warm-up
 _MQRAR = Recipe("paper", _scored(1024, init="torch", n_layers=2, train_samples=1_280_000),
                 ({"train_length": 16, "task_params": {"layout": "inline"}, "max_multiplier": 2},
                  {"train_length": 16, "train_samples": 640_000, "max_multiplier": 2}),
-                "sieve_table1_mqrar_rope.toml")
+                )
 
 # task -> recipe; "task:pe" where the encoding decides
 GPU_RECIPES: dict[str, Recipe] = {

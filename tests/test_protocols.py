@@ -133,13 +133,3 @@ def test_rows_without_a_whole_configuration_match_nothing(tmp_path):
     store_run(store, _cell(seed=1), stored_config="")
     assert runs_of_config(load_store(store)[0], path).empty
     assert runs_of_config(load_store(store)[0].iloc[:0], path).empty
-
-
-def test_the_committed_mqrar_table_has_the_runs_its_config_names():
-    """configs/sieve_table1_mqrar.toml: stick-breaking seeds 5 and 7 and sieve-alg1 seed 4, scored on 1,000
-    samples (its header), out of the 100-odd MQRAR runs of the committed store."""
-    frame = pd.concat([pd.read_parquet(p) for p in sorted((ROOT / "results" / "runs").glob("mqrar-*.parquet"))])
-    found = runs_of_config(frame, ROOT / "configs" / "sieve_table1_mqrar.toml").drop_duplicates("run_id")
-    assert sorted(zip(found["attn"], found["seed"], strict=True)) == [("sieve-alg1", 4), ("stickbreaking", 5),
-                                                                    ("stickbreaking", 7)]
-    assert set(found["n_samples"]) == {1000}
