@@ -153,10 +153,17 @@ class CostModel:
                 rows = rows[rows["train_step"] == config.train_step]
             same_model = rows[(rows["task"] == config.task) & (rows["d_model"].astype(float) == config.d_model) &
                               (rows["layers"].astype(float) == config.n_layers)]
-            # another task's model (its rate scaled by layers x width x tokens a sample, which the step's time
-            # follows at these sizes), or another GPU model's rate at three quarters (an H100 trains these
-            # models at 0.8-0.9x an H200)
-            for candidates, scaled in ((same_model, False), (rows, True)):
+            # another encoding of the mechanism (the encoding's share of a step is small: NoPE's rows are rarely
+            # measured), another task's model (its rate scaled by layers x width x tokens a sample, which the
+            # step's time follows at these sizes), or another GPU model's rate at three quarters (an H100 trains
+            # these models at 0.8-0.9x an H200)
+            any_pe = table[(table["attn"] == config.attn) & (table["batch_size"] == config.batch_size)]
+            if "train_step" in any_pe.columns:
+                any_pe = any_pe[any_pe["train_step"] == config.train_step]
+            any_pe_model = any_pe[(any_pe["task"] == config.task) & (any_pe["d_model"].astype(float) ==
+                                                                     config.d_model) &
+                                  (any_pe["layers"].astype(float) == config.n_layers)]
+            for candidates, scaled in ((same_model, False), (any_pe_model, False), (rows, True), (any_pe, True)):
                 same_gpu = candidates[candidates["device"].astype(str).map(_gpu_family) == self.family]
                 chosen, scale, where = ((same_gpu, 1.0, "") if not same_gpu.empty else
                                         (candidates, 0.75, ", another GPU x 0.75"))

@@ -143,6 +143,23 @@ def _cost_model(results: str, plan_gpu: str):
     return CostModel(plan_gpu, store)
 
 
+def _fitting_per_gpu(configs, results: str, budget_seconds: float, plan_gpu: str, per_gpu: int, mps: bool) -> int:
+    """``--per-gpu auto`` under a budget: the most cells side by side (at most ``per_gpu``) with which the first
+    cell not in the store ends inside the budget (each cell side by side runs slower); ``per_gpu`` where none
+    does."""
+    from lengthbench.budget import side_by_side_factor
+    from lengthbench.checkpoints import cell_finished
+
+    first = next((c for c in configs if not cell_finished(results, c)), None)
+    if first is None:
+        return per_gpu
+    cost = _cost_model(results, plan_gpu).cost(first).total
+    for count in range(per_gpu, 0, -1):
+        if cost * side_by_side_factor(first, count, mps) <= budget_seconds:
+            return count
+    return per_gpu
+
+
 def _print_plan(configs, results: str, budget_seconds: float, plan_gpu: str, slots: int, per_gpu: int,
                 mps: bool, labels: dict[str, str] | None = None):
     """The budget's plan, before anything starts: each cell's estimated minutes, its start, what fits."""
@@ -428,6 +445,8 @@ def register(app: typer.Typer) -> None:
             from lengthbench.sweep import auto_per_gpu
 
             per_gpu = auto_per_gpu(configs, plan_gpu)
+            if budget_seconds is not None:  # fewer side by side where the first cell to run fits no other way
+                per_gpu = _fitting_per_gpu(configs, results, budget_seconds, plan_gpu, per_gpu, mps != "off")
         else:
             if isinstance(per_gpu, str):
                 if not per_gpu.strip().isdigit():
