@@ -383,16 +383,22 @@ def protocol_section(frame: pd.DataFrame, section: Section) -> Section:
     import json
 
     from lengthbench.errors import UsageError
+    from lengthbench.plugins import check_loaded
     from lengthbench.sweep import configs_of_sweep
 
     cells, seen = [], set()
-    for text in frame.drop_duplicates("run_id")["config_json"].dropna() if "config_json" in frame.columns else []:
+    runs = frame.drop_duplicates("run_id") if "config_json" in frame.columns else frame.iloc[:0]
+    task = section.cells[0].task if section.cells else None
+    for run_id, text, plugins in zip(runs["run_id"], runs.get("config_json", []),
+                                     runs.get("plugins", pd.Series("", index=runs.index)).fillna(""), strict=True):
         try:
             config = RunConfig.from_dict(json.loads(text))
         except (TypeError, ValueError):
             continue
         if config.selected_from or config.init_from or config.rescored_from:
             continue
+        if config.task == task:  # a run of this table's task whose mechanism is not loaded: say which plugin
+            check_loaded(config, str(plugins).split(","), run_id)
         key = (_cell_text(config), config.seed)
         if key in seen:
             continue

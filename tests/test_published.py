@@ -203,3 +203,26 @@ def test_compare_puts_your_runs_at_a_protocol_beside_its_published_rows(tmp_path
     assert cli(monkeypatch, "compare", "--results", mine, "--config", path) == 0
     assert "| sparsemax | rope | yours |" in capsys.readouterr().out
     assert cli(monkeypatch, "compare", "--results", published_store, "--config", tmp_path / "none.toml") == 2
+
+
+def test_compare_names_the_plugin_a_run_at_the_protocol_needs(tmp_path, monkeypatch, capsys):
+    import dataclasses
+
+    path = tmp_path / "copy.toml"
+    path.write_text(textwrap.dedent("""
+        # A table, Copy:
+        cells = ["copy:softmax:rope"]
+        seeds = [0]
+        preset = "smoke"
+        [overrides]
+        max_multiplier = 4
+        """))
+    section = read_section(path)
+    mine = tmp_path / "mine"
+    stranger = dataclasses.replace(section.cells[0], attn="notloaded")
+    rows = [dict(row, plugins="my_attention@/somewhere") for row in rows_of(stranger, [1.0, 0.5, 0.0])]
+    write_run(mine, stranger.run_id, rows)
+    assert cli(monkeypatch, "compare", "--results", mine, "--config", path) == 2
+    err = capsys.readouterr().err.strip()
+    assert "uses the mechanism 'notloaded'" in err and "--plugin my_attention@/somewhere" in err
+    assert len(err.splitlines()) == 1
