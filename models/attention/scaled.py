@@ -62,8 +62,7 @@ def adaptive_scale(counts: torch.Tensor, beta, gamma, delta) -> torch.Tensor:
 
     The power is written ``exp(gamma * log(log(n_r + 1)))`` (``log(n_r + 1) >= log 2 > 0``): the same value, but
     ``pow`` with a tensor exponent got a wrong gradient for ``gamma`` from Inductor on CUDA (torch 2.11; tens
-    to a hundred times the eager one, ``benchmarks/compiled_grads.py``), which broke the
-    compiled training of ASEntmax and ASSMax models."""
+    to a hundred times the eager one), which broke the compiled training of ASEntmax and ASSMax models."""
     log_log = torch.log(torch.log(counts + 1))
     return delta + per_row(beta, counts) * torch.exp(per_row(gamma, counts) * log_log)
 
