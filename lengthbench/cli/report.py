@@ -655,22 +655,22 @@ def register(app: typer.Typer) -> None:
                                           "it, or give A,B, to read several stores at once."),
         configs: list[str] = typer.Option(None, "--config", help="A paper-table config: your runs at its protocol "
                                           "beside its published rows and the paper's values (repeat for several)."),
-        seed_tables: str = typer.Option(None, "--seed-tables",
-                                         help="CSV of the seeds' cells (default: lengthbench/seed_tables.csv)."),
+        paper_tables: str = typer.Option(None, "--paper-tables", help="CSV of the papers' cells, one row per "
+                                          "number (default: lengthbench/paper_tables.csv)."),
         task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
-        tolerance: float = typer.Option(5.0, "--tolerance", help="Points within which ours agrees with the seed's."),
-        rows: int = typer.Option(3, "--rows", help="Rows of ours per seed cell, closest to the seed first (0: all)."),
+        tolerance: float = typer.Option(5.0, "--tolerance", help="Points within which ours agrees with the paper's."),
+        rows: int = typer.Option(3, "--rows", help="Rows of ours per paper cell, closest to the paper first (0: all)."),
         out_file: str = typer.Option(None, "--out", help="Write the Markdown here (default: stdout).",
                                      rich_help_panel=OUTPUT),
         publish: str = typer.Option(None, "--publish", rich_help_panel=OUTPUT,
-                                     help="Write DIR/seed_comparison.md and DIR/seed_comparison.parquet."),
+                                     help="Write DIR/paper_comparison.md and DIR/paper_comparison.parquet."),
         skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                              help="Leave out unreadable result files (with a warning)."),
     ) -> None:
-        """Our leaderboard beside the seeds' published tables: per seed cell, ours and the difference in points.
+        """Our leaderboard beside the papers' published tables: per paper cell, ours and the difference in points.
         With --config: the runs of --results trained at that config's protocol (your own mechanism's too) beside
         the published rows of the protocol and the paper's values."""
-        from lengthbench.compare import SEED_TABLES, load_seed_tables, to_markdown, write_comparison
+        from lengthbench.compare import PAPER_TABLES, load_paper_tables, to_markdown, write_comparison
         from lengthbench.compare import compare as compare_store
         from lengthbench.sweep import split_list
 
@@ -690,23 +690,23 @@ def register(app: typer.Typer) -> None:
         if configs:
             _compare_configs(configs, results, out_file, skip_unreadable)
             return
-        if seed_tables is not None and not seed_tables.strip():
-            raise UsageError("--seed-tables is empty: give a CSV file")
-        seeds = load_seed_tables(seed_tables or SEED_TABLES)
+        if paper_tables is not None and not paper_tables.strip():
+            raise UsageError("--paper-tables is empty: give a CSV file")
+        papers = load_paper_tables(paper_tables or PAPER_TABLES)
         wanted = split_list(task, "--task")
-        unknown = sorted(set(wanted) - set(seeds["task"]))
+        unknown = sorted(set(wanted) - set(papers["task"]))
         if unknown:
-            raise UsageError(f"no seed table has the task {', '.join(unknown)}; "
-                             f"choose from: {', '.join(sorted(seeds['task'].unique()))}")
+            raise UsageError(f"no paper table has the task {', '.join(unknown)}; "
+                             f"choose from: {', '.join(sorted(papers['task'].unique()))}")
         if wanted:
-            seeds = seeds[seeds["task"].isin(wanted)]
+            papers = papers[papers["task"].isin(wanted)]
         frame, notes = load_stores(results, skip_unreadable=skip_unreadable)
         _print_notes(notes)
-        frame = frame[frame["task"].isin(set(seeds["task"]))]
+        frame = frame[frame["task"].isin(set(papers["task"]))]
         if frame.empty:
-            raise UsageError(f"no runs in {results} of the seed tables' tasks "
-                             f"({', '.join(sorted(seeds['task'].unique()))})")
-        long = compare_store(frame, seeds, tolerance=tolerance)
+            raise UsageError(f"no runs in {results} of the paper tables' tasks "
+                             f"({', '.join(sorted(papers['task'].unique()))})")
+        long = compare_store(frame, papers, tolerance=tolerance)
         source = f"Generated from {frame['run_id'].nunique()} runs in `{results}` by `lengthbench compare --results {results}`."
         markdown = to_markdown(long, rows_per_cell=rows, tolerance=tolerance, source=source)
         if publish is not None:
