@@ -63,7 +63,7 @@ case "$part" in
       --out "$out/none" 2>&1 | tee "$out/eval_time_none_log.txt" ;;
   eval-trained)
     # Trained models for the scoring times (results/benchmarks/eval_time.md) and the kernel benchmark's `trained`
-    # inputs: the paper models, 1.28M samples each at the task's training length (the seeds train 20M-50M), into
+    # inputs: the paper models, 1.28M samples each at the task's training length (the papers train 20M-50M), into
     # OUT/trained_runs (resumed if interrupted). Their in-distribution accuracy is recorded beside each time.
     runs="$out/trained_runs"
     for cell in mqrar:softmax:rope mqrar:stickbreaking:none mqrar:sieve-window:none mqrar:sieve:none \

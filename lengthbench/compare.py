@@ -1,23 +1,23 @@
-"""Our leaderboard beside the seeds' published tables (``seed_tables.csv``, transcribed from the papers).
+"""Our leaderboard beside the papers' published tables (``paper_tables.csv``, transcribed from the papers).
 
-For every cell of a seed table (task x mechanism x encoding), the comparison lists the leaderboard rows of ours
-that stand for the same cell, at the seed's own columns: the seed's value, ours, and the difference in points.
+For every cell of a paper's table (task x mechanism x encoding), the comparison lists the leaderboard rows of ours
+that stand for the same cell, at the paper's own columns: the paper's value, ours, and the difference in points.
 A leaderboard row is the best of seeds of one protocol (``leaderboard.build_leaderboard``); a cell of ours may
-have several, one per protocol or variant. They are ordered by how many of the seed's columns they scored, then
-by their mean absolute difference from the seed over those columns (closest first).
+have several, one per protocol or variant. They are ordered by how many of the paper's columns they scored, then
+by their mean absolute difference from the paper over those columns (closest first).
 
-Which rows stand for a seed's cell:
+Which rows stand for a paper's cell:
 
 * the same task with its default task parameters (a named variant such as MQRAR's ``layout=inline`` is another
   task; a curriculum's earlier stages may have had any) at its default training length (64 for most, Local Count
   128, Max Retrieval 16), and an encoding of the same name (its parameters, e.g. RoPE's scaling, may differ: a variant);
 * a mechanism of the same name, or one of its :data:`STAND_INS` (``sieve-window``, the window filter of Sieve
-  Attention's Algorithm 1, stands in for Sieve), whose :data:`IDENTITY_PARAMS` agree with the seed's (entmax at alpha
-  4 is not entmax at 1.5;
+  Attention's Algorithm 1, stands in for Sieve), whose :data:`IDENTITY_PARAMS` agree with the paper's (entmax at
+  alpha 4 is not entmax at 1.5;
   softmax at a fixed temperature is not softmax; ``scaled_heads=nope`` or ``s_init=1`` are ways to implement the
   same mechanism, and ASEntmax's gamma learned or fixed is its own choice: variants).
 
-Verdicts, over the columns both have (a seed column we did not score is left out): ``agrees`` where every
+Verdicts, over the columns both have (a paper's column we did not score is left out): ``agrees`` where every
 difference is within the tolerance (default 5 points: about 1.5 standard errors of a proportion near 50% on the
 200 samples per length of our reduced protocols), ``above`` or ``below`` where every difference beyond it has
 that sign, ``mixed`` where both signs occur; ``no common length`` where none is shared.
@@ -38,14 +38,15 @@ from lengthbench.leaderboard import METRIC_NAMES, _md_table, build_leaderboard
 from lengthbench.store import SCHEMA_1_TASK_PARAMS
 from lengthbench.tasks import as_multiplier, get_task, multiplier_label
 
-SEED_TABLES = Path(__file__).with_name("seed_tables.csv")
+PAPER_TABLES = Path(__file__).with_name("paper_tables.csv")
 TOLERANCE = 5.0  # points
 STAND_INS = {"sieve": ("sieve-window",)}  # Sieve's Algorithm 1 window
 # parameters that make another mechanism (with each mechanism's default): entmax at alpha 4 is not entmax at 1.5,
 # softmax at a fixed temperature theta (the sparse-attention paper's Max Retrieval, Table 5) is not softmax
 IDENTITY_PARAMS = {"alpha": {"entmax": 1.5, "sparsemax": 2.0, "sieve": 1.5, "sentmax": 1.5, "asentmax": 1.5},
                    "theta": {}}
-SEED_COLUMNS = ["source", "table", "task", "attn", "pe", "multiplier", "value"]
+PAPER_COLUMNS = ["paper", "table", "task", "attn", "pe", "multiplier", "value"]
+CELL_KEYS = ["paper", "table", "task", "attn", "pe"]  # a cell of a paper's table
 _LABEL = re.compile(r"^(?P<name>[^ (]+)(?: \((?P<params>.*)\))?$")
 
 
@@ -76,32 +77,33 @@ def _same(a: str | float | None, b: str | float | None) -> bool:
         return a == b
 
 
-def stands_for(ours: str, seeds: str) -> bool:
-    """Whether our mechanism label ``ours`` stands for the seed's ``seeds`` (module docstring)."""
-    mine, theirs = Label.parse(ours), Label.parse(seeds)
+def stands_for(ours: str, theirs: str) -> bool:
+    """Whether our mechanism label ``ours`` stands for the paper's ``theirs`` (module docstring)."""
+    mine, theirs = Label.parse(ours), Label.parse(theirs)
     if mine.name != theirs.name and mine.name not in STAND_INS.get(theirs.name, ()):
         return False
     for key, defaults in IDENTITY_PARAMS.items():
         value = theirs.params.get(key, defaults.get(theirs.name))
-        # a stand-in without a default of its own takes the seed mechanism's (sieve-window's filter is Sieve's)
+        # a stand-in without a default of its own takes the paper mechanism's (sieve-window's filter is Sieve's)
         mine_value = mine.params.get(key, defaults.get(mine.name, defaults.get(theirs.name)))
         if not (value is None and mine_value is None) and not _same(value, mine_value):
             return False
     return True
 
 
-def load_seed_tables(path: str | Path = SEED_TABLES) -> pd.DataFrame:
-    """The seeds' cells, one row per number: ``source, table, task, attn, pe, multiplier, value``."""
+def load_paper_tables(path: str | Path = PAPER_TABLES) -> pd.DataFrame:
+    """The papers' cells, one row per number: ``paper, table, task, attn, pe, multiplier, value`` (``paper``: its
+    title)."""
     path = Path(path)
     if not path.exists():
-        raise UsageError(f"seed table file {path} does not exist")
+        raise UsageError(f"paper table file {path} does not exist")
     if not path.is_file():
-        raise UsageError(f"seed table file {path} is not a file")
+        raise UsageError(f"paper table file {path} is not a file")
     try:
-        frame = pd.read_csv(path, dtype={"source": str, "table": str, "task": str, "attn": str, "pe": str})
+        frame = pd.read_csv(path, dtype={"paper": str, "table": str, "task": str, "attn": str, "pe": str})
     except (ValueError, UnicodeDecodeError) as error:  # pandas' parser errors are ValueErrors
-        raise UsageError(f"seed table file {path} is not a readable CSV file: {str(error).splitlines()[0]}") from error
-    missing = [column for column in SEED_COLUMNS if column not in frame.columns]
+        raise UsageError(f"paper table file {path} is not a readable CSV file: {str(error).splitlines()[0]}") from error
+    missing = [column for column in PAPER_COLUMNS if column not in frame.columns]
     if missing:
         raise UsageError(f"{path} lacks the columns {', '.join(missing)}")
     for column in ("multiplier", "value"):
@@ -111,7 +113,7 @@ def load_seed_tables(path: str | Path = SEED_TABLES) -> pd.DataFrame:
             raise UsageError(f"{path}: the {column} of row {row + 2} is not a number, got {frame[column].iloc[row]!r}")
     frame["multiplier"] = frame["multiplier"].map(lambda m: as_multiplier(float(m)))
     frame["value"] = frame["value"].astype(float)
-    return frame[SEED_COLUMNS]
+    return frame[PAPER_COLUMNS]
 
 
 def verdict(differences: list[float], tolerance: float = TOLERANCE) -> str:
@@ -138,30 +140,31 @@ def _train_length(task: str) -> int:
     return get_task(task).default_train_length
 
 
-def compare(frame: pd.DataFrame, seeds: pd.DataFrame, *, tolerance: float = TOLERANCE) -> pd.DataFrame:
-    """One row per (seed cell, leaderboard row of ours, seed column): the long form of the comparison.
+def compare(frame: pd.DataFrame, papers: pd.DataFrame, *, tolerance: float = TOLERANCE) -> pd.DataFrame:
+    """One row per (paper cell, leaderboard row of ours, paper column): the long form of the comparison.
 
-    ``frame`` is a results store as :func:`lengthbench.leaderboard.load_store` returns it. Columns: the seed
-    cell's ``source, table, task, attn, pe``; ours ``our_attn, our_pe, preset, protocol, train_length, metric,
-    seeds, best_run_id``; ``multiplier, seed_value, our_value, difference`` (points; NaN where we did not score
-    that length); per leaderboard row ``verdict``, ``mean_abs_difference`` and ``rank`` (0 = closest to the
-    seed). A seed cell with no row of ours has one row per column with ``our_attn`` empty and verdict ``no run``.
+    ``frame`` is a results store as :func:`lengthbench.leaderboard.load_store` returns it; ``papers`` the cells of
+    :func:`load_paper_tables`. Columns: the paper cell's ``paper, table, task, attn, pe``; ours ``our_attn, our_pe,
+    preset, protocol, train_length, metric, seeds, best_run_id``; ``multiplier, paper_value, our_value,
+    difference`` (points; NaN where we did not score that length); per leaderboard row ``verdict``,
+    ``mean_abs_difference`` and ``rank`` (0 = closest to the paper). A paper cell with no row of ours has one row
+    per column with ``our_attn`` empty and verdict ``no run``.
     """
     board = build_leaderboard(frame)
     configs = frame.drop_duplicates("run_id").set_index("run_id")["config_json"]
     board = board[[_default_task(configs.get(run_id)) for run_id in board["best_run_id"]]]
-    # the seeds' training length (the task's default: 64, Local Count 128, Max Retrieval 16); a curriculum's stage at
-    # another (MQRAR's at n 16) is not the seeds' task
+    # the papers' training length (the task's default: 64, Local Count 128, Max Retrieval 16); a curriculum's stage
+    # at another (MQRAR's at n 16) is not the papers' task
     board = board[board["train_length"] == board["task"].map(_train_length)]
     rows = []
-    for (source, table, task, attn, pe), cell in seeds.groupby(["source", "table", "task", "attn", "pe"], sort=False):
+    for (paper, table, task, attn, pe), cell in papers.groupby(CELL_KEYS, sort=False):
         cell = cell.sort_values("multiplier")
-        base = dict(source=source, table=table, task=task, attn=attn, pe=pe)
+        base = dict(paper=paper, table=table, task=task, attn=attn, pe=pe)
         candidates = board[(board["task"] == task)
                            & board["pe"].map(lambda label, pe=pe: Label.parse(label).name == pe)
                            & board["attn"].map(lambda label, attn=attn: stands_for(label, attn))]
         if candidates.empty:
-            rows += [dict(base, our_attn="", verdict="no run", multiplier=m, seed_value=v, rank=0)
+            rows += [dict(base, our_attn="", verdict="no run", multiplier=m, paper_value=v, rank=0)
                      for m, v in zip(cell["multiplier"], cell["value"], strict=True)]
             continue
         compared = []
@@ -170,16 +173,16 @@ def compare(frame: pd.DataFrame, seeds: pd.DataFrame, *, tolerance: float = TOLE
             differences = [v - s for v, s in zip(values, cell["value"], strict=True) if not pd.isna(v)]
             closeness = sum(abs(d) for d in differences) / len(differences) if differences else math.inf
             compared.append((len(values) - len(differences), closeness, ours, values, differences))
-        # rows that scored more of the seed's columns first, then the closest
+        # rows that scored more of the paper's columns first, then the closest
         compared.sort(key=lambda item: (item[0], item[1], item[2]["protocol"] or "", item[2]["attn"], item[2]["pe"]))
         for rank, (_, closeness, ours, values, differences) in enumerate(compared):
             shared = dict(base, our_attn=ours["attn"], our_pe=ours["pe"], preset=ours["preset"],
                           protocol=ours["protocol"], train_length=int(ours["train_length"]),
                           metric=ours["metric"], seeds=int(ours["seeds"]), best_run_id=ours["best_run_id"],
                           verdict=verdict(differences, tolerance), mean_abs_difference=closeness, rank=rank)
-            for m, seed_value, our_value in zip(cell["multiplier"], cell["value"], values, strict=True):
-                rows.append(dict(shared, multiplier=m, seed_value=seed_value, our_value=our_value,
-                                 difference=our_value - seed_value))
+            for m, paper_value, our_value in zip(cell["multiplier"], cell["value"], values, strict=True):
+                rows.append(dict(shared, multiplier=m, paper_value=paper_value, our_value=our_value,
+                                 difference=our_value - paper_value))
     return pd.DataFrame(rows)
 
 
@@ -192,59 +195,56 @@ def _signed(value) -> str:
 
 
 def summary(long: pd.DataFrame) -> pd.DataFrame:
-    """Per seed table and task: its cells, and how many of them the closest row of ours agrees with, is
+    """Per paper table and task: its cells, and how many of them the closest row of ours agrees with, is
     above, below or mixed against, or has no run for."""
-    closest = long[long["rank"] == 0].drop_duplicates(["source", "table", "task", "attn", "pe"])
-    counts = closest.groupby(["source", "table", "task"], sort=True)["verdict"].value_counts().unstack(fill_value=0)
+    closest = long[long["rank"] == 0].drop_duplicates(CELL_KEYS)
+    counts = closest.groupby(["paper", "table", "task"], sort=True)["verdict"].value_counts().unstack(fill_value=0)
     columns = ["agrees", "above", "below", "mixed", "no common length", "no run"]
     counts = counts.reindex(columns=columns, fill_value=0)
     counts.insert(0, "cells", counts.sum(axis=1))
     return counts.reset_index()
 
 
-# The papers behind ``seed_tables.csv``'s ``source`` codes, by title.
-PAPERS = {"000": "Threshold Differential Attention", "002": "Softpick",
-          "003": "Long-Context Generalization with Sparse Attention", "004": "Sieve Attention"}
-SHORT_TITLES = {"003": "Sparse Attention"}  # where a table cell has no room for the whole title
+# where a table cell has no room for the whole title
+SHORT_TITLES = {"Long-Context Generalization with Sparse Attention": "Sparse Attention"}
 
 
-def paper_title(source, short: bool = False) -> str:
-    """The title of the paper behind a ``source`` code (its short form in table cells)."""
-    code = str(source).zfill(3)
-    return (SHORT_TITLES.get(code) if short else None) or PAPERS.get(code, f"paper {code}")
+def short_title(paper: str) -> str:
+    """A paper's title as a table cell shows it."""
+    return SHORT_TITLES.get(paper, paper)
 
 
 def to_markdown(long: pd.DataFrame, *, rows_per_cell: int = 3, tolerance: float = TOLERANCE,
                 source: str | None = None) -> str:
-    """The comparison as Markdown: a summary, then per seed table and task the seed's row and ours under it."""
+    """The comparison as Markdown: a summary, then per paper table and task the paper's row and ours under it."""
     parts = ["# Our leaderboard beside the papers' tables", ""]
     if source:
         parts += [source, ""]
     parts += [
-        "Seed numbers: `lengthbench/seed_tables.csv`, transcribed from the papers in `../shared/seeds/`. Ours: "
-        "the leaderboard's best of seeds, one row per protocol or variant of the cell, closest to the seed first "
-        f"(mean absolute difference over the seed's columns we scored); at most {rows_per_cell} a cell "
-        "(`--rows 0` lists all). In brackets: ours minus the seed's, in points. Verdict over the columns both "
+        "The papers' numbers: `lengthbench/paper_tables.csv`, transcribed from the tables each section names. "
+        "Ours: the leaderboard's best of seeds, one row per protocol or variant of the cell, closest to the "
+        f"paper first (mean absolute difference over the paper's columns we scored); at most {rows_per_cell} a "
+        "cell (`--rows 0` lists all). In brackets: ours minus the paper's, in points. Verdict over the columns both "
         f"have: **agrees** within {tolerance:g} points at every one, **above** / **below** where every "
         "difference beyond that has that sign, **mixed** where both do. – : a length we did not score.",
         "",
         "## Summary: the closest row of ours per paper cell", "",
     ]
     table = summary(long)
-    rows = [[paper_title(row[c], short=True) if c == "source" else str(row[c]) for c in table.columns]
+    rows = [[short_title(row[c]) if c == "paper" else str(row[c]) for c in table.columns]
             for _, row in table.iterrows()]
     parts += [_md_table(list(table.columns), rows, ["l"] * 3 + ["r"] * (len(table.columns) - 3)), ""]
-    for (source_id, table_name, task), group in long.groupby(["source", "table", "task"], sort=True):
+    for (paper, table_name, task), group in long.groupby(["paper", "table", "task"], sort=True):
         multipliers = sorted(group["multiplier"].unique())
         metric = group["metric"].dropna()
         metric_text = METRIC_NAMES.get(metric.iloc[0], metric.iloc[0]) if len(metric) else "the task's metric"
-        parts += [f"## {paper_title(source_id)}, {table_name}: {task}", "",
+        parts += [f"## {paper}, {table_name}: {task}", "",
                   f"Ours in {metric_text} (%); the paper's as printed.", ""]
         header = ["cell", "row"] + [f"{multiplier_label(m)}×" for m in multipliers] + ["verdict", "ours: protocol"]
         rows = []
         for (attn, pe), cell in group.groupby(["attn", "pe"], sort=False):
-            seed_values = cell.drop_duplicates("multiplier").set_index("multiplier")["seed_value"]
-            rows.append([f"{attn} + {pe}", paper_title(source_id, short=True)] + [_value(seed_values.get(m)) for m in multipliers]
+            paper_values = cell.drop_duplicates("multiplier").set_index("multiplier")["paper_value"]
+            rows.append([f"{attn} + {pe}", short_title(paper)] + [_value(paper_values.get(m)) for m in multipliers]
                         + ["", ""])
             ranks = sorted(cell["rank"].unique())
             shown = ranks if rows_per_cell <= 0 else ranks[:rows_per_cell]
@@ -267,25 +267,25 @@ def to_markdown(long: pd.DataFrame, *, rows_per_cell: int = 3, tolerance: float 
     return "\n".join(parts).rstrip() + "\n"
 
 
-def seed_table_problems(seeds: pd.DataFrame, *, tasks, attns, pes) -> list[str]:
-    """What in the seed tables names no task, mechanism or encoding of ours, or repeats a cell."""
+def paper_table_problems(papers: pd.DataFrame, *, tasks, attns, pes) -> list[str]:
+    """What in the paper tables names no task, mechanism or encoding of ours, or repeats a cell."""
     problems = []
     for column, known in (("task", set(tasks)), ("pe", set(pes))):
-        problems += [f"unknown {column} {value!r}" for value in sorted(set(seeds[column]) - known)]
-    names = {Label.parse(label).name for label in seeds["attn"]}
+        problems += [f"unknown {column} {value!r}" for value in sorted(set(papers[column]) - known)]
+    names = {Label.parse(label).name for label in papers["attn"]}
     problems += [f"unknown attn {name!r}" for name in sorted(names - set(attns))]
-    repeated = seeds.duplicated(["source", "table", "task", "attn", "pe", "multiplier"], keep=False)
+    repeated = papers.duplicated([*CELL_KEYS, "multiplier"], keep=False)
     problems += [f"repeated cell {tuple(row)}" for row in
-                 seeds.loc[repeated, ["source", "table", "task", "attn", "pe", "multiplier"]].itertuples(index=False)]
+                 papers.loc[repeated, [*CELL_KEYS, "multiplier"]].itertuples(index=False)]
     return problems
 
 
 def write_comparison(long: pd.DataFrame, markdown: str, out_dir: Path) -> tuple[Path, Path]:
-    """``out_dir/seed_comparison.md`` and ``.parquet``, each written atomically."""
+    """``out_dir/paper_comparison.md`` and ``.parquet``, each written atomically."""
     from lengthbench.store import atomic_write_parquet, atomic_write_text
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    md_path, parquet_path = out_dir / "seed_comparison.md", out_dir / "seed_comparison.parquet"
+    md_path, parquet_path = out_dir / "paper_comparison.md", out_dir / "paper_comparison.parquet"
     atomic_write_text(md_path, markdown)
     frame = long.copy()
     frame["multiplier"] = frame["multiplier"].astype(float)

@@ -154,7 +154,7 @@ def trains_dense(config: RunConfig, model, device: torch.device, max_tokens: int
     """Whether the training step runs the attention's dense references, compiled, instead of its fused ops: on
     CUDA where the config compiles and asks for it (``train_attention = "reference"``; the default is the fused
     ops), for models with fused ops, when a training batch is at most :data:`DENSE_TRAIN_MAX_TOKENS` tokens wide
-    (``max_tokens``). At the seeds' training lengths (64: 66-131 tokens) a fused op gains nothing, and a model
+    (``max_tokens``). At the papers' training lengths (64: 66-131 tokens) a fused op gains nothing, and a model
     that calls one cannot be compiled (see ``Trainer.__init__``): it trains eagerly, one launch per operation.
     The references are the same functions, tested against the kernels; validation and scoring still call the
     fused ops."""

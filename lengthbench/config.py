@@ -15,7 +15,7 @@ from lengthbench.tasks import get_task
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 # Checkpoint selection: "id" (in-distribution validation, the default) or "Nx", validation at N times n_train for a
-# power of two N >= 2 ("8x": the seeds' protocol; "Long-Context Generalization with Sparse Attention"
+# power of two N >= 2 ("8x": the papers' protocol; "Long-Context Generalization with Sparse Attention"
 # selects its RoPE models at 2x or 4x, by BLEU)
 SELECTIONS = ("id", "2x", "4x", "8x", "16x")  # the usual ones, for messages; any power of two >= 2 is accepted
 # What the selection compares: "task" (the task's own metric, the default), "exact_match", "token_accuracy" or
@@ -218,16 +218,16 @@ class RunConfig:
         return cls(**{**ABSENT_FIELDS, **{k: v for k, v in data.items() if k in known}})
 
 
-# Presets: what they change relative to the task's seed model (``Task.model_defaults``).
+# Presets: what they change relative to the task's model in its paper (``Task.model_defaults``).
 PRESETS: dict[str, dict[str, Any]] = {
     # A CPU minute per cell: a tiny model, a few thousand samples, lengths up to 8x.
     "smoke": dict(d_model=64, n_heads=4, ffn=128, max_layers=2, train_samples=24_000, batch_size=32,
                   lr=3e-3, warmup_fraction=0.05, eval_samples=64, val_samples=128, max_multiplier=8,
                   eval_every=250, checkpoint_every=250, compile=False, diagnostic_rows=16),
-    # Minutes on one GPU: the seeds' model shapes, 2M samples, 200 evaluation samples per length.
+    # Minutes on one GPU: the papers' model shapes, 2M samples, 200 evaluation samples per length.
     "quick": dict(train_samples=2_000_000, batch_size=256, lr=1e-3, warmup_fraction=0.05, eval_samples=200,
                   val_samples=512, max_multiplier=1024, eval_every=1000, checkpoint_every=1000),
-    # The seeds' protocol: their model sizes and sample counts, batch 128, 10K warm-up steps,
+    # The papers' protocol: their model sizes and sample counts, batch 128, 10K warm-up steps,
     # 1,000 evaluation samples per length.
     # At batch 128 the paper MQMTAR model is launch-bound: CUDA graphs (``reduce-overhead``) took its training
     # step from 15.1k to 28.9k samples/s on an H100, and a whole run with them (validation, checkpoints) ran
@@ -249,7 +249,7 @@ def preset_warmup(preset: str, train_samples: int, batch_size: int) -> int | Non
 
 
 def build_config(task: str, attn: str, pe: str, preset: str = "smoke", **overrides: Any) -> RunConfig:
-    """The configuration of a run: the task's seed model, then the preset, then explicit overrides
+    """The configuration of a run: the task's model in its paper, then the preset, then explicit overrides
     (``None`` values are ignored)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from: {', '.join(PRESETS)}")

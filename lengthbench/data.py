@@ -1,6 +1,6 @@
 """Training batches: a deterministic function of ``(config, step)``, produced ahead in background workers.
 
-Batch ``step`` draws its nominal length from the seeds' training range with a counter-based hash of
+Batch ``step`` draws its nominal length from the papers' training range with a counter-based hash of
 ``(seed, step)`` and takes samples ``step * batch_size ...`` of the train stream at that length. Resuming
 at step ``s`` therefore sees exactly the batches an uninterrupted run would have seen.
 """

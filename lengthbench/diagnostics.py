@@ -1,4 +1,4 @@
-"""Attention diagnostics of a trained decoder at one evaluation length: the numbers the seeds argue with.
+"""Attention diagnostics of a trained decoder at one evaluation length: the numbers the papers argue with.
 
 Per layer and head, over the causal part of the weight map (keys ``j <= r`` of query row ``r``, which
 sees ``n_r = r + 1`` keys):

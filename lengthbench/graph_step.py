@@ -1,6 +1,6 @@
 """The whole training step in one CUDA graph: forward, backward, gradient clipping and AdamW.
 
-At the seeds' training lengths a step's attention is tiny (at most a few hundred tokens), and a step of the
+At the papers' training lengths a step's attention is tiny (at most a few hundred tokens), and a step of the
 paper models is hundreds of small kernels. :class:`GraphStep` records the step once, at one padded width per
 model (every training batch is padded on the right to the task's widest sample; under causal attention the
 padding changes nothing for the real tokens, and its labels are ignored), and replays it for every later batch:

@@ -1,4 +1,4 @@
-"""The leaderboard: the seeds' tables, built from the results store.
+"""The leaderboard: the papers' tables, built from the results store.
 
 Per task (and preset, training protocol and training length, so that runs of different protocols never
 share a table; the protocol is the training budget of ``config_json`` (samples, batch size, learning rate),
@@ -10,7 +10,7 @@ encoding parameters has its own row, named with them: ``entmax (alpha=4)``, ``ro
 
 Conventions (also printed under every table):
 
-* **best of seeds** follows the seeds ("the single best-performing model selected from experiments
+* **best of seeds** follows the papers ("the single best-performing model selected from experiments
   conducted with multiple random seeds"): one whole run is chosen, the one whose curve has the largest
   area under the curve (AUC, below; ties go to the lower seed). Its full curve is shown, not a per-column
   maximum over seeds, so that every row is a model that exists. Where one seed has several runs (say, a
@@ -53,7 +53,7 @@ REACH_THRESHOLD = 0.9
 # older one whose tables they do not share, where the store holds rows of both (``schema_label``,
 # ``store.table_version``), so those never share a table
 TABLE_KEYS = ["task", "preset", "protocol", "train_length"]
-ROW_KEYS = ["pe", "attn"]  # the seeds' order: encoding, then mechanism
+ROW_KEYS = ["pe", "attn"]  # the papers' order: encoding, then mechanism
 METRIC_NAMES = {"exact_match": "exact match", "token_accuracy": "token accuracy"}
 
 
@@ -257,7 +257,7 @@ def protocol_label(config_json, sources: dict[str, str] | None = None) -> str:
     label += "".join(f", {key}={value}" for key, value in sorted(params.items()))
     label += _model_label(config)
     label += _warmup_label(config)
-    # the seeds' checkpoint selection (8x) and another block layout are protocols of their own; the defaults (also
+    # the papers' checkpoint selection (8x) and another block layout are protocols of their own; the defaults (also
     # of rows stored before the fields) go unnamed
     if words := selection_words(config.get("selection", "id"), config.get("selection_metric", "task")):
         label += f", selection {words}"

@@ -37,9 +37,10 @@ SELECTION_KINDS = ("paper", "id")  # the run's own (the paper's) selection; the 
 
 @dataclass
 class Section:
-    """One paper-table config and the runs it plans. ``paper`` and ``table`` (the config's keys) name the table in
-    the transcribed paper tables (``lengthbench/seed_tables.csv``); ``explained`` (its ``[explained]`` table,
-    ``"attn:pe" = "reason"``) gives the one-line reason, with its evidence, of a cell that does not agree."""
+    """One paper-table config and the runs it plans. ``paper`` (the paper's title) and ``table``, the config's keys,
+    name the table in the transcribed paper tables (``lengthbench/paper_tables.csv``'s columns of those names);
+    ``explained`` (its ``[explained]`` table, ``"attn:pe" = "reason"``) gives the one-line reason, with its
+    evidence, of a cell that does not agree."""
 
     path: Path
     title: str
@@ -199,13 +200,12 @@ TOLERANCE = 5.0  # points
 def paper_values(section: Section, tables: pd.DataFrame | None = None) -> dict[tuple[str, str], dict]:
     """The paper's printed values of the section's cells: (attn, pe) as the section's rows name them ->
     {multiplier: value in %}; empty where the config names no paper table."""
-    from lengthbench.compare import PAPERS, SEED_TABLES, load_seed_tables, stands_for
+    from lengthbench.compare import load_paper_tables, stands_for
 
     if not section.paper or not section.table or not section.cells:
         return {}
-    tables = load_seed_tables(SEED_TABLES) if tables is None else tables
-    codes = [code for code, title in PAPERS.items() if title == section.paper]
-    rows = tables[tables["source"].isin(codes) & (tables["table"] == section.table)
+    tables = load_paper_tables() if tables is None else tables
+    rows = tables[(tables["paper"] == section.paper) & (tables["table"] == section.table)
                   & (tables["task"] == section.cells[0].task)]
     values = {}
     for attn, pe in section.rows():

@@ -258,7 +258,7 @@ def rescore_run(results: str | Path, run_id: str, *, samples: int | None = None,
     Its configuration is the source's with those fields changed and ``rescored_from = run_id`` (so its run id
     differs from that of a run trained with the same fields); its training fields in the rows (steps, seconds,
     best step) are the source's. Nothing is trained. An interrupted rescoring resumes at the next length; a
-    finished one is returned as stored. E.g. the seeds' 1,000 samples per length for a run scored on 200."""
+    finished one is returned as stored. E.g. the papers' 1,000 samples per length for a run scored on 200."""
     results = Path(results)
     if samples is None and max_multiplier is None:
         raise UsageError("nothing to rescore: give --samples, --max-multiplier or both")

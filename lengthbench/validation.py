@@ -8,7 +8,7 @@ option and the accepted range. Mechanism, encoding and task parameters are check
 Limits:
 
 - seeds are 0 .. 2**63 - 1 (numpy's and torch's generators take 64-bit seeds);
-- ``--max-multiplier`` is a power of two up to :data:`MAX_MULTIPLIER` (1024, the seeds' protocol), and the
+- ``--max-multiplier`` is a power of two up to :data:`MAX_MULTIPLIER` (1024, the papers' protocol), and the
   longest evaluation length ``train_length * max_multiplier`` is at most :data:`MAX_LENGTH` nominal
   tokens (131,072: n_train 128 at 1024x);
 - a length whose single-sample forward pass would not fit in memory is refused with the estimate

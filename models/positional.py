@@ -59,7 +59,7 @@ def llama3_inverse_frequencies(
 
     Wavelengths shorter than ``original_context / high_freq_factor`` are kept, those longer than
     ``original_context / low_freq_factor`` are divided by ``factor``, and the band between is
-    interpolated smoothly (the rule of Hugging Face's ``rope_type="llama3"``, the seeds' setting).
+    interpolated smoothly (the rule of Hugging Face's ``rope_type="llama3"``, the papers' setting).
     """
     inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     if factor == 1.0:

@@ -47,7 +47,7 @@ class Batch:
 
 @dataclass(frozen=True)
 class ModelDefaults:
-    """The seeds' model and training budget for a task (``../shared/specs/TASKS.md``)."""
+    """The model and training budget of a task in its paper (``../shared/specs/TASKS.md``)."""
 
     layers: int
     d_model: int
@@ -71,14 +71,14 @@ class Task(abc.ABC):
     """
 
     name: ClassVar[str]
-    metric: ClassVar[str] = "exact_match"  # the metric the seeds report: exact_match or token_accuracy
+    metric: ClassVar[str] = "exact_match"  # the metric the papers report: exact_match or token_accuracy
     has_features: ClassVar[bool] = False
     model_defaults: ClassVar[ModelDefaults]
     default_train_length: ClassVar[int] = 64  # n_train unless --train-length says otherwise
     # Parameters that change how a sample is written, not what is drawn: left out of the stream key, so
     # that every setting of them writes the same samples.
     presentation_params: ClassVar[tuple[str, ...]] = ()
-    # evaluation points between the powers of two that a seed reports (multipliers of n_train, e.g. 1.5)
+    # evaluation points between the powers of two that a paper reports (multipliers of n_train, e.g. 1.5)
     extra_multipliers: ClassVar[tuple[float, ...]] = ()
 
     @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class Task(abc.ABC):
         """The batch of the samples whose random numbers ``rng`` draws (row ``b``: sample ``b``), at length ``n``."""
 
     def train_length_range(self, train_length: int) -> tuple[int, int]:
-        """Inclusive range of nominal lengths seen in training (the seeds: n_train/2 .. n_train)."""
+        """Inclusive range of nominal lengths seen in training (the papers: n_train/2 .. n_train)."""
         return max(self.min_length(), train_length // 2), train_length
 
     # -- shared behaviour -------------------------------------------------------------------------

@@ -90,9 +90,9 @@ class MQMTAR(Task):
         value_tokens: int = 2
         queries: int = 4
         density: float = 0.8  # share of the prefix the pairs aim to cover
-        # 0: distinct keys (the seed's task). k > 0: each pair's key drawn from k distinct keys of the sample,
+        # 0: distinct keys (the paper's task). k > 0: each pair's key drawn from k distinct keys of the sample,
         # so keys are re-assigned and a query's answer is the value of its key's most recent pair (MQRAR's
-        # recency in MQMTAR's format and vocabulary: a curriculum stage, not the seed's task).
+        # recency in MQMTAR's format and vocabulary: a curriculum stage, not the paper's task).
         num_keys: int = 0
         spacing: str = "blocks"  # "blocks": one pair per block of n // num_kv tokens (the authors'); "random": n exactly
         values: str = "distinct"  # "distinct" within a sample (the authors'); "uniform": repeats allowed

@@ -8,7 +8,7 @@ Worked example (``n = 4``, data symbols "1".."15", "0" the start filler)::
 Token classification (labels are not shifted). The source is ``0 x1 .. xn`` with ``x`` uniform over
 "1".."15"; the label at each source position is the token two positions earlier, "0" for the first
 two. ``n`` counts the ``x`` tokens. Scored: every source position (the filler included); the
-seeds report per-token accuracy.
+papers report per-token accuracy.
 """
 
 from __future__ import annotations

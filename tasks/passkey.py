@@ -13,8 +13,8 @@ the filler, needles and queries below, and the digits "0".."9" (one vocabulary f
 
 - Filler: "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
   (24 tokens) repeated, entered at a random offset (uniform over its 24 tokens); the haystack is one
-  continuous stretch of it, the needles cut in at token boundaries (mid-sentence allowed, as the seed
-  cuts its filler by characters).
+  continuous stretch of it, the needles cut in at token boundaries (mid-sentence allowed, as Threshold
+  Differential Attention, Appendix D, cuts its filler by characters).
 - Needle: "The pass key is K. Remember it. K is the pass key." with ``K`` uniform in 1..``key_max``
   (50000), written as ``digits`` (5) digit tokens, zero-padded ("00042").
 - Query: "What is the pass key? The pass key is", then ``<sep>``, the ``digits`` digits, ``<eos>``.
@@ -33,8 +33,8 @@ uniform over the middle ``depth_jitter`` (0.5) share of it, so two needles are a
 a sample is an exact match iff every group is. Its ``n`` starts at ``1 + needles * 27 + 10`` (65 for
 2 needles), so its ``default_train_length`` is 128 (training ``n`` 65..128).
 
-The seeds evaluate pretrained language models on this test and give no small-model recipe: the model
-defaults here are ours.
+The papers (Threshold Differential Attention, Appendix D; Softpick, Table 4) evaluate pretrained language
+models on this test and give no small-model recipe: the model defaults here are ours.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The decoder's block layouts: ``prenorm`` (the default) and ``gemma2`` (the seed authors' code)."""
+"""The decoder's block layouts: ``prenorm`` (the default) and ``gemma2`` (the papers' authors' code)."""
 
 import json
 

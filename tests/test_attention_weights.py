@@ -420,7 +420,7 @@ def test_per_head_parameters_broadcast():
         torch.testing.assert_close(w[:, h], weights("ssmax", z[:, h], s=float(s[h])))
 
 
-def test_adaptive_scale_is_the_seeds_power_with_its_gradients():
+def test_adaptive_scale_is_the_papers_power_with_its_gradients():
     """``delta + beta * log(n + 1) ** gamma`` (Long-Context Generalization with Sparse Attention), written as ``exp(gamma * log(log(n + 1)))`` since
     the earlier formula: the same values, and the analytic gradients ``dS/dbeta = L ** gamma`` and
     ``dS/dgamma = beta * L ** gamma * log L`` with ``L = log(n + 1)``, at every ``n`` from the first token."""

@@ -38,7 +38,7 @@ def _row(run_id: str, multiplier: int) -> dict:
 @pytest.fixture
 def places(tmp_path):
     """A regular file, a good store, a store with only a foreign Parquet file, a store whose runs/ is a file,
-    a sweep file with a bad value, baselines and seed tables."""
+    a sweep file with a bad value, baselines and paper tables."""
     (tmp_path / "file.txt").write_text("not a folder\n")
     write_run(tmp_path / "good", "copy-softmax-rope-smoke-s0-aaaa", [_row("copy-softmax-rope-smoke-s0-aaaa", m)
                                                                       for m in (1, 2)])
@@ -52,8 +52,8 @@ def places(tmp_path):
     (tmp_path / "bigseed.toml").write_text('tasks = "copy"\nattns = "softmax"\npes = "rope"\nper_gpu = 0\n')
     cell = {"task": "copy", "attn": "softmax", "pe": "rope", "overrides": {"train_samples": 64},
             "curve": {"1": 1.0, "2": 1.0}}
-    (tmp_path / "seeds.csv").write_text("source,table,task,attn,pe,multiplier,value\n"
-                                        "Sieve Attention,1,copy,softmax,rope,1,abc\n")
+    (tmp_path / "papers.csv").write_text("paper,table,task,attn,pe,multiplier,value\n"
+                                         "Sieve Attention,1,copy,softmax,rope,1,abc\n")
     (tmp_path / "base.json").write_text(json.dumps({"cells": [cell]}))
     (tmp_path / "badbase.json").write_text(json.dumps({"cells": [{**cell, "overrides": {"eval_samples": "many"}}]}))
     # stores whose rows hold numbers outside the store's ranges (the second row of the run; "allbad": both)
@@ -92,7 +92,7 @@ def places(tmp_path):
     # special files where a file is written: a FIFO, a link to it, and folders holding one under a file's name
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "link").symlink_to(tmp_path / "fifo")
-    for folder, names in (("pubfifo", ["leaderboard.md", "seed_comparison.md", "index.html"]),
+    for folder, names in (("pubfifo", ["leaderboard.md", "paper_comparison.md", "index.html"]),
                           ("plotfifo", ["curves_copy.png"]),
                           ("diagfifo", ["diagnostics-copy.png"])):
         (tmp_path / folder).mkdir()
@@ -280,9 +280,9 @@ CASES = [
     ("sweep config empty", ["sweep", "--config", "", "--dry-run"], "--config is empty"),
     ("check baseline empty", ["check", "--baseline", ""], "--baseline is empty"),
     ("check results empty", ["check", "--baseline", "{tmp}/base.json", "--results", ""], "--results is empty"),
-    ("compare seed table value not a number", ["compare", "--results", "{tmp}/good", "--seed-tables",
-                                               "{tmp}/seeds.csv"], "the value of row 2 is not a number, got 'abc'"),
-    ("compare seed tables is a folder", ["compare", "--results", "{tmp}/good", "--seed-tables", "{tmp}"],
+    ("compare paper table value not a number", ["compare", "--results", "{tmp}/good", "--paper-tables",
+                                                "{tmp}/papers.csv"], "the value of row 2 is not a number, got 'abc'"),
+    ("compare paper tables is a folder", ["compare", "--results", "{tmp}/good", "--paper-tables", "{tmp}"],
      "is not a file"),
     ("check tolerance nan", ["check", "--baseline", "{tmp}/base.json", "--tolerance", "nan"], "--tolerance"),
     ("compare tolerance -1", ["compare", "--results", "{tmp}/good", "--tolerance", "-1"], "--tolerance"),
@@ -324,7 +324,7 @@ CASES = [
      "pubfifo/leaderboard.md is a FIFO"),
     ("compare out is a FIFO", ["compare", "--results", "{tmp}/good", "--out", "{tmp}/fifo"], "is a FIFO"),
     ("compare publish holds a FIFO", ["compare", "--results", "{tmp}/good", "--publish", "{tmp}/pubfifo"],
-     "pubfifo/seed_comparison.md is a FIFO"),
+     "pubfifo/paper_comparison.md is a FIFO"),
     ("plot out holds a FIFO", ["plot", "--results", "{tmp}/good", "--out", "{tmp}/plotfifo"],
      "curves_copy.png is a FIFO"),
     ("inspect diagnostics out holds a FIFO", ["inspect", "diagnostics", "--results", "{tmp}/good", "--out",

@@ -393,9 +393,9 @@ def test_mps_on_without_the_binary_is_an_error_and_auto_goes_without(tmp_path, m
 
 
 def test_auto_per_gpu_under_a_budget_takes_fewer_where_the_first_cell_fits_no_other_way(tmp_path, monkeypatch):
-    from lengthbench.cli import report
+    from lengthbench.cli import sweep
 
-    monkeypatch.setattr(report, "_cost_model", lambda results, gpu: FixedCost({0: 600, 1: 600}))
+    monkeypatch.setattr(sweep, "_cost_model", lambda results, gpu: FixedCost({0: 600, 1: 600}))
     monkeypatch.setattr("lengthbench.budget.BENCHMARKS", tmp_path)
     pd.DataFrame([dict(d_model=256, cells=3, mps=True, slowdown=2.0)]).to_parquet(tmp_path / "side_by_side.parquet")
     import lengthbench.budget
@@ -403,6 +403,6 @@ def test_auto_per_gpu_under_a_budget_takes_fewer_where_the_first_cell_fits_no_ot
     monkeypatch.setattr(lengthbench.budget.side_by_side_factor, "__defaults__", (tmp_path,))
     configs = plan_sweep(["copy"], ["softmax"], ["rope"], [0, 1])
     # 3 side by side: 600 s x 2.0; 2 (not measured): x 2; 1: 600 s
-    assert report._fitting_per_gpu(configs, str(tmp_path), 1300, "NVIDIA H100", 3, True) == 3
-    assert report._fitting_per_gpu(configs, str(tmp_path), 1000, "NVIDIA H100", 3, True) == 1
-    assert report._fitting_per_gpu(configs, str(tmp_path), 100, "NVIDIA H100", 3, True) == 3  # none fits: as asked
+    assert sweep._fitting_per_gpu(configs, str(tmp_path), 1300, "NVIDIA H100", 3, True) == 3
+    assert sweep._fitting_per_gpu(configs, str(tmp_path), 1000, "NVIDIA H100", 3, True) == 1
+    assert sweep._fitting_per_gpu(configs, str(tmp_path), 100, "NVIDIA H100", 3, True) == 3  # none fits: as asked

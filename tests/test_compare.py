@@ -1,4 +1,4 @@
-"""``lengthbench compare``: our leaderboard beside the seeds' tables (lengthbench/compare.py)."""
+"""``lengthbench compare``: our leaderboard beside the papers' tables (lengthbench/compare.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 from test_leaderboard import digest, synthetic_run
 
 from lengthbench.compare import (
-    SEED_TABLES,
+    PAPER_TABLES,
     compare,
-    load_seed_tables,
-    seed_table_problems,
+    load_paper_tables,
+    paper_table_problems,
     stands_for,
     summary,
     to_markdown,
@@ -19,23 +19,24 @@ from lengthbench.compare import (
 from lengthbench.leaderboard import load_store
 from tests.cli_helpers import cli
 
-SEEDS_CSV = """source,table,task,attn,pe,multiplier,value
-004,Table 1,copy,sieve,none,1,100.0
-004,Table 1,copy,sieve,none,4,99.8
-004,Table 1,copy,softmax,rope,1,100.0
-004,Table 1,copy,softmax,rope,4,0.0
-003,Table 5,sort,"entmax (alpha=4)",none,1,90.0
-003,Table 5,sort,"entmax (alpha=4)",none,2,80.0
-003,Table 5,maxretrieval,softmax,none,1,98.6
-003,Table 1,reverse,entmax,nape,1,100.0
-003,Table 1,reverse,entmax,nape,1.5,99.0
+SPARSE = "Long-Context Generalization with Sparse Attention"
+PAPERS_CSV = f"""paper,table,task,attn,pe,multiplier,value
+Sieve Attention,Table 1,copy,sieve,none,1,100.0
+Sieve Attention,Table 1,copy,sieve,none,4,99.8
+Sieve Attention,Table 1,copy,softmax,rope,1,100.0
+Sieve Attention,Table 1,copy,softmax,rope,4,0.0
+{SPARSE},Table 5,sort,"entmax (alpha=4)",none,1,90.0
+{SPARSE},Table 5,sort,"entmax (alpha=4)",none,2,80.0
+{SPARSE},Table 5,maxretrieval,softmax,none,1,98.6
+{SPARSE},Table 1,reverse,entmax,nape,1,100.0
+{SPARSE},Table 1,reverse,entmax,nape,1.5,99.0
 """
 
 
 @pytest.fixture
-def seeds(tmp_path):
-    path = tmp_path / "seeds.csv"
-    path.write_text(SEEDS_CSV)
+def papers(tmp_path):
+    path = tmp_path / "papers.csv"
+    path.write_text(PAPERS_CSV)
     return path
 
 
@@ -45,7 +46,7 @@ def store(tmp_path):
     budget = {"train_samples": 2_000_000, "batch_size": 256, "lr": 1e-3}
     synthetic_run(results, "copy", "softmax", "rope", 0, {1: 1.0, 2: 0.1, 4: 0.02}, config=budget)
     synthetic_run(results, "copy", "softmax", "rope", 1, {1: 0.98, 2: 0.0, 4: 0.0}, config=budget)
-    # Sieve (far below the seed) and the window of its Algorithm 1 (close to it): both stand for it
+    # Sieve (far below the paper) and the window of its Algorithm 1 (close to it): both stand for it
     synthetic_run(results, "copy", "sieve", "none", 0, {1: 0.5, 2: 0.0, 4: 0.0}, config=budget)
     synthetic_run(results, "copy", "sieve-window", "none", 0, {1: 1.0, 2: 0.99, 4: 0.97}, config=budget)
     # another alpha is another mechanism; another layout is another task; n 16 is a curriculum's stage
@@ -54,7 +55,7 @@ def store(tmp_path):
                   config={**budget, "task_params": {"layout": "other"}})
     synthetic_run(results, "sort", "entmax", "none", 0, {1: 0.99, 2: 0.95}, config=budget)
     synthetic_run(results, "sort", "entmax", "none", 0, {1: 0.92, 2: 0.70}, config={**budget, "attn_params": {"alpha": 4.0}})
-    # Max Retrieval's training length is 16: a run at 64 is another protocol than the seed's
+    # Max Retrieval's training length is 16: a run at 64 is another protocol than the paper's
     synthetic_run(results, "maxretrieval", "softmax", "none", 0, {1: 0.99, 2: 0.95}, config=budget)
     return results
 
@@ -76,8 +77,8 @@ def test_verdicts(differences, expected):
     assert verdict(differences, 5.0) == expected
 
 
-def test_every_seed_cell_gets_the_rows_that_stand_for_it_closest_first(store, seeds):
-    long = compare(load_store(store)[0], load_seed_tables(seeds))
+def test_every_paper_cell_gets_the_rows_that_stand_for_it_closest_first(store, papers):
+    long = compare(load_store(store)[0], load_paper_tables(papers))
     sieve = long[(long["attn"] == "sieve") & (long["task"] == "copy")]
     assert list(sieve.drop_duplicates("rank")["our_attn"]) == ["sieve-window", "sieve"]  # alpha 1.25 is left out
     closest = sieve[sieve["rank"] == 0].set_index("multiplier")
@@ -93,37 +94,40 @@ def test_every_seed_cell_gets_the_rows_that_stand_for_it_closest_first(store, se
     assert reverse["verdict"].eq("no run").all() and len(reverse) == 2
 
 
-def test_summary_and_markdown(store, seeds):
-    long = compare(load_store(store)[0], load_seed_tables(seeds))
-    table = summary(long).set_index(["source", "table", "task"])
-    assert table.loc[("004", "Table 1", "copy"), ["cells", "agrees"]].tolist() == [2, 2]
-    assert table.loc[("003", "Table 5", "sort"), "below"] == 1  # 92 / 70 against 90 / 80
-    assert table.loc[("003", "Table 1", "reverse"), "no run"] == 1
+def test_summary_and_markdown(store, papers):
+    long = compare(load_store(store)[0], load_paper_tables(papers))
+    table = summary(long).set_index(["paper", "table", "task"])
+    assert table.loc[("Sieve Attention", "Table 1", "copy"), ["cells", "agrees"]].tolist() == [2, 2]
+    assert table.loc[(SPARSE, "Table 5", "sort"), "below"] == 1  # 92 / 70 against 90 / 80
+    assert table.loc[(SPARSE, "Table 1", "reverse"), "no run"] == 1
     text = to_markdown(long, rows_per_cell=1)
+    assert "| Sparse Attention | Table 5 | sort | 1 | 0 | 0 | 1 |" in text  # the summary, its short title
+    assert f"## {SPARSE}, Table 5: sort" in text
     assert "| sieve + none | Sieve Attention | 100.0 | 99.8 |" in text
     assert "|  | ours: sieve-window + none | 100.0 (+0.0) | 97.0 (-2.8) | agrees |" in text
     assert "(1 more rows of ours)" in text
     assert "|  | ours | – | – | no run |  |" in text
 
 
-def test_cli_writes_markdown_and_parquet_and_leaves_the_store_alone(store, seeds, tmp_path, monkeypatch, capsys):
+def test_cli_writes_markdown_and_parquet_and_leaves_the_store_alone(store, papers, tmp_path, monkeypatch, capsys):
     before = digest(store)
-    assert cli(monkeypatch, "compare", "--results", store, "--seed-tables", seeds, "--task", "copy") == 0
+    assert cli(monkeypatch, "compare", "--results", store, "--paper-tables", papers, "--task", "copy") == 0
     assert "## Sieve Attention, Table 1: copy" in capsys.readouterr().out
     out = tmp_path / "published"
-    assert cli(monkeypatch, "compare", "--results", store, "--seed-tables", seeds, "--publish", out) == 0
-    frame = pd.read_parquet(out / "seed_comparison.parquet")
-    assert {"source", "attn", "our_attn", "multiplier", "seed_value", "our_value", "verdict"} <= set(frame.columns)
-    assert (out / "seed_comparison.md").read_text().startswith("# Our leaderboard beside the papers' tables")
+    assert cli(monkeypatch, "compare", "--results", store, "--paper-tables", papers, "--publish", out) == 0
+    frame = pd.read_parquet(out / "paper_comparison.parquet")
+    assert {"paper", "attn", "our_attn", "multiplier", "paper_value", "our_value", "verdict"} <= set(frame.columns)
+    assert set(frame["paper"]) == {"Sieve Attention", SPARSE}
+    assert (out / "paper_comparison.md").read_text().startswith("# Our leaderboard beside the papers' tables")
     assert digest(store) == before
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--tolerance", "-1"], "--tolerance"), (["--rows", "-2"], "--rows"), (["--task", "nosuch"], "no seed table has"),
-    (["--results", "missing-folder"], "does not exist"), (["--seed-tables", "missing.csv"], "does not exist")])
-def test_cli_bad_input_is_one_line_and_exit_2(args, message, store, seeds, monkeypatch, capsys, tmp_path):
+    (["--tolerance", "-1"], "--tolerance"), (["--rows", "-2"], "--rows"), (["--task", "nosuch"], "no paper table has"),
+    (["--results", "missing-folder"], "does not exist"), (["--paper-tables", "missing.csv"], "does not exist")])
+def test_cli_bad_input_is_one_line_and_exit_2(args, message, store, papers, monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
-    base = {"--results": str(store), "--seed-tables": str(seeds)}
+    base = {"--results": str(store), "--paper-tables": str(papers)}
     for key, value in zip(args[::2], args[1::2], strict=True):
         base[key] = value
     assert cli(monkeypatch, "compare", *[x for pair in base.items() for x in pair]) == 2
@@ -131,28 +135,30 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, message, store, seeds, monke
     assert message in err and len(err.splitlines()) == 1
 
 
-def test_the_shipped_seed_tables_name_our_tasks_mechanisms_and_encodings():
+def test_the_shipped_paper_tables_name_our_tasks_mechanisms_and_encodings_and_papers_by_title():
     import lengthbench.models.attention  # noqa: F401 - registers the mechanisms
     from lengthbench.models.attention.registry import ATTENTION
     from lengthbench.models.positional import POSITIONAL_ENCODINGS
     from lengthbench.tasks import task_names
 
-    seeds = load_seed_tables(SEED_TABLES)
-    assert not seed_table_problems(seeds, tasks=task_names(), attns=ATTENTION.names(),
-                                   pes=POSITIONAL_ENCODINGS.names())
-    assert seeds["value"].between(0, 100).all()
+    papers = load_paper_tables(PAPER_TABLES)
+    assert not paper_table_problems(papers, tasks=task_names(), attns=ATTENTION.names(),
+                                    pes=POSITIONAL_ENCODINGS.names())
+    assert papers["value"].between(0, 100).all()
+    # every paper by its title: the titles the paper-table configs name
+    assert set(papers["paper"]) == {"Sieve Attention", SPARSE}
     # the headline rows of the priority tables (Sieve Attention Table 1, Sparse Attention Table 1) are there
-    cells = set(zip(seeds["source"], seeds["task"], seeds["attn"], seeds["pe"], strict=True))
-    assert {("004", "mqrar", "sieve", "none"), ("004", "copy", "stickbreaking", "none"),
-            ("003", "mqmtar", "asentmax", "nape"), ("003", "sort", "ssmax", "rope")} <= cells
+    cells = set(zip(papers["paper"], papers["task"], papers["attn"], papers["pe"], strict=True))
+    assert {("Sieve Attention", "mqrar", "sieve", "none"), ("Sieve Attention", "copy", "stickbreaking", "none"),
+            (SPARSE, "mqmtar", "asentmax", "nape"), (SPARSE, "sort", "ssmax", "rope")} <= cells
 
 
-def test_the_published_comparison_is_what_the_committed_store_and_seed_tables_give(tmp_path, monkeypatch):
-    """results/seed_comparison.md is generated, not edited: regenerating it from results/ gives the same file."""
+def test_the_published_comparison_is_what_the_committed_store_and_paper_tables_give(tmp_path, monkeypatch):
+    """results/paper_comparison.md is generated, not edited: regenerating it from results/ gives the same file."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(root)  # the command line written into the file names the store relative to the checkout
     assert cli(monkeypatch, "compare", "--results", "results", "--out", tmp_path / "again.md") == 0
-    published = (root / "results" / "seed_comparison.md").read_text()
+    published = (root / "results" / "paper_comparison.md").read_text()
     assert (tmp_path / "again.md").read_text() == published

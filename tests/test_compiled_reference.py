@@ -1,5 +1,5 @@
 """The dense reference path of every mechanism traces into one torch.compile graph (no graph break), so that
-models with fused ops can train on it, compiled with CUDA graphs, at the seeds' short training lengths
+models with fused ops can train on it, compiled with CUDA graphs, at the papers' short training lengths
 (``lengthbench.runner.trains_dense``). A graph break there would cost the CUDA graph of the training step. On
 the CPU: Dynamo's tracing is the same for both devices (the modules take their reference path wherever
 ``use_kernels`` is off), and the ``aot_eager`` backend runs the traced forward and backward without compiling

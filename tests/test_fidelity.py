@@ -1,4 +1,4 @@
-"""Fidelity to the seed authors' public code where the papers are silent (docs/conventions.md).
+"""Fidelity to the papers' authors' public code where the papers are silent (docs/conventions.md).
 
 Each fact is recomputed here from a small re-implementation of the authors' convention (written from their
 files' behaviour, not copied): deep-spin/asentmax ``scripts/generate_data.py`` and

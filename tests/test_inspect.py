@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from lengthbench.attention_figures import attention_maps
 from lengthbench.cli import main
-from lengthbench.inspect import attention_maps
 from lengthbench.models.decoder import Decoder, ModelConfig
 from lengthbench.store import CONTRACT_COLUMNS, write_run
 

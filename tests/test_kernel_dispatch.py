@@ -25,6 +25,36 @@ def test_ops_get_their_tensors_in_the_dtype_of_the_last():
     assert seen[-1][0] == [torch.float32] * 5
 
 
+def test_the_registry_holds_the_ops_that_kernels_defines_and_the_modules_ask_for():
+    """The registry against what it is not built from: the public ``*_attention`` functions of the files under
+    ``kernels/`` (read from their source) are exactly the registered ops, one per mechanism; and every mechanism
+    with an op is one whose module asks for it (``AttentionLayer.kernel_names`` of the registered mechanisms)."""
+    pytest.importorskip("triton")
+    import ast
+    import inspect
+    from pathlib import Path
+
+    from lengthbench.models.attention import ATTENTION
+    from lengthbench.models.decoder import Decoder, ModelConfig
+
+    root = Path(kernels.__file__).parent
+    defined = set()
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        module = ".".join(("lengthbench.kernels", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+        defined |= {(module, node.name) for node in ast.parse(path.read_text()).body
+                    if isinstance(node, ast.FunctionDef) and node.name.endswith("_attention")
+                    and not node.name.startswith("_")}
+    ops = {name: inspect.unwrap(kernels.load_op(name)) for name in kernels.kernel_names()}
+    registered = {(op.__module__, op.__name__) for op in ops.values()}
+    assert registered == defined and len(registered) == len(ops)
+    asked = set()
+    for attn in ATTENTION.names():
+        model = Decoder(ModelConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=4, ffn=16, attn=attn, pe="rope"))
+        asked |= set(model.attention_layers[0].kernel_names())
+    assert set(ops) <= asked, sorted(set(ops) - asked)
+
+
 def test_unknown_names_get_none():
     assert kernels.get_kernel("no-such-mechanism") is None
     with pytest.raises(KeyError):

@@ -93,7 +93,7 @@ def test_best_of_seeds_is_one_whole_run_and_mean_std_are_over_seeds(store):
     assert one_seed["seeds"] == 1 and pd.isna(one_seed["1x_std"]) and one_seed["reach"] == 1
 
 
-def test_markdown_has_the_seeds_layout(store):
+def test_markdown_has_the_papers_layout(store):
     board = build_leaderboard(load_store(store)[0])
     text = to_markdown(board)
     assert "## copy" in text and "## 2back" in text
@@ -205,7 +205,7 @@ def test_a_non_default_init_is_part_of_the_protocol():
 
 
 def test_selection_and_block_layout_are_part_of_the_protocol(tmp_path):
-    """A run selected at 8x (the seeds' rule) or built with the Gemma 2 layout is not another seed of the default
+    """A run selected at 8x (the papers' rule) or built with the Gemma 2 layout is not another seed of the default
     protocol's cell: each gets a table of its own, and rows stored before the fields keep theirs."""
     from lengthbench.leaderboard import protocol_label
 
@@ -252,7 +252,7 @@ def test_runs_with_mechanism_or_encoding_parameters_are_rows_of_their_own(tmp_pa
 
 
 def test_a_model_other_than_the_presets_is_part_of_the_protocol():
-    """An MQRAR run with the sparse-attention paper's MQMTAR model (4 x d 512): not the same table as the seeds' model."""
+    """An MQRAR run with the sparse-attention paper's MQMTAR model (4 x d 512): not the same table as the papers' model."""
     from lengthbench.config import build_config
     from lengthbench.leaderboard import protocol_label
 

@@ -140,10 +140,10 @@ def test_a_section_names_its_paper_table_and_explains_what_does_not_agree(tmp_pa
     store = tmp_path / "store"
     write_run(store, section.cells[0].run_id, rows_of(section.cells[0], [1.0, 0.9, 0.9]))
     text = sections_markdown(build_sections(load_results(store), [section]), [section])
-    from lengthbench.compare import SEED_TABLES, load_seed_tables
+    from lengthbench.compare import load_paper_tables
 
-    tables = load_seed_tables(SEED_TABLES)
-    printed = tables[(tables["source"] == "003") & (tables["table"] == "Table 1") & (tables["task"] == "copy")
+    tables = load_paper_tables()
+    printed = tables[(tables["paper"] == "Long-Context Generalization with Sparse Attention") & (tables["table"] == "Table 1") & (tables["task"] == "copy")
                      & (tables["attn"] == "softmax") & (tables["pe"] == "rope")].set_index("multiplier")["value"]
     assert f"| softmax | rope | 100.0 / {printed[1]:.1f} | 90.0 / {printed[2]:.1f} |" in text
     assert "| above | a reason, with its evidence |" in text  # softmax + RoPE is near 0 at 2x in the paper

@@ -251,7 +251,7 @@ def test_compiled_training_and_dense_references(monkeypatch, attn, pe, kernel, d
     assert compiles(fused, trainer.model, cuda, narrow) == (not dense)
     with pytest.raises(ValueError, match="train attention"):
         build_config("copy", attn, pe, "paper", train_attention="dense")
-    assert compiles(config, trainer.model, cuda, narrow)  # every model, at the seeds' length
+    assert compiles(config, trainer.model, cuda, narrow)  # every model, at the papers' length
     assert trains_dense(config, trainer.model, cuda, narrow) == dense
     # wide batches: a model with fused ops trains on them, eagerly
     assert compiles(config, trainer.model, cuda, DENSE_TRAIN_MAX_TOKENS + 1) == (not dense)

@@ -37,7 +37,7 @@ def test_bleu_of_hand_worked_corpora():
     pairs = [([1, 2, 3, 4], [1, 2, 3, 4]), ([5, 6, 7, 9], [5, 6, 7, 8])]
     expected = ((7 / 8) * (5 / 6) * (3 / 4) * (1 / 2)) ** 0.25
     assert bleu(pairs) == pytest.approx(expected)
-    # too short for a 4-gram anywhere: 0, as the seeds' metric
+    # too short for a 4-gram anywhere: 0, as the papers' metric
     assert bleu([([1, 2, 3], [1, 2, 3])]) == 0.0
 
 

@@ -401,7 +401,7 @@ def test_mqrar_two_token_values(layout, n):
     task = get_task("mqrar", value_tokens=2, layout=layout)
     check(task, n, range(6))
     assert task.batch(range(2), n).input_ids.shape[1] == task.max_tokens(n)
-    assert task.vocab == get_task("mqrar").vocab  # a curriculum stage: the same vocabulary as the seeds' task
+    assert task.vocab == get_task("mqrar").vocab  # a curriculum stage: the same vocabulary as the paper's task
     with pytest.raises(ValueError, match="value_tokens"):
         len(get_task("mqrar", value_tokens=0).vocab)
 

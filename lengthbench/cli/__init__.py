@@ -31,7 +31,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMAND_MODULES = ["run", "registry", "tasks", "inspect", "report", "html"]
+COMMAND_MODULES = ["run", "registry", "tasks", "inspect", "sweep", "check", "results", "html"]
 
 
 @app.callback()

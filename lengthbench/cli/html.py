@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from lengthbench.cli.report import DEFAULT_RESULTS
+from lengthbench.cli.common import DEFAULT_RESULTS
 from lengthbench.errors import UsageError
 
 err = Console(stderr=True)

@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Attention maps of a trained run at one length: a PNG per layer, a panel per head."""
         from lengthbench import validation
-        from lengthbench.inspect import inspect_maps, load_run
+        from lengthbench.attention_figures import inspect_maps, load_run
 
         validation.check_length(length)
         validation.check_int("--sample", sample, 0, validation.MAX_SEED)
@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
         """Sparsity, sink rate, entropy and support against length, from the stored rows: a PNG per task."""
         import warnings
 
-        from lengthbench.inspect import plot_diagnostics, select_rows
+        from lengthbench.attention_figures import plot_diagnostics, select_rows
         from lengthbench.store import StoreError, load_results
         from lengthbench.validation import check_writable
 

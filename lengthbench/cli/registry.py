@@ -43,7 +43,7 @@ PARAM_NOTES = {
                  "kernel) or drop (nowhere: Sieve Attention's Eq. 7; the dense reference)",
     "lambda_init": "start of TDA's lambda, in (0, 1)",
     "base": "RoPE's base frequency",
-    "factor": "Llama-3 scaling factor (the seeds: 16)",
+    "factor": "Llama-3 scaling factor (the papers: 16)",
     "low_freq_factor": "Llama-3 scaling: wavelengths above original_context / low_freq_factor are divided by factor",
     "high_freq_factor": "Llama-3 scaling: wavelengths below original_context / high_freq_factor are kept",
     "original_context": "Llama-3 scaling: the context length the scaling starts from",

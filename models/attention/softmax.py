@@ -22,7 +22,7 @@ def softmax_weights(scores: torch.Tensor, mask: torch.Tensor, query_positions=No
 
 @register_attention("softmax", weights=softmax_weights)
 class SoftmaxAttention(AttentionLayer):
-    """Softmax attention (the baseline of every seed); torch SDPA on CUDA."""
+    """Softmax attention (the baseline of every paper); torch SDPA on CUDA."""
 
     def weights(self, scores, query_positions, x_rows):
         return softmax_weights(scores, causal_mask(query_positions, scores.shape[-1]))

@@ -1,43 +1,22 @@
-"""``lengthbench sweep | leaderboard | plot | check``: from runs to the tables, figures and CI check."""
+"""``lengthbench sweep``: every cell of a grid or a paper-table config, with its budget's plan and its status."""
 
 from __future__ import annotations
 
-import math
-import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from lengthbench.cli.common import DEFAULT_RESULTS, cell_name, err, out, progress_bar
 from lengthbench.config import params_suffix
 from lengthbench.errors import UsageError
 
-out = Console()
-err = Console(stderr=True)
-
-DEFAULT_RESULTS = "runs"  # the default of `lengthbench run --results`
 DEFAULT_PLAN_GPU = "NVIDIA H100 80GB HBM3"  # lengthbench.budget.DEFAULT_PLAN_GPU, without importing pandas here
-# --help panels beside each command's first, "Options"
+# --help panels beside the command's first, "Options"
 OVER_PRESET = "Over the preset (every cell)"
 BUDGET = "Budget and GPUs"
 SLURM = "--executor slurm"
 RAY = "--executor ray"
-OUTPUT = "Output"
-
-
-def _cell_name(config, labels: dict[str, str] | None = None) -> str:
-    """The cell as the leaderboard names it, and the sweep file's variant it belongs to in brackets."""
-    from rich.markup import escape
-
-    label = (labels or {}).get(config.run_id)
-    return config.cell_name() + (escape(f" [{label}]") if label else "")  # printed through rich: not a style tag
-
-
-def _progress(quiet: bool) -> Progress:
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.fields[info]}"), console=err, disable=quiet, transient=False)
 
 
 def _summary_numbers(curve: dict[int, float]) -> tuple[str, str]:
@@ -58,11 +37,6 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def _print_notes(notes: list[str]) -> None:
-    for note in notes:
-        err.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
-
-
 def _print_status(configs, results: str, labels: dict[str, str] | None = None) -> None:
     """``sweep --status``: a row per cell, from the store and the records of its jobs."""
     from lengthbench.executors import CELL_STATES, cell_states
@@ -72,7 +46,7 @@ def _print_status(configs, results: str, labels: dict[str, str] | None = None) -
     table = Table("cell", "run id", "state", "job", "note", title=f"sweep status ({results})", title_justify="left")
     for config in configs:
         state = states[config.run_id]
-        table.add_row(_cell_name(config, labels), config.run_id, f"[{colours[state.state]}]{state.state}[/]",
+        table.add_row(cell_name(config, labels), config.run_id, f"[{colours[state.state]}]{state.state}[/]",
                       f"{state.executor} {state.job_id}".strip(), state.note)
     out.print(table, width=None if out.is_terminal else max(out.width, 160))
     counts = [f"{sum(s.state == name for s in states.values())} {name}" for name in CELL_STATES]
@@ -86,27 +60,13 @@ def _print_submitted(configs, results: str, submitted, unsubmitted, outcomes) ->
 
     states = cell_states(list(by_id.values()), results)
     for config in submitted:
-        table.add_row(_cell_name(config), config.run_id, f"job {states[config.run_id].job_id}")
+        table.add_row(cell_name(config), config.run_id, f"job {states[config.run_id].job_id}")
     out.print(table, width=None if out.is_terminal else max(out.width, 160))
     skipped = sum(o is not None and o.status in ("skipped", "queued") for o in outcomes)
     later = (f"; {len(unsubmitted)} wait for an earlier stage: run the same command again once it is in the "
              "store, or use --wait" if unsubmitted else "")
     out.print(f"{len(configs)} cells: {len(submitted)} submitted, {skipped} in the store or queued already{later}. "
               f"Next: the same command with --status", highlight=False)
-
-
-def _config_files(paths: list[str]) -> list[Path]:
-    """The sweep files named: a file as it is, a folder's ``*.toml`` and ``*.json`` in name order."""
-    files: list[Path] = []
-    for name in paths:
-        path = Path(name)
-        if path.is_dir():
-            files += sorted(p for p in path.iterdir() if p.suffix in (".toml", ".json"))
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise UsageError(f"--config {name}: no such file or folder")
-    return files
 
 
 def _plan_gpu(device: str, given: str | None) -> str:
@@ -175,7 +135,7 @@ def _print_plan(configs, results: str, budget_seconds: float, plan_gpu: str, slo
                   title_justify="left")
     colours = {"runs": "green", "in the store": "dim", "does not fit": "yellow"}
     for cell in planned:
-        table.add_row(_cell_name(cell.config, labels), cell.config.run_id,
+        table.add_row(cell_name(cell.config, labels), cell.config.run_id,
                       f"{cell.seconds / 60:.1f}" if cell.state != "in the store" else "",
                       f"{cell.start / 60:.1f}" if cell.state == "runs" else "",
                       f"[{colours[cell.state]}]{cell.state}[/]", "; ".join(cell.sources))
@@ -186,7 +146,7 @@ def _print_plan(configs, results: str, budget_seconds: float, plan_gpu: str, slo
     stored = sum(c.state == "in the store" for c in planned)
     out.print(f"{len(runs)} cells fit ({format_minutes(end)} of {format_minutes(budget_seconds)}), "
               f"{len(left)} do not" + (f", {stored} in the store already" if stored else "")
-              + (f"; next after this budget: {_cell_name(left[0].config, labels)}" if left else ""), highlight=False)
+              + (f"; next after this budget: {cell_name(left[0].config, labels)}" if left else ""), highlight=False)
     return cost
 
 
@@ -231,68 +191,6 @@ def _gpu_seconds(results: str, runs) -> float:
             total += float(frame["train_seconds"].iloc[0])
         total += float(frame["eval_seconds"].sum())
     return total
-
-
-def _published_leaderboard(frame, results: str, configs: list[str] | None, fmt: str, out_file, publish,
-                           note: str | None) -> None:
-    """``lengthbench leaderboard`` without --all: a section per paper-table config."""
-    from lengthbench.published import build_sections, load_sections, sections_markdown
-    from lengthbench.store import atomic_write_parquet, atomic_write_text
-
-    for path in configs or []:
-        if not Path(path).is_file():
-            raise UsageError(f"--config {path}: no such file")
-    sections = load_sections(configs)
-    board = build_sections(frame, sections)
-    matched = int(board["seeds"].sum()) if not board.empty else 0
-    if not matched:
-        err.print(f"no run in {results} matches a paper-table config ({len(sections)} configs); "
-                  f"`lengthbench leaderboard --results {results} --all` shows every run by protocol", highlight=False,
-                  soft_wrap=True)
-    command = "lengthbench leaderboard --results " + results + "".join(f" --config {c}" for c in configs or [])
-    source = f"Generated from {matched} runs in `{results}` by `{command}" + (
-        f" --publish {publish}`." if publish is not None else "`.")
-    source = f"{note}\n\n{source}" if note else source
-    if publish is not None:
-        atomic_write_text(Path(publish) / "leaderboard.md", sections_markdown(board, sections, source=source))
-        atomic_write_parquet(board, Path(publish) / "leaderboard.parquet")
-        err.print(f"wrote {Path(publish) / 'leaderboard.md'} and {Path(publish) / 'leaderboard.parquet'} "
-                  f"({len(sections)} sections, {matched} runs)", highlight=False)
-        return
-    if fmt == "parquet":
-        if out_file is None:
-            raise UsageError("--format parquet needs --out FILE")
-        atomic_write_parquet(board, Path(out_file))
-        return
-    text = sections_markdown(board, sections, source=source) if fmt == "markdown" else board.to_csv(
-        index=False, float_format="%.4f")
-    if out_file is None:
-        sys.stdout.write(text)
-    else:
-        atomic_write_text(Path(out_file), text)
-        err.print(f"wrote {out_file} ({len(sections)} sections, {matched} runs)", highlight=False)
-
-
-def _compare_configs(configs: list[str], results: str, out_file, skip_unreadable: bool) -> None:
-    """``compare --config``: per config, the store's runs at its protocol beside its published rows."""
-    from lengthbench.leaderboard import load_stores
-    from lengthbench.published import beside_published, load_sections
-    from lengthbench.store import atomic_write_text
-
-    for path in configs:
-        if not Path(path).is_file():
-            raise UsageError(f"--config {path}: no such file")
-    sections = load_sections(configs)
-    frame, notes = load_stores(results, skip_unreadable=skip_unreadable)
-    _print_notes(notes)
-    text = "\n".join(beside_published(frame, section) for section in sections)
-    text = (f"# Your runs beside the published rows\n\nFrom `{results}` by `lengthbench compare --results {results}"
-            + "".join(f" --config {c}" for c in configs) + "`.\n\n" + text)
-    if out_file is not None:
-        atomic_write_text(Path(out_file), text)
-        err.print(f"wrote {out_file}", highlight=False)
-    else:
-        sys.stdout.write(text)
 
 
 def register(app: typer.Typer) -> None:
@@ -501,24 +399,24 @@ def register(app: typer.Typer) -> None:
                 while source in by_id:
                     depth, source = depth + 1, by_id[source].init_from
                 stage = [f"{depth}" if config.run_id in sources else f"{depth} (the cell)"] if stages else []
-                table.add_row(_cell_name(config, labels), *stage, config.run_id, run_status(results, config))
+                table.add_row(cell_name(config, labels), *stage, config.run_id, run_status(results, config))
             out.print(table)
             return
-        with _progress(quiet) as progress:
+        with progress_bar(quiet) as progress:
             bar = progress.add_task("cells", total=len(configs), info="")
             running: dict[str, str] = {}
 
             def on_event(kind, config, outcome, slot) -> None:
                 if kind == "start":
                     where = "gpu" if executor == "local" else "job"
-                    running[config.run_id] = _cell_name(config, labels) + (f" ({where} {slot})" if slot else "")
+                    running[config.run_id] = cell_name(config, labels) + (f" ({where} {slot})" if slot else "")
                 elif kind == "waiting":
-                    running[config.run_id] = _cell_name(config, labels) + " (running elsewhere)"
+                    running[config.run_id] = cell_name(config, labels) + " (running elsewhere)"
                 else:
                     running.pop(config.run_id, None)
                     progress.advance(bar)
                     if kind == "failed":
-                        err.print(f"[red]failed[/] {_cell_name(config, labels)}: {outcome.error}", highlight=False,
+                        err.print(f"[red]failed[/] {cell_name(config, labels)}: {outcome.error}", highlight=False,
                                   soft_wrap=True)
                 progress.update(bar, info=("running: " + "; ".join(running.values())) if running else "")
 
@@ -571,7 +469,7 @@ def register(app: typer.Typer) -> None:
         if counts["left"]:
             left = [o.config for o in outcomes if o.status == "left"]
             finished = counts["done"] + counts["skipped"]
-            out.print(f"{finished} cells done, {len(left)} left, next: {_cell_name(left[0], labels)} ({left[0].run_id}). "
+            out.print(f"{finished} cells done, {len(left)} left, next: {cell_name(left[0], labels)} ({left[0].run_id}). "
                       "The budget stopped the sweep cleanly: run the same command again to go on.", highlight=False)
             if counts["failed"]:
                 raise SystemExit(1)
@@ -583,258 +481,3 @@ def register(app: typer.Typer) -> None:
                   highlight=False)
         if counts["failed"]:
             raise SystemExit(1)  # typer.Exit(1) would be lost: main() runs click in non-standalone mode
-
-    @app.command("leaderboard", rich_help_panel="Results")
-    def leaderboard(
-        results: list[str] = typer.Option(None, "--results", help="Results store folder (default runs); repeat "
-                                          "it, or give A,B, to read several stores at once."),
-        fmt: str = typer.Option("markdown", "--format", help="markdown, parquet or csv.", rich_help_panel=OUTPUT),
-        out_file: str = typer.Option(None, "--out", help="Write here (default: stdout; parquet needs it).",
-                                     rich_help_panel=OUTPUT),
-        task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
-        attn: str = typer.Option(None, "--attn", help="Only these mechanisms (comma-separated names or labels)."),
-        pe: str = typer.Option(None, "--pe", help="Only these encodings (comma-separated)."),
-        publish: str = typer.Option(None, "--publish", rich_help_panel=OUTPUT,
-                                     help="Write DIR/leaderboard.md and DIR/leaderboard.parquet (the committed pair)."),
-        skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
-                                             help="Leave out unreadable result files (with a warning) instead of stopping."),
-        note: str = typer.Option(None, "--note", help="A paragraph to print under the title (Markdown).",
-                                 rich_help_panel=OUTPUT),
-        configs: list[str] = typer.Option(None, "--config", help="The paper-table configs whose sections to show "
-                                          "(repeat for several; default: every config in configs/)."),
-        show_all: bool = typer.Option(False, "--all", help="Every run of the store, a table per task and protocol, "
-                                      "instead of the paper-table sections."),
-    ) -> None:
-        """The published leaderboard: a section per paper-table config (its runs only), a row per attention x
-        encoding, a column per multiplier (%), best of seeds and mean +- std, for the paper's checkpoint selection
-        and the in-distribution one. --all: every run, a table per task and protocol."""
-        from lengthbench.leaderboard import FORMATS, build_leaderboard, write_leaderboard
-        from lengthbench.sweep import split_list
-        from lengthbench.validation import check_writable
-
-        if fmt not in FORMATS:
-            raise UsageError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
-        if publish is not None:
-            publish = check_writable(publish, "--publish")
-        if out_file is not None:
-            out_file = check_writable(out_file, "--out", folder=False)
-        if configs and show_all:
-            raise UsageError("give --config or --all, not both")
-        if fmt == "parquet" and out_file is None and publish is None:
-            raise UsageError("--format parquet needs --out FILE")
-        from lengthbench.leaderboard import load_stores, results_list
-
-        results = ",".join(results_list(results, DEFAULT_RESULTS))
-        frame, notes = load_stores(results, tasks=split_list(task, "--task"), attns=split_list(attn, "--attn"),
-                                   pes=split_list(pe, "--pe"), skip_unreadable=skip_unreadable)
-        _print_notes(notes)
-        if not show_all:
-            _published_leaderboard(frame, results, configs, fmt, out_file, publish, note)
-            return
-        board = build_leaderboard(frame)
-        runs = frame["run_id"].nunique()
-        if publish is not None:
-            source = (f"Generated from {runs} runs in `{results}` by "
-                      f"`lengthbench leaderboard --results {results} --publish {publish}`.")
-            source = f"{note}\n\n{source}" if note else source
-            write_leaderboard(board, "markdown", Path(publish) / "leaderboard.md", source=source)
-            write_leaderboard(board, "parquet", Path(publish) / "leaderboard.parquet")
-            err.print(f"wrote {Path(publish) / 'leaderboard.md'} and {Path(publish) / 'leaderboard.parquet'} "
-                      f"({len(board)} rows from {runs} runs)", highlight=False)
-            return
-        source = f"Generated from {runs} runs in `{results}`."
-        text = write_leaderboard(board, fmt, out_file, source=f"{note}\n\n{source}" if note else source)
-        if text is not None:
-            sys.stdout.write(text)
-        else:
-            err.print(f"wrote {out_file} ({len(board)} rows from {runs} runs)", highlight=False)
-
-    @app.command("compare", rich_help_panel="Results")
-    def compare(
-        results: list[str] = typer.Option(None, "--results", help="Results store folder (default runs); repeat "
-                                          "it, or give A,B, to read several stores at once."),
-        configs: list[str] = typer.Option(None, "--config", help="A paper-table config: your runs at its protocol "
-                                          "beside its published rows and the paper's values (repeat for several)."),
-        seed_tables: str = typer.Option(None, "--seed-tables",
-                                         help="CSV of the seeds' cells (default: lengthbench/seed_tables.csv)."),
-        task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
-        tolerance: float = typer.Option(5.0, "--tolerance", help="Points within which ours agrees with the seed's."),
-        rows: int = typer.Option(3, "--rows", help="Rows of ours per seed cell, closest to the seed first (0: all)."),
-        out_file: str = typer.Option(None, "--out", help="Write the Markdown here (default: stdout).",
-                                     rich_help_panel=OUTPUT),
-        publish: str = typer.Option(None, "--publish", rich_help_panel=OUTPUT,
-                                     help="Write DIR/seed_comparison.md and DIR/seed_comparison.parquet."),
-        skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
-                                             help="Leave out unreadable result files (with a warning)."),
-    ) -> None:
-        """Our leaderboard beside the seeds' published tables: per seed cell, ours and the difference in points.
-        With --config: the runs of --results trained at that config's protocol (your own mechanism's too) beside
-        the published rows of the protocol and the paper's values."""
-        from lengthbench.compare import SEED_TABLES, load_seed_tables, to_markdown, write_comparison
-        from lengthbench.compare import compare as compare_store
-        from lengthbench.sweep import split_list
-
-        if not (tolerance >= 0 and math.isfinite(tolerance)):
-            raise UsageError(f"--tolerance must be a number of points >= 0, got {tolerance}")
-        if rows < 0:
-            raise UsageError(f"--rows must be 0 (all) or more, got {rows}")
-        from lengthbench.validation import check_writable
-
-        if publish is not None:
-            publish = check_writable(publish, "--publish")
-        if out_file is not None:
-            out_file = check_writable(out_file, "--out", folder=False)
-        from lengthbench.leaderboard import load_stores, results_list
-
-        results = ",".join(results_list(results, DEFAULT_RESULTS))
-        if configs:
-            _compare_configs(configs, results, out_file, skip_unreadable)
-            return
-        if seed_tables is not None and not seed_tables.strip():
-            raise UsageError("--seed-tables is empty: give a CSV file")
-        seeds = load_seed_tables(seed_tables or SEED_TABLES)
-        wanted = split_list(task, "--task")
-        unknown = sorted(set(wanted) - set(seeds["task"]))
-        if unknown:
-            raise UsageError(f"no seed table has the task {', '.join(unknown)}; "
-                             f"choose from: {', '.join(sorted(seeds['task'].unique()))}")
-        if wanted:
-            seeds = seeds[seeds["task"].isin(wanted)]
-        frame, notes = load_stores(results, skip_unreadable=skip_unreadable)
-        _print_notes(notes)
-        frame = frame[frame["task"].isin(set(seeds["task"]))]
-        if frame.empty:
-            raise UsageError(f"no runs in {results} of the seed tables' tasks "
-                             f"({', '.join(sorted(seeds['task'].unique()))})")
-        long = compare_store(frame, seeds, tolerance=tolerance)
-        source = f"Generated from {frame['run_id'].nunique()} runs in `{results}` by `lengthbench compare --results {results}`."
-        markdown = to_markdown(long, rows_per_cell=rows, tolerance=tolerance, source=source)
-        if publish is not None:
-            md_path, parquet_path = write_comparison(long, markdown, Path(publish))
-            err.print(f"wrote {md_path} and {parquet_path}", highlight=False)
-        elif out_file is not None:
-            from lengthbench.store import atomic_write_text
-
-            atomic_write_text(out_file, markdown)
-            err.print(f"wrote {out_file}", highlight=False)
-        else:
-            sys.stdout.write(markdown)
-
-    @app.command("plot", rich_help_panel="Results")
-    def plot(
-        results: list[str] = typer.Option(None, "--results", help="Results store folder (default runs); repeat "
-                                          "it, or give A,B, to read several stores at once."),
-        out_dir: str = typer.Option("plots", "--out", help="Folder for the figures."),
-        task: str = typer.Option(None, "--task", help="Only these tasks (comma-separated)."),
-        attn: str = typer.Option(None, "--attn", help="Only these mechanisms (comma-separated names or labels)."),
-        pe: str = typer.Option(None, "--pe", help="Only these encodings (comma-separated)."),
-        config: list[str] = typer.Option([], "--config", help="A paper-table config (or a folder of them): its "
-                                         "figure (repeatable; default: configs/ where it exists)."),
-        skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
-                                             help="Leave out unreadable result files (with a warning)."),
-    ) -> None:
-        """A figure per paper table, of the runs of its protocol only, and a heat map of reach (PNG and SVG).
-
-        Each config in configs/ names a paper table; its figure has a line per cell (colour: mechanism; line
-        style: encoding), the best seed's curve with the mean +- std over seeds. Without configs: a figure per
-        task, a panel per protocol.
-        """
-        from lengthbench.leaderboard import build_leaderboard, load_stores, results_list
-        from lengthbench.plots import plot_all, plot_configs, prune_stale
-        from lengthbench.sweep import split_list
-        from lengthbench.validation import check_writable
-
-        results = ",".join(results_list(results, DEFAULT_RESULTS))
-        out_dir = check_writable(out_dir, "--out")
-        config_files = _config_files(config or (["configs"] if Path("configs").is_dir() else []))
-        frame, notes = load_stores(results, tasks=split_list(task, "--task"), attns=split_list(attn, "--attn"),
-                                   pes=split_list(pe, "--pe"), skip_unreadable=skip_unreadable)
-        _print_notes(notes)
-        paths = plot_configs(frame, config_files, out_dir) if config_files else []
-        if config and not paths:
-            raise UsageError(f"no run in {results} carries out the protocol of "
-                             f"{', '.join(str(path) for path in config_files)}")
-        if not paths:  # no config here, or none with runs in this store
-            if config_files:
-                err.print("no run here carries out a config of configs/: a figure per task, a panel per protocol",
-                          highlight=False)
-            paths = plot_all(build_leaderboard(frame), out_dir)
-        for path in paths:
-            out.print(str(path), highlight=False)
-        # figures this command wrote earlier and no longer draws (not with --task: a partial plot)
-        for path in prune_stale(out_dir, paths, remove=task is None):
-            err.print(f"removed {path} (this plot no longer draws it)", highlight=False)
-
-    @app.command("check", rich_help_panel="Train and score")
-    def check(
-        baseline: str = typer.Option(..., "--baseline", help="Baseline JSON file (see docs/reporting.md)."),
-        tolerance: float = typer.Option(0.05, "--tolerance", help="Allowed fall per point, a fraction (0.05 = 5 points)."),
-        update: bool = typer.Option(False, "--update", help="Rewrite the baseline from the new runs."),
-        results: str = typer.Option(None, "--results", help="Scratch store (default: a temporary folder, removed after)."),
-        device: str = typer.Option("cpu", "--device", help="cpu (default, deterministic), auto or cuda."),
-        quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
-    ) -> None:
-        """Re-run the baseline's cells, compare every point, exit 1 if one fell by more than the tolerance."""
-        from lengthbench.check import load_baseline, run_check, write_baseline
-
-        if not 0.0 <= tolerance <= 1.0 or math.isnan(tolerance):
-            raise UsageError(f"--tolerance is a fraction in [0, 1], got {tolerance}")
-        if device not in ("auto", "cpu", "cuda"):
-            raise UsageError(f"unknown device {device!r}; choose from: auto, cpu, cuda")
-        from lengthbench.validation import check_results_writable, check_writable
-
-        if not baseline.strip():
-            raise UsageError("--baseline is empty: give a baseline JSON file")
-        if update and Path(baseline).exists():  # (before reading: a FIFO would wait for a writer)
-            check_writable(baseline, "--baseline", folder=False)
-        base = load_baseline(baseline, need_curves=not update)
-        if results is not None:
-            check_results_writable(results)
-        err.print(f"[bold]check[/]: {len(base.cells)} cells of {baseline}, tolerance {tolerance:g}, device {device}"
-                  + (f", store {results}" if results else ""), highlight=False)
-        with _progress(quiet) as progress:
-            bar = progress.add_task("cells", total=len(base.cells), info=_cell_name(base.cells[0].config))
-
-            def on_cell(index, cell, seconds, error) -> None:
-                progress.advance(bar)
-                following = base.cells[index + 1].config if index + 1 < len(base.cells) else None
-                progress.update(bar, info=_cell_name(following) if following else "")
-                if error:
-                    err.print(f"[red]crashed[/] {cell.label}: {error}", highlight=False, soft_wrap=True)
-
-            result = run_check(base, tolerance=tolerance, results=results, device=device, on_cell=on_cell)
-        moved = result.moved
-        points = sum(c.status != "error" for c in result.changes)
-        if moved:
-            table = Table("cell", "x", "baseline %", "new %", "change", "status",
-                          title=f"what moved (tolerance {100 * tolerance:g} points)", title_justify="left")
-            colours = {"fell": "bold red", "missing": "bold red", "error": "bold red", "improved": "green",
-                       "within": "yellow", "new": "cyan"}
-            for change in moved:
-                old = "" if change.baseline is None else f"{100 * change.baseline:.1f}"
-                new = "" if change.new is None else f"{100 * change.new:.1f}"
-                delta = ("" if change.baseline is None or change.new is None
-                         else f"{100 * (change.new - change.baseline):+.1f}")
-                status = change.status if change.status != "within" else "within tolerance"
-                if change.detail:
-                    status += f": {change.detail}"
-                table.add_row(change.label, f"{change.multiplier}x" if change.multiplier else "", old, new, delta,
-                              f"[{colours.get(change.status, 'white')}]{status}[/]")
-            out.print(table)
-        failed = result.failed
-        improved = sum(c.status == "improved" for c in result.changes)
-        out.print(f"{len(base.cells)} cells, {points} points in {result.seconds:.0f}s: {len(failed)} regressions, "
-                  f"{improved} improvements, {len(moved) - len(failed) - improved} other changes, "
-                  f"{points - len(moved)} unchanged.", highlight=False)
-        if update:
-            if any(c.status == "error" for c in result.changes):
-                out.print(f"[red]baseline {baseline} not updated: a cell crashed[/]", highlight=False)
-                raise SystemExit(1)
-            write_baseline(base, result.cells)
-            out.print(f"updated baseline {baseline} ({len(result.cells)} cells)", highlight=False)
-            return
-        if failed:
-            out.print(f"[bold red]FAILED[/]: {len(failed)} points fell by more than {100 * tolerance:g} points "
-                      f"(or are missing); accept with --update if intended", highlight=False)
-            raise SystemExit(1)
-        out.print("[bold green]OK[/]: no point fell by more than the tolerance", highlight=False)
