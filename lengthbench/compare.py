@@ -116,13 +116,23 @@ def load_paper_tables(path: str | Path = PAPER_TABLES) -> pd.DataFrame:
     return frame[PAPER_COLUMNS]
 
 
-def verdict(differences: list[float], tolerance: float = TOLERANCE) -> str:
-    """``agrees``, ``above``, ``below``, ``mixed`` or ``no common length`` (module docstring)."""
+def verdict(differences: list[float], tolerance: float = TOLERANCE, inside: list[bool] | None = None) -> str:
+    """``agrees``, ``above``, ``below``, ``mixed`` or ``no common length`` (module docstring). ``inside`` (one a
+    difference): whether the paper's value lies inside our 95% Wilson interval there; such a column agrees
+    whatever its difference, as one within ``tolerance`` does."""
     if not differences:
         return "no common length"
-    above = any(d > tolerance for d in differences)
-    below = any(d < -tolerance for d in differences)
+    inside = inside or [False] * len(differences)
+    beyond = [d for d, within in zip(differences, inside, strict=True) if abs(d) > tolerance and not within]
+    above, below = any(d > 0 for d in beyond), any(d < 0 for d in beyond)
     return "mixed" if above and below else "above" if above else "below" if below else "agrees"
+
+
+def inside_interval(row, multiplier, value: float) -> bool:
+    """Whether ``value`` (%) lies inside a board row's 95% Wilson interval at ``multiplier``."""
+    label = multiplier_label(multiplier)
+    low, high = row.get(f"{label}x_lo", math.nan), row.get(f"{label}x_hi", math.nan)
+    return not (pd.isna(low) or pd.isna(high)) and low - 1e-9 <= value <= high + 1e-9
 
 
 def _default_task(config_json) -> bool:
@@ -171,15 +181,17 @@ def compare(frame: pd.DataFrame, papers: pd.DataFrame, *, tolerance: float = TOL
         for _, ours in candidates.iterrows():
             values = [ours.get(f"{multiplier_label(m)}x", math.nan) for m in cell["multiplier"]]
             differences = [v - s for v, s in zip(values, cell["value"], strict=True) if not pd.isna(v)]
+            inside = [inside_interval(ours, m, s) for v, m, s in zip(values, cell["multiplier"], cell["value"],
+                                                                        strict=True) if not pd.isna(v)]
             closeness = sum(abs(d) for d in differences) / len(differences) if differences else math.inf
-            compared.append((len(values) - len(differences), closeness, ours, values, differences))
+            compared.append((len(values) - len(differences), closeness, ours, values, (differences, inside)))
         # rows that scored more of the paper's columns first, then the closest
         compared.sort(key=lambda item: (item[0], item[1], item[2]["protocol"] or "", item[2]["attn"], item[2]["pe"]))
-        for rank, (_, closeness, ours, values, differences) in enumerate(compared):
+        for rank, (_, closeness, ours, values, (differences, inside)) in enumerate(compared):
             shared = dict(base, our_attn=ours["attn"], our_pe=ours["pe"], preset=ours["preset"],
                           protocol=ours["protocol"], train_length=int(ours["train_length"]),
                           metric=ours["metric"], seeds=int(ours["seeds"]), best_run_id=ours["best_run_id"],
-                          verdict=verdict(differences, tolerance), mean_abs_difference=closeness, rank=rank)
+                          verdict=verdict(differences, tolerance, inside), mean_abs_difference=closeness, rank=rank)
             for m, paper_value, our_value in zip(cell["multiplier"], cell["value"], values, strict=True):
                 rows.append(dict(shared, multiplier=m, paper_value=paper_value, our_value=our_value,
                                  difference=our_value - paper_value))

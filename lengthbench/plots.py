@@ -3,7 +3,8 @@
 ``plot_configs`` draws, per paper-table config (``configs/*.toml``), the curves of the stored runs that carry out
 that config's protocol (:func:`lengthbench.protocols.runs_of_config`) and nothing else: score against length on a
 log2 axis labelled by multiplier and token count, a line per cell (mechanism x encoding), the best-of-seeds run as
-the line and the mean +- std over seeds as a faint band where there are several seeds. ``plot_curves`` draws the
+the line with its 95% Wilson interval at each length (a vertical bar, over the samples scored) and the mean +- std
+over seeds as a faint band where there are several seeds. ``plot_curves`` draws the
 same per task for a store without configs, a panel per protocol (the leaderboard's tables: protocols never share
 a panel). In every figure a mechanism has one colour (the same in every figure where it can), an encoding one line
 style, and each line its own hollow marker, set a little apart along the length axis, so that lines with equal
@@ -193,6 +194,13 @@ def draw_table(ax, table: pd.DataFrame, title: str, colours: dict[str, str]) -> 
         ax.plot(x, best, color=colour, linestyle=linestyles[row["_pe"]], linewidth=1.6, marker=MARKERS[i % len(MARKERS)],
                 markersize=6.5, markerfacecolor="white", markeredgewidth=1.4, label=label, clip_on=False,
                 zorder=3 + i / max(1, count))
+        # the best run's 95% Wilson interval over the samples scored at each length (where the rows give them)
+        low = np.array([row.get(f"{multiplier_label(m)}x_lo", np.nan) for m in own], dtype=float)
+        high = np.array([row.get(f"{multiplier_label(m)}x_hi", np.nan) for m in own], dtype=float)
+        shown = ~(np.isnan(low) | np.isnan(high))
+        if shown.any():
+            ax.vlines(x[shown], low[shown], high[shown], color=colour, linewidth=1.0, alpha=0.7,
+                      zorder=2.5 + i / max(1, count))
     x = np.log2(multipliers)
     ax.axhline(100 * REACH_THRESHOLD, color="0.6", linewidth=0.8, linestyle=(0, (2, 2)), zorder=1)
     ax.set_xticks(x)

@@ -218,26 +218,16 @@ def paper_values(section: Section, tables: pd.DataFrame | None = None) -> dict[t
 def grade(row, paper: dict, tolerance: float = TOLERANCE) -> tuple[str, list[float]]:
     """Ours (a section board row, best of seeds) against the paper's values: ``agrees`` where at every shared
     column the difference is within ``tolerance`` points or the paper's value lies inside our 95% Wilson interval;
-    else ``above``, ``below`` or ``mixed`` by the signs of the differences beyond; ``not run`` without a run."""
+    else ``above``, ``below`` or ``mixed`` by the signs of the differences beyond (:func:`lengthbench.compare.verdict`);
+    ``not run`` without a run."""
+    from lengthbench.compare import inside_interval, verdict
+
     if not row.get("seeds"):
         return "not run", []
-    differences, outside = [], []
-    for m, value in sorted(paper.items()):
-        label = multiplier_label(m)
-        ours = row.get(f"{label}x")
-        if ours is None or math.isnan(ours):
-            continue
-        difference = ours - value
-        differences.append(difference)
-        low, high = row.get(f"{label}x_lo", math.nan), row.get(f"{label}x_hi", math.nan)
-        inside = not math.isnan(low) and low - 1e-9 <= value <= high + 1e-9
-        if abs(difference) > tolerance and not inside:
-            outside.append(difference)
-    if not differences:
-        return "no common length", []
-    above, below = any(d > 0 for d in outside), any(d < 0 for d in outside)
-    return ("mixed" if above and below else "above" if above else "below" if below else "agrees"), differences
-
+    shared = [(m, value, row.get(f"{multiplier_label(m)}x")) for m, value in sorted(paper.items())]
+    shared = [(m, value, ours) for m, value, ours in shared if ours is not None and not math.isnan(ours)]
+    differences = [ours - value for _, value, ours in shared]
+    return verdict(differences, tolerance, [inside_interval(row, m, value) for m, value, _ in shared]), differences
 
 def comparison_rows(part: pd.DataFrame, section: Section, paper: dict) -> tuple[list[str], list[list[str]]]:
     """The section's table of the paper's values beside ours (best of seeds, the paper's selection)."""

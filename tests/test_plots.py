@@ -277,3 +277,31 @@ def test_plot_cli_takes_configs(store, tmp_path, monkeypatch, capsys):
     assert "no run in" in err and len(err.strip().splitlines()) == 1
     assert cli(monkeypatch, "plot", "--results", store, "--out", tmp_path / "d", "--config", "nowhere.toml") == 2
     assert "no such file or folder" in capsys.readouterr().err
+
+
+def test_a_curve_carries_its_wilson_interval_at_each_length():
+    """The best run's 95% Wilson interval over the samples scored: a vertical bar at each length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lengthbench.leaderboard import wilson
+    from lengthbench.plots import draw_table
+
+    rows = []
+    for multiplier, score in ((1, 1.0), (2, 0.5)):
+        row = dict.fromkeys(CONTRACT_COLUMNS)
+        row.update(run_id="r", task="copy", attn="softmax", pe="rope", seed=0, preset="quick", train_length=64,
+                   eval_length=64 * multiplier, multiplier=multiplier, exact_match=score, n_samples=200,
+                   metric="exact_match", score=score, created_at="2026-12-06T00:00:00+00:00")
+        rows.append(row)
+    board = build_leaderboard(pd.DataFrame(rows))
+    fig, ax = plt.subplots()
+    draw_table(ax, board, "copy", {"softmax": "C0"})
+    segments = [seg for collection in ax.collections for seg in collection.get_segments()]
+    plt.close(fig)
+    spans = sorted((round(seg[0][1], 6), round(seg[1][1], 6)) for seg in segments)
+    expected = sorted((round(100 * wilson(score, 200)[0], 6), round(100 * wilson(score, 200)[1], 6))
+                      for score in (1.0, 0.5))
+    assert spans == expected
