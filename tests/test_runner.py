@@ -165,12 +165,14 @@ def _run_cli(args, results, **kwargs):
 
 
 def test_killed_run_resumes_to_the_same_rows(tmp_path):
-    args = ["run", "--task", "copy", "--attn", "softmax", "--pe", "nape", "--train-samples", "4800",
-            "--batch-size", "16", "--d-model", "32", "--heads", "4", "--ffn", "64", "--layers", "1",
+    # 350 steps: the smoke preset's checkpoint at step 250, then 100 more for the kill to land in
+    args = ["run", "--task", "copy", "--attn", "softmax", "--pe", "nape", "--train-samples", "2800",
+            "--batch-size", "8", "--d-model", "16", "--heads", "2", "--ffn", "32", "--layers", "1",
             "--max-multiplier", "2", "--eval-samples", "16", "--no-diagnostics"]
-    config = build_config("copy", "softmax", "nape", "smoke", train_samples=4800, batch_size=16, d_model=32,
-                          n_heads=4, ffn=64, n_layers=1, max_multiplier=2, eval_samples=16, diagnostics=False)
+    config = build_config("copy", "softmax", "nape", "smoke", train_samples=2800, batch_size=8, d_model=16,
+                          n_heads=2, ffn=32, n_layers=1, max_multiplier=2, eval_samples=16, diagnostics=False)
     checkpoint = tmp_path / "killed" / "checkpoints" / config.run_id / "train.pt"
+    fresh = _run_cli(args, tmp_path / "fresh")  # the uninterrupted run, beside the one to be killed
     process = _run_cli(args, tmp_path / "killed")
     deadline = time.time() + 120
     while not checkpoint.exists() and time.time() < deadline and process.poll() is None:
@@ -186,8 +188,7 @@ def test_killed_run_resumes_to_the_same_rows(tmp_path):
 
     resumed = _run_cli(args + ["--resume"], tmp_path / "killed")
     assert resumed.wait() == 0, resumed.stdout.read()
-    fresh = _run_cli(args, tmp_path / "fresh")
-    assert fresh.wait() == 0
+    assert fresh.wait() == 0, fresh.stdout.read()
     a, b = load_results(tmp_path / "killed"), load_results(tmp_path / "fresh")
     assert a["run_id"].tolist() == b["run_id"].tolist()
     assert a["exact_match"].tolist() == b["exact_match"].tolist()
