@@ -31,19 +31,37 @@ def pipe_directory() -> Path:
 
 
 def daemon_running() -> bool:
-    """Whether an MPS control daemon serves this machine: its control pipe exists, or a process of its name
-    runs."""
-    if (pipe_directory() / "control").exists():
-        return True
-    pgrep = shutil.which("pgrep")
-    if pgrep is None:
-        return False
-    return subprocess.run([pgrep, "-x", CONTROL], capture_output=True).returncode == 0
+    """Whether an MPS control daemon serves this pipe directory: a process runs ``nvidia-cuda-mps-control -d``
+    with this ``CUDA_MPS_PIPE_DIRECTORY`` (read from ``/proc``; one whose environment cannot be read counts). The
+    control pipe stays behind after a daemon quits, so it is no evidence; without ``/proc``, it is all there is."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return (pipe_directory() / "control").exists()
+    ours = pipe_directory()
+    for folder in proc.iterdir():
+        if not folder.name.isdigit():
+            continue
+        try:
+            argv = (folder / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        # the binary itself, or a script run through its interpreter (argv[1])
+        if not (any(Path(arg.decode(errors="replace")).name == CONTROL for arg in argv[:2]) and b"-d" in argv[1:]):
+            continue
+        try:
+            environment = dict(item.split(b"=", 1) for item in (folder / "environ").read_bytes().split(b"\0")
+                               if b"=" in item)
+        except OSError:  # not ours to read: count it
+            return True
+        theirs = environment.get(b"CUDA_MPS_PIPE_DIRECTORY", b"").decode(errors="replace") or "/tmp/nvidia-mps"
+        if Path(theirs) == ours:
+            return True
+    return False
 
 
 @contextlib.contextmanager
 def mps_for_sweep(mode: str, side_by_side: bool, say: Callable[[str], None] = print,
-                  wait_seconds: float = 5.0) -> Iterator[bool]:
+                  wait_seconds: float = 5.0, stop_seconds: float = 30.0) -> Iterator[bool]:
     """Yield whether MPS serves the sweep's cells: with ``side_by_side`` cells and ``mode`` auto or on, a daemon
     that runs already, or one started here and stopped when the block ends."""
     if mode not in MODES:
@@ -78,5 +96,12 @@ def mps_for_sweep(mode: str, side_by_side: bool, say: Callable[[str], None] = pr
         yield True
     finally:
         stopped = subprocess.run([binary], input="quit\n", capture_output=True, text=True, timeout=60)
-        say("MPS: stopped the daemon this sweep started" if stopped.returncode == 0 else
-            f"MPS: 'quit' to {CONTROL} exited {stopped.returncode}; stop it by hand: echo quit | {CONTROL}")
+        # quit returns before the daemon has gone: wait for it, so that what runs next finds no daemon
+        deadline = time.monotonic() + stop_seconds
+        while stopped.returncode == 0 and daemon_running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if stopped.returncode != 0 or daemon_running():
+            say(f"MPS: 'quit' to {CONTROL} exited {stopped.returncode} and the daemon still runs; stop it by hand: "
+                f"echo quit | {CONTROL}")
+        else:
+            say("MPS: stopped the daemon this sweep started")

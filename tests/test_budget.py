@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -320,17 +322,26 @@ def test_auto_per_gpu_by_model_and_memory(tmp_path, monkeypatch):
 
 # -- MPS, with a stand-in for nvidia-cuda-mps-control ------------------------------------------------------------
 
+# Like the real one: `-d` leaves a daemon process running (`... nvidia-cuda-mps-control -d`, here through Python),
+# `quit` returns at once and the daemon goes a moment later, leaving its control pipe behind.
 STAND_IN = """#!{python}
-import os, sys
+import os, subprocess, sys, time
 from pathlib import Path
 pipe = Path(os.environ["CUDA_MPS_PIPE_DIRECTORY"])
 log = Path(os.environ["MPS_STAND_IN_LOG"])
 if sys.argv[1:] == ["-d"]:
     pipe.mkdir(parents=True, exist_ok=True)
     (pipe / "control").write_text("")
+    (pipe / "quit").unlink(missing_ok=True)
+    subprocess.Popen([sys.executable, __file__, "-d", "serve"], start_new_session=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log.open("a").write("start\\n")
+elif sys.argv[1:] == ["-d", "serve"]:
+    while not (pipe / "quit").exists():
+        time.sleep(0.05)
+    time.sleep(0.3)
 elif sys.stdin.read().strip() == "quit":
-    (pipe / "control").unlink()
+    (pipe / "quit").write_text("")
     log.open("a").write("quit\\n")
 """
 
@@ -345,7 +356,12 @@ def stand_in(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "pipe"))
     monkeypatch.setenv("MPS_STAND_IN_LOG", str(tmp_path / "log"))
-    return tmp_path / "log"
+    yield tmp_path / "log"
+    if (tmp_path / "pipe").is_dir():
+        (tmp_path / "pipe" / "quit").write_text("")  # no stand-in daemon outlives its test
+    deadline = time.monotonic() + 10
+    while daemon_running() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def calls(log: Path) -> list[str]:
@@ -367,12 +383,23 @@ def test_mps_stops_after_an_interrupt_too(stand_in):
 
 
 def test_mps_never_touches_a_daemon_it_did_not_start(stand_in, tmp_path):
-    (tmp_path / "pipe").mkdir()
-    (tmp_path / "pipe" / "control").write_text("")
+    subprocess.run([str(tmp_path / "bin" / "nvidia-cuda-mps-control"), "-d"], check=True)
     lines = []
     with mps_for_sweep("auto", True, say=lines.append) as on:
         assert on
-    assert calls(stand_in) == [] and (tmp_path / "pipe" / "control").exists() and "left running" in lines[0]
+    assert calls(stand_in) == ["start"] and daemon_running() and "left running" in lines[0]
+
+
+def test_a_control_pipe_left_behind_is_no_daemon(stand_in, tmp_path):
+    """A daemon that quit leaves its control pipe: the next block starts a daemon of its own and stops it."""
+    with mps_for_sweep("auto", True, say=lambda line: None):
+        pass
+    assert (tmp_path / "pipe" / "control").exists() and not daemon_running()
+    lines = []
+    with mps_for_sweep("auto", True, say=lines.append) as on:
+        assert on and daemon_running()
+    assert calls(stand_in) == ["start", "quit", "start", "quit"] and not daemon_running()
+    assert "started" in lines[0] and "stopped" in lines[1]
 
 
 @pytest.mark.parametrize("mode, side_by_side", [("off", True), ("auto", False), ("on", False)])

@@ -395,3 +395,26 @@ def test_wilson_intervals_against_hand_worked_values():
     assert wilson(0.0, 1000)[0] == pytest.approx(0.0, abs=1e-12) and wilson(0.0, 1000)[1] == pytest.approx(0.0038268, abs=1e-6)
     assert wilson(1.0, 1000) == pytest.approx((0.9961732, 1.0), abs=1e-6)
     assert all(math.isnan(v) for v in wilson(0.5, 0)) and all(math.isnan(v) for v in wilson(float("nan"), 10))
+
+
+def test_all_reads_the_metric_asked_for(tmp_path, monkeypatch, capsys):
+    results = tmp_path / "study"
+    synthetic_run(results, "copy", "softmax", "nape", 0, {1: 1.0, 2: 0.5})
+    path = next((results / "runs").glob("*.parquet"))
+    frame = pd.read_parquet(path)
+    frame["token_accuracy"] = [0.9, 0.25]  # a run that copies most tokens and few whole samples
+    frame.to_parquet(path, index=False)
+    assert cli(monkeypatch, "leaderboard", "--results", results, "--all", "--metric", "token_accuracy",
+               "--format", "csv", "--out", tmp_path / "t.csv") == 0
+    board = pd.read_csv(tmp_path / "t.csv")
+    assert board["metric"].tolist() == ["token_accuracy"] and board["1x"].tolist() == [90.0]
+    assert board["2x"].tolist() == [25.0]
+    assert cli(monkeypatch, "leaderboard", "--results", results, "--all", "--publish", tmp_path / "pub",
+               "--metric", "token_accuracy") == 0
+    text = (tmp_path / "pub" / "leaderboard.md").read_text()
+    assert "token accuracy (%)" in text and "--all --metric token_accuracy --publish" in text
+    capsys.readouterr()
+    assert cli(monkeypatch, "leaderboard", "--results", results, "--metric", "token_accuracy") == 2
+    assert "--metric needs --all" in capsys.readouterr().err
+    assert cli(monkeypatch, "leaderboard", "--results", results, "--all", "--metric", "bleu") == 2
+    assert "unknown --metric 'bleu'" in capsys.readouterr().err

@@ -110,6 +110,8 @@ def register(app: typer.Typer) -> None:
                                           "(repeat for several; default: every config in configs/)."),
         show_all: bool = typer.Option(False, "--all", help="Every run of the store, a table per task and protocol, "
                                       "instead of the paper-table sections."),
+        metric: str = typer.Option("task", "--metric", help="With --all: the task's metric (task), exact_match or "
+                                   "token_accuracy (a study reads both)."),
     ) -> None:
         """The published leaderboard: a section per paper-table config (its runs only), a row per attention x
         encoding, a column per multiplier (%), best of seeds and mean +- std, for the paper's checkpoint selection
@@ -126,6 +128,10 @@ def register(app: typer.Typer) -> None:
             out_file = check_writable(out_file, "--out", folder=False)
         if configs and show_all:
             raise UsageError("give --config or --all, not both")
+        if metric not in ("task", "exact_match", "token_accuracy"):
+            raise UsageError(f"unknown --metric {metric!r}; choose from: task, exact_match, token_accuracy")
+        if metric != "task" and not show_all:
+            raise UsageError("--metric needs --all (the published sections read each paper's metric)")
         if fmt == "parquet" and out_file is None and publish is None:
             raise UsageError("--format parquet needs --out FILE")
         from lengthbench.leaderboard import load_stores, results_list
@@ -137,11 +143,14 @@ def register(app: typer.Typer) -> None:
         if not show_all:
             _published_leaderboard(frame, results, configs, fmt, out_file, publish, note)
             return
+        if metric != "task":
+            frame = frame.assign(metric=metric, score=frame[metric].astype(float))
         board = build_leaderboard(frame)
         runs = frame["run_id"].nunique()
         if publish is not None:
-            source = (f"Generated from {runs} runs in `{results}` by "
-                      f"`lengthbench leaderboard --results {results} --publish {publish}`.")
+            command = f"lengthbench leaderboard --results {results} --all"
+            command += f" --metric {metric}" if metric != "task" else ""
+            source = f"Generated from {runs} runs in `{results}` by `{command} --publish {publish}`."
             source = f"{note}\n\n{source}" if note else source
             write_leaderboard(board, "markdown", Path(publish) / "leaderboard.md", source=source)
             write_leaderboard(board, "parquet", Path(publish) / "leaderboard.parquet")
