@@ -506,7 +506,7 @@ class TextTable(NamedTuple):
 
 
 ALL_NOTE = (
-    "Values are the task's metric in %. **Best of seeds**: the whole curve of the run with the largest AUC "
+    "Values are in % of the metric each section names. **Best of seeds**: the whole curve of the run with the largest AUC "
     "(ties: lower seed), the papers' convention of reporting the single best model, each value with its 95% "
     "Wilson interval over the samples scored; bold marks the best value of a column. **Reach**: the largest "
     "multiplier scoring at least 90% (– if none). **AUC**: area under the score curve against log2(multiplier), "

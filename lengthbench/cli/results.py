@@ -158,6 +158,10 @@ def register(app: typer.Typer) -> None:
                       f"({len(board)} rows from {runs} runs)", highlight=False)
             return
         source = f"Generated from {runs} runs in `{results}`."
+        if out_file is not None:
+            command = f"lengthbench leaderboard --results {results} --all"
+            command += f" --metric {metric}" if metric != "task" else ""
+            source = f"Generated from {runs} runs in `{results}` by `{command} --out {out_file}`."
         text = write_leaderboard(board, fmt, out_file, source=f"{note}\n\n{source}" if note else source)
         if text is not None:
             sys.stdout.write(text)
