@@ -42,6 +42,9 @@ def places(tmp_path):
     (tmp_path / "file.txt").write_text("not a folder\n")
     write_run(tmp_path / "good", "copy-softmax-rope-smoke-s0-aaaa", [_row("copy-softmax-rope-smoke-s0-aaaa", m)
                                                                       for m in (1, 2)])
+    # a store of one's own mechanism only: no row stands for a paper table's cell
+    write_run(tmp_path / "mine", "copy-lb-mine-rope-smoke-s0-cccc", [{**_row("copy-lb-mine-rope-smoke-s0-cccc", m),
+                                                                      "attn": "lb-mine"} for m in (1, 2)])
     foreign = tmp_path / "foreign" / "runs"
     foreign.mkdir(parents=True)
     pd.DataFrame({"task": ["copy"], "attn": ["softmax"]}).to_parquet(foreign / "partial.parquet")
@@ -285,6 +288,9 @@ CASES = [
     ("compare paper tables is a folder", ["compare", "--results", "{tmp}/good", "--paper-tables", "{tmp}"],
      "is not a file"),
     ("check tolerance nan", ["check", "--baseline", "{tmp}/base.json", "--tolerance", "nan"], "--tolerance"),
+    ("compare a store of one's own mechanism", ["compare", "--results", "{tmp}/mine"],
+     "no run in {tmp}/mine stands for a cell of the paper tables (there: lb-mine); your runs beside a table's "
+     "published rows: lengthbench compare --config configs/NAME.toml --results {tmp}/mine"),
     ("compare tolerance -1", ["compare", "--results", "{tmp}/good", "--tolerance", "-1"], "--tolerance"),
     # -- every command: unknown names, missing folders, parser errors --------------------------------------
     ("run unknown task", [*B[:2], "nosuch", *B[3:]], "unknown task"),

@@ -213,6 +213,10 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"no runs in {results} of the paper tables' tasks "
                              f"({', '.join(sorted(papers['task'].unique()))})")
         long = compare_store(frame, papers, tolerance=tolerance)
+        if (long["verdict"] == "no run").all():  # e.g. a store of your own mechanism only
+            raise UsageError(f"no run in {results} stands for a cell of the paper tables (there: "
+                             f"{', '.join(sorted(map(str, frame['attn'].unique())))}); your runs beside a table's "
+                             f"published rows: lengthbench compare --config configs/NAME.toml --results {results}")
         source = f"Generated from {frame['run_id'].nunique()} runs in `{results}` by `lengthbench compare --results {results}`."
         markdown = to_markdown(long, rows_per_cell=rows, tolerance=tolerance, source=source)
         if publish is not None:
