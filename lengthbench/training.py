@@ -20,7 +20,9 @@ from lengthbench.checkpoints import (
     RESTART,
     atomic_torch_save,
     build_model,
+    checkpoint_contents,
     checkpoint_dir,
+    load_weights,
     read_checkpoint,
     warm_start,
 )
@@ -150,11 +152,12 @@ class Trainer:
         if not self.checkpoint_path.exists():
             return self.load_trained()
         saved = read_checkpoint(self.checkpoint_path, self.device, RESTART)
-        self.model.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.state = TrainState(**saved["state"])
-        self.best_model_state = saved["best_model"]
-        self.also_model_states = saved.get("also_models") or {}
+        load_weights(self.model, saved["model"], self.checkpoint_path, RESTART)
+        with checkpoint_contents(self.checkpoint_path, RESTART):
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.state = TrainState(**saved["state"])
+            self.best_model_state = saved["best_model"]
+            self.also_model_states = saved.get("also_models") or {}
         return True
 
     def load_trained(self) -> bool:
@@ -164,8 +167,10 @@ class Trainer:
         saved = self._finished_model()
         if saved is None:
             return False
-        self.model.load_state_dict(saved["model"])
-        self.state = TrainState(**saved["state"])
+        path = self.dir / "model.pt"
+        load_weights(self.model, saved["model"], path, RESTART)
+        with checkpoint_contents(path, RESTART):
+            self.state = TrainState(**saved["state"])
         self.best_model_state = None  # model.pt holds the selected weights already
         return True
 
@@ -176,8 +181,11 @@ class Trainer:
             return None
         saved = read_checkpoint(path, self.device, RESTART)
         state = saved.get("state")
-        if saved.get("config") != self.config.identity() or not state or state["step"] < self.config.train_steps:
+        if saved.get("config") != self.config.identity() or not state:
             return None
+        with checkpoint_contents(path, RESTART):
+            if int(state["step"]) < self.config.train_steps:
+                return None
         return saved
 
     # -- the step ----------------------------------------------------------------------------------

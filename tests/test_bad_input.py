@@ -127,6 +127,18 @@ def places(tmp_path):
     for store, name in (("resume", "train.pt"), ("resumed", "model.pt")):
         (tmp_path / store / "checkpoints" / config.run_id).mkdir(parents=True)
         (tmp_path / store / "checkpoints" / config.run_id / name).write_bytes(truncated)
+    # checkpoints that load but do not hold what lengthbench wrote: a training state that is text, a configuration
+    # that names no mechanism or has a word for a number, no weights
+    finished = {"step": 10**9, "train_seconds": 1.0, "best_score": 0.0, "best_step": 1}
+    for store, name, saved in (
+            ("state-text", "train.pt", {"config": config.identity(), "model": {}, "state": "abc"}),
+            ("config-partial", "train.pt", {"config": {"task": "2back"}, "model": {}, "state": {}}),
+            ("config-word", "model.pt", {"config": {**config.identity(), "d_model": "big"}, "model": {},
+                                         "state": finished}),
+            ("no-weights", "model.pt", {"config": config.identity(), "model": {}, "state": finished})):
+        folder = tmp_path / store / "checkpoints" / config.run_id
+        folder.mkdir(parents=True)
+        torch.save(saved, folder / name)
     # B trained, its scoring interrupted: the file of scored lengths, or of a length's tallies, is corrupt
     from lengthbench.checkpoints import build_model
     from lengthbench.tasks import get_task
@@ -139,6 +151,10 @@ def places(tmp_path):
                     "state": {"step": config.train_steps, "train_seconds": 1.0, "best_score": 0.0, "best_step": 1}},
                    folder / "model.pt")
         (folder / name).write_text('[{"multiplier": 1, ')
+    # a train.pt with this run's weights and no optimizer state
+    folder = tmp_path / "no-optimizer" / "checkpoints" / config.run_id
+    folder.mkdir(parents=True)
+    torch.save({"config": config.identity(), "model": model.state_dict(), "state": {}}, folder / "train.pt")
     # plugins that fail on import (on sys.path in every case)
     plugins = tmp_path / "plugins"
     plugins.mkdir()
@@ -147,6 +163,14 @@ def places(tmp_path):
     (plugins / "lb_bad_key.py").write_text('{}["missing"]\n')
     (plugins / "1-bad.py").write_text("")
     return tmp_path
+
+
+def run_of_b() -> str:
+    """The run id of ``B``'s run."""
+    from lengthbench.config import build_config
+
+    return build_config("2back", "softmax", "nape", "smoke", train_length=64, max_multiplier=2, eval_samples=4,
+                        seed=0, train_samples=64).run_id
 
 
 def special_files(folder) -> dict[str, str]:
@@ -385,6 +409,23 @@ CASES = [
      "central directory): delete it, or pass --restart"),
     ("run init-from model.pt not a zip", [*B[:-1], "{tmp}/ckpt", "--init-from", "text"],
      "text/model.pt is unreadable (UnpicklingError"),
+    ("run resume train.pt state not a table", [*B[:-1], "{tmp}/state-text", "--resume"],
+     "train.pt is not a lengthbench checkpoint (its training state is not a table): delete it, or pass --restart"),
+    ("run resume train.pt config names no mechanism", [*B[:-1], "{tmp}/config-partial", "--resume"],
+     "train.pt holds no usable run configuration (it names no attn, pe)"),
+    ("rescore model.pt config d_model a word", ["rescore", "{run_b}", "--samples", "8", "--results",
+                                                "{tmp}/config-word"],
+     "model.pt holds no usable run configuration (d_model must be an integer, got 'big'): the run's trained model "
+     "is lost"),
+    ("rescore model.pt without weights", ["rescore", "{run_b}", "--samples", "8", "--results", "{tmp}/no-weights"],
+     "model.pt does not hold this run's model (its weights lack embed.weight and"),
+    ("inspect maps model.pt without weights", ["inspect", "maps", "--run", "{run_b}", "--length", "64", "--results",
+                                               "{tmp}/no-weights", "--out", "{tmp}/m"],
+     "model.pt does not hold this run's model"),
+    ("run resume train.pt without optimizer", [*B[:-1], "{tmp}/no-optimizer", "--resume"],
+     "train.pt does not hold what lengthbench wrote there (KeyError: 'optimizer'): delete it, or pass --restart"),
+    ("run resume model.pt without weights", [*B[:-1], "{tmp}/no-weights", "--resume"],
+     "model.pt does not hold this run's model (its weights lack embed.weight"),
     # -- baselines of `check`: validated whole before any cell runs --------------------------------------------
     ("check baseline task_params a list", ["check", "--baseline", "{tmp}/b-task_params.json"],
      "task_params must be a table of key = value, got [1, 2]"),
@@ -494,7 +535,7 @@ def test_bad_input_is_one_line_and_exit_2(case, places, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(places / "plugins"))
     monkeypatch.chdir(places)
     untouched = special_files(places)
-    code = cli(monkeypatch, *[arg.replace("{tmp}", str(places)) for arg in args])
+    code = cli(monkeypatch, *[arg.replace("{tmp}", str(places)).replace("{run_b}", run_of_b()) for arg in args])
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2, (code, err)
