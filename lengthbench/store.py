@@ -119,20 +119,40 @@ def refuse_special_file(path: str | Path, option: str = "") -> None:
         raise UsageError(f"{where} is a {kind}, not a regular file: give the name of a file to write")
 
 
+def _umask() -> int:
+    """The process's file-creation mask (read without changing it where Linux says it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, write: Callable[[str], object]) -> None:
     """The one way this package writes a file: ``write(tmp)`` fills a temporary file beside ``path``,
     which then replaces ``path`` in one step; an interrupted write leaves the old file untouched. A symlink is
     written through (its target is replaced, the link stays); a device, FIFO or socket is refused
-    (:func:`refuse_special_file`)."""
+    (:func:`refuse_special_file`). The file keeps the permissions of the one it replaces, and a new one gets
+    those the umask gives (a bare temporary file is readable by its owner only: a shared store, a published
+    page would be unreadable to the others)."""
     path = Path(path)
     refuse_special_file(path)
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:  # a new file
+        mode = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

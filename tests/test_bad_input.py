@@ -620,3 +620,20 @@ def test_a_link_to_a_file_is_written_through(tmp_path):
     (tmp_path / "link.md").symlink_to(target)
     atomic_write_text(tmp_path / "link.md", "new\n")
     assert (tmp_path / "link.md").is_symlink() and target.read_text() == "new\n"
+
+
+def test_a_written_file_is_readable_as_the_umask_allows_and_keeps_the_mode_it_replaces(tmp_path):
+    # the temporary file renamed into place is not left readable by its owner only
+    from lengthbench.store import atomic_write_text
+
+    mask = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "new.md", "new\n")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "new.md").stat().st_mode) == 0o644
+    (tmp_path / "kept.md").write_text("old\n")
+    (tmp_path / "kept.md").chmod(0o640)
+    atomic_write_text(tmp_path / "kept.md", "new\n")
+    assert stat.S_IMODE((tmp_path / "kept.md").stat().st_mode) == 0o640
+    assert (tmp_path / "kept.md").read_text() == "new\n"
