@@ -96,6 +96,8 @@ def places(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "link").symlink_to(tmp_path / "fifo")
     for folder, names in (("pubfifo", ["leaderboard.md", "paper_comparison.md", "index.html"]),
+                          ("pubpair", ["leaderboard.parquet", "paper_comparison.parquet"]),
+                          ("plotpair", ["curves_copy.svg"]),
                           ("plotfifo", ["curves_copy.png"]),
                           ("diagfifo", ["diagnostics-copy.png"])):
         (tmp_path / folder).mkdir()
@@ -352,6 +354,12 @@ CASES = [
     ("leaderboard publish holds a FIFO", ["leaderboard", "--results", "{tmp}/good", "--all", "--publish",
                                           "{tmp}/pubfifo"],
      "pubfifo/leaderboard.md is a FIFO"),
+    ("leaderboard publish, the second file a FIFO", ["leaderboard", "--results", "{tmp}/good", "--all", "--publish",
+                                                     "{tmp}/pubpair"], "pubpair/leaderboard.parquet is a FIFO"),
+    ("compare publish, the second file a FIFO", ["compare", "--results", "{tmp}/good", "--publish", "{tmp}/pubpair"],
+     "pubpair/paper_comparison.parquet is a FIFO"),
+    ("plot out, the SVG a FIFO", ["plot", "--results", "{tmp}/good", "--out", "{tmp}/plotpair"],
+     "curves_copy.svg is a FIFO"),
     ("compare out is a FIFO", ["compare", "--results", "{tmp}/good", "--out", "{tmp}/fifo"], "is a FIFO"),
     ("compare publish holds a FIFO", ["compare", "--results", "{tmp}/good", "--publish", "{tmp}/pubfifo"],
      "pubfifo/paper_comparison.md is a FIFO"),
@@ -544,6 +552,9 @@ def test_bad_input_is_one_line_and_exit_2(case, places, monkeypatch, capsys):
     assert lines[0].startswith("error: "), err
     assert words.replace("{tmp}", str(places)).lower() in lines[0].lower(), (words, err)
     assert special_files(places) == untouched  # no FIFO or link was replaced by a file
+    for folder in ("pubpair", "plotpair"):  # nothing written beside a file that was refused: no half-replaced pair
+        assert {path.name for path in (places / folder).iterdir()} <= {"leaderboard.parquet", "paper_comparison.parquet",
+                                                                       "curves_copy.svg"}
 
 
 @pytest.mark.parametrize("what", ["--dry-run", "--status"])
