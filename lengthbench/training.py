@@ -298,8 +298,10 @@ class Trainer:
         window = _StepWindow(report_every, self.state.step + 1, self.device)
         dense = attention_kernels(self.model, False) if self.dense else contextlib.nullcontext()
         with progress_bar(self.progress) as progress, dense:
+            # a validation every eval_every steps and at the last one
+            first_validation = min(total, (self.state.step // config.eval_every + 1) * config.eval_every)
             task_id = progress.add_task("train", total=total, completed=self.state.step, rate="",
-                                        detail=f"first validation at step {config.eval_every:,}")
+                                        detail=f"first validation at step {first_validation:,}")
             started = time.perf_counter() - self.state.train_seconds
             process_started, steps_here = time.perf_counter(), 0
             try:
@@ -345,7 +347,7 @@ class Trainer:
                         samples_per_second = window_samples / max(elapsed, 1e-9)
                         validated = (f"{val_label} {val_score:.3f} (best {self.state.best_score:.3f} at step "
                                      f"{self.state.best_step:,})" if self.state.best_step >= 0 else
-                                     f"first validation at step {config.eval_every:,}")
+                                     f"first validation at step {first_validation:,}")
                         progress.update(task_id, completed=step, rate=samples_rate(samples_per_second),
                                         detail=f"loss {mean_loss:.4f}  accuracy {accuracy:.3f}  {validated}")
                         self.on_metrics("train", step, {"loss": mean_loss, "accuracy": accuracy, "learning_rate": lr,
