@@ -89,6 +89,8 @@ def places(tmp_path):
               "both": {**good, "overrides": {"train_samples": 64}}}
     for name, bad in broken.items():
         (tmp_path / f"b-{name}.json").write_text(json.dumps({"cells": [bad]}))
+    (tmp_path / "b-extra.json").write_text(json.dumps({**tiny, "tolerance": 0.2}))
+    (tmp_path / "b-taskint.json").write_text(json.dumps({"cells": [{**good, "config": {**good["config"], "task": 5}}]}))
     (tmp_path / "lr.toml").write_text('tasks = "copy"\nattns = "softmax"\npes = "rope"\n[overrides]\nlr = "abc"\n')
     (tmp_path / "stage.toml").write_text('tasks = "copy"\nattns = "softmax"\npes = "rope"\n[[stages]]\n'
                                          'd_model = true\n')
@@ -456,6 +458,9 @@ CASES = [
     ("check baseline config unknown field", ["check", "--baseline", "{tmp}/b-field.json"],
      "unknown configuration field 'warmup'"),
     ("check baseline cell key misspelt", ["check", "--baseline", "{tmp}/b-cellkey.json"], "unknown key 'overides'"),
+    ("check baseline extra top-level key", ["check", "--baseline", "{tmp}/b-extra.json"],
+     "unknown key 'tolerance'; a baseline's keys: format, name, description, device, generated_by, cells"),
+    ("check baseline task a number", ["check", "--baseline", "{tmp}/b-taskint.json"], "'task' must be a name, got 5"),
     ("check baseline config and overrides", ["check", "--baseline", "{tmp}/b-both.json"], "not both"),
     # -- error texts that name the problem, not Python's ---------------------------------------------------------
     ("check baseline config lr a string", ["check", "--baseline", "{tmp}/b-lr.json"], "lr must be a number, got 'abc'"),
