@@ -53,6 +53,7 @@ REQUIRED_COLUMNS = [c for c in CONTRACT_COLUMNS if c not in DIAGNOSTIC_COLUMNS]
 NUMERIC_COLUMNS = ["seed", "train_length", "eval_length", "multiplier", "exact_match", "token_accuracy",
                    "n_samples", "realised_tokens", "train_steps", "train_seconds", "eval_seconds",
                    *DIAGNOSTIC_COLUMNS, "score"]
+NAME_COLUMNS = ["run_id", "task", "attn", "pe"]  # what names a row's run and cell: text in every row
 
 
 class StoreError(RuntimeError):
@@ -292,6 +293,10 @@ def schema_problem(frame: pd.DataFrame) -> str | None:
         if column in frame.columns and not pd.api.types.is_numeric_dtype(frame[column]) \
                 and not frame[column].isna().all():
             return f"column {column} holds {frame[column].dtype} values, not numbers"
+    for column in NAME_COLUMNS:
+        others = [value for value in frame[column].dropna() if not isinstance(value, str)]
+        if others:
+            return f"column {column} holds {others[0]}, which is not a name"
     return None
 
 
@@ -329,6 +334,12 @@ def rows_out_of_range(frame: pd.DataFrame) -> tuple[pd.Series, list[str]]:
     if value.isna().any():
         words.append(f"score nan and {metrics[value.isna()].iloc[0]} nan (the row has no value)")
         bad |= value.isna()
+    for column in NAME_COLUMNS:
+        if column in frame.columns:
+            unnamed = frame[column].isna() | (frame[column].astype(str).str.strip() == "")
+            if unnamed.any():
+                words.append(f"{column} missing (the row names no {column.replace('_', ' ')})")
+                bad |= unnamed
     return bad, words
 
 

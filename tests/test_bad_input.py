@@ -62,9 +62,10 @@ def places(tmp_path):
     # stores whose rows hold numbers outside the store's ranges (the second row of the run; "allbad": both)
     for store, column, value in (("nan", "score", float("nan")), ("inf", "score", float("inf")),
                                  ("above", "score", 1.5), ("zero", "multiplier", 0), ("negative", "eval_length", -5),
-                                 ("allbad", "token_accuracy", -1.0)):
+                                 ("allbad", "token_accuracy", -1.0), ("notask", "task", None),
+                                 ("attnnumber", "attn", 5)):
         rows = [_row("copy-softmax-rope-smoke-s0-bbbb", m) for m in (1, 2)]
-        for row in rows[1:] if store != "allbad" else rows:
+        for row in rows[1:] if store not in ("allbad", "attnnumber") else rows:
             row[column] = value
             if store == "nan":  # no value at all: the score and the metric's column
                 row["exact_match"] = value
@@ -477,6 +478,10 @@ CASES = [
      "multiplier 0 (must be > 0) (the file is left as it is; pass --skip-unreadable to leave those rows out)"),
     ("leaderboard row eval_length -5", ["leaderboard", "--all", "--results", "{tmp}/rows-negative"],
      "eval_length -5 (must be a whole number >= 1)"),
+    ("plot row without a task", ["plot", "--results", "{tmp}/rows-notask", "--out", "{tmp}/p"],
+     "1 of 2 rows outside the store's ranges: task missing (the row names no task)"),
+    ("compare attn column of numbers", ["compare", "--results", "{tmp}/rows-attnnumber"],
+     "column attn holds 5, which is not a name; it is not a lengthbench run file"),
     ("leaderboard every row bad, skipped", ["leaderboard", "--all", "--skip-unreadable", "--results",
                                             "{tmp}/rows-allbad"], "the store is empty"),
     ("leaderboard runs/ unreadable", ["leaderboard", "--all", "--results", "{tmp}/good"],
