@@ -20,6 +20,7 @@ from cli_helpers import cli
 
 from lengthbench.store import CONTRACT_COLUMNS, write_run
 
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 LONG = "x" * 300  # longer than any file system's name limit (255 bytes)
 B = ["run", "--task", "2back", "--attn", "softmax", "--pe", "nape", "--train-samples", "64", "--eval-samples", "4",
      "--max-multiplier", "2", "--quiet", "--results", "{tmp}/store"]
@@ -97,6 +98,10 @@ def places(tmp_path):
                                          'd_model = true\n')
     # special files where a file is written: a FIFO, a link to it, and folders holding one under a file's name
     os.mkfifo(tmp_path / "fifo")
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as unix:  # a socket file stays after its socket is closed
+        unix.bind(str(tmp_path / "sock"))
     (tmp_path / "link").symlink_to(tmp_path / "fifo")
     for folder, names in (("pubfifo", ["leaderboard.md", "paper_comparison.md", "index.html"]),
                           ("pubpair", ["leaderboard.parquet", "paper_comparison.parquet"]),
@@ -167,6 +172,7 @@ def places(tmp_path):
     (plugins / "lb_bad_syntax.py").write_text("def broken(:\n")
     (plugins / "lb_bad_key.py").write_text('{}["missing"]\n')
     (plugins / "1-bad.py").write_text("")
+    (plugins / "lb_bad_exit.py").write_text("raise SystemExit(3)\n")
     return tmp_path
 
 
@@ -179,9 +185,10 @@ def run_of_b() -> str:
 
 
 def special_files(folder) -> dict[str, str]:
-    """Every FIFO and symlink under ``folder``: what a writer must leave as it is."""
-    return {str(path): ("link" if path.is_symlink() else "fifo") for path in sorted(folder.rglob("*"))
-            if path.is_symlink() or stat.S_ISFIFO(path.lstat().st_mode)}
+    """Every FIFO, socket and symlink under ``folder``: what a writer must leave as it is."""
+    return {str(path): ("link" if path.is_symlink() else "fifo" if stat.S_ISFIFO(path.lstat().st_mode) else "socket")
+            for path in sorted(folder.rglob("*"))
+            if path.is_symlink() or stat.S_ISFIFO(path.lstat().st_mode) or stat.S_ISSOCK(path.lstat().st_mode)}
 
 
 # (id, arguments, the words the one line must hold). {tmp} is the test's folder (see ``places``).
@@ -350,6 +357,9 @@ CASES = [
     # -- special files: an output that is a device, FIFO or socket is refused, never renamed over ----------
     ("leaderboard out is a FIFO", ["leaderboard", "--results", "{tmp}/good", "--out", "{tmp}/fifo"],
      "--out {tmp}/fifo is a FIFO, not a regular file"),
+    ("compare --config out is a socket", ["compare", "--results", "{tmp}/good", "--config",
+                                          str(CONFIGS / "sieve_table1_copy.toml"), "--out", "{tmp}/sock"],
+     "--out {tmp}/sock is a socket, not a regular file"),
     ("leaderboard out links to a FIFO", ["leaderboard", "--results", "{tmp}/good", "--out", "{tmp}/link"],
      "is a FIFO, not a regular file"),
     ("leaderboard parquet out is a FIFO", ["leaderboard", "--results", "{tmp}/good", "--format", "parquet", "--out",
@@ -380,6 +390,11 @@ CASES = [
     ("plugin has a SyntaxError", [*B, "--plugin", "lb_bad_syntax"], "'lb_bad_syntax': SyntaxError"),
     ("plugin raises KeyError", ["rescore", "r", "--samples", "8", "--results", "{tmp}/good", "--plugin",
                                 "lb_bad_key"], "'lb_bad_key': KeyError: 'missing'"),
+    ("plugin raises SystemExit", ["tasks", "list", "--plugin", "lb_bad_exit"],
+     "cannot import plugin 'lb_bad_exit': SystemExit: 3"),
+    ("plugin raises SystemExit, by file", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope",
+                                           "--dry-run", "--results", "{tmp}/s", "--plugin", "{tmp}/plugins/lb_bad_exit.py"],
+     "lb_bad_exit.py': SystemExit: 3"),
     ("plugin relative ../x", ["--plugin", "../x", "tasks", "list"], "plugin '../x': no such file or folder"),
     ("plugin relative .foo", [*B, "--plugin", ".foo"], "plugin '.foo' is a relative module name"),
     ("LENGTHBENCH_PLUGINS raises", ["pe", "list"], "'lb_bad_runtime': RuntimeError: boom"),
