@@ -124,6 +124,9 @@ def load_baseline(path: str | Path, *, need_curves: bool = True) -> Baseline:
         raise _fail(path, f"not a readable JSON file ({str(error).splitlines()[0]})") from error
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
         raise _fail(path, 'expected a JSON object with a "cells" list')
+    unknown = sorted(set(data) - set(BASELINE_KEYS))
+    if unknown:  # (a misspelt key would be ignored, and dropped by --update)
+        raise _fail(path, f"unknown key {unknown[0]!r}; a baseline's keys: {', '.join(BASELINE_KEYS)}")
     if data.get("format", BASELINE_FORMAT) != BASELINE_FORMAT:
         raise _fail(path, f"unknown format {data.get('format')!r}; this lengthbench reads {BASELINE_FORMAT!r}")
     if not data["cells"]:
@@ -140,6 +143,7 @@ def load_baseline(path: str | Path, *, need_curves: bool = True) -> Baseline:
 
 
 CELL_KEYS = ("run_id", "task", "attn", "pe", "seed", "preset", "metric", "config", "overrides", "curve")
+BASELINE_KEYS = ("format", "name", "description", "device", "generated_by", "cells")  # as write_baseline writes
 
 
 def _parse_cell(path: Path, index: int, raw: Any, need_curves: bool) -> Cell:
@@ -171,8 +175,10 @@ def _parse_cell(path: Path, index: int, raw: Any, need_curves: bool) -> Cell:
     names = {k: source.get(k) for k in ("task", "attn", "pe")}
     where = f"cell {index} ({names['task']} / {names['attn']} + {names['pe']})"
     for key, value in names.items():
-        if not isinstance(value, str):
+        if value is None:
             raise _fail(path, f"cell {index} has no {key!r}")
+        if not isinstance(value, str):
+            raise _fail(path, f"cell {index}: {key!r} must be a name, got {value!r}")
     for key in ("run_id", "metric"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise _fail(path, f"{where}: {key!r} must be a string, got {raw[key]!r}")

@@ -3,6 +3,7 @@ where an interrupted run stands."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -45,7 +46,51 @@ def read_checkpoint(path: Path, device, remedy: str) -> dict:
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict) \
             or not isinstance(saved.get("config"), dict):
         raise UsageError(f"checkpoint {path} is not a lengthbench checkpoint (no model and config): {remedy}")
+    if not isinstance(saved.get("state", {}), dict):
+        raise UsageError(f"checkpoint {path} is not a lengthbench checkpoint (its training state is not a table): "
+                         f"{remedy}")
+    from lengthbench.validation import check_overrides, field, field_types
+
+    try:  # the configuration that the weights were trained with: every field there of its type and range
+        config = saved_config(saved["config"])
+        unnamed = [key for key in ("task", "attn", "pe") if not isinstance(config.get(key), str)]
+        if unnamed:
+            raise UsageError(f"it names no {', '.join(unnamed)}")
+        types = field_types()
+        check_overrides({key: value for key, value in config.items() if key in types}, field)
+        RunConfig.from_dict(config)
+    except (UsageError, TypeError, ValueError) as error:
+        raise UsageError(f"checkpoint {path} holds no usable run configuration ({str(error).splitlines()[0]}): "
+                         f"{remedy}") from error
     return saved
+
+
+def load_weights(model: torch.nn.Module, weights: dict, path: Path, remedy: str) -> None:
+    """``model.load_state_dict(weights)`` for the weights of checkpoint ``path``; weights of another model (tensors
+    missing, left over or of other shapes) are a one-line :class:`UsageError` naming the file and ``remedy``."""
+    mine = model.state_dict()
+    missing = [key for key in mine if key not in weights]
+    extra = [key for key in weights if key not in mine]
+    shapes = [key for key in mine if key in weights and getattr(weights[key], "shape", None) != mine[key].shape]
+    for words, keys in (("lack", missing), ("have other shapes for", shapes), ("have the foreign tensors", extra)):
+        if keys:
+            more = f" and {len(keys) - 1} more" if len(keys) > 1 else ""
+            raise UsageError(f"checkpoint {path} does not hold this run's model (its weights {words} {keys[0]}{more}): "
+                             f"{remedy}")
+    model.load_state_dict(weights)
+
+
+@contextlib.contextmanager
+def checkpoint_contents(path: Path, remedy: str):
+    """Around what reads the parts of checkpoint ``path`` (the optimizer's state, the training state): a part
+    missing or of another form is a one-line :class:`UsageError` naming the file and ``remedy``."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        reason = f"{type(error).__name__}: {text}" if text else type(error).__name__
+        raise UsageError(f"checkpoint {path} does not hold what lengthbench wrote there ({reason}): {remedy}") \
+            from error
 
 
 def build_model(config: RunConfig, task) -> Decoder:
@@ -152,7 +197,7 @@ def load_model(results: str | Path, run_id: str, device: str = "cpu"):
     config = RunConfig.from_dict(saved_config(saved["config"]))
     task = get_task(config.task, **config.task_params)
     model = build_model(config, task)
-    model.load_state_dict(saved["model"])
+    load_weights(model, saved["model"], checkpoint_dir(results, run_id) / "model.pt", RETRAIN)
     return model.to(device).eval(), task, config
 
 

@@ -47,6 +47,10 @@ IDENTITY_PARAMS = {"alpha": {"entmax": 1.5, "sparsemax": 2.0, "sieve": 1.5, "sen
                    "theta": {}}
 PAPER_COLUMNS = ["paper", "table", "task", "attn", "pe", "multiplier", "value"]
 CELL_KEYS = ["paper", "table", "task", "attn", "pe"]  # a cell of a paper's table
+# the columns of :func:`compare`'s long form, whether or not any row of ours stands for a paper cell
+LONG_COLUMNS = [*CELL_KEYS, "our_attn", "our_pe", "preset", "protocol", "train_length", "metric", "seeds",
+                "best_run_id", "verdict", "mean_abs_difference", "rank", "multiplier", "paper_value", "our_value",
+                "difference"]
 _LABEL = re.compile(r"^(?P<name>[^ (]+)(?: \((?P<params>.*)\))?$")
 
 
@@ -195,7 +199,7 @@ def compare(frame: pd.DataFrame, papers: pd.DataFrame, *, tolerance: float = TOL
             for m, paper_value, our_value in zip(cell["multiplier"], cell["value"], values, strict=True):
                 rows.append(dict(shared, multiplier=m, paper_value=paper_value, our_value=our_value,
                                  difference=our_value - paper_value))
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=LONG_COLUMNS)
 
 
 def _value(value) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -39,7 +38,7 @@ from lengthbench.leaderboard import (
     protocol_note,
     protocol_tables,
 )
-from lengthbench.store import atomic_write
+from lengthbench.store import atomic_write_text
 from lengthbench.tasks import multiplier_label
 
 PAGE = "index.html"
@@ -234,15 +233,8 @@ def protocols_page(board: pd.DataFrame, *, source: str) -> str:
 
 def write_page(folder: str | Path, text: str) -> Path:
     """``folder/index.html``, written atomically (the folder is created where missing), readable as the umask
-    allows (a web server serves it), not only by its owner as a bare temporary file would be."""
+    allows (a web server serves it)."""
     path = Path(folder) / PAGE
-    umask = os.umask(0)
-    os.umask(umask)
-
-    def write(tmp: str) -> None:
-        Path(tmp).write_text(text, encoding="utf-8")
-        os.chmod(tmp, 0o666 & ~umask)
-
-    atomic_write(path, write)
+    atomic_write_text(path, text)
     return path
 

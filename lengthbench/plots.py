@@ -41,7 +41,7 @@ from lengthbench.leaderboard import (  # noqa: E402
     board_multipliers,
     build_leaderboard,
 )
-from lengthbench.store import atomic_write, atomic_write_text  # noqa: E402
+from lengthbench.store import atomic_write, atomic_write_text, refuse_special_file  # noqa: E402
 from lengthbench.tasks import get_task, multiplier_label  # noqa: E402
 
 TITLE_WIDTH = 100  # characters a line of a curve plot's title
@@ -159,6 +159,8 @@ def best_rows(board: pd.DataFrame) -> pd.DataFrame:
 
 def _save(fig, out: Path, stem: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
+    for fmt in FORMATS:  # all refused before one is written: never a PNG beside the SVG of another board
+        refuse_special_file(out / f"{stem}.{fmt}")
     paths = []
     for fmt in FORMATS:
         path = out / f"{stem}.{fmt}"

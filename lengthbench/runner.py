@@ -25,12 +25,15 @@ import torch
 
 from lengthbench import __version__
 from lengthbench.checkpoints import (
+    RETRAIN,
     VOCAB_PARAMETERS,
     atomic_torch_save,
     build_model,
     cell_finished,
+    checkpoint_contents,
     checkpoint_dir,
     load_model,
+    load_weights,
     newest_trained_run,
     read_checkpoint,
     run_status,
@@ -157,9 +160,14 @@ def _score_selected(config: RunConfig, results: Path, torch_device: torch.device
         if not path.exists():
             raise UsageError(f"run {other.run_id} (selection {other.selection} of run {config.run_id}) has no "
                              f"kept checkpoint in {path.parent}: rerun {config.run_id} with --restart")
-        saved = read_checkpoint(path, "cpu", f"rerun {config.run_id} with --restart")
-        state = saved["state"]
-        if int(state["best_step"]) == int(own["best_step"].iloc[0]):
+        remedy = f"rerun {config.run_id} with --restart"
+        saved = read_checkpoint(path, "cpu", remedy)
+        state = saved.get("state") or {}
+        with checkpoint_contents(path, remedy):
+            same = int(state["best_step"]) == int(own["best_step"].iloc[0])
+            common = dict(train_steps=int(state["step"]), train_seconds=round(float(state["train_seconds"]), 3),
+                          best_step=int(state["best_step"]))
+        if same:
             created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
             rows = own.drop(columns=["schema_version"]).assign(
                 run_id=other.run_id, selection=other.selection, config_json=other.to_json(), created_at=created_at)
@@ -171,10 +179,8 @@ def _score_selected(config: RunConfig, results: Path, torch_device: torch.device
         task = get_task(other.task, **other.task_params)
         lengths = eval_lengths(other.train_length, other.max_multiplier, task.extra_multipliers)
         model = build_model(other, task)
-        model.load_state_dict(saved["model"])
+        load_weights(model, saved["model"], path, remedy)
         model = model.to(torch_device).eval()
-        common = dict(train_steps=int(state["step"]), train_seconds=round(float(state["train_seconds"]), 3),
-                      best_step=int(state["best_step"]))
         _score_and_store(other, task, model, torch_device, results, lengths, common, progress, log, log_samples)
 
 
@@ -266,7 +272,10 @@ def rescore_run(results: str | Path, run_id: str, *, samples: int | None = None,
                                 hint=" (a rescored run keeps none: rescore the run it was rescored from)")
     source = RunConfig.from_dict(saved_config(saved["config"]))
     state = saved.get("state") or {}
-    if not state or state.get("step", 0) < source.train_steps:
+    source_path = checkpoint_dir(results, run_id) / "model.pt"
+    with checkpoint_contents(source_path, RETRAIN):
+        finished = bool(state) and int(state.get("step", 0)) >= source.train_steps
+    if not finished:
         raise UsageError(f"run {run_id}'s model.pt is not a finished training (step {state.get('step', 0)} of "
                          f"{source.train_steps})")
     changes = {key: value for key, value in (("eval_samples", samples), ("max_multiplier", max_multiplier))
@@ -286,13 +295,14 @@ def rescore_run(results: str | Path, run_id: str, *, samples: int | None = None,
     task.check_length(config.train_length)
     lengths = eval_lengths(config.train_length, config.max_multiplier, task.extra_multipliers)
     model = build_model(config, task)
-    model.load_state_dict(saved["model"])
+    load_weights(model, saved["model"], source_path, RETRAIN)
     model = model.to(torch_device).eval()
     ckpt_dir = checkpoint_dir(results, config.run_id)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     (ckpt_dir / "config.json").write_text(json.dumps(config.identity(), indent=2, sort_keys=True))
-    common = dict(train_steps=int(state["step"]), train_seconds=round(float(state.get("train_seconds", 0.0)), 3),
-                  best_step=int(state.get("best_step", state["step"])))
+    with checkpoint_contents(source_path, RETRAIN):
+        common = dict(train_steps=int(state["step"]), train_seconds=round(float(state.get("train_seconds", 0.0)), 3),
+                      best_step=int(state.get("best_step", state["step"])))
     _score_and_store(config, task, model, torch_device, results, lengths, common, progress, log, log_samples)
     return pd.read_parquet(run_path(results, config.run_id))
 

@@ -53,6 +53,7 @@ REQUIRED_COLUMNS = [c for c in CONTRACT_COLUMNS if c not in DIAGNOSTIC_COLUMNS]
 NUMERIC_COLUMNS = ["seed", "train_length", "eval_length", "multiplier", "exact_match", "token_accuracy",
                    "n_samples", "realised_tokens", "train_steps", "train_seconds", "eval_seconds",
                    *DIAGNOSTIC_COLUMNS, "score"]
+NAME_COLUMNS = ["run_id", "task", "attn", "pe"]  # what names a row's run and cell: text in every row
 
 
 class StoreError(RuntimeError):
@@ -119,20 +120,40 @@ def refuse_special_file(path: str | Path, option: str = "") -> None:
         raise UsageError(f"{where} is a {kind}, not a regular file: give the name of a file to write")
 
 
+def _umask() -> int:
+    """The process's file-creation mask (read without changing it where Linux says it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, write: Callable[[str], object]) -> None:
     """The one way this package writes a file: ``write(tmp)`` fills a temporary file beside ``path``,
     which then replaces ``path`` in one step; an interrupted write leaves the old file untouched. A symlink is
     written through (its target is replaced, the link stays); a device, FIFO or socket is refused
-    (:func:`refuse_special_file`)."""
+    (:func:`refuse_special_file`). The file keeps the permissions of the one it replaces, and a new one gets
+    those the umask gives (a bare temporary file is readable by its owner only: a shared store, a published
+    page would be unreadable to the others)."""
     path = Path(path)
     refuse_special_file(path)
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:  # a new file
+        mode = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -272,6 +293,10 @@ def schema_problem(frame: pd.DataFrame) -> str | None:
         if column in frame.columns and not pd.api.types.is_numeric_dtype(frame[column]) \
                 and not frame[column].isna().all():
             return f"column {column} holds {frame[column].dtype} values, not numbers"
+    for column in NAME_COLUMNS:
+        others = [value for value in frame[column].dropna() if not isinstance(value, str)]
+        if others:
+            return f"column {column} holds {others[0]}, which is not a name"
     return None
 
 
@@ -309,6 +334,12 @@ def rows_out_of_range(frame: pd.DataFrame) -> tuple[pd.Series, list[str]]:
     if value.isna().any():
         words.append(f"score nan and {metrics[value.isna()].iloc[0]} nan (the row has no value)")
         bad |= value.isna()
+    for column in NAME_COLUMNS:
+        if column in frame.columns:
+            unnamed = frame[column].isna() | (frame[column].astype(str).str.strip() == "")
+            if unnamed.any():
+                words.append(f"{column} missing (the row names no {column.replace('_', ' ')})")
+                bad |= unnamed
     return bad, words
 
 

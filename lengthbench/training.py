@@ -20,7 +20,9 @@ from lengthbench.checkpoints import (
     RESTART,
     atomic_torch_save,
     build_model,
+    checkpoint_contents,
     checkpoint_dir,
+    load_weights,
     read_checkpoint,
     warm_start,
 )
@@ -150,11 +152,12 @@ class Trainer:
         if not self.checkpoint_path.exists():
             return self.load_trained()
         saved = read_checkpoint(self.checkpoint_path, self.device, RESTART)
-        self.model.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.state = TrainState(**saved["state"])
-        self.best_model_state = saved["best_model"]
-        self.also_model_states = saved.get("also_models") or {}
+        load_weights(self.model, saved["model"], self.checkpoint_path, RESTART)
+        with checkpoint_contents(self.checkpoint_path, RESTART):
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.state = TrainState(**saved["state"])
+            self.best_model_state = saved["best_model"]
+            self.also_model_states = saved.get("also_models") or {}
         return True
 
     def load_trained(self) -> bool:
@@ -164,8 +167,10 @@ class Trainer:
         saved = self._finished_model()
         if saved is None:
             return False
-        self.model.load_state_dict(saved["model"])
-        self.state = TrainState(**saved["state"])
+        path = self.dir / "model.pt"
+        load_weights(self.model, saved["model"], path, RESTART)
+        with checkpoint_contents(path, RESTART):
+            self.state = TrainState(**saved["state"])
         self.best_model_state = None  # model.pt holds the selected weights already
         return True
 
@@ -176,8 +181,11 @@ class Trainer:
             return None
         saved = read_checkpoint(path, self.device, RESTART)
         state = saved.get("state")
-        if saved.get("config") != self.config.identity() or not state or state["step"] < self.config.train_steps:
+        if saved.get("config") != self.config.identity() or not state:
             return None
+        with checkpoint_contents(path, RESTART):
+            if int(state["step"]) < self.config.train_steps:
+                return None
         return saved
 
     # -- the step ----------------------------------------------------------------------------------
@@ -290,8 +298,10 @@ class Trainer:
         window = _StepWindow(report_every, self.state.step + 1, self.device)
         dense = attention_kernels(self.model, False) if self.dense else contextlib.nullcontext()
         with progress_bar(self.progress) as progress, dense:
+            # a validation every eval_every steps and at the last one
+            first_validation = min(total, (self.state.step // config.eval_every + 1) * config.eval_every)
             task_id = progress.add_task("train", total=total, completed=self.state.step, rate="",
-                                        detail=f"first validation at step {config.eval_every:,}")
+                                        detail=f"first validation at step {first_validation:,}")
             started = time.perf_counter() - self.state.train_seconds
             process_started, steps_here = time.perf_counter(), 0
             try:
@@ -337,7 +347,7 @@ class Trainer:
                         samples_per_second = window_samples / max(elapsed, 1e-9)
                         validated = (f"{val_label} {val_score:.3f} (best {self.state.best_score:.3f} at step "
                                      f"{self.state.best_step:,})" if self.state.best_step >= 0 else
-                                     f"first validation at step {config.eval_every:,}")
+                                     f"first validation at step {first_validation:,}")
                         progress.update(task_id, completed=step, rate=samples_rate(samples_per_second),
                                         detail=f"loss {mean_loss:.4f}  accuracy {accuracy:.3f}  {validated}")
                         self.on_metrics("train", step, {"loss": mean_loss, "accuracy": accuracy, "learning_rate": lr,

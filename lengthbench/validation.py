@@ -442,6 +442,17 @@ def check_writable(path: str | Path, option: str, *, folder: bool = True) -> Pat
     return path
 
 
+def check_publish(folder: str | Path, names: tuple[str, ...], option: str = "--publish") -> Path:
+    """A folder that a command publishes the files ``names`` in: :func:`check_writable`, and none of those files a
+    device, FIFO or socket, all checked before the first is written (so that a pair is never half replaced)."""
+    from lengthbench.store import refuse_special_file
+
+    path = check_writable(folder, option)
+    for name in names:
+        refuse_special_file(path / name)
+    return path
+
+
 def check_results_writable(results: str | Path, option: str = "--results") -> Path:
     """The store folder and the subfolders a run writes (runs/, checkpoints/, logs/, claims/)."""
     path = check_writable(results, option)

@@ -20,6 +20,7 @@ from cli_helpers import cli
 
 from lengthbench.store import CONTRACT_COLUMNS, write_run
 
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 LONG = "x" * 300  # longer than any file system's name limit (255 bytes)
 B = ["run", "--task", "2back", "--attn", "softmax", "--pe", "nape", "--train-samples", "64", "--eval-samples", "4",
      "--max-multiplier", "2", "--quiet", "--results", "{tmp}/store"]
@@ -42,6 +43,9 @@ def places(tmp_path):
     (tmp_path / "file.txt").write_text("not a folder\n")
     write_run(tmp_path / "good", "copy-softmax-rope-smoke-s0-aaaa", [_row("copy-softmax-rope-smoke-s0-aaaa", m)
                                                                       for m in (1, 2)])
+    # a store of one's own mechanism only: no row stands for a paper table's cell
+    write_run(tmp_path / "mine", "copy-lb-mine-rope-smoke-s0-cccc", [{**_row("copy-lb-mine-rope-smoke-s0-cccc", m),
+                                                                      "attn": "lb-mine"} for m in (1, 2)])
     foreign = tmp_path / "foreign" / "runs"
     foreign.mkdir(parents=True)
     pd.DataFrame({"task": ["copy"], "attn": ["softmax"]}).to_parquet(foreign / "partial.parquet")
@@ -59,9 +63,10 @@ def places(tmp_path):
     # stores whose rows hold numbers outside the store's ranges (the second row of the run; "allbad": both)
     for store, column, value in (("nan", "score", float("nan")), ("inf", "score", float("inf")),
                                  ("above", "score", 1.5), ("zero", "multiplier", 0), ("negative", "eval_length", -5),
-                                 ("allbad", "token_accuracy", -1.0)):
+                                 ("allbad", "token_accuracy", -1.0), ("notask", "task", None),
+                                 ("attnnumber", "attn", 5)):
         rows = [_row("copy-softmax-rope-smoke-s0-bbbb", m) for m in (1, 2)]
-        for row in rows[1:] if store != "allbad" else rows:
+        for row in rows[1:] if store not in ("allbad", "attnnumber") else rows:
             row[column] = value
             if store == "nan":  # no value at all: the score and the metric's column
                 row["exact_match"] = value
@@ -86,13 +91,21 @@ def places(tmp_path):
               "both": {**good, "overrides": {"train_samples": 64}}}
     for name, bad in broken.items():
         (tmp_path / f"b-{name}.json").write_text(json.dumps({"cells": [bad]}))
+    (tmp_path / "b-extra.json").write_text(json.dumps({**tiny, "tolerance": 0.2}))
+    (tmp_path / "b-taskint.json").write_text(json.dumps({"cells": [{**good, "config": {**good["config"], "task": 5}}]}))
     (tmp_path / "lr.toml").write_text('tasks = "copy"\nattns = "softmax"\npes = "rope"\n[overrides]\nlr = "abc"\n')
     (tmp_path / "stage.toml").write_text('tasks = "copy"\nattns = "softmax"\npes = "rope"\n[[stages]]\n'
                                          'd_model = true\n')
     # special files where a file is written: a FIFO, a link to it, and folders holding one under a file's name
     os.mkfifo(tmp_path / "fifo")
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as unix:  # a socket file stays after its socket is closed
+        unix.bind(str(tmp_path / "sock"))
     (tmp_path / "link").symlink_to(tmp_path / "fifo")
     for folder, names in (("pubfifo", ["leaderboard.md", "paper_comparison.md", "index.html"]),
+                          ("pubpair", ["leaderboard.parquet", "paper_comparison.parquet"]),
+                          ("plotpair", ["curves_copy.svg"]),
                           ("plotfifo", ["curves_copy.png"]),
                           ("diagfifo", ["diagnostics-copy.png"])):
         (tmp_path / folder).mkdir()
@@ -124,6 +137,18 @@ def places(tmp_path):
     for store, name in (("resume", "train.pt"), ("resumed", "model.pt")):
         (tmp_path / store / "checkpoints" / config.run_id).mkdir(parents=True)
         (tmp_path / store / "checkpoints" / config.run_id / name).write_bytes(truncated)
+    # checkpoints that load but do not hold what lengthbench wrote: a training state that is text, a configuration
+    # that names no mechanism or has a word for a number, no weights
+    finished = {"step": 10**9, "train_seconds": 1.0, "best_score": 0.0, "best_step": 1}
+    for store, name, saved in (
+            ("state-text", "train.pt", {"config": config.identity(), "model": {}, "state": "abc"}),
+            ("config-partial", "train.pt", {"config": {"task": "2back"}, "model": {}, "state": {}}),
+            ("config-word", "model.pt", {"config": {**config.identity(), "d_model": "big"}, "model": {},
+                                         "state": finished}),
+            ("no-weights", "model.pt", {"config": config.identity(), "model": {}, "state": finished})):
+        folder = tmp_path / store / "checkpoints" / config.run_id
+        folder.mkdir(parents=True)
+        torch.save(saved, folder / name)
     # B trained, its scoring interrupted: the file of scored lengths, or of a length's tallies, is corrupt
     from lengthbench.checkpoints import build_model
     from lengthbench.tasks import get_task
@@ -136,6 +161,10 @@ def places(tmp_path):
                     "state": {"step": config.train_steps, "train_seconds": 1.0, "best_score": 0.0, "best_step": 1}},
                    folder / "model.pt")
         (folder / name).write_text('[{"multiplier": 1, ')
+    # a train.pt with this run's weights and no optimizer state
+    folder = tmp_path / "no-optimizer" / "checkpoints" / config.run_id
+    folder.mkdir(parents=True)
+    torch.save({"config": config.identity(), "model": model.state_dict(), "state": {}}, folder / "train.pt")
     # plugins that fail on import (on sys.path in every case)
     plugins = tmp_path / "plugins"
     plugins.mkdir()
@@ -143,13 +172,23 @@ def places(tmp_path):
     (plugins / "lb_bad_syntax.py").write_text("def broken(:\n")
     (plugins / "lb_bad_key.py").write_text('{}["missing"]\n')
     (plugins / "1-bad.py").write_text("")
+    (plugins / "lb_bad_exit.py").write_text("raise SystemExit(3)\n")
     return tmp_path
 
 
+def run_of_b() -> str:
+    """The run id of ``B``'s run."""
+    from lengthbench.config import build_config
+
+    return build_config("2back", "softmax", "nape", "smoke", train_length=64, max_multiplier=2, eval_samples=4,
+                        seed=0, train_samples=64).run_id
+
+
 def special_files(folder) -> dict[str, str]:
-    """Every FIFO and symlink under ``folder``: what a writer must leave as it is."""
-    return {str(path): ("link" if path.is_symlink() else "fifo") for path in sorted(folder.rglob("*"))
-            if path.is_symlink() or stat.S_ISFIFO(path.lstat().st_mode)}
+    """Every FIFO, socket and symlink under ``folder``: what a writer must leave as it is."""
+    return {str(path): ("link" if path.is_symlink() else "fifo" if stat.S_ISFIFO(path.lstat().st_mode) else "socket")
+            for path in sorted(folder.rglob("*"))
+            if path.is_symlink() or stat.S_ISFIFO(path.lstat().st_mode) or stat.S_ISSOCK(path.lstat().st_mode)}
 
 
 # (id, arguments, the words the one line must hold). {tmp} is the test's folder (see ``places``).
@@ -285,6 +324,9 @@ CASES = [
     ("compare paper tables is a folder", ["compare", "--results", "{tmp}/good", "--paper-tables", "{tmp}"],
      "is not a file"),
     ("check tolerance nan", ["check", "--baseline", "{tmp}/base.json", "--tolerance", "nan"], "--tolerance"),
+    ("compare a store of one's own mechanism", ["compare", "--results", "{tmp}/mine"],
+     "no run in {tmp}/mine stands for a cell of the paper tables (there: lb-mine); your runs beside a table's "
+     "published rows: lengthbench compare --config configs/NAME.toml --results {tmp}/mine"),
     ("compare tolerance -1", ["compare", "--results", "{tmp}/good", "--tolerance", "-1"], "--tolerance"),
     # -- every command: unknown names, missing folders, parser errors --------------------------------------
     ("run unknown task", [*B[:2], "nosuch", *B[3:]], "unknown task"),
@@ -315,6 +357,9 @@ CASES = [
     # -- special files: an output that is a device, FIFO or socket is refused, never renamed over ----------
     ("leaderboard out is a FIFO", ["leaderboard", "--results", "{tmp}/good", "--out", "{tmp}/fifo"],
      "--out {tmp}/fifo is a FIFO, not a regular file"),
+    ("compare --config out is a socket", ["compare", "--results", "{tmp}/good", "--config",
+                                          str(CONFIGS / "sieve_table1_copy.toml"), "--out", "{tmp}/sock"],
+     "--out {tmp}/sock is a socket, not a regular file"),
     ("leaderboard out links to a FIFO", ["leaderboard", "--results", "{tmp}/good", "--out", "{tmp}/link"],
      "is a FIFO, not a regular file"),
     ("leaderboard parquet out is a FIFO", ["leaderboard", "--results", "{tmp}/good", "--format", "parquet", "--out",
@@ -322,6 +367,12 @@ CASES = [
     ("leaderboard publish holds a FIFO", ["leaderboard", "--results", "{tmp}/good", "--all", "--publish",
                                           "{tmp}/pubfifo"],
      "pubfifo/leaderboard.md is a FIFO"),
+    ("leaderboard publish, the second file a FIFO", ["leaderboard", "--results", "{tmp}/good", "--all", "--publish",
+                                                     "{tmp}/pubpair"], "pubpair/leaderboard.parquet is a FIFO"),
+    ("compare publish, the second file a FIFO", ["compare", "--results", "{tmp}/good", "--publish", "{tmp}/pubpair"],
+     "pubpair/paper_comparison.parquet is a FIFO"),
+    ("plot out, the SVG a FIFO", ["plot", "--results", "{tmp}/good", "--out", "{tmp}/plotpair"],
+     "curves_copy.svg is a FIFO"),
     ("compare out is a FIFO", ["compare", "--results", "{tmp}/good", "--out", "{tmp}/fifo"], "is a FIFO"),
     ("compare publish holds a FIFO", ["compare", "--results", "{tmp}/good", "--publish", "{tmp}/pubfifo"],
      "pubfifo/paper_comparison.md is a FIFO"),
@@ -339,6 +390,11 @@ CASES = [
     ("plugin has a SyntaxError", [*B, "--plugin", "lb_bad_syntax"], "'lb_bad_syntax': SyntaxError"),
     ("plugin raises KeyError", ["rescore", "r", "--samples", "8", "--results", "{tmp}/good", "--plugin",
                                 "lb_bad_key"], "'lb_bad_key': KeyError: 'missing'"),
+    ("plugin raises SystemExit", ["tasks", "list", "--plugin", "lb_bad_exit"],
+     "cannot import plugin 'lb_bad_exit': SystemExit: 3"),
+    ("plugin raises SystemExit, by file", ["sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope",
+                                           "--dry-run", "--results", "{tmp}/s", "--plugin", "{tmp}/plugins/lb_bad_exit.py"],
+     "lb_bad_exit.py': SystemExit: 3"),
     ("plugin relative ../x", ["--plugin", "../x", "tasks", "list"], "plugin '../x': no such file or folder"),
     ("plugin relative .foo", [*B, "--plugin", ".foo"], "plugin '.foo' is a relative module name"),
     ("LENGTHBENCH_PLUGINS raises", ["pe", "list"], "'lb_bad_runtime': RuntimeError: boom"),
@@ -379,6 +435,23 @@ CASES = [
      "central directory): delete it, or pass --restart"),
     ("run init-from model.pt not a zip", [*B[:-1], "{tmp}/ckpt", "--init-from", "text"],
      "text/model.pt is unreadable (UnpicklingError"),
+    ("run resume train.pt state not a table", [*B[:-1], "{tmp}/state-text", "--resume"],
+     "train.pt is not a lengthbench checkpoint (its training state is not a table): delete it, or pass --restart"),
+    ("run resume train.pt config names no mechanism", [*B[:-1], "{tmp}/config-partial", "--resume"],
+     "train.pt holds no usable run configuration (it names no attn, pe)"),
+    ("rescore model.pt config d_model a word", ["rescore", "{run_b}", "--samples", "8", "--results",
+                                                "{tmp}/config-word"],
+     "model.pt holds no usable run configuration (d_model must be an integer, got 'big'): the run's trained model "
+     "is lost"),
+    ("rescore model.pt without weights", ["rescore", "{run_b}", "--samples", "8", "--results", "{tmp}/no-weights"],
+     "model.pt does not hold this run's model (its weights lack embed.weight and"),
+    ("inspect maps model.pt without weights", ["inspect", "maps", "--run", "{run_b}", "--length", "64", "--results",
+                                               "{tmp}/no-weights", "--out", "{tmp}/m"],
+     "model.pt does not hold this run's model"),
+    ("run resume train.pt without optimizer", [*B[:-1], "{tmp}/no-optimizer", "--resume"],
+     "train.pt does not hold what lengthbench wrote there (KeyError: 'optimizer'): delete it, or pass --restart"),
+    ("run resume model.pt without weights", [*B[:-1], "{tmp}/no-weights", "--resume"],
+     "model.pt does not hold this run's model (its weights lack embed.weight"),
     # -- baselines of `check`: validated whole before any cell runs --------------------------------------------
     ("check baseline task_params a list", ["check", "--baseline", "{tmp}/b-task_params.json"],
      "task_params must be a table of key = value, got [1, 2]"),
@@ -401,6 +474,9 @@ CASES = [
     ("check baseline config unknown field", ["check", "--baseline", "{tmp}/b-field.json"],
      "unknown configuration field 'warmup'"),
     ("check baseline cell key misspelt", ["check", "--baseline", "{tmp}/b-cellkey.json"], "unknown key 'overides'"),
+    ("check baseline extra top-level key", ["check", "--baseline", "{tmp}/b-extra.json"],
+     "unknown key 'tolerance'; a baseline's keys: format, name, description, device, generated_by, cells"),
+    ("check baseline task a number", ["check", "--baseline", "{tmp}/b-taskint.json"], "'task' must be a name, got 5"),
     ("check baseline config and overrides", ["check", "--baseline", "{tmp}/b-both.json"], "not both"),
     # -- error texts that name the problem, not Python's ---------------------------------------------------------
     ("check baseline config lr a string", ["check", "--baseline", "{tmp}/b-lr.json"], "lr must be a number, got 'abc'"),
@@ -417,6 +493,10 @@ CASES = [
      "multiplier 0 (must be > 0) (the file is left as it is; pass --skip-unreadable to leave those rows out)"),
     ("leaderboard row eval_length -5", ["leaderboard", "--all", "--results", "{tmp}/rows-negative"],
      "eval_length -5 (must be a whole number >= 1)"),
+    ("plot row without a task", ["plot", "--results", "{tmp}/rows-notask", "--out", "{tmp}/p"],
+     "1 of 2 rows outside the store's ranges: task missing (the row names no task)"),
+    ("compare attn column of numbers", ["compare", "--results", "{tmp}/rows-attnnumber"],
+     "column attn holds 5, which is not a name; it is not a lengthbench run file"),
     ("leaderboard every row bad, skipped", ["leaderboard", "--all", "--skip-unreadable", "--results",
                                             "{tmp}/rows-allbad"], "the store is empty"),
     ("leaderboard runs/ unreadable", ["leaderboard", "--all", "--results", "{tmp}/good"],
@@ -488,7 +568,7 @@ def test_bad_input_is_one_line_and_exit_2(case, places, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(places / "plugins"))
     monkeypatch.chdir(places)
     untouched = special_files(places)
-    code = cli(monkeypatch, *[arg.replace("{tmp}", str(places)) for arg in args])
+    code = cli(monkeypatch, *[arg.replace("{tmp}", str(places)).replace("{run_b}", run_of_b()) for arg in args])
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2, (code, err)
@@ -497,6 +577,9 @@ def test_bad_input_is_one_line_and_exit_2(case, places, monkeypatch, capsys):
     assert lines[0].startswith("error: "), err
     assert words.replace("{tmp}", str(places)).lower() in lines[0].lower(), (words, err)
     assert special_files(places) == untouched  # no FIFO or link was replaced by a file
+    for folder in ("pubpair", "plotpair"):  # nothing written beside a file that was refused: no half-replaced pair
+        assert {path.name for path in (places / folder).iterdir()} <= {"leaderboard.parquet", "paper_comparison.parquet",
+                                                                       "curves_copy.svg"}
 
 
 @pytest.mark.parametrize("what", ["--dry-run", "--status"])
@@ -573,3 +656,20 @@ def test_a_link_to_a_file_is_written_through(tmp_path):
     (tmp_path / "link.md").symlink_to(target)
     atomic_write_text(tmp_path / "link.md", "new\n")
     assert (tmp_path / "link.md").is_symlink() and target.read_text() == "new\n"
+
+
+def test_a_written_file_is_readable_as_the_umask_allows_and_keeps_the_mode_it_replaces(tmp_path):
+    # the temporary file renamed into place is not left readable by its owner only
+    from lengthbench.store import atomic_write_text
+
+    mask = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "new.md", "new\n")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "new.md").stat().st_mode) == 0o644
+    (tmp_path / "kept.md").write_text("old\n")
+    (tmp_path / "kept.md").chmod(0o640)
+    atomic_write_text(tmp_path / "kept.md", "new\n")
+    assert stat.S_IMODE((tmp_path / "kept.md").stat().st_mode) == 0o640
+    assert (tmp_path / "kept.md").read_text() == "new\n"

@@ -35,6 +35,13 @@ def test_tiny_baseline_reproduces_on_cpu(scratch, monkeypatch, capsys):
     assert "OK" in out and "0 regressions" in out
 
 
+def test_no_progress_bar_where_standard_error_is_not_a_terminal(scratch, monkeypatch, capsys):
+    # without --quiet: the output is captured (no terminal), so the bar's last frame is not printed there
+    assert cli(monkeypatch, "check", "--baseline", TINY, "--results", scratch) == 0
+    captured = capsys.readouterr()
+    assert "OK" in captured.out and "━" not in captured.err and "━" not in captured.out
+
+
 def test_a_worsened_baseline_value_is_an_improvement_and_passes(scratch, tmp_path, monkeypatch, capsys):
     recorded = json.loads(TINY.read_text())["cells"][0]["curve"]["1"]
     assert recorded > 0.06, "the tiny cell must score above the tolerance for this test to mean anything"

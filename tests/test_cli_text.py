@@ -135,6 +135,7 @@ def test_progress_fits_80_columns_with_step_eta_and_rate():
 def test_training_progress_shows_no_nan_before_the_first_validation(monkeypatch, tmp_path):
     """The detail line says when the first validation comes instead of a `nan` placeholder."""
     import contextlib
+    import dataclasses
 
     from lengthbench import progress, training
     from lengthbench.config import build_config
@@ -167,6 +168,10 @@ def test_training_progress_shows_no_nan_before_the_first_validation(monkeypatch,
     assert details[0].endswith("first validation at step 75")
     assert re.search(r"validation 0\.\d{3} \(best 0\.\d{3} at step (75|100)\)$", details[-1])
     assert max(len(line) for line in screen.export_text().splitlines()) <= 80
+    # a run shorter than eval_every validates first (and only) at its last step
+    shown.clear()
+    run_cell(dataclasses.replace(config, eval_every=1000), tmp_path / "short", device="cpu", progress=True)
+    assert [d for d in shown if d][0].endswith("first validation at step 100")
 
 
 def test_a_run_piped_to_a_file_prints_plain_lines(tmp_path):
@@ -178,7 +183,13 @@ def test_a_run_piped_to_a_file_prints_plain_lines(tmp_path):
     output = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert output.returncode == 0, output.stderr
     lines = output.stdout.splitlines()
-    assert [line.split(" step ")[1].split(":")[0] for line in lines if " step " in line] == ["3/6", "6/6"]
-    assert any("ETA" in line and "samples/s" in line for line in lines if " step " in line)
+    steps = [line for line in lines if " step " in line and not line.startswith("trained ")]
+    assert [line.split(" step ")[1].split(":")[0] for line in steps] == ["3/6", "6/6"]
+    assert any("ETA" in line and "samples/s" in line for line in steps)
     assert [line.split(" eval ")[1].split(" ")[0] for line in lines if re.search(r" eval \d+x ", line)] == ["1x", "2x"]
     assert not any(line.startswith(("train ", "score ")) for line in lines)  # no progress bar
+    # each printed line whole, not broken at 80 columns
+    assert any(line.startswith("copy-softmax-nape-smoke-s0-") and line.endswith(f"results -> {tmp_path}")
+               for line in lines)
+    assert any(line.startswith("cost: ") and line.endswith("learns little)") for line in lines)
+    assert any(line.startswith("trained 6 steps in ") and line.endswith("kept") for line in lines)

@@ -94,6 +94,15 @@ def test_every_paper_cell_gets_the_rows_that_stand_for_it_closest_first(store, p
     assert reverse["verdict"].eq("no run").all() and len(reverse) == 2
 
 
+def test_a_store_of_no_paper_mechanism_gives_every_column_and_its_markdown(tmp_path, papers):
+    # a store of one's own mechanism: every paper cell "no run", the long form's columns all there
+    synthetic_run(tmp_path / "mine", "copy", "softmax", "rope", 0, {1: 1.0, 4: 0.5})
+    frame = load_store(tmp_path / "mine")[0].assign(attn="lb-mine")
+    long = compare(frame, load_paper_tables(papers))
+    assert long["verdict"].eq("no run").all() and {"metric", "our_value", "difference"} <= set(long.columns)
+    assert "| sieve + none | Sieve Attention | 100.0 | 99.8 |" in to_markdown(long)
+
+
 def test_summary_and_markdown(store, papers):
     long = compare(load_store(store)[0], load_paper_tables(papers))
     table = summary(long).set_index(["paper", "table", "task"])

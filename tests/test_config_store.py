@@ -62,8 +62,9 @@ def test_multipliers_are_powers_of_two_up_to_the_maximum():
 
 def _row(run_id, multiplier):
     row = {c: 0 for c in CONTRACT_COLUMNS}
-    row.update(run_id=run_id, multiplier=multiplier, exact_match=0.5, train_length=64, eval_length=64 * multiplier,
-               n_samples=4)  # (lengths and a sample count of 0 are outside the store's ranges)
+    row.update(run_id=run_id, task="copy", attn="softmax", pe="rope", multiplier=multiplier, exact_match=0.5,
+               train_length=64, eval_length=64 * multiplier,
+               n_samples=4)  # (lengths and a sample count of 0, and a row that names no cell, are outside the store's ranges)
     return row
 
 

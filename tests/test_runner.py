@@ -202,7 +202,8 @@ def test_quiet_run_logs_each_validation(tmp_path):
     process = _run_cli(args, tmp_path)
     output = process.communicate()[0]
     assert process.returncode == 0, output
-    steps = [line.split(" step ")[1].split(":")[0] for line in output.splitlines() if " step " in line]
+    steps = [line.split(" step ")[1].split(":")[0] for line in output.splitlines()
+             if " step " in line and line.startswith("copy-")]  # (not the closing "trained ...: step 10 kept")
     assert steps == ["4/10", "8/10", "10/10"]
     assert "eval 2x" in output
 

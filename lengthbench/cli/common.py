@@ -21,8 +21,11 @@ def cell_name(config, labels: dict[str, str] | None = None) -> str:
 
 
 def progress_bar(quiet: bool) -> Progress:
+    """The cells' bar of ``sweep`` and ``check`` on standard error; none with --quiet or where standard error is
+    not a terminal (a log file gets the commands' lines, not the bar's last frame)."""
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.fields[info]}"), console=err, disable=quiet, transient=False)
+                    TextColumn("{task.fields[info]}"), console=err, disable=quiet or not err.is_terminal,
+                    transient=False)
 
 
 

@@ -118,12 +118,12 @@ def register(app: typer.Typer) -> None:
         and the in-distribution one. --all: every run, a table per task and protocol."""
         from lengthbench.leaderboard import FORMATS, build_leaderboard, write_leaderboard
         from lengthbench.sweep import split_list
-        from lengthbench.validation import check_writable
+        from lengthbench.validation import check_publish, check_writable
 
         if fmt not in FORMATS:
             raise UsageError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
         if publish is not None:
-            publish = check_writable(publish, "--publish")
+            publish = check_publish(publish, ("leaderboard.md", "leaderboard.parquet"))
         if out_file is not None:
             out_file = check_writable(out_file, "--out", folder=False)
         if configs and show_all:
@@ -197,10 +197,10 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--tolerance must be a number of points >= 0, got {tolerance}")
         if rows < 0:
             raise UsageError(f"--rows must be 0 (all) or more, got {rows}")
-        from lengthbench.validation import check_writable
+        from lengthbench.validation import check_publish, check_writable
 
         if publish is not None:
-            publish = check_writable(publish, "--publish")
+            publish = check_publish(publish, ("paper_comparison.md", "paper_comparison.parquet"))
         if out_file is not None:
             out_file = check_writable(out_file, "--out", folder=False)
         from lengthbench.leaderboard import load_stores, results_list
@@ -226,6 +226,10 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"no runs in {results} of the paper tables' tasks "
                              f"({', '.join(sorted(papers['task'].unique()))})")
         long = compare_store(frame, papers, tolerance=tolerance)
+        if (long["verdict"] == "no run").all():  # e.g. a store of your own mechanism only
+            raise UsageError(f"no run in {results} stands for a cell of the paper tables (there: "
+                             f"{', '.join(sorted(map(str, frame['attn'].unique())))}); your runs beside a table's "
+                             f"published rows: lengthbench compare --config configs/NAME.toml --results {results}")
         source = f"Generated from {frame['run_id'].nunique()} runs in `{results}` by `lengthbench compare --results {results}`."
         markdown = to_markdown(long, rows_per_cell=rows, tolerance=tolerance, source=source)
         if publish is not None:

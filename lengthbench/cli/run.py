@@ -151,10 +151,12 @@ def register(app: typer.Typer) -> None:
         # build the model once on the meta device so a bad mechanism/encoding parameter fails now
         if note := scaled_heads_note(config, _check_model(config)):
             out.print(note, highlight=False, soft_wrap=True)
+        # whole lines (soft_wrap): a pipe or log file gets each as one line, not broken at 80 columns
         out.print(f"[bold]{config.run_id}[/]  {config.train_steps:,} steps x batch {config.batch_size}, "
-                  f"{config.n_layers} layers x d {config.d_model}, {config.n_heads} heads; results -> {results}")
+                  f"{config.n_layers} layers x d {config.d_model}, {config.n_heads} heads; results -> {results}",
+                  soft_wrap=True)
         for line in cost_lines(chain, recipe, preset, torch_device, explicit):
-            out.print(line, highlight=False)
+            out.print(line, highlight=False, soft_wrap=True)
         if dry_run:
             from lengthbench.runner import cell_finished, checkpoint_dir
 
@@ -163,7 +165,7 @@ def register(app: typer.Typer) -> None:
                          "interrupted: a checkpoint to --resume" if checkpoint_dir(results, each.run_id).exists()
                          else "not started")
                 stage = f" (stage {chain.index(each) + 1} of {len(chain)}: {each.run_id})" if each is not config else ""
-                out.print(f"dry run{stage}: {state}", highlight=False)
+                out.print(f"dry run{stage}: {state}", highlight=False, soft_wrap=True)
             return
         from lengthbench.claims import claim, holder
 
@@ -172,7 +174,8 @@ def register(app: typer.Typer) -> None:
         for number, each in enumerate(chain, 1):
             if each is not config:
                 out.print(f"stage {number} of {len(chain)}: {each.run_id} ({each.task} at n {each.train_length}"
-                          f"{' ' + _params(each.task_params) if each.task_params else ''})", highlight=False)
+                          f"{' ' + _params(each.task_params) if each.task_params else ''})", highlight=False,
+                          soft_wrap=True)
             with claim(results, each.run_id) as got:  # a sweep's claim: one process trains a run at a time
                 if not got:
                     raise UsageError(f"run {each.run_id} is running elsewhere ({holder(results, each.run_id)}) "
@@ -196,7 +199,7 @@ def register(app: typer.Typer) -> None:
         best_step = frame["best_step"].iloc[0] if "best_step" in frame else float("nan")
         kept = f": step {int(best_step):,} kept" if best_step == best_step else ""  # runs stored before the field
         out.print(f"trained {frame['train_steps'].iloc[0]:,} steps in {frame['train_seconds'].iloc[0]:.1f}s "
-                  f"on {frame['device'].iloc[0]}; selection {words}{kept}")
+                  f"on {frame['device'].iloc[0]}; selection {words}{kept}", soft_wrap=True)
         if log_samples:
             out.print(log_samples_note(results, config.run_id, frame), highlight=False, soft_wrap=True)
 
