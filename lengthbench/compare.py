@@ -50,7 +50,7 @@ CELL_KEYS = ["paper", "table", "task", "attn", "pe"]  # a cell of a paper's tabl
 # the columns of :func:`compare`'s long form, whether or not any row of ours stands for a paper cell
 LONG_COLUMNS = [*CELL_KEYS, "our_attn", "our_pe", "preset", "protocol", "train_length", "metric", "seeds",
                 "best_run_id", "verdict", "mean_abs_difference", "rank", "multiplier", "paper_value", "our_value",
-                "difference"]
+                "difference", "our_lo", "our_hi"]
 _LABEL = re.compile(r"^(?P<name>[^ (]+)(?: \((?P<params>.*)\))?$")
 
 
@@ -197,8 +197,10 @@ def compare(frame: pd.DataFrame, papers: pd.DataFrame, *, tolerance: float = TOL
                           metric=ours["metric"], seeds=int(ours["seeds"]), best_run_id=ours["best_run_id"],
                           verdict=verdict(differences, tolerance, inside), mean_abs_difference=closeness, rank=rank)
             for m, paper_value, our_value in zip(cell["multiplier"], cell["value"], values, strict=True):
+                label = multiplier_label(m)
                 rows.append(dict(shared, multiplier=m, paper_value=paper_value, our_value=our_value,
-                                 difference=our_value - paper_value))
+                                 difference=our_value - paper_value, our_lo=ours.get(f"{label}x_lo", math.nan),
+                                 our_hi=ours.get(f"{label}x_hi", math.nan)))
     return pd.DataFrame(rows, columns=LONG_COLUMNS)
 
 
@@ -208,6 +210,11 @@ def _value(value) -> str:
 
 def _signed(value) -> str:
     return "" if value is None or pd.isna(value) else f" ({value:+.1f})"
+
+
+def _interval(low, high) -> str:
+    """Our 95% Wilson interval, in whole points."""
+    return "" if low is None or high is None or pd.isna(low) or pd.isna(high) else f" [{low:.0f}–{high:.0f}]"
 
 
 def summary(long: pd.DataFrame) -> pd.DataFrame:
@@ -240,9 +247,11 @@ def to_markdown(long: pd.DataFrame, *, rows_per_cell: int = 3, tolerance: float 
         "The papers' numbers: `lengthbench/paper_tables.csv`, transcribed from the tables each section names. "
         "Ours: the leaderboard's best of seeds, one row per protocol or variant of the cell, closest to the "
         f"paper first (mean absolute difference over the paper's columns we scored); at most {rows_per_cell} a "
-        "cell (`--rows 0` lists all). In brackets: ours minus the paper's, in points. Verdict over the columns both "
-        f"have: **agrees** within {tolerance:g} points at every one, **above** / **below** where every "
-        "difference beyond that has that sign, **mixed** where both do. – : a length we did not score.",
+        "cell (`--rows 0` lists all). In round brackets: ours minus the paper's, in points; in square brackets: our "
+        "95% Wilson interval over the samples scored. Verdict over the columns both have: **agrees** where at "
+        f"every one the difference is within {tolerance:g} points or the paper's value lies inside our interval, "
+        "**above** / **below** where every other difference has that sign, **mixed** where both do. – : a length "
+        "we did not score.",
         "",
         "## Summary: the closest row of ours per paper cell", "",
     ]
@@ -271,6 +280,7 @@ def to_markdown(long: pd.DataFrame, *, rows_per_cell: int = 3, tolerance: float 
                     rows.append(["", "ours"] + ["–"] * len(multipliers) + ["no run", ""])
                     continue
                 values = [_value(ours["our_value"].get(m)) + _signed(ours["difference"].get(m))
+                          + _interval(ours["our_lo"].get(m), ours["our_hi"].get(m))
                           if m in ours.index else "" for m in multipliers]
                 protocol = f"`{first['preset']}`" + (f", {first['protocol']}" if first["protocol"] else "")
                 seeds = int(first["seeds"])
