@@ -29,6 +29,15 @@ def progress_bar(quiet: bool) -> Progress:
 
 
 
+def print_wide(console: Console, renderable, width: int) -> None:
+    """Print a table whole where the output is not a terminal (a log, a pipe): ``width`` columns there, not rich's
+    80 (``Console.print(width=...)`` cannot widen past the console's own width)."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    Console(file=console.file, width=max(console.width, width), color_system=None, highlight=False).print(renderable)
+
+
 def print_warnings(notes: list[str]) -> None:
     for note in notes:
         err.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from lengthbench.cli.common import DEFAULT_RESULTS, cell_name, err, out, progress_bar
+from lengthbench.cli.common import DEFAULT_RESULTS, cell_name, err, out, print_wide, progress_bar
 from lengthbench.config import params_suffix
 from lengthbench.errors import UsageError
 
@@ -48,9 +48,9 @@ def _print_status(configs, results: str, labels: dict[str, str] | None = None) -
         state = states[config.run_id]
         table.add_row(cell_name(config, labels), config.run_id, f"[{colours[state.state]}]{state.state}[/]",
                       f"{state.executor} {state.job_id}".strip(), state.note)
-    out.print(table, width=None if out.is_terminal else max(out.width, 160))
+    print_wide(out, table, 160)
     counts = [f"{sum(s.state == name for s in states.values())} {name}" for name in CELL_STATES]
-    out.print(f"{len(configs)} cells: " + ", ".join(counts), highlight=False)
+    out.print(f"{len(configs)} cells: " + ", ".join(counts), highlight=False, soft_wrap=True)
 
 
 def _print_submitted(configs, results: str, submitted, unsubmitted, outcomes) -> None:
@@ -61,12 +61,12 @@ def _print_submitted(configs, results: str, submitted, unsubmitted, outcomes) ->
     states = cell_states(list(by_id.values()), results)
     for config in submitted:
         table.add_row(cell_name(config), config.run_id, f"job {states[config.run_id].job_id}")
-    out.print(table, width=None if out.is_terminal else max(out.width, 160))
+    print_wide(out, table, 160)
     skipped = sum(o is not None and o.status in ("skipped", "queued") for o in outcomes)
     later = (f"; {len(unsubmitted)} wait for an earlier stage: run the same command again once it is in the "
              "store, or use --wait" if unsubmitted else "")
     out.print(f"{len(configs)} cells: {len(submitted)} submitted, {skipped} in the store or queued already{later}. "
-              f"Next: the same command with --status", highlight=False)
+              f"Next: the same command with --status", highlight=False, soft_wrap=True)
 
 
 def _plan_gpu(device: str, given: str | None) -> str:
@@ -139,14 +139,14 @@ def _print_plan(configs, results: str, budget_seconds: float, plan_gpu: str, slo
                       f"{cell.seconds / 60:.1f}" if cell.state != "in the store" else "",
                       f"{cell.start / 60:.1f}" if cell.state == "runs" else "",
                       f"[{colours[cell.state]}]{cell.state}[/]", "; ".join(cell.sources))
-    out.print(table, width=None if out.is_terminal else max(out.width, 200))
+    print_wide(out, table, 200)
     runs = [c for c in planned if c.state == "runs"]
     left = [c for c in planned if c.state == "does not fit"]
     end = max((c.end for c in runs), default=0.0)
     stored = sum(c.state == "in the store" for c in planned)
     out.print(f"{len(runs)} cells fit ({format_minutes(end)} of {format_minutes(budget_seconds)}), "
               f"{len(left)} do not" + (f", {stored} in the store already" if stored else "")
-              + (f"; next after this budget: {cell_name(left[0].config, labels)}" if left else ""), highlight=False)
+              + (f"; next after this budget: {cell_name(left[0].config, labels)}" if left else ""), highlight=False, soft_wrap=True)
     return cost
 
 
@@ -169,7 +169,7 @@ def _print_progress(configs, results: str, plan_gpu: str, per_gpu: int, mps: boo
     out.print(f"{len(done)} of {len(cells)} cells done; {len(stored)} of {len(runs)} runs stored (a run per "
               f"selection); {spent / 3600:.2f} GPU-hours spent; to finish: about {alone / 3600:.1f} GPU-hours on "
               f"{plan_gpu} one at a time" + (f", {shared / 3600:.1f} with {per_gpu} side by side" if per_gpu > 1
-                                             else ""), highlight=False)
+                                             else ""), highlight=False, soft_wrap=True)
 
 
 def _gpu_seconds(results: str, runs) -> float:
@@ -463,14 +463,14 @@ def register(app: typer.Typer) -> None:
                           f"{outcome.seconds:.1f}" if outcome.status in ("done", "failed") else "", reach_text, auc_text,
                           *([outcome.error] if show_note else []))
         # a log file (no terminal) gets the whole row rather than rich's 80 columns, which cut the last ones
-        out.print(table, width=None if out.is_terminal else max(out.width, 160))
+        print_wide(out, table, 160)
         counts = {k: sum(o.status == k for o in outcomes)
                   for k in ("done", "skipped", "failed", "elsewhere", "queued", "left")}
         if counts["left"]:
             left = [o.config for o in outcomes if o.status == "left"]
             finished = counts["done"] + counts["skipped"]
             out.print(f"{finished} cells done, {len(left)} left, next: {cell_name(left[0], labels)} ({left[0].run_id}). "
-                      "The budget stopped the sweep cleanly: run the same command again to go on.", highlight=False)
+                      "The budget stopped the sweep cleanly: run the same command again to go on.", highlight=False, soft_wrap=True)
             if counts["failed"]:
                 raise SystemExit(1)
             return
@@ -478,6 +478,6 @@ def register(app: typer.Typer) -> None:
         queued = f", {counts['queued']} queued or running in earlier jobs" if counts["queued"] else ""
         out.print(f"{len(outcomes)} cells: {counts['done']} ran, {counts['skipped']} already in the store, "
                   f"{counts['failed']} failed{elsewhere}{queued}. Next: lengthbench leaderboard --results {results}",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
         if counts["failed"]:
             raise SystemExit(1)  # typer.Exit(1) would be lost: main() runs click in non-standalone mode
