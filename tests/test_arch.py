@@ -4,12 +4,12 @@ import json
 
 import pytest
 import torch
+from cli_helpers import cli
 
 from lengthbench.config import RunConfig, build_config
 from lengthbench.models.decoder import Decoder, GemmaRMSNorm, ModelConfig
 from lengthbench.runner import load_model, run_cell
 from lengthbench.store import load_results
-from tests.cli_helpers import cli
 
 SMALL = dict(vocab_size=12, d_model=16, n_layers=2, n_heads=4, ffn=24)
 

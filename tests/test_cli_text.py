@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import typer
+from cli_helpers import cli
 from rich.console import Console
 
 from lengthbench.cli import app
@@ -18,7 +19,6 @@ from lengthbench.cli.registry import plain_summary
 from lengthbench.models.attention import ATTENTION
 from lengthbench.models.positional import POSITIONAL_ENCODINGS
 from lengthbench.tasks import IGNORE_INDEX, get_task
-from tests.cli_helpers import cli
 
 
 def _commands(command, path: tuple[str, ...] = ()):

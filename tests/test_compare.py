@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from cli_helpers import cli
 from test_leaderboard import digest, synthetic_run
 
 from lengthbench.compare import (
@@ -17,7 +18,6 @@ from lengthbench.compare import (
     verdict,
 )
 from lengthbench.leaderboard import load_store
-from tests.cli_helpers import cli
 
 SPARSE = "Long-Context Generalization with Sparse Attention"
 PAPERS_CSV = f"""paper,table,task,attn,pe,multiplier,value

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from cli_helpers import cli
 
 from lengthbench import defaults
 from lengthbench.config import build_config
@@ -17,7 +18,6 @@ from lengthbench.defaults import GPU_RECIPES, Recipe, cost_words, default_recipe
 from lengthbench.store import CONTRACT_COLUMNS, write_run
 from lengthbench.sweep import read_sweep_file
 from lengthbench.tasks import get_task
-from tests.cli_helpers import cli
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

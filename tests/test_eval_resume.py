@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_helpers import oracle_model
 
 from lengthbench.config import build_config
 from lengthbench.runner import Evaluator, build_model, checkpoint_dir, rescore_run, run_cell, run_status
 from lengthbench.store import run_finished
-from tests.model_helpers import oracle_model
 
 TINY = dict(d_model=32, n_heads=4, ffn=64, n_layers=1, max_multiplier=2, eval_samples=8, val_samples=16,
             eval_every=50, checkpoint_every=50, diagnostics=False)

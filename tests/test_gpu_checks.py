@@ -41,3 +41,13 @@ def test_throughput_attns_measures_those_after_softmax(tmp_path):
     chosen = [call[call.index("--attns") + 1] for call in calls]
     assert chosen[0] == "softmax,sieve,stickbreaking"
     assert chosen[1].startswith("softmax,") and len(chosen[1].split(",")) == 10
+
+
+def test_every_test_file_imports_its_helpers_from_any_folder():
+    """gpu_checks.sh runs the test files from /tmp (so that the installed package is tested): a test file imports
+    its helpers as ``cli_helpers``/``model_helpers`` (pytest puts tests/ on the path), never as ``tests.<name>``,
+    which only the repository root can import."""
+    tests = Path(__file__).resolve().parent
+    offenders = [path.name for path in sorted(tests.glob("*.py"))
+                 if any(line.startswith(("from tests.", "import tests")) for line in path.read_text().splitlines())]
+    assert offenders == []

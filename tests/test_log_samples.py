@@ -7,12 +7,12 @@ import json
 
 import numpy as np
 import pytest
+from cli_helpers import cli
 
 from lengthbench.config import build_config
 from lengthbench.evaluation import Evaluator
 from lengthbench.runner import build_model, rescore_run, run_cell, sample_log_path
 from lengthbench.tasks import get_task
-from tests.cli_helpers import cli
 
 TINY = dict(train_samples=320, batch_size=16, d_model=16, n_heads=2, ffn=32, n_layers=1, max_multiplier=2,
             eval_samples=6, val_samples=8, diagnostics=False)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from cli_helpers import cli
 
 from lengthbench.cli.registry import PARAM_NOTES, constructor_params
 from lengthbench.models.attention import ATTENTION
 from lengthbench.models.attention.base import AttentionLayer
 from lengthbench.models.positional import POSITIONAL_ENCODINGS, PositionalEncoding, build_pe
-from tests.cli_helpers import cli
 
 
 @pytest.mark.parametrize("name", ATTENTION.names())

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from model_helpers import oracle_model
 
 from lengthbench.config import build_config
 from lengthbench.data import TrainStream, make_train_batch
 from lengthbench.runner import Evaluator, build_model, learning_rate, load_model, run_cell
 from lengthbench.store import CONTRACT_COLUMNS, load_results
 from lengthbench.tasks import get_task
-from tests.model_helpers import oracle_model
 
 TINY = dict(d_model=32, n_heads=4, ffn=64, n_layers=1, max_multiplier=4, eval_samples=16, val_samples=16,
             eval_every=50, checkpoint_every=50, diagnostics=False)

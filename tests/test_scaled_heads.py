@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cli_helpers import cli
 
 from lengthbench.config import RunConfig
 from lengthbench.models.attention import ATTENTION
 from lengthbench.models.attention.base import causal_mask
 from lengthbench.models.positional import build_pe
-from tests.cli_helpers import cli
 
 SCALED = ["ssmax", "assmax", "sentmax", "asentmax", "scalable-softpick"]
 BASE = {"ssmax": "softmax", "assmax": "softmax", "sentmax": "entmax", "asentmax": "entmax",

@@ -7,12 +7,12 @@ import math
 
 import pytest
 import torch
+from cli_helpers import cli
+from model_helpers import oracle_model
 
 from lengthbench.config import build_config, selection_multiplier, selection_words
 from lengthbench.runner import BleuTally, Evaluator, Trainer
 from lengthbench.tasks import get_task
-from tests.cli_helpers import cli
-from tests.model_helpers import oracle_model
 
 TINY = dict(d_model=32, n_heads=4, ffn=64, n_layers=1, max_multiplier=4, eval_samples=16, val_samples=8,
             eval_every=2, checkpoint_every=50, diagnostics=False)
