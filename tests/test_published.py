@@ -40,6 +40,19 @@ def rows_of(config, scores, run_id=None, selection=None):
     return rows
 
 
+
+def copy_config(tmp_path, header: str):
+    """A one-cell Copy config (softmax + RoPE, seed 0, smoke, to 4x) under ``header``, as tmp_path/copy.toml."""
+    path = tmp_path / "copy.toml"
+    path.write_text(textwrap.dedent(header) + textwrap.dedent("""
+        cells = ["copy:softmax:rope"]
+        seeds = [0]
+        preset = "smoke"
+        [overrides]
+        max_multiplier = 4
+        """))
+    return path
+
 def test_a_section_holds_its_configs_runs_only(tmp_path):
     path = tmp_path / "a_paper_table9_copy.toml"
     path.write_text(textwrap.dedent(CONFIG))
@@ -175,17 +188,11 @@ def test_compare_puts_your_runs_at_a_protocol_beside_its_published_rows(tmp_path
 
     from lengthbench.published import beside_published, build_sections
 
-    path = tmp_path / "copy.toml"
-    path.write_text(textwrap.dedent("""
+    path = copy_config(tmp_path, """
         # Long-Context Generalization with Sparse Attention, Table 1, Copy:
         paper = "Long-Context Generalization with Sparse Attention"
         table = "Table 1"
-        cells = ["copy:softmax:rope"]
-        seeds = [0]
-        preset = "smoke"
-        [overrides]
-        max_multiplier = 4
-        """))
+        """)
     section = read_section(path)
     published_store, mine = tmp_path / "published", tmp_path / "mine"
     write_run(published_store, section.cells[0].run_id, rows_of(section.cells[0], [1.0, 0.2, 0.0]))
@@ -208,15 +215,9 @@ def test_compare_puts_your_runs_at_a_protocol_beside_its_published_rows(tmp_path
 def test_compare_names_the_plugin_a_run_at_the_protocol_needs(tmp_path, monkeypatch, capsys):
     import dataclasses
 
-    path = tmp_path / "copy.toml"
-    path.write_text(textwrap.dedent("""
+    path = copy_config(tmp_path, """
         # A table, Copy:
-        cells = ["copy:softmax:rope"]
-        seeds = [0]
-        preset = "smoke"
-        [overrides]
-        max_multiplier = 4
-        """))
+        """)
     section = read_section(path)
     mine = tmp_path / "mine"
     stranger = dataclasses.replace(section.cells[0], attn="notloaded")
