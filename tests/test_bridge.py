@@ -1,4 +1,4 @@
-"""The fused ops as nodes of a compiled graph (``kernels/_bridge.py``), on the CPU under the Triton interpreter:
+"""The fused ops as nodes of a compiled graph (``kernels/utils/graph_node.py``), on the CPU under the Triton interpreter:
 a compiled function that projects q, k, v and calls an op through the bridge is one graph (no break), and its
 loss and every gradient equal those of the op called directly, uncompiled; the backward leaves no forward graph
 behind. Its gradients are those of the inputs the forward saw, though their memory was written over after the
@@ -38,7 +38,9 @@ def _case(name: str) -> dict:
     import torch
     import torch._dynamo
 
-    from lengthbench.kernels import _bridge, load_op
+    from lengthbench.compile_policy import CAPTURE_TUNING
+    from lengthbench.kernels import load_op
+    from lengthbench.kernels.utils import graph_node as _bridge
 
     torch.manual_seed(0)
     batch, tokens, heads, dim = BATCH, TOKENS, HEADS, DIM
@@ -72,8 +74,8 @@ def _case(name: str) -> dict:
         loss.backward()
         return share.detach(), [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
 
-    plain = load_op(name, True)
-    bridged = _bridge.bridged(name, True)
+    plain = load_op(name, CAPTURE_TUNING.get(name))
+    bridged = _bridge.graph_node_op(name, CAPTURE_TUNING.get(name))
     loss0, grads0 = run(loss_of, plain)
     explained = torch._dynamo.explain(loss_of)(x, bridged)
     _bridge._GRAPHS.clear()  # explain's forward had no backward
@@ -89,10 +91,10 @@ def _case(name: str) -> dict:
     tensors = [torch.randn(batch, heads, tokens, dim, requires_grad=True) for _ in range(views)]
     spec_args = (*tensors[:-1], tensors[-1])
     kwargs = dict(slopes=None) if name != "tda" else dict(lam=torch.tensor(0.4), slopes=None, sm_scale=1.0)
-    reference_out = load_op(name, True)(*spec_args, **kwargs)
+    reference_out = load_op(name, CAPTURE_TUNING.get(name))(*spec_args, **kwargs)
     grad_out = torch.randn_like(reference_out)
     reference = torch.autograd.grad(reference_out, tensors, grad_out)
-    listed, spec = _bridge._spec(name, True, spec_args, kwargs)
+    listed, spec = _bridge._spec(name, CAPTURE_TUNING.get(name), spec_args, kwargs)
     saved, recomputed = _bridge.STATS["saved"], _bridge.STATS["recomputed"]
     # handed the same memory, untouched (Inductor saved the inputs)
     inputs = [t.detach().clone() for t in listed]
@@ -141,7 +143,7 @@ def test_saved_inputs_are_taken_from_the_tensors_handed_to_the_backward():
     each from its own; a saved tensor in a leaf's memory that is neither is kept as a copy; others as they are."""
     import torch
 
-    from lengthbench.kernels._bridge import _Inputs
+    from lengthbench.kernels.utils.graph_node import _Inputs
 
     torch.manual_seed(0)
     a = torch.randn(4, 6)

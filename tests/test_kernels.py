@@ -83,7 +83,7 @@ def tie_rows(name, z, q, k, sm_scale, slopes, row_scale):
         visible = pos[None, :] <= pos[:, None]
         return ((z.abs() < TIE) & visible).any(-1)
     if name == "sieve":
-        from lengthbench.kernels.entmax import entmax_threshold
+        from lengthbench.kernels.entmax.threshold import entmax_threshold
 
         tau = entmax_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, strict=True).double()
         earlier = pos[None, :] < pos[:, None]
@@ -94,7 +94,7 @@ def tie_rows(name, z, q, k, sm_scale, slopes, row_scale):
         rowmax = torch.where(earlier, z, torch.full_like(z, float("-inf"))).amax(-1, keepdim=True)
         return (((z - (rowmax - 2.0)).abs() < TIE * (1 + rowmax.abs())) & earlier).any(-1)
     if name == "sparsemax":  # its gradient jumps where a score crosses the threshold
-        from lengthbench.kernels.entmax import entmax_threshold
+        from lengthbench.kernels.entmax.threshold import entmax_threshold
 
         tau = entmax_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, alpha=2.0).double()
         visible = pos[None, :] <= pos[:, None]
@@ -226,7 +226,7 @@ def test_large_scores_no_nan(name):
     assert all(torch.isfinite(t.grad).all() for t in leaves)
 
 
-# -- the stick-breaking family on long walks, and its levers (kernels/stickbreaking.py, ``tuning``) ------------
+# -- the stick-breaking family on long walks, and its levers (kernels/stickbreaking/op.py, ``tuning``) ------------
 
 STICK = ["stickbreaking", "sieve-window"]
 
@@ -328,8 +328,8 @@ def test_stick_variants_match_reference(name, case, variant):
     check(name, q, k, v, seed=tokens, label=f"{variant} {case}", tuning=STICK_VARIANTS[variant], **extra)
 
 
-# the pointwise ops' launch settings (``_rowwise.launch_settings``) at the training widths: the training step's
-# (``lengthbench.kernels.CAPTURE_TUNING`` for softpick and TRA), another, and levers of ``LENGTHBENCH_CAPTURE_TUNING``
+# the pointwise ops' launch settings (``utils.rowwise.launch_settings``) at the training widths: the training step's
+# (``lengthbench.compile_policy.CAPTURE_TUNING`` for softpick and TRA), and others
 ROWWISE_TILES = {"fwd64x32-bwd32x32": dict(fwd=(64, 32, 4), bwd=(32, 32, 4)),
                  "fwd64x64-bwd32x64": dict(fwd=(64, 64, 4), bwd=(32, 64, 2)),
                  # the backward without its dq kernel (dq and the row gradients added atomically by the dk/dv kernel)
@@ -358,10 +358,10 @@ def test_rowwise_tiles_match_reference(name, tokens, dtype, variant):
 
 
 # Sieve's walk after the threshold on the stick-breaking capture tiles (``walk``), the threshold found by the
-# search (one kernel, no lists) or with every row's keys in registers (``threshold`` ``narrow``: the training step's,
+# search (one kernel, no lists) or with every row's keys in registers (``threshold`` ``short_rows``: the training step's,
 # ``lengthbench.kernels.SIEVE_ENTMAX_CAPTURE``; the search past 256 tokens)
 SIEVE_WALK = dict(lists=False, split=False, walk=dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2)))
-SIEVE_WALKS = {"walk-64x32": SIEVE_WALK, "narrow-walk-64x32": dict(SIEVE_WALK, threshold="narrow")}
+SIEVE_WALKS = {"walk-64x32": SIEVE_WALK, "short-rows-walk-64x32": dict(SIEVE_WALK, threshold="short_rows")}
 
 
 @pytest.mark.parametrize("label", sorted(SIEVE_WALKS))
@@ -466,7 +466,7 @@ def test_tda_matches_reference(shape):
 def test_tda_fused_backward_matches_reference(tokens, head_dim, dtype, alibi, capture):
     """``fused_bwd``: dq and the per-row gradients added atomically by the dk/dv kernel, on the activity map's
     lists (the default tiles) and testing every tile (the capture's, which take it), with ALiBi and a row factor."""
-    from lengthbench.kernels import CAPTURE_TUNING
+    from lengthbench.compile_policy import CAPTURE_TUNING
 
     tensors = make_tda_inputs(2, 2, tokens, head_dim, dtype, seed=tokens)
     extra = {}
@@ -496,7 +496,7 @@ def test_tda_whole_row_backward_matches_reference(tokens, head_dim, dtype, alibi
     """``rows``: one program a head computes the whole backward where every row fits its query tile (else the
     capture's fused backward runs), against float64, held to the tolerance or to 1.5x the capture's error on the
     same inputs, with ALiBi and a row factor."""
-    from lengthbench.kernels import CAPTURE_TUNING
+    from lengthbench.compile_policy import CAPTURE_TUNING
 
     tensors = make_tda_inputs(2, 2, tokens, head_dim, dtype, seed=tokens + 1)
     extra = {}
@@ -559,7 +559,7 @@ def test_tda_no_grad_inference_path():
     assert torch.isfinite(out).all() and out.abs().max().item() > 0.0
 
 
-# The one-pass TDA op's launch variants (kernels/tda.py, ``tuning``): the activity map kept in registers (1)
+# The one-pass TDA op's launch variants (kernels/tda/op.py, ``tuning``): the activity map kept in registers (1)
 # or stored per tile (2), with and without the forward's skip branch, and the old branch-only path (map 0).
 TDA_VARIANTS = {
     "map1": dict(fwd=(128, 64, 8), dq=(64, 64, 4), dkdv=(64, 64, 4), skip=False, map=1),
@@ -572,7 +572,7 @@ TDA_VARIANTS = {
 @pytest.mark.parametrize("variant", sorted(TDA_VARIANTS))
 @pytest.mark.parametrize("case", ["T1000-D32-bf16", "T4096-D32-fp32", "T300-D64-bf16-alibi"])
 def test_tda_variants_match_reference(variant, case, monkeypatch):
-    from lengthbench.kernels import tda
+    from lengthbench.kernels.tda import op as tda
 
     real = tda._config  # the op's launch settings, replaced by the variant's (``tda_attention(tuning=...)``)
     monkeypatch.setattr(tda, "_config", lambda block_d, tuning=None: real(block_d, TDA_VARIANTS[variant]))
@@ -592,7 +592,7 @@ def test_tda_variants_match_reference(variant, case, monkeypatch):
 def test_tda_activity_map_is_exact(mode, monkeypatch):
     """The map the forward writes: 1 exactly on the (128 rows x 64 keys) tiles where either view has a causal
     entry above its row's threshold (computed densely here)."""
-    from lengthbench.kernels import tda
+    from lengthbench.kernels.tda import op as tda
     from lengthbench.kernels.tra import tra_threshold
 
     real = tda._config
@@ -622,7 +622,7 @@ def test_tda_activity_map_is_exact(mode, monkeypatch):
     assert 0 < want.sum().item() < want.numel()
 
 
-# -- the entmax search's variants (kernels/_entmax_config.py, ``tuning``) --------------------------------------
+# -- the entmax search's variants (kernels/entmax/config.py, ``tuning``) --------------------------------------
 
 # ``top16``: the 16 largest tile maxima start, per-tile reductions, two scale products, one kernel, without the
 # candidate lists; the others: the per-column top-d start (``subset``) with its certificate, the Newton passes
@@ -671,7 +671,7 @@ def test_entmax_variants_match_reference(variant, case):
 def test_entmax_threshold_variants_agree(variant, case):
     """Every variant's ``tau`` equals the top-16 search's to rounding (the same root, reached from another start
     or summed in another order), with the same rows at ``+inf`` (no visible key)."""
-    from lengthbench.kernels import entmax
+    from lengthbench.kernels.entmax import op as entmax
 
     name, dtype, *rest = case.split("-")
     tokens, scale = (2048, 0.5) if "small" in rest else (4096, 1.0)  # small scores: wide supports, more passes
