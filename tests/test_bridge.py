@@ -41,6 +41,7 @@ def _case(name: str) -> dict:
     from lengthbench.compile_policy import CAPTURE_TUNING
     from lengthbench.kernels import load_op
     from lengthbench.kernels.utils import graph_node as _bridge
+    from lengthbench.models.attention import KERNELS
 
     torch.manual_seed(0)
     batch, tokens, heads, dim = BATCH, TOKENS, HEADS, DIM
@@ -74,8 +75,8 @@ def _case(name: str) -> dict:
         loss.backward()
         return share.detach(), [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
 
-    plain = load_op(name, CAPTURE_TUNING.get(name))
-    bridged = _bridge.graph_node_op(name, CAPTURE_TUNING.get(name))
+    plain = load_op(KERNELS.get(name), CAPTURE_TUNING.get(name))
+    bridged = _bridge.graph_node_op(KERNELS.get(name), CAPTURE_TUNING.get(name))
     loss0, grads0 = run(loss_of, plain)
     explained = torch._dynamo.explain(loss_of)(x, bridged)
     _bridge._GRAPHS.clear()  # explain's forward had no backward
@@ -91,10 +92,10 @@ def _case(name: str) -> dict:
     tensors = [torch.randn(batch, heads, tokens, dim, requires_grad=True) for _ in range(views)]
     spec_args = (*tensors[:-1], tensors[-1])
     kwargs = dict(slopes=None) if name != "tda" else dict(lam=torch.tensor(0.4), slopes=None, sm_scale=1.0)
-    reference_out = load_op(name, CAPTURE_TUNING.get(name))(*spec_args, **kwargs)
+    reference_out = load_op(KERNELS.get(name), CAPTURE_TUNING.get(name))(*spec_args, **kwargs)
     grad_out = torch.randn_like(reference_out)
     reference = torch.autograd.grad(reference_out, tensors, grad_out)
-    listed, spec = _bridge._spec(name, CAPTURE_TUNING.get(name), spec_args, kwargs)
+    listed, spec = _bridge._spec(KERNELS.get(name), CAPTURE_TUNING.get(name), spec_args, kwargs)
     saved, recomputed = _bridge.STATS["saved"], _bridge.STATS["recomputed"]
     # handed the same memory, untouched (Inductor saved the inputs)
     inputs = [t.detach().clone() for t in listed]

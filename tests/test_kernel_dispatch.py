@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lengthbench import kernels
+from lengthbench.models.attention import KERNELS, get_kernel, kernel_names, load_kernel
 
 
 def test_ops_get_their_tensors_in_the_dtype_of_the_last():
@@ -45,7 +46,7 @@ def test_the_registry_holds_the_ops_that_kernels_defines_and_the_modules_ask_for
         defined |= {(module, node.name) for node in ast.parse(path.read_text()).body
                     if isinstance(node, ast.FunctionDef) and node.name.endswith("_attention")
                     and not node.name.startswith("_")}
-    ops = {name: inspect.unwrap(kernels.load_op(name)) for name in kernels.kernel_names()}
+    ops = {name: inspect.unwrap(load_kernel(name)) for name in kernel_names()}
     registered = {(op.__module__, op.__name__) for op in ops.values()}
     assert registered == defined and len(registered) == len(ops)
     asked = set()
@@ -55,10 +56,47 @@ def test_the_registry_holds_the_ops_that_kernels_defines_and_the_modules_ask_for
     assert set(ops) <= asked, sorted(set(ops) - asked)
 
 
+def test_a_kernel_is_registered_with_its_mechanism(monkeypatch):
+    """``register_attention(name, weights=fn, kernel=op)``: the op (a function, or its path) is the mechanism's, the
+    one its module calls on CUDA and the one a compiled graph's node finds again; a kernel that is neither is
+    refused where it is registered."""
+    from lengthbench.models.attention import AttentionLayer, register_attention, registry
+    from lengthbench.models.attention.softmax import softmax_weights
+    from lengthbench.models.positional import build_pe
+
+    calls = []
+
+    def probe_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None):
+        calls.append(q.shape)
+        return v
+
+    monkeypatch.setattr(registry.MECHANISMS, "_entries", dict(registry.MECHANISMS._entries))
+    monkeypatch.setattr(registry, "_KERNEL_OF", dict(registry._KERNEL_OF))
+
+    @register_attention("kernel-probe", weights=softmax_weights, kernel=probe_attention)
+    class Probe(AttentionLayer):
+        """A probe."""
+
+        def weights(self, scores, query_positions, x_rows):
+            return softmax_weights(scores, torch.ones(scores.shape[-2:], dtype=torch.bool).tril())
+
+    assert "kernel-probe" in kernel_names() and KERNELS.get("kernel-probe") is probe_attention
+    monkeypatch.setattr(kernels, "triton_available", lambda: True)
+    layer = Probe(16, 2, build_pe("none", 2, 8))
+    q = torch.zeros(1, 2, 5, 8)
+    assert layer.dispatches_to_kernel() and get_kernel("kernel-probe") is not None
+    assert layer.kernel()(q, q, q) is not None and calls == [q.shape]
+    path = kernels.op_path(probe_attention)
+    assert path.endswith(":" + probe_attention.__qualname__) and kernels.load_op(path)(q, q, q) is not None
+    for bad in ("no-colon", 3):
+        with pytest.raises(TypeError, match="kernel must be its fused op or its path"):
+            register_attention("kernel-bad", weights=softmax_weights, kernel=bad)(Probe)
+
+
 def test_unknown_names_get_none():
-    assert kernels.get_kernel("no-such-mechanism") is None
+    assert get_kernel("no-such-mechanism") is None and get_kernel("softmax") is None  # (softmax: no op)
     with pytest.raises(KeyError):
-        kernels.load_op("no-such-mechanism")
+        load_kernel("no-such-mechanism")
 
 
 @pytest.mark.parametrize("alibi", ["keys", "mask"])
@@ -258,7 +296,7 @@ def test_entmax_short_rows_key_takes_the_short_rows_kernels_up_to_their_width(mo
     assert calls[-1] == ("long", {})
 
 
-@pytest.mark.parametrize("mechanism", ["stickbreaking", "sieve-window", "sieve", "entmax", "tda", "rela"])
+@pytest.mark.parametrize("mechanism", kernel_names())
 def test_training_step_tuning_reaches_the_op(monkeypatch, mechanism):
     """``load_op(mechanism, tuning)`` calls the op with the training step's launch settings
     (``compile_policy.CAPTURE_TUNING``; none for an op without an entry), the same through a compiled graph's node
@@ -268,16 +306,16 @@ def test_training_step_tuning_reaches_the_op(monkeypatch, mechanism):
 
     from lengthbench.compile_policy import CAPTURE_TUNING
 
-    module_name, function = kernels._KERNELS[mechanism].split(":")
-    target = importlib.import_module(f"lengthbench.kernels.{module_name}")
+    module_name, function = KERNELS.get(mechanism).split(":")
+    target = importlib.import_module(module_name)
     calls = []
     monkeypatch.setattr(target, function, lambda *t, **kw: calls.append(kw.get("tuning")) or t[0])
     kernels._load_op.cache_clear()
     try:
         tuning = CAPTURE_TUNING.get(mechanism)
         q = torch.zeros(1, 1, 8, 4)
-        kernels.load_op(mechanism, tuning)(q, q, q)
-        kernels.load_op(mechanism, kernels._tuning_of(kernels._tuning_key(tuning)))(q, q, q)
+        kernels.load_op(KERNELS.get(mechanism), tuning)(q, q, q)
+        kernels.load_op(KERNELS.get(mechanism), kernels._tuning_of(kernels._tuning_key(tuning)))(q, q, q)
     finally:
         kernels._load_op.cache_clear()
     assert calls == [tuning, tuning]

@@ -18,11 +18,12 @@ import math
 import pytest
 import torch
 
-from lengthbench.kernels import _KERNELS, get_kernel, kernel_names, triton_available
+from lengthbench.kernels import triton_available
+from lengthbench.models.attention import get_kernel, kernel_names
 
 pytestmark = pytest.mark.gpu
 
-MECHANISMS = sorted(name for name in _KERNELS if name != "tda")  # the single-view ops
+MECHANISMS = [name for name in kernel_names() if name != "tda"]  # the single-view ops
 # (tokens, head_dim, dtype, batch, heads)
 SHAPES = [  # few distinct (dtype, head_dim) pairs: each compiles every kernel once
     (1, 32, torch.float32, 2, 2),

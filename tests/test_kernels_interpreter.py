@@ -22,8 +22,8 @@ import pytest
 from interpreter_helpers import entmax_threshold64, interpreter_results, needs_triton, rel_err
 
 from lengthbench.compile_policy import CAPTURE_TUNING
-from lengthbench.kernels import kernel_names
 from lengthbench.kernels.defaults import SIEVE_WINDOW_EPS
+from lengthbench.models.attention import kernel_names
 
 # (tokens, head_dim, extras): extras "alibi" adds slopes and a row scale (both get gradients); "walk4" and
 # "walk8" shift every score by -4 and -8 (the long walks of ``benchmarks/kernels.py --inputs``: ``walk_inputs``);
@@ -142,7 +142,7 @@ def run_case(case) -> dict:
     import torch
 
     from lengthbench import attention_weights
-    from lengthbench.kernels import load_op
+    from lengthbench.models.attention import load_kernel as load_op
 
     op_name, tokens, head_dim, extras, variant = case
     tuning = dict(VARIANTS.get(op_name, [])).get(variant)
@@ -262,7 +262,7 @@ def test_kernel_matches_float64_reference(index, measured):
 
 
 def test_every_op_is_covered():
-    from lengthbench.kernels import kernel_names
+    from lengthbench.models.attention import kernel_names
 
     assert sorted(OPS) == kernel_names()
     assert {c[0] for c in cases()} == set(OPS)

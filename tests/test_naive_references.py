@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from lengthbench import attention_weights
-from lengthbench.kernels import _KERNELS, kernel_names
+from lengthbench.models.attention import KERNELS, kernel_names
 
 
 def naive_of(mechanism: str):
-    """The naive reference of ``mechanism``'s op: ``NAIVE[mechanism]`` of the ``naive.py`` beside it."""
-    folder = _KERNELS[mechanism].split(":")[0]
-    return importlib.import_module(f"lengthbench.kernels.{folder}.naive").NAIVE[mechanism]
+    """The naive reference of ``mechanism``'s registered op: ``NAIVE[mechanism]`` of the ``naive.py`` beside it."""
+    package = KERNELS.get(mechanism).split(":")[0]
+    return importlib.import_module(f"{package}.naive").NAIVE[mechanism]
 
 
 @pytest.mark.parametrize("mechanism", kernel_names())

@@ -22,7 +22,7 @@ one whose entry was dropped, ``KEEP``), it runs the op's forward again on the in
 gradient (``STATS`` counts both). Inside a CUDA graph (``lengthbench/graph_step.py``) this Python runs once,
 during the capture: a replay reruns the kernels that it launched on the same memory.
 
-The training step's attention takes every fused op so (``lengthbench.kernels.get_kernel(..., in_graph=True)``).
+The training step's attention takes every fused op so (``lengthbench.kernels.get_op(..., in_graph=True)``).
 
 The op's arguments other than tensors (and where its tensors go) travel as a JSON text, a constant of the
 compiled graph. Only where autograd records the call (grad mode on, an input that needs a gradient) does the
@@ -43,7 +43,7 @@ _GRAPHS: dict[int, tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, _Inputs
 KEEP = 256
 
 
-def _spec(mechanism: str, tuning: dict | None, args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], str]:
+def _spec(op: str, tuning: dict | None, args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], str]:
     """The tensors of a call, in order, and the JSON text of everything else (a tensor appears there as
     ``{"t": i}``), with the grad mask and the shapes and dtypes of the tensors that need gradients."""
     tensors: list[torch.Tensor] = []
@@ -62,7 +62,7 @@ def _spec(mechanism: str, tuning: dict | None, args: tuple, kwargs: dict) -> tup
     encoded_kwargs = {k: encode(v) for k, v in kwargs.items()}
     grad = [bool(t.requires_grad) for t in tensors]
     shapes = [[list(t.shape), _DTYPES[t.dtype]] for t in tensors if t.requires_grad]
-    return tensors, _dumps(dict(mechanism=mechanism, tuning=encode(tuning), args=encoded_args,
+    return tensors, _dumps(dict(op=op, tuning=encode(tuning), args=encoded_args,
                                 kwargs=encoded_kwargs, grad=grad, shapes=shapes))
 
 
@@ -150,7 +150,7 @@ def _run(tensors: list[torch.Tensor], meta: dict, hooks: _Inputs | None = None
     from lengthbench.kernels import load_op
 
     leaves = [t.detach().requires_grad_(g) for t, g in zip(tensors, meta["grad"], strict=True)]
-    op = load_op(meta["mechanism"], meta["tuning"])
+    op = load_op(meta["op"], meta["tuning"])
     with torch.enable_grad():
         if hooks is None:
             out = op(*_decode(meta["args"], leaves), **_decode(meta["kwargs"], leaves))
@@ -224,15 +224,15 @@ def _backward(ctx, grad):
 fused_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-def graph_node_op(mechanism: str, tuning: dict | None = None):
-    """``mechanism``'s op (``load_op``, launch settings ``tuning``) as a call of
+def graph_node_op(op: str, tuning: dict | None = None):
+    """The op at the path ``op`` (``load_op``, launch settings ``tuning``) as a call of
     ``lengthbench::fused_forward`` where autograd records it, the op itself elsewhere."""
     from lengthbench.kernels import load_op
 
     def call(*args, **kwargs):
-        tensors, spec = _spec(mechanism, tuning, args, kwargs)
+        tensors, spec = _spec(op, tuning, args, kwargs)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return torch.ops.lengthbench.fused_forward(tensors, spec)
-        return load_op(mechanism, tuning)(*args, **kwargs)
+        return load_op(op, tuning)(*args, **kwargs)
 
     return call

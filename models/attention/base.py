@@ -234,10 +234,11 @@ class AttentionLayer(nn.Module, abc.ABC):
         return self.pe.inv_freq if rotate is RoPE.rotate else False
 
     def kernel(self, name: str | None = None):
-        """The fused op for ``name`` (default: this mechanism) from ``lengthbench.kernels``, or None."""
+        """The fused op registered for ``name`` (default: this mechanism; ``register_attention(..., kernel=op)``), or
+        None."""
         if not self.use_kernels:
             return None
-        from lengthbench.kernels import get_kernel
+        from lengthbench.models.attention.registry import get_kernel
 
         # in the recorded training step, the op is a node of the compiled graph (no graph break around it)
         name = name or self.name
@@ -253,7 +254,7 @@ class AttentionLayer(nn.Module, abc.ABC):
         that torch.compile traces may ask (:meth:`fused_views`) without a graph break."""
         if not self.use_kernels:
             return False
-        from lengthbench.kernels import has_kernel
+        from lengthbench.models.attention.registry import has_kernel
 
         return any(has_kernel(name) for name in self.kernel_names())
 
