@@ -37,38 +37,30 @@ STICK_OPS = ("stickbreaking", "sieve-window")
 SMALL = dict(fwd=(16, 16, 4, 1), bwd=(32, 16, 4, 1))
 STICK_VARIANTS = [
     ("small", SMALL),
-    ("dot", dict(SMALL, cumsum="dot")),
-    # blocks of 16 keys in 32-key tiles (the interpreter's dots of bf16 operands are not exact: bf16x2/3 are
-    # checked on the GPU only)
-    ("dot2-w16", dict(fwd=(16, 32, 4, 1), bwd=(32, 32, 4, 1), cumsum="dot2", cumsum_width=16)),
-    ("exp2-reuse", dict(SMALL, exp2=True, sigmoid="reuse", cumsum="dot2", full_tiles=True)),
-    ("exp2-soft", dict(SMALL, exp2_soft="all")),  # powers of two on the FMA units (``_exp2_soft``)
-    ("exp2-soft-weights", dict(SMALL, exp2_soft="weights", split=True, sigmoid="exp", cumsum="dot2")),
+    ("scan", dict(SMALL, cumsum="scan")),  # tl.cumsum's sums (those of Sieve's gathered open rows)
+    ("scan-reuse", dict(SMALL, exp2=True, sigmoid="reuse", cumsum="scan", full_tiles=True)),
+    ("split-exp", dict(SMALL, split=True, sigmoid="exp", cumsum="scan")),
     ("full", dict(SMALL, full_tiles=True)),
     # the weights with each key's own softplus outside the sums (``cumsum`` bf16; fp32 inputs take two tf32
     # products), and the launch option that caps the registers
     ("own", dict(fwd=(16, 16, 4, 1, 96), bwd=(32, 16, 4, 1, 128), cumsum="bf16", full_tiles=True)),
     ("own-masked", dict(SMALL, cumsum="bf16", full_tiles=False, skip_empty=False)),
-    ("own-w16", dict(fwd=(16, 32, 4, 1), bwd=(32, 32, 4, 1), cumsum="bf16", cumsum_width=16)),
     ("poly", dict(SMALL, log1p="poly")),
-    ("poly5", dict(SMALL, log1p="poly5")),
     ("poly4", dict(SMALL, log1p="poly4")),  # the 16-bit inputs' default (fp32 ones take ``poly``)
+    ("log", dict(SMALL, log1p="log")),
     # the exit test after every key tile, and after every fourth (the default: every eighth)
     ("exit-every-1", dict(SMALL, exit_every=1)),
     ("exit-every-4", dict(SMALL, exit_every=4, full_tiles=False)),
-    ("poly8", dict(SMALL, log1p="poly8")),
-    # the stick in nats (``exp``/``log``), softplus's log1p by either polynomial
+    # the stick in nats (``exp``/``log``), softplus's log1p by the degree-6 polynomial
     ("nats", dict(SMALL, exp2=False)),
-    ("nats-poly8", dict(SMALL, exp2=False, log1p="poly8")),
+    ("nats-poly", dict(SMALL, exp2=False, log1p="poly")),
     # the forward's next key tile loaded before the work on its own, with and without masked tiles
     ("no-prefetch", dict(SMALL, prefetch=False, full_tiles=True)),
     ("prefetch-masked", dict(SMALL, prefetch=True, full_tiles=False, skip_empty=True)),
-    ("prefix-all", dict(fwd=(32, 16, 4, 1), bwd=(16, 32, 4, 1), cumsum="dot2", exp2=True, sigmoid="reuse",
+    ("prefix-all", dict(fwd=(32, 16, 4, 1), bwd=(16, 32, 4, 1), cumsum="scan", exp2=True, sigmoid="reuse",
                         split=False, skip_empty=True, log1p="poly")),
     ("skip", dict(SMALL, skip_empty=True)),
-    ("rowmax-kernel", dict(SMALL, rowmax_pass="kernel")),  # sieve-window's row maxima by a pass of their own
-    ("rowmax-16", dict(SMALL, rowmax=(16, 16, 4, 1))),  # its row-max pass on tiles with keys before every row
-    ("rowmax-kernel-16", dict(SMALL, rowmax=(16, 16, 4, 1), rowmax_pass="kernel")),
+    ("rowmax-16", dict(SMALL, rowmax=(16, 16, 4, 1))),  # sieve-window's row-max pass on tiles with keys before every row
 ]
 # per op: (label, tuning) of the launch paths to run besides the defaults, and on which shapes
 VARIANTS = {
@@ -86,7 +78,7 @@ VARIANTS = {
     "entmax": [("no-lists", dict(lists=False)), ("lists-8", dict(list_size=8)),
                ("capture-sub2-32x16", dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16))],
     "sparsemax": [("no-lists", dict(lists=False))],
-    # (skip and the rowmax ones: sieve-window's levers)
+    # (skip and the rowmax one: sieve-window's levers)
     "stickbreaking": [(label, tuning) for label, tuning in STICK_VARIANTS
                       if label != "skip" and not label.startswith("rowmax")],
     "sieve-window": STICK_VARIANTS,
@@ -293,9 +285,9 @@ def test_rowwise_launch_settings_default_and_refuse_bad_tiles():
 
 
 @needs_triton
-def test_exp2_soft_is_a_checked_lever_of_the_powers_of_two():
-    """``exp2_soft``: the kernels' ``EXP2`` is 1 (the hardware's powers of two) by default, 2 with the weights' in
-    software, 3 with softplus's too; it needs ``exp2``, and an unknown value is refused."""
+def test_the_stick_in_bits_or_nats():
+    """``exp2``: the kernels' ``EXP2`` is 1 (the stick in bits, the hardware's powers of two) by default, 0 in nats;
+    ``cumsum`` and ``log1p`` take their kernels' codes."""
     import torch
 
     from lengthbench.kernels.stickbreaking.op import launch_config
@@ -303,12 +295,9 @@ def test_exp2_soft_is_a_checked_lever_of_the_powers_of_two():
 
     q = torch.zeros(1, 2, 40, 32)
     pb = Problem(q, q, q, None, None, None)
-    assert [launch_config(pb, tuning)["exp2"] for tuning in
-            (None, {"exp2_soft": "weights"}, {"exp2_soft": "all"}, {"exp2": False})] == [1, 2, 3, 0]
-    for bad, message in (({"exp2_soft": "all", "exp2": False}, "exp2_soft needs exp2"),
-                         ({"exp2_soft": "poly"}, "exp2_soft must be one of")):
-        with pytest.raises(ValueError, match=message):
-            launch_config(pb, bad)
+    assert [launch_config(pb, tuning)["exp2"] for tuning in (None, {"exp2": False})] == [1, 0]
+    assert [launch_config(pb, {"cumsum": c})["cumsum"] for c in ("scan", "bf16")] == [0, 6]  # (fp32 inputs)
+    assert [launch_config(pb, {"log1p": p})["log1p"] for p in ("log", "poly", "poly4")] == [0, 1, 4]
 
 
 @needs_triton
@@ -331,7 +320,7 @@ def test_stick_tiles_take_a_register_cap_and_fp32_inputs_their_own_arithmetic():
     assert launch_config(problem(64))["fwd"] == (64, 32, 4, 2, 128)
     assert launch_config(problem(32))["bwd"] == (64, 32, 4, 2, 168)
     assert launch_config(problem(32))["log1p"] == 4 and launch_config(problem(32, torch.float32))["log1p"] == 1
-    assert launch_config(problem(32))["exit_every"] == 8 and launch_config(problem(32))["rowmax_pass"] == "fused"
+    assert launch_config(problem(32))["exit_every"] == 8 and launch_config(problem(32))["rowmax"] == (64, 128, 4, 3, 0)
     assert launch_config(problem(64))["bwd"] == (64, 32, 4, 2, 0)
     assert launch_config(problem(128))["fwd"] == (32, 32, 4, 2, 0)
     assert launch_config(problem(32), {"fwd": (32, 16, 4, 1)})["fwd"] == (32, 16, 4, 1, 0)
@@ -352,8 +341,8 @@ BAD_STICK_TUNING = [
     (dict(typo=1), "unknown keys"),
     (dict(loop="for"), "unknown keys"),
     (dict(sigmoid="tanh"), "sigmoid must be one of"),
-    (dict(exp2=False, exp2_soft="all"), "exp2_soft needs exp2"),
-    (dict(cumsum_width=8), "cumsum_width must be"),
+    (dict(cumsum="dot2"), "cumsum must be one of"),
+    (dict(log1p="poly5"), "log1p must be one of"),
 ]
 
 
@@ -371,7 +360,7 @@ def test_stick_tuning_rejects_unknown_keys_and_values(bad, words):
         launch_config(pb, bad)
     # the same keys at settings that go together are taken (``split`` False is the default)
     assert launch_config(pb, dict(split=False))["split"] is False
-    assert launch_config(pb, dict(cumsum="dot2", split=True))["split"] is True
+    assert launch_config(pb, dict(cumsum="scan", split=True))["split"] is True
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ def _bwd_walk(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_sc
     """``_bwd_walk_tuned`` with the default levers (Sieve's gathered open rows call it)."""
     dq, d_rs, d_sl = _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope,
                                      rs, tau, c_total, g_r, n_tiles, exit_at, FILTER, HAS_SLOPES, HAS_RS, GRAD_RS,
-                                     GRAD_SL, DOT_PREC, D, BD, BM, BN, 0, BN, False, False, 0, False)
+                                     GRAD_SL, DOT_PREC, D, BD, BM, BN, 0, False, False, 0, False)
     return dq, d_rs, d_sl
 
 
@@ -38,7 +38,7 @@ def _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T,
                     g_r, n_tiles, exit_at, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                     GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
                     BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
-                    CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
+                    EXP2: tl.constexpr, LOG1P: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
     """``(dq, d_rs, d_sl)`` of the rows ``offs_m`` (before ``sm_scale`` and the slopes' sign and row scale)
     over the key tiles ``n_tiles - 1`` down to 0, the forward's walk (Sieve's gathered open rows reuse it);
     dk and dv go to ``DK``/``DV`` by atomic adds. ``sm_scale``, ``slope``, ``tau`` and ``exit_at`` in nats;
@@ -70,15 +70,15 @@ def _bwd_walk_tuned(q, do, K, V, DK, DV, base, offs_m, offs_d, dmask, row_ok, T,
             if kept > 0:
                 v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
                 if CUMSUM >= 5:  # (``_stick``'s form)
-                    a = _exp((z - sp) - lsum[:, None] - _cumsum(sp, 2, CUMSUM, BM, BN, CW), EXP2)
+                    a = _exp((z - sp) - lsum[:, None] - _cumsum(sp, 2, CUMSUM, BM, BN), EXP2)
                 else:
-                    a = _exp(z - lsum[:, None] - _cumsum(sp, 0, CUMSUM, BM, BN, CW), EXP2)
+                    a = _exp(z - lsum[:, None] - _cumsum(sp, 0, CUMSUM, BM, BN), EXP2)
                 a = tl.where(valid, a, 0.0)
                 if FILTER == 2:
                     a = tl.where(keep, a, 0.0)
                 g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
                 c = tl.where(valid, (g - g_r[:, None]) * a, 0.0)
-                before = c_total[:, None] - c_acc[:, None] - _cumsum(c, 0, CUMSUM, BM, BN, CW)
+                before = c_total[:, None] - c_acc[:, None] - _cumsum(c, 0, CUMSUM, BM, BN)
                 s, sn = _sigmoids(z, e, SIG, EXP2)
                 dz = tl.where(valid, c * sn - s * before, 0.0)
                 dv_tile = tl.dot(tl.trans(a).to(do.dtype), do, input_precision=DOT_PREC)
@@ -109,8 +109,7 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
                        FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                        GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
                        BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
-                       CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SIG: tl.constexpr,
-                       SKIP: tl.constexpr):
+                       EXP2: tl.constexpr, LOG1P: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
     """The ``prefix`` backward of a query tile: left to right over the keys the forward walked, ``[START_r,
     r)``, with the forward's softplus sum ``L_r = LSE_r``. With ``P_j`` the softplus sum of the walked keys
     before ``j``, ``a_j = exp(z_j - (L_r - P_j))``; with ``c_j = (g_j - g_r) a_j`` (``FILTER`` 2: ``c_j = g_j
@@ -156,8 +155,8 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
     d_rs = tl.zeros([BM], dtype=tl.float32)
     d_sl = tl.zeros([BM], dtype=tl.float32)
     n_tiles = tl.cdiv(tl.minimum((pid_m + 1) * BM, T) - 1, BN)
-    ones_sp = _tri_ones(2 if CUMSUM >= 5 else 1, CUMSUM, CW)
-    ones_c = _tri_ones(1, CUMSUM, CW)
+    ones_sp = _tri_ones(2 if CUMSUM >= 5 else 1, CUMSUM, BN)
+    ones_c = _tri_ones(1, CUMSUM, BN)
     for tile in range(tl.min(first, 0) // BN, n_tiles):
         offs_n = tile * BN + tl.arange(0, BN)
         k, z, zb, valid, keep = _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, scale, slope, rs, tau,
@@ -180,9 +179,9 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
                     v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
                 if CUMSUM >= 5:  # ``_stick``'s form: the walked keys after the tile, then those after j in it
                     after = lse - psum - tl.sum(sp, 1)
-                    a = _exp((z - sp) - after[:, None] - _cumsum(sp, 2, CUMSUM, BM, BN, CW, ones_sp), EXP2)
+                    a = _exp((z - sp) - after[:, None] - _cumsum(sp, 2, CUMSUM, BM, BN, ones_sp), EXP2)
                 else:
-                    a = _exp(z - (lse - psum)[:, None] + _cumsum(sp, 1, CUMSUM, BM, BN, CW, ones_sp), EXP2)
+                    a = _exp(z - (lse - psum)[:, None] + _cumsum(sp, 1, CUMSUM, BM, BN, ones_sp), EXP2)
                 a = tl.where(valid, a, 0.0)
                 g = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
                 if FILTER == 2:
@@ -190,7 +189,7 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
                     c = g * a
                 else:
                     c = tl.where(valid, (g - g_r[:, None]) * a, 0.0)
-                before = csum[:, None] + _cumsum(c, 1, CUMSUM, BM, BN, CW, ones_c)
+                before = csum[:, None] + _cumsum(c, 1, CUMSUM, BM, BN, ones_c)
                 dz = tl.where(valid, c * sn - s * before, 0.0)
                 dv_tile = tl.dot(tl.trans(a).to(do.dtype), do, input_precision=DOT_PREC)
                 tl.atomic_add(DV + base + offs_n[:, None] * D + offs_d[None, :], dv_tile, mask=kv_mask,

@@ -17,11 +17,11 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
                 SAVE: tl.constexpr, FILTER: tl.constexpr, ROWMAX: tl.constexpr, HAS_SLOPES: tl.constexpr,
                 HAS_RS: tl.constexpr,
                 SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, EXP2: tl.constexpr,
                 LOG1P: tl.constexpr, SKIP: tl.constexpr, FULL: tl.constexpr,
                 PREFETCH: tl.constexpr, EVERY: tl.constexpr, BNR: tl.constexpr):
-    """The forward of a query tile. ``SAVE`` 1 keeps the remainder and the fp32 output (``suffix`` backward);
-    3 the softplus sum ``L_r`` (nats) and the first key walked, per row (``prefix`` backward). ``ROWMAX``: the
+    """The forward of a query tile. ``SAVE`` 3 keeps the softplus sum ``L_r`` (nats) and the first key walked, per
+    row (for the backward). ``ROWMAX``: the
     filter's threshold is Algorithm 1's, ``(max_{j<r} z_rj - eps) / 2``, found here over the row's earlier keys
     and stored in ``TAU`` (else read from it), over key tiles of ``BNR`` keys."""
     pid_m = tl.program_id(0)
@@ -57,7 +57,7 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
     acc, lsum, t = _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, scale, slope, rs, tau, n_tiles,
                                    exit_at, tl.zeros([BM, BD], dtype=tl.float32), tl.zeros([BM], dtype=tl.float32),
                                    offs_m, n_tiles, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC, D, BD, BM, BN, CUMSUM,
-                                   CW, EXP2, LOG1P, SKIP, FULL, PREFETCH, EVERY)
+                                   EXP2, LOG1P, SKIP, FULL, PREFETCH, EVERY)
     if EXP2:
         lsum = lsum * LN2
     if SAVE == 3:
@@ -120,8 +120,7 @@ def _rowmax_tau(q, K, base, offs_m, offs_d, dmask, row_ok, pid_m, T, sm_scale, s
                 HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr):
     """Algorithm 1's threshold of a query tile's rows, ``(max_{j<r} z_rj - eps) / 2`` less a sliver (so that
-    ``z = max - eps`` stays in; -inf for row 0, +inf past the last row), as ``sieve_window_attention`` computes it
-    from its row-max pass."""
+    ``z = max - eps`` stays in; -inf for row 0, +inf past the last row): ``sieve_window_attention``'s."""
     best = row_max_earlier(q, K, base, offs_m, offs_d, dmask, pid_m, T, sm_scale, slope, rs, HAS_SLOPES, HAS_RS,
                            DOT_PREC, D, BM, BN)
     return tl.where(row_ok, (best - eps) * 0.5 - 1e-6, float("inf"))
@@ -135,7 +134,7 @@ def _fwd_walk(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, 
     """``_fwd_walk_tuned`` with the default levers (Sieve's gathered open rows call it)."""
     acc, lsum, t = _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, slope, rs, tau, n_tiles,
                                    exit_at, acc, lsum, upto, max_tiles, FILTER, HAS_SLOPES, HAS_RS, SPLIT, DOT_PREC,
-                                   D, BD, BM, BN, 0, BN, False, False, False, False)
+                                   D, BD, BM, BN, 0, False, False, False, False)
     return acc, lsum, t
 
 
@@ -144,7 +143,7 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
                     acc, lsum, upto, max_tiles, FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr,
                     HAS_RS: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
                     BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
-                    CW: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, SKIP: tl.constexpr,
+                    EXP2: tl.constexpr, LOG1P: tl.constexpr, SKIP: tl.constexpr,
                     FULL: tl.constexpr, PREFETCH: tl.constexpr = False, EVERY: tl.constexpr = 1):
     """``(acc, lsum, t)``: the weighted values and the softplus sum of the rows ``offs_m``, from ``acc`` and
     ``lsum``, over their keys before ``upto`` in the key tiles ``n_tiles - 1`` down, stopping once every row
@@ -155,7 +154,7 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
     t = 0
     lmin = tl.min(tl.where(row_ok, lsum, float("inf")), 0)
     lowest = tl.min(upto, 0)
-    ones = _stick_ones(CUMSUM, CW, BN)
+    ones = _stick_ones(CUMSUM, BN)
     thr = None
     if FILTER == 2:  # sieve-window's filter, applied where the weights are formed (``_stick``)
         thr = tau * 2.0
@@ -182,7 +181,7 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
                 kept = tl.max(keep.to(tl.int32))
             if kept > 0:
                 v = _value_tile(V, base, offs_n, offs_d, dmask[None, :], D, v_here)
-                acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2,
+                acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, EXP2,
                                     LOG1P, False, ones, thr)
             else:  # no kept key: the stick alone
                 sp, _ = _softplus_e(z, EXP2, LOG1P)
@@ -195,7 +194,7 @@ def _fwd_walk_tuned(q, K, V, base, offs_m, offs_d, dmask, row_ok, T, sm_scale, s
                 kept = tl.max(keep.to(tl.int32))
             if kept > 0:
                 v = _value_tile(V, base, offs_n, offs_d, (offs_n < T)[:, None] & dmask[None, :], D, v_here)
-                acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, CW, EXP2,
+                acc, sp = _fwd_tile(z, valid, keep, v, acc, lsum, FILTER, SPLIT, DOT_PREC, BM, BN, CUMSUM, EXP2,
                                     LOG1P, True, ones, thr)
             else:  # no kept key: the stick alone
                 sp, _ = _softplus_e(z, EXP2, LOG1P)
@@ -238,11 +237,11 @@ def _kv_tile(K, V, base, offs_n, offs_d, dmask, T, D: tl.constexpr):
 
 @triton.jit
 def _fwd_tile(z, valid, keep, v, acc, lsum, FILTER: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, CW: tl.constexpr, EXP2: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, EXP2: tl.constexpr,
               LOG1P: tl.constexpr, MASKED: tl.constexpr, ones=None, thr=None):
     """``(acc, sp)``: a key tile's weighted values added to ``acc``, and its softplus (``MASKED``, ``ones``,
     ``thr``: see ``_stick``; ``FILTER`` 2 without ``thr``: the weights kept where ``keep``)."""
-    sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, LOG1P, BM, BN, CW, MASKED, ones, thr)
+    sp, a = _stick(z, valid, lsum, CUMSUM, EXP2, LOG1P, BM, BN, MASKED, ones, thr)
     if FILTER == 2 and thr is None:
         a = tl.where(keep, a, 0.0)
     if SPLIT:

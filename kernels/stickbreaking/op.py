@@ -44,12 +44,14 @@ from lengthbench.kernels.utils.common import Problem
 
 # The levers of ``tuning`` (``stickbreaking_attention``, ``sieve_window_attention``) and their defaults; see
 # ``launch_config``.
-TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="bf16", cumsum_width=None, exp2=True, exp2_soft="none",
-              log1p=None, split=False, sigmoid="reuse", skip_empty=False, full_tiles=True, prefetch=True,
-              rowmax_pass="fused", exit_every=8)
-_CHOICES = dict(cumsum=("scan", "dot", "dot2", "bf16x2", "bf16x3", "bf16"), rowmax_pass=("kernel", "fused"),
-                exp2_soft=("none", "weights", "all"), sigmoid=("exp", "reuse"),
-                log1p=(None, "log", "poly", "poly8", "poly5", "poly4"), exit_every=(1, 2, 4, 8))
+TUNING = dict(fwd=None, bwd=None, rowmax=None, cumsum="bf16", exp2=True, log1p=None, split=False, sigmoid="reuse",
+              skip_empty=False, full_tiles=True, prefetch=True, exit_every=8)
+_CHOICES = dict(cumsum=("scan", "bf16"), sigmoid=("exp", "reuse"), log1p=(None, "log", "poly", "poly4"),
+                exit_every=(1, 2, 4, 8))
+# the kernels' codes of ``cumsum`` (CUMSUM; 6: ``bf16``'s form with fp32 inputs, on two tf32 products) and
+# ``log1p`` (LOG1P)
+_CUMSUM = {"scan": 0, "bf16": 5}
+_LOG1P = {"log": 0, "poly": 1, "poly4": 4}
 
 
 def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
@@ -60,24 +62,17 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
       query rows and 32 keys, 32 x 32 past head dim 64, ``Problem.num_warps``; the forward up to head dim 32 with 3
       stages (the fused row-max pass's loads) and its registers capped at 96 (five programs a multiprocessor), up to
       64 with 2 stages and 128 (four); the backward with 2 stages, its registers capped at 168 up to head dim 32);
-      ``rowmax`` those of ``sieve_window_attention``'s row-max pass (None: 64 query rows, 128 keys, 4 warps and 3
-      stages up to head dim 64, past it ``Problem.fwd_block`` rows, ``Problem.block`` keys, ``Problem.fwd_warps``,
-      2; with ``rowmax_pass`` ``fused`` only its keys a tile count). ``maxnreg`` caps the kernel's registers a
-      thread (``max_registers``; 0 or left out: the compiler's choice).
-    - ``cumsum``: the in-tile cumulative sums of softplus (and of the backward's ``c``): ``scan`` (``tl.cumsum``),
-      or products with a triangular ones matrix on the tensor cores: ``dot`` (the operand in tf32: 10 bits),
-      ``dot2`` (two products, the operand split into its tf32 head and the rest: about 21 bits), ``bf16x2`` (two
-      bf16 parts: 16 bits), ``bf16x3`` (three: 24 bits), ``bf16`` (one product: 8 bits, each key's own softplus kept
-      out of it: ``_stick``). With fp32 inputs ``dot`` and ``bf16x2`` run as ``dot2``, and ``bf16`` keeps its form
-      on ``dot2``'s products. Only the sums inside a key tile are so computed (the sum carried across tiles stays
-      fp32).
-    - ``cumsum_width``: the width of the triangular blocks (None: the key tile ``bn``; else a power of two >= 16,
-      the blocks' own sums added after in fp32).
-    - ``exp2``: the stick in bits, ``log2 e`` folded into the scale; ``exp2_soft`` (with ``exp2``): powers of two
-      on the FMA units (``_exp2_soft``) for the weights (``weights``) or for softplus's ``2^-|z|`` too (``all``).
+      ``rowmax`` the key tiles of ``sieve_window_attention``'s row-max pass, which the forward kernel runs before
+      its walk (None: 128 keys up to head dim 64, past it ``Problem.block``; only its keys count). ``maxnreg`` caps
+      the kernel's registers a thread (``max_registers``; 0 or left out: the compiler's choice).
+    - ``cumsum``: the in-tile cumulative sums of softplus (and of the backward's ``c``): ``scan`` (``tl.cumsum``) or
+      ``bf16``, one product with a triangular ones matrix on the tensor cores (8 bits, each key's own softplus kept
+      out of it: ``_stick``; with fp32 inputs two tf32 products, about 21 bits). Only the sums inside a key tile
+      are so computed (the sum carried across tiles stays fp32).
+    - ``exp2``: the stick in bits, ``log2 e`` folded into the scale.
     - ``log1p``: softplus's ``log(1 + exp(-|z|))`` by ``log`` or a polynomial on the FMA units (``_log1p_ratio``:
-      ``poly`` degree 6, ``poly5``, ``poly8`` in nats, ``poly4``); None: ``poly4`` for 16-bit inputs, ``poly`` for
-      fp32 ones (held to fp32's tolerance).
+      ``poly`` degree 6, ``poly4`` degree 4); None: ``poly4`` for 16-bit inputs, ``poly`` for fp32 ones (held to
+      fp32's tolerance).
     - ``exit_every``: the forward's exit test (every row of the query tile past ``EXIT_AT`` nats) after every
       that-many key tiles (a reduction over the program's warps); the walk then takes at most ``exit_every - 1``
       tiles more than it needs (their weights below ``e^-60``). Not Sieve's, whose filter leaves tiles without a
@@ -91,8 +86,6 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
     - ``full_tiles``: the forward takes the key tiles that lie before every row of its query tile without the causal
       masks' selects (stick-breaking's and ``sieve-window``'s, not Sieve's, whose filter decides which keys break
       the stick).
-    - ``rowmax_pass``: ``sieve_window_attention``'s row maxima by a pass of their own (``kernel``) or by the
-      forward kernel itself before its walk (``fused``), which stores the threshold for the backward.
     """
     tuning = dict(tuning or {})
     unknown = sorted(set(tuning) - set(TUNING))
@@ -118,27 +111,16 @@ def launch_config(pb: Problem, tuning: dict | None = None) -> dict:
                              f"powers of two >= 16, warps a power of two <= 16, maxnreg 24 to 255 (0: the "
                              f"compiler's choice), got {config[key]!r}")
         config[key] = (bm, bn, warps, stages, regs)
-    if config["exp2_soft"] != "none" and not config["exp2"]:
-        raise ValueError("stick-breaking tuning: exp2_soft needs exp2 (the software powers are of two)")
-    width = config["cumsum_width"]
-    if width is not None and not (_power_of_two(int(width)) and 16 <= int(width)):
-        raise ValueError(f"stick-breaking tuning: cumsum_width must be a power of two >= 16, got {width!r}")
-    if pb.q.dtype == torch.float32 and config["cumsum"] in ("dot", "bf16x2"):
-        config["cumsum"] = "dot2"
     if config["log1p"] is None:  # fp32 inputs keep fp32's accuracy
         config["log1p"] = "poly" if pb.q.dtype == torch.float32 else "poly4"
-    # the kernels' LOG1P: 0 log, 1 poly, 2 poly8, 3 poly5, 4 poly4
-    config["log1p"] = _CHOICES["log1p"].index(config["log1p"]) - 1
-    # the kernels' CUMSUM: the choice's index; 6 is bf16's form (each key's own softplus outside the sums) with
-    # fp32 inputs, whose sums take two tf32 products (dot2)
-    config["cumsum"] = _CHOICES["cumsum"].index(config["cumsum"])
+    config["log1p"] = _LOG1P[config["log1p"]]
+    config["cumsum"] = _CUMSUM[config["cumsum"]]
     if pb.q.dtype == torch.float32 and config["cumsum"] == 5:
         config["cumsum"] = 6
     config["sigmoid"] = _CHOICES["sigmoid"].index(config["sigmoid"])
-    for key in ("exp2", "split", "skip_empty", "full_tiles", "prefetch"):
+    for key in ("split", "skip_empty", "full_tiles", "prefetch"):
         config[key] = bool(config[key])
-    # the kernels' EXP2: 0 natural exp/log, 1 the hardware's powers of two, 2 the weights' in software, 3 all
-    config["exp2"] = int(config["exp2"]) + _CHOICES["exp2_soft"].index(config.pop("exp2_soft"))
+    config["exp2"] = int(bool(config["exp2"]))  # the kernels' EXP2: 0 natural exp and log, 1 powers of two
     return config
 
 
@@ -150,7 +132,7 @@ class StickBreakingAttention(torch.autograd.Function):
     """Stick-breaking (``tau`` None) or its filtered forms (``tau`` ``[B, H, T]``): Sieve, or with
     ``weights_only`` the filter on the weights alone (``sieve-window``); ``tuning`` the levers of
     ``launch_config``. ``tau`` a float ``eps``: the threshold is Algorithm 1's, ``(max_{j<r} z_rj - eps) / 2``,
-    found by the forward kernel (``rowmax_pass`` ``fused``)."""
+    found by the forward kernel before its walk."""
 
     @staticmethod
     def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, weights_only=False, tuning=None):
@@ -177,7 +159,6 @@ class StickBreakingAttention(torch.autograd.Function):
             SAVE=3 if save else 0, FILTER=mode, ROWMAX=rowmax, HAS_SLOPES=pb.slopes is not None,
             HAS_RS=pb.row_scale is not None, SPLIT=config["split"] and q.dtype != torch.float32,
             DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm, BN=bn, CUMSUM=config["cumsum"],
-            CW=min(bn, config["cumsum_width"] or bn),
             EXP2=config["exp2"], LOG1P=config["log1p"], SKIP=config["skip_empty"] and mode == 2,
             FULL=config["full_tiles"] and mode != 1, PREFETCH=config["prefetch"],
             EVERY=config["exit_every"] if mode != 1 else 1,  # (Sieve's empty tiles skip the test's place)
@@ -199,7 +180,7 @@ class StickBreakingAttention(torch.autograd.Function):
         bm, bn, warps, stages, regs = config["bwd"]
         common = dict(FILTER=ctx.mode, HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None,
                       GRAD_RS=grad_rs, GRAD_SL=grad_sl, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=bm,
-                      BN=bn, CUMSUM=config["cumsum"], CW=min(bn, config["cumsum_width"] or bn), EXP2=config["exp2"],
+                      BN=bn, CUMSUM=config["cumsum"], EXP2=config["exp2"],
                       LOG1P=config["log1p"],
                       SIG=config["sigmoid"],
                       SKIP=config["skip_empty"] and ctx.mode == 2, num_warps=warps, num_stages=stages,

@@ -44,31 +44,10 @@ def _key_tile(q, K, base, offs_m, offs_n, offs_d, dmask, T, sm_scale, slope, rs,
 
 
 @triton.jit
-def _exp2_soft(x):
-    """``2^x`` on the FMA and integer units: ``x = n + f`` (``n`` the nearest integer, by the float addition of
-    ``1.5 * 2^23``; ``|f| <= 1/2``), ``2^f`` by a degree-5 polynomial (a minimax fit; relative error below 2.4e-7
-    in fp32, as the special-function unit's ``ex2.approx``), ``n`` added to its exponent bits; 0 below
-    ``2^-125``."""
-    xc = tl.minimum(tl.maximum(x, -125.0), 127.0)
-    t = xc + 12582912.0
-    f = xc - (t - 12582912.0)
-    p = 0.001327647129073739 * f + 0.009675540961325169
-    p = p * f + 0.05550713092088699
-    p = p * f + 0.24022120237350464
-    p = p * f + 0.6931469440460205
-    p = p * f + 1.0000001192092896
-    n = t.to(tl.int32, bitcast=True) - 0x4B400000
-    out = (p.to(tl.int32, bitcast=True) + (n << 23)).to(tl.float32, bitcast=True)
-    return tl.where(x < -125.0, 0.0, out)
-
-
-@triton.jit
 def _softplus_e(z, EXP2: tl.constexpr, LOG1P: tl.constexpr):
     """``(softplus(z), exp(-|z|))`` (``softplus`` of ``_common``); with ``EXP2`` the scores in bits and both in
-    base 2: ``(max(z, 0) + log2(1 + 2^-|z|), 2^-|z|)`` (``EXP2`` 3: ``2^-|z|`` by ``_exp2_soft``)."""
-    if EXP2 == 3:
-        e = _exp2_soft(-tl.abs(z))
-    elif EXP2:
+    base 2: ``(max(z, 0) + log2(1 + 2^-|z|), 2^-|z|)``."""
+    if EXP2:
         e = tl.exp2(-tl.abs(z))
     else:
         e = tl.exp(-tl.abs(z))
@@ -86,34 +65,20 @@ def _log1p_ratio(x, EXP2: tl.constexpr, LOG1P: tl.constexpr):
     """``log(1 + x) / x`` on ``[0, 1]`` (``log2(1 + x) / x`` with ``EXP2``) on the FMA units, where ``log(1 + x)``
     in fp32 loses ``x``'s low bits to the rounding of ``1 + x``. ``LOG1P`` 1: a degree-6 polynomial fitted to the
     ratio in bits (relative error below 1.5e-6 in fp32, so that softplus in bits takes one FMA after it; in nats
-    one more multiply by ``ln 2``); 2: a degree-8 one in nats (below 2.5e-7; in bits one more multiply by ``log2
-    e``); 3: a degree-5 one in bits (below 9.8e-6; its constant term ``1 / ln 2`` itself, so that near ``x = 0``,
-    the scores far below zero of a long walk, the error is below 1.4e-7); 4: a degree-4 one so made (below 6.7e-5;
-    near ``x = 0`` below 1e-6)."""
-    if LOG1P == 2:  # in nats
-        p = _horner(x, _LOG1P_POLY8, 9)
-        if EXP2:
-            p = p * LOG2E
-    else:  # in bits
-        if LOG1P == 4:
-            p = _horner(x, _LOG1P_POLY4, 5)
-        elif LOG1P == 3:
-            p = _horner(x, _LOG1P_POLY5, 6)
-        else:
-            p = _horner(x, _LOG1P_POLY6, 7)
-        if not EXP2:
-            p = p * LN2
+    one more multiply by ``ln 2``); 4: a degree-4 one with its constant term ``1 / ln 2`` itself (below 6.7e-5; near
+    ``x = 0``, the scores far below zero of a long walk, below 1e-6)."""
+    if LOG1P == 4:
+        p = _horner(x, _LOG1P_POLY4, 5)
+    else:
+        p = _horner(x, _LOG1P_POLY6, 7)
+    if not EXP2:
+        p = p * LN2
     return p
 
 
 # ``_log1p_ratio``'s polynomials, highest power first (minimax fits of the relative error in fp32)
 _LOG1P_POLY6 = tl.constexpr((0.020413657650351524, -0.0958419069647789, 0.21534417569637299, -0.3391266167163849,
                              0.4776794910430908, -0.7211607694625854, 1.4426932334899902))
-_LOG1P_POLY8 = tl.constexpr((0.005253490526229143, -0.029588690027594566, 0.07836206257343292, -0.13674813508987427,
-                             0.19111457467079163, -0.24844379723072052, 0.33319273591041565, -0.49999502301216125,
-                             1.0))
-_LOG1P_POLY5 = tl.constexpr((-0.03568429872393608, 0.1494523584842682, -0.30643430352211, 0.47064468264579773,
-                             -0.7206830978393555, 1.4426950216293335))
 _LOG1P_POLY4 = tl.constexpr((0.0621890164911747, -0.23279733955860138, 0.4461168348789215, -0.7181367874145508,
                              1.4426950216293335))
 
@@ -130,9 +95,7 @@ def _horner(x, C: tl.constexpr, N: tl.constexpr):
 
 @triton.jit
 def _exp(x, EXP2: tl.constexpr):
-    if EXP2 >= 2:
-        out = _exp2_soft(x)
-    elif EXP2:
+    if EXP2:
         out = tl.exp2(x)
     else:
         out = tl.exp(x)
@@ -158,13 +121,11 @@ def _sigmoids(z, e, SIG: tl.constexpr, EXP2: tl.constexpr):
 
 
 @triton.jit
-def _cumsum(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CW: tl.constexpr,
-            ones=None):
+def _cumsum(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, ones=None):
     """Along the keys of a ``[BM, BN]`` fp32 tile: the suffix sums ``sum_{k >= j} x_k`` (``PREFIX`` 0), the
     prefix sums ``sum_{k < j} x_k`` (1) or the suffix sums without the key's own, ``sum_{k > j} x_k`` (2).
-    ``CUMSUM`` 0 a scan; else products with a triangular ones matrix on the tensor cores (``_tri_dot``; ``ones``
-    that matrix, ``_tri_ones(PREFIX, CUMSUM, CW)``, where a walk built it before its loop), over blocks of ``CW``
-    keys (the blocks' own sums added after, in fp32)."""
+    ``CUMSUM`` 0 a scan; else a product with a triangular ones matrix on the tensor cores (``_tri_dot``; ``ones``
+    that matrix, ``_tri_ones(PREFIX, CUMSUM, BN)``, where a walk built it before its loop)."""
     if CUMSUM == 0:
         if PREFIX == 1:
             out = tl.cumsum(x, 1) - x
@@ -172,24 +133,15 @@ def _cumsum(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, BM: tl.constexpr, BN:
             out = tl.cumsum(x, 1, reverse=True) - x
         else:
             out = tl.cumsum(x, 1, reverse=True)
-    elif CW == BN:
-        out = _tri_dot(x, PREFIX, CUMSUM, CW, ones)
     else:
-        NB: tl.constexpr = BN // CW
-        inner = tl.reshape(_tri_dot(tl.reshape(x, [BM * NB, CW]), PREFIX, CUMSUM, CW, ones), [BM, NB, CW])
-        totals = tl.sum(tl.reshape(x, [BM, NB, CW]), 2)
-        if PREFIX == 1:  # the blocks before
-            offs = tl.cumsum(totals, 1) - totals
-        else:  # the blocks after
-            offs = tl.cumsum(totals, 1, reverse=True) - totals
-        out = tl.reshape(inner + offs[:, :, None], [BM, BN])
+        out = _tri_dot(x, PREFIX, CUMSUM, BN, ones)
     return out
 
 
 @triton.jit
 def _tri_ones(PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr):
-    """``_tri_dot``'s ``[W, W]`` triangular ones matrix, in its products' dtype (fp32 for the tf32 ones, bf16 for
-    the others). A walk builds it once before its loop: built inside, the compiler stores it to shared memory
+    """``_tri_dot``'s ``[W, W]`` triangular ones matrix, in its products' dtype (fp32 for the tf32 ones of fp32
+    inputs, bf16 for the others). A walk builds it once before its loop: built inside, the compiler stores it to shared memory
     again for every tile."""
     rows = tl.arange(0, W)[:, None]
     cols = tl.arange(0, W)[None, :]
@@ -199,7 +151,7 @@ def _tri_ones(PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr):
         tri = rows > cols
     else:
         tri = rows >= cols
-    if CUMSUM == 1 or CUMSUM == 2 or CUMSUM == 6:
+    if CUMSUM == 6:
         out = tri.to(tl.float32)
     else:
         out = tri.to(tl.bfloat16)
@@ -209,34 +161,23 @@ def _tri_ones(PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr):
 @triton.jit
 def _tri_dot(x, PREFIX: tl.constexpr, CUMSUM: tl.constexpr, W: tl.constexpr, ones=None):
     """``_cumsum`` of a ``[M, W]`` fp32 block as a product with the ``[W, W]`` triangular ones matrix (exact in
-    every format; ``ones``, else ``_tri_ones``): ``CUMSUM`` 1 ``x`` in tf32 (10 bits); 2 ``x`` split into its tf32
-    head (the top 10 mantissa bits, cut by a mask) and the rest, two products (about 21 bits); 3 ``x`` split into
-    two bf16 parts (16 bits); 4 into three (24 bits); 5 ``x`` in bf16 (8 bits); 6 as 2. ``PREFIX`` as
-    ``_cumsum``'s."""
+    every format; ``ones``, else ``_tri_ones``): ``CUMSUM`` 5 ``x`` in bf16 (8 bits); 6 (fp32 inputs) ``x`` split
+    into its tf32 head (the top 10 mantissa bits, cut by a mask) and the rest, two products (about 21 bits).
+    ``PREFIX`` as ``_cumsum``'s."""
     if ones is None:
         ones = _tri_ones(PREFIX, CUMSUM, W)
-    if CUMSUM == 1:
-        out = tl.dot(x, ones, input_precision="tf32")
-    elif CUMSUM == 2 or CUMSUM == 6:
+    if CUMSUM == 6:
         hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
         out = tl.dot(hi, ones, input_precision="tf32")
         out = tl.dot(x - hi, ones, out, input_precision="tf32")
-    elif CUMSUM == 5:
-        out = tl.dot(x.to(tl.bfloat16), ones)
     else:
-        hi = x.to(tl.bfloat16)
-        rest = x - hi.to(tl.float32)
-        mid = rest.to(tl.bfloat16)
-        out = tl.dot(hi, ones)
-        out = tl.dot(mid, ones, out)
-        if CUMSUM == 4:
-            out = tl.dot((rest - mid.to(tl.float32)).to(tl.bfloat16), ones, out)
+        out = tl.dot(x.to(tl.bfloat16), ones)
     return out
 
 
 @triton.jit
 def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.constexpr, BM: tl.constexpr,
-           BN: tl.constexpr, CW: tl.constexpr, MASKED: tl.constexpr, ones=None, thr=None):
+           BN: tl.constexpr, MASKED: tl.constexpr, ones=None, thr=None):
     """Softplus of the tile's active scores and their weights, given the softplus sum to the right (without
     ``MASKED`` every key of the tile is active; ``ones``: ``_stick_ones``). ``CUMSUM`` 5 and 6: a key's own
     softplus stays outside the products (``log a_j = (z_j - softplus z_j) - sum_{k > j}``), so that their rounding
@@ -252,23 +193,23 @@ def _stick(z, valid, lsum, CUMSUM: tl.constexpr, EXP2: tl.constexpr, LOG1P: tl.c
         zs = z - sp
     if thr is not None:
         zs = tl.where(z > thr[:, None], zs, float("-inf"))
-    if CUMSUM == 5 and CW == BN:  # the product adds the sums to its accumulator, log a_j less the sum to the right
+    if CUMSUM == 5:  # the product adds the sums to its accumulator, log a_j less the sum to the right
         if ones is None:
-            ones = _stick_ones(CUMSUM, CW, BN)
+            ones = _stick_ones(CUMSUM, BN)
         a = _exp(tl.dot(sp.to(tl.bfloat16), ones, zs - lsum[:, None]), EXP2)
     else:
-        a = _exp(zs - lsum[:, None] - _cumsum(sp, 2 if CUMSUM >= 5 else 0, CUMSUM, BM, BN, CW, ones), EXP2)
+        a = _exp(zs - lsum[:, None] - _cumsum(sp, 2 if CUMSUM >= 5 else 0, CUMSUM, BM, BN, ones), EXP2)
     if MASKED:
         a = tl.where(valid, a, 0.0)
     return sp, a
 
 
 @triton.jit
-def _stick_ones(CUMSUM: tl.constexpr, CW: tl.constexpr, BN: tl.constexpr):
+def _stick_ones(CUMSUM: tl.constexpr, BN: tl.constexpr):
     """The triangular ones matrix of ``_stick``'s sums (``_tri_ones``), for a walk to build before its loop; with
-    one bf16 product over the whole key tile (``CUMSUM`` 5, ``CW`` = ``BN``) its negative, so that the product
+    one bf16 product over the whole key tile (``CUMSUM`` 5) its negative, so that the product
     subtracts the sums from the log weights in its accumulator (no subtraction after it)."""
-    ones = _tri_ones(2 if CUMSUM >= 5 else 0, CUMSUM, CW)
-    if CUMSUM == 5 and CW == BN:
+    ones = _tri_ones(2 if CUMSUM >= 5 else 0, CUMSUM, BN)
+    if CUMSUM == 5:
         ones = -ones
     return ones
