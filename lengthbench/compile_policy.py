@@ -1,5 +1,5 @@
-"""Which training steps run in one CUDA graph, which are compiled, on which attention path, and the portable
-compilation cache.
+"""Which training steps run in one CUDA graph, which are compiled, on which attention path and with which launch
+settings of the fused ops (:data:`CAPTURE_TUNING`), and the portable compilation cache.
 
 On CUDA the training step runs in one CUDA graph by default (``train_step = "graph-compiled"`` or ``"graph"``,
 :func:`trains_in_graph`, ``lengthbench/graph_step.py``). With ``train_step = "compiled"`` a model whose

@@ -124,7 +124,7 @@ def test_one_registration_gives_module_and_weights(monkeypatch):
         register_attention("test-doubled", weights=doubled)(Doubled)
 
 
-def test_example_plugin_with_a_kernel(monkeypatch):
+def test_example_plugin_with_a_kernel(monkeypatch, request):
     """``examples/my_attention_with_kernel.py`` loaded as ``--plugin FILE`` loads it: one registration gives the
     mechanism its module, its weights and its fused op; the op (query blocks smaller than the rows, ALiBi slopes and
     a row scale) computes the weights' output in float64; the module calls it where a kernel runs; and the command
@@ -132,10 +132,14 @@ def test_example_plugin_with_a_kernel(monkeypatch):
     import subprocess
 
     from lengthbench import kernels
-    from lengthbench.models.attention import KERNELS, get_kernel
+    from lengthbench.models.attention import KERNELS, get_kernel, registry
     from lengthbench.models.positional import build_pe
     from lengthbench.plugins import load_plugin
 
+    # the registration lasts for this test only: the other tests see the package's mechanisms
+    monkeypatch.setattr(registry.MECHANISMS, "_entries", dict(registry.MECHANISMS._entries))
+    monkeypatch.setattr(registry, "_KERNEL_OF", dict(registry._KERNEL_OF))
+    request.addfinalizer(lambda: sys.modules.pop("my_attention_with_kernel", None))
     module = sys.modules[load_plugin(str(EXAMPLES / "my_attention_with_kernel.py"))]
     assert KERNELS.get("sigmoid-op") is module.sigmoid_attention
     gen = torch.Generator().manual_seed(0)

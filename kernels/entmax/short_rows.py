@@ -555,7 +555,7 @@ def _launch(pb: Problem, tuning: dict | None) -> tuple[list[dict], list[dict] | 
     return fwd, bwd, layout
 
 
-class ShortRowsAttention(torch.autograd.Function):
+class EntmaxShortRowsAttention(torch.autograd.Function):
     """1.5-entmax over rows of at most :data:`SHORT_ROWS_MAX_TOKENS` keys. Gradients flow to q, k, v, ``slopes``
     and ``row_scale``."""
 
@@ -660,4 +660,4 @@ def entmax_short_rows(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, al
     """1.5-entmax attention over at most :data:`SHORT_ROWS_MAX_TOKENS` tokens, ``[B, H, T, D]`` causal."""
     if float(alpha) != 1.5:
         raise ValueError(f"the short-rows kernels implement alpha = 1.5 only, got {alpha}")
-    return ShortRowsAttention.apply(q, k, v, slopes, row_scale, sm_scale, tuning)
+    return EntmaxShortRowsAttention.apply(q, k, v, slopes, row_scale, sm_scale, tuning)
