@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_checks.sh tests OUT       # the kernel tests against the float64 references, log with device/date
 #   bash benchmarks/gpu_checks.sh tests-lists OUT # the list forward/backward of entmax, sparsemax and Sieve
 #   bash benchmarks/gpu_checks.sh tests-modules OUT  # each module's fast path against its reference; compiled references;
-#                                                    # the training-width kernels; the query, key and value views; the training step's gradients
+#                                                    # the short-rows kernels; the query, key and value heads op; the training step's gradients
 #   bash benchmarks/gpu_checks.sh kernels OUT     # kernel benchmark against SDPA (every fused op)
 #   bash benchmarks/gpu_checks.sh long-walks OUT  # stick-breaking and sieve-window at 65,536 on random and long-walk inputs
 #   bash benchmarks/gpu_checks.sh eval OUT        # paper MQMTAR evaluation at 65,536 tokens per mechanism
@@ -41,7 +41,7 @@ case "$part" in
     case "$part" in
       tests) files="tests/test_kernels.py"; mark="-m gpu" ;;
       tests-lists) files="tests/test_entmax_lists.py tests/test_sieve_lists_backward.py"; mark="" ;;
-      tests-modules) files="tests/test_attention_cuda.py tests/test_compiled_reference.py tests/test_narrow_kernels.py tests/test_views.py tests/test_train_step_gpu.py"; mark="-m gpu" ;;
+      tests-modules) files="tests/test_attention_cuda.py tests/test_compiled_reference.py tests/test_short_rows_kernels.py tests/test_views.py tests/test_train_step_gpu.py"; mark="-m gpu" ;;
     esac
     paths=$(for f in $files; do printf '%s ' "$repo/$f"; done)
     # pytest-xdist where it is installed: the float64 references at 4,096 tokens want a GPU of 80 GB for 8 workers

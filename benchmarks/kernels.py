@@ -49,7 +49,7 @@ except ModuleNotFoundError:  # pragma: no cover - CPU-only installs
     triton = None
 
 from lengthbench.devices import git_sha
-from lengthbench.kernels import get_kernel, kernel_names
+from lengthbench.models.attention import get_kernel, kernel_names
 
 # The targets: fwd within FWD_TARGET x SDPA and fwd+bwd within FWDBWD_TARGET x; tra/tda at least as fast.
 FWD_TARGET = {"stickbreaking": 1.5, "sieve": 1.5, "softpick": 1.5, "rectified": 1.5, "entmax": 1.5,

@@ -1,5 +1,5 @@
-"""Which training steps run in one CUDA graph, which are compiled, on which attention path, and the portable
-compilation cache.
+"""Which training steps run in one CUDA graph, which are compiled, on which attention path and with which launch
+settings of the fused ops (:data:`CAPTURE_TUNING`), and the portable compilation cache.
 
 On CUDA the training step runs in one CUDA graph by default (``train_step = "graph-compiled"`` or ``"graph"``,
 :func:`trains_in_graph`, ``lengthbench/graph_step.py``). With ``train_step = "compiled"`` a model whose
@@ -105,25 +105,14 @@ def model_dispatches_to_kernels(model) -> bool:
 #   on MQMTAR at batch 128 about 2% faster on an H200, every mechanism's ratio to it unchanged.
 # Coordinate-descent tuning (under 1% faster there) and two-dimensional pointwise tiles (about 1.5%) stay off: each
 # took a cell's warm-up on a fresh machine past the 60 s a cell may take (62 and 67 s); combo kernels stay off: the
-# step ran at about half the samples/s. ``LENGTHBENCH_INDUCTOR_OPTIONS`` (a JSON object) replaces or adds options,
-# to compare them.
+# step ran at about half the samples/s.
 INDUCTOR_OPTIONS = {"triton.mix_order_reduction": False, "triton.enable_pdl": True, "max_autotune_pointwise": True}
-INDUCTOR_OPTIONS_ENV = "LENGTHBENCH_INDUCTOR_OPTIONS"
 
 
-def inductor_options() -> dict:
-    """The options of the training step's ``torch.compile``: :data:`INDUCTOR_OPTIONS` updated by the environment's,
-    less those this torch does not have (an unknown option would fail the compilation)."""
-    options = dict(INDUCTOR_OPTIONS)
-    text = os.environ.get(INDUCTOR_OPTIONS_ENV, "")
-    if text:
-        try:
-            extra = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{INDUCTOR_OPTIONS_ENV} is not JSON ({error.msg})") from None
-        if not isinstance(extra, dict):
-            raise ValueError(f"{INDUCTOR_OPTIONS_ENV} must be a JSON object of Inductor option -> value")
-        options.update(extra)
+def inductor_options(options: dict | None = None) -> dict:
+    """The options of the training step's ``torch.compile``: ``options`` (default :data:`INDUCTOR_OPTIONS`) less
+    those this torch does not have (an unknown option would fail the compilation)."""
+    options = dict(INDUCTOR_OPTIONS if options is None else options)
     import torch._inductor.config as inductor_config
 
     def known(name: str) -> bool:
@@ -169,20 +158,51 @@ def compiles(config: RunConfig, model, device: torch.device, max_tokens: int) ->
         not model_dispatches_to_kernels(model) or trains_dense(config, model, device, max_tokens))
 
 
+# The fused ops' launch settings in the training step recorded into a CUDA graph (lengthbench/graph_step.py), by op
+# name: those under which an op decides nothing on the host from its data (no host sync, no launch sized by a count
+# on the device), so that the graph can record it, on the tiles that the training widths (66-131 tokens a row)
+# run fastest on.
+# - entmax and sparsemax: the threshold in one kernel and the output over all keys (no candidate lists, no gathered
+#   open rows); 1.5-entmax over rows of at most 256 keys by the short-rows kernels (each row's keys in registers).
+# - softpick and TRA (``utils/rowwise.py``): tiles of 64 query rows x 32 keys forward and 32 x 32 backward.
+# - TDA: no activity map, its forward on tiles of 32 rows, its backward without its dq kernel (the dk/dv kernel
+#   on 64 x 32 adds dq and the per-row gradients atomically), and where a head's rows fit 128, its whole backward
+#   in one program a head.
+# - stick-breaking and sieve-window: the long-context op on 64-row 32-key tiles with one-bf16 sums, the values of
+#   key tiles without a kept key skipped, no loads ahead; stick-breaking's forward without the causal masks on the
+#   tiles before the diagonal.
+# - Sieve (Section 3): its threshold found with every row's keys in registers (up to 256 keys, the search past
+#   them), then the stick-breaking walk above.
+_ROWWISE_CAPTURE = {"fwd": (64, 32, 4), "bwd": (32, 32, 4)}
+_STICK_CAPTURE = {"cumsum": "bf16", "full_tiles": False, "prefetch": False, "skip_empty": True}
+CAPTURE_TUNING: dict[str, dict] = {
+    "entmax": {"lists": False, "split": False, "short_rows": True},
+    "sparsemax": {"lists": False, "split": False},
+    "sieve": {"lists": False, "split": False, "threshold": "short_rows", "walk": dict(_STICK_CAPTURE)},
+    "tda": {"map": 0, "fwd": (32, 32, 4), "dq": (32, 32, 4), "dkdv": (64, 32, 4), "fused_bwd": True,
+            "rows": (128, 32, 4)},
+    "softpick": dict(_ROWWISE_CAPTURE),
+    "tra": dict(_ROWWISE_CAPTURE),
+    "stickbreaking": dict(_STICK_CAPTURE, full_tiles=True),
+    "sieve-window": dict(_STICK_CAPTURE),
+}
+
+
 @contextlib.contextmanager
 def attention_kernels(model, enabled: bool | list[bool], capturable: bool | None = None) -> Iterator[None]:
     """Set each attention layer's ``use_kernels`` (one flag for all, or one per layer) and, where given,
-    ``capturable`` (the fused ops' launch settings that a CUDA graph records) inside the block, and restore the
-    previous flags after it."""
+    ``capturable`` (the fused ops as nodes of the compiled graph, with the launch settings that a CUDA graph
+    records: :data:`CAPTURE_TUNING`) inside the block, and restore the previous flags after it."""
     layers = [block.attn for block in model.blocks]
-    before = [(layer.use_kernels, layer.capturable) for layer in layers]
+    before = [(layer.use_kernels, layer.capturable, layer.kernel_tuning) for layer in layers]
     flags = enabled if isinstance(enabled, list) else [enabled] * len(layers)
     for layer, flag in zip(layers, flags, strict=True):
         layer.use_kernels = flag
         if capturable is not None:
             layer.capturable = capturable
+            layer.kernel_tuning = CAPTURE_TUNING if capturable else {}
     try:
         yield
     finally:
-        for layer, (flag, capture) in zip(layers, before, strict=True):
-            layer.use_kernels, layer.capturable = flag, capture
+        for layer, (flag, capture, tuning) in zip(layers, before, strict=True):
+            layer.use_kernels, layer.capturable, layer.kernel_tuning = flag, capture, tuning

@@ -7,15 +7,14 @@ padding changes nothing for the real tokens, and its labels are ignored), and re
 one launch a step, the clipping and the optimizer included.
 
 Inside the graph the attention runs the mechanisms' fused ops (``fused``, the default: ``train_attention =
-"fused"``) with the launch settings a graph can record (``lengthbench.kernels.CAPTURE_TUNING``: no host sync, no
+"fused"``) with the launch settings a graph can record (``lengthbench.compile_policy.CAPTURE_TUNING``: no host sync, no
 launch sized on the device), the same ops that validation and scoring call; or, with ``fused`` False
 (``train_attention = "reference"``), their dense references, except where a module calls torch SDPA (softmax,
 SSMax). The references are host-sync free too (no ``.item()``, no data-dependent shapes;
 ``tests/test_graph_step.py`` checks each one under fake tensors). With ``compile_forward`` (``train_step =
 "graph-compiled"``, the default) the rest of the forward and its backward are Inductor's fused kernels, compiled
-once at the one width in the first eager step (each fused op of ``lengthbench.kernels.IN_GRAPH``, every one by
-default, is a node of that graph, ``kernels/_bridge.py``; an op outside it is a graph break, and Inductor compiles
-the pieces between); without it they run eagerly, one kernel per operation (a capture takes under a second, but
+once at the one width in the first eager step (each fused op a node of that graph, ``kernels/utils/graph_node.py``);
+without it they run eagerly, one kernel per operation (a capture takes under a second, but
 the unfused kernels cost time of their own). Every number: results/benchmarks/train_throughput.md.
 
 The matrices are cast to bf16 once a step, all in one launch: each ``nn.Linear``'s weight and bias has a bf16

@@ -95,11 +95,11 @@ def test_fast_path_under_bf16_autocast(name, pe):
 
 @pytest.mark.parametrize("tokens, grads", [(150, True), (4096, True), (70_000, False)])
 def test_sdpa_alibi_channels_in_bfloat16_against_float64(monkeypatch, tokens, grads):
-    """softmax/SSMax with an ALiBi bias through SDPA in bfloat16 (``kernels/_sdpa.py``), the bias as query/key
+    """softmax/SSMax with an ALiBi bias through SDPA in bfloat16 (``kernels/utils/sdpa.py``), the bias as query/key
     channels against the explicit mask, each measured against float64 scores: at a training width (150) with
     gradients to q, k, v, the slopes and the row factor; at 4,096 with gradients to q, k, v; at 70,000 (three
     position parts) the forward of sampled rows. Slopes from NAPE's 1 to ALiBi's smallest, a growing row factor."""
-    from lengthbench.kernels import _sdpa
+    from lengthbench.kernels.utils import sdpa as _sdpa
 
     gen = torch.Generator(device="cuda").manual_seed(3)
     heads, dim = 4, 32
@@ -134,8 +134,9 @@ def test_sdpa_alibi_channels_in_bfloat16_against_float64(monkeypatch, tokens, gr
     with torch.set_grad_enabled(grads):
         expected = run(leaves(torch.float64, torch.float64))
         errors = {}
-        for mode in ("keys", "mask"):
-            monkeypatch.setattr(_sdpa, "SDPA_ALIBI", mode)
+        as_channels = _sdpa.alibi_as_channels
+        for mode in ("keys", "mask"):  # the bias as channels where they apply, and as an explicit mask
+            monkeypatch.setattr(_sdpa, "alibi_as_channels", as_channels if mode == "keys" else lambda *a: False)
             got = run(leaves(torch.bfloat16, torch.float32))
             errors[mode] = {key: ((got[key].double() - value).abs().max() / value.abs().max().clamp_min(1e-2)).item()
                             for key, value in expected.items()}
@@ -144,25 +145,13 @@ def test_sdpa_alibi_channels_in_bfloat16_against_float64(monkeypatch, tokens, gr
         assert errors["keys"][key] <= max(1.5 * mask_error, 1e-2), (key, errors)
 
 
-@pytest.mark.parametrize("backend", ["auto", "flash", "cudnn", "efficient"])
 @pytest.mark.parametrize("dim, tokens, alibi", [(16, 131, False), (32, 91, False), (32, 91, True), (64, 1000, False)])
-def test_sdpa_backends_against_float64(monkeypatch, backend, dim, tokens, alibi):
-    """Each SDPA backend that ``LENGTHBENCH_SDPA_BACKEND`` can name (``kernels/_sdpa.py``) in bfloat16 against float64
-    scores, output and gradients to q, k, v (and the ALiBi slopes through the bias channels), at the paper models'
-    head dims and training widths; and that the named backend is the one that ran (the others refused)."""
-    from torch.nn.attention import SDPBackend
+def test_sdpa_against_float64(dim, tokens, alibi):
+    """The softmax family's SDPA calls (``kernels/utils/sdpa.py``) in bfloat16 against float64 scores, output and
+    gradients to q, k, v (and the ALiBi slopes through the bias channels), at the paper models' head dims and
+    training widths."""
+    from lengthbench.kernels.utils import sdpa as _sdpa
 
-    from lengthbench.kernels import _sdpa
-
-    monkeypatch.setattr(_sdpa, "SDPA_BACKEND", backend)
-    called = []
-    real = _sdpa.sdpa_kernel
-
-    def spy(backends):
-        called.append(backends)
-        return real(backends)
-
-    monkeypatch.setattr(_sdpa, "sdpa_kernel", spy)
     gen = torch.Generator(device="cuda").manual_seed(5)
     heads = 4
     q, k, v = (torch.randn(3, heads, tokens, dim, device="cuda", generator=gen, dtype=torch.float64)
@@ -188,8 +177,4 @@ def test_sdpa_backends_against_float64(monkeypatch, backend, dim, tokens, alibi)
     got = grads(lambda a, b, c, sl: _sdpa.sdpa_attend(a, b, c, sl), torch.bfloat16)
     for name, g, e in zip(("out", "dq", "dk", "dv", "dslopes"), got, expected, strict=False):
         error = ((g - e).abs().max() / e.abs().max().clamp_min(1e-2)).item()
-        assert error < 2e-2, f"{backend} {name}: {error:.3g}"
-    if backend == "auto":
-        assert not called
-    else:
-        assert called == [_sdpa.SDPA_BACKENDS[backend]] and isinstance(called[0], SDPBackend)
+        assert error < 2e-2, f"{name}: {error:.3g}"

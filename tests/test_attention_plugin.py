@@ -122,3 +122,42 @@ def test_one_registration_gives_module_and_weights(monkeypatch):
         register_attention("not-a-layer", weights=doubled)(doubled)
     with pytest.raises(ValueError, match="already registered"):
         register_attention("test-doubled", weights=doubled)(Doubled)
+
+
+def test_example_plugin_with_a_kernel(monkeypatch, request):
+    """``examples/my_attention_with_kernel.py`` loaded as ``--plugin FILE`` loads it: one registration gives the
+    mechanism its module, its weights and its fused op; the op (query blocks smaller than the rows, ALiBi slopes and
+    a row scale) computes the weights' output in float64; the module calls it where a kernel runs; and the command
+    line lists the mechanism."""
+    import subprocess
+
+    from lengthbench import kernels
+    from lengthbench.models.attention import KERNELS, get_kernel, registry
+    from lengthbench.models.positional import build_pe
+    from lengthbench.plugins import load_plugin
+
+    # the registration lasts for this test only: the other tests see the package's mechanisms
+    monkeypatch.setattr(registry.MECHANISMS, "_entries", dict(registry.MECHANISMS._entries))
+    monkeypatch.setattr(registry, "_KERNEL_OF", dict(registry._KERNEL_OF))
+    request.addfinalizer(lambda: sys.modules.pop("my_attention_with_kernel", None))
+    module = sys.modules[load_plugin(str(EXAMPLES / "my_attention_with_kernel.py"))]
+    assert KERNELS.get("sigmoid-op") is module.sigmoid_attention
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 11, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    slopes = torch.tensor([0.5, 0.0], dtype=torch.float64)
+    row_scale = 0.5 + torch.rand(2, 2, 11, generator=gen, dtype=torch.float64)
+    pos = torch.arange(11)
+    z = (q @ k.transpose(-1, -2) / 2.0 - slopes[:, None, None] * (pos[:, None] - pos)) * row_scale[..., None]
+    want = attention_weights("sigmoid-op", z) @ v
+    torch.testing.assert_close(module.sigmoid_attention(q, k, v, slopes=slopes, row_scale=row_scale, block=4), want)
+
+    monkeypatch.setattr(kernels, "triton_available", lambda: True)  # as on a GPU: the registered op is taken
+    layer = ATTENTION.get("sigmoid-op")(8, 2, build_pe("none", 2, 8))
+    assert layer.dispatches_to_kernel() and get_kernel("sigmoid-op") is not None
+    torch.testing.assert_close(layer.kernel()(q, k, v), module.sigmoid_attention(q, k, v))
+
+    listed = subprocess.run([sys.executable, "-m", "lengthbench.cli", "attn", "list", "--plugin",
+                             str(EXAMPLES / "my_attention_with_kernel.py")], capture_output=True, text=True,
+                            timeout=120, env={**__import__("os").environ, "COLUMNS": "200"})
+    assert listed.returncode == 0, listed.stderr
+    assert "sigmoid-op" in listed.stdout and "Sigmoid attention with a fused op of its own" in listed.stdout

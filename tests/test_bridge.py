@@ -1,8 +1,8 @@
-"""The fused ops as nodes of a compiled graph (``kernels/_bridge.py``), on the CPU under the Triton interpreter:
-a compiled function that projects q, k, v and calls an op through the bridge is one graph (no break), and its
+"""The fused ops as nodes of a compiled graph (``kernels/utils/graph_node.py``), on the CPU under the Triton interpreter:
+a compiled function that projects q, k, v and calls an op through the graph node is one graph (no break), and its
 loss and every gradient equal those of the op called directly, uncompiled; the backward leaves no forward graph
 behind. Its gradients are those of the inputs the forward saw, though their memory was written over after the
-call (the backward is handed them again, in the same memory or in other); handed an output that is not the forward's, it runs the op's forward again, with the same gradients. Cases: stick-breaking (its training-width op), TDA (two views, ``lam`` and ``beta`` tensor arguments with
+call (the backward is handed them again, in the same memory or in other); handed an output that is not the forward's, it runs the op's forward again, with the same gradients. Cases: stick-breaking (with the training step's launch settings), TDA (two views, ``lam`` and ``beta`` tensor arguments with
 gradients) and entmax with a row scale (a tensor argument with a gradient). A call without gradients runs the op
 itself.
 
@@ -38,7 +38,10 @@ def _case(name: str) -> dict:
     import torch
     import torch._dynamo
 
-    from lengthbench.kernels import _bridge, load_op
+    from lengthbench.compile_policy import CAPTURE_TUNING
+    from lengthbench.kernels import load_op
+    from lengthbench.kernels.utils import graph_node
+    from lengthbench.models.attention import KERNELS
 
     torch.manual_seed(0)
     batch, tokens, heads, dim = BATCH, TOKENS, HEADS, DIM
@@ -72,15 +75,15 @@ def _case(name: str) -> dict:
         loss.backward()
         return share.detach(), [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
 
-    plain = load_op(name, True)
-    bridged = _bridge.bridged(name, True)
+    plain = load_op(KERNELS.get(name), CAPTURE_TUNING.get(name))
+    as_node = graph_node.graph_node_op(KERNELS.get(name), CAPTURE_TUNING.get(name))
     loss0, grads0 = run(loss_of, plain)
-    explained = torch._dynamo.explain(loss_of)(x, bridged)
-    _bridge._GRAPHS.clear()  # explain's forward had no backward
+    explained = torch._dynamo.explain(loss_of)(x, as_node)
+    graph_node._GRAPHS.clear()  # explain's forward had no backward
     torch._dynamo.reset()
-    loss1, grads1 = run(torch.compile(loss_of, dynamic=False), bridged)
+    loss1, grads1 = run(torch.compile(loss_of, dynamic=False), as_node)
     with torch.no_grad():
-        direct = (loss_of(x, bridged)[1] - loss0).abs().item()
+        direct = (loss_of(x, as_node)[1] - loss0).abs().item()
     scale = max(g.abs().max().item() for g in grads0)
     # The compiled forward may write over the op's inputs after the call (Inductor reuses their memory): the
     # backward is handed the inputs again (saved, or computed again into other memory) and its gradients are
@@ -89,11 +92,11 @@ def _case(name: str) -> dict:
     tensors = [torch.randn(batch, heads, tokens, dim, requires_grad=True) for _ in range(views)]
     spec_args = (*tensors[:-1], tensors[-1])
     kwargs = dict(slopes=None) if name != "tda" else dict(lam=torch.tensor(0.4), slopes=None, sm_scale=1.0)
-    reference_out = load_op(name, True)(*spec_args, **kwargs)
+    reference_out = load_op(KERNELS.get(name), CAPTURE_TUNING.get(name))(*spec_args, **kwargs)
     grad_out = torch.randn_like(reference_out)
     reference = torch.autograd.grad(reference_out, tensors, grad_out)
-    listed, spec = _bridge._spec(name, True, spec_args, kwargs)
-    saved, recomputed = _bridge.STATS["saved"], _bridge.STATS["recomputed"]
+    listed, spec = graph_node._spec(KERNELS.get(name), CAPTURE_TUNING.get(name), spec_args, kwargs)
+    saved, recomputed = graph_node.STATS["saved"], graph_node.STATS["recomputed"]
     # handed the same memory, untouched (Inductor saved the inputs)
     inputs = [t.detach().clone() for t in listed]
     out = torch.ops.lengthbench.fused_forward(inputs, spec)
@@ -108,14 +111,14 @@ def _case(name: str) -> dict:
         t.normal_()  # the forward's input memory, reused
     kept = torch.ops.lengthbench.fused_backward(grad_out, out, handed, spec)
     overwritten = max((a - b).abs().max().item() for a, b in zip(kept, reference, strict=True))
-    took_saved = _bridge.STATS["saved"] - saved
+    took_saved = graph_node.STATS["saved"] - saved
     again = torch.ops.lengthbench.fused_backward(grad_out, out.clone(), [t.detach() for t in listed], spec)
     recompute = max((a - b).abs().max().item() for a, b in zip(again, reference, strict=True))
     return dict(graphs=explained.graph_count, breaks=explained.graph_break_count,
                 loss=(loss1 - loss0).abs().item() / loss0.item(),
                 grads=max((a - b).abs().max().item() for a, b in zip(grads0, grads1, strict=True)) / scale,
-                scale_grad=grads0[1].abs().item(), beta_grad=grads0[2].abs().item(), left=len(_bridge._GRAPHS), no_grad=direct,
-                took_saved=took_saved, recomputed=_bridge.STATS["recomputed"] - recomputed,
+                scale_grad=grads0[1].abs().item(), beta_grad=grads0[2].abs().item(), left=len(graph_node._GRAPHS), no_grad=direct,
+                took_saved=took_saved, recomputed=graph_node.STATS["recomputed"] - recomputed,
                 overwritten_err=overwritten, same_err=same_err, recompute_err=recompute)
 
 
@@ -141,7 +144,7 @@ def test_saved_inputs_are_taken_from_the_tensors_handed_to_the_backward():
     each from its own; a saved tensor in a leaf's memory that is neither is kept as a copy; others as they are."""
     import torch
 
-    from lengthbench.kernels._bridge import _Inputs
+    from lengthbench.kernels.utils.graph_node import _Inputs
 
     torch.manual_seed(0)
     a = torch.randn(4, 6)

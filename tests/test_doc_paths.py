@@ -2,11 +2,11 @@
 an option of some command: a rename that leaves a stale name behind fails here.
 
 Scanned: README.md, CONTRIBUTING.md, docs/*.md, results/README.md, results/benchmarks/README.md, configs/ (their
-headers), and the docstrings and comments of lengthbench/, tasks/ and models/. A path is a backticked name with a
+headers), and the docstrings and comments of lengthbench/, tasks/, models/ and kernels/. A path is a backticked name with a
 slash or a file extension of ours (``results/runs/``, ``configs/NAME.toml`` with a placeholder in capitals is a
 pattern, not a path); paths outside the repository (``../shared``, ``/tmp``), a run's own files under a store
 (``<results>/``, ``RESULTS/``, ``DIR/``) and other projects' files (named with their repository) are not ours to
-check. kernels/ is covered by the kernel tests' own docstrings check once its folders are laid out per op.
+check.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "results" / "README.md",
         ROOT / "results" / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SOURCES = [p for folder in ("lengthbench", "tasks", "models") for p in sorted((ROOT / folder).rglob("*.py"))]
+SOURCES = [p for folder in ("lengthbench", "tasks", "models", "kernels") for p in sorted((ROOT / folder).rglob("*.py"))]
 CONFIGS = sorted((ROOT / "configs").rglob("*.toml"))
 TOP = ("lengthbench/", "tasks/", "models/", "kernels/", "tests/", "benchmarks/", "configs/", "docs/", "results/",
        "scripts/", "examples/", ".ci/")

@@ -1,5 +1,5 @@
-"""The list forward of entmax and sparsemax attention (``kernels/entmax.py``, ``_lists_forward``; ``kernels/_entmax_lists.py``) and of Sieve
-(``kernels/sieve.py``): against the float64 dense reference (output, and gradients through the unchanged
+"""The list forward of entmax and sparsemax attention (``kernels/entmax/op.py``, ``_lists_forward``; ``kernels/entmax/lists.py``) and of Sieve
+(``kernels/sieve/op.py``): against the float64 dense reference (output, and gradients through the unchanged
 backward of ``RowwiseAttention`` / ``StickBreakingAttention``), against the forward over all keys (``tuning={"lists":
 False}``: the threshold, then the output pass over all keys), and which rows it finishes from their lists.
 
@@ -21,12 +21,13 @@ tl = triton.language
 
 from test_kernels import TOL_GRAD, TOL_OUT, dense_scores, rel_err, tie_rows  # noqa: E402
 
-from lengthbench.kernels import _entmax_lists as entmax_lists  # noqa: E402
-from lengthbench.kernels import _entmax_search as search  # noqa: E402
-from lengthbench.kernels import _open_rows as open_rows  # noqa: E402
-from lengthbench.kernels import entmax, sieve  # noqa: E402
-from lengthbench.kernels._common import Problem  # noqa: E402
-from lengthbench.kernels._entmax_config import launch_config  # noqa: E402
+from lengthbench.kernels.entmax import lists as entmax_lists  # noqa: E402
+from lengthbench.kernels.entmax import op as entmax  # noqa: E402
+from lengthbench.kernels.entmax import threshold as search  # noqa: E402
+from lengthbench.kernels.entmax.config import launch_config  # noqa: E402
+from lengthbench.kernels.sieve import op as sieve  # noqa: E402
+from lengthbench.kernels.utils import open_rows  # noqa: E402
+from lengthbench.kernels.utils.common import Problem  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

@@ -216,7 +216,7 @@ def test_tau_base_is_kept_per_shape_and_never_a_fake_tensor(monkeypatch):
     ``MAX_BASES`` of them kept; made under fake tensors it is not kept (a later real call would get a fake)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from lengthbench.kernels import tra
+    from lengthbench.kernels.tra import op as tra
 
     monkeypatch.setattr(tra, "_BASES", {})
     first = tra.tau_base(300, 32, 1.0, "cpu", "alg1")
@@ -297,7 +297,7 @@ def test_sieve_is_section_3_and_the_window_is_algorithm_1():
     within eps of the row's max), eps 2 by default; each with its own op."""
     from entmax import entmax15
 
-    from lengthbench.kernels import _KERNELS
+    from lengthbench.models.attention import KERNELS
 
     z = cosine_scores(40, 8, seed=7) * 12
     sieve, window = attention_weights("sieve", z), attention_weights("sieve-window", z, eps=8.0)
@@ -315,7 +315,8 @@ def test_sieve_is_section_3_and_the_window_is_algorithm_1():
     stick = torch.stack([sig[j] * torch.prod(1 - sig[j + 1:]) for j in range(row)])
     torch.testing.assert_close(window[0, 0, row, :row], torch.where(keep, stick, 0.0))
     torch.testing.assert_close(window[0, 0, row, row], torch.prod(1 - sig))
-    assert _KERNELS["sieve"] == "sieve:sieve_attention" and _KERNELS["sieve-window"] == "sieve:sieve_alg1_attention"
+    assert KERNELS.get("sieve") == "lengthbench.kernels.sieve:sieve_attention"
+    assert KERNELS.get("sieve-window") == "lengthbench.kernels.sieve:sieve_window_attention"
     from lengthbench.models.positional import POSITIONAL_ENCODINGS
 
     pe = POSITIONAL_ENCODINGS.get("none")(4, 8)

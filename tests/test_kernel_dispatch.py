@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lengthbench import kernels
+from lengthbench.models.attention import KERNELS, get_kernel, kernel_names, load_kernel
 
 
 def test_ops_get_their_tensors_in_the_dtype_of_the_last():
@@ -45,7 +46,7 @@ def test_the_registry_holds_the_ops_that_kernels_defines_and_the_modules_ask_for
         defined |= {(module, node.name) for node in ast.parse(path.read_text()).body
                     if isinstance(node, ast.FunctionDef) and node.name.endswith("_attention")
                     and not node.name.startswith("_")}
-    ops = {name: inspect.unwrap(kernels.load_op(name)) for name in kernels.kernel_names()}
+    ops = {name: inspect.unwrap(load_kernel(name)) for name in kernel_names()}
     registered = {(op.__module__, op.__name__) for op in ops.values()}
     assert registered == defined and len(registered) == len(ops)
     asked = set()
@@ -55,19 +56,57 @@ def test_the_registry_holds_the_ops_that_kernels_defines_and_the_modules_ask_for
     assert set(ops) <= asked, sorted(set(ops) - asked)
 
 
+def test_a_kernel_is_registered_with_its_mechanism(monkeypatch):
+    """``register_attention(name, weights=fn, kernel=op)``: the op (a function, or its path) is the mechanism's, the
+    one its module calls on CUDA and the one a compiled graph's node finds again; a kernel that is neither is
+    refused where it is registered."""
+    from lengthbench.models.attention import AttentionLayer, register_attention, registry
+    from lengthbench.models.attention.softmax import softmax_weights
+    from lengthbench.models.positional import build_pe
+
+    calls = []
+
+    def probe_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None):
+        calls.append(q.shape)
+        return v
+
+    monkeypatch.setattr(registry.MECHANISMS, "_entries", dict(registry.MECHANISMS._entries))
+    monkeypatch.setattr(registry, "_KERNEL_OF", dict(registry._KERNEL_OF))
+
+    @register_attention("kernel-probe", weights=softmax_weights, kernel=probe_attention)
+    class Probe(AttentionLayer):
+        """A probe."""
+
+        def weights(self, scores, query_positions, x_rows):
+            return softmax_weights(scores, torch.ones(scores.shape[-2:], dtype=torch.bool).tril())
+
+    assert "kernel-probe" in kernel_names() and KERNELS.get("kernel-probe") is probe_attention
+    monkeypatch.setattr(kernels, "triton_available", lambda: True)
+    layer = Probe(16, 2, build_pe("none", 2, 8))
+    q = torch.zeros(1, 2, 5, 8)
+    assert layer.dispatches_to_kernel() and get_kernel("kernel-probe") is not None
+    assert layer.kernel()(q, q, q) is not None and calls == [q.shape]
+    path = kernels.op_path(probe_attention)
+    assert path.endswith(":" + probe_attention.__qualname__) and kernels.load_op(path)(q, q, q) is not None
+    for bad in ("no-colon", 3):
+        with pytest.raises(TypeError, match="kernel must be its fused op or its path"):
+            register_attention("kernel-bad", weights=softmax_weights, kernel=bad)(Probe)
+
+
 def test_unknown_names_get_none():
-    assert kernels.get_kernel("no-such-mechanism") is None
+    assert get_kernel("no-such-mechanism") is None and get_kernel("softmax") is None  # (softmax: no op)
     with pytest.raises(KeyError):
-        kernels.load_op("no-such-mechanism")
+        load_kernel("no-such-mechanism")
 
 
 @pytest.mark.parametrize("alibi", ["keys", "mask"])
 def test_sdpa_attend_row_scale_and_slopes_match_softmax_of_the_scaled_scores(monkeypatch, alibi):
     """The SDPA path of softmax, ssmax/assmax and adatemp: ``softmax(rs_r (q.k s - slope (r - j)))``, the
     bias as key channels and as a mask (also across its query chunks), with gradients to the row factor."""
-    from lengthbench.kernels import _sdpa
+    from lengthbench.kernels.utils import sdpa as _sdpa
 
-    monkeypatch.setattr(_sdpa, "SDPA_ALIBI", alibi)
+    if alibi == "mask":  # the bias as an explicit mask, where the channels would apply
+        monkeypatch.setattr(_sdpa, "alibi_as_channels", lambda *args: False)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 37, 8, generator=gen, dtype=torch.float64) for _ in range(3))
     slopes = torch.tensor([0.5, 0.0625, 0.0], dtype=torch.float64)
@@ -114,7 +153,7 @@ def test_sdpa_alibi_channels_are_exact_in_float64(tokens):
     """The bias as query/key channels (``_channels``, taken by 16-bit inputs) computed in float64: output and
     gradients to q, k, v, the row factor and the slopes equal the float64 scores' (the zero channel's
     correction included)."""
-    from lengthbench.kernels import _sdpa
+    from lengthbench.kernels.utils import sdpa as _sdpa
 
     inputs, weight = _alibi_case(tokens)
     leaves = [t.clone().requires_grad_() for t in inputs]
@@ -136,7 +175,7 @@ def _rel(a, b):
 def test_sdpa_alibi_channels_in_bfloat16_match_the_mask(monkeypatch, tokens, grads):
     """bfloat16 inputs take the channels (150 tokens with gradients to the row factor and slopes; 300 tokens,
     two position parts, without): their errors against float64 are no larger than the explicit mask's."""
-    from lengthbench.kernels import _sdpa
+    from lengthbench.kernels.utils import sdpa as _sdpa
 
     inputs, weight = _alibi_case(tokens, seed=4)
     q64, k64, v64, slopes64, rs64 = inputs
@@ -145,8 +184,9 @@ def test_sdpa_alibi_channels_in_bfloat16_match_the_mask(monkeypatch, tokens, gra
     expected = _alibi_reference(*leaves)
     grads_expected = torch.autograd.grad((expected * weight).sum(), leaves) if grads else ()
     errors = {}
-    for mode in ("keys", "mask"):
-        monkeypatch.setattr(_sdpa, "SDPA_ALIBI", mode)
+    as_channels = _sdpa.alibi_as_channels
+    for mode in ("keys", "mask"):  # the bias as channels, and as an explicit mask where the channels would apply
+        monkeypatch.setattr(_sdpa, "alibi_as_channels", as_channels if mode == "keys" else lambda *args: False)
         bf = [t.bfloat16().requires_grad_(grads) for t in (q64, k64, v64)]
         fl = [t.float().requires_grad_(grads) for t in (slopes64, rs64)]
         assert _sdpa.alibi_as_channels(bf[0], fl[0], fl[1]) == (mode == "keys")
@@ -164,7 +204,7 @@ def test_sdpa_alibi_channels_in_bfloat16_match_the_mask(monkeypatch, tokens, gra
 def test_sdpa_alibi_takes_the_mask_where_channels_would_lose_precision():
     """float32 (SDPA may multiply in TF32), float16 past 65,536 positions, and gradients to the row factor past
     256 keys (several position parts) take the explicit mask."""
-    from lengthbench.kernels._sdpa import alibi_as_channels
+    from lengthbench.kernels.utils.sdpa import alibi_as_channels
 
     slopes = torch.ones(2)
     grad_rs = torch.ones(1, 2, 1, requires_grad=True)
@@ -180,7 +220,7 @@ def test_sdpa_alibi_takes_the_mask_where_channels_would_lose_precision():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_sdpa_position_parts_are_exact_and_sum_to_the_position(dtype):
-    from lengthbench.kernels._sdpa import position_parts
+    from lengthbench.kernels.utils.sdpa import position_parts
 
     tokens = 70_000 if dtype != torch.float16 else 65_000
     parts = position_parts(tokens, dtype)
@@ -194,10 +234,9 @@ def test_sdpa_attend_keeps_a_sample_independent_factor_and_its_bias_at_batch_one
     """SSMax's factor depends on the position only: given as ``[1, H, T]`` it gives the same output and
     gradients as the factor expanded to every sample, and the ALiBi mask handed to SDPA stays at batch 1
     (measured: ssmax + NAPE evaluating 3.7x slower than softmax + NAPE with a per-sample bias)."""
-    from lengthbench.kernels import _sdpa
+    from lengthbench.kernels.utils import sdpa as _sdpa
 
-    monkeypatch.setattr(_sdpa, "SDPA_ALIBI", "mask")
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator().manual_seed(1)  # (float64: the bias as an explicit mask)
     q, k, v = (torch.randn(3, 2, 21, 8, generator=gen, dtype=torch.float64) for _ in range(3))
     slopes = torch.tensor([0.25, 0.5], dtype=torch.float64)
     shared = (0.5 + torch.rand(1, 2, 21, generator=gen, dtype=torch.float64)).requires_grad_()
@@ -222,27 +261,9 @@ def test_sdpa_attend_keeps_a_sample_independent_factor_and_its_bias_at_batch_one
     torch.testing.assert_close(_sdpa.sdpa_attend(q, k, v, slopes, row_scale=shared.detach()[0]), expected.detach())
 
 
-def test_sdpa_backend_setting_is_checked_and_leaves_cpu_calls_alone(monkeypatch):
-    """``LENGTHBENCH_SDPA_BACKEND``: unset is torch's own choice, a name outside the four a ValueError that lists
-    them; a backend named for CUDA leaves the calls on a CPU as they were."""
-    from lengthbench.kernels import _env_choice, _sdpa
-
-    monkeypatch.delenv("LENGTHBENCH_SDPA_BACKEND", raising=False)
-    assert _env_choice("LENGTHBENCH_SDPA_BACKEND", *_sdpa.SDPA_BACKENDS) == "auto"
-    monkeypatch.setenv("LENGTHBENCH_SDPA_BACKEND", "flash")
-    assert _env_choice("LENGTHBENCH_SDPA_BACKEND", *_sdpa.SDPA_BACKENDS) == "flash"
-    monkeypatch.setenv("LENGTHBENCH_SDPA_BACKEND", "fa3")
-    with pytest.raises(ValueError, match="must be auto, flash, cudnn or efficient, got 'fa3'"):
-        _env_choice("LENGTHBENCH_SDPA_BACKEND", *_sdpa.SDPA_BACKENDS)
-    q, k, v = (torch.randn(1, 2, 9, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
-    expected = _sdpa.sdpa_attend(q, k, v, None)
-    monkeypatch.setattr(_sdpa, "SDPA_BACKEND", "cudnn")  # no cuDNN attention on a CPU: it would raise if taken
-    torch.testing.assert_close(_sdpa.sdpa_attend(q, k, v, None), expected)
-
-
 def test_adatemp_temperature_is_the_reference_polynomial():
     """The fused op's ``theta(H)`` against the reference weight function's, entropy by entropy."""
-    from lengthbench.kernels._sdpa import temperature
+    from lengthbench.kernels.utils.sdpa import temperature
     from lengthbench.models.attention.scaled import ADATEMP_POLY
 
     entropy = torch.linspace(0.0, 6.0, 601, dtype=torch.float64)
@@ -254,96 +275,50 @@ def test_adatemp_temperature_is_the_reference_polynomial():
     assert temperature(torch.tensor([0.4, 3.0], dtype=torch.float64))[0] == 1.0
 
 
-def test_capturable_ops_take_the_narrow_kernels_up_to_their_width(monkeypatch):
-    """The training step's ops: the training-width kernels at 256 tokens or fewer (and their parameters: alpha
-    1.5, masked weights), the long-context op with its graph-safe settings elsewhere."""
+def test_entmax_short_rows_key_takes_the_short_rows_kernels_up_to_their_width(monkeypatch):
+    """``entmax_attention``'s ``short_rows`` (the training step's): the short-rows kernels at 256 tokens or fewer
+    and alpha 1.5, the long-context op with the other keys elsewhere; without it the long-context op."""
     pytest.importorskip("triton")
-    from lengthbench.kernels import entmax, narrow
+    from lengthbench.kernels.entmax import op as entmax
 
     calls = []
-    monkeypatch.setattr(narrow, "narrow_entmax", lambda *t, **kw: calls.append(("narrow", kw)) or t[0])
-    monkeypatch.setattr(entmax, "entmax_attention", lambda *t, **kw: calls.append(("wide", kw)) or t[0])
-    op = kernels.load_op.__wrapped__("entmax", True)
+    monkeypatch.setattr(entmax, "entmax_short_rows", lambda *t, **kw: calls.append(("short", kw)) or t[0])
+    monkeypatch.setattr(entmax, "_lists_apply", lambda q, tuning: calls.append(("long", tuning)) or True)
+    monkeypatch.setattr(entmax.EntmaxListsAttention, "apply", lambda q, *rest: q)
+    tuning = {"lists": False, "split": False, "short_rows": True}
     for tokens, alpha in ((256, 1.5), (257, 1.5), (64, 2.0)):
         q = torch.zeros(1, 1, tokens, 4)
-        op(q, q, q, alpha=alpha)
-    assert [kind for kind, _ in calls] == ["narrow", "wide", "wide"]
-    assert calls[1][1]["tuning"] == kernels.CAPTURE_TUNING["entmax"]
-    plain = kernels.load_op.__wrapped__("entmax", False)
-    plain(torch.zeros(1, 1, 8, 4), torch.zeros(1, 1, 8, 4), torch.zeros(1, 1, 8, 4))
-    assert calls[-1] == ("wide", {})
+        entmax.entmax_attention(q, q, q, alpha=alpha, tuning=tuning)
+    assert [kind for kind, _ in calls] == ["short", "long", "long"]
+    assert calls[1][1] == {"lists": False, "split": False}
+    assert tuning["short_rows"] is True  # the caller's settings are left as they were
+    entmax.entmax_attention(torch.zeros(1, 1, 8, 4), torch.zeros(1, 1, 8, 4), torch.zeros(1, 1, 8, 4))
+    assert calls[-1] == ("long", {})
 
 
-def test_capturable_stick_breaking_takes_the_narrow_kernels_up_to_128_tokens(monkeypatch):
-    """Under ``LENGTHBENCH_CAPTURE_STICK=narrow``: the stick-breaking family's training-width kernels spill at 256
-    keys, so past 128 tokens the long-context op."""
-    pytest.importorskip("triton")
-    from lengthbench.kernels import narrow, stickbreaking
-
-    monkeypatch.setattr(kernels, "CAPTURE_STICK", "narrow")
-    calls = []
-    monkeypatch.setattr(narrow, "narrow_stickbreaking", lambda *t, **kw: calls.append("narrow") or t[0])
-    monkeypatch.setattr(stickbreaking, "stickbreaking_attention", lambda *t, **kw: calls.append("wide") or t[0])
-    op = kernels.load_op.__wrapped__("stickbreaking", True)
-    for tokens in (128, 129, 256):
-        q = torch.zeros(1, 1, tokens, 4)
-        op(q, q, q)
-    assert calls == ["narrow", "wide", "wide"]
-
-
-@pytest.mark.parametrize("mechanism, module, function", [
-    ("stickbreaking", "stickbreaking", "stickbreaking_attention"),
-    ("sieve-window", "sieve", "sieve_alg1_attention"), ("sieve", "sieve", "sieve_attention")])
-def test_capturable_stick_family_takes_the_long_context_op_with_its_training_tiles(monkeypatch, mechanism, module, function):
-    """The default (``LENGTHBENCH_CAPTURE_STICK`` unset): the long-context op at every width, 64-row 32-key tiles
-    (Sieve: its threshold with the rows in registers, then the walk on those tiles)."""
+@pytest.mark.parametrize("mechanism", kernel_names())
+def test_training_step_tuning_reaches_the_op(monkeypatch, mechanism):
+    """``load_op(mechanism, tuning)`` calls the op with the training step's launch settings
+    (``compile_policy.CAPTURE_TUNING``; none for an op without an entry), the same through a compiled graph's node
+    (its JSON text: lists back to tuples)."""
     pytest.importorskip("triton")
     import importlib
 
-    from lengthbench.kernels import narrow
+    from lengthbench.compile_policy import CAPTURE_TUNING
 
-    assert kernels.CAPTURE_STICK == "wide"
-    target = importlib.import_module(f"lengthbench.kernels.{module}")
+    module_name, function = KERNELS.get(mechanism).split(":")
+    target = importlib.import_module(module_name)
     calls = []
-    monkeypatch.setattr(narrow, kernels.NARROW_OPS[mechanism], lambda *t, **kw: calls.append("narrow") or t[0])
-    monkeypatch.setattr(target, function, lambda *t, **kw: calls.append(("wide", kw.get("tuning"))) or t[0])
-    op = kernels.load_op.__wrapped__(mechanism, True)
-    for tokens in (17, 128, 300):
-        q = torch.zeros(1, 1, tokens, 4)
-        op(q, q, q)
-    tiles = {"cumsum": "bf16", "full_tiles": False, "prefetch": False, "skip_empty": True}
-    expected = dict(tiles, full_tiles=True) if mechanism == "stickbreaking" else tiles
-    if mechanism == "sieve":
-        expected = {"lists": False, "split": False, "threshold": "narrow", "walk": tiles}
-    assert calls == [("wide", expected)] * 3
-
-
-def test_capture_tuning_overrides_parse_and_reject():
-    """``LENGTHBENCH_CAPTURE_TUNING``: mechanism -> tuning keys, lists as tuples; a clear error otherwise."""
-    parsed = kernels.capture_tuning_overrides('{"sieve-window": {"rowmax_pass": "fused", "fwd": [32, 16, 4, 2]}}')
-    assert parsed == {"sieve-window": {"rowmax_pass": "fused", "fwd": (32, 16, 4, 2)}}
-    assert kernels.capture_tuning_overrides("{}") == {}
-    for text, said in (("{sieve", "not JSON"), ('["sieve"]', "JSON object"), ('{"sieve": 3}', "JSON object"),
-                       ('{"flash": {}}', "names no fused op: flash"), ('{"sieve-alg1": {}}', "no fused op: sieve-alg1")):
-        with pytest.raises(ValueError, match=said):
-            kernels.capture_tuning_overrides(text)
-
-
-def test_capture_tuning_environment_joins_the_capture_settings():
-    """Set in the environment, the keys join the mechanism's capture settings (the tiles stay)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, LENGTHBENCH_CAPTURE_TUNING='{"sieve-window": {"rowmax_pass": "fused"}}')
-    env.pop("LENGTHBENCH_CAPTURE_STICK", None)
-    done = subprocess.run([sys.executable, "-c", "import json; from lengthbench import kernels; "
-                           "print(json.dumps(kernels.CAPTURE_TUNING['sieve-window']))"],
-                          env=env, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"cumsum": "bf16", "full_tiles": False, "prefetch": False, "skip_empty": True,
-                                       "rowmax_pass": "fused"}
+    monkeypatch.setattr(target, function, lambda *t, **kw: calls.append(kw.get("tuning")) or t[0])
+    kernels._load_op.cache_clear()
+    try:
+        tuning = CAPTURE_TUNING.get(mechanism)
+        q = torch.zeros(1, 1, 8, 4)
+        kernels.load_op(KERNELS.get(mechanism), tuning)(q, q, q)
+        kernels.load_op(KERNELS.get(mechanism), kernels._tuning_of(kernels._tuning_key(tuning)))(q, q, q)
+    finally:
+        kernels._load_op.cache_clear()
+    assert calls == [tuning, tuning]
 
 
 def test_sieve_walk_setting_is_checked_before_any_launch():
@@ -360,29 +335,29 @@ def test_sieve_walk_setting_is_checked_before_any_launch():
     with pytest.raises(ValueError, match="threshold must be one of"):
         sieve_attention(q, q, q, tuning={"lists": False, "threshold": "rows"})
     with pytest.raises(ValueError, match="the list path does not take"):
-        sieve_attention(q, q, q, tuning={"threshold": "narrow"})
+        sieve_attention(q, q, q, tuning={"threshold": "short_rows"})
 
 
-def test_sieve_narrow_threshold_takes_rows_up_to_256_keys(monkeypatch):
-    """``threshold`` ``narrow``: ``narrow.sieve_threshold`` up to 256 tokens, the threshold search past them."""
+def test_sieve_short_rows_threshold_takes_rows_up_to_256_keys(monkeypatch):
+    """``threshold`` ``short_rows``: ``entmax.short_rows.sieve_threshold`` up to 256 tokens, the threshold search past them."""
     pytest.importorskip("triton")
-    from lengthbench.kernels import sieve
+    from lengthbench.kernels.sieve import op as sieve
 
     calls = []
-    monkeypatch.setattr(sieve, "sieve_threshold", lambda q, k, **kw: calls.append("narrow") or q[..., 0].float())
+    monkeypatch.setattr(sieve, "sieve_threshold", lambda q, k, **kw: calls.append("short_rows") or q[..., 0].float())
     monkeypatch.setattr(sieve, "entmax_threshold", lambda q, k, **kw: calls.append("search") or q[..., 0].float())
     monkeypatch.setattr(sieve.StickBreakingAttention, "apply", lambda q, *rest: q)
     for tokens in (17, 256, 257):
         q = torch.zeros(1, 1, tokens, 4)
-        sieve.sieve_attention(q, q, q, tuning={"lists": False, "threshold": "narrow"})
+        sieve.sieve_attention(q, q, q, tuning={"lists": False, "threshold": "short_rows"})
     sieve.sieve_attention(q, q, q, tuning={"lists": False})
-    assert calls == ["narrow", "narrow", "search", "search"]
+    assert calls == ["short_rows", "short_rows", "search", "search"]
 
 
 def test_tda_fused_backward_setting_is_checked():
     """TDA's ``fused_bwd`` (dq added atomically by the dk/dv kernel): off by default, a bool when set."""
     pytest.importorskip("triton")
-    from lengthbench.kernels.tda import _config
+    from lengthbench.kernels.tda.op import _config
 
     assert _config(32)["fused_bwd"] is False and _config(128, {"fused_bwd": True})["fused_bwd"] is True
     with pytest.raises(ValueError, match="fused_bwd must be true or false"):
@@ -395,7 +370,7 @@ def test_tda_whole_row_setting_is_checked():
     """TDA's ``rows`` (the one-kernel backward where a head's rows fit one query tile): off by default, else
     ``[BM, BN, warps]`` in powers of two."""
     pytest.importorskip("triton")
-    from lengthbench.kernels.tda import _config
+    from lengthbench.kernels.tda.op import _config
 
     assert _config(32)["rows"] is None and _config(32, {"rows": [128, 32, 4]})["rows"] == [128, 32, 4]
     for bad in ([128, 32], [96, 32, 4], "128", [128, 32, 0]):

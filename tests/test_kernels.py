@@ -18,11 +18,12 @@ import math
 import pytest
 import torch
 
-from lengthbench.kernels import _KERNELS, get_kernel, kernel_names, triton_available
+from lengthbench.kernels import triton_available
+from lengthbench.models.attention import get_kernel, kernel_names
 
 pytestmark = pytest.mark.gpu
 
-MECHANISMS = sorted(name for name in _KERNELS if name != "tda")  # the single-view ops
+MECHANISMS = [name for name in kernel_names() if name != "tda"]  # the single-view ops
 # (tokens, head_dim, dtype, batch, heads)
 SHAPES = [  # few distinct (dtype, head_dim) pairs: each compiles every kernel once
     (1, 32, torch.float32, 2, 2),
@@ -83,7 +84,7 @@ def tie_rows(name, z, q, k, sm_scale, slopes, row_scale):
         visible = pos[None, :] <= pos[:, None]
         return ((z.abs() < TIE) & visible).any(-1)
     if name == "sieve":
-        from lengthbench.kernels.entmax import entmax_threshold
+        from lengthbench.kernels.entmax.threshold import entmax_threshold
 
         tau = entmax_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, strict=True).double()
         earlier = pos[None, :] < pos[:, None]
@@ -94,7 +95,7 @@ def tie_rows(name, z, q, k, sm_scale, slopes, row_scale):
         rowmax = torch.where(earlier, z, torch.full_like(z, float("-inf"))).amax(-1, keepdim=True)
         return (((z - (rowmax - 2.0)).abs() < TIE * (1 + rowmax.abs())) & earlier).any(-1)
     if name == "sparsemax":  # its gradient jumps where a score crosses the threshold
-        from lengthbench.kernels.entmax import entmax_threshold
+        from lengthbench.kernels.entmax.threshold import entmax_threshold
 
         tau = entmax_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, alpha=2.0).double()
         visible = pos[None, :] <= pos[:, None]
@@ -226,7 +227,7 @@ def test_large_scores_no_nan(name):
     assert all(torch.isfinite(t.grad).all() for t in leaves)
 
 
-# -- the stick-breaking family on long walks, and its levers (kernels/stickbreaking.py, ``tuning``) ------------
+# -- the stick-breaking family on long walks, and its levers (kernels/stickbreaking/op.py, ``tuning``) ------------
 
 STICK = ["stickbreaking", "sieve-window"]
 
@@ -243,51 +244,30 @@ def test_long_walk_matches_reference(name, shape, shift):
 
 SMALL_TILES = dict(fwd=(32, 16, 4, 2), bwd=(16, 32, 4, 2))
 STICK_VARIANTS = {
-    "dot": dict(cumsum="dot"),
-    "dot2": dict(cumsum="dot2"),
-    "dot2-w16": dict(cumsum="dot2", cumsum_width=16),
-    "bf16x2": dict(cumsum="bf16x2"),
-    "bf16x3-w16": dict(cumsum="bf16x3", cumsum_width=16, backward="prefix"),
+    "scan": dict(cumsum="scan"),  # tl.cumsum's sums (those of Sieve's gathered open rows)
     "exp2-reuse": dict(exp2=True, sigmoid="reuse"),
-    "exp2-soft": dict(exp2_soft="all"),  # powers of two on the FMA units (_exp2_soft)
-    "exp2-soft-weights": dict(exp2_soft="weights", loop="for", full_tiles=True),
+    "nats": dict(exp2=False, log1p="log"),  # the stick in nats, libdevice's log (Sieve's open rows' arithmetic)
     "poly": dict(log1p="poly"),
-    "poly5": dict(log1p="poly5"),
     "exit-every-1": dict(exit_every=1),
     "exit-every-2": dict(exit_every=2),
     "regs-128": dict(fwd=(64, 32, 4, 2, 128)),  # the forward's registers capped at 128 (four programs a multiprocessor)
     "poly4": dict(log1p="poly4"),  # the 16-bit inputs' default, here on fp32 inputs too
-    "poly5-regs-128": dict(log1p="poly5", fwd=(64, 32, 4, 2, 128), exit_every=2, rowmax_pass="kernel"),
-    "poly8": dict(log1p="poly8"),
     "no-prefetch": dict(prefetch=False),  # the forward's walk without the next tile's loads ahead
-    "prefix": dict(backward="prefix"),
-    "prefix-nosplit": dict(backward="prefix", split=False),
+    "split": dict(split=True),
     "empty-tiles": dict(skip_empty=True),
-    "for": dict(loop="for"),
-    "full": dict(full_tiles=True, cumsum="bf16x2"),
+    "masked": dict(full_tiles=False),
     "tiles-128": dict(fwd=(128, 64, 8, 3), bwd=(128, 64, 8, 2), rowmax=(128, 128, 8, 3)),
-    "tiles-16": dict(SMALL_TILES, backward="prefix", cumsum="dot2"),
-    "combined": dict(fwd=(128, 64, 8, 3), bwd=(64, 64, 4, 2), backward="prefix", cumsum="dot2", exp2=True,
-                sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly", full_tiles=True),
-    "rowmax-kernel": dict(rowmax_pass="kernel"),  # sieve-window's row maxima by a pass of their own
-    "rowmax-fused-64": dict(rowmax=(64, 64, 4, 3)),  # the forward kernel's pass on 64-key tiles
+    "tiles-16": dict(SMALL_TILES, cumsum="scan"),
+    "combined": dict(fwd=(128, 64, 8, 3), bwd=(64, 64, 4, 2), cumsum="scan", exp2=True, sigmoid="reuse",
+                     split=False, skip_empty=True, log1p="poly", full_tiles=True),
+    "rowmax-fused-64": dict(rowmax=(64, 64, 4, 3)),  # the forward kernel's row-max pass on 64-key tiles
     "rowmax-fused-32": dict(fwd=(32, 32, 4, 2), bwd=(32, 32, 4, 2), rowmax=(32, 32, 4, 2)),  # and the training tiles
     # training-width tiles: 64 query rows, 32 keys, forward and backward (stick-breaking also on its full tiles)
     "train-64x32": dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2)),
     "train-64x32-full": dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2), full_tiles=True),
-    # the defaults before one-bf16 sums: 64 x 64 tiles, two bf16 parts, the causal masks on every tile
-    "bf16x2-64x64": dict(fwd=(64, 64, 4, 2), bwd=(64, 64, 4, 2), cumsum="bf16x2", full_tiles=False),
     # one-bf16 sums with the registers uncapped
     "bf16-free-registers": dict(fwd=(64, 32, 4, 2, 0), bwd=(64, 32, 4, 2, 0), cumsum="bf16"),
 }
-# Levers measured outside the float64 tolerance, on an H200: tf32's 10-bit triangular sums with each key's own
-# softplus inside them (dq 0.057; on scores moved by +8, where that softplus is about the score, dv 0.072 and 0.074)
-STICK_VARIANTS_COARSE = {("stickbreaking", "dot", "T300-D64-bf16-alibi"):
-                         "cumsum dot (tf32, 10 bits): dq 0.057 against 5e-2",
-                         ("stickbreaking", "dot", "T1000-D64-bf16-hot8"):
-                         "cumsum dot (tf32, 10 bits): dk 0.054, dv 0.072 against 5e-2",
-                         ("sieve-window", "dot", "T1000-D64-bf16-hot8"):
-                         "cumsum dot (tf32, 10 bits): dq 0.061, dv 0.074 against 5e-2"}
 STICK_CASES = {  # (tokens, head_dim, dtype, shift, alibi)
     "T1000-D32-bf16": (1000, 32, torch.bfloat16, 0.0, False),
     "T4096-D32-fp32": (4096, 32, torch.float32, 0.0, False),
@@ -301,18 +281,15 @@ STICK_CASES = {  # (tokens, head_dim, dtype, shift, alibi)
 
 
 def stick_variant_cases() -> list:
-    """Every (mechanism, case, variant) but the ``rowmax`` variants of stick-breaking (``rowmax_pass`` is
-    sieve-window's: stick-breaking has no filter); those of :data:`STICK_VARIANTS_COARSE` are strict expected
-    failures (their check must fail, on the tolerance, or the test fails)."""
+    """Every (mechanism, case, variant) but the ``rowmax`` variants of stick-breaking (the row-max pass is
+    sieve-window's: stick-breaking has no filter)."""
     cases = []
     for name in STICK:
         for case in sorted(STICK_CASES):
             for variant in sorted(STICK_VARIANTS):
                 if name == "stickbreaking" and variant.startswith("rowmax"):
                     continue
-                coarse = STICK_VARIANTS_COARSE.get((name, variant, case))
-                marks = [pytest.mark.xfail(strict=True, raises=AssertionError, reason=coarse)] if coarse else []
-                cases.append(pytest.param(name, case, variant, marks=marks, id=f"{name}-{case}-{variant}"))
+                cases.append(pytest.param(name, case, variant, id=f"{name}-{case}-{variant}"))
     return cases
 
 
@@ -328,8 +305,8 @@ def test_stick_variants_match_reference(name, case, variant):
     check(name, q, k, v, seed=tokens, label=f"{variant} {case}", tuning=STICK_VARIANTS[variant], **extra)
 
 
-# the pointwise ops' launch settings (``_rowwise.launch_settings``) at the training widths: the training step's
-# (``lengthbench.kernels.CAPTURE_TUNING`` for softpick and TRA), another, and levers of ``LENGTHBENCH_CAPTURE_TUNING``
+# the pointwise ops' launch settings (``utils.rowwise.launch_settings``) at the training widths: the training step's
+# (``lengthbench.compile_policy.CAPTURE_TUNING`` for softpick and TRA), and others
 ROWWISE_TILES = {"fwd64x32-bwd32x32": dict(fwd=(64, 32, 4), bwd=(32, 32, 4)),
                  "fwd64x64-bwd32x64": dict(fwd=(64, 64, 4), bwd=(32, 64, 2)),
                  # the backward without its dq kernel (dq and the row gradients added atomically by the dk/dv kernel)
@@ -358,10 +335,10 @@ def test_rowwise_tiles_match_reference(name, tokens, dtype, variant):
 
 
 # Sieve's walk after the threshold on the stick-breaking capture tiles (``walk``), the threshold found by the
-# search (one kernel, no lists) or with every row's keys in registers (``threshold`` ``narrow``: the training step's,
+# search (one kernel, no lists) or with every row's keys in registers (``threshold`` ``short_rows``: the training step's,
 # ``lengthbench.kernels.SIEVE_ENTMAX_CAPTURE``; the search past 256 tokens)
 SIEVE_WALK = dict(lists=False, split=False, walk=dict(fwd=(64, 32, 4, 2), bwd=(64, 32, 4, 2)))
-SIEVE_WALKS = {"walk-64x32": SIEVE_WALK, "narrow-walk-64x32": dict(SIEVE_WALK, threshold="narrow")}
+SIEVE_WALKS = {"walk-64x32": SIEVE_WALK, "short-rows-walk-64x32": dict(SIEVE_WALK, threshold="short_rows")}
 
 
 @pytest.mark.parametrize("label", sorted(SIEVE_WALKS))
@@ -466,7 +443,7 @@ def test_tda_matches_reference(shape):
 def test_tda_fused_backward_matches_reference(tokens, head_dim, dtype, alibi, capture):
     """``fused_bwd``: dq and the per-row gradients added atomically by the dk/dv kernel, on the activity map's
     lists (the default tiles) and testing every tile (the capture's, which take it), with ALiBi and a row factor."""
-    from lengthbench.kernels import CAPTURE_TUNING
+    from lengthbench.compile_policy import CAPTURE_TUNING
 
     tensors = make_tda_inputs(2, 2, tokens, head_dim, dtype, seed=tokens)
     extra = {}
@@ -496,7 +473,7 @@ def test_tda_whole_row_backward_matches_reference(tokens, head_dim, dtype, alibi
     """``rows``: one program a head computes the whole backward where every row fits its query tile (else the
     capture's fused backward runs), against float64, held to the tolerance or to 1.5x the capture's error on the
     same inputs, with ALiBi and a row factor."""
-    from lengthbench.kernels import CAPTURE_TUNING
+    from lengthbench.compile_policy import CAPTURE_TUNING
 
     tensors = make_tda_inputs(2, 2, tokens, head_dim, dtype, seed=tokens + 1)
     extra = {}
@@ -559,7 +536,7 @@ def test_tda_no_grad_inference_path():
     assert torch.isfinite(out).all() and out.abs().max().item() > 0.0
 
 
-# The one-pass TDA op's launch variants (kernels/tda.py, ``tuning``): the activity map kept in registers (1)
+# The one-pass TDA op's launch variants (kernels/tda/op.py, ``tuning``): the activity map kept in registers (1)
 # or stored per tile (2), with and without the forward's skip branch, and the old branch-only path (map 0).
 TDA_VARIANTS = {
     "map1": dict(fwd=(128, 64, 8), dq=(64, 64, 4), dkdv=(64, 64, 4), skip=False, map=1),
@@ -572,7 +549,7 @@ TDA_VARIANTS = {
 @pytest.mark.parametrize("variant", sorted(TDA_VARIANTS))
 @pytest.mark.parametrize("case", ["T1000-D32-bf16", "T4096-D32-fp32", "T300-D64-bf16-alibi"])
 def test_tda_variants_match_reference(variant, case, monkeypatch):
-    from lengthbench.kernels import tda
+    from lengthbench.kernels.tda import op as tda
 
     real = tda._config  # the op's launch settings, replaced by the variant's (``tda_attention(tuning=...)``)
     monkeypatch.setattr(tda, "_config", lambda block_d, tuning=None: real(block_d, TDA_VARIANTS[variant]))
@@ -592,7 +569,7 @@ def test_tda_variants_match_reference(variant, case, monkeypatch):
 def test_tda_activity_map_is_exact(mode, monkeypatch):
     """The map the forward writes: 1 exactly on the (128 rows x 64 keys) tiles where either view has a causal
     entry above its row's threshold (computed densely here)."""
-    from lengthbench.kernels import tda
+    from lengthbench.kernels.tda import op as tda
     from lengthbench.kernels.tra import tra_threshold
 
     real = tda._config
@@ -622,7 +599,7 @@ def test_tda_activity_map_is_exact(mode, monkeypatch):
     assert 0 < want.sum().item() < want.numel()
 
 
-# -- the entmax search's variants (kernels/_entmax_config.py, ``tuning``) --------------------------------------
+# -- the entmax search's variants (kernels/entmax/config.py, ``tuning``) --------------------------------------
 
 # ``top16``: the 16 largest tile maxima start, per-tile reductions, two scale products, one kernel, without the
 # candidate lists; the others: the per-column top-d start (``subset``) with its certificate, the Newton passes
@@ -671,7 +648,7 @@ def test_entmax_variants_match_reference(variant, case):
 def test_entmax_threshold_variants_agree(variant, case):
     """Every variant's ``tau`` equals the top-16 search's to rounding (the same root, reached from another start
     or summed in another order), with the same rows at ``+inf`` (no visible key)."""
-    from lengthbench.kernels import entmax
+    from lengthbench.kernels.entmax import op as entmax
 
     name, dtype, *rest = case.split("-")
     tokens, scale = (2048, 0.5) if "small" in rest else (4096, 1.0)  # small scores: wide supports, more passes

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 from interpreter_helpers import entmax_threshold64, interpreter_results, needs_triton, rel_err
 
-from lengthbench.kernels import kernel_names
+from lengthbench.compile_policy import CAPTURE_TUNING
 from lengthbench.kernels.defaults import SIEVE_WINDOW_EPS
+from lengthbench.models.attention import kernel_names
 
 # (tokens, head_dim, extras): extras "alibi" adds slopes and a row scale (both get gradients); "walk4" and
 # "walk8" shift every score by -4 and -8 (the long walks of ``benchmarks/kernels.py --inputs``: ``walk_inputs``);
@@ -31,45 +32,35 @@ SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, ""), (33, 16, ""), (17, 16, "alibi
 # the stick-breaking family's extra shapes (``STICK_OPS``)
 STICK_SHAPES = [(33, 16, "walk4"), (17, 32, "walk8"), (70, 16, "hot"), (40, 16, "walk8-alibi")]
 STICK_OPS = ("stickbreaking", "sieve-window")
-# the stick-breaking kernels' levers (``stickbreaking.launch_config``), each run on every shape of STICK_OPS;
+# the stick-breaking kernels' levers (``stickbreaking.op.launch_config``), each run on every shape of STICK_OPS;
 # small tiles so the walks cross several key tiles (and the forward's and backward's tiles differ)
 SMALL = dict(fwd=(16, 16, 4, 1), bwd=(32, 16, 4, 1))
 STICK_VARIANTS = [
     ("small", SMALL),
-    ("dot", dict(SMALL, cumsum="dot")),
-    # blocks of 16 keys in 32-key tiles (the interpreter's dots of bf16 operands are not exact: bf16x2/3 are
-    # checked on the GPU only)
-    ("dot2-w16", dict(fwd=(16, 32, 4, 1), bwd=(32, 32, 4, 1), cumsum="dot2", cumsum_width=16, backward="prefix")),
-    ("exp2-reuse", dict(SMALL, exp2=True, sigmoid="reuse", cumsum="dot2", loop="for", full_tiles=True)),
-    ("exp2-soft", dict(SMALL, exp2_soft="all")),  # powers of two on the FMA units (``_exp2_soft``)
-    ("exp2-soft-weights", dict(SMALL, exp2_soft="weights", backward="suffix", split=True, sigmoid="exp",
-                               cumsum="dot2")),
+    ("scan", dict(SMALL, cumsum="scan")),  # tl.cumsum's sums (those of Sieve's gathered open rows)
+    ("scan-reuse", dict(SMALL, exp2=True, sigmoid="reuse", cumsum="scan", full_tiles=True)),
+    ("split-exp", dict(SMALL, split=True, sigmoid="exp", cumsum="scan")),
     ("full", dict(SMALL, full_tiles=True)),
     # the weights with each key's own softplus outside the sums (``cumsum`` bf16; fp32 inputs take two tf32
     # products), and the launch option that caps the registers
     ("own", dict(fwd=(16, 16, 4, 1, 96), bwd=(32, 16, 4, 1, 128), cumsum="bf16", full_tiles=True)),
     ("own-masked", dict(SMALL, cumsum="bf16", full_tiles=False, skip_empty=False)),
-    ("own-w16", dict(fwd=(16, 32, 4, 1), bwd=(32, 32, 4, 1), cumsum="bf16", cumsum_width=16, loop="for")),
-    ("prefix", dict(SMALL, backward="prefix")),
     ("poly", dict(SMALL, log1p="poly")),
-    ("poly5", dict(SMALL, log1p="poly5")),
     ("poly4", dict(SMALL, log1p="poly4")),  # the 16-bit inputs' default (fp32 ones take ``poly``)
+    ("log", dict(SMALL, log1p="log")),
     # the exit test after every key tile, and after every fourth (the default: every eighth)
     ("exit-every-1", dict(SMALL, exit_every=1)),
     ("exit-every-4", dict(SMALL, exit_every=4, full_tiles=False)),
-    ("poly8", dict(SMALL, log1p="poly8")),
-    # the stick in nats (``exp``/``log``), softplus's log1p by either polynomial
+    # the stick in nats (``exp``/``log``), softplus's log1p by the degree-6 polynomial
     ("nats", dict(SMALL, exp2=False)),
-    ("nats-poly8", dict(SMALL, exp2=False, log1p="poly8")),
+    ("nats-poly", dict(SMALL, exp2=False, log1p="poly")),
     # the forward's next key tile loaded before the work on its own, with and without masked tiles
     ("no-prefetch", dict(SMALL, prefetch=False, full_tiles=True)),
     ("prefetch-masked", dict(SMALL, prefetch=True, full_tiles=False, skip_empty=True)),
-    ("prefix-all", dict(fwd=(32, 16, 4, 1), bwd=(16, 32, 4, 1), backward="prefix", cumsum="dot2", exp2=True,
-                        sigmoid="reuse", split=False, skip_empty=True, loop="for", log1p="poly")),
+    ("prefix-all", dict(fwd=(32, 16, 4, 1), bwd=(16, 32, 4, 1), cumsum="scan", exp2=True, sigmoid="reuse",
+                        split=False, skip_empty=True, log1p="poly")),
     ("skip", dict(SMALL, skip_empty=True)),
-    ("rowmax-kernel", dict(SMALL, rowmax_pass="kernel")),  # sieve-window's row maxima by a pass of their own
-    ("rowmax-16", dict(SMALL, rowmax=(16, 16, 4, 1))),  # its row-max pass on tiles with keys before every row
-    ("rowmax-kernel-16", dict(SMALL, rowmax=(16, 16, 4, 1), rowmax_pass="kernel")),
+    ("rowmax-16", dict(SMALL, rowmax=(16, 16, 4, 1))),  # sieve-window's row-max pass on tiles with keys before every row
 ]
 # per op: (label, tuning) of the launch paths to run besides the defaults, and on which shapes
 VARIANTS = {
@@ -79,35 +70,28 @@ VARIANTS = {
                      ("capture-sub2-32x16", dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16)),
                      # the walk after the threshold on tiles of its own (``walk``), smaller than the tokens
                      ("capture-walk", dict(lists=False, split=False, walk=dict(fwd=(16, 16, 4, 1), bwd=(32, 16, 4, 1)))),
-                     # the threshold found with every row's keys in registers (``narrow.sieve_threshold``), then
-                     # that walk; and the threshold search before the capture's walk (the training step's under
-                     # ``LENGTHBENCH_CAPTURE_STICK=narrow`` past 128 keys)
-                     ("narrow-walk", dict(lists=False, split=False, threshold="narrow",
+                     # the threshold found with every row's keys in registers (``short_rows.sieve_threshold``), then
+                     # that walk; and the threshold search before the capture's walk
+                     ("short-rows-walk", dict(lists=False, split=False, threshold="short_rows",
                                           walk=dict(fwd=(16, 16, 4, 1), bwd=(32, 16, 4, 1)))),
                      ("capture-search", dict(lists=False, split=False))],
     "entmax": [("no-lists", dict(lists=False)), ("lists-8", dict(list_size=8)),
                ("capture-sub2-32x16", dict(lists=False, split=False, subset=2, bm=32, bn=16, bn_subset=16))],
     "sparsemax": [("no-lists", dict(lists=False))],
-    # (skip and the rowmax ones: sieve-window's levers)
+    # (skip and the rowmax one: sieve-window's levers)
     "stickbreaking": [(label, tuning) for label, tuning in STICK_VARIANTS
                       if label != "skip" and not label.startswith("rowmax")],
     "sieve-window": STICK_VARIANTS,
 }
-# the pointwise ops' launch settings (``_rowwise.launch_settings``): tiles smaller than the tokens, the forward's
+# the pointwise ops' launch settings (``utils.rowwise.launch_settings``): tiles smaller than the tokens, the forward's
 # rows twice its keys and the backward's keys twice its rows, so several tiles cross the diagonal in each kernel
 ROWWISE_TILES = ("tiles-32x16", dict(fwd=(32, 16, 4), bwd=(16, 32, 2)))
 # and the same tiles with the backward's dq and row gradients added atomically by the dk/dv kernel (``fused_bwd``)
 ROWWISE_FUSED = ("tiles-32x16-fused", dict(ROWWISE_TILES[1], fused_bwd=True))
 for _name in ("rectified", "rela", "softpick", "tra"):
     VARIANTS[_name] = [*VARIANTS.get(_name, []), ROWWISE_TILES, ROWWISE_FUSED]
-# and the settings a CUDA graph records (the training step's: lengthbench.kernels.CAPTURE_TUNING)
-STICK_TRAIN = dict(cumsum="bf16", full_tiles=False, prefetch=False, skip_empty=True)
-CAPTURE = {"entmax": dict(lists=False, split=False), "sparsemax": dict(lists=False, split=False),
-           "sieve": dict(lists=False, split=False, threshold="narrow", walk=dict(STICK_TRAIN)),
-           "tda": dict(map=0, fwd=(32, 32, 4), dq=(32, 32, 4), dkdv=(64, 32, 4), fused_bwd=True, rows=(128, 32, 4)),
-           "stickbreaking": dict(STICK_TRAIN, full_tiles=True),
-           "sieve-window": dict(STICK_TRAIN),
-           **{name: dict(fwd=(64, 32, 4), bwd=(32, 32, 4)) for name in ("softpick", "tra")}}
+# and the settings a CUDA graph records (the training step's: lengthbench.compile_policy.CAPTURE_TUNING)
+CAPTURE = CAPTURE_TUNING
 for _name, _tuning in CAPTURE.items():
     VARIANTS[_name] = [*VARIANTS.get(_name, []), ("capture", _tuning)]
 # TDA's fused backward (dq and the per-row gradients added atomically by the dk/dv kernel) on the activity map's
@@ -150,7 +134,7 @@ def run_case(case) -> dict:
     import torch
 
     from lengthbench import attention_weights
-    from lengthbench.kernels import load_op
+    from lengthbench.models.attention import load_kernel as load_op
 
     op_name, tokens, head_dim, extras, variant = case
     tuning = dict(VARIANTS.get(op_name, [])).get(variant)
@@ -270,16 +254,10 @@ def test_kernel_matches_float64_reference(index, measured):
 
 
 def test_every_op_is_covered():
-    from lengthbench.kernels import kernel_names
+    from lengthbench.models.attention import kernel_names
 
     assert sorted(OPS) == kernel_names()
     assert {c[0] for c in cases()} == set(OPS)
-
-
-def test_capture_settings_are_the_ones_tested():
-    from lengthbench.kernels import CAPTURE_TUNING
-
-    assert CAPTURE == CAPTURE_TUNING
 
 
 @needs_triton
@@ -289,8 +267,8 @@ def test_rowwise_launch_settings_default_and_refuse_bad_tiles():
     before the diagonal go unmasked) or an unknown key."""
     import torch
 
-    from lengthbench.kernels._common import Problem
-    from lengthbench.kernels._rowwise import launch_settings
+    from lengthbench.kernels.utils.common import Problem
+    from lengthbench.kernels.utils.rowwise import launch_settings
 
     q = torch.zeros(1, 2, 40, 32)
     pb = Problem(q, q, q, None, None, None)
@@ -307,34 +285,32 @@ def test_rowwise_launch_settings_default_and_refuse_bad_tiles():
 
 
 @needs_triton
-def test_exp2_soft_is_a_checked_lever_of_the_powers_of_two():
-    """``exp2_soft``: the kernels' ``EXP2`` is 1 (the hardware's powers of two) by default, 2 with the weights' in
-    software, 3 with softplus's too; it needs ``exp2``, and an unknown value is refused."""
+def test_the_stick_in_bits_or_nats():
+    """``exp2``: the kernels' ``EXP2`` is 1 (the stick in bits, the hardware's powers of two) by default, 0 in nats;
+    ``cumsum`` and ``log1p`` take their kernels' codes."""
     import torch
 
-    from lengthbench.kernels._common import Problem
-    from lengthbench.kernels.stickbreaking import launch_config
+    from lengthbench.kernels.stickbreaking.op import launch_config
+    from lengthbench.kernels.utils.common import Problem
 
     q = torch.zeros(1, 2, 40, 32)
     pb = Problem(q, q, q, None, None, None)
-    assert [launch_config(pb, tuning)["exp2"] for tuning in
-            (None, {"exp2_soft": "weights"}, {"exp2_soft": "all"}, {"exp2": False})] == [1, 2, 3, 0]
-    for bad, message in (({"exp2_soft": "all", "exp2": False}, "exp2_soft needs exp2"),
-                         ({"exp2_soft": "poly"}, "exp2_soft must be one of")):
-        with pytest.raises(ValueError, match=message):
-            launch_config(pb, bad)
+    assert [launch_config(pb, tuning)["exp2"] for tuning in (None, {"exp2": False})] == [1, 0]
+    assert [launch_config(pb, {"cumsum": c})["cumsum"] for c in ("scan", "bf16")] == [0, 6]  # (fp32 inputs)
+    assert [launch_config(pb, {"log1p": p})["log1p"] for p in ("log", "poly", "poly4")] == [0, 1, 4]
 
 
 @needs_triton
-def test_stick_tiles_take_a_register_cap_and_bf16_sums_need_the_prefix_backward():
+def test_stick_tiles_take_a_register_cap_and_fp32_inputs_their_own_arithmetic():
     """The tiles' fifth entry caps the registers (0: none; the defaults cap the forward's at 96 up to head dim 32,
     with 3 stages, and at 128 up to 64, the backward's at 168 up to 32); 16-bit inputs take the degree-4 ``log1p``
-    (4), fp32 ones the degree-6 one (1); one-bf16 sums with fp32 inputs take bf16's form on two tf32 products (6); the
-    suffix backward refuses them, and a cap outside 24..255 is refused."""
+    (4), fp32 ones the degree-6 one (1); one-bf16 sums with fp32 inputs take bf16's form on two tf32 products (6); a
+    cap outside 24..255 is refused."""
     import torch
 
-    from lengthbench.kernels._common import Problem
-    from lengthbench.kernels.stickbreaking import launch_config, max_registers
+    from lengthbench.kernels.stickbreaking.op import launch_config
+    from lengthbench.kernels.stickbreaking.stick import max_registers
+    from lengthbench.kernels.utils.common import Problem
 
     def problem(dim, dtype=torch.bfloat16):
         q = torch.zeros(1, 2, 40, dim, dtype=dtype)
@@ -344,32 +320,29 @@ def test_stick_tiles_take_a_register_cap_and_bf16_sums_need_the_prefix_backward(
     assert launch_config(problem(64))["fwd"] == (64, 32, 4, 2, 128)
     assert launch_config(problem(32))["bwd"] == (64, 32, 4, 2, 168)
     assert launch_config(problem(32))["log1p"] == 4 and launch_config(problem(32, torch.float32))["log1p"] == 1
-    assert launch_config(problem(32))["exit_every"] == 8 and launch_config(problem(32))["rowmax_pass"] == "fused"
+    assert launch_config(problem(32))["exit_every"] == 8 and launch_config(problem(32))["rowmax"] == (64, 128, 4, 3, 0)
     assert launch_config(problem(64))["bwd"] == (64, 32, 4, 2, 0)
     assert launch_config(problem(128))["fwd"] == (32, 32, 4, 2, 0)
     assert launch_config(problem(32), {"fwd": (32, 16, 4, 1)})["fwd"] == (32, 16, 4, 1, 0)
     assert launch_config(problem(32))["cumsum"] == 5 and launch_config(problem(32, torch.float32))["cumsum"] == 6
     assert max_registers(0) == {} and max_registers(96) == {"maxnreg": 96}
     for bad, message in (({"fwd": (64, 32, 4, 2, 300)}, "maxnreg 24 to 255"),
-                         ({"bwd": (64, 32, 4, 2, 8)}, "maxnreg 24 to 255"),
-                         ({"backward": "suffix", "split": True}, "cumsum bf16 needs backward prefix")):
+                         ({"bwd": (64, 32, 4, 2, 8)}, "maxnreg 24 to 255")):
         with pytest.raises(ValueError, match=message):
             launch_config(problem(32), bad)
-    launch_config(problem(32), {"backward": "suffix", "split": True, "cumsum": "bf16x2"})
 
 
-# Each setting that ``stickbreaking.launch_config`` refuses, with the words of its error. The check runs on the host
+# Each setting that ``stickbreaking.op.launch_config`` refuses, with the words of its error. The check runs on the host
 # before any launch, so it is tested here, on the CPU.
 BAD_STICK_TUNING = [
     (dict(cumsum="fft"), "cumsum must be one of"),
     (dict(fwd=(48, 64, 4, 2)), "fwd must be"),
     (dict(bwd=(64, 32, 4, 2, 300)), "bwd must be"),  # maxnreg past 255
     (dict(typo=1), "unknown keys"),
-    (dict(loop="until"), "loop must be one of"),
-    (dict(backward="suffix"), "cumsum bf16 needs backward prefix"),  # the default sums
-    (dict(split=False, backward="suffix", cumsum="dot2"), "split False needs backward prefix"),
-    (dict(exp2=False, exp2_soft="all"), "exp2_soft needs exp2"),
-    (dict(cumsum_width=8), "cumsum_width must be"),
+    (dict(loop="for"), "unknown keys"),
+    (dict(sigmoid="tanh"), "sigmoid must be one of"),
+    (dict(cumsum="dot2"), "cumsum must be one of"),
+    (dict(log1p="poly5"), "log1p must be one of"),
 ]
 
 
@@ -378,8 +351,8 @@ BAD_STICK_TUNING = [
 def test_stick_tuning_rejects_unknown_keys_and_values(bad, words):
     import torch
 
-    from lengthbench.kernels._common import Problem
-    from lengthbench.kernels.stickbreaking import launch_config
+    from lengthbench.kernels.stickbreaking.op import launch_config
+    from lengthbench.kernels.utils.common import Problem
 
     q = torch.zeros(1, 1, 10, 32)
     pb = Problem(q, q, q, None, None, None)
@@ -387,7 +360,7 @@ def test_stick_tuning_rejects_unknown_keys_and_values(bad, words):
         launch_config(pb, bad)
     # the same keys at settings that go together are taken (``split`` False is the default)
     assert launch_config(pb, dict(split=False))["split"] is False
-    assert launch_config(pb, dict(backward="suffix", cumsum="dot2", split=True))["backward"] == "suffix"
+    assert launch_config(pb, dict(cumsum="scan", split=True))["split"] is True
 
 
 if __name__ == "__main__":

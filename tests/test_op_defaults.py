@@ -20,7 +20,7 @@ from pathlib import Path
 
 from interpreter_helpers import interpreter_results, needs_triton, rel_err
 
-from lengthbench.kernels import kernel_names
+from lengthbench.models.attention import kernel_names
 
 CASES = kernel_names()
 BATCH, HEADS, TOKENS, DIM = 1, 2, 24, 16
@@ -33,12 +33,11 @@ def _case(name: str) -> dict:
     import torch
 
     from lengthbench import attention_weights
-    from lengthbench.kernels import _KERNELS, load_op
-    from lengthbench.models.attention import WEIGHT_FUNCTIONS
+    from lengthbench.models.attention import KERNELS, WEIGHT_FUNCTIONS, load_kernel
 
-    op = load_op(name)
-    module, function = _KERNELS[name].split(":")
-    signature = inspect.signature(getattr(importlib.import_module(f"lengthbench.kernels.{module}"), function))
+    op = load_kernel(name)
+    module, function = KERNELS.get(name).split(":")
+    signature = inspect.signature(getattr(importlib.import_module(module), function))
     tensors = [p for p in signature.parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD and p.default is p.empty]
     sm_scale = signature.parameters["sm_scale"].default
     cosine = sm_scale is not None  # (1: cosine scores of unit q and k)

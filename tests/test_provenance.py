@@ -23,7 +23,7 @@ def test_the_digest_follows_every_source_byte(tmp_path):
 def test_the_package_sources_are_the_installed_folders():
     files = devices.source_files()
     names = {path.name for path in files}
-    assert {"devices.py", "narrow.py", "decoder.py"} <= names  # lengthbench/, kernels/, models/
+    assert {"devices.py", "short_rows.py", "decoder.py"} <= names  # lengthbench/, kernels/, models/
     assert any(path.parent.name == "attention" for path in files)  # the subpackages' files too
     assert devices.source_digest() == devices.SOURCE_AT_START  # nothing edited them while the tests ran
 

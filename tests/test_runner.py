@@ -234,11 +234,11 @@ def test_feature_task_runs_end_to_end_and_the_model_reads_the_features(tmp_path)
     ("tda", "rope", "tra", False),             # two tra passes are no longer what the module calls
 ])
 def test_compiled_training_and_dense_references(monkeypatch, attn, pe, kernel, dense):
-    from lengthbench import kernels
+    from lengthbench.models.attention import registry
     from lengthbench.runner import DENSE_TRAIN_MAX_TOKENS, Trainer, compiles, trains_dense
 
-    monkeypatch.setattr(kernels, "get_kernel", lambda name, **kw: (lambda *a, **k: None) if name == kernel else None)
-    monkeypatch.setattr(kernels, "has_kernel", lambda name: name == kernel)  # the layers ask before loading an op
+    monkeypatch.setattr(registry, "get_kernel", lambda name, **kw: (lambda *a, **k: None) if name == kernel else None)
+    monkeypatch.setattr(registry, "has_kernel", lambda name: name == kernel)  # the layers ask before loading an op
     config = build_config("copy", attn, pe, "paper", **{**TINY, "compile": True, "train_attention": "reference"})
     task = get_task("copy")
     trainer = Trainer(config, task, torch.device("cpu"), Path("/nonexistent"), progress=False)

@@ -1,4 +1,4 @@
-"""Sieve's backward by candidate lists (``kernels/sieve.py``: ``_lists_bwd_kernel`` on the listed rows,
+"""Sieve's backward by candidate lists (``kernels/sieve/op.py``: ``_lists_bwd_kernel`` on the listed rows,
 ``_open_bwd_kernel`` on the open ones): dq, dk, dv, d slopes and d row_scale against the float64 dense
 reference, against the backward without lists (``tuning={"lists": False}``: the threshold, then the filtered
 stick-breaking kernels over all keys), with rows on both paths, and the supports the forward keeps for it.
@@ -21,8 +21,8 @@ from test_entmax_lists import CUDA, DEVICE, DTYPES, alibi, check, make, path_cou
 from test_kernels import dense_scores, rel_err, tie_rows  # noqa: E402
 
 from lengthbench import attention_weights  # noqa: E402
-from lengthbench.kernels import sieve  # noqa: E402
-from lengthbench.kernels._common import Problem  # noqa: E402
+from lengthbench.kernels.sieve import op as sieve  # noqa: E402
+from lengthbench.kernels.utils.common import Problem  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
                                 reason="needs a CUDA GPU or TRITON_INTERPRET=1")

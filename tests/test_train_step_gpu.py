@@ -20,11 +20,13 @@ import torch.nn.functional as F
 from lengthbench.compile_policy import attention_kernels
 from lengthbench.config import build_config
 from lengthbench.data import make_train_batch
+from lengthbench.models.attention import kernel_names
 from lengthbench.tasks import IGNORE_INDEX, get_task
 from lengthbench.training import Trainer
 
-MECHANISMS = ("softmax", "ssmax", "entmax", "asentmax", "stickbreaking", "sieve", "sieve-window",
-              "softpick", "tra", "tda")
+# every mechanism registered with a fused op (the registry's), and the paths beside them: softmax and SSMax (torch
+# SDPA, with its row factor), ASEntmax (entmax's op with a learned row scale)
+MECHANISMS = (*kernel_names(), "softmax", "ssmax", "asentmax")
 ENCODINGS = ("rope", "nape")
 # bf16 autocast against float64, per parameter (the weights perturbed so that no gradient is zero by symmetry):
 # measured up to 4.5e-2 on an H200 (softpick's attn_norm), 1e-2 to 3e-2 for most. TRA and TDA are the exception,

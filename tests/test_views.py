@@ -1,4 +1,4 @@
-"""``kernels/views.py`` (the query, key and value views of the fused projections, one op each way) against the
+"""``kernels/qkv_heads/op.py`` (the query, key and value views of the fused projections, one op each way) against the
 model's float64 reference prologue (``RoPE.rotate``, ``F.normalize`` for TDA's unit views, the copies to ``[B, H, T,
 D]``): outputs and the gradients of both projections. On the CPU under the Triton interpreter (this file run as a
 worker, as ``test_kernels_interpreter.py``), fp32; on the GPU, fp32, bf16 and fp16 at training and long lengths. The
@@ -57,7 +57,7 @@ def errors(case, device="cpu", dtype_name="float32", seed=0) -> dict:
     """Relative errors of the op's outputs and of the gradients of ``qkv`` and ``qk2`` against float64."""
     import torch
 
-    from lengthbench.kernels.views import head_views, unit_views
+    from lengthbench.kernels.qkv_heads import head_views, unit_views
     from lengthbench.models.positional import RoPE
 
     batch, tokens, heads, head_dim, two, rope, tiny, norm, extra, tuning = case
@@ -110,7 +110,7 @@ def test_views_match_float64_reference(index, measured):
 def test_unit_views_refuse_bad_shapes():
     import torch
 
-    from lengthbench.kernels.views import unit_views
+    from lengthbench.kernels.qkv_heads import unit_views
 
     with pytest.raises(ValueError, match=r"qkv must be \[B, T, 3 H D\]"):
         unit_views(torch.zeros(1, 4, 10), None, 2)

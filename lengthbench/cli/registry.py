@@ -77,8 +77,7 @@ def register(app: typer.Typer) -> None:
     @attn_app.command("list")
     def attn_list() -> None:
         """List the registered attention mechanisms."""
-        from lengthbench.kernels import get_kernel
-        from lengthbench.models.attention import ATTENTION
+        from lengthbench.models.attention import ATTENTION, get_kernel
 
         table = Table("attn", "fused kernel here", "description", expand=True)
         for name in ATTENTION.names():

@@ -23,10 +23,14 @@ from lengthbench.models.attention.base import (
 )
 from lengthbench.models.attention.registry import (
     ATTENTION,
+    KERNELS,
     MECHANISMS,
     WEIGHT_FUNCTIONS,
     Mechanism,
     attention_weights,
+    get_kernel,
+    kernel_names,
+    load_kernel,
     register_attention,
 )
 
@@ -36,6 +40,7 @@ for _module in ("softmax", "scaled", "entmax", "stickbreaking", "softpick", "thr
 
 __all__ = [
     "ATTENTION",
+    "KERNELS",
     "MECHANISMS",
     "Mechanism",
     "WEIGHT_FUNCTIONS",
@@ -44,6 +49,9 @@ __all__ = [
     "TwoViewAttention",
     "attention_weights",
     "causal_mask",
+    "get_kernel",
+    "kernel_names",
+    "load_kernel",
     "register_attention",
     "visible_counts",
 ]

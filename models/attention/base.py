@@ -25,11 +25,11 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from lengthbench.kernels import views_op
+from lengthbench.kernels import qkv_heads_op
 from lengthbench.models.positional import PositionalEncoding, RoPE
 
 WeightFunction = Callable[..., torch.Tensor]
-VIEWS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the views op (kernels/views.py) takes
+VIEWS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the views op (kernels/qkv_heads/op.py) takes
 
 
 def causal_mask(query_positions: torch.Tensor, n_keys: int) -> torch.Tensor:
@@ -155,9 +155,11 @@ class AttentionLayer(nn.Module, abc.ABC):
         self.out = nn.Linear(d_model, d_model, bias=False)
         self.query_chunk: int | None = None
         self.use_kernels = True
-        # The fused ops with launch settings a CUDA graph can record (lengthbench.kernels.CAPTURE_TUNING): set
-        # while a training step is recorded (lengthbench/graph_step.py).
+        # While a training step is recorded into a CUDA graph (lengthbench/graph_step.py): the fused ops as nodes of
+        # its compiled graph, with the launch settings a graph can record (kernel_tuning, by op name:
+        # lengthbench.compile_policy.CAPTURE_TUNING).
         self.capturable = False
+        self.kernel_tuning: dict[str, dict] = {}
         # Multiplies q.k in the raw scores; cosine-score mechanisms (tra, tda) set 1.
         self.score_scale = 1.0 / math.sqrt(self.head_dim)
 
@@ -212,19 +214,18 @@ class AttentionLayer(nn.Module, abc.ABC):
     # -- shared machinery --------------------------------------------------------------------------
     def fused_views(self, qkv: torch.Tensor, qk2: torch.Tensor | None = None, norm: bool = False):
         """``(q1, k1[, q2, k2], v)`` ``[B, H, T, head_dim]``, contiguous, from the projections' outputs by the op of
-        ``kernels/views.py`` (RoPE, unit norms where ``norm``, the copies: one kernel each way), or None where the
-        model's own prologue computes them: off CUDA, under ``LENGTHBENCH_VIEWS=compiled``, for an encoding whose
-        rotation the op does not compute, or in a module that calls no fused op (SDPA reads the rows in place)."""
+        ``kernels/qkv_heads/op.py`` (RoPE, unit norms where ``norm``, the copies: one kernel each way), or None where the
+        model's own prologue computes them: off CUDA, for an encoding whose rotation the op does not compute, or in a module that calls no fused op (SDPA reads the rows in place)."""
         if not (qkv.is_cuda and qkv.dtype in VIEWS_DTYPES) or not self.dispatches_to_kernel():
             return None
-        op = views_op()
+        op = qkv_heads_op()
         rotation = self.views_rotation()
         if op is None or rotation is False:
             return None
         return op(qkv, qk2, self.n_heads, rotation, norm=norm)
 
     def views_rotation(self):
-        """What ``kernels/views.py`` rotates the views by for this encoding: RoPE's inverse frequencies, None (an
+        """What ``kernels/qkv_heads/op.py`` rotates the views by for this encoding: RoPE's inverse frequencies, None (an
         encoding that does not rotate), or False where the op cannot apply it (an encoding with its own rotation,
         a subclass of RoPE's included): the model's prologue then."""
         rotate = type(self.pe).rotate
@@ -233,13 +234,15 @@ class AttentionLayer(nn.Module, abc.ABC):
         return self.pe.inv_freq if rotate is RoPE.rotate else False
 
     def kernel(self, name: str | None = None):
-        """The fused op for ``name`` (default: this mechanism) from ``lengthbench.kernels``, or None."""
+        """The fused op registered for ``name`` (default: this mechanism; ``register_attention(..., kernel=op)``), or
+        None."""
         if not self.use_kernels:
             return None
-        from lengthbench.kernels import get_kernel
+        from lengthbench.models.attention.registry import get_kernel
 
         # in the recorded training step, the op is a node of the compiled graph (no graph break around it)
-        op = get_kernel(name or self.name, capturable=self.capturable, in_graph=self.capturable)
+        name = name or self.name
+        op = get_kernel(name, tuning=self.kernel_tuning.get(name), in_graph=self.capturable)
         return None if op is None else functools.partial(_call_kernel, op)
 
     def kernel_names(self) -> tuple[str, ...]:
@@ -251,7 +254,7 @@ class AttentionLayer(nn.Module, abc.ABC):
         that torch.compile traces may ask (:meth:`fused_views`) without a graph break."""
         if not self.use_kernels:
             return False
-        from lengthbench.kernels import has_kernel
+        from lengthbench.models.attention.registry import has_kernel
 
         return any(has_kernel(name) for name in self.kernel_names())
 

@@ -144,7 +144,7 @@ class _EntmaxKernel:
         return self.alpha == KERNEL_ALPHA
 
 
-@register_attention("entmax", weights=entmax_weights)
+@register_attention("entmax", weights=entmax_weights, kernel="lengthbench.kernels.entmax:entmax_attention")
 class EntmaxAttention(AttentionLayer):
     """alpha-entmax attention (default alpha 1.5): sparse, sums to one."""
 
@@ -162,7 +162,8 @@ class EntmaxAttention(AttentionLayer):
         return self.reference_attend(q, k, v, x)
 
 
-@register_attention("sparsemax", weights=sparsemax_weights)
+@register_attention("sparsemax", weights=sparsemax_weights,
+                    kernel="lengthbench.kernels.entmax:sparsemax_attention")
 class SparsemaxAttention(AttentionLayer):
     """sparsemax attention (alpha-entmax with alpha = 2)."""
 

@@ -1,12 +1,16 @@
-"""The registry of attention mechanisms (``--attn``): one entry per mechanism, its module and its weights.
+"""The registry of attention mechanisms (``--attn``): one entry per mechanism, its module, its weights and its
+fused op.
 
-A mechanism is registered once, on its module, with its dense weight function::
+A mechanism is registered once, on its module, with its dense weight function and, where it has one, its fused op
+(the op itself, or its import path so that registering needs no Triton)::
 
-    @register_attention("softpick", weights=softpick_weights)
+    @register_attention("softpick", weights=softpick_weights,
+                        kernel="lengthbench.kernels.softpick:softpick_attention")
     class SoftpickAttention(AttentionLayer): ...
 
-That one registration makes it a choice of the decoder (``ATTENTION``, ``lengthbench run --attn``) and gives
-``attention_weights`` (``WEIGHT_FUNCTIONS``) its reference, the map every kernel is tested against.
+That one registration makes it a choice of the decoder (``ATTENTION``, ``lengthbench run --attn``), gives
+``attention_weights`` (``WEIGHT_FUNCTIONS``) its reference, the map every kernel is tested against, and its module
+its op on CUDA (``KERNELS``, :func:`get_kernel`); the kernel tests take their cases from ``KERNELS``.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Mechanism:
-    """A registered attention mechanism: its module (for the decoder) and its dense weight function."""
+    """A registered attention mechanism: its module (for the decoder), its dense weight function and its fused
+    op."""
 
     name: str
     module: type[AttentionLayer]
     weights: WeightFunction | None  # None: a plugin's probe without a dense reference (no attention_weights)
+    kernel: str | Callable | None = None  # the fused op or its path "package.module:function"; None: none
 
 
 MECHANISMS: Registry[Mechanism] = Registry("attention mechanism")
@@ -45,7 +51,8 @@ class _Part(Generic[T]):
     def canonical(self, name: str) -> str:
         name = MECHANISMS.canonical(name)
         if getattr(MECHANISMS.get(name), self._part) is None:
-            raise UnknownNameError(f"attention mechanism {name!r} was registered without a weight function; "
+            what = "a weight function" if self._part == "weights" else f"a {self._part}"
+            raise UnknownNameError(f"attention mechanism {name!r} was registered without {what}; "
                                    f"those with one: {', '.join(self.names())}")
         return name
 
@@ -68,15 +75,25 @@ class _Part(Generic[T]):
 
 ATTENTION: _Part[type[AttentionLayer]] = _Part("module")
 WEIGHT_FUNCTIONS: _Part[WeightFunction] = _Part("weights")
+KERNELS: _Part[str | Callable] = _Part("kernel")
+# mechanism -> its fused op (or path), for the lookups of a forward that torch.compile traces (a plain dict)
+_KERNEL_OF: dict[str, str | Callable] = {}
 
 
-def register_attention(name: str, *, weights: WeightFunction | None = None, aliases: tuple[str, ...] = (),
-                       replace: bool = False) -> Callable[[type[AttentionLayer]], type[AttentionLayer]]:
+def register_attention(name: str, *, weights: WeightFunction | None = None, kernel: str | Callable | None = None,
+                       aliases: tuple[str, ...] = (), replace: bool = False
+                       ) -> Callable[[type[AttentionLayer]], type[AttentionLayer]]:
     """Class decorator registering an :class:`AttentionLayer` subclass under ``name`` with ``weights``, its
-    dense weight function ``fn(scores, mask, **params)`` (see ``base.py``). Every mechanism of the package
-    gives one; a plugin's probe may leave it out (then ``attention_weights`` does not know the name)."""
+    dense weight function ``fn(scores, mask, **params)`` (see ``base.py``), and ``kernel``, its fused op: a
+    function of the signature that ``lengthbench.kernels`` describes, or its import path
+    ``"package.module:function"`` (loaded where the op first runs). Every mechanism of the package gives weights; a
+    plugin's probe may leave them out (then ``attention_weights`` does not know the name). A mechanism without a
+    kernel runs its dense reference everywhere."""
     if weights is not None and not callable(weights):
         raise TypeError(f"attention mechanism {name!r}: weights must be its weight function, got {weights!r}")
+    if kernel is not None and not (callable(kernel) or (isinstance(kernel, str) and kernel.count(":") == 1)):
+        raise TypeError(f"attention mechanism {name!r}: kernel must be its fused op or its path "
+                        f"'package.module:function', got {kernel!r}")
 
     def decorator(cls: type[AttentionLayer]) -> type[AttentionLayer]:
         if not (isinstance(cls, type) and issubclass(cls, AttentionLayer)):
@@ -85,7 +102,10 @@ def register_attention(name: str, *, weights: WeightFunction | None = None, alia
         if missing:
             raise TypeError(f"attention mechanism {name!r}: {cls.__name__} does not define {', '.join(missing)} "
                             "(abstract methods of AttentionLayer)")
-        MECHANISMS.register(name, aliases=aliases, replace=replace)(Mechanism(name, cls, weights))
+        MECHANISMS.register(name, aliases=aliases, replace=replace)(Mechanism(name, cls, weights, kernel))
+        _KERNEL_OF.pop(name, None)
+        if kernel is not None:
+            _KERNEL_OF[name] = kernel
         cls.name = name
         return cls
 
@@ -110,3 +130,34 @@ def attention_weights(name: str, scores: torch.Tensor, **params) -> torch.Tensor
         raise ValueError(f"scores must be square [..., L, L], got {tuple(scores.shape)}")
     mask = causal_mask(torch.arange(length, device=scores.device), length)
     return fn(scores, mask, **params)
+
+
+def kernel_names() -> list[str]:
+    """The mechanisms registered with a fused op, sorted."""
+    return sorted(KERNELS.names())
+
+
+def has_kernel(name: str) -> bool:
+    """Whether :func:`get_kernel` gives ``name`` an op here, decided without loading it (a forward that
+    torch.compile traces may ask: an import would break its graph)."""
+    from lengthbench.kernels import triton_available
+
+    return name in _KERNEL_OF and triton_available()
+
+
+def get_kernel(name: str, tuning: dict | None = None, in_graph: bool = False) -> Callable | None:
+    """The fused op of mechanism ``name`` ready to call on CUDA (``lengthbench.kernels.get_op``: ``tuning`` its
+    launch settings, ``in_graph`` a node of a compiled graph), or None where it has none or cannot run here."""
+    if not has_kernel(name):
+        return None
+    from lengthbench.kernels import get_op
+
+    return get_op(_KERNEL_OF[name], tuning, in_graph)
+
+
+def load_kernel(name: str, tuning: dict | None = None) -> Callable:
+    """The fused op of mechanism ``name`` wherever Triton imports (on a CPU under ``TRITON_INTERPRET=1``), without
+    the CUDA check (``lengthbench.kernels.load_op``); a ``KeyError`` for a mechanism without one."""
+    from lengthbench.kernels import load_op
+
+    return load_op(_KERNEL_OF[name], tuning)

@@ -280,7 +280,7 @@ class ASSMaxAttention(AdaptiveScaled):
         return safe_softmax(z, mask)
 
 
-@register_attention("adatemp", weights=adatemp_weights)
+@register_attention("adatemp", weights=adatemp_weights, kernel="lengthbench.kernels.adatemp:adatemp_attention")
 class AdaptiveTemperatureAttention(AttentionLayer):
     """Adaptive temperature softmax (Velickovic et al. 2024): sharpen rows whose entropy exceeds 0.5."""
 

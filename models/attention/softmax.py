@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lengthbench.kernels._sdpa import SDPA_BIAS_CHUNK, sdpa_attend  # noqa: F401 (re-exported)
+from lengthbench.kernels.utils.sdpa import SDPA_BIAS_CHUNK, sdpa_attend  # noqa: F401 (re-exported)
 from lengthbench.models.attention.base import (
     AttentionLayer,
     as_compute,

@@ -51,7 +51,7 @@ def rectified_weights(scores, mask, query_positions=None):
     return safe_softmax(z, mask & (z >= 0))
 
 
-@register_attention("softpick", weights=softpick_weights)
+@register_attention("softpick", weights=softpick_weights, kernel="lengthbench.kernels.softpick:softpick_attention")
 class SoftpickAttention(AttentionLayer):
     """Softpick (the paper "Softpick"): rectified softmax that need not sum to one; no attention sink."""
 
@@ -89,7 +89,8 @@ class ScalableSoftpickAttention(LogLengthScaled):
         return softpick_weights(z, mask, self.eps)
 
 
-@register_attention("rectified", weights=rectified_weights)
+@register_attention("rectified", weights=rectified_weights,
+                    kernel="lengthbench.kernels.rectified:rectified_attention")
 class RectifiedAttention(AttentionLayer):
     """Rectified-only softmax (Softpick, Appendix C): softmax over the non-negative scores only."""
 

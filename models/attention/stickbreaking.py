@@ -95,7 +95,8 @@ def sieve_window_weights(scores, mask, eps=SIEVE_WINDOW_EPS, query_positions=Non
     return torch.where(keep, w, torch.zeros((), dtype=w.dtype, device=w.device))
 
 
-@register_attention("stickbreaking", weights=stickbreaking_weights)
+@register_attention("stickbreaking", weights=stickbreaking_weights,
+                    kernel="lengthbench.kernels.stickbreaking:stickbreaking_attention")
 class StickBreakingAttention(AttentionLayer):
     """Stick-breaking attention (Tan et al. 2025): recency-biased. What is left of the stick goes on the query's
     own value (``remainder="diagonal"``, the default: Tan et al.'s reference) or nowhere (``"drop"``: the weights
@@ -123,7 +124,7 @@ class StickBreakingAttention(AttentionLayer):
         return self.reference_attend(q, k, v, x)
 
 
-@register_attention("sieve", weights=sieve_weights)
+@register_attention("sieve", weights=sieve_weights, kernel="lengthbench.kernels.sieve:sieve_attention")
 class SieveAttention(AttentionLayer):
     """Sieve attention (Sieve Attention, Section 3): entmax-support filter, then stick-breaking over the survivors."""
 
@@ -141,7 +142,8 @@ class SieveAttention(AttentionLayer):
         return self.reference_attend(q, k, v, x)
 
 
-@register_attention("sieve-window", weights=sieve_window_weights)
+@register_attention("sieve-window", weights=sieve_window_weights,
+                    kernel="lengthbench.kernels.sieve:sieve_window_attention")
 class SieveWindowAttention(AttentionLayer):
     """Sieve's Algorithm 1 window (Sieve Attention, Appendix C): keys within eps of the row's max, stick broken by
     every key."""

@@ -81,7 +81,7 @@ def tda_weights(scores, mask, scores2=None, head_dim=None, lam=TDA_LAM, beta=TRA
     return first - per_head(lam, first) * second
 
 
-@register_attention("rela", weights=rela_weights)
+@register_attention("rela", weights=rela_weights, kernel="lengthbench.kernels.rela:rela_attention")
 class ReLAAttention(AttentionLayer):
     """ReLA (Zhang et al. 2021): ReLU(z) weights, unnormalised, RMSNorm on each head's output."""
 
@@ -126,7 +126,7 @@ def unit(t: torch.Tensor) -> torch.Tensor:
     return F.normalize(t, dim=-1, eps=1e-6)
 
 
-@register_attention("tra", weights=tra_weights)
+@register_attention("tra", weights=tra_weights, kernel="lengthbench.kernels.tra:tra_attention")
 class TRAAttention(_Thresholded, AttentionLayer):
     """Threshold rectified attention (Threshold Differential Attention, Section 4.1): cosine scores above a
     length-dependent threshold."""
@@ -156,7 +156,7 @@ class TRAAttention(_Thresholded, AttentionLayer):
         return self.reference_attend(q, k, v, x)
 
 
-@register_attention("tda", weights=tda_weights)
+@register_attention("tda", weights=tda_weights, kernel="lengthbench.kernels.tda:tda_attention")
 class TDAAttention(_Thresholded, TwoViewAttention):
     """Threshold differential attention (Threshold Differential Attention, Section 4.2): TRA of view 1 minus
     lambda times TRA of view 2."""
