@@ -144,7 +144,7 @@ def _print_plan(configs, results: str, budget_seconds: float, plan_gpu: str, slo
     left = [c for c in planned if c.state == "does not fit"]
     end = max((c.end for c in runs), default=0.0)
     stored = sum(c.state == "in the store" for c in planned)
-    out.print(f"{len(runs)} cells fit ({format_minutes(end)} of {format_minutes(budget_seconds)}), "
+    out.print(f"{len(runs)} {'cell fits' if len(runs) == 1 else 'cells fit'} ({format_minutes(end)} of {format_minutes(budget_seconds)}), "
               f"{len(left)} do not" + (f", {stored} in the store already" if stored else "")
               + (f"; next after this budget: {cell_name(left[0].config, labels)}" if left else ""), highlight=False, soft_wrap=True)
     return cost
@@ -469,7 +469,7 @@ def register(app: typer.Typer) -> None:
         if counts["left"]:
             left = [o.config for o in outcomes if o.status == "left"]
             finished = counts["done"] + counts["skipped"]
-            out.print(f"{finished} cells done, {len(left)} left, next: {cell_name(left[0], labels)} ({left[0].run_id}). "
+            out.print(f"{finished} cell{'' if finished == 1 else 's'} done, {len(left)} left, next: {cell_name(left[0], labels)} ({left[0].run_id}). "
                       "The budget stopped the sweep cleanly: run the same command again to go on.", highlight=False, soft_wrap=True)
             if counts["failed"]:
                 raise SystemExit(1)
