@@ -26,12 +26,13 @@ def test_fast_path_scaled_heads_nope(name, tokens):
     fast_path_matches_reference(name, "nape", tokens, scaled_heads="nope")
 
 
+@pytest.mark.parametrize("name", ["stickbreaking", "sieve"])
 @pytest.mark.parametrize("tokens", [77, 300])
-def test_stickbreaking_remainder_dropped_runs_its_reference(tokens):
+def test_remainder_dropped_runs_its_reference(name, tokens):
     """``remainder="drop"`` has no fused kernel: on CUDA it runs the dense reference, never the diagonal's kernel."""
-    layer = ATTENTION.get("stickbreaking")(64, 4, build_pe("none", 4, 16), remainder="drop")
+    layer = ATTENTION.get(name)(64, 4, build_pe("none", 4, 16), remainder="drop")
     assert not layer.dispatches_to_kernel()
-    fast_path_matches_reference("stickbreaking", "none", tokens, remainder="drop")
+    fast_path_matches_reference(name, "none", tokens, remainder="drop")
 
 
 def fast_path_matches_reference(name, pe, tokens, **params):

@@ -152,16 +152,17 @@ def test_reference_scores_stay_float32_under_autocast(name):
     assert (coarse.float() - torch.matmul(q, k.transpose(-1, -2))).abs().max() > 1e-2
 
 
-def test_stickbreaking_remainder_dropped_module():
+@pytest.mark.parametrize("name", ["stickbreaking", "sieve"])
+def test_remainder_dropped_module(name):
     """``remainder="drop"``: the module's output is its map (nothing on the diagonal) times the values, it names no
     fused op (so a CUDA forward runs this reference), and an unknown value is refused when the model is built."""
     torch.manual_seed(0)
-    layer = ATTENTION.get("stickbreaking")(16, 2, build_pe("none", 2, 8), remainder="drop")
+    layer = ATTENTION.get(name)(16, 2, build_pe("none", 2, 8), remainder="drop")
     x = inputs()
     q, k, v = layer.project(x)
     full = layer.attention_map(x)
     assert (torch.diagonal(full, dim1=-2, dim2=-1) == 0).all() and (full[..., 0, :] == 0).all()
     torch.testing.assert_close(layer.reference_attend(q, k, v, x), full @ v)
-    assert layer.kernel_names() == () and ATTENTION.get("stickbreaking")(16, 2, build_pe("none", 2, 8)).kernel_names()
+    assert layer.kernel_names() == () and ATTENTION.get(name)(16, 2, build_pe("none", 2, 8)).kernel_names()
     with pytest.raises(ValueError, match="remainder"):
-        ATTENTION.get("stickbreaking")(16, 2, build_pe("none", 2, 8), remainder="self")
+        ATTENTION.get(name)(16, 2, build_pe("none", 2, 8), remainder="self")

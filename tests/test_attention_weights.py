@@ -330,6 +330,33 @@ def test_sieve_window_default_holds_every_sieve_support():
         assert (weights("sieve-window", two)[2, :2] > 0).tolist() == [True, both]
 
 
+def test_sieve_remainder_dropped_is_eq7():
+    """``remainder="drop"``: Sieve Attention's Eq. 7 as printed, over the earlier tokens only: ``a_{i_m} =
+    sigmoid(z_{i_m}) prod_{l > m} (1 - sigmoid(z_{i_l}))`` over the 1.5-entmax support, products in plain linear
+    space here; nothing on the diagonal (the first row is all zero), a row sums to one minus the stick left by the
+    support; the default keeps that remainder on the diagonal, the same weights elsewhere."""
+    z = random_scores(2, 9, 9, scale=3.0).double()
+    dropped, kept = weights("sieve", z, remainder="drop"), weights("sieve", z)
+    one_key_rows = 0
+    for b in range(2):
+        for r in range(9):
+            support = [j for j in range(r) if entmax15(z[b, r, :r], dim=-1)[j] > 0] if r else []
+            one_key_rows += len(support) == 1
+            expected = torch.zeros(9, dtype=torch.float64)
+            for m, j in enumerate(support):
+                expected[j] = torch.sigmoid(z[b, r, j]) * torch.prod(1 - torch.sigmoid(z[b, r, support[m + 1:]]))
+            torch.testing.assert_close(dropped[b, r], expected)
+            left = torch.prod(1 - torch.sigmoid(z[b, r, support]))
+            torch.testing.assert_close(kept[b, r], expected + left * torch.eye(9, dtype=torch.float64)[r])
+    assert one_key_rows > 0  # rows whose support is one key are among them
+    hand = torch.zeros(4, 4)
+    hand[3, :3] = torch.tensor([4.0, -4.0, 3.5])  # the support of row 3: keys 0 and 2
+    torch.testing.assert_close(weights("sieve", hand, remainder="drop")[3],
+                               torch.tensor([sigmoid(4.0) * (1 - sigmoid(3.5)), 0.0, sigmoid(3.5), 0.0]))
+    with pytest.raises(ValueError, match="remainder"):
+        weights("sieve", hand, remainder="query")
+
+
 def test_sieve_support_has_no_gradient():
     z = torch.zeros(3, 3)
     z[2, :2] = torch.tensor([3.0, -3.0])  # key 1 is outside the support of row 2

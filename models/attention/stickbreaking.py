@@ -13,7 +13,9 @@ filters:
 
 - ``sieve`` is the paper's definition (Section 3, Eqs. 5-7): the candidates are the support of alpha-entmax over
   ``z_{j<r}`` (alpha 1.5, the value its Figure 4 ablation found best), the stick is broken by the candidates only,
-  and the weights outside them are exact zeros; no gradient flows through the support.
+  and the weights outside them are exact zeros; no gradient flows through the support (Eq. 7 uses the support,
+  not the entmax values, so a key outside it gets neither weight nor gradient). Eq. 7 weighs the earlier tokens
+  only; ``remainder="drop"`` computes it so, the default keeps the remainder on the diagonal as above.
 - ``sieve-window`` is the filter of its Algorithm 1 (Appendix C), read literally: it keeps the earlier keys with
   ``z >= max_{j<r} z - eps``, every earlier key breaks the stick (line 17 accumulates the softplus of all keys),
   and the weights outside the filter are set to zero (their mass is dropped; the remainder ``prod_{j<r} (1 -
@@ -74,12 +76,15 @@ def sieve_support(z: torch.Tensor, earlier: torch.Tensor, alpha: float = SIEVE_A
         return entmax_map(z.detach(), earlier, alpha) > 0
 
 
-def sieve_weights(scores, mask, alpha=SIEVE_ALPHA, query_positions=None):
-    """Sieve (Section 3): stick-breaking over the support of alpha-entmax(z_{j<r}) (default alpha 1.5), remainder
-    on ``j = r``, exact zeros outside the support; rows sum to one."""
+def sieve_weights(scores, mask, alpha=SIEVE_ALPHA, query_positions=None, remainder="diagonal"):
+    """Sieve (Section 3): stick-breaking over the support of alpha-entmax(z_{j<r}) (default alpha 1.5), exact zeros
+    outside the support; the remainder on ``j = r`` (rows sum to one) or, ``remainder="drop"``, nowhere (Eq. 7 as
+    printed: rows sum to ``1 - prod_{j in S} (1 - sigmoid(z_j))``)."""
+    if remainder not in REMAINDERS:
+        raise ValueError(f"unknown remainder {remainder!r}; choose from: {', '.join(REMAINDERS)}")
     z = as_compute(scores)
     diagonal, earlier = diagonal_and_earlier(mask, query_positions)
-    return stick_break(z, earlier & sieve_support(z, earlier, alpha), diagonal)
+    return stick_break(z, earlier & sieve_support(z, earlier, alpha), diagonal, remainder == "diagonal")
 
 
 def sieve_window_weights(scores, mask, eps=SIEVE_WINDOW_EPS, query_positions=None):
@@ -126,17 +131,27 @@ class StickBreakingAttention(AttentionLayer):
 
 @register_attention("sieve", weights=sieve_weights, kernel="lengthbench.kernels.sieve:sieve_attention")
 class SieveAttention(AttentionLayer):
-    """Sieve attention (Sieve Attention, Section 3): entmax-support filter, then stick-breaking over the survivors."""
+    """Sieve attention (Sieve Attention, Section 3): entmax-support filter, then stick-breaking over the survivors.
+    What is left of the stick goes on the query's own value (``remainder="diagonal"``, the default, which the fused
+    kernel computes) or nowhere (``"drop"``: Eq. 7 as printed, whose weights cover the earlier tokens only; the
+    dense reference everywhere)."""
 
-    def __init__(self, d_model, n_heads, pe, alpha: float = SIEVE_ALPHA, **params):
+    def __init__(self, d_model, n_heads, pe, alpha: float = SIEVE_ALPHA, remainder: str = "diagonal", **params):
         super().__init__(d_model, n_heads, pe, **params)
+        if remainder not in REMAINDERS:
+            raise ValueError(f"unknown remainder {remainder!r}; choose from: {', '.join(REMAINDERS)}")
         self.alpha = float(alpha)
+        self.remainder = remainder
 
     def weights(self, scores, query_positions, x_rows):
-        return sieve_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.alpha, query_positions)
+        return sieve_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.alpha, query_positions,
+                             self.remainder)
+
+    def kernel_names(self) -> tuple[str, ...]:
+        return (self.name,) if self.remainder == "diagonal" else ()
 
     def attend(self, q, k, v, x):
-        op = self.kernel() if q.is_cuda and self.alpha == KERNEL_ALPHA else None
+        op = self.kernel() if q.is_cuda and self.alpha == KERNEL_ALPHA and self.remainder == "diagonal" else None
         if op is not None:
             return op(q, k, v, slopes=self.pe.slopes(), alpha=self.alpha)
         return self.reference_attend(q, k, v, x)
