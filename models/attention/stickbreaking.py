@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lengthbench.kernels.defaults import SIEVE_ALPHA, SIEVE_WINDOW_EPS
+from lengthbench.kernels.defaults import REMAINDERS, SIEVE_ALPHA, SIEVE_REMAINDER, SIEVE_WINDOW_EPS
 from lengthbench.models.attention.base import (
     AttentionLayer,
     as_compute,
@@ -57,9 +57,6 @@ def stick_break(z: torch.Tensor, active: torch.Tensor, diagonal: torch.Tensor,
     return weights + torch.where(diagonal, left, zero)
 
 
-REMAINDERS = ("diagonal", "drop")  # where what is left of the stick goes: the query's own value, or nowhere
-
-
 def stickbreaking_weights(scores, mask, query_positions=None, remainder="diagonal"):
     """Stick-breaking over ``j < r`` with the remainder on ``j = r`` (rows sum to one), or, ``remainder="drop"``,
     over ``j < r`` only (rows sum to ``1 - prod_{j<r} (1 - sigmoid(z_j))``)."""
@@ -76,7 +73,7 @@ def sieve_support(z: torch.Tensor, earlier: torch.Tensor, alpha: float = SIEVE_A
         return entmax_map(z.detach(), earlier, alpha) > 0
 
 
-def sieve_weights(scores, mask, alpha=SIEVE_ALPHA, query_positions=None, remainder="diagonal"):
+def sieve_weights(scores, mask, alpha=SIEVE_ALPHA, query_positions=None, remainder=SIEVE_REMAINDER):
     """Sieve (Section 3): stick-breaking over the support of alpha-entmax(z_{j<r}) (default alpha 1.5), exact zeros
     outside the support; the remainder on ``j = r`` (rows sum to one) or, ``remainder="drop"``, nowhere (Eq. 7 as
     printed: rows sum to ``1 - prod_{j in S} (1 - sigmoid(z_j))``)."""
@@ -132,11 +129,11 @@ class StickBreakingAttention(AttentionLayer):
 @register_attention("sieve", weights=sieve_weights, kernel="lengthbench.kernels.sieve:sieve_attention")
 class SieveAttention(AttentionLayer):
     """Sieve attention (Sieve Attention, Section 3): entmax-support filter, then stick-breaking over the survivors.
-    What is left of the stick goes on the query's own value (``remainder="diagonal"``, the default, which the fused
-    kernel computes) or nowhere (``"drop"``: Eq. 7 as printed, whose weights cover the earlier tokens only; the
-    dense reference everywhere)."""
+    What is left of the stick goes on the query's own value (``remainder="diagonal"``, the default) or nowhere
+    (``"drop"``: Eq. 7 as printed, whose weights cover the earlier tokens only); the fused kernel computes both."""
 
-    def __init__(self, d_model, n_heads, pe, alpha: float = SIEVE_ALPHA, remainder: str = "diagonal", **params):
+    def __init__(self, d_model, n_heads, pe, alpha: float = SIEVE_ALPHA, remainder: str = SIEVE_REMAINDER,
+                 **params):
         super().__init__(d_model, n_heads, pe, **params)
         if remainder not in REMAINDERS:
             raise ValueError(f"unknown remainder {remainder!r}; choose from: {', '.join(REMAINDERS)}")
@@ -147,13 +144,10 @@ class SieveAttention(AttentionLayer):
         return sieve_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.alpha, query_positions,
                              self.remainder)
 
-    def kernel_names(self) -> tuple[str, ...]:
-        return (self.name,) if self.remainder == "diagonal" else ()
-
     def attend(self, q, k, v, x):
-        op = self.kernel() if q.is_cuda and self.alpha == KERNEL_ALPHA and self.remainder == "diagonal" else None
+        op = self.kernel() if q.is_cuda and self.alpha == KERNEL_ALPHA else None
         if op is not None:
-            return op(q, k, v, slopes=self.pe.slopes(), alpha=self.alpha)
+            return op(q, k, v, slopes=self.pe.slopes(), alpha=self.alpha, remainder=self.remainder)
         return self.reference_attend(q, k, v, x)
 
 
