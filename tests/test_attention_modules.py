@@ -26,7 +26,7 @@ def one_thread():
 MECHANISMS = ATTENTION.names()
 ENCODINGS = POSITIONAL_ENCODINGS.names()
 SUM_TO_ONE = {"softmax", "gated", "ssmax", "assmax", "adatemp", "entmax", "sparsemax", "sentmax", "asentmax",
-              "stickbreaking", "sieve"}
+              "stickbreaking"}  # (Sieve's rows, Eq. 7: one less the stick its support leaves)
 
 
 def build(name: str, pe: str = "nape", d_model: int = 16, n_heads: int = 2, seed: int = 0):

@@ -4,7 +4,8 @@ Small shapes (T = 1, 17, 33; head dims 16 and 32; fp32; ALiBi slopes and a row s
 every gradient (q, k, v, ``slopes``, ``row_scale``; TDA's two views, ``lam`` and ``beta``), so a change that
 breaks a kernel's numerics fails here, without a GPU. Sieve and entmax also run their other launch paths
 (``tuning``: without the candidate lists; lists of 8 slots, which fill up and leave rows open), and Sieve both
-its remainders (``MECHANISM_PARAMS``), with rows whose support is one key (``sharp``). The GPU tests
+its remainders (``MECHANISM_PARAMS``: the default drops it, row 0's output all zeros), with rows whose support is
+one key (``sharp``). The GPU tests
 (``test_kernels.py``) cover the longer shapes, bf16 and fp16.
 
 ``TRITON_INTERPRET=1`` must be set before Triton is imported, so the ops run in worker processes (this file
@@ -104,9 +105,9 @@ VARIANTS["tda"] += [("fused", dict(fused_bwd=True)), ("capture-fused", dict(CAPT
                     ("capture-two", dict(CAPTURE["tda"], fused_bwd=False, rows=None)),
                     ("rows-32x16", dict(CAPTURE["tda"], rows=(32, 16, 4)))]
 # per op: (label, mechanism parameters) run besides its defaults, on the launch paths of MECHANISM_PATHS (each case
-# "<path>+<label>"; the reference takes the same parameters): Sieve's remainder dropped (Eq. 7: the weights over
-# the earlier tokens only, row 0 all zeros)
-MECHANISM_PARAMS = {"sieve": [("drop", dict(remainder="drop"))]}
+# "<path>+<label>"; the reference takes the same parameters): Sieve's remainder on the query's own value (its default
+# drops it: Eq. 7, the weights over the earlier tokens only, row 0 all zeros)
+MECHANISM_PARAMS = {"sieve": [("diagonal", dict(remainder="diagonal"))]}
 MECHANISM_PATHS = {"sieve": ("default", "lists-8", "no-lists", "short-rows-walk", "capture")}
 OPS = kernel_names()  # every op of the registry
 TOLERANCE = 1e-4  # max |kernel - reference| / max(max |reference|, 0.01), per tensor (fp32 rounding: ~1e-6)
@@ -272,7 +273,7 @@ def test_kernel_matches_float64_reference(index, measured):
     op, tokens, _, extras, variant = cases()[index]
     if extras == "sharp":  # the rows whose support is one key are many (row 1's is, in every case)
         assert result["one_key"] >= 10, result["one_key"]
-    if variant.endswith("+drop"):  # row 0 sees no earlier token: nothing at all, exactly
+    if op == "sieve" and not variant.endswith("+diagonal"):  # (Eq. 7) row 0 sees no earlier token: zeros, exactly
         assert result["row0"] == 0.0, result["row0"]
 
 

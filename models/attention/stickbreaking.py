@@ -1,7 +1,7 @@
 """Stick-breaking attention (Tan et al. 2025) and Sieve attention (Sieve Attention, Section 3; Algorithm 1's window).
 
-Both allocate over the earlier keys ``j < r``, most recent first, and put what is left of the stick on the
-query's own value (the diagonal), so every row sums to one (Tan et al.'s reference; some copies drop the
+Both allocate over the earlier keys ``j < r``, most recent first. Stick-breaking puts what is left of the stick on
+the query's own value (the diagonal), so every row sums to one (Tan et al.'s reference; some copies drop the
 remainder, we keep it, as ATTENTION.md says):
 
     a_j = sigmoid(z_j) * prod_{j < k < r} (1 - sigmoid(z_k))   for j < r,     a_r = prod_{j < r} (1 - sigmoid(z_j))
@@ -15,7 +15,8 @@ filters:
   ``z_{j<r}`` (alpha 1.5, the value its Figure 4 ablation found best), the stick is broken by the candidates only,
   and the weights outside them are exact zeros; no gradient flows through the support (Eq. 7 uses the support,
   not the entmax values, so a key outside it gets neither weight nor gradient). Eq. 7 weighs the earlier tokens
-  only; ``remainder="drop"`` computes it so, the default keeps the remainder on the diagonal as above.
+  only, so the remainder goes nowhere (``remainder="drop"``, the default; a row sums to ``1 - prod_{j in S} (1 -
+  sigmoid(z_j))``, row 0 to zero); ``remainder="diagonal"`` puts it on the query's own value as above.
 - ``sieve-window`` is the filter of its Algorithm 1 (Appendix C), read literally: it keeps the earlier keys with
   ``z >= max_{j<r} z - eps``, every earlier key breaks the stick (line 17 accumulates the softplus of all keys),
   and the weights outside the filter are set to zero (their mass is dropped; the remainder ``prod_{j<r} (1 -
@@ -75,8 +76,8 @@ def sieve_support(z: torch.Tensor, earlier: torch.Tensor, alpha: float = SIEVE_A
 
 def sieve_weights(scores, mask, alpha=SIEVE_ALPHA, query_positions=None, remainder=SIEVE_REMAINDER):
     """Sieve (Section 3): stick-breaking over the support of alpha-entmax(z_{j<r}) (default alpha 1.5), exact zeros
-    outside the support; the remainder on ``j = r`` (rows sum to one) or, ``remainder="drop"``, nowhere (Eq. 7 as
-    printed: rows sum to ``1 - prod_{j in S} (1 - sigmoid(z_j))``)."""
+    outside the support; the remainder nowhere (``remainder="drop"``, the default: Eq. 7 as printed, rows sum to
+    ``1 - prod_{j in S} (1 - sigmoid(z_j))``) or on ``j = r`` (``"diagonal"``: rows sum to one)."""
     if remainder not in REMAINDERS:
         raise ValueError(f"unknown remainder {remainder!r}; choose from: {', '.join(REMAINDERS)}")
     z = as_compute(scores)
@@ -129,8 +130,8 @@ class StickBreakingAttention(AttentionLayer):
 @register_attention("sieve", weights=sieve_weights, kernel="lengthbench.kernels.sieve:sieve_attention")
 class SieveAttention(AttentionLayer):
     """Sieve attention (Sieve Attention, Section 3): entmax-support filter, then stick-breaking over the survivors.
-    What is left of the stick goes on the query's own value (``remainder="diagonal"``, the default) or nowhere
-    (``"drop"``: Eq. 7 as printed, whose weights cover the earlier tokens only); the fused kernel computes both."""
+    What is left of the stick goes nowhere (``remainder="drop"``, the default: Eq. 7 as printed, whose weights cover
+    the earlier tokens only) or on the query's own value (``"diagonal"``); the fused kernel computes both."""
 
     def __init__(self, d_model, n_heads, pe, alpha: float = SIEVE_ALPHA, remainder: str = SIEVE_REMAINDER,
                  **params):
