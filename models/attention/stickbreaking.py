@@ -58,11 +58,16 @@ def stick_break(z: torch.Tensor, active: torch.Tensor, diagonal: torch.Tensor,
     return weights + torch.where(diagonal, left, zero)
 
 
+def check_remainder(remainder: str) -> None:
+    """Refuse a ``remainder`` other than those of :data:`REMAINDERS`, naming them."""
+    if remainder not in REMAINDERS:
+        raise ValueError(f"unknown remainder {remainder!r}; choose from: {', '.join(REMAINDERS)}")
+
+
 def stickbreaking_weights(scores, mask, query_positions=None, remainder="diagonal"):
     """Stick-breaking over ``j < r`` with the remainder on ``j = r`` (rows sum to one), or, ``remainder="drop"``,
     over ``j < r`` only (rows sum to ``1 - prod_{j<r} (1 - sigmoid(z_j))``)."""
-    if remainder not in REMAINDERS:
-        raise ValueError(f"unknown remainder {remainder!r}; choose from: {', '.join(REMAINDERS)}")
+    check_remainder(remainder)
     z = as_compute(scores)
     diagonal, earlier = diagonal_and_earlier(mask, query_positions)
     return stick_break(z, earlier, diagonal, remainder == "diagonal")
@@ -78,8 +83,7 @@ def sieve_weights(scores, mask, alpha=SIEVE_ALPHA, query_positions=None, remaind
     """Sieve (Section 3): stick-breaking over the support of alpha-entmax(z_{j<r}) (default alpha 1.5), exact zeros
     outside the support; the remainder nowhere (``remainder="drop"``, the default: Eq. 7 as printed, rows sum to
     ``1 - prod_{j in S} (1 - sigmoid(z_j))``) or on ``j = r`` (``"diagonal"``: rows sum to one)."""
-    if remainder not in REMAINDERS:
-        raise ValueError(f"unknown remainder {remainder!r}; choose from: {', '.join(REMAINDERS)}")
+    check_remainder(remainder)
     z = as_compute(scores)
     diagonal, earlier = diagonal_and_earlier(mask, query_positions)
     return stick_break(z, earlier & sieve_support(z, earlier, alpha), diagonal, remainder == "diagonal")
@@ -109,8 +113,7 @@ class StickBreakingAttention(AttentionLayer):
 
     def __init__(self, d_model, n_heads, pe, remainder: str = "diagonal", **params):
         super().__init__(d_model, n_heads, pe, **params)
-        if remainder not in REMAINDERS:
-            raise ValueError(f"unknown remainder {remainder!r}; choose from: {', '.join(REMAINDERS)}")
+        check_remainder(remainder)
         self.remainder = remainder
 
     def weights(self, scores, query_positions, x_rows):
@@ -136,8 +139,7 @@ class SieveAttention(AttentionLayer):
     def __init__(self, d_model, n_heads, pe, alpha: float = SIEVE_ALPHA, remainder: str = SIEVE_REMAINDER,
                  **params):
         super().__init__(d_model, n_heads, pe, **params)
-        if remainder not in REMAINDERS:
-            raise ValueError(f"unknown remainder {remainder!r}; choose from: {', '.join(REMAINDERS)}")
+        check_remainder(remainder)
         self.alpha = float(alpha)
         self.remainder = remainder
 
