@@ -11,6 +11,11 @@ ENTMAX_ALPHA = 1.5
 # Sieve's filter: the support of alpha-entmax of the scores ("Sieve Attention", Section 3; its Figure 4 ablation of
 # alpha found 1.5 best)
 SIEVE_ALPHA = 1.5
+# Where what is left of Sieve's stick goes: nowhere ("drop", the default: "Sieve Attention", Section 3, Eq. 7, whose
+# weights cover the earlier tokens only, rows summing to 1 - prod_S (1 - sigmoid(z))) or on the query's own value
+# ("diagonal", as stick-breaking's: rows sum to one)
+REMAINDERS = ("diagonal", "drop")
+SIEVE_REMAINDER = "drop"
 # The window of Algorithm 1's filter ("Sieve Attention", Appendix C: the keys with z >= max z - eps). The appendix
 # gives no eps; it names its threshold "online alpha-entmax". eps = 1 / (alpha - 1), 2 at Sieve's alpha 1.5, is the
 # narrowest window that holds every alpha-entmax support: the threshold of alpha-entmax on X = (alpha - 1) z is at

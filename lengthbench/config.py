@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lengthbench.models import ARCHS, INITS
-from lengthbench.store import RENAMED, SCHEMA_VERSION
+from lengthbench.store import RENAMED, SCHEMA_3_ATTN_PARAMS, SCHEMA_VERSION
 from lengthbench.tasks import get_task
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
@@ -184,13 +184,19 @@ class RunConfig:
         they differ from their default (so adding one leaves the ids of the runs that do not use it unchanged;
         rows of the store's schema version 1 hashed fewer), and the store's schema version where ``attn`` is a
         name that an earlier version gave another mechanism (``sieve``: ``store.RENAMED``), so that a run of it
-        never finds, resumes or counts as done a run of the other."""
+        never finds, resumes or counts as done a run of the other. A run of such a name that sets the parameters
+        version 4 changed to what versions up to 3 left them at (``sieve``'s ``remainder="diagonal"``:
+        ``store.SCHEMA_3_ATTN_PARAMS``) is the run those versions stored without them: version 3's identity."""
         values = dataclasses.asdict(self)
         for name, default in OPTIONAL_FIELDS.items():
             if values.get(name) == default:
                 values.pop(name)
         if self.attn in RENAMED_NAMES:
             values["schema_version"] = SCHEMA_VERSION
+            earlier = SCHEMA_3_ATTN_PARAMS.get(self.attn, {})
+            if earlier and all(self.attn_params.get(key) == value for key, value in earlier.items()):
+                values["attn_params"] = {key: value for key, value in self.attn_params.items() if key not in earlier}
+                values["schema_version"] = 3
         return values
 
     def selected_runs(self) -> list[RunConfig]:

@@ -39,7 +39,12 @@ EXTRA_COLUMNS = ["metric", "score", "config_json", "schema_version"]
 # and Algorithm 1's window filter is ``sieve-window`` (``sieve`` at eps 8 and ``sieve-alg1`` at eps 2 in version 2).
 # Rows of versions 1 and 2 read under today's names (:data:`RENAMED`); version 2's share tables with version 3's
 # (the same runs and streams under other names).
-SCHEMA_VERSION = 3
+# 4: Sieve's remainder: ``sieve`` leaves what is left of the stick nowhere by default (Eq. 7 as printed,
+# ``remainder="drop"``), where up to version 3 it put it on the query's own value; rows of versions 1-3 read with
+# ``remainder="diagonal"`` written into their ``sieve``'s configuration (:data:`SCHEMA_3_ATTN_PARAMS`), so that their
+# leaderboard row is ``sieve (remainder=diagonal)``, never today's ``sieve``. Version 3's rows share tables with
+# version 4's (the same runs and streams).
+SCHEMA_VERSION = 4
 # The versions whose rows share a leaderboard table: from 2 on (see SCHEMA_VERSION).
 SHARED_FROM = 2
 # The column of a loaded frame that names the version in whose terms its rows read (``with_schema_version``).
@@ -214,6 +219,9 @@ SCHEMA_1_ATTN_PARAMS = {
     "tra": {"tau_index": "eq1"},
     "tda": {"tau_index": "eq1"},
 }
+# What a configuration of schema versions 1 to 3 left to defaults that version 4 changed (Sieve's remainder), by
+# today's name of its mechanism: read into its rows and saved models, so that they say and build what they ran.
+SCHEMA_3_ATTN_PARAMS = {"sieve": {"remainder": "diagonal"}}
 SCHEMA_1_TASK_PARAMS = {
     "mqmtar": {"spacing": "random", "values": "uniform"},
     "localcount": {"runs": "cut"},
@@ -224,7 +232,8 @@ SCHEMA_1_TASK_PARAMS = {
 
 def _old_config(config_json: str, version: int) -> str:
     """An earlier version's ``config_json`` under today's names (:data:`RENAMED`), with the defaults of that version
-    that a later one changed written out (version 1's: :data:`SCHEMA_1_ATTN_PARAMS`, :data:`SCHEMA_1_TASK_PARAMS`)."""
+    that a later one changed written out (version 1's: :data:`SCHEMA_1_ATTN_PARAMS`, :data:`SCHEMA_1_TASK_PARAMS`;
+    versions 1-3's: :data:`SCHEMA_3_ATTN_PARAMS`)."""
     try:
         config = json.loads(config_json)
     except (TypeError, ValueError):
@@ -238,6 +247,8 @@ def _old_config(config_json: str, version: int) -> str:
         config["attn_params"] = {**SCHEMA_1_ATTN_PARAMS.get(attn, {}), **config["attn_params"]}
         config["task_params"] = {**SCHEMA_1_TASK_PARAMS.get(config.get("task"), {}),
                                  **(config.get("task_params") or {})}
+    if version <= 3:
+        config["attn_params"] = {**SCHEMA_3_ATTN_PARAMS.get(attn, {}), **config["attn_params"]}
     return json.dumps(config, sort_keys=True)
 
 
@@ -265,14 +276,22 @@ def with_schema_version(frame: pd.DataFrame) -> pd.DataFrame:
 
 def saved_config(config: dict) -> dict:
     """A run's configuration as its trained model (``model.pt``) keeps it, the identity its run id hashed, in today's
-    names (:data:`RENAMED`). One saved before version 3 names a renamed mechanism without the ``schema_version`` that
-    today's runs of those names hash (``RunConfig.identity``); version 1's identity left ``rescored_from`` out at its
-    default, version 2's holds every field."""
+    names (:data:`RENAMED`), with the defaults its version ran that version 4 changed written out
+    (:data:`SCHEMA_3_ATTN_PARAMS`). Since version 3 the identity of a mechanism under a renamed name holds the
+    ``schema_version`` (``RunConfig.identity``); one saved before names it without: version 1's identity left
+    ``rescored_from`` out at its default, version 2's holds every field."""
     attn = config.get("attn")
-    if "schema_version" in config or not any(attn in names for names in RENAMED.values()):
+    if "schema_version" in config:
+        version, name, params = int(config["schema_version"]), attn, {}
+    elif any(attn in names for names in RENAMED.values()):
+        version = 2 if "rescored_from" in config else 1
+        name, params = RENAMED[version].get(attn, (attn, {}))
+    else:
         return config
-    version = 2 if "rescored_from" in config else 1
-    name, params = RENAMED[version].get(attn, (attn, {}))
+    if version <= 3:
+        params = {**SCHEMA_3_ATTN_PARAMS.get(name, {}), **params}
+    if name == attn and not params:
+        return config
     return {**config, "attn": name, "attn_params": {**params, **(config.get("attn_params") or {})}}
 
 

@@ -26,13 +26,23 @@ def test_fast_path_scaled_heads_nope(name, tokens):
     fast_path_matches_reference(name, "nape", tokens, scaled_heads="nope")
 
 
-@pytest.mark.parametrize("name", ["stickbreaking", "sieve"])
 @pytest.mark.parametrize("tokens", [77, 300])
-def test_remainder_dropped_runs_its_reference(name, tokens):
-    """``remainder="drop"`` has no fused kernel: on CUDA it runs the dense reference, never the diagonal's kernel."""
-    layer = ATTENTION.get(name)(64, 4, build_pe("none", 4, 16), remainder="drop")
+def test_stickbreaking_remainder_dropped_runs_its_reference(tokens):
+    """Stick-breaking's ``remainder="drop"`` has no fused kernel: on CUDA it runs the dense reference, never the
+    diagonal's kernel."""
+    layer = ATTENTION.get("stickbreaking")(64, 4, build_pe("none", 4, 16), remainder="drop")
     assert not layer.dispatches_to_kernel()
-    fast_path_matches_reference(name, "none", tokens, remainder="drop")
+    fast_path_matches_reference("stickbreaking", "none", tokens, remainder="drop")
+
+
+@pytest.mark.parametrize("pe", ["none", "alibi"])
+@pytest.mark.parametrize("remainder", ["diagonal", "drop"])
+@pytest.mark.parametrize("tokens", [1, 77, 300])
+def test_sieve_remainders_run_the_fused_op(remainder, pe, tokens):
+    """Sieve's fused op computes both remainders: the module dispatches to it and matches its reference."""
+    layer = ATTENTION.get("sieve")(64, 4, build_pe(pe, 4, 16), remainder=remainder)
+    assert layer.dispatches_to_kernel()
+    fast_path_matches_reference("sieve", pe, tokens, remainder=remainder)
 
 
 def fast_path_matches_reference(name, pe, tokens, **params):

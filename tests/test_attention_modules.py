@@ -26,7 +26,7 @@ def one_thread():
 MECHANISMS = ATTENTION.names()
 ENCODINGS = POSITIONAL_ENCODINGS.names()
 SUM_TO_ONE = {"softmax", "gated", "ssmax", "assmax", "adatemp", "entmax", "sparsemax", "sentmax", "asentmax",
-              "stickbreaking", "sieve"}
+              "stickbreaking"}  # (Sieve's rows, Eq. 7: one less the stick its support leaves)
 
 
 def build(name: str, pe: str = "nape", d_model: int = 16, n_heads: int = 2, seed: int = 0):
@@ -154,8 +154,9 @@ def test_reference_scores_stay_float32_under_autocast(name):
 
 @pytest.mark.parametrize("name", ["stickbreaking", "sieve"])
 def test_remainder_dropped_module(name):
-    """``remainder="drop"``: the module's output is its map (nothing on the diagonal) times the values, it names no
-    fused op (so a CUDA forward runs this reference), and an unknown value is refused when the model is built."""
+    """``remainder="drop"``: the module's output is its map (nothing on the diagonal) times the values; Sieve's names
+    its fused op (which computes both remainders), stick-breaking's none (a CUDA forward runs this reference); an
+    unknown value is refused when the model is built."""
     torch.manual_seed(0)
     layer = ATTENTION.get(name)(16, 2, build_pe("none", 2, 8), remainder="drop")
     x = inputs()
@@ -163,6 +164,7 @@ def test_remainder_dropped_module(name):
     full = layer.attention_map(x)
     assert (torch.diagonal(full, dim1=-2, dim2=-1) == 0).all() and (full[..., 0, :] == 0).all()
     torch.testing.assert_close(layer.reference_attend(q, k, v, x), full @ v)
-    assert layer.kernel_names() == () and ATTENTION.get(name)(16, 2, build_pe("none", 2, 8)).kernel_names()
+    assert layer.kernel_names() == ((name,) if name == "sieve" else ())
+    assert ATTENTION.get(name)(16, 2, build_pe("none", 2, 8)).kernel_names() == (name,)
     with pytest.raises(ValueError, match="remainder"):
         ATTENTION.get(name)(16, 2, build_pe("none", 2, 8), remainder="self")

@@ -22,8 +22,8 @@ def one_thread():
     torch.set_num_threads(threads)
 
 SUM_TO_ONE = {"softmax", "gated", "ssmax", "assmax", "adatemp", "entmax", "sparsemax", "sentmax", "asentmax",
-              "stickbreaking", "sieve"}
-NON_NEGATIVE = SUM_TO_ONE | {"softpick", "scalable-softpick", "rectified", "rela", "tra"}
+              "stickbreaking"}  # (Sieve's rows, Eq. 7: one less the stick its support leaves)
+NON_NEGATIVE = SUM_TO_ONE | {"sieve", "softpick", "scalable-softpick", "rectified", "rela", "tra"}
 HEAD_DIM = 4
 
 
@@ -84,7 +84,9 @@ def test_edge_cases_no_nan(name, case):
     assert w.dtype == (torch.float64 if case == "float64" else torch.float32)
     assert (w[~causal_mask(torch.arange(len(w)), len(w))] == 0).all()
     if name in {"stickbreaking", "sieve"} or (name in SUM_TO_ONE and case != "minus_inf"):
-        torch.testing.assert_close(w.sum(-1), torch.ones(len(w), dtype=w.dtype))
+        # (Sieve's rows: one less the stick its support leaves, which the diagonal form puts on the diagonal)
+        left = torch.diagonal(weights(name, scores, remainder="diagonal")) if name == "sieve" else 0.0
+        torch.testing.assert_close(w.sum(-1) + left, torch.ones(len(w), dtype=w.dtype))
 
 
 @pytest.mark.parametrize("name", WEIGHT_FUNCTIONS.names())
@@ -261,8 +263,9 @@ def test_stickbreaking_is_stable_in_log_space():
 
 
 def test_sieve_formula_and_support():
+    """``remainder="diagonal"``: stick-breaking over the support, the stick left on the diagonal (row 0 all of it)."""
     z = random_scores(7, 7, scale=3.0)
-    w = weights("sieve", z)
+    w = weights("sieve", z, remainder="diagonal")
     for r in range(7):
         if r == 0:
             torch.testing.assert_close(w[0, :1], torch.ones(1))
@@ -278,13 +281,14 @@ def test_sieve_hand_case():
     # Row 3 sees keys 0, 1, 2 with scores 4, -4, 3.5: entmax keeps keys 0 and 2 only.
     z = torch.zeros(4, 4)
     z[3, :3] = torch.tensor([4.0, -4.0, 3.5])
-    w = weights("sieve", z)[3]
+    w = weights("sieve", z, remainder="diagonal")[3]
     a2 = sigmoid(3.5)
     a0 = sigmoid(4.0) * (1 - sigmoid(3.5))
     torch.testing.assert_close(w, torch.tensor([a0, 0.0, a2, (1 - sigmoid(4.0)) * (1 - sigmoid(3.5))]))
-    # Equal scores keep every key in the support: Sieve equals stick-breaking.
+    # Equal scores keep every key in the support: Sieve equals stick-breaking (of the same remainder).
     flat = torch.full((5, 5), 0.3)
-    torch.testing.assert_close(weights("sieve", flat), weights("stickbreaking", flat))
+    torch.testing.assert_close(weights("sieve", flat, remainder="diagonal"), weights("stickbreaking", flat))
+    torch.testing.assert_close(weights("sieve", flat), weights("stickbreaking", flat, remainder="drop"))
 
 
 def test_sieve_window_is_masked_stick_breaking():
@@ -331,12 +335,13 @@ def test_sieve_window_default_holds_every_sieve_support():
 
 
 def test_sieve_remainder_dropped_is_eq7():
-    """``remainder="drop"``: Sieve Attention's Eq. 7 as printed, over the earlier tokens only: ``a_{i_m} =
+    """``remainder="drop"``, the default: Sieve Attention's Eq. 7 as printed, over the earlier tokens only: ``a_{i_m} =
     sigmoid(z_{i_m}) prod_{l > m} (1 - sigmoid(z_{i_l}))`` over the 1.5-entmax support, products in plain linear
     space here; nothing on the diagonal (the first row is all zero), a row sums to one minus the stick left by the
-    support; the default keeps that remainder on the diagonal, the same weights elsewhere."""
+    support; ``remainder="diagonal"`` puts that remainder on the diagonal, the same weights elsewhere."""
     z = random_scores(2, 9, 9, scale=3.0).double()
-    dropped, kept = weights("sieve", z, remainder="drop"), weights("sieve", z)
+    dropped, kept = weights("sieve", z), weights("sieve", z, remainder="diagonal")
+    torch.testing.assert_close(dropped, weights("sieve", z, remainder="drop"))
     one_key_rows = 0
     for b in range(2):
         for r in range(9):

@@ -244,13 +244,13 @@ def test_pack_bits():
 
 
 def test_sieve_lists_paths():
-    """Sieve: most rows of N(0, 1) scores are listed; row 0 (no earlier key) is open, with the whole stick on
-    the diagonal."""
+    """Sieve: most rows of N(0, 1) scores are listed; row 0 (no earlier key) is open: zeros by default (Eq. 7
+    weighs earlier keys only), its own value with the remainder on the diagonal."""
     q, k, v = make(1, 2, 600, 32, torch.float32, seed=61)
     listed, total, ncand, _ = path_counts("sieve", q, k, v)
     assert listed >= 0.9 * total and not (ncand[:, 0] > 0).any(), (listed, total)
-    out = sieve.sieve_attention(q, k, v)
-    torch.testing.assert_close(out[:, :, 0], v[:, :, 0])
+    torch.testing.assert_close(sieve.sieve_attention(q, k, v)[:, :, 0], torch.zeros_like(v[:, :, 0]))
+    torch.testing.assert_close(sieve.sieve_attention(q, k, v, remainder="diagonal")[:, :, 0], v[:, :, 0])
 
 
 @pytest.mark.parametrize("name", ["entmax", "sparsemax", "sieve"])

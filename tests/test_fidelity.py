@@ -293,7 +293,7 @@ def test_scaled_defaults_under_nape(name):
 
 def test_sieve_is_section_3_and_the_window_is_algorithm_1():
     """``sieve`` is Sieve Attention's Section 3: stick-breaking over the 1.5-entmax support of the earlier scores
-    (Eqs. 5-7); ``sieve-window`` is its Algorithm 1's filter (every earlier key breaks the stick, weights kept
+    (Eqs. 5-7), the weights on the earlier tokens only (no remainder); ``sieve-window`` is its Algorithm 1's filter (every earlier key breaks the stick, weights kept
     within eps of the row's max), eps 2 by default; each with its own op."""
     from entmax import entmax15
 
@@ -309,7 +309,7 @@ def test_sieve_is_section_3_and_the_window_is_algorithm_1():
     support = entmax15(earlier, dim=-1) > 0
     stick = torch.stack([sig[j] * torch.prod(torch.where(support[j + 1:], 1 - sig[j + 1:], 1.0)) for j in range(row)])
     torch.testing.assert_close(sieve[0, 0, row, :row], torch.where(support, stick, 0.0))
-    torch.testing.assert_close(sieve[0, 0, row, row], torch.prod(torch.where(support, 1 - sig, 1.0)))
+    assert sieve[0, 0, row, row] == 0 and (sieve[0, 0, 0] == 0).all()  # Eq. 7: no remainder, row 0 all zero
     # Algorithm 1 by hand: earlier keys within eps of their max keep their stick-breaking weight
     keep = earlier >= earlier.max() - 8.0
     stick = torch.stack([sig[j] * torch.prod(1 - sig[j + 1:]) for j in range(row)])
@@ -321,6 +321,7 @@ def test_sieve_is_section_3_and_the_window_is_algorithm_1():
 
     pe = POSITIONAL_ENCODINGS.get("none")(4, 8)
     assert ATTENTION.get("sieve")(32, 4, pe).alpha == 1.5 and ATTENTION.get("sieve-window")(32, 4, pe).eps == 2.0
+    assert ATTENTION.get("sieve")(32, 4, pe).remainder == "drop"
 
 
 # -- the TRA and TDA kernels, both conventions (GPU, or the Triton interpreter on the CPU) -------------------------

@@ -68,11 +68,11 @@ def dense_scores(q, k, sm_scale, slopes, row_scale):
     return z
 
 
-def reference(name, q, k, v, sm_scale, slopes=None, row_scale=None):
+def reference(name, q, k, v, sm_scale, slopes=None, row_scale=None, mechanism=None):
     from lengthbench import attention_weights
 
     z = dense_scores(q, k, sm_scale, slopes, row_scale)
-    w = attention_weights(name, z, **reference_params(name, q.shape[-1]))
+    w = attention_weights(name, z, **reference_params(name, q.shape[-1]), **(mechanism or {}))
     return torch.matmul(w, v), z.detach()
 
 
@@ -127,9 +127,11 @@ def rel_err(a, b):
     return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-2)).item()
 
 
-def check(name, q, k, v, *, slopes=None, row_scale=None, seed=0, label="", tuning=None, allowed=None):
+def check(name, q, k, v, *, slopes=None, row_scale=None, seed=0, label="", tuning=None, allowed=None,
+          mechanism=None):
     """The op against the float64 reference (``tuning``: the op's launch settings, else the defaults); its errors.
-    ``allowed``: per error, a bound that replaces the dtype's tolerance where it is larger."""
+    ``allowed``: per error, a bound that replaces the dtype's tolerance where it is larger; ``mechanism``: the
+    mechanism's parameters, given to the op and the reference alike (else their defaults)."""
     dtype = q.dtype
     op = get_kernel(name) if tuning is None else functools.partial(get_kernel(name), tuning=tuning)
     sm_scale = 1.0 if name == "tra" else 1.0 / math.sqrt(q.shape[-1])
@@ -140,12 +142,13 @@ def check(name, q, k, v, *, slopes=None, row_scale=None, seed=0, label="", tunin
         extras["slopes"] = slopes.detach().clone().requires_grad_()
     if row_scale is not None:
         extras["row_scale"] = row_scale.detach().clone().requires_grad_()
-    out = op(*leaves, **params, **extras)
+    out = op(*leaves, **params, **extras, **(mechanism or {}))
     assert out.shape == q.shape and out.dtype == dtype
 
     ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
     ref_extras = {key: t.detach().double().requires_grad_() for key, t in extras.items()}
-    ref_out, z = reference(name, *ref_leaves, sm_scale, ref_extras.get("slopes"), ref_extras.get("row_scale"))
+    ref_out, z = reference(name, *ref_leaves, sm_scale, ref_extras.get("slopes"), ref_extras.get("row_scale"),
+                           mechanism)
     ties = tie_rows(name, z, q, k, sm_scale, extras.get("slopes"), extras.get("row_scale"))
     # sieve-window's filter edge (the row's max minus 2) lies in the bulk of the scores, so long rows have a key
     # near it more often (5.1% of the rows at T = 4,096 on the H100); the rest are still compared
@@ -353,6 +356,43 @@ def test_sieve_walk_tiles_match_reference(tokens, dtype, alibi, shift, label):
         extra = dict(slopes=torch.tensor([0.25, 0.0], device="cuda"),
                      row_scale=0.5 + torch.rand(2, 2, tokens, device="cuda", generator=gen))
     check("sieve", q, k, v, seed=tokens, label=label, tuning=SIEVE_WALKS[label], **extra)
+
+
+# Sieve's two remainders ("diagonal": on the query's own value; "drop": nowhere, Eq. 7) on each launch path: the
+# candidate lists (64 slots, and 8, which leave rows open), the threshold search then the walk, and the training
+# step's (``lengthbench.compile_policy.CAPTURE_TUNING``); T 1 (row 0 alone: zeros under "drop"), "sharp" scores (q
+# scaled by 4: many rows' support one key), ALiBi and a row factor
+SIEVE_PATHS = {"lists": None, "lists-8": dict(list_size=8), "no-lists": dict(lists=False), "capture": "capture"}
+SIEVE_CASES = {  # (tokens, head_dim, dtype, scale, alibi)
+    "T1-D32-fp32": (1, 32, torch.float32, 1.0, False),
+    "T300-D32-bf16-alibi": (300, 32, torch.bfloat16, 1.0, True),
+    "T1000-D64-fp32": (1000, 64, torch.float32, 1.0, False),
+    "T257-D32-fp32-sharp": (257, 32, torch.float32, 4.0, False),
+    "T4096-D32-bf16-sharp-alibi": (4096, 32, torch.bfloat16, 4.0, True),
+}
+
+
+@pytest.mark.parametrize("path", sorted(SIEVE_PATHS))
+@pytest.mark.parametrize("case", sorted(SIEVE_CASES))
+@pytest.mark.parametrize("remainder", ["diagonal", "drop"])
+def test_sieve_remainders_match_reference(remainder, case, path):
+    from lengthbench.compile_policy import CAPTURE_TUNING
+
+    tokens, head_dim, dtype, scale, alibi = SIEVE_CASES[case]
+    q, k, v = make_inputs("sieve", 2, 2, tokens, head_dim, dtype, seed=tokens + head_dim)
+    q = q * scale
+    extra = {}
+    if alibi:
+        gen = torch.Generator(device="cuda").manual_seed(9)
+        extra = dict(slopes=torch.tensor([0.25, 0.0], device="cuda"),
+                     row_scale=0.5 + torch.rand(2, 2, tokens, device="cuda", generator=gen))
+    tuning = CAPTURE_TUNING["sieve"] if SIEVE_PATHS[path] == "capture" else SIEVE_PATHS[path]
+    check("sieve", q, k, v, seed=tokens, label=f"{remainder} {path} {case}", tuning=tuning,
+          mechanism=dict(remainder=remainder), **extra)
+    if remainder == "drop":  # row 0 sees no earlier token: its output is exactly zero
+        with torch.no_grad():
+            out = get_kernel("sieve")(q, k, v, remainder="drop", **extra, **({"tuning": tuning} if tuning else {}))
+        assert out[..., 0, :].abs().max().item() == 0.0
 
 
 def test_no_grad_inference_path():

@@ -3,7 +3,9 @@
 Small shapes (T = 1, 17, 33; head dims 16 and 32; fp32; ALiBi slopes and a row scale at T = 17), output and
 every gradient (q, k, v, ``slopes``, ``row_scale``; TDA's two views, ``lam`` and ``beta``), so a change that
 breaks a kernel's numerics fails here, without a GPU. Sieve and entmax also run their other launch paths
-(``tuning``: without the candidate lists; lists of 8 slots, which fill up and leave rows open). The GPU tests
+(``tuning``: without the candidate lists; lists of 8 slots, which fill up and leave rows open), and Sieve both
+its remainders (``MECHANISM_PARAMS``: the default drops it, row 0's output all zeros), with rows whose support is
+one key (``sharp``). The GPU tests
 (``test_kernels.py``) cover the longer shapes, bf16 and fp16.
 
 ``TRITON_INTERPRET=1`` must be set before Triton is imported, so the ops run in worker processes (this file
@@ -32,6 +34,8 @@ SHAPES = [(1, 16, ""), (17, 16, ""), (17, 32, ""), (33, 16, ""), (17, 16, "alibi
 # the stick-breaking family's extra shapes (``STICK_OPS``)
 STICK_SHAPES = [(33, 16, "walk4"), (17, 32, "walk8"), (70, 16, "hot"), (40, 16, "walk8-alibi")]
 STICK_OPS = ("stickbreaking", "sieve-window")
+# Sieve's extra shape: "sharp" scales q by 12 (scores of about +-12), so most rows' support is one key
+SIEVE_SHAPES = [(40, 16, "sharp")]
 # the stick-breaking kernels' levers (``stickbreaking.op.launch_config``), each run on every shape of STICK_OPS;
 # small tiles so the walks cross several key tiles (and the forward's and backward's tiles differ)
 SMALL = dict(fwd=(16, 16, 4, 1), bwd=(32, 16, 4, 1))
@@ -100,6 +104,11 @@ for _name, _tuning in CAPTURE.items():
 VARIANTS["tda"] += [("fused", dict(fused_bwd=True)), ("capture-fused", dict(CAPTURE["tda"], rows=None)),
                     ("capture-two", dict(CAPTURE["tda"], fused_bwd=False, rows=None)),
                     ("rows-32x16", dict(CAPTURE["tda"], rows=(32, 16, 4)))]
+# per op: (label, mechanism parameters) run besides its defaults, on the launch paths of MECHANISM_PATHS (each case
+# "<path>+<label>"; the reference takes the same parameters): Sieve's remainder on the query's own value (its default
+# drops it: Eq. 7, the weights over the earlier tokens only, row 0 all zeros)
+MECHANISM_PARAMS = {"sieve": [("diagonal", dict(remainder="diagonal"))]}
+MECHANISM_PATHS = {"sieve": ("default", "lists-8", "no-lists", "short-rows-walk", "capture")}
 OPS = kernel_names()  # every op of the registry
 TOLERANCE = 1e-4  # max |kernel - reference| / max(max |reference|, 0.01), per tensor (fp32 rounding: ~1e-6)
 TIE = 2e-5
@@ -109,18 +118,21 @@ def cases() -> list[tuple[str, int, int, str, str]]:
     """``(op, tokens, head_dim, extras, variant)`` of every run."""
     out = []
     for op in OPS:
-        for tokens, head_dim, extras in SHAPES + (STICK_SHAPES if op in STICK_OPS else []):
+        shapes = SHAPES + (STICK_SHAPES if op in STICK_OPS else []) + (SIEVE_SHAPES if op == "sieve" else [])
+        for tokens, head_dim, extras in shapes:
             if op == "tra" and extras:
                 continue  # cosine scores with sm_scale 1: the module gives tra no ALiBi or row scale
             if not (op == "sieve" and tokens > 1):  # (see VARIANTS)
                 out.append((op, tokens, head_dim, extras, "default"))
             for label, _ in VARIANTS.get(op, []):
-                if label == "lists-8" and (tokens, extras) not in ((33, ""), (17, "alibi")):  # (the slowest path)
-                    continue
+                if label == "lists-8" and (tokens, extras) not in ((33, ""), (17, "alibi"), (40, "sharp")):
+                    continue  # (the slowest path)
                 if op in STICK_OPS and (tokens, head_dim, extras) in ((17, 32, ""), (33, 16, "")):
                     continue  # the levers: T = 1, 17 (and ALiBi), and the long walks and early exits
                 out.append((op, tokens, head_dim, extras, label))
-    return out
+    return out + [(op, tokens, head_dim, extras, f"{variant}+{label}")
+                  for op, tokens, head_dim, extras, variant in out if variant in MECHANISM_PATHS.get(op, ())
+                  for label, _ in MECHANISM_PARAMS[op]]
 
 
 def case_id(case) -> str:
@@ -137,7 +149,9 @@ def run_case(case) -> dict:
     from lengthbench.models.attention import load_kernel as load_op
 
     op_name, tokens, head_dim, extras, variant = case
+    variant, _, param_label = variant.partition("+")
     tuning = dict(VARIANTS.get(op_name, [])).get(variant)
+    mechanism = dict(MECHANISM_PARAMS.get(op_name, [])).get(param_label, {})
     gen = torch.Generator().manual_seed(1000 * tokens + head_dim)
     batch, heads = 1, 2
     two_views = op_name == "tda"
@@ -146,13 +160,15 @@ def run_case(case) -> dict:
     if cosine:
         tensors[:-1] = [torch.nn.functional.normalize(t, dim=-1) for t in tensors[:-1]]
     sm_scale = 1.0 if cosine else 1.0 / math.sqrt(head_dim)
-    named = dict(zip(["q1", "k1", "q2", "k2", "v"] if two_views else ["q", "k", "v"], tensors, strict=True))
     params = {}
     if two_views:
         params = dict(lam=torch.tensor(0.3), beta=torch.tensor(0.5))
     shift = {"walk4": -4.0, "walk8": -8.0, "hot": 8.0}.get(extras.removesuffix("-alibi"))
     if shift is not None:
         tensors[:2] = walk_inputs(tensors[0], tensors[1], shift, sm_scale)
+    if extras == "sharp":
+        tensors[0] = tensors[0] * 12.0
+    named = dict(zip(["q1", "k1", "q2", "k2", "v"] if two_views else ["q", "k", "v"], tensors, strict=True))
     if extras.endswith("alibi"):
         params.update(slopes=torch.tensor([0.5, 0.0625]), row_scale=0.5 + torch.rand(batch, heads, tokens, generator=gen))
     mine = {key: t.clone().requires_grad_() for key, t in {**named, **params}.items()}
@@ -173,11 +189,13 @@ def run_case(case) -> dict:
         z = z1
     else:
         z = scores(theirs["q"], theirs["k"], theirs)
-        w = attention_weights(op_name, z, **({"head_dim": head_dim} if op_name == "tra" else {}))
+        w = attention_weights(op_name, z, **({"head_dim": head_dim} if op_name == "tra" else {}), **mechanism)
     ref = torch.matmul(w, theirs["v"])
+    earlier = torch.ones(tokens, tokens, dtype=torch.bool).tril(-1)
+    one_key = int((((w.detach() > 0) & earlier).sum(-1) == 1).sum())  # rows whose weights sit on one earlier key
 
     op = load_op(op_name)
-    kwargs = {key: mine[key] for key in params}
+    kwargs = {key: mine[key] for key in params} | mechanism
     if tuning is not None:
         kwargs["tuning"] = tuning
     started = time.perf_counter()
@@ -193,7 +211,8 @@ def run_case(case) -> dict:
         grad = mine[key].grad
         errors[f"d{key}"] = float("nan") if grad is None or not torch.isfinite(grad).all() else rel_err(
             grad, theirs[key].grad)
-    return dict(errors=errors, ties=int((~keep).sum()), seconds=seconds, finite=bool(torch.isfinite(out).all()))
+    return dict(errors=errors, ties=int((~keep).sum()), seconds=seconds, finite=bool(torch.isfinite(out).all()),
+                one_key=one_key, row0=float(out.detach()[..., 0, :].abs().max()))
 
 
 def walk_inputs(q, k, shift, sm_scale):
@@ -251,6 +270,11 @@ def test_kernel_matches_float64_reference(index, measured):
     assert result["ties"] <= 1
     for key, value in result["errors"].items():
         assert value <= TOLERANCE, (key, result["errors"])
+    op, tokens, _, extras, variant = cases()[index]
+    if extras == "sharp":  # the rows whose support is one key are many (row 1's is, in every case)
+        assert result["one_key"] >= 10, result["one_key"]
+    if op == "sieve" and not variant.endswith("+diagonal"):  # (Eq. 7) row 0 sees no earlier token: zeros, exactly
+        assert result["row0"] == 0.0, result["row0"]
 
 
 def test_every_op_is_covered():

@@ -3,8 +3,9 @@
 Two stages, as that paper's Appendix C: the threshold search of ``entmax/threshold.py`` finds ``tau_r`` of 1.5-entmax over
 ``z_{r, j<r}`` (Newton passes over the key tiles, no score matrix kept); the stick-breaking kernels of
 ``stickbreaking/`` then run with the filter ``z_rj / 2 > tau_r`` (the support: its weights
-``(z/2 - tau)_+^2`` are positive exactly there), the remainder on the diagonal. This is the definition
-(Section 3.1), not Algorithm 1's ``z >= rowmax - eps``. No gradient flows through the support; ``row_scale``
+``(z/2 - tau)_+^2`` are positive exactly there), what is left of the stick on the query's own value
+(``remainder="diagonal"``) or nowhere (``"drop"``: Eq. 7, the weights over the earlier tokens only). This is the
+definition (Section 3.1), not Algorithm 1's ``z >= rowmax - eps``. No gradient flows through the support; ``row_scale``
 and ``slopes`` receive gradients through the stick-breaking stage.
 
 By candidate lists (where ``lists._lists_apply``, the default), forward and backward take the rows
@@ -28,7 +29,8 @@ when key ``k`` takes its share) this is ``c_k (1 - sigma_k) - sigma_k sum_{j in 
 a_j (g_j - g_r)``: the stick-breaking backward's form, which the kernel uses (no cancellation where one key
 takes nearly the whole stick, and no fp32 output needed). Then ``dq_r = sm_scale rs_r sum_k dz_k k_k``,
 ``dk_k += sm_scale rs_r dz_k q_r``, ``dv_k += a_k do_r`` and ``dv_r += rem do_r``; ``row_scale`` and the
-slopes take ``dz`` times the biased score and times ``-rs_r (r - k)``.
+slopes take ``dz`` times the biased score and times ``-rs_r (r - k)``. With the remainder dropped the output
+is ``sum_S a_j v_j``: the same forms with ``g_r = 0`` and no ``dv_r`` (``DROP`` of every kernel here).
 
 What the list forward keeps for the backward (``_lists_forward``): the lists (the supports), their sizes,
 ``tau`` and the remainder per row, the open rows' indices, and only the open rows' fp32 outputs (the open
@@ -47,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lengthbench.kernels.defaults import SIEVE_ALPHA
+from lengthbench.kernels.defaults import REMAINDERS, SIEVE_ALPHA, SIEVE_REMAINDER
 from lengthbench.kernels.entmax.config import launch_config
 from lengthbench.kernels.entmax.lists import _list_keys, _list_rows, _list_scores, _lists_apply, _lists_start
 from lengthbench.kernels.entmax.short_rows import SHORT_ROWS_MAX_TOKENS, sieve_threshold
@@ -67,14 +69,14 @@ from lengthbench.kernels.utils.open_rows import _open_rows, _phases
 @triton.jit
 def _lists_kernel(Q, K, V, Out, REM, SL, RS, TAU, NCAND, LIST, NSUP, sm_scale, T, H, n_iter,
                   SAVE: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, D: tl.constexpr,
-                  BD: tl.constexpr, BR: tl.constexpr, C: tl.constexpr, SCAN: tl.constexpr):
+                  BD: tl.constexpr, BR: tl.constexpr, C: tl.constexpr, SCAN: tl.constexpr, DROP: tl.constexpr):
     """Sieve on the listed rows (``NCAND > 0``, certified by the strict first stage: their support, the keys
     ``j < r`` with ``z / 2 > tau``, lies among their candidates), ``BR`` a program: ``tau`` over the candidates
     (``_list_rows``), then the stick broken over the support from the latest key down, as the stick-breaking
     forward's filtered walk does: ``a_j = exp(z_j - sum_{k in S, k >= j} softplus(z_k))`` (an ``O(C^2)`` suffix
     sum over the keys' order; with ``SCAN`` the candidates sorted in registers, the latest key first, and the
     sum a cumulative sum over the slots, as in ``_lists_bwd_kernel``), remainder ``exp(-sum_S softplus)`` on
-    the diagonal. Writes the output and
+    the diagonal (``DROP``: nowhere). Writes the output and
     ``TAU``; with ``SAVE``, for ``_lists_bwd_kernel``, the remainder, the support itself in place of the
     candidates (``LIST[row, :n]``, in the candidates' order) and ``NSUP`` its size ``n`` (-1 on the rows not
     listed). The backward so takes the very support this forward used, whatever its own rounding of the
@@ -102,7 +104,7 @@ def _lists_kernel(Q, K, V, Out, REM, SL, RS, TAU, NCAND, LIST, NSUP, sm_scale, T
         acc = tl.sum(a[:, :, None] * v, 1)
         rmask = listed[:, None] & dmask[None, :]
         _fwd_store(acc, tl.sum(sp, 1), V, Out, Out, REM, base, offs_r, offs_d, rmask, listed, bh, T, 0,
-                   2 if SAVE else 0, D)
+                   2 if SAVE else 0, D, DROP)
         tl.store(TAU + bh * T + offs_r, tau, mask=listed)
         if SAVE:
             slot = tl.cumsum(support.to(tl.int32), 1) - 1  # at or left of the candidate's own slot
@@ -118,7 +120,7 @@ def _lists_kernel(Q, K, V, Out, REM, SL, RS, TAU, NCAND, LIST, NSUP, sm_scale, T
 def _open_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, ROWS, COUNT, STATE, PEND, sm_scale, T, H, o32_stride,
                  state_stride, exit_at, max_tiles, SAVE: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                  SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
-                 BN: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr):
+                 BN: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr, DROP: tl.constexpr):
     """Sieve on the rows left open (``ROWS[bh, :COUNT[bh]]``, gathered as in ``threshold._newton_kernel``): the
     stick-breaking forward's filtered walk (``FILTER`` 1) over the keys before each row, in one launch
     (``FIRST`` and ``LAST``) or a phase of at most ``max_tiles`` key tiles (``sieve_phases``; all that are left
@@ -157,7 +159,7 @@ def _open_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, ROWS, COUNT, STATE, PEND, 
             upto = tl.minimum(upto, (n_tiles - t) * BN)  # the keys from there on are walked
             done = row_ok & ((lsum >= exit_at) | (upto <= 0))
         _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask & done[:, None], done, bh, T,
-                   o32_stride, 1 if SAVE else 0, D)
+                   o32_stride, 1 if SAVE else 0, D, DROP)
         if not LAST:
             left = row_ok & (done == 0)
             tl.store(STATE + srow[:, None] + offs_d[None, :], acc, mask=left[:, None] & dmask[None, :])
@@ -166,7 +168,8 @@ def _open_kernel(Q, K, V, Out, O32, REM, SL, RS, TAU, ROWS, COUNT, STATE, PEND, 
             tl.store(PEND + bh * T + offs_m, left.to(tl.int32), mask=row_ok)
 
 
-def _open_walk(pb: Problem, config, tiles, few: bool, out, o32, o32_stride, rem, tau, rows, count, lists, save):
+def _open_walk(pb: Problem, config, tiles, few: bool, out, o32, o32_stride, rem, tau, rows, count, lists, save,
+               drop):
     """Sieve's open rows' forward walk: ``_open_kernel`` in one launch, or with ``sieve_phases`` (keys a phase;
     not where the open rows are ``few``) a phase a launch, the rows still walking gathered again after each: a
     tile walks as far as its farthest row, and the rows whose stick is spent early then stop sharing tiles with
@@ -174,7 +177,7 @@ def _open_walk(pb: Problem, config, tiles, few: bool, out, o32, o32_stride, rem,
     nbm, nbn, nwarps, nstages = tiles
     common = dict(SAVE=save, HAS_SLOPES=pb.slopes is not None, HAS_RS=pb.row_scale is not None,
                   SPLIT=pb.q.dtype != torch.float32, DOT_PREC=pb.dot_prec, D=pb.head_dim, BD=pb.block_d, BM=nbm,
-                  BN=nbn, num_warps=nwarps, num_stages=nstages)
+                  BN=nbn, DROP=drop, num_warps=nwarps, num_stages=nstages)
     grid = (triton.cdiv(pb.tokens, nbm), pb.bh)
     phases = _phases(config, "sieve_phases", pb.tokens)
     if not phases or few or pb.tokens >= 1 << 24:  # (the keys left are kept as fp32)
@@ -199,7 +202,7 @@ def _open_walk(pb: Problem, config, tiles, few: bool, out, o32, o32_stride, rem,
 def _lists_bwd_kernel(Q, K, V, DO, DQ, DK, DV, SL, RS, DRS, DSL, NSUP, LIST, sm_scale, T, H,
                       HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr, GRAD_RS: tl.constexpr,
                       GRAD_SL: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
-                      C: tl.constexpr):
+                      C: tl.constexpr, DROP: tl.constexpr):
     """The backward of the listed rows (``NSUP >= 0``), ``BR`` a program, from the supports
     ``_lists_kernel`` kept (``LIST[row, :NSUP]``), sorted in registers, the latest key first: the keys and
     values gathered, the scores recomputed (``_list_scores``), then in slot order ``a_j = exp(z_j -
@@ -212,7 +215,8 @@ def _lists_bwd_kernel(Q, K, V, DO, DQ, DK, DV, SL, RS, DRS, DSL, NSUP, LIST, sm_
     sigma_k) - sigma_k (C_r - sum_{j >= k} c_j)`` with ``C_r = sum_S c_j`` taken over the support in
     registers, so no fp32 output is needed. Row ``r``'s ``dq`` is stored; ``dk_k += sm_scale rs_r dz_k q_r``
     and ``dv_k += a_k do_r`` go to the fp32 buffers by atomic adds on the support's slots only; the
-    remainder's ``dv_r`` is added by the caller. A row with an empty support has ``dz = 0`` and ``dq = 0``."""
+    remainder's ``dv_r`` is added by the caller. A row with an empty support has ``dz = 0`` and ``dq = 0``.
+    ``DROP`` (the remainder nowhere): ``g_r = 0``, the same forms with the remainder's value zero."""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     offs_r = pid * BR + tl.arange(0, BR)
@@ -228,7 +232,9 @@ def _lists_bwd_kernel(Q, K, V, DO, DQ, DK, DV, SL, RS, DRS, DSL, NSUP, LIST, sm_
         rmask = listed[:, None] & dmask[None, :]
         roff = base + offs_r[:, None] * D + offs_d[None, :]
         do = tl.load(DO + roff, mask=rmask, other=0.0).to(tl.float32)
-        g_r = tl.sum(do * tl.load(V + roff, mask=rmask, other=0.0).to(tl.float32), 1)
+        g_r = tl.zeros([BR], dtype=tl.float32)  # do_r.v_r, the remainder's value (none where DROP)
+        if not DROP:
+            g_r = tl.sum(do * tl.load(V + roff, mask=rmask, other=0.0).to(tl.float32), 1)
         v = tl.load(V + base + gather, mask=gmask, other=0.0).to(tl.float32)
         sp = tl.where(support, softplus(z), 0.0)
         a = tl.where(support, tl.exp(z - tl.cumsum(sp, 1)), 0.0)
@@ -250,10 +256,11 @@ def _lists_bwd_kernel(Q, K, V, DO, DQ, DK, DV, SL, RS, DRS, DSL, NSUP, LIST, sm_
 def _open_bwd_kernel(Q, K, V, DO, DQ, DK, DV, O32, SL, RS, TAU, DRS, DSL, ROWS, COUNT, sm_scale, T, H,
                      o32_stride, exit_at, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                      GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
-                     BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+                     BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DROP: tl.constexpr):
     """The backward of the open rows (``ROWS[bh, :COUNT[bh]]``, gathered as in ``_open_kernel``): the
     stick-breaking backward's filtered walk (``_bwd_walk``, ``FILTER`` 1) over the keys before their last row,
-    with ``g_r = do_r.v_r`` and ``C_r = do_r.o_r - g_r`` from the fp32 output ``_open_kernel`` kept."""
+    with ``g_r = do_r.v_r`` (``DROP``: 0) and ``C_r = do_r.o_r - g_r`` from the fp32 output ``_open_kernel``
+    kept."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     n_open = tl.load(COUNT + bh)
@@ -263,7 +270,9 @@ def _open_bwd_kernel(Q, K, V, DO, DQ, DK, DV, O32, SL, RS, TAU, DRS, DSL, ROWS, 
         roff = base + offs_m[:, None] * D + offs_d[None, :]
         do = tl.load(DO + roff, mask=rmask, other=0.0)
         do32 = do.to(tl.float32)
-        g_r = tl.sum(do32 * tl.load(V + roff, mask=rmask, other=0.0).to(tl.float32), 1)
+        g_r = tl.zeros([BM], dtype=tl.float32)  # do_r.v_r, the remainder's value (none where DROP)
+        if not DROP:
+            g_r = tl.sum(do32 * tl.load(V + roff, mask=rmask, other=0.0).to(tl.float32), 1)
         o32_rows = (bh * T + offs_m).to(tl.int64) * o32_stride
         o32 = tl.load(O32 + o32_rows[:, None] + offs_d[None, :], mask=rmask, other=0.0)
         c_total = tl.sum(do32 * o32, 1) - g_r
@@ -276,12 +285,14 @@ def _open_bwd_kernel(Q, K, V, DO, DQ, DK, DV, O32, SL, RS, TAU, DRS, DSL, ROWS, 
                    GRAD_RS, GRAD_SL, D)
 
 
-def _lists_forward(pb: Problem, save: bool, tuning: dict | None = None):
-    """Sieve's forward by candidate lists: ``(out, ncand, saved)``, ``ncand`` as ``entmax._lists_forward``'s,
+def _lists_forward(pb: Problem, save: bool, tuning: dict | None = None, drop: bool = False):
+    """Sieve's forward by candidate lists (``drop``: the remainder nowhere, else on the diagonal): ``(out, ncand,
+    saved)``, ``ncand`` as ``entmax._lists_forward``'s,
     ``saved`` None unless ``save``, else what ``SieveListsAttention.backward`` reads: ``(rem, tau, lists,
     nsup, rows, count, o32, o32_stride)``. The first stage and the Newton passes of entmax's list forward
     with the strict keys ``j < r``, then ``_lists_kernel`` on the listed rows and ``_open_kernel`` on the
-    others (among them row 0, which sees no key: ``tau = +inf``, the whole stick on the diagonal).
+    others (among them row 0, which sees no key: ``tau = +inf``, the whole stick on the diagonal, or with
+    ``drop`` an output of zeros).
 
     What the backward keeps: the lists, which then hold the listed rows' supports (``_lists_kernel``); and
     only the open rows' fp32 outputs (the listed rows' backward needs none), kept in the open rows' own unused
@@ -308,11 +319,11 @@ def _lists_forward(pb: Problem, save: bool, tuning: dict | None = None):
                   BD=pb.block_d)
     _lists_kernel[(triton.cdiv(pb.tokens, rows_per), pb.bh)](
         pb.q, pb.k, pb.v, out, pb.opt(rem), sl, rs, tau, ncand, lists, pb.opt(nsup), pb.sm_scale, pb.tokens,
-        pb.heads, 2 * size + 8, BR=rows_per, C=size, SCAN=scan, num_warps=finish_warps, **common)
+        pb.heads, 2 * size + 8, BR=rows_per, C=size, SCAN=scan, DROP=drop, num_warps=finish_warps, **common)
     # read only now (the lists kernel queued): the few-rows tiles where the open rows are few (``few_open``)
     few = bool(config["sieve_open_few"] or _phases(config, "sieve_phases", pb.tokens)) and opened.few()
     tiles = tuple(config["sieve_open_few"] if few and config["sieve_open_few"] else usual)
-    _open_walk(pb, config, tiles, few, out, o32, o32_stride, rem, tau, rows, count, lists, save)
+    _open_walk(pb, config, tiles, few, out, o32, o32_stride, rem, tau, rows, count, lists, save, drop)
     saved = (rem, tau, lists, nsup, rows, count, o32, o32_stride) if save else None
     return out, ncand, saved
 
@@ -324,15 +335,16 @@ class SieveListsAttention(torch.autograd.Function):
     v, ``slopes`` and ``row_scale``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, weights_only=False, tuning=None):
+    def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, weights_only=False, tuning=None, drop=False):
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
         save = any(ctx.needs_input_grad[:5])
-        out, _, saved = _lists_forward(pb, save, tuning)
+        drop = bool(drop)
+        out, _, saved = _lists_forward(pb, save, tuning, drop)
         if save:
             rem, tau, lists, nsup, rows, count, o32, o32_stride = saved
             ctx.save_for_backward(pb.q, pb.k, pb.v, pb.slopes, pb.row_scale, rem, tau, lists, nsup, rows,
                                   count, o32)
-            ctx.consts = (pb.sm_scale, o32_stride)
+            ctx.consts = (pb.sm_scale, o32_stride, drop)
             config = launch_config(pb.block_d, tuning)
             ctx.launch = (config["list_backward"], config["open_backward"])
             ctx.rs_shape = None if row_scale is None else row_scale.shape
@@ -341,7 +353,7 @@ class SieveListsAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, slopes, row_scale, rem, tau, lists, nsup, rows, count, o32 = ctx.saved_tensors
-        sm_scale, o32_stride = ctx.consts
+        sm_scale, o32_stride, drop = ctx.consts
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
         do = dout.contiguous()
         grad_rs, grad_sl, dq, dk32, dv32, d_rs, d_sl = grad_buffers(ctx, pb)
@@ -350,7 +362,7 @@ class SieveListsAttention(torch.autograd.Function):
         rows_per = 1 << max(0, (elements // (size * pb.block_d)).bit_length() - 1)  # a power of two
         warps *= max(1, rows_per * size * pb.block_d // elements)  # one row past the budget: more warps
         common = dict(HAS_SLOPES=slopes is not None, HAS_RS=row_scale is not None, GRAD_RS=grad_rs,
-                      GRAD_SL=grad_sl, D=pb.head_dim, BD=pb.block_d)
+                      GRAD_SL=grad_sl, D=pb.head_dim, BD=pb.block_d, DROP=drop)
         sl, rs = pb.opt(slopes), pb.opt(row_scale)
         _lists_bwd_kernel[(triton.cdiv(pb.tokens, rows_per), pb.bh)](
             q, k, v, do, dq, dk32, dv32, sl, rs, pb.opt(d_rs), pb.opt(d_sl), nsup, lists, sm_scale, pb.tokens,
@@ -359,13 +371,14 @@ class SieveListsAttention(torch.autograd.Function):
             q, k, v, do, dq, dk32, dv32, o32, sl, rs, tau, pb.opt(d_rs), pb.opt(d_sl), rows, count, sm_scale,
             pb.tokens, pb.heads, o32_stride, EXIT_AT, DOT_PREC=pb.dot_prec, BM=bm, BN=bn,
             num_warps=open_warps, num_stages=stages, **common)
-        dv32.addcmul_(rem.unsqueeze(-1), do)
+        if not drop:
+            dv32.addcmul_(rem.unsqueeze(-1), do)
         dk = dk32.to(k.dtype)
         del dk32  # the next cast's buffer takes its place
         dv = dv32.to(v.dtype)
         del dv32
         g_sl, g_rs = param_grads(d_sl, d_rs, ctx.rs_shape)
-        return dq, dk, dv, g_sl, g_rs, None, None, None, None
+        return dq, dk, dv, g_sl, g_rs, None, None, None, None, None
 
 
 # How the path without lists finds Sieve's threshold (``sieve_attention``'s tuning key ``threshold``)
@@ -373,8 +386,10 @@ THRESHOLDS = ("search", "short_rows")
 
 
 def sieve_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alpha=SIEVE_ALPHA,
-                    tuning: dict | None = None):
-    """Sieve attention, ``[B, H, T, D]`` causal (``alpha`` must be 1.5). By candidate lists where entmax's
+                    remainder=SIEVE_REMAINDER, tuning: dict | None = None):
+    """Sieve attention, ``[B, H, T, D]`` causal (``alpha`` must be 1.5); what is left of the stick goes on the
+    query's own value (``remainder="diagonal"``) or nowhere (``"drop"``: Eq. 7, the weights over the earlier keys
+    only; row 0 gives zeros). By candidate lists where entmax's
     list forward applies (``lists`` of the launch settings, ``entmax/config.py``; ``tuning`` replaces some of
     them), else the threshold, then the filtered stick-breaking forward over all keys; there ``tuning``'s
     ``walk`` (a dict of ``stickbreaking.op.launch_config``'s keys, e.g. ``{"fwd": [64, 32, 4, 2]}``) sets that walk's
@@ -384,6 +399,9 @@ def sieve_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alph
     takes ``short_rows`` (``lengthbench/compile_policy.py``)."""
     if float(alpha) != 1.5:
         raise ValueError(f"the sieve kernel implements alpha = 1.5 only, got {alpha}")
+    if remainder not in REMAINDERS:
+        raise ValueError(f"sieve: remainder must be one of {list(REMAINDERS)}, got {remainder!r}")
+    drop = remainder == "drop"
     tuning = dict(tuning or {})
     walk = tuning.pop("walk", None)
     threshold = tuning.pop("threshold", "search")
@@ -396,11 +414,11 @@ def sieve_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, alph
             raise ValueError("sieve tuning: walk and threshold set the path without lists (the threshold, then the "
                              "walk), which the list path does not take (set lists to false, or sieve_open for the "
                              "list path's open rows)")
-        return SieveListsAttention.apply(q, k, v, slopes, row_scale, None, sm_scale, False, tuning)
+        return SieveListsAttention.apply(q, k, v, slopes, row_scale, None, sm_scale, False, tuning, drop)
     with torch.no_grad():
         if threshold == "short_rows" and q.shape[-2] <= SHORT_ROWS_MAX_TOKENS:
             tau = sieve_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale)
         else:
             tau = entmax_threshold(q, k, slopes=slopes, row_scale=row_scale, sm_scale=sm_scale, strict=True,
                                    tuning=tuning)
-    return StickBreakingAttention.apply(q, k, v, slopes, row_scale, tau, sm_scale, False, walk)
+    return StickBreakingAttention.apply(q, k, v, slopes, row_scale, tau, sm_scale, False, walk, drop)

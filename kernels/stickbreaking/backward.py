@@ -109,13 +109,15 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
                        FILTER: tl.constexpr, HAS_SLOPES: tl.constexpr, HAS_RS: tl.constexpr,
                        GRAD_RS: tl.constexpr, GRAD_SL: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr,
                        BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr,
-                       EXP2: tl.constexpr, LOG1P: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr):
+                       EXP2: tl.constexpr, LOG1P: tl.constexpr, SIG: tl.constexpr, SKIP: tl.constexpr,
+                       DROP: tl.constexpr):
     """The ``prefix`` backward of a query tile: left to right over the keys the forward walked, ``[START_r,
     r)``, with the forward's softplus sum ``L_r = LSE_r``. With ``P_j`` the softplus sum of the walked keys
     before ``j``, ``a_j = exp(z_j - (L_r - P_j))``; with ``c_j = (g_j - g_r) a_j`` (``FILTER`` 2: ``c_j = g_j
     a_j`` on the kept keys, and ``g_r rem_r`` added to the running sum, the remainder's share),
     ``dz_k = c_k sigma(-z_k) - sigma(z_k) sum_{j < k} c_j``: the ``suffix`` backward's form with ``C_r -
-    sum_{j >= k} c_j`` summed from the left. The diagonal's ``dv_r += rem_r do_r`` is added here."""
+    sum_{j >= k} c_j`` summed from the left. The diagonal's ``dv_r += rem_r do_r`` is added here. ``DROP``
+    (the remainder nowhere): ``g_r = 0`` and no ``dv_r`` (the same forms with the remainder's value zero)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     base = bh.to(tl.int64) * T * D
@@ -128,7 +130,9 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
     q = tl.load(Q + roff, mask=rmask, other=0.0)
     do = tl.load(DO + roff, mask=rmask, other=0.0)
     do32 = do.to(tl.float32)
-    g_r = tl.sum(do32 * tl.load(V + roff, mask=rmask, other=0.0).to(tl.float32), 1)
+    g_r = tl.zeros([BM], dtype=tl.float32)  # do_r.v_r, the remainder's value (none where DROP)
+    if not DROP:
+        g_r = tl.sum(do32 * tl.load(V + roff, mask=rmask, other=0.0).to(tl.float32), 1)
     lse = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0)
     first = tl.load(START + bh * T + offs_m, mask=row_ok, other=T)
     rem = tl.exp(-lse)
@@ -208,7 +212,8 @@ def _bwd_prefix_kernel(Q, K, V, DO, DQ, DK, DV, LSE, START, SL, RS, TAU, DRS, DS
             dk_tile = tl.dot(tl.trans(dzs).to(q.dtype), q, input_precision=DOT_PREC) * sm_scale
             tl.atomic_add(DK + base + offs_n[:, None] * D + offs_d[None, :], dk_tile, mask=kv_mask, sem="relaxed")
             psum += tl.sum(sp, 1)
-    tl.atomic_add(DV + roff, rem[:, None] * do32, mask=rmask, sem="relaxed")
+    if not DROP:
+        tl.atomic_add(DV + roff, rem[:, None] * do32, mask=rmask, sem="relaxed")
     _bwd_store(dq, d_rs, d_sl, DQ, DRS, DSL, base, offs_m, offs_d, rmask, row_ok, bh, T, sm_scale, rs,
                GRAD_RS, GRAD_SL, D)
 

@@ -19,9 +19,9 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
                 SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, CUMSUM: tl.constexpr, EXP2: tl.constexpr,
                 LOG1P: tl.constexpr, SKIP: tl.constexpr, FULL: tl.constexpr,
-                PREFETCH: tl.constexpr, EVERY: tl.constexpr, BNR: tl.constexpr):
+                PREFETCH: tl.constexpr, EVERY: tl.constexpr, BNR: tl.constexpr, DROP: tl.constexpr):
     """The forward of a query tile. ``SAVE`` 3 keeps the softplus sum ``L_r`` (nats) and the first key walked, per
-    row (for the backward). ``ROWMAX``: the
+    row (for the backward). ``DROP``: the remainder goes nowhere (else on the diagonal). ``ROWMAX``: the
     filter's threshold is Algorithm 1's, ``(max_{j<r} z_rj - eps) / 2``, found here over the row's earlier keys
     and stored in ``TAU`` (else read from it), over key tiles of ``BNR`` keys."""
     pid_m = tl.program_id(0)
@@ -61,11 +61,11 @@ def _fwd_kernel(Q, K, V, Out, O32, REM, LSE, START, SL, RS, TAU, sm_scale, T, H,
     if EXP2:
         lsum = lsum * LN2
     if SAVE == 3:
-        _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, D, 0, D)
+        _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, D, 0, D, DROP)
         tl.store(LSE + bh * T + offs_m, lsum, mask=row_ok)
         tl.store(START + bh * T + offs_m, tl.zeros([BM], dtype=tl.int32) + (n_tiles - t) * BN, mask=row_ok)
     else:
-        _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, D, SAVE, D)
+        _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, D, SAVE, D, DROP)
 
 
 @triton.jit
@@ -255,13 +255,14 @@ def _fwd_tile(z, valid, keep, v, acc, lsum, FILTER: tl.constexpr, SPLIT: tl.cons
 
 @triton.jit
 def _fwd_store(acc, lsum, V, Out, O32, REM, base, offs_m, offs_d, rmask, row_ok, bh, T, o32_stride,
-               SAVE: tl.constexpr, D: tl.constexpr):
-    """The remainder on the diagonal, then the output and, for the backward (``SAVE``), the remainder and
-    the output's fp32 copy, row ``r`` of head ``bh`` at ``O32 + (bh T + r) o32_stride`` (``SAVE`` 2: the
-    remainder alone)."""
+               SAVE: tl.constexpr, D: tl.constexpr, DROP: tl.constexpr):
+    """The remainder on the diagonal (``DROP``: nowhere), then the output and, for the backward (``SAVE``), the
+    remainder and the output's fp32 copy, row ``r`` of head ``bh`` at ``O32 + (bh T + r) o32_stride`` (``SAVE`` 2:
+    the remainder alone)."""
     rem = tl.exp(-lsum)
-    v_r = tl.load(V + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
-    acc += rem[:, None] * v_r.to(tl.float32)
+    if not DROP:
+        v_r = tl.load(V + base + offs_m[:, None] * D + offs_d[None, :], mask=rmask, other=0.0)
+        acc += rem[:, None] * v_r.to(tl.float32)
     tl.store(Out + base + offs_m[:, None] * D + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=rmask)
     if SAVE:
         tl.store(REM + bh * T + offs_m, rem, mask=row_ok)

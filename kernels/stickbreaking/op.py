@@ -26,7 +26,9 @@ atomic adds; the diagonal's ``dv_r += (1 - sum_j a_rj) do_r`` is added outside. 
 over ``j < r``), without gradient through the filter; see ``sieve/``. Its third mode (``sieve-window``) breaks
 the stick over every earlier key and keeps only the weights inside the filter (their log weights set to -inf
 where they are formed); the backward then takes the general form ``c_j = g_j a_j`` with the remainder's share on
-the prefix (the weights no longer sum to one with the remainder).
+the prefix (the weights no longer sum to one with the remainder). ``drop`` (Sieve's Eq. 7: the weights cover the
+earlier keys only) leaves the remainder out: the forward adds no ``rem_r v_r``, the backward takes ``g_r = 0`` and
+adds no ``dv_r`` (``DROP`` of both kernels).
 
 What the above describes are the defaults (``TUNING``); ``tuning`` (``launch_config``) selects other forms of the
 same quantities, for the training step (``lengthbench/compile_policy.py``) and the tests.
@@ -132,10 +134,11 @@ class StickBreakingAttention(torch.autograd.Function):
     """Stick-breaking (``tau`` None) or its filtered forms (``tau`` ``[B, H, T]``): Sieve, or with
     ``weights_only`` the filter on the weights alone (``sieve-window``); ``tuning`` the levers of
     ``launch_config``. ``tau`` a float ``eps``: the threshold is Algorithm 1's, ``(max_{j<r} z_rj - eps) / 2``,
-    found by the forward kernel before its walk."""
+    found by the forward kernel before its walk. ``drop``: the remainder goes nowhere (Sieve's Eq. 7), else on
+    the diagonal."""
 
     @staticmethod
-    def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, weights_only=False, tuning=None):
+    def forward(ctx, q, k, v, slopes, row_scale, tau, sm_scale, weights_only=False, tuning=None, drop=False):
         pb = Problem(q, k, v, slopes, row_scale, sm_scale)
         config = launch_config(pb, tuning)
         save = any(ctx.needs_input_grad[:5])
@@ -152,6 +155,7 @@ class StickBreakingAttention(torch.autograd.Function):
                 pb.batch, pb.heads, pb.tokens).contiguous()
         mode = 0 if tau is None else (2 if weights_only else 1)
         ctx.mode = mode
+        ctx.drop = bool(drop)
         bm, bn, warps, stages, regs = config["fwd"]
         _fwd_kernel[(triton.cdiv(pb.tokens, bm), pb.bh)](
             pb.q, pb.k, pb.v, out, None, None, pb.opt(lse), pb.opt(start), pb.opt(pb.slopes),
@@ -162,7 +166,7 @@ class StickBreakingAttention(torch.autograd.Function):
             EXP2=config["exp2"], LOG1P=config["log1p"], SKIP=config["skip_empty"] and mode == 2,
             FULL=config["full_tiles"] and mode != 1, PREFETCH=config["prefetch"],
             EVERY=config["exit_every"] if mode != 1 else 1,  # (Sieve's empty tiles skip the test's place)
-            BNR=config["rowmax"][1] if rowmax else bn, num_warps=warps, num_stages=stages, **max_registers(regs))
+            BNR=config["rowmax"][1] if rowmax else bn, DROP=ctx.drop, num_warps=warps, num_stages=stages, **max_registers(regs))
         if save:
             ctx.save_for_backward(pb.q, pb.k, pb.v, lse, start, pb.slopes, pb.row_scale, tau)
             ctx.sm_scale = pb.sm_scale
@@ -183,7 +187,7 @@ class StickBreakingAttention(torch.autograd.Function):
                       BN=bn, CUMSUM=config["cumsum"], EXP2=config["exp2"],
                       LOG1P=config["log1p"],
                       SIG=config["sigmoid"],
-                      SKIP=config["skip_empty"] and ctx.mode == 2, num_warps=warps, num_stages=stages,
+                      SKIP=config["skip_empty"] and ctx.mode == 2, DROP=ctx.drop, num_warps=warps, num_stages=stages,
                       **max_registers(regs))
         grid = (triton.cdiv(pb.tokens, bm), pb.bh)
         _bwd_prefix_kernel[grid](q, k, v, do, dq, dk32, dv32, lse, start, pb.opt(slopes), pb.opt(row_scale),
@@ -193,7 +197,7 @@ class StickBreakingAttention(torch.autograd.Function):
         dv = dv32.to(v.dtype)
         del dv32
         g_sl, g_rs = param_grads(d_sl, d_rs, ctx.rs_shape)
-        return dq, dk, dv, g_sl, g_rs, None, None, None, None
+        return dq, dk, dv, g_sl, g_rs, None, None, None, None, None
 
 
 def stickbreaking_attention(q, k, v, *, slopes=None, row_scale=None, sm_scale=None, tuning: dict | None = None):

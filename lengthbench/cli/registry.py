@@ -39,8 +39,8 @@ PARAM_NOTES = {
     "kappa": "kappa in the threshold tau = beta * sqrt(2 log((n + c) / kappa) / d)",
     "tau_index": "c in tau's log((n + c) / kappa): alg1 (c 0: Algorithm 1 and the authors' kernel) or eq1 (c 1: Eq. 1)",
     "power": "the power p of (s - tau)_+ ^ p",
-    "remainder": "where what is left of the stick goes: diagonal (the query's own value, Tan et al.; the fused "
-                 "kernel) or drop (nowhere: Sieve Attention's Eq. 7; the dense reference)",
+    "remainder": "where what is left of the stick goes: diagonal (the query's own value, Tan et al.) or drop "
+                 "(nowhere: Sieve Attention's Eq. 7; stickbreaking's runs its dense reference, no fused kernel)",
     "lambda_init": "start of TDA's lambda, in (0, 1)",
     "base": "RoPE's base frequency",
     "factor": "Llama-3 scaling factor (the papers: 16)",

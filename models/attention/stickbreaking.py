@@ -1,7 +1,7 @@
 """Stick-breaking attention (Tan et al. 2025) and Sieve attention (Sieve Attention, Section 3; Algorithm 1's window).
 
-Both allocate over the earlier keys ``j < r``, most recent first, and put what is left of the stick on the
-query's own value (the diagonal), so every row sums to one (Tan et al.'s reference; some copies drop the
+Both allocate over the earlier keys ``j < r``, most recent first. Stick-breaking puts what is left of the stick on
+the query's own value (the diagonal), so every row sums to one (Tan et al.'s reference; some copies drop the
 remainder, we keep it, as ATTENTION.md says):
 
     a_j = sigmoid(z_j) * prod_{j < k < r} (1 - sigmoid(z_k))   for j < r,     a_r = prod_{j < r} (1 - sigmoid(z_j))
@@ -15,7 +15,8 @@ filters:
   ``z_{j<r}`` (alpha 1.5, the value its Figure 4 ablation found best), the stick is broken by the candidates only,
   and the weights outside them are exact zeros; no gradient flows through the support (Eq. 7 uses the support,
   not the entmax values, so a key outside it gets neither weight nor gradient). Eq. 7 weighs the earlier tokens
-  only; ``remainder="drop"`` computes it so, the default keeps the remainder on the diagonal as above.
+  only, so the remainder goes nowhere (``remainder="drop"``, the default; a row sums to ``1 - prod_{j in S} (1 -
+  sigmoid(z_j))``, row 0 to zero); ``remainder="diagonal"`` puts it on the query's own value as above.
 - ``sieve-window`` is the filter of its Algorithm 1 (Appendix C), read literally: it keeps the earlier keys with
   ``z >= max_{j<r} z - eps``, every earlier key breaks the stick (line 17 accumulates the softplus of all keys),
   and the weights outside the filter are set to zero (their mass is dropped; the remainder ``prod_{j<r} (1 -
@@ -29,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lengthbench.kernels.defaults import SIEVE_ALPHA, SIEVE_WINDOW_EPS
+from lengthbench.kernels.defaults import REMAINDERS, SIEVE_ALPHA, SIEVE_REMAINDER, SIEVE_WINDOW_EPS
 from lengthbench.models.attention.base import (
     AttentionLayer,
     as_compute,
@@ -57,9 +58,6 @@ def stick_break(z: torch.Tensor, active: torch.Tensor, diagonal: torch.Tensor,
     return weights + torch.where(diagonal, left, zero)
 
 
-REMAINDERS = ("diagonal", "drop")  # where what is left of the stick goes: the query's own value, or nowhere
-
-
 def check_remainder(remainder: str) -> None:
     """Refuse a ``remainder`` other than those of :data:`REMAINDERS`, naming them."""
     if remainder not in REMAINDERS:
@@ -81,10 +79,10 @@ def sieve_support(z: torch.Tensor, earlier: torch.Tensor, alpha: float = SIEVE_A
         return entmax_map(z.detach(), earlier, alpha) > 0
 
 
-def sieve_weights(scores, mask, alpha=SIEVE_ALPHA, query_positions=None, remainder="diagonal"):
+def sieve_weights(scores, mask, alpha=SIEVE_ALPHA, query_positions=None, remainder=SIEVE_REMAINDER):
     """Sieve (Section 3): stick-breaking over the support of alpha-entmax(z_{j<r}) (default alpha 1.5), exact zeros
-    outside the support; the remainder on ``j = r`` (rows sum to one) or, ``remainder="drop"``, nowhere (Eq. 7 as
-    printed: rows sum to ``1 - prod_{j in S} (1 - sigmoid(z_j))``)."""
+    outside the support; the remainder nowhere (``remainder="drop"``, the default: Eq. 7 as printed, rows sum to
+    ``1 - prod_{j in S} (1 - sigmoid(z_j))``) or on ``j = r`` (``"diagonal"``: rows sum to one)."""
     check_remainder(remainder)
     z = as_compute(scores)
     diagonal, earlier = diagonal_and_earlier(mask, query_positions)
@@ -135,11 +133,11 @@ class StickBreakingAttention(AttentionLayer):
 @register_attention("sieve", weights=sieve_weights, kernel="lengthbench.kernels.sieve:sieve_attention")
 class SieveAttention(AttentionLayer):
     """Sieve attention (Sieve Attention, Section 3): entmax-support filter, then stick-breaking over the survivors.
-    What is left of the stick goes on the query's own value (``remainder="diagonal"``, the default, which the fused
-    kernel computes) or nowhere (``"drop"``: Eq. 7 as printed, whose weights cover the earlier tokens only; the
-    dense reference everywhere)."""
+    What is left of the stick goes nowhere (``remainder="drop"``, the default: Eq. 7 as printed, whose weights cover
+    the earlier tokens only) or on the query's own value (``"diagonal"``); the fused kernel computes both."""
 
-    def __init__(self, d_model, n_heads, pe, alpha: float = SIEVE_ALPHA, remainder: str = "diagonal", **params):
+    def __init__(self, d_model, n_heads, pe, alpha: float = SIEVE_ALPHA, remainder: str = SIEVE_REMAINDER,
+                 **params):
         super().__init__(d_model, n_heads, pe, **params)
         check_remainder(remainder)
         self.alpha = float(alpha)
@@ -149,13 +147,10 @@ class SieveAttention(AttentionLayer):
         return sieve_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.alpha, query_positions,
                              self.remainder)
 
-    def kernel_names(self) -> tuple[str, ...]:
-        return (self.name,) if self.remainder == "diagonal" else ()
-
     def attend(self, q, k, v, x):
-        op = self.kernel() if q.is_cuda and self.alpha == KERNEL_ALPHA and self.remainder == "diagonal" else None
+        op = self.kernel() if q.is_cuda and self.alpha == KERNEL_ALPHA else None
         if op is not None:
-            return op(q, k, v, slopes=self.pe.slopes(), alpha=self.alpha)
+            return op(q, k, v, slopes=self.pe.slopes(), alpha=self.alpha, remainder=self.remainder)
         return self.reference_attend(q, k, v, x)
 
 
