@@ -36,16 +36,18 @@ header() {
 }
 case "$part" in
   tests|tests-lists|tests-modules)
-    # On one H100 with 8 workers the three parts take about 6, 4 and 6 minutes. The list files skip by a
-    # condition of their own (a GPU, or the Triton interpreter on a CPU), not by the gpu mark, so they run unmarked.
+    # On one H100 80GB with 8 workers (2026-12-06) the three parts took 7.5, 3.9 and 9.4 minutes, and 6 cases of
+    # `tests` ran out of GPU memory (TDA's float64 references at 4,096 tokens, up to 15 GB a worker): `tests`
+    # takes 6 workers unless WORKERS says otherwise. The list files skip by a condition of their own (a GPU, or
+    # the Triton interpreter on a CPU), not by the gpu mark, so they run unmarked.
     case "$part" in
-      tests) files="tests/test_kernels.py"; mark="-m gpu" ;;
-      tests-lists) files="tests/test_entmax_lists.py tests/test_sieve_lists_backward.py"; mark="" ;;
-      tests-modules) files="tests/test_attention_cuda.py tests/test_compiled_reference.py tests/test_short_rows_kernels.py tests/test_views.py tests/test_train_step_gpu.py"; mark="-m gpu" ;;
+      tests) files="tests/test_kernels.py"; mark="-m gpu"; default_workers=6 ;;
+      tests-lists) files="tests/test_entmax_lists.py tests/test_sieve_lists_backward.py"; mark=""; default_workers=8 ;;
+      tests-modules) files="tests/test_attention_cuda.py tests/test_compiled_reference.py tests/test_short_rows_kernels.py tests/test_views.py tests/test_train_step_gpu.py"; mark="-m gpu"; default_workers=8 ;;
     esac
     paths=$(for f in $files; do printf '%s ' "$repo/$f"; done)
-    # pytest-xdist where it is installed: the float64 references at 4,096 tokens want a GPU of 80 GB for 8 workers
-    workers=""; python3 -c "import xdist" 2>/dev/null && workers="-n ${WORKERS:-8}"
+    # pytest-xdist where it is installed
+    workers=""; python3 -c "import xdist" 2>/dev/null && workers="-n ${WORKERS:-$default_workers}"
     # from /tmp, so that the installed (namespaced) package is tested, not the checkout's folders; -rP keeps each
     # case's printed errors (ERR lines)
     cmd="python3 -m pytest $paths-c $repo/pyproject.toml $mark $workers -q -rfEP -p no:cacheprovider --durations=15"
