@@ -13,12 +13,20 @@ rates come, best first, from
    linearly in length, which over-estimates shorter lengths: attention's share grows with the square);
 3. conservative defaults (:data:`DEFAULT_SAMPLES_PER_S`, :data:`DEFAULT_SECONDS_PER_1000_AT_64K`).
 
+The benchmark tables measure each mechanism at its default parameters. Parameters that take a mechanism off its
+fused op (1.5-entmax's or Sieve's ``alpha`` other than 1.5, stick-breaking's ``remainder="drop"``) put it on the
+dense reference path, much slower and quadratic in length: such a cell is costed from stored runs of the same
+mechanism and parameters (any task or model, scaled), else from the reference path's defaults
+(:data:`DEFAULT_REFERENCE_SAMPLES_PER_S`, scoring quadratic from :data:`REFERENCE_QUADRATIC_FROM` tokens).
+
 Cells side by side on one GPU each run slower (:func:`side_by_side_factor`, from
 ``results/benchmarks/side_by_side.parquet`` where measured, else as slow as one after another).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import re
 import time
@@ -46,6 +54,13 @@ DEFAULT_START_S = 150.0
 REFERENCE_WIDTH = 4 * 512  # layers x d_model of the eval_time benchmark's model (the paper MQMTAR model)
 PROCESS_START_S = 20.0  # Python, torch and the data workers, before the first step
 LENGTH_OVERHEAD_S = 1.0  # per scored length: batch planning, diagnostics, the row's write
+# The dense reference path (parameters no fused op computes): Sieve at alpha 1.1 trained the 2-layer d-256 MQRAR
+# model at n 16 at 2,800 samples/s on an H100 (results/runs, 2026-12-06), where alpha 1.5's fused op trains it at
+# 11,000; its
+# scoring grows with the square of the length (the scores of every query against every key, chunked by queries):
+# the fused default's seconds, times n / REFERENCE_QUADRATIC_FROM above that length.
+DEFAULT_REFERENCE_SAMPLES_PER_S = 2_000.0
+REFERENCE_QUADRATIC_FROM = 4096
 # The GPU a plan made on a machine without one is for: the slower of the two lent kinds.
 DEFAULT_PLAN_GPU = "NVIDIA H100 80GB HBM3"
 
@@ -71,6 +86,29 @@ def parse_budget(text: str | int | float) -> float:
 
 def format_minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
+
+
+@functools.lru_cache(maxsize=256)
+def _fused_ops(attn: str, attn_params: str, pe: str, pe_params: str, d_model: int, n_heads: int) -> tuple[str, ...]:
+    from lengthbench.models.attention.registry import ATTENTION
+    from lengthbench.models.positional import build_pe
+
+    try:
+        layer = ATTENTION.get(attn)(d_model, n_heads, build_pe(pe, n_heads, d_model // n_heads, **json.loads(pe_params)),
+                                    **json.loads(attn_params))
+    except Exception:  # noqa: BLE001 - a mechanism that cannot be built here: costed as measured
+        return ("?",)
+    return layer.kernel_names() if layer.kernel_supported() else ()
+
+
+def on_measured_path(config: RunConfig) -> bool:
+    """Whether ``config``'s attention, with its parameters, runs on a GPU the way the benchmark tables measured it
+    (their rows are of the default parameters): the same fused ops, or none in both."""
+    def ops(params: dict) -> tuple[str, ...]:
+        return _fused_ops(config.attn, json.dumps(params, sort_keys=True), config.pe,
+                          json.dumps(config.pe_params, sort_keys=True), config.d_model, config.n_heads)
+
+    return not config.attn_params or ops(config.attn_params) == ops({})
 
 
 def _gpu_family(name: str) -> str:
@@ -123,8 +161,6 @@ class CostModel:
         return frame[frame["train_seconds"].astype(float) > 0]
 
     def _same_model(self, frame: pd.DataFrame, config: RunConfig, batch: bool = True) -> pd.DataFrame:
-        import json
-
         def matches(text: str) -> bool:
             try:
                 other = json.loads(text)
@@ -145,6 +181,8 @@ class CostModel:
             rate = float((steps / per_run["train_seconds"].astype(float)).median())
             # a stored run's seconds include its start and validations: its rate is the whole training's
             return rate, PROCESS_START_S, f"the store ({len(per_run)} run{'s' * (len(per_run) > 1)})"
+        if not on_measured_path(config):
+            return self._reference_rate(config)
         table = self._throughput
         if not table.empty and {"tokens_per_sample", "d_model", "layers"} <= set(table.columns):
             rows = table[(table["attn"] == config.attn) & (table["pe"] == config.pe) &
@@ -184,6 +222,58 @@ class CostModel:
                 return rate * scale, PROCESS_START_S + start, f"train_throughput{where}"
         return DEFAULT_SAMPLES_PER_S, DEFAULT_START_S, "default"
 
+    def _same_mechanism(self, config: RunConfig) -> pd.DataFrame:
+        """Stored runs on this GPU model of ``config``'s mechanism with the same parameters, any task or model."""
+        frame = self._stored_runs
+        if frame.empty:
+            return frame
+
+        def matches(text: str) -> bool:
+            try:
+                other = json.loads(text)
+            except (TypeError, ValueError):
+                return False
+            return (other.get("attn") == config.attn and other.get("attn_params") == config.attn_params
+                    and not other.get("rescored_from"))
+
+        return frame[frame["config_json"].map(matches)]
+
+    def _reference_rate(self, config: RunConfig) -> tuple[float, float, str]:
+        """Samples/s of a cell on the dense reference path: the slowest stored run of the same mechanism and
+        parameters, scaled by layers x width x tokens a sample, else :data:`DEFAULT_REFERENCE_SAMPLES_PER_S`."""
+        from lengthbench.tasks import get_task
+
+        def work(run: dict) -> float:
+            tokens = get_task(run["task"], **(run.get("task_params") or {})).max_tokens(run["train_length"])
+            return run["n_layers"] * run["d_model"] * tokens
+
+        runs = self._same_mechanism(config)
+        rates = []
+        for _, row in (runs.groupby("run_id").first() if not runs.empty else runs).iterrows():
+            run = json.loads(row["config_json"])
+            rate = float(row["train_steps"]) * run["batch_size"] / float(row["train_seconds"])
+            rates.append((rate * work(run) / work(json.loads(config.to_json())), run["task"]))
+        if rates:
+            rate, task = min(rates)
+            return rate, DEFAULT_START_S, f"the store, scaled from {task} (no fused op for these parameters)"
+        return DEFAULT_REFERENCE_SAMPLES_PER_S, DEFAULT_START_S, "default (no fused op for these parameters)"
+
+    def _reference_seconds_per_sample(self, config: RunConfig, n: int) -> tuple[float, str]:
+        """Seconds to score one sample of ``n`` tokens on the dense reference path: from the longest stored length
+        of the same mechanism and parameters (scaled by layers x width, linearly to shorter lengths and with the
+        square to longer ones), else the fused default times ``n / REFERENCE_QUADRATIC_FROM`` above that length."""
+        width = config.n_layers * config.d_model
+        runs = self._same_mechanism(config)
+        if not runs.empty:
+            row = runs.loc[runs["eval_length"].astype(int).idxmax()]
+            run = json.loads(row["config_json"])
+            m = int(row["eval_length"])
+            per_sample = float(row["eval_seconds"]) / max(1.0, float(row["n_samples"]))
+            per_sample *= width / (run["n_layers"] * run["d_model"])
+            return per_sample * max(n / m, (n / m) ** 2), "the store, scaled (no fused op)"
+        fused = DEFAULT_SECONDS_PER_1000_AT_64K / 1000 * width / REFERENCE_WIDTH * n / 65536
+        return fused * max(1.0, n / REFERENCE_QUADRATIC_FROM), "default (no fused op)"
+
     def seconds_per_sample(self, config: RunConfig, n: int) -> tuple[float, str]:
         """Seconds to score one sample of ``n`` tokens with ``config``'s model on this GPU."""
         runs = self._same_model(self._stored_runs, config, batch=False)
@@ -192,6 +282,8 @@ class CostModel:
             if not rows.empty:
                 per_sample = rows["eval_seconds"].astype(float) / rows["n_samples"].astype(float).clip(lower=1)
                 return float(per_sample.max()), "the store"
+        if not on_measured_path(config):
+            return self._reference_seconds_per_sample(config, n)
         width = config.n_layers * config.d_model
         table = self._eval_time
         if not table.empty:
@@ -219,7 +311,7 @@ class CostModel:
         validation_lengths = sorted({config.train_length * selection_multiplier(s) for s in selections})
         validations = -(-config.train_steps // config.eval_every)
         # a stored run's training seconds hold its validations already
-        validation = 0.0 if train_source.startswith("the store") else validations * sum(config.val_samples * self.seconds_per_sample(config, n)[0]
+        validation = 0.0 if train_source.startswith("the store (") else validations * sum(config.val_samples * self.seconds_per_sample(config, n)[0]
                                        for n in validation_lengths)
         lengths = [n for _, n in eval_lengths(config.train_length, config.max_multiplier, task.extra_multipliers)]
         scoring_sources = set()

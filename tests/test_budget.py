@@ -15,7 +15,15 @@ import pandas as pd
 import pytest
 from cli_helpers import cli
 
-from lengthbench.budget import BudgetGuard, CellCost, CostModel, parse_budget, plan, side_by_side_factor
+from lengthbench.budget import (
+    BudgetGuard,
+    CellCost,
+    CostModel,
+    on_measured_path,
+    parse_budget,
+    plan,
+    side_by_side_factor,
+)
 from lengthbench.config import build_config
 from lengthbench.errors import UsageError
 from lengthbench.mps import daemon_running, mps_for_sweep
@@ -108,6 +116,66 @@ def test_the_store_calibrates_the_cost(tmp_path):
     # another GPU's rows do not calibrate this one
     assert CostModel("NVIDIA H100", store, benchmarks=tmp_path / "bench").cost(config).sources[0].startswith(
         "training: train_throughput")
+
+
+@pytest.mark.parametrize("attn, params, measured", [
+    ("entmax", {"alpha": 1.5}, True), ("entmax", {"alpha": 1.1}, False), ("sieve", {"alpha": 1.1}, False),
+    ("sieve", {"remainder": "diagonal"}, True),  # Sieve's fused op computes both remainders
+    ("stickbreaking", {"remainder": "drop"}, False), ("asentmax", {"alpha": 1.25}, False),
+    ("ssmax", {"s_init": 1.0}, True), ("sieve-window", {"eps": 8}, True), ("softmax", {}, True)])
+def test_parameters_that_leave_the_fused_op_are_not_costed_as_measured(attn, params, measured):
+    config = build_config("copy", attn, "rope" if attn in ("entmax", "asentmax", "ssmax", "softmax") else "none",
+                          "paper", attn_params=params)
+    assert on_measured_path(config) is measured
+
+
+def store_rows(config, steps, train_seconds, lengths, eval_seconds, n_samples=200, device="NVIDIA H100 80GB HBM3"):
+    rows = []
+    for n in lengths:
+        row = dict.fromkeys(CONTRACT_COLUMNS)
+        row.update(run_id=config.run_id, task=config.task, attn=config.attn, pe=config.pe, seed=config.seed,
+                   train_length=config.train_length, multiplier=n // config.train_length, eval_length=n,
+                   n_samples=n_samples, eval_seconds=eval_seconds(n), train_steps=steps, train_seconds=train_seconds,
+                   device=device, config_json=config.to_json())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_a_cell_on_the_reference_path_is_costed_as_one(tmp_path):
+    """Sieve at alpha 1.1 has no fused op: the tables' fused rate (20,000 samples/s here) does not apply; stored
+    runs of the same mechanism and parameters on another task do, scaled, else the reference path's defaults."""
+    from lengthbench.budget import DEFAULT_REFERENCE_SAMPLES_PER_S, REFERENCE_QUADRATIC_FROM
+    from lengthbench.tasks import get_task
+
+    write_benchmarks(tmp_path, device="NVIDIA H100 80GB HBM3")
+    bench = pd.read_parquet(tmp_path / "train_throughput.parquet").assign(attn="sieve", pe="none")
+    bench.to_parquet(tmp_path / "train_throughput.parquet")
+    gpu = "NVIDIA H100 80GB HBM3"
+    fused = build_config("copy", "sieve", "none", "paper", train_samples=1_280_000, max_multiplier=256)
+    assert CostModel(gpu, benchmarks=tmp_path).cost(fused).train == pytest.approx(1_280_000 / 20_000)
+    slow = build_config("copy", "sieve", "none", "paper", train_samples=1_280_000, max_multiplier=256,
+                        attn_params={"alpha": 1.1})
+    cost = CostModel(gpu, benchmarks=tmp_path).cost(slow)
+    assert cost.train == pytest.approx(1_280_000 / DEFAULT_REFERENCE_SAMPLES_PER_S)
+    assert cost.sources == ["training: default (no fused op for these parameters)", "scoring: default (no fused op)"]
+    # the validations at 8x count (a fused cell's are small), and scoring grows with the square past 4,096 tokens
+    assert cost.validation > 0
+    model = CostModel(gpu, benchmarks=tmp_path)
+    long, short = (model.seconds_per_sample(slow, n)[0] for n in (16384, REFERENCE_QUADRATIC_FROM))
+    assert long == pytest.approx(short * 16)
+    # a stored MQRAR run of Sieve at alpha 1.1 (2 layers, d 256, n 16): its rate, scaled by the work of a sample
+    mqrar = build_config("mqrar", "sieve", "none", "paper", attn_params={"alpha": 1.1}, n_layers=2, d_model=256,
+                         train_length=16, n_heads=16)
+    store = store_rows(mqrar, 10_000, 400.0, [16, 32], lambda n: n / 100)
+    cost = CostModel(gpu, store, benchmarks=tmp_path).cost(slow)
+    work = {c.task: c.n_layers * c.d_model * get_task(c.task).max_tokens(c.train_length) for c in (mqrar, slow)}
+    assert cost.train == pytest.approx(1_280_000 / (10_000 * 128 / 400.0 * work["mqrar"] / work["copy"]))
+    assert cost.sources[0] == "training: the store, scaled from mqrar (no fused op for these parameters)"
+    # scoring from its longest length (32 tokens, 0.32 s for 200 samples), with the square beyond it
+    per_sample = 0.32 / 200 * (slow.n_layers * slow.d_model) / (2 * 256)
+    assert CostModel(gpu, store, benchmarks=tmp_path).seconds_per_sample(slow, 64)[0] == pytest.approx(per_sample * 4)
+    # the same parameters on the fused op's alpha (1.5) are costed as measured
+    assert CostModel(gpu, store, benchmarks=tmp_path).cost(fused).train == pytest.approx(1_280_000 / 20_000)
 
 
 class FixedCost:

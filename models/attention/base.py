@@ -249,6 +249,11 @@ class AttentionLayer(nn.Module, abc.ABC):
         """The fused ops this module may call on CUDA (each call is a graph break in a compiled model)."""
         return (self.name,)
 
+    def kernel_supported(self) -> bool:
+        """Whether this module's parameters are ones its fused op computes (else a CUDA forward runs the dense
+        reference); the sweep's cost model asks it too."""
+        return True
+
     def dispatches_to_kernel(self) -> bool:
         """Whether a forward on CUDA may call a fused op here; decided without loading the ops, so that a forward
         that torch.compile traces may ask (:meth:`fused_views`) without a graph break."""

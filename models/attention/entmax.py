@@ -155,8 +155,11 @@ class EntmaxAttention(AttentionLayer):
     def weights(self, scores, query_positions, x_rows):
         return entmax_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.alpha)
 
+    def kernel_supported(self) -> bool:
+        return self.alpha == KERNEL_ALPHA
+
     def attend(self, q, k, v, x):
-        op = self.kernel() if q.is_cuda and self.alpha == KERNEL_ALPHA else None
+        op = self.kernel() if q.is_cuda and self.kernel_supported() else None
         if op is not None:
             return op(q, k, v, slopes=self.pe.slopes(), alpha=self.alpha)
         return self.reference_attend(q, k, v, x)

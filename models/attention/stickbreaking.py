@@ -121,10 +121,13 @@ class StickBreakingAttention(AttentionLayer):
                                      self.remainder)
 
     def kernel_names(self) -> tuple[str, ...]:
-        return (self.name,) if self.remainder == "diagonal" else ()
+        return (self.name,) if self.kernel_supported() else ()
+
+    def kernel_supported(self) -> bool:
+        return self.remainder == "diagonal"
 
     def attend(self, q, k, v, x):
-        op = self.kernel() if q.is_cuda and self.remainder == "diagonal" else None
+        op = self.kernel() if q.is_cuda and self.kernel_supported() else None
         if op is not None:
             return op(q, k, v, slopes=self.pe.slopes())
         return self.reference_attend(q, k, v, x)
@@ -147,8 +150,11 @@ class SieveAttention(AttentionLayer):
         return sieve_weights(scores, causal_mask(query_positions, scores.shape[-1]), self.alpha, query_positions,
                              self.remainder)
 
+    def kernel_supported(self) -> bool:
+        return self.alpha == KERNEL_ALPHA
+
     def attend(self, q, k, v, x):
-        op = self.kernel() if q.is_cuda and self.alpha == KERNEL_ALPHA else None
+        op = self.kernel() if q.is_cuda and self.kernel_supported() else None
         if op is not None:
             return op(q, k, v, slopes=self.pe.slopes(), alpha=self.alpha, remainder=self.remainder)
         return self.reference_attend(q, k, v, x)
