@@ -56,9 +56,8 @@ PROCESS_START_S = 20.0  # Python, torch and the data workers, before the first s
 LENGTH_OVERHEAD_S = 1.0  # per scored length: batch planning, diagnostics, the row's write
 # The dense reference path (parameters no fused op computes): Sieve at alpha 1.1 trained the 2-layer d-256 MQRAR
 # model at n 16 at 2,800 samples/s on an H100 (results/runs, 2026-12-06), where alpha 1.5's fused op trains it at
-# 11,000; its
-# scoring grows with the square of the length (the scores of every query against every key, chunked by queries):
-# the fused default's seconds, times n / REFERENCE_QUADRATIC_FROM above that length.
+# 11,000; its scoring grows with the square of the length (the scores of every query against every key, chunked by
+# queries): the fused default's seconds, times n / REFERENCE_QUADRATIC_FROM above that length.
 DEFAULT_REFERENCE_SAMPLES_PER_S = 2_000.0
 REFERENCE_QUADRATIC_FROM = 4096
 # The GPU a plan made on a machine without one is for: the slower of the two lent kinds.
@@ -160,17 +159,22 @@ class CostModel:
         frame = frame[frame["device"].astype(str).map(_gpu_family) == self.family]
         return frame[frame["train_seconds"].astype(float) > 0]
 
-    def _same_model(self, frame: pd.DataFrame, config: RunConfig, batch: bool = True) -> pd.DataFrame:
+    @staticmethod
+    def _matching(frame: pd.DataFrame, config: RunConfig, keys: list[str]) -> pd.DataFrame:
+        """The rows of ``frame`` whose run configuration equals ``config``'s at ``keys`` (rescored runs left out)."""
         def matches(text: str) -> bool:
             try:
                 other = json.loads(text)
             except (TypeError, ValueError):
                 return False
-            keys = ["task", "attn", "pe", "attn_params", "pe_params", "d_model", "n_layers", "n_heads", "ffn",
-                    "train_length", "train_step"] + (["batch_size"] if batch else [])
             return all(other.get(key) == getattr(config, key) for key in keys) and not other.get("rescored_from")
 
         return frame[frame["config_json"].map(matches)] if not frame.empty else frame
+
+    def _same_model(self, frame: pd.DataFrame, config: RunConfig, batch: bool = True) -> pd.DataFrame:
+        keys = ["task", "attn", "pe", "attn_params", "pe_params", "d_model", "n_layers", "n_heads", "ffn",
+                "train_length", "train_step"] + (["batch_size"] if batch else [])
+        return self._matching(frame, config, keys)
 
     def samples_per_second(self, config: RunConfig) -> tuple[float, float, str]:
         """``(samples/s, start seconds, source)`` of ``config``'s training on this GPU."""
@@ -224,19 +228,7 @@ class CostModel:
 
     def _same_mechanism(self, config: RunConfig) -> pd.DataFrame:
         """Stored runs on this GPU model of ``config``'s mechanism with the same parameters, any task or model."""
-        frame = self._stored_runs
-        if frame.empty:
-            return frame
-
-        def matches(text: str) -> bool:
-            try:
-                other = json.loads(text)
-            except (TypeError, ValueError):
-                return False
-            return (other.get("attn") == config.attn and other.get("attn_params") == config.attn_params
-                    and not other.get("rescored_from"))
-
-        return frame[frame["config_json"].map(matches)]
+        return self._matching(self._stored_runs, config, ["attn", "attn_params"])
 
     def _reference_rate(self, config: RunConfig) -> tuple[float, float, str]:
         """Samples/s of a cell on the dense reference path: the slowest stored run of the same mechanism and
