@@ -149,9 +149,6 @@ class RowScaledAttention(AttentionLayer):
     def kernel_params(self) -> dict:
         return {}
 
-    def kernel_supported(self) -> bool:
-        return True
-
     def kernel_names(self) -> tuple[str, ...]:
         return (self.base_kernel,) if self.kernel_supported() else ()
 
