@@ -18,7 +18,8 @@ The cost line gives the runs, steps and samples, and an estimate of the minutes 
 committed runs (``results/runs/`` of the checkout) include runs of the same task, model and batch size on a
 device of the same name: their median training samples per second, and their scoring seconds per sample over the
 same lengths. The line naming the default says in how many of the committed runs of its settings the task was
-learned (MQRAR's curricula learn it on most seeds, not all).
+learned: MQRAR's curricula learn it on most seeds of stick-breaking + NoPE and of the RoPE rows, not with Sieve as
+Section 3 of its paper defines it (alpha 1.5; docs/reproduction.md, "why MQRAR and Copy do not reproduce").
 """
 
 from __future__ import annotations

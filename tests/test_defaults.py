@@ -201,7 +201,7 @@ def test_run_on_a_cpu_keeps_smoke_and_says_what_a_real_run_needs(monkeypatch, ca
     assert out.startswith(build_config("mqrar", "sieve", "none", "smoke", train_samples=640).run_id)
     assert "cost: 20 steps, 640 samples (the smoke preset, a CPU's default" in out
     # what the GPU runs, without this run's overrides
-    assert ("a run that learns mqrar needs a GPU, where `run` defaults to the paper preset with a 2-stage "
+    assert ("a real run of mqrar needs a GPU, where `run` defaults to the paper preset with a 2-stage "
             "curriculum: 3 runs (2 curriculum stages, then the cell): 17,500 steps, 2.24M samples; about ") in out
     assert "dry run: not started" in out
 

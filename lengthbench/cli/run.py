@@ -288,7 +288,7 @@ def plan_run(task: str, attn: str, pe: str, recipe, explicit: dict) -> list:
 def cost_lines(chain: list, recipe, preset: str | None, device, explicit: dict) -> list[str]:
     """What ``run`` prints before it trains: where no --preset was given on a GPU, which recipe it is; the cost of
     the runs (steps, samples, minutes on this device where the committed runs give an estimate); on a CPU without
-    --preset, what a run that learns the task needs."""
+    --preset, what a real run of the task needs on a GPU, and how often the committed runs of it learned."""
     from lengthbench import defaults
     from lengthbench.devices import device_description
 
@@ -308,7 +308,7 @@ def cost_lines(chain: list, recipe, preset: str | None, device, explicit: dict) 
         gpu = defaults.gpu_recipe(config.task, config.pe)
         gpu_chain = plan_run(config.task, config.attn, config.pe, gpu, cell)
         learned = defaults.learned_words(gpu_chain[-1], runs)
-        lines.append(f"a run that learns {config.task} needs a GPU, where `run` defaults to {gpu.describe()}: "
+        lines.append(f"a real run of {config.task} needs a GPU, where `run` defaults to {gpu.describe()}: "
                      f"{defaults.cost_words(gpu_chain, defaults.usual_device(gpu_chain, runs), runs)}"
                      + (f"; {learned}" if learned else ""))
     else:
