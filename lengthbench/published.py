@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from lengthbench import checkout_path
-from lengthbench.config import RunConfig, selection_words
+from lengthbench.config import DEFAULT_INIT, RunConfig, selection_words
 from lengthbench.leaderboard import (
     METRIC_NAMES,
     TextTable,
@@ -118,10 +118,13 @@ def protocol_line(section: Section) -> str:
                            for words, pes in selections.items())
     also = " and in distribution, both from one training" if "id" in config.also_select else ""
     seeds = sorted({c.seed for c in section.cells})
+    init = "" if config.init == DEFAULT_INIT else f", init {config.init}"
+    task = "".join(f"; task {key}={value}" if not number else f", {key}={value}"
+                   for number, (key, value) in enumerate(config.task_params.items()))
     line = (f"{config.train_samples / 1e6:g}M samples of batch {config.batch_size}, lr {config.lr:g}, "
             f"{config.warmup_steps:,} warm-up steps then cosine to "
             f"{'0' if config.min_lr_ratio == 0 else f'{config.min_lr_ratio:g} x lr'}, model "
-            f"{config.n_layers} x d {config.d_model}, {config.n_heads} heads, FFN {config.ffn}; checkpoint "
+            f"{config.n_layers} x d {config.d_model}, {config.n_heads} heads, FFN {config.ffn}{init}{task}; checkpoint "
             f"selection {chosen}{also}; {config.eval_samples:,} samples per length; seeds "
             f"{', '.join(map(str, seeds))}")
     if section.budget_fraction is not None:

@@ -227,3 +227,14 @@ def test_compare_names_the_plugin_a_run_at_the_protocol_needs(tmp_path, monkeypa
     err = capsys.readouterr().err.strip()
     assert "uses the mechanism 'notloaded'" in err and "--plugin my_attention@/somewhere" in err
     assert len(err.splitlines()) == 1
+
+
+def test_the_protocol_line_states_a_non_default_init_and_the_task_parameters(tmp_path):
+    from lengthbench.published import protocol_line
+
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG)
+    assert "init" not in protocol_line(read_section(path)) and "; task " not in protocol_line(read_section(path))
+    path.write_text(CONFIG.replace("[overrides]", '[overrides]\ninit = "torch"\ntask_params = {symbols = 8}'))
+    line = protocol_line(read_section(path))
+    assert ", init torch; task symbols=8; checkpoint selection" in line
