@@ -2,24 +2,26 @@
 
 On a CPU the default is the ``smoke`` preset: a tiny model for a minute, which checks the pipeline and learns
 little. On a GPU it is the task's **recipe**: a preset, settings and curriculum with which the committed runs
-(``results/runs/``) learn the task in distribution, in minutes, scored on 200 samples per length. Where a
-paper-table config (``configs/``) trains that way the recipe is its training (the quick preset for most tasks;
-MQRAR's curricula of Sieve Attention Table 1, since no run of ours learns MQRAR from scratch: its 1M-8M sample
-runs at n 64 stay at 0 in distribution, one curriculum for NoPE models and one for the others). Copy, Reverse,
-Sort and MQMTAR have configs that carry out the paper's own protocol (20M-40M samples, hours a cell) with no run
-stored yet; their recipes are the shorter settings of the committed runs that learn them (the quick preset with
-3M-4M samples of batch 512; MQMTAR the paper model, 5M samples at lr 3e-4). A test checks each recipe that names a
-config against it, and that most committed runs of every recipe's settings learn. The committed runs of MQMTAR,
-Local Count and the Flip-Flops trained those tasks' earlier layouts (the store's schema 1: MQMTAR's random
-spacing and uniform values, Local Count's cut runs, Flip-Flop's ``<sep>``); today's layouts have no committed run
-of these settings yet.
+(``results/runs/``, and the studies' ``results/studies/runs/``) learn the task in distribution, in minutes, scored
+on 200 samples per length. Where a paper-table config (``configs/``) trains that way the recipe is its training
+(the quick preset for most tasks). Copy, Reverse, Sort and MQMTAR have configs that carry out the paper's own
+protocol (20M-40M samples, hours a cell) with no run stored yet; their recipes are the shorter settings of the
+committed runs that learn them (the quick preset with 3M-4M samples of batch 512; MQMTAR the paper model, 5M
+samples at lr 3e-4). MQRAR's is Sieve Attention Table 1's config at a short budget: the task as its authors
+generate it (each query answered in place, every recurring key scored), the 4-layer model with PyTorch's
+initialisation, 10,000 steps of batch 128, no curriculum: the settings of the study's ``authors-task-init-torch``
+runs (``configs/studies/sieve_mqrar_copy_suspects.toml``). A test checks each recipe that names a config against
+it, and that most committed runs of every recipe's settings learn. The committed runs of MQMTAR, Local Count and
+the Flip-Flops trained those tasks' earlier layouts (the store's schema 1: MQMTAR's random spacing and uniform
+values, Local Count's cut runs, Flip-Flop's ``<sep>``); today's layouts have no committed run of these settings
+yet.
 
 The cost line gives the runs, steps and samples, and an estimate of the minutes on this device where the
-committed runs (``results/runs/`` of the checkout) include runs of the same task, model and batch size on a
-device of the same name: their median training samples per second, and their scoring seconds per sample over the
-same lengths. The line naming the default says in how many of the committed runs of its settings the task was
-learned: MQRAR's curricula learn it on most seeds of stick-breaking + NoPE and of the RoPE rows, not with Sieve as
-Section 3 of its paper defines it (alpha 1.5; docs/reproduction.md, "why MQRAR and Copy do not reproduce").
+committed runs include runs of the same task, model and batch size on a device of the same name: their median
+training samples per second, and their scoring seconds per sample over the same lengths. The line naming the
+default says in how many of the committed runs of its settings the task was learned: MQRAR's recipe learns it with
+every seed of stick-breaking + NoPE and of softmax + RoPE, not with Sieve as Section 3 of its paper defines it
+(alpha 1.5: 71-86 exact match in distribution; docs/reproduction.md, "why MQRAR and Copy do not reproduce").
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from typing import Any
 from lengthbench import checkout_path
 from lengthbench.config import RunConfig
 
-# The committed store of the checkout this package runs from (absent in an installed wheel: no estimates then)
-COMMITTED_RESULTS = checkout_path("results")
+# The committed stores of the checkout this package runs from, the paper tables' and the studies' (absent in an
+# installed wheel: no estimates then)
+COMMITTED_RESULTS = (checkout_path("results"), checkout_path("results", "studies"))
 DEFAULT_CPU_PRESET = "smoke"
 EVAL_SAMPLES = 200  # samples per length of a recipe's scoring (the quick preset's)
 
@@ -56,30 +59,33 @@ class Recipe:
         if self.stages:
             text += f" with a {len(self.stages)}-stage curriculum"
         elif self.overrides.keys() - {"eval_samples", "max_multiplier"}:
-            text += " with " + ", ".join(f"{key.replace('_', ' ')} {value:,}" if isinstance(value, int) else
-                                         f"{key.replace('_', ' ')} {value}"
+            text += " with " + ", ".join(f"{key.replace('_', ' ')} {_value(value)}"
                                          for key, value in self.overrides.items()
                                          if key not in ("eval_samples", "max_multiplier"))
         return text + (f" (configs/{self.config})" if self.config else "")
+
+
+def _value(value: Any) -> str:
+    """``1,280,000``; ``(layout=inline, score_recurrences=true)`` for a dict of parameters; ``torch``."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, dict):
+        return "(" + ", ".join(f"{key}={_value(item)}" for key, item in value.items()) + ")"
+    return str(value)
 
 
 def _scored(max_multiplier: int, **training: Any) -> dict[str, Any]:
     return {**training, "eval_samples": EVAL_SAMPLES, "max_multiplier": max_multiplier}
 
 
-# Sieve Attention, Table 1, MQRAR: 4 layers, PyTorch's initialisation, two stages at n 16 (each query answered in
-# place, then the paper's layout) before the task at n 64, selection at 8x
-_MQRAR_NOPE = Recipe("paper", _scored(1024, init="torch", n_layers=4, train_samples=640_000, warmup_steps=1000,
-                                      selection="8x"),
-                     ({"train_length": 16, "task_params": {"layout": "inline"}, "train_samples": 960_000,
-                       "warmup_steps": 2000, "max_multiplier": 2, "selection": "id"},
-                      {"train_length": 16, "max_multiplier": 2, "selection": "id"}),
-                     )
-# its RoPE rows: the 2-layer model of its Table 3, the same two stages with the preset's warm-up
-_MQRAR = Recipe("paper", _scored(1024, init="torch", n_layers=2, train_samples=1_280_000),
-                ({"train_length": 16, "task_params": {"layout": "inline"}, "max_multiplier": 2},
-                 {"train_length": 16, "train_samples": 640_000, "max_multiplier": 2}),
-                )
+# Sieve Attention, Table 1, MQRAR (configs/sieve_table1_mqrar.toml) at a short budget: its task (Tan et al.'s: each
+# query answered in place, every recurring key scored), model and initialisation, 10,000 steps with a 1,000-step
+# warm-up, validated every 1,000 steps on 256 samples: the study's authors-task-init-torch runs (results/studies)
+_MQRAR = Recipe("paper", _scored(1024, task_params={"layout": "inline", "score_recurrences": True}, init="torch",
+                                 train_samples=1_280_000, warmup_steps=1000, val_samples=256, eval_every=1000,
+                                 checkpoint_every=1000))
 
 # task -> recipe; "task:pe" where the encoding decides
 GPU_RECIPES: dict[str, Recipe] = {
@@ -95,7 +101,6 @@ GPU_RECIPES: dict[str, Recipe] = {
                            config="sparse_attention_table5_maxretrieval.toml"),
     "mqmtar": Recipe("paper", _scored(1024, train_samples=5_000_000, lr=3e-4)),
     "mqrar": _MQRAR,
-    "mqrar:none": _MQRAR_NOPE,
     "2back": Recipe("quick", _scored(64), config="sparse_attention_table3_2back.toml"),
     "passkey": Recipe("quick", _scored(64), config="tda_figure3_softpick_table4_passkey.toml"),
 }
@@ -128,9 +133,9 @@ _TRAINING_FIELDS = ("preset", "train_samples", "lr", "warmup_steps", "selection"
                     "arch")
 
 
-def committed_runs(results: Path = COMMITTED_RESULTS, task: str | None = None):
-    """One row per run of a store (default: the committed one; with ``task``, the runs whose id starts with its
-    name) with what an estimate needs: device, task, training length, task parameters as stored, model and batch,
+def committed_runs(results: Path | tuple[Path, ...] = COMMITTED_RESULTS, task: str | None = None):
+    """One row per run of a store or of several (default: the committed ones; with ``task``, the runs whose id
+    starts with its name) with what an estimate needs: device, task, training length, task parameters as stored, model and batch,
     training samples per second, and scoring seconds per sample by multiplier (``eval_per_sample``: {multiplier:
     seconds}); and, read in today's terms (schema-1 rows with the defaults they ran), the mechanism, the task
     parameters and the training fields, ``staged`` (trained after a curriculum) and ``learned`` (at least 90% in
@@ -139,7 +144,9 @@ def committed_runs(results: Path = COMMITTED_RESULTS, task: str | None = None):
 
     from lengthbench.store import with_schema_version
 
-    files = sorted((Path(results) / "runs").glob(f"{task}-*.parquet" if task else "*.parquet"))
+    stores = (results,) if isinstance(results, (str, Path)) else results
+    files = [path for store in stores
+             for path in sorted((Path(store) / "runs").glob(f"{task}-*.parquet" if task else "*.parquet"))]
     frames = []
     for path in files:
         try:
@@ -205,33 +212,39 @@ def learned_words(config, runs) -> str:
 
 def estimate_seconds(config, device: str, runs) -> float | None:
     """Seconds that ``config`` (a RunConfig) takes on ``device`` (its name, as stored), from ``runs``
-    (:func:`committed_runs`) of the same task, training length, task parameters, model and batch on that device,
-    those of the same mechanism and encoding where there are some: the median training rate for the training, the
-    median scoring seconds per sample of the runs scored over all this run's lengths for the scoring. None where no
-    such run exists."""
+    (:func:`committed_runs`) of the same task, training length, model and batch on that device, those of the same
+    mechanism and encoding where there are some: the median training rate of the runs with the same task
+    parameters for the training; the median scoring seconds per sample of the runs scored over all this run's
+    lengths, whatever their task parameters (a layout changes a sample by a few tokens), for the scoring. None
+    where either has no such run."""
     import numpy as np
 
     if runs is None or len(runs) == 0:
         return None
-    same = runs[(runs["device"] == device) & (runs["task"] == config.task)
-                & (runs["train_length"] == config.train_length)
-                & (runs["task_params"] == json.dumps(config.task_params, sort_keys=True))]
+    alike = runs[(runs["device"] == device) & (runs["task"] == config.task)
+                 & (runs["train_length"] == config.train_length)]
     for key in _MODEL_FIELDS:
-        same = same[same[key] == getattr(config, key)]
+        alike = alike[alike[key] == getattr(config, key)]
+    same = alike[alike["task_params"] == json.dumps(config.task_params, sort_keys=True)]
     if same.empty:
         return None
-    for narrower in (same[(same["attn"] == config.attn) & (same["pe"] == config.pe)], same[same["attn"] == config.attn]):
-        if len(narrower):
-            same = narrower
-            break
     from lengthbench.tasks import eval_multipliers
 
     wanted = [float(m) for m in eval_multipliers(config.max_multiplier)]
-    scoring = [sum(per_sample[m] for m in wanted) for per_sample in same["eval_per_sample"]
-               if all(m in per_sample for m in wanted)]
-    if not scoring:
+    alike = alike[[all(m in per_sample for m in wanted) for per_sample in alike["eval_per_sample"]]]
+    same, alike = _closest(same, config), _closest(alike, config)
+    if alike.empty:
         return None
+    scoring = [sum(per_sample[m] for m in wanted) for per_sample in alike["eval_per_sample"]]
     return config.train_samples / float(np.median(same["samples_per_s"])) + config.eval_samples * float(np.median(scoring))
+
+
+def _closest(runs, config):
+    """The runs of ``config``'s mechanism and encoding where there are some, else of its mechanism, else all."""
+    for narrower in (runs[(runs["attn"] == config.attn) & (runs["pe"] == config.pe)], runs[runs["attn"] == config.attn]):
+        if len(narrower):
+            return narrower
+    return runs
 
 
 def usual_device(configs, runs) -> str | None:

@@ -267,14 +267,19 @@ def _params(params: dict) -> str:
 def plan_run(task: str, attn: str, pe: str, recipe, explicit: dict) -> list:
     """The configurations ``run`` trains, in order: a recipe's curriculum stages (:func:`lengthbench.sweep.add_stages`,
     unless ``--init-from`` is given), then the cell. The cell's fields: the recipe's over its preset, then what the
-    user gave (``explicit``: RunConfig fields, None where not given), then the task's own n_train where neither
-    sets it. Every configuration is checked before anything runs."""
+    user gave (``explicit``: RunConfig fields, None where not given; a user's task, attention or encoding
+    parameters over the recipe's, one by one), then the task's own n_train where neither sets it. Every
+    configuration is checked before anything runs."""
     from lengthbench import validation
     from lengthbench.config import build_config
     from lengthbench.sweep import add_stages, default_train_length
     from lengthbench.tasks import eval_multipliers, get_task
 
-    fields = {**recipe.overrides, **{key: value for key, value in explicit.items() if value is not None}}
+    given = {key: value for key, value in explicit.items() if value is not None}
+    for key in ("task_params", "attn_params", "pe_params"):
+        if key in recipe.overrides:
+            given[key] = {**recipe.overrides[key], **given.get(key, {})}
+    fields = {**recipe.overrides, **given}
     fields = {**default_train_length(task, fields), **fields}
     config = build_config(task, attn, pe, recipe.preset, **fields)
     validation.check_config(config)
