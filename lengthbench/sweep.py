@@ -371,7 +371,7 @@ def _pe_overrides(pe: str, overrides: dict[str, Any], by_pe: dict[str, dict[str,
     return {**overrides, **extra}
 
 
-def _merged(fields: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def merged_fields(fields: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """``over``'s fields over ``fields``, the parameter tables (:data:`PARAM_FIELDS`) merged key by key."""
     merged = {**fields, **over}
     for key in PARAM_FIELDS:
@@ -395,7 +395,7 @@ def _task_overrides(task: str, overrides: dict[str, Any], by_task: dict[str, dic
 
     for name, table in by_task.items():
         if canonical(name) == canonical(task):
-            overrides = _merged(overrides, table)
+            overrides = merged_fields(overrides, table)
     return overrides
 
 
@@ -421,7 +421,7 @@ def plan_cells(cells: list[str], seeds: list[int], preset: str = "smoke",
             raise UsageError(f"a cell is task:attn:pe, e.g. copy:sieve:none; got {cell!r}")
         attn, attn_params = _cell_part(parts[1], cell)
         pe, pe_params = _cell_part(parts[2], cell)
-        cell_overrides = _merged(_task_overrides(parts[0], _pe_overrides(pe, dict(overrides), by_pe), by_task),
+        cell_overrides = merged_fields(_task_overrides(parts[0], _pe_overrides(pe, dict(overrides), by_pe), by_task),
                                  variant or {})
         for key, params in (("attn_params", attn_params), ("pe_params", pe_params)):
             if params:

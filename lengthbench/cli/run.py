@@ -272,14 +272,10 @@ def plan_run(task: str, attn: str, pe: str, recipe, explicit: dict) -> list:
     configuration is checked before anything runs."""
     from lengthbench import validation
     from lengthbench.config import build_config
-    from lengthbench.sweep import add_stages, default_train_length
+    from lengthbench.sweep import add_stages, default_train_length, merged_fields
     from lengthbench.tasks import eval_multipliers, get_task
 
-    given = {key: value for key, value in explicit.items() if value is not None}
-    for key in ("task_params", "attn_params", "pe_params"):
-        if key in recipe.overrides:
-            given[key] = {**recipe.overrides[key], **given.get(key, {})}
-    fields = {**recipe.overrides, **given}
+    fields = merged_fields(recipe.overrides, {key: value for key, value in explicit.items() if value is not None})
     fields = {**default_train_length(task, fields), **fields}
     config = build_config(task, attn, pe, recipe.preset, **fields)
     validation.check_config(config)
