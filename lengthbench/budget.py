@@ -7,7 +7,8 @@ scoring (``eval_samples`` at every length, once per selection: the run's own and
 rates come, best first, from
 
 1. the store: finished runs with the same task, mechanism, encoding, model and batch on the same GPU model
-   (their ``train_seconds`` and ``eval_seconds`` per length), so a campaign's first window calibrates the next;
+   (the fastest one's ``train_seconds``: a slower one may have shared its GPU, which the plan counts on its own;
+   the slowest ``eval_seconds`` per length), so a campaign's first window calibrates the next;
 2. the product benchmarks: ``results/benchmarks/train_throughput.parquet`` (samples/s, warm-up) and
    ``eval_time.parquet`` (seconds per 1,000 samples at a length, scaled to the model's layers x width and
    linearly in length, which over-estimates shorter lengths: attention's share grows with the square);
@@ -182,8 +183,9 @@ class CostModel:
         if not runs.empty:
             per_run = runs.groupby("run_id").first()
             steps = per_run["train_steps"].astype(float) * config.batch_size
-            rate = float((steps / per_run["train_seconds"].astype(float)).median())
-            # a stored run's seconds include its start and validations: its rate is the whole training's
+            # the fastest stored run: a run's seconds include its start and validations (its rate is the whole
+            # training's), and also any cells that shared its GPU, which the plan adds back (side_by_side_factor)
+            rate = float((steps / per_run["train_seconds"].astype(float)).max())
             return rate, PROCESS_START_S, f"the store ({len(per_run)} run{'s' * (len(per_run) > 1)})"
         if not on_measured_path(config):
             return self._reference_rate(config)

@@ -113,6 +113,11 @@ def test_the_store_calibrates_the_cost(tmp_path):
     # 5, 10, 20 s for 500 samples: 1,000 samples take twice as long, plus one second each length
     assert cost.scoring == pytest.approx(2 * (5 + 10 + 20) + 3)
     assert cost.sources == ["training: the store (1 run)", "scoring: the store"]
+    # a second run of the same model that took twice as long (it shared its GPU) does not slow the estimate: the
+    # plan adds sharing on its own (side_by_side_factor)
+    shared = store.assign(run_id="r2", train_seconds=256.0)
+    both = CostModel("NVIDIA H200", pd.concat([store, shared]), benchmarks=tmp_path / "bench").cost(config)
+    assert both.train == pytest.approx(128.0) and both.sources[0] == "training: the store (2 runs)"
     # another GPU's rows do not calibrate this one
     assert CostModel("NVIDIA H100", store, benchmarks=tmp_path / "bench").cost(config).sources[0].startswith(
         "training: train_throughput")
