@@ -22,6 +22,12 @@ mechanism and parameters (any task or model, scaled), else from the reference pa
 
 Cells side by side on one GPU each run slower (:func:`side_by_side_factor`, from
 ``results/benchmarks/side_by_side.parquet`` where measured, else as slow as one after another).
+
+A cell that an earlier window left unfinished costs what it has left (:func:`cell_progress`): the steps after its
+training checkpoint, and the lengths and selections not yet scored. A cell longer than the whole budget (no window
+of this length holds it; a budget of at least :data:`MIN_PART_S`) runs as a sweep's first cell until the budget
+ends, when the sweep stops it at its last checkpoint (training every ``checkpoint_every`` steps, scoring every
+30 s); the next window resumes it (:class:`BudgetGuard`).
 """
 
 from __future__ import annotations
@@ -61,6 +67,9 @@ LENGTH_OVERHEAD_S = 1.0  # per scored length: batch planning, diagnostics, the r
 # queries): the fused default's seconds, times n / REFERENCE_QUADRATIC_FROM above that length.
 DEFAULT_REFERENCE_SAMPLES_PER_S = 2_000.0
 REFERENCE_QUADRATIC_FROM = 4096
+# The shortest budget in which a cell longer than it runs a part: less would go mostly to the start (compilation,
+# graph capture) and keep little past the last checkpoint.
+MIN_PART_S = 300.0
 # The GPU a plan made on a machine without one is for: the slower of the two lent kinds.
 DEFAULT_PLAN_GPU = "NVIDIA H100 80GB HBM3"
 
@@ -132,15 +141,62 @@ class CellCost:
         return self.start + self.train + self.validation + self.scoring
 
 
+@dataclass
+class Progress:
+    """What an unfinished cell has done in a store: the share of its training steps behind its checkpoint (1.0
+    once trained) and, per run of the cell (its own selection and each of ``also_select``), the multipliers
+    scored, or None for a run in the store."""
+
+    trained: float = 0.0
+    scored: dict[str, set[float] | None] = field(default_factory=dict)
+
+
+def cell_progress(results: str | Path | None, config: RunConfig) -> Progress:
+    """Where ``config``'s cell stands in ``results`` (None: nothing done): its checkpoint folders' ``train.pt``
+    (the step reached), ``model.pt`` (trained) and ``eval_rows.json`` (the lengths scored); an unreadable file
+    counts as nothing done."""
+    progress = Progress()
+    if results is None:
+        return progress
+    from lengthbench.store import run_finished
+
+    runs = [config, *config.selected_runs()]
+    folder = Path(results) / "checkpoints"
+    for run in runs:
+        if run_finished(results, run.run_id):
+            progress.scored[run.run_id] = None
+            continue
+        try:
+            rows = json.loads((folder / run.run_id / "eval_rows.json").read_text())
+            progress.scored[run.run_id] = {float(row["multiplier"]) for row in rows}
+        except (OSError, ValueError, TypeError, KeyError):
+            progress.scored[run.run_id] = set()
+    if any(run_finished(results, run.run_id) for run in runs) or any(
+            (folder / run.run_id / "model.pt").exists() for run in runs):
+        progress.trained = 1.0
+    elif (folder / config.run_id / "train.pt").exists():
+        try:
+            import torch
+
+            saved = torch.load(folder / config.run_id / "train.pt", map_location="cpu", weights_only=False)
+            progress.trained = min(1.0, int(saved["state"]["step"]) / max(1, config.train_steps))
+        except Exception:  # noqa: BLE001 - an unreadable checkpoint: the run trains again, costed so
+            progress.trained = 0.0
+    return progress
+
+
 class CostModel:
     """Estimated seconds of a cell on ``gpu`` (a device name such as ``torch.cuda.get_device_name()`` gives),
-    from ``store`` (a loaded results frame, may be empty) and the benchmark tables in ``benchmarks``."""
+    from ``store`` (a loaded results frame, may be empty) and the benchmark tables in ``benchmarks``; with
+    ``results`` (the sweep's store folder), the part an unfinished cell has left (:func:`cell_progress`)."""
 
-    def __init__(self, gpu: str, store: pd.DataFrame | None = None, benchmarks: Path = BENCHMARKS):
+    def __init__(self, gpu: str, store: pd.DataFrame | None = None, benchmarks: Path = BENCHMARKS,
+                 results: str | Path | None = None):
         self.gpu = gpu
         self.family = _gpu_family(gpu)
         self.store = store if store is not None else pd.DataFrame()
         self.benchmarks = Path(benchmarks)
+        self.results = results
 
     @cached_property
     def _throughput(self) -> pd.DataFrame:
@@ -307,15 +363,25 @@ class CostModel:
         # a stored run's training seconds hold its validations already
         validation = 0.0 if train_source.startswith("the store (") else validations * sum(config.val_samples * self.seconds_per_sample(config, n)[0]
                                        for n in validation_lengths)
-        lengths = [n for _, n in eval_lengths(config.train_length, config.max_multiplier, task.extra_multipliers)]
+        lengths = eval_lengths(config.train_length, config.max_multiplier, task.extra_multipliers)
         scoring_sources = set()
-        once = 0.0
-        for n in lengths:
+        each = {}
+        for multiplier, n in lengths:
             per_sample, source = self.seconds_per_sample(config, n)
             scoring_sources.add(source)
-            once += config.eval_samples * per_sample + LENGTH_OVERHEAD_S
-        return CellCost(start, train, validation, once * len(selections),
-                        [f"training: {train_source}", f"scoring: {', '.join(sorted(scoring_sources))}"])
+            each[float(multiplier)] = config.eval_samples * per_sample + LENGTH_OVERHEAD_S
+        progress = cell_progress(self.results, config)
+        scoring = 0.0
+        for run in (config, *config.selected_runs()):
+            scored = progress.scored.get(run.run_id, set())
+            if scored is not None:
+                scoring += sum(seconds for multiplier, seconds in each.items() if multiplier not in scored)
+        sources = [f"training: {train_source}", f"scoring: {', '.join(sorted(scoring_sources))}"]
+        if progress.trained or any(progress.scored.values()):
+            sources.append("what is left of it: " + ("trained" if progress.trained >= 1 else
+                                                     f"{progress.trained:.0%} of the steps done"))
+        left = 1.0 - progress.trained
+        return CellCost(start, train * left, validation * left, scoring, sources)
 
 
 def _read_table(path: Path) -> pd.DataFrame:
@@ -347,19 +413,22 @@ class PlannedCell:
     seconds: float  # estimated, side by side included; 0 for a cell in the store
     start: float = 0.0  # seconds after the sweep starts
     slot: int = 0
-    state: str = "runs"  # runs, in the store, does not fit
+    state: str = "runs"  # runs, runs part (longer than the budget: stopped at its end), in the store, does not fit
     sources: list[str] = field(default_factory=list)
+    until: float = math.inf  # where a part runs: the budget's end
 
     @property
     def end(self) -> float:
-        return self.start + self.seconds
+        return self.start + min(self.seconds, self.until)
 
 
 def plan(configs: Iterable[RunConfig], budget: float, slots: int, per_gpu: int, mps: bool, cost: CostModel,
          finished: Iterable[str] = ()) -> list[PlannedCell]:
     """Each cell in order on the first free slot of ``slots`` (``per_gpu`` of them share a GPU, each slower by
     :func:`side_by_side_factor`), until the first that cannot end inside ``budget`` seconds: it and every cell
-    after it do not fit (the sweep stops there). A cell's earlier stage (``init_from``) ends before it starts."""
+    after it do not fit (the sweep stops there). A cell's earlier stage (``init_from``) ends before it starts.
+    The first cell to run, where it is longer than the whole budget, runs the budget through (state ``"runs
+    part"``: stopped at the budget's end, resumed by the next window), as :class:`BudgetGuard` admits it."""
     finished = set(finished)
     free = [0.0] * max(1, slots)
     ends: dict[str, float] = {}
@@ -373,7 +442,11 @@ def plan(configs: Iterable[RunConfig], budget: float, slots: int, per_gpu: int, 
         slot = min(range(len(free)), key=free.__getitem__)
         start = max(free[slot], ends.get(config.init_from, 0.0))
         cell = PlannedCell(config, seconds, start, slot, sources=estimate.sources)
-        if stopped or start + seconds > budget:
+        first = not any(c.state != "in the store" for c in planned)
+        if first and seconds > budget >= MIN_PART_S:
+            cell.state, cell.until = "runs part", budget  # seconds: the whole estimate; the slot: to the budget's end
+            free[slot] = ends[config.run_id] = budget
+        elif stopped or start + seconds > budget:
             stopped = True
             cell.state, cell.start = "does not fit", 0.0
         else:
@@ -384,25 +457,41 @@ def plan(configs: Iterable[RunConfig], budget: float, slots: int, per_gpu: int, 
 
 class BudgetGuard:
     """At run time: whether a cell, started now beside ``running`` others on its GPU, ends before the deadline
-    (by the cost model, side by side included). Once one does not, no other starts (the sweep stops cleanly)."""
+    (by the cost model, side by side included). Once one does not, no other starts (the sweep stops cleanly).
+
+    A cell longer than the whole budget, which no window of this length holds, is admitted as the sweep's first
+    cell only, with a deadline (:meth:`stop_at`): the sweep stops it when the budget ends, at its last checkpoint,
+    and the next window resumes it (costed by what it has left)."""
 
     def __init__(self, seconds: float, cost: CostModel, per_gpu: int, mps: bool, clock=time.monotonic):
         self.clock = clock
+        self.budget = seconds
         self.deadline = clock() + seconds
         self.cost = cost
         self.per_gpu = per_gpu
         self.mps = mps
         self.stopped_at: RunConfig | None = None
+        self.asked = False
+        self.long: set[str] = set()  # the run ids admitted to be stopped at the deadline
 
     def admits(self, config: RunConfig) -> bool:
         if self.stopped_at is not None:
             return False
+        first, self.asked = not self.asked, True
         seconds = self.cost.cost(config).total * side_by_side_factor(config, self.per_gpu, self.mps,
                                                                      self.cost.benchmarks)
         if self.clock() + seconds > self.deadline:
+            if first and seconds > self.budget >= MIN_PART_S:
+                self.long.add(config.run_id)
+                return True
             self.stopped_at = config
             return False
         return True
+
+    def stop_at(self, config: RunConfig) -> float | None:
+        """The clock time (``clock``'s) at which the sweep stops ``config``, a cell longer than the budget; None
+        for a cell that ends inside it."""
+        return self.deadline if config.run_id in self.long else None
 
     def left_seconds(self) -> float:
         return self.deadline - self.clock()

@@ -53,11 +53,14 @@ per task, say), as ``[by_pe.NAME]`` does for an encoding. Both need a ``cells`` 
 
 from __future__ import annotations
 
+import _thread
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -589,7 +592,8 @@ def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "a
               on_event: Event | None = None, slots: list[str] | None = None,
               worker_command: Callable[[RunConfig, Path], list[str]] | None = None, wait: bool = True,
               poll: float = 2.0, track: str | None = None,
-              admit: Callable[[RunConfig], bool] | None = None) -> list[CellOutcome]:
+              admit: Callable[[RunConfig], bool] | None = None,
+              stop_at: Callable[[RunConfig], float | None] | None = None) -> list[CellOutcome]:
     """Run every unfinished cell; return one outcome per cell in ``configs`` order.
 
     Each cell is claimed before it runs (:mod:`lengthbench.claims`), so several sweeps over one store share
@@ -603,7 +607,9 @@ def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "a
 
     ``admit`` (a time budget's :meth:`lengthbench.budget.BudgetGuard.admits`) is asked before each cell starts;
     the first cell it refuses and every cell after it end as ``left`` (not started), and the running ones
-    finish: a clean stop.
+    finish: a clean stop. ``stop_at`` (the guard's :meth:`~lengthbench.budget.BudgetGuard.stop_at`) gives a cell
+    longer than the budget its deadline (a ``time.monotonic()`` time): the sweep interrupts it then, it keeps its
+    last checkpoint and ends as ``left``, and every cell after it too.
     """
     from lengthbench.claims import holder
 
@@ -616,9 +622,9 @@ def run_sweep(configs: list[RunConfig], results: str | Path, *, device: str = "a
     while pending:
         if len(slots) > 1:
             command = worker_command or (lambda config, results: _worker_command(config, results, track))
-            elsewhere = _run_parallel(pending, results, slots, outcomes, emit, command, admit)
+            elsewhere = _run_parallel(pending, results, slots, outcomes, emit, command, admit, stop_at)
         else:
-            elsewhere = _run_sequential(pending, results, device, outcomes, emit, track, admit)
+            elsewhere = _run_sequential(pending, results, device, outcomes, emit, track, admit, stop_at)
         pending = [config for config in elsewhere if not _skip_finished(config, results, outcomes, emit)]
         if pending and not wait:
             for config in pending:
@@ -666,9 +672,15 @@ def _leave(configs: list[RunConfig], outcomes: dict[str, CellOutcome], emit) -> 
             emit("left", config, outcomes[config.run_id], "")
 
 
+STOP_GRACE_S = 120.0  # a stopped worker's time to leave cleanly (its scoring files are written every 30 s)
+STOPPED = "stopped at the budget's end (longer than the budget): the same sweep in the next window resumes it"
+
+
 def _run_sequential(pending, results: Path, device: str, outcomes, emit, track: str | None = None,
-                    admit: Callable[[RunConfig], bool] | None = None) -> list[RunConfig]:
-    """Run ``pending`` in this process, one after another; return those claimed by a live sweep elsewhere."""
+                    admit: Callable[[RunConfig], bool] | None = None,
+                    stop_at: Callable[[RunConfig], float | None] | None = None) -> list[RunConfig]:
+    """Run ``pending`` in this process, one after another; return those claimed by a live sweep elsewhere. A cell
+    with a deadline (``stop_at``) is interrupted then (a timer raises KeyboardInterrupt in this thread)."""
     from lengthbench.checkpoints import cell_finished
     from lengthbench.claims import claim
     from lengthbench.runner import resolve_device
@@ -695,26 +707,64 @@ def _run_sequential(pending, results: Path, device: str, outcomes, emit, track: 
                 continue
             emit("start", config, None, "")
             started = time.perf_counter()
+            deadline = stop_at(config) if stop_at is not None else None
+            timer = _Deadline(deadline)
             try:
                 # the worker pool's log of the cell, here too: a quiet sweep otherwise says nothing until it ends
-                with open(results / "logs" / f"{config.run_id}.log", "a", encoding="utf-8") as log_file:
+                with timer, open(results / "logs" / f"{config.run_id}.log", "a", encoding="utf-8") as log_file:
                     def log(line: str, log_file=log_file) -> None:
                         log_file.write(line + "\n")
                         log_file.flush()
 
                     frame = run_pending_cell(config, results, device=device, log=log, track=track)
                 outcome = CellOutcome(config, "done", time.perf_counter() - started, curve=_outcome_curve(frame))
-            except (KeyboardInterrupt, UsageError):
-                raise
-            except Exception as error:  # one broken cell must not stop the others
+            except (KeyboardInterrupt, UsageError, Exception) as error:
+                if timer.fired and interrupted(error):
+                    outcome = CellOutcome(config, "left", time.perf_counter() - started, error=STOPPED)
+                    outcomes[config.run_id] = outcome
+                    emit("left", config, outcome, "")
+                    _leave(pending[number + 1:], outcomes, emit)
+                    break
+                if isinstance(error, KeyboardInterrupt | UsageError):
+                    raise
                 if interrupted(error):  # an interrupt inside a compiled step surfaces as another error
                     raise KeyboardInterrupt from error
                 message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                # one broken cell must not stop the others
                 outcome = CellOutcome(config, "failed", time.perf_counter() - started,
                                       error=f"{type(error).__name__}: {message}")
         outcomes[config.run_id] = outcome
         emit(outcome.status, config, outcome, "")
     return elsewhere
+
+
+class _Deadline:
+    """Within ``with``: at ``deadline`` (a ``time.monotonic()`` time; None: never) raise KeyboardInterrupt in this
+    (the main) thread, as Ctrl-C would; ``fired`` says whether it did. A process started in the background by a
+    shell ignores SIGINT, and Python then raises nothing on it: the handler is Python's own meanwhile."""
+
+    def __init__(self, deadline: float | None):
+        self.deadline = deadline
+        self.fired = False
+        self.timer: threading.Timer | None = None
+        self.handler = None
+
+    def _fire(self) -> None:
+        self.fired = True
+        _thread.interrupt_main()
+
+    def __enter__(self):
+        if self.deadline is not None:
+            self.handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+            self.timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), self._fire)
+            self.timer.daemon = True
+            self.timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            signal.signal(signal.SIGINT, self.handler)
 
 
 def run_pending_cell(config: RunConfig, results: str | Path, *, device: str = "auto",
@@ -755,9 +805,11 @@ def _worker_command(config: RunConfig, results: Path, track: str | None = None) 
 
 
 def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, command,
-                  admit: Callable[[RunConfig], bool] | None = None) -> list[RunConfig]:
+                  admit: Callable[[RunConfig], bool] | None = None,
+                  stop_at: Callable[[RunConfig], float | None] | None = None) -> list[RunConfig]:
     """Run ``pending`` in worker processes, one per slot, each cell claimed (by this process) while its worker
-    runs; return those claimed by a live sweep elsewhere."""
+    runs; return those claimed by a live sweep elsewhere. A cell with a deadline (``stop_at``) gets SIGINT then
+    (the worker keeps its last checkpoint), and SIGKILL :data:`STOP_GRACE_S` later if it is still running."""
     from lengthbench.checkpoints import cell_finished
     from lengthbench.claims import take
 
@@ -766,6 +818,8 @@ def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, comm
     queue = list(pending)
     elsewhere: list[RunConfig] = []
     running: dict[str, tuple[subprocess.Popen, RunConfig, float, Any, Any]] = {}
+    deadlines: dict[str, float] = {}  # slot -> when its cell is stopped
+    stopped: dict[str, float] = {}  # slot -> when its cell got SIGINT
     try:
         while queue or running:
             for slot in slots:
@@ -801,15 +855,29 @@ def _run_parallel(pending, results: Path, slots: list[str], outcomes, emit, comm
                     process = subprocess.Popen(command(config, results), stdout=log, stderr=subprocess.STDOUT,
                                                env=env)
                     running[slot] = (process, config, time.perf_counter(), log, held)
+                    deadline = stop_at(config) if stop_at is not None else None
+                    if deadline is not None:
+                        deadlines[slot] = deadline
                     emit("start", config, None, slot)
             for slot, (process, config, started, log, held) in list(running.items()):
                 if process.poll() is None:
+                    now = time.monotonic()
+                    if slot in deadlines and slot not in stopped and now >= deadlines[slot]:
+                        process.send_signal(signal.SIGINT)
+                        stopped[slot] = now
+                    elif slot in stopped and now >= stopped[slot] + STOP_GRACE_S:
+                        process.kill()
                     continue
                 log.close()
                 held.release()
                 del running[slot]
+                deadlines.pop(slot, None)
                 seconds = time.perf_counter() - started
                 outcome = _finished_outcome(config, results, process.returncode, seconds, log_dir)
+                if stopped.pop(slot, None) is not None and outcome.status == "failed":
+                    outcome = CellOutcome(config, "left", seconds, error=STOPPED)
+                    _leave(queue, outcomes, emit)
+                    queue.clear()
                 outcome.slot = slot
                 outcomes[config.run_id] = outcome
                 emit(outcome.status, config, outcome, slot)
@@ -862,6 +930,9 @@ def _finished_outcome(config: RunConfig, results: Path, returncode: int, seconds
 def _worker_main(argv: list[str]) -> int:
     """``python -m lengthbench.sweep --worker RESULTS CONFIG_JSON [PLUGINS] [TRACK]``: run one cell."""
     results, config_json = argv[0], argv[1]
+    # SIGINT stops the cell at its last checkpoint (the sweep's budget sends it), also where a shell started the
+    # sweep in the background, which leaves SIGINT ignored in its children
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from lengthbench.plugins import load_plugins
 
     load_plugins(split_list(argv[2] if len(argv) > 2 else ""))

@@ -16,9 +16,11 @@ import pytest
 from cli_helpers import cli
 
 from lengthbench.budget import (
+    MIN_PART_S,
     BudgetGuard,
     CellCost,
     CostModel,
+    cell_progress,
     on_measured_path,
     parse_budget,
     plan,
@@ -235,6 +237,68 @@ def test_the_guard_refuses_once_and_for_all():
     assert not guard.admits(configs[2]) and guard.stopped_at == configs[1]  # stopped: nothing else starts
 
 
+def test_a_cell_longer_than_the_budget_runs_a_part_as_the_first_cell_only():
+    configs = plan_sweep(["copy"], ["softmax"], ["rope"], [0, 1, 2])
+    cost = FixedCost({0: 5000, 1: 100, 2: 5000})
+    planned = plan(configs, 1500, 1, 1, False, cost)
+    # the first runs to the budget's end (its estimate shown whole); nothing fits after it
+    assert [c.state for c in planned] == ["runs part", "does not fit", "does not fit"]
+    assert planned[0].seconds == 5000 and planned[0].end == 1500
+    # not first: it does not fit, and the plan stops there as for any other cell
+    planned = plan(configs[1:], 1500, 1, 1, False, cost)
+    assert [c.state for c in planned] == ["runs", "does not fit"]
+    # first after the cells in the store
+    planned = plan(configs, 1500, 1, 1, False, cost, finished=[configs[0].run_id, configs[1].run_id])
+    assert [c.state for c in planned] == ["in the store", "in the store", "runs part"]
+    # a budget shorter than MIN_PART_S runs no part: the start would take most of it
+    assert plan(configs, MIN_PART_S - 1, 1, 1, False, cost)[0].state == "does not fit"
+    # the guard agrees: the first cell asked about is admitted with the deadline, a later long one is not
+    now = [0.0]
+    guard = BudgetGuard(1500, cost, 1, False, clock=lambda: now[0])
+    assert guard.admits(configs[0]) and guard.stop_at(configs[0]) == 1500
+    now[0] = 1500
+    assert not guard.admits(configs[1])
+    guard = BudgetGuard(1500, cost, 1, False, clock=lambda: now[0])
+    assert guard.admits(configs[1]) and guard.stop_at(configs[1]) is None  # fits: no deadline
+    assert not guard.admits(configs[2]) and guard.stop_at(configs[2]) is None
+
+
+def test_an_unfinished_cell_costs_what_it_has_left(tmp_path):
+    import json
+
+    import torch
+
+    write_benchmarks(tmp_path / "bench")
+    config = copy_config(also_select=["id"])
+    model = CostModel("NVIDIA H200", benchmarks=tmp_path / "bench", results=tmp_path / "store")
+    whole = model.cost(config)
+    assert whole.train > 0 and whole.scoring > 0 and not cell_progress(tmp_path / "store", config).trained
+    folder = tmp_path / "store" / "checkpoints"
+    # half the steps behind the training checkpoint: half the training and validations left, all the scoring
+    (folder / config.run_id).mkdir(parents=True)
+    torch.save({"state": {"step": config.train_steps // 2}}, folder / config.run_id / "train.pt")
+    half = model.cost(config)
+    assert half.train == pytest.approx(whole.train / 2) and half.validation == pytest.approx(whole.validation / 2)
+    assert half.scoring == pytest.approx(whole.scoring) and "50% of the steps done" in half.sources[-1]
+    # trained, the 1x and 2x of its own selection scored: no training, the other lengths and selection left
+    (folder / config.run_id / "model.pt").write_bytes(b"")
+    (folder / config.run_id / "eval_rows.json").write_text(json.dumps([{"multiplier": 1}, {"multiplier": 2}]))
+    once = whole.scoring / 2  # each selection scores the same lengths
+    per_length = {m: 1000 * 64.0 / 1000 / 65536 * 64 * m + 1.0 for m in (1, 2, 4)}  # write_benchmarks' rate
+    assert once == pytest.approx(sum(per_length.values()))
+    left = model.cost(config)
+    assert left.train == 0 and left.validation == 0 and left.sources[-1] == "what is left of it: trained"
+    assert left.scoring == pytest.approx(per_length[4] + once)
+    # the other selection in the store: only the first's 4x is left
+    write_run(tmp_path / "store", config.selected_runs()[0].run_id, fake_rows(config.selected_runs()[0]))
+    assert model.cost(config).scoring == pytest.approx(per_length[4])
+    # an unreadable training checkpoint counts as nothing done
+    other = copy_config(seed=1)
+    (folder / other.run_id).mkdir()
+    (folder / other.run_id / "train.pt").write_bytes(b"not a checkpoint")
+    assert model.cost(other).train == pytest.approx(whole.train)
+
+
 def fake_rows(config):
     row = dict.fromkeys(CONTRACT_COLUMNS)
     row.update(run_id=config.run_id, task=config.task, attn=config.attn, pe=config.pe, seed=config.seed,
@@ -271,6 +335,57 @@ config = json.loads(sys.argv[2])
 write_run(sys.argv[1], sys.argv[3], [dict(dict.fromkeys(CONTRACT_COLUMNS), run_id=sys.argv[3], task=config["task"],
           attn=config["attn"], pe=config["pe"], seed=config["seed"], multiplier=1, metric="exact_match", score=1.0)])
 """
+
+
+def test_a_cell_longer_than_the_budget_is_stopped_at_its_deadline_and_resumes(tmp_path, monkeypatch):
+    import lengthbench.runner
+    from lengthbench.sweep import STOPPED
+
+    calls = []
+
+    def slow_run_cell(config, results, **kwargs):  # an hour of training, unless interrupted
+        calls.append((config.seed, kwargs.get("resume")))
+        if len(calls) > 1:
+            write_run(results, config.run_id, fake_rows(config))
+            return pd.DataFrame(fake_rows(config))
+        for _ in range(36000):
+            time.sleep(0.1)
+        raise AssertionError("not stopped")
+
+    monkeypatch.setattr(lengthbench.runner, "run_cell", slow_run_cell)
+    configs = plan_sweep(["copy"], ["softmax"], ["rope"], [0, 1])
+    started = time.monotonic()
+    outcomes = run_sweep(configs, tmp_path, device="cpu", admit=lambda config: True,
+                         stop_at=lambda config: started + 0.5 if config.seed == 0 else None)
+    assert time.monotonic() - started < 10
+    assert [o.status for o in outcomes] == ["left", "left"] and outcomes[0].error == STOPPED
+    # the next window resumes it (the runner's resume) and goes on
+    outcomes = run_sweep(configs, tmp_path, device="cpu", admit=lambda config: True, stop_at=lambda config: None)
+    assert [o.status for o in outcomes] == ["done", "done"] and calls[1] == (0, True)
+
+
+SLOW_WORKER = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as the sweep's worker does
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+def test_a_worker_longer_than_the_budget_gets_sigint_at_its_deadline(tmp_path):
+    from lengthbench.sweep import STOPPED
+
+    configs = plan_sweep(["copy"], ["softmax"], ["rope"], [0, 1, 2])
+    started = time.monotonic()
+    outcomes = run_sweep(configs, tmp_path, slots=["0", "0.1"], admit=lambda config: config.seed == 0,
+                         stop_at=lambda config: started + 1.0 if config.seed == 0 else None,
+                         worker_command=lambda config, results: [sys.executable, "-c", SLOW_WORKER])
+    assert time.monotonic() - started < 30
+    assert [o.status for o in outcomes] == ["left", "left", "left"] and outcomes[0].error == STOPPED
+    assert "interrupted" in (tmp_path / "logs" / f"{configs[0].run_id}.log").read_text()
 
 
 def test_cells_side_by_side_stop_cleanly_too(tmp_path):
@@ -505,4 +620,4 @@ def test_auto_per_gpu_under_a_budget_takes_fewer_where_the_first_cell_fits_no_ot
     # 3 side by side: 600 s x 2.0; 2 (not measured): x 2; 1: 600 s
     assert sweep._fitting_per_gpu(configs, str(tmp_path), 1300, "NVIDIA H100", 3, True) == 3
     assert sweep._fitting_per_gpu(configs, str(tmp_path), 1000, "NVIDIA H100", 3, True) == 1
-    assert sweep._fitting_per_gpu(configs, str(tmp_path), 100, "NVIDIA H100", 3, True) == 3  # none fits: as asked
+    assert sweep._fitting_per_gpu(configs, str(tmp_path), 100, "NVIDIA H100", 3, True) == 1  # none fits: alone

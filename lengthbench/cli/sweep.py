@@ -100,13 +100,13 @@ def _cost_model(results: str, plan_gpu: str):
             store = load_results(results) if Path(results).is_dir() else None
     except StoreError:
         store = None
-    return CostModel(plan_gpu, store)
+    return CostModel(plan_gpu, store, results=results if Path(results).is_dir() else None)
 
 
 def _fitting_per_gpu(configs, results: str, budget_seconds: float, plan_gpu: str, per_gpu: int, mps: bool) -> int:
     """``--per-gpu auto`` under a budget: the most cells side by side (at most ``per_gpu``) with which the first
-    cell not in the store ends inside the budget (each cell side by side runs slower); ``per_gpu`` where none
-    does."""
+    cell not in the store ends inside the budget (each cell side by side runs slower); one where none does (that
+    cell, longer than the budget, runs a part of itself alone: lengthbench.budget.BudgetGuard)."""
     from lengthbench.budget import side_by_side_factor
     from lengthbench.checkpoints import cell_finished
 
@@ -117,7 +117,7 @@ def _fitting_per_gpu(configs, results: str, budget_seconds: float, plan_gpu: str
     for count in range(per_gpu, 0, -1):
         if cost * side_by_side_factor(first, count, mps) <= budget_seconds:
             return count
-    return per_gpu
+    return 1
 
 
 def _print_plan(configs, results: str, budget_seconds: float, plan_gpu: str, slots: int, per_gpu: int,
@@ -133,20 +133,25 @@ def _print_plan(configs, results: str, budget_seconds: float, plan_gpu: str, slo
     table = Table("cell", "run id", "minutes", "starts at", "plan", "estimated from",
                   title=f"plan: {format_minutes(budget_seconds)} on {slots // per_gpu} x {plan_gpu}{side}",
                   title_justify="left")
-    colours = {"runs": "green", "in the store": "dim", "does not fit": "yellow"}
+    colours = {"runs": "green", "runs part": "green", "in the store": "dim", "does not fit": "yellow"}
     for cell in planned:
         table.add_row(cell_name(cell.config, labels), cell.config.run_id,
                       f"{cell.seconds / 60:.1f}" if cell.state != "in the store" else "",
-                      f"{cell.start / 60:.1f}" if cell.state == "runs" else "",
+                      f"{cell.start / 60:.1f}" if cell.state.startswith("runs") else "",
                       f"[{colours[cell.state]}]{cell.state}[/]", "; ".join(cell.sources))
     print_wide(out, table, 200)
     runs = [c for c in planned if c.state == "runs"]
+    part = [c for c in planned if c.state == "runs part"]
     left = [c for c in planned if c.state == "does not fit"]
-    end = max((c.end for c in runs), default=0.0)
+    end = max((c.end for c in runs + part), default=0.0)
     stored = sum(c.state == "in the store" for c in planned)
     out.print(f"{len(runs)} {'cell fits' if len(runs) == 1 else 'cells fit'} ({format_minutes(end)} of {format_minutes(budget_seconds)}), "
               f"{len(left)} do not" + (f", {stored} in the store already" if stored else "")
               + (f"; next after this budget: {cell_name(left[0].config, labels)}" if left else ""), highlight=False, soft_wrap=True)
+    for cell in part:
+        out.print(f"{cell_name(cell.config, labels)} ({format_minutes(cell.seconds)} left) is longer than the budget: it "
+                  "runs to the budget's end and stops at its last checkpoint; the same command in the next window "
+                  "resumes it", highlight=False, soft_wrap=True)
     return cost
 
 
@@ -426,13 +431,14 @@ def register(app: typer.Typer) -> None:
 
                     with mps_for_sweep(mps, len(slots) > 1 and per_gpu > 1,
                                        say=lambda line: err.print(line, highlight=False)) as mps_on:
-                        admit = None
+                        admit = stop_at = None
                         if budget_seconds is not None:
                             from lengthbench.budget import BudgetGuard
 
-                            admit = BudgetGuard(budget_seconds, cost, per_gpu, mps_on).admits
+                            guard = BudgetGuard(budget_seconds, cost, per_gpu, mps_on)
+                            admit, stop_at = guard.admits, guard.stop_at
                         outcomes = run_sweep(configs, results, device=device, on_event=on_event, slots=slots,
-                                             wait=wait, track=track, admit=admit)
+                                             wait=wait, track=track, admit=admit, stop_at=stop_at)
                 else:
                     outcomes, submitted, unsubmitted = executors.run_on_cluster(
                         configs, results, executor, slurm=slurm_options, ray=ray_options, track=track,
