@@ -378,8 +378,8 @@ class CostModel:
                 scoring += sum(seconds for multiplier, seconds in each.items() if multiplier not in scored)
         sources = [f"training: {train_source}", f"scoring: {', '.join(sorted(scoring_sources))}"]
         if progress.trained or any(progress.scored.values()):
-            sources.append("what is left of it: " + ("trained" if progress.trained >= 1 else
-                                                     f"{progress.trained:.0%} of the steps done"))
+            sources.append("resumed: " + ("trained" if progress.trained >= 1 else
+                                          f"{progress.trained:.1%} of the steps done"))
         left = 1.0 - progress.trained
         return CellCost(start, train * left, validation * left, scoring, sources)
 

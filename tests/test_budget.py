@@ -279,7 +279,7 @@ def test_an_unfinished_cell_costs_what_it_has_left(tmp_path):
     torch.save({"state": {"step": config.train_steps // 2}}, folder / config.run_id / "train.pt")
     half = model.cost(config)
     assert half.train == pytest.approx(whole.train / 2) and half.validation == pytest.approx(whole.validation / 2)
-    assert half.scoring == pytest.approx(whole.scoring) and "50% of the steps done" in half.sources[-1]
+    assert half.scoring == pytest.approx(whole.scoring) and "50.0% of the steps done" in half.sources[-1]
     # trained, the 1x and 2x of its own selection scored: no training, the other lengths and selection left
     (folder / config.run_id / "model.pt").write_bytes(b"")
     (folder / config.run_id / "eval_rows.json").write_text(json.dumps([{"multiplier": 1}, {"multiplier": 2}]))
@@ -287,7 +287,7 @@ def test_an_unfinished_cell_costs_what_it_has_left(tmp_path):
     per_length = {m: 1000 * 64.0 / 1000 / 65536 * 64 * m + 1.0 for m in (1, 2, 4)}  # write_benchmarks' rate
     assert once == pytest.approx(sum(per_length.values()))
     left = model.cost(config)
-    assert left.train == 0 and left.validation == 0 and left.sources[-1] == "what is left of it: trained"
+    assert left.train == 0 and left.validation == 0 and left.sources[-1] == "resumed: trained"
     assert left.scoring == pytest.approx(per_length[4] + once)
     # the other selection in the store: only the first's 4x is left
     write_run(tmp_path / "store", config.selected_runs()[0].run_id, fake_rows(config.selected_runs()[0]))
@@ -490,6 +490,23 @@ def test_sweep_status_says_cells_runs_hours_and_what_is_left(tmp_path, monkeypat
     out = capsys.readouterr().out
     assert "1 of 4 cells done; 2 of 8 runs stored (a run per selection)" in out
     assert "GPU-hours spent" in out and "to finish: about" in out
+
+
+def test_sweep_status_says_what_a_stopped_cell_resumes_from(tmp_path, monkeypatch, capsys):
+    import re
+
+    monkeypatch.setenv("COLUMNS", "250")
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP.format(budget="2h"))
+    store = tmp_path / "store"
+    assert cli(monkeypatch, "sweep", "--config", path, "--results", store, "--status", "--cells",
+               "copy:softmax:rope", "--seeds", "0") == 0
+    run_id = re.search(r"copy-softmax-rope-smoke-s0-\w+", capsys.readouterr().out).group(0)
+    (store / "checkpoints" / run_id).mkdir(parents=True)
+    (store / "checkpoints" / run_id / "train.pt").write_bytes(b"")
+    assert cli(monkeypatch, "sweep", "--config", path, "--results", store, "--status") == 0
+    out = capsys.readouterr().out
+    assert "to resume from its training checkpoint" in out and out.count("to resume") == 1
 
 
 def test_auto_per_gpu_by_model_and_memory(tmp_path, monkeypatch):

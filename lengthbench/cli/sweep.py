@@ -39,6 +39,7 @@ def _cuda_available() -> bool:
 
 def _print_status(configs, results: str, labels: dict[str, str] | None = None) -> None:
     """``sweep --status``: a row per cell, from the store and the records of its jobs."""
+    from lengthbench.checkpoints import run_status
     from lengthbench.executors import CELL_STATES, cell_states
 
     states = cell_states(configs, results)
@@ -46,8 +47,10 @@ def _print_status(configs, results: str, labels: dict[str, str] | None = None) -
     table = Table("cell", "run id", "state", "job", "note", title=f"sweep status ({results})", title_justify="left")
     for config in configs:
         state = states[config.run_id]
+        # a cell an earlier window stopped: what it resumes from
+        where = run_status(results, config) if state.state == "to run" and not state.note else ""
         table.add_row(cell_name(config, labels), config.run_id, f"[{colours[state.state]}]{state.state}[/]",
-                      f"{state.executor} {state.job_id}".strip(), state.note)
+                      f"{state.executor} {state.job_id}".strip(), state.note or where.removeprefix("to run"))
     print_wide(out, table, 160)
     counts = [f"{sum(s.state == name for s in states.values())} {name}" for name in CELL_STATES]
     out.print(f"{len(configs)} cells: " + ", ".join(counts), highlight=False, soft_wrap=True)
