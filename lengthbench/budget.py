@@ -158,27 +158,27 @@ def cell_progress(results: str | Path | None, config: RunConfig) -> Progress:
     progress = Progress()
     if results is None:
         return progress
+    from lengthbench.checkpoints import checkpoint_dir, scored_rows
     from lengthbench.store import run_finished
 
     runs = [config, *config.selected_runs()]
-    folder = Path(results) / "checkpoints"
     for run in runs:
         if run_finished(results, run.run_id):
             progress.scored[run.run_id] = None
             continue
         try:
-            rows = json.loads((folder / run.run_id / "eval_rows.json").read_text())
-            progress.scored[run.run_id] = {float(row["multiplier"]) for row in rows}
+            progress.scored[run.run_id] = {float(row["multiplier"]) for row in scored_rows(results, run.run_id)}
         except (OSError, ValueError, TypeError, KeyError):
             progress.scored[run.run_id] = set()
     if any(run_finished(results, run.run_id) for run in runs) or any(
-            (folder / run.run_id / "model.pt").exists() for run in runs):
+            (checkpoint_dir(results, run.run_id) / "model.pt").exists() for run in runs):
         progress.trained = 1.0
-    elif (folder / config.run_id / "train.pt").exists():
+    elif (checkpoint_dir(results, config.run_id) / "train.pt").exists():
         try:
             import torch
 
-            saved = torch.load(folder / config.run_id / "train.pt", map_location="cpu", weights_only=False)
+            saved = torch.load(checkpoint_dir(results, config.run_id) / "train.pt", map_location="cpu",
+                               weights_only=False)
             progress.trained = min(1.0, int(saved["state"]["step"]) / max(1, config.train_steps))
         except Exception:  # noqa: BLE001 - an unreadable checkpoint: the run trains again, costed so
             progress.trained = 0.0

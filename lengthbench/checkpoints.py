@@ -101,6 +101,13 @@ def build_model(config: RunConfig, task) -> Decoder:
     ))
 
 
+def scored_rows(results: str | Path, run_id: str) -> list[dict]:
+    """The rows of the lengths that an unfinished scoring of ``run_id`` wrote so far (``eval_rows.json``; none
+    where it has not started); OSError or ValueError where the file is unreadable."""
+    path = checkpoint_dir(results, run_id) / "eval_rows.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
 def cell_finished(results: str | Path, config: RunConfig) -> bool:
     """Whether run ``config`` and the runs of its other selections (``also_select``) are all in the store."""
     return all(run_finished(results, run.run_id) for run in (config, *config.selected_runs()))
@@ -120,7 +127,7 @@ def run_status(results: str | Path, config: RunConfig) -> str:
     rows_path, samples_path = folder / "eval_rows.json", folder / "eval_samples_partial.json"
     if rows_path.exists() or samples_path.exists():
         try:
-            scored = json.loads(rows_path.read_text()) if rows_path.exists() else []
+            scored = scored_rows(results, config.run_id)
             task = get_task(config.task, **config.task_params)
             total = len(eval_lengths(config.train_length, config.max_multiplier, task.extra_multipliers))
             words = f"to resume: trained, {len(scored)} of {total} lengths scored"
