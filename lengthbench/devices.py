@@ -15,10 +15,38 @@ import torch
 
 from lengthbench.errors import UsageError
 
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the NVIDIA driver has
+
+
+def cuda_failure() -> str | None:
+    """Why CUDA does not start where this machine has an NVIDIA GPU and torch was built for CUDA (a GPU in use by
+    a quitting MPS daemon, a driver too old for the build, ...); None where CUDA works or was never to be had."""
+    if torch.cuda.is_available() or not torch.backends.cuda.is_built():
+        return None
+    try:
+        if not (NVIDIA_GPUS.is_dir() and any(NVIDIA_GPUS.iterdir())):
+            return None
+    except OSError:
+        return None
+    try:
+        torch.cuda.init()
+    except Exception as error:  # torch's message names the CUDA error
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        return lines[0] if lines else type(error).__name__
+    return "torch.cuda.is_available() is False"
+
 
 def resolve_device(device: str) -> torch.device:
+    """``auto``: the GPU where CUDA works, else the CPU, except on a machine whose NVIDIA GPU CUDA cannot start:
+    that is an error (a GPU sweep would otherwise run its cells on the CPU, hours each, without a word)."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        failure = cuda_failure()
+        if failure is not None:
+            raise UsageError(f"this machine has an NVIDIA GPU but CUDA does not start ({failure}); fix that, or pass "
+                             "--device cpu to run on the CPU")
+        return torch.device("cpu")
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise UsageError(f"unknown device {device!r}; choose from: auto, cpu, cuda")
     if device.startswith("cuda") and not torch.cuda.is_available():

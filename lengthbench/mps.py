@@ -4,8 +4,10 @@ Several processes on one GPU take turns in time slices; under MPS their kernels 
 small models that leave a GPU idle between kernel launches (``benchmarks/side_by_side.py`` measures it).
 ``lengthbench sweep --mps auto`` (the
 default) starts the control daemon (``nvidia-cuda-mps-control -d``) for the sweep's lifetime when cells share a
-GPU, the binary is on the PATH and no daemon runs, and stops it (``quit``) when the sweep ends; a daemon that
-ran before is used and left as it is. ``--mps on`` insists (an error where it cannot be had), ``--mps off``
+GPU, the binary is on the PATH and no daemon runs, and stops it (``quit``) when the sweep ends, unless it serves
+other processes by then (a second sweep started meanwhile on the same GPU: a ``quit`` would wait for them and turn
+away every new CUDA process until they end), which leave it running; a daemon that ran before is used and left as
+it is. ``--mps on`` insists (an error where it cannot be had), ``--mps off``
 never starts one. Starting a daemon needs the rights to (root on the project's GPU machines).
 """
 
@@ -23,6 +25,7 @@ from lengthbench.errors import UsageError
 
 CONTROL = "nvidia-cuda-mps-control"
 MODES = ("auto", "on", "off")
+QUIT_TIMEOUT_S = 30.0  # quit answers at once where no process uses the daemon; it is sent only then
 
 
 def pipe_directory() -> Path:
@@ -95,13 +98,62 @@ def mps_for_sweep(mode: str, side_by_side: bool, say: Callable[[str], None] = pr
     try:
         yield True
     finally:
-        stopped = subprocess.run([binary], input="quit\n", capture_output=True, text=True, timeout=60)
-        # quit returns before the daemon has gone: wait for it, so that what runs next finds no daemon
-        deadline = time.monotonic() + stop_seconds
-        while stopped.returncode == 0 and daemon_running() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if stopped.returncode != 0 or daemon_running():
-            say(f"MPS: 'quit' to {CONTROL} exited {stopped.returncode} and the daemon still runs; stop it by hand: "
-                f"echo quit | {CONTROL}")
-        else:
-            say("MPS: stopped the daemon this sweep started")
+        _stop(binary, say, stop_seconds)
+
+
+def _control(binary: str, command: str, timeout: float) -> str | None:
+    """What the control daemon answers ``command``; None where it fails or does not answer within ``timeout``."""
+    try:
+        done = subprocess.run([binary], input=command + "\n", capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def daemon_clients(binary: str, timeout: float = 10.0) -> list[int] | None:
+    """The processes the daemon's MPS servers serve now (``get_server_list``, ``get_client_list``); None where
+    the daemon does not answer."""
+    servers = _control(binary, "get_server_list", timeout)
+    if servers is None:
+        return None
+    clients: list[int] = []
+    for server in servers.split():
+        if server.isdigit():
+            listed = _control(binary, f"get_client_list {server}", timeout)
+            if listed is None:
+                return None
+            clients += [int(pid) for pid in listed.split() if pid.isdigit()]
+    return clients
+
+
+def _parent(pid: int) -> int | None:
+    try:  # /proc/PID/stat: "pid (name) state ppid ...", the name may hold spaces and parentheses
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _stop(binary: str, say: Callable[[str], None], stop_seconds: float) -> None:
+    """Stop the daemon this sweep started, unless other processes use it. The sweep's own workers (children of
+    this process) get ``stop_seconds`` to leave it first."""
+    deadline = time.monotonic() + stop_seconds
+    clients = daemon_clients(binary)
+    while clients and time.monotonic() < deadline and all(_parent(pid) == os.getpid() for pid in clients):
+        time.sleep(0.1)
+        clients = daemon_clients(binary)
+    if clients:
+        shown = ", ".join(str(pid) for pid in clients[:5]) + (", ..." if len(clients) > 5 else "")
+        say(f"MPS: the daemon this sweep started serves {len(clients)} other process"
+            f"{'es' if len(clients) > 1 else ''} (pid {shown}), so it is left running; stop it once they end: "
+            f"echo quit | {CONTROL}")
+        return
+    answered = _control(binary, "quit", timeout=QUIT_TIMEOUT_S)
+    # quit returns before the daemon has gone: wait for it, so that what runs next finds no daemon
+    gone_by = time.monotonic() + stop_seconds
+    while answered is not None and daemon_running() and time.monotonic() < gone_by:
+        time.sleep(0.1)
+    if answered is None or daemon_running():
+        say(f"MPS: 'quit' to {CONTROL} {'did not answer' if answered is None else 'was sent'} and the daemon "
+            f"still runs; stop it by hand: echo quit | {CONTROL}")
+    else:
+        say("MPS: stopped the daemon this sweep started")

@@ -673,3 +673,37 @@ def test_a_written_file_is_readable_as_the_umask_allows_and_keeps_the_mode_it_re
     atomic_write_text(tmp_path / "kept.md", "new\n")
     assert stat.S_IMODE((tmp_path / "kept.md").stat().st_mode) == 0o640
     assert (tmp_path / "kept.md").read_text() == "new\n"
+
+
+@pytest.fixture
+def gpu_without_cuda(tmp_path, monkeypatch):
+    """A machine whose NVIDIA GPU CUDA cannot start (here: what a quitting MPS daemon does to new processes)."""
+    import torch
+
+    import lengthbench.devices
+
+    (tmp_path / "gpus" / "0000:01:00.0").mkdir(parents=True)
+    monkeypatch.setattr(lengthbench.devices, "NVIDIA_GPUS", tmp_path / "gpus")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+
+    def init():
+        raise RuntimeError("Unexpected error from cudaGetDeviceCount(). Error 805: MPS client failed to connect\nmore")
+
+    monkeypatch.setattr(torch.cuda, "init", init)
+    return tmp_path / "gpus"
+
+
+def test_auto_on_a_gpu_cuda_cannot_start_is_an_error_not_the_cpu(gpu_without_cuda, tmp_path, monkeypatch, capsys):
+    from lengthbench.devices import resolve_device
+
+    code = cli(monkeypatch, "sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--preset", "smoke",
+               "--results", tmp_path / "s")
+    error = capsys.readouterr().err
+    assert code == 2 and not list((tmp_path / "s").glob("runs/*.parquet"))
+    assert ("this machine has an NVIDIA GPU but CUDA does not start (Unexpected error from cudaGetDeviceCount(). "
+            "Error 805: MPS client failed to connect); fix that, or pass --device cpu") in " ".join(error.split())
+    assert str(resolve_device("cpu")) == "cpu"  # asked for: fine
+    for folder in gpu_without_cuda.iterdir():  # no NVIDIA GPU: auto is the CPU, as ever
+        folder.rmdir()
+    assert str(resolve_device("auto")) == "cpu"

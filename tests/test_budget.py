@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -545,9 +546,18 @@ elif sys.argv[1:] == ["-d", "serve"]:
     while not (pipe / "quit").exists():
         time.sleep(0.05)
     time.sleep(0.3)
-elif sys.stdin.read().strip() == "quit":
-    (pipe / "quit").write_text("")
-    log.open("a").write("quit\\n")
+else:
+    command = sys.stdin.read().split()
+    clients = (pipe / "clients").read_text().split() if (pipe / "clients").exists() else []
+    if command == ["quit"]:
+        if os.environ.get("MPS_STAND_IN_HANG"):  # a daemon that does not answer
+            time.sleep(60)
+        (pipe / "quit").write_text("")
+        log.open("a").write("quit\\n")
+    elif command == ["get_server_list"] and clients:
+        print(4242)
+    elif command == ["get_client_list", "4242"]:
+        print("\\n".join(clients))
 """
 
 
@@ -593,6 +603,39 @@ def test_mps_never_touches_a_daemon_it_did_not_start(stand_in, tmp_path):
     with mps_for_sweep("auto", True, say=lines.append) as on:
         assert on
     assert calls(stand_in) == ["start"] and daemon_running() and "left running" in lines[0]
+
+
+def test_mps_leaves_its_daemon_running_while_other_processes_use_it(stand_in, tmp_path):
+    """A second sweep started on the same GPU meanwhile: quit would wait for its cells and turn away its next ones."""
+    lines = []
+    with mps_for_sweep("auto", True, say=lines.append, stop_seconds=0.5):
+        (tmp_path / "pipe" / "clients").write_text("1\n")  # not this process's child
+    assert calls(stand_in) == ["start"] and daemon_running()
+    assert "serves 1 other process (pid 1), so it is left running" in lines[-1]
+
+
+def test_mps_waits_for_its_own_workers_to_leave_the_daemon_then_stops_it(stand_in, tmp_path):
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        lines = []
+        with mps_for_sweep("auto", True, say=lines.append, stop_seconds=20):
+            (tmp_path / "pipe" / "clients").write_text(f"{worker.pid}\n")
+            threading.Timer(0.5, lambda: (tmp_path / "pipe" / "clients").write_text("")).start()
+            started = time.monotonic()
+        assert calls(stand_in) == ["start", "quit"] and not daemon_running()
+        assert time.monotonic() - started < 10 and "stopped" in lines[-1]
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_a_daemon_that_does_not_answer_quit_is_reported_not_raised(stand_in, monkeypatch):
+    monkeypatch.setenv("MPS_STAND_IN_HANG", "1")
+    monkeypatch.setattr("lengthbench.mps.QUIT_TIMEOUT_S", 0.5)
+    lines = []
+    with mps_for_sweep("auto", True, say=lines.append, stop_seconds=0.5):
+        pass
+    assert "did not answer and the daemon still runs; stop it by hand" in lines[-1]
 
 
 def test_a_control_pipe_left_behind_is_no_daemon(stand_in, tmp_path):

@@ -228,8 +228,9 @@ def register(app: typer.Typer) -> None:
                                     "launches.", rich_help_panel=BUDGET),
         mps: str = typer.Option(None, "--mps", help="auto (default): with cells side by side, start NVIDIA MPS "
                                 "(nvidia-cuda-mps-control -d) for the sweep where the binary is on the PATH and no "
-                                "daemon runs, and stop it at the end; on: insist; off: never. A daemon the sweep "
-                                "did not start is used and left running.", rich_help_panel=BUDGET),
+                                "daemon runs, and stop it at the end (left running while other processes use it); "
+                                "on: insist; off: never. A daemon the sweep did not start is used and left running.",
+                                rich_help_panel=BUDGET),
         budget: str = typer.Option(None, "--budget", help="Time budget, e.g. 25m, 90s or 1h30m: plan each cell's "
                                    "minutes first (print the plan), never start a cell that cannot end inside it, "
                                    "and stop cleanly (exit 0) when the next does not fit.", rich_help_panel=BUDGET),
