@@ -8,7 +8,8 @@ rates come, best first, from
 
 1. the store: finished runs with the same task, mechanism, encoding, model and batch on the same GPU model
    (the fastest one's ``train_seconds``: a slower one may have shared its GPU, which the plan counts on its own;
-   the slowest ``eval_seconds`` per length), so a campaign's first window calibrates the next;
+   the slowest ``eval_seconds`` per length), so a campaign's first window calibrates the next, and a sweep's
+   finished cells the ones it starts after them (:meth:`CostModel.learn`, before each cell starts);
 2. the product benchmarks: ``results/benchmarks/train_throughput.parquet`` (samples/s, warm-up) and
    ``eval_time.parquet`` (seconds per 1,000 samples at a length, scaled to the model's layers x width and
    linearly in length, which over-estimates shorter lengths: attention's share grows with the square);
@@ -35,6 +36,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import re
 import time
 from collections.abc import Iterable
@@ -47,6 +49,7 @@ import pandas as pd
 from lengthbench import checkout_path
 from lengthbench.config import RunConfig, selection_multiplier
 from lengthbench.errors import UsageError
+from lengthbench.store import RunFileError, read_run_file, run_path, runs_dir, with_schema_version
 
 # The product benchmarks' tables, beside the package in a checkout (an installed package without them plans from
 # the store and the defaults).
@@ -197,6 +200,32 @@ class CostModel:
         self.store = store if store is not None else pd.DataFrame()
         self.benchmarks = Path(benchmarks)
         self.results = results
+        self._read: set[str] | None = None  # the run ids in ``store`` or looked at by :meth:`learn`
+
+    def learn(self) -> list[str]:
+        """Add the runs stored in ``results`` since the store was read, and return their run ids: the cells a
+        sweep has just run calibrate those after them (a model's first cell, costed from a benchmark or a
+        default, measures the model for the seeds after it). A file that cannot be read is passed over."""
+        if self.results is None or not runs_dir(self.results).is_dir():
+            return []
+        if self._read is None:
+            self._read = set(self.store["run_id"].astype(str)) if "run_id" in self.store.columns else set()
+        try:
+            new = sorted(entry.name[:-len(".parquet")] for entry in os.scandir(runs_dir(self.results))
+                         if entry.name.endswith(".parquet") and entry.name[:-len(".parquet")] not in self._read)
+        except OSError:
+            return []
+        self._read.update(new)
+        frames = []
+        for run_id in new:
+            try:
+                frames.append(with_schema_version(read_run_file(run_path(self.results, run_id))))
+            except RunFileError:
+                continue
+        if frames:
+            self.store = pd.concat([frame for frame in (self.store, *frames) if not frame.empty], ignore_index=True)
+            self.__dict__.pop("_stored_runs", None)  # cached_property: costed again from the grown store
+        return [str(frame["run_id"].iloc[0]) for frame in frames if not frame.empty]
 
     @cached_property
     def _throughput(self) -> pd.DataFrame:
@@ -477,6 +506,7 @@ class BudgetGuard:
     def admits(self, config: RunConfig) -> bool:
         if self.stopped_at is not None:
             return False
+        self.cost.learn()  # the cells finished since the last one started calibrate this one
         first, self.asked = not self.asked, True
         seconds = self.cost.cost(config).total * side_by_side_factor(config, self.per_gpu, self.mps,
                                                                      self.cost.benchmarks)

@@ -126,6 +126,32 @@ def test_the_store_calibrates_the_cost(tmp_path):
         "training: train_throughput")
 
 
+def test_the_guard_learns_from_the_cells_the_sweep_has_just_stored(tmp_path):
+    """A model's first cell, costed by a default, measures the model for the seeds after it: a seed that the
+    default said would not fit any more is admitted once the first seed's row says how fast the model trains."""
+    first, second = copy_config(seed=0), copy_config(seed=1)
+    store = tmp_path / "store"
+    cost = CostModel("NVIDIA H200", benchmarks=tmp_path / "none", results=store)
+    default = cost.cost(second).total
+    assert cost.cost(second).sources == ["training: default", "scoring: default"]
+    now = [0.0]
+    guard = BudgetGuard(1.5 * default, cost, 1, False, clock=lambda: now[0])
+    assert guard.admits(first)
+    rows = []
+    for multiplier in (1, 2, 4):
+        row = dict.fromkeys(CONTRACT_COLUMNS)
+        row.update(run_id=first.run_id, task="copy", attn="softmax", pe="rope", seed=0, train_length=64,
+                   multiplier=multiplier, eval_length=64 * multiplier, n_samples=1000, eval_seconds=1.0,
+                   train_steps=first.train_steps, train_seconds=20.0, device="NVIDIA H200",
+                   config_json=first.to_json(), exact_match=1.0, token_accuracy=1.0)
+        rows.append(row)
+    write_run(store, first.run_id, rows)
+    now[0] = 0.6 * default  # by the default, the second seed would end at 1.6x: past the budget
+    assert guard.admits(second)
+    assert cost.cost(second).sources[0] == "training: the store (1 run)" and cost.cost(second).total < 0.5 * default
+    assert cost.learn() == []  # nothing new since
+
+
 @pytest.mark.parametrize("attn, params, measured", [
     ("entmax", {"alpha": 1.5}, True), ("entmax", {"alpha": 1.1}, False), ("sieve", {"alpha": 1.1}, False),
     ("sieve", {"remainder": "diagonal"}, True),  # Sieve's fused op computes both remainders
@@ -196,6 +222,9 @@ class FixedCost:
 
     def cost(self, config):
         return CellCost(0.0, self.seconds[config.seed], 0.0, 0.0, ["fixed"])
+
+    def learn(self):
+        return []
 
 
 def test_the_plan_stops_at_the_first_cell_that_cannot_finish():

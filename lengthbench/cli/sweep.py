@@ -103,7 +103,7 @@ def _cost_model(results: str, plan_gpu: str):
             store = load_results(results) if Path(results).is_dir() else None
     except StoreError:
         store = None
-    return CostModel(plan_gpu, store, results=results if Path(results).is_dir() else None)
+    return CostModel(plan_gpu, store, results=results)
 
 
 def _fitting_per_gpu(configs, results: str, budget_seconds: float, plan_gpu: str, per_gpu: int, mps: bool) -> int:
