@@ -4,10 +4,10 @@ Several processes on one GPU take turns in time slices; under MPS their kernels 
 small models that leave a GPU idle between kernel launches (``benchmarks/side_by_side.py`` measures it).
 ``lengthbench sweep --mps auto`` (the
 default) starts the control daemon (``nvidia-cuda-mps-control -d``) for the sweep's lifetime when cells share a
-GPU, the binary is on the PATH and no daemon runs, and stops it (``quit``) when the sweep ends, unless it serves
-other processes by then (a second sweep started meanwhile on the same GPU: a ``quit`` would wait for them and turn
-away every new CUDA process until they end), which leave it running; a daemon that ran before is used and left as
-it is. ``--mps on`` insists (an error where it cannot be had), ``--mps off``
+GPU, the binary is on the PATH and no daemon runs, and stops it (``quit``) when the sweep ends; while other
+processes still use it (a second sweep started meanwhile on the same GPU: a ``quit`` would wait for them and turn
+away every new CUDA process until they end) it is left running. A daemon that ran before is used and left as it
+is. ``--mps on`` insists (an error where it cannot be had), ``--mps off``
 never starts one. Starting a daemon needs the rights to (root on the project's GPU machines).
 """
 
@@ -143,7 +143,7 @@ def _stop(binary: str, say: Callable[[str], None], stop_seconds: float) -> None:
         clients = daemon_clients(binary)
     if clients:
         shown = ", ".join(str(pid) for pid in clients[:5]) + (", ..." if len(clients) > 5 else "")
-        say(f"MPS: the daemon this sweep started serves {len(clients)} other process"
+        say(f"MPS: the daemon this sweep started still serves {len(clients)} process"
             f"{'es' if len(clients) > 1 else ''} (pid {shown}), so it is left running; stop it once they end: "
             f"echo quit | {CONTROL}")
         return

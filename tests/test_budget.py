@@ -640,7 +640,7 @@ def test_mps_leaves_its_daemon_running_while_other_processes_use_it(stand_in, tm
     with mps_for_sweep("auto", True, say=lines.append, stop_seconds=0.5):
         (tmp_path / "pipe" / "clients").write_text("1\n")  # not this process's child
     assert calls(stand_in) == ["start"] and daemon_running()
-    assert "serves 1 other process (pid 1), so it is left running" in lines[-1]
+    assert "still serves 1 process (pid 1), so it is left running" in lines[-1]
 
 
 def test_mps_waits_for_its_own_workers_to_leave_the_daemon_then_stops_it(stand_in, tmp_path):
