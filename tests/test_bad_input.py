@@ -698,9 +698,11 @@ def test_auto_on_a_gpu_cuda_cannot_start_is_an_error_not_the_cpu(gpu_without_cud
     from lengthbench.devices import resolve_device
 
     code = cli(monkeypatch, "sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--preset", "smoke",
-               "--results", tmp_path / "s")
-    error = capsys.readouterr().err
-    assert code == 2 and not list((tmp_path / "s").glob("runs/*.parquet"))
+               "--budget", "5m", "--results", tmp_path / "s")
+    printed = capsys.readouterr()
+    error = printed.err
+    # the one line comes before the budget's plan, which would say it plans for a GPU
+    assert code == 2 and not list((tmp_path / "s").glob("runs/*.parquet")) and "plan" not in printed.out + error
     assert ("this machine has an NVIDIA GPU but CUDA does not start (Unexpected error from cudaGetDeviceCount(). "
             "Error 805: MPS client failed to connect); fix that, or pass --device cpu") in " ".join(error.split())
     assert str(resolve_device("cpu")) == "cpu"  # asked for: fine

@@ -311,10 +311,10 @@ def register(app: typer.Typer) -> None:
 
         if executor not in executors.EXECUTORS:
             raise UsageError(f"unknown executor {executor!r}; choose from: {', '.join(executors.EXECUTORS)}")
-        if executor == "local" and device == "cuda" and not (dry_run or status):
+        if executor == "local" and device in ("cuda", "auto") and not (dry_run or status):
             from lengthbench.runner import resolve_device
 
-            resolve_device(device)  # no GPU here: one line now, not after the plan
+            resolve_device(device)  # no GPU here, or one CUDA cannot start: one line now, not after the plan
         if wait is None:  # local waits for cells running elsewhere; slurm returns once its jobs are submitted
             wait = executor != "slurm"
         # the executors' options, for a dry run and --status too (their packages and clusters only for a real run)
