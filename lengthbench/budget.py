@@ -452,12 +452,14 @@ class PlannedCell:
 
 
 def plan(configs: Iterable[RunConfig], budget: float, slots: int, per_gpu: int, mps: bool, cost: CostModel,
-         finished: Iterable[str] = ()) -> list[PlannedCell]:
+         finished: Iterable[str] = (), fill: bool = False) -> list[PlannedCell]:
     """Each cell in order on the first free slot of ``slots`` (``per_gpu`` of them share a GPU, each slower by
     :func:`side_by_side_factor`), until the first that cannot end inside ``budget`` seconds: it and every cell
     after it do not fit (the sweep stops there). A cell's earlier stage (``init_from``) ends before it starts.
     The first cell to run, where it is longer than the whole budget, runs the budget through (state ``"runs
-    part"``: stopped at the budget's end, resumed by the next window), as :class:`BudgetGuard` admits it."""
+    part"``: stopped at the budget's end, resumed by the next window), as :class:`BudgetGuard` admits it. With
+    ``fill``, a cell that cannot end inside the budget runs a part too wherever its slot has at least
+    :data:`MIN_PART_S` of the budget left (the budget's tail is not left idle)."""
     finished = set(finished)
     free = [0.0] * max(1, slots)
     ends: dict[str, float] = {}
@@ -472,8 +474,10 @@ def plan(configs: Iterable[RunConfig], budget: float, slots: int, per_gpu: int, 
         start = max(free[slot], ends.get(config.init_from, 0.0))
         cell = PlannedCell(config, seconds, start, slot, sources=estimate.sources)
         first = not any(c.state != "in the store" for c in planned)
-        if first and seconds > budget >= MIN_PART_S:
-            cell.state, cell.until = "runs part", budget  # seconds: the whole estimate; the slot: to the budget's end
+        if first and seconds > budget >= MIN_PART_S or (
+                fill and not stopped and start + seconds > budget and budget - start >= MIN_PART_S):
+            # seconds: the whole estimate; the slot: to the budget's end
+            cell.state, cell.until = "runs part", budget - start
             free[slot] = ends[config.run_id] = budget
         elif stopped or start + seconds > budget:
             stopped = True
@@ -490,9 +494,11 @@ class BudgetGuard:
 
     A cell longer than the whole budget, which no window of this length holds, is admitted as the sweep's first
     cell only, with a deadline (:meth:`stop_at`): the sweep stops it when the budget ends, at its last checkpoint,
-    and the next window resumes it (costed by what it has left)."""
+    and the next window resumes it (costed by what it has left). With ``fill``, so is any cell that cannot end
+    inside the budget while at least :data:`MIN_PART_S` of it is left."""
 
-    def __init__(self, seconds: float, cost: CostModel, per_gpu: int, mps: bool, clock=time.monotonic):
+    def __init__(self, seconds: float, cost: CostModel, per_gpu: int, mps: bool, clock=time.monotonic,
+                 fill: bool = False):
         self.clock = clock
         self.budget = seconds
         self.deadline = clock() + seconds
@@ -502,6 +508,7 @@ class BudgetGuard:
         self.stopped_at: RunConfig | None = None
         self.asked = False
         self.long: set[str] = set()  # the run ids admitted to be stopped at the deadline
+        self.fill = fill
 
     def admits(self, config: RunConfig) -> bool:
         if self.stopped_at is not None:
@@ -511,7 +518,8 @@ class BudgetGuard:
         seconds = self.cost.cost(config).total * side_by_side_factor(config, self.per_gpu, self.mps,
                                                                      self.cost.benchmarks)
         if self.clock() + seconds > self.deadline:
-            if first and seconds > self.budget >= MIN_PART_S:
+            if first and seconds > self.budget >= MIN_PART_S or (
+                    self.fill and self.deadline - self.clock() >= MIN_PART_S):
                 self.long.add(config.run_id)
                 return True
             self.stopped_at = config
@@ -519,8 +527,8 @@ class BudgetGuard:
         return True
 
     def stop_at(self, config: RunConfig) -> float | None:
-        """The clock time (``clock``'s) at which the sweep stops ``config``, a cell longer than the budget; None
-        for a cell that ends inside it."""
+        """The clock time (``clock``'s) at which the sweep stops ``config``, a cell admitted as a part (longer
+        than the budget, or than what is left of it with ``fill``); None for a cell that ends inside it."""
         return self.deadline if config.run_id in self.long else None
 
     def left_seconds(self) -> float:

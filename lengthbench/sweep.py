@@ -72,7 +72,7 @@ from lengthbench.errors import UsageError, interrupted
 from lengthbench.validation import MAX_CELLS, check_config, check_task_params
 
 SWEEP_KEYS = ("tasks", "attns", "pes", "cells", "seeds", "preset", "results", "device", "per_gpu", "mps", "budget",
-              "budget_fraction", "paper", "table", "explained", "overrides", "by_pe", "by_task", "variants", "stages")
+              "fill", "budget_fraction", "paper", "table", "explained", "overrides", "by_pe", "by_task", "variants", "stages")
 PARAM_FIELDS = ("task_params", "attn_params", "pe_params")  # merged key by key where a variant or task table sets them
 # What a stage may not set: the cell's identity, and the chain itself.
 STAGE_FIXED = ("attn", "pe", "seed", "preset", "init_from")
@@ -198,6 +198,8 @@ def check_sweep_settings(data: dict[str, Any], where: str) -> None:
             parse_budget(data["budget"])
         except UsageError as error:
             fail(str(error))
+    if "fill" in data and not isinstance(data["fill"], bool):
+        fail(f"fill must be true or false, got {data['fill']!r}")
     if "budget_fraction" in data:
         try:
             validation.check_float("budget_fraction", data["budget_fraction"], 0.0, 1.0, low_open=True)
@@ -673,7 +675,7 @@ def _leave(configs: list[RunConfig], outcomes: dict[str, CellOutcome], emit) -> 
 
 
 STOP_GRACE_S = 120.0  # a stopped worker's time to leave cleanly (its scoring files are written every 30 s)
-STOPPED = "stopped at the budget's end (longer than the budget): the same sweep in the next window resumes it"
+STOPPED = "stopped at the budget's end at its last checkpoint: the same sweep in the next window resumes it"
 
 
 def _run_sequential(pending, results: Path, device: str, outcomes, emit, track: str | None = None,

@@ -293,6 +293,39 @@ def test_a_cell_longer_than_the_budget_runs_a_part_as_the_first_cell_only():
     assert not guard.admits(configs[2]) and guard.stop_at(configs[2]) is None
 
 
+def test_fill_runs_a_part_in_the_budgets_tail_where_five_minutes_are_left():
+    configs = plan_sweep(["copy"], ["softmax"], ["rope"], [0, 1, 2, 3])
+    cost = FixedCost({0: 600, 1: 600, 2: 400, 3: 60})
+    # without fill the tail (300 s) stays idle; with it the third cell runs there and the fourth does not fit
+    assert [c.state for c in plan(configs, 1500, 1, 1, False, cost)] == ["runs", "runs", "does not fit",
+                                                                        "does not fit"]
+    planned = plan(configs, 1500, 1, 1, False, cost, fill=True)
+    assert [c.state for c in planned] == ["runs", "runs", "runs part", "does not fit"]
+    assert planned[2].start == 1200 and planned[2].end == 1500 and planned[2].seconds == 400
+    # less than MIN_PART_S left: no part
+    assert [c.state for c in plan(configs, 1200 + MIN_PART_S - 1, 1, 1, False, cost, fill=True)] == [
+        "runs", "runs", "does not fit", "does not fit"]
+    # two slots (1200 s each side by side): the third fills one slot's tail, the fourth still ends on the other
+    planned = plan(configs, 1500, 2, 2, False, cost, fill=True)
+    assert [c.state for c in planned] == ["runs", "runs", "runs part", "runs"]
+    assert [c.slot for c in planned] == [0, 1, 0, 1] and planned[3].end == 1320
+    planned = plan(configs, 1499, 2, 2, False, cost, fill=True)  # 299 s left: the plan stops as without fill
+    assert [c.state for c in planned] == ["runs", "runs", "does not fit", "does not fit"]
+    # the guard agrees: admitted with the deadline while five minutes are left, then refused for good
+    now = [0.0]
+    guard = BudgetGuard(1500, cost, 1, False, clock=lambda: now[0], fill=True)
+    assert guard.admits(configs[0]) and guard.stop_at(configs[0]) is None
+    now[0] = 1200
+    assert guard.admits(configs[2]) and guard.stop_at(configs[2]) == 1500
+    now[0] = 1500 - MIN_PART_S + 1
+    assert not guard.admits(configs[1]) and not guard.admits(configs[3])
+    now[0] = 0.0
+    unfilled = BudgetGuard(1500, cost, 1, False, clock=lambda: now[0])
+    assert unfilled.admits(configs[0])
+    now[0] = 1200
+    assert not unfilled.admits(configs[2])  # 1200 + 400 > 1500, no fill
+
+
 def test_an_unfinished_cell_costs_what_it_has_left(tmp_path):
     import json
 
@@ -463,6 +496,34 @@ def test_cli_prints_the_plan_and_a_dry_run_writes_nothing(tmp_path, monkeypatch,
     assert "0 cells fit" in out and "next after this budget: copy / softmax + rope / s0" in out
 
 
+def test_cli_fill_plans_a_part_in_the_tail_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "250")
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP.format(budget="25m"))
+    from lengthbench.cli import sweep
+
+    monkeypatch.setattr(sweep, "_cost_model", lambda results, gpu: FixedCost({0: 600, 1: 600}))
+    args = ["sweep", "--config", path, "--results", tmp_path / "store", "--dry-run", "--budget", "28m"]
+    assert cli(monkeypatch, *args) == 0
+    out = capsys.readouterr().out
+    assert "2 cells fit (20.0 min of 28.0 min), 2 do not" in out and "runs part" not in out
+    assert cli(monkeypatch, *args, "--fill") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "2 cells fit (28.0 min of 28.0 min), 1 do not" in out and out.count("runs part") == 1
+    assert ("copy / softmax + nape / s0 (10.0 min left) fills the budget's last 8.0 min (--fill): it runs to the "
+            "budget's end") in out
+    path.write_text("fill = true\n" + SWEEP.format(budget="28m"))  # the config's key, no --fill
+    assert cli(monkeypatch, "sweep", "--config", path, "--results", tmp_path / "store", "--dry-run") == 0
+    assert capsys.readouterr().out.count("runs part") == 1
+
+
+def test_cli_fill_without_a_budget_is_one_line(tmp_path, monkeypatch, capsys):
+    assert cli(monkeypatch, "sweep", "--tasks", "copy", "--attns", "softmax", "--pes", "rope", "--results",
+               tmp_path / "s", "--fill", "--dry-run") == 2
+    err = capsys.readouterr().err.strip()
+    assert "--fill fills a budget's tail: give --budget too" in err and len(err.splitlines()) == 1
+
+
 @pytest.mark.parametrize("args, message", [
     (["--budget", "soon"], "budget must be a duration"),
     (["--per-gpu", "many"], "--per-gpu must be a whole number or auto"),
@@ -479,7 +540,8 @@ def test_cli_refuses_bad_budget_options_in_one_line(args, message, tmp_path, mon
 @pytest.mark.parametrize("key, value, message", [("budget", '"later"', "budget must be a duration"),
                                                   ("budget_fraction", "1.5", "budget_fraction"),
                                                   ("mps", '"always"', "mps must be"),
-                                                  ("per_gpu", '"most"', "per_gpu must be")])
+                                                  ("per_gpu", '"most"', "per_gpu must be"),
+                                                  ("fill", '"yes"', "fill must be true or false")])
 def test_a_sweep_files_bad_budget_keys_are_one_line(key, value, message, tmp_path, monkeypatch, capsys):
     path = tmp_path / "sweep.toml"
     path.write_text(f'tasks = ["copy"]\nattns = ["softmax"]\npes = ["rope"]\n{key} = {value}\n')

@@ -124,14 +124,14 @@ def _fitting_per_gpu(configs, results: str, budget_seconds: float, plan_gpu: str
 
 
 def _print_plan(configs, results: str, budget_seconds: float, plan_gpu: str, slots: int, per_gpu: int,
-                mps: bool, labels: dict[str, str] | None = None):
+                mps: bool, labels: dict[str, str] | None = None, fill: bool = False):
     """The budget's plan, before anything starts: each cell's estimated minutes, its start, what fits."""
     from lengthbench.budget import format_minutes, plan
     from lengthbench.checkpoints import cell_finished
 
     cost = _cost_model(results, plan_gpu)
     planned = plan(configs, budget_seconds, slots, per_gpu, mps, cost,
-                   finished=[c.run_id for c in configs if cell_finished(results, c)])
+                   finished=[c.run_id for c in configs if cell_finished(results, c)], fill=fill)
     side = f", {per_gpu} side by side per GPU{' under MPS' if mps else ''}" if per_gpu > 1 else ""
     table = Table("cell", "run id", "minutes", "starts at", "plan", "estimated from",
                   title=f"plan: {format_minutes(budget_seconds)} on {slots // per_gpu} x {plan_gpu}{side}",
@@ -152,7 +152,9 @@ def _print_plan(configs, results: str, budget_seconds: float, plan_gpu: str, slo
               f"{len(left)} do not" + (f", {stored} in the store already" if stored else "")
               + (f"; next after this budget: {cell_name(left[0].config, labels)}" if left else ""), highlight=False, soft_wrap=True)
     for cell in part:
-        out.print(f"{cell_name(cell.config, labels)} ({format_minutes(cell.seconds)} left) is longer than the budget: it "
+        why = ("is longer than the budget" if cell.seconds > budget_seconds else
+               f"fills the budget's last {format_minutes(cell.until)} (--fill)")
+        out.print(f"{cell_name(cell.config, labels)} ({format_minutes(cell.seconds)} left) {why}: it "
                   "runs to the budget's end and stops at its last checkpoint; the same command in the next window "
                   "resumes it", highlight=False, soft_wrap=True)
     return cost
@@ -234,6 +236,11 @@ def register(app: typer.Typer) -> None:
         budget: str = typer.Option(None, "--budget", help="Time budget, e.g. 25m, 90s or 1h30m: plan each cell's "
                                    "minutes first (print the plan), never start a cell that cannot end inside it, "
                                    "and stop cleanly (exit 0) when the next does not fit.", rich_help_panel=BUDGET),
+        fill: bool = typer.Option(None, "--fill/--no-fill", help="Fill the budget's tail: where the next cell "
+                                  "cannot end inside the budget but 5 minutes or more are left, run it as a part, "
+                                  "stopped at the budget's end at its last checkpoint and resumed by the same "
+                                  "command (its checkpoints must reach the next window). Default: the config's "
+                                  "fill, else off.", rich_help_panel=BUDGET),
         plan_gpu: str = typer.Option(None, "--plan-gpu", help="The GPU a plan is for where this machine has none "
                                      f"(default {DEFAULT_PLAN_GPU}; e.g. 'NVIDIA H200').", rich_help_panel=BUDGET),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the cells and what is done; run nothing."),
@@ -344,6 +351,9 @@ def register(app: typer.Typer) -> None:
         if mps not in MODES:
             raise UsageError(f"unknown --mps {mps!r}; choose from: {', '.join(MODES)}")
         budget = budget if budget is not None else settings.get("budget")
+        if fill and budget is None:
+            raise UsageError("--fill fills a budget's tail: give --budget too (e.g. --budget 25m)")
+        fill = fill if fill is not None else bool(settings.get("fill", False))
         from lengthbench.budget import parse_budget
 
         budget_seconds = parse_budget(budget) if budget is not None else None
@@ -395,7 +405,7 @@ def register(app: typer.Typer) -> None:
                   f"{results}" + (f"; running in {where}" if where else ""), highlight=False)
         if budget_seconds is not None:
             cost = _print_plan(configs, results, budget_seconds, plan_gpu, max(1, len(slots)) if not dry_run else
-                               _plan_gpus(device) * per_gpu, per_gpu, mps != "off", labels)
+                               _plan_gpus(device) * per_gpu, per_gpu, mps != "off", labels, fill)
         if dry_run and budget_seconds is not None:
             return
         if dry_run:
@@ -439,7 +449,7 @@ def register(app: typer.Typer) -> None:
                         if budget_seconds is not None:
                             from lengthbench.budget import BudgetGuard
 
-                            guard = BudgetGuard(budget_seconds, cost, per_gpu, mps_on)
+                            guard = BudgetGuard(budget_seconds, cost, per_gpu, mps_on, fill=fill)
                             admit, stop_at = guard.admits, guard.stop_at
                         outcomes = run_sweep(configs, results, device=device, on_event=on_event, slots=slots,
                                              wait=wait, track=track, admit=admit, stop_at=stop_at)
