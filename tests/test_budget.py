@@ -502,16 +502,17 @@ def test_cli_fill_plans_a_part_in_the_tail_and_says_so(tmp_path, monkeypatch, ca
     path.write_text(SWEEP.format(budget="25m"))
     from lengthbench.cli import sweep
 
-    monkeypatch.setattr(sweep, "_cost_model", lambda results, gpu: FixedCost({0: 600, 1: 600}))
+    monkeypatch.setattr(sweep, "_cost_model", lambda results, gpu: FixedCost({0: 600, 1: 6000}))
     args = ["sweep", "--config", path, "--results", tmp_path / "store", "--dry-run", "--budget", "28m"]
     assert cli(monkeypatch, *args) == 0
     out = capsys.readouterr().out
-    assert "2 cells fit (20.0 min of 28.0 min), 2 do not" in out and "runs part" not in out
+    assert "1 cell fits (10.0 min of 28.0 min), 3 do not" in out and "runs part" not in out
     assert cli(monkeypatch, *args, "--fill") == 0
+    # seed 1 (100 min) is longer than the whole budget, and fills its tail
     out = " ".join(capsys.readouterr().out.split())
-    assert "2 cells fit (28.0 min of 28.0 min), 1 do not" in out and out.count("runs part") == 1
-    assert ("copy / softmax + nape / s0 (10.0 min left) fills the budget's last 8.0 min (--fill): it runs to the "
-            "budget's end") in out
+    assert "1 cell fits (28.0 min of 28.0 min), 2 do not" in out and out.count("runs part") == 1
+    assert ("copy / softmax + rope / s1 (100.0 min left) fills the budget's last 18.0 min (--fill): it runs to "
+            "the budget's end") in out
     path.write_text("fill = true\n" + SWEEP.format(budget="28m"))  # the config's key, no --fill
     assert cli(monkeypatch, "sweep", "--config", path, "--results", tmp_path / "store", "--dry-run") == 0
     assert capsys.readouterr().out.count("runs part") == 1
@@ -761,7 +762,7 @@ def test_mps_on_without_the_binary_is_an_error_and_auto_goes_without(tmp_path, m
 def test_auto_per_gpu_under_a_budget_takes_fewer_where_the_first_cell_fits_no_other_way(tmp_path, monkeypatch):
     from lengthbench.cli import sweep
 
-    monkeypatch.setattr(sweep, "_cost_model", lambda results, gpu: FixedCost({0: 600, 1: 600}))
+    monkeypatch.setattr(sweep, "_cost_model", lambda results, gpu: FixedCost({0: 600, 1: 6000}))
     monkeypatch.setattr("lengthbench.budget.BENCHMARKS", tmp_path)
     pd.DataFrame([dict(d_model=256, cells=3, mps=True, slowdown=2.0)]).to_parquet(tmp_path / "side_by_side.parquet")
     import lengthbench.budget

@@ -152,7 +152,7 @@ def _print_plan(configs, results: str, budget_seconds: float, plan_gpu: str, slo
               f"{len(left)} do not" + (f", {stored} in the store already" if stored else "")
               + (f"; next after this budget: {cell_name(left[0].config, labels)}" if left else ""), highlight=False, soft_wrap=True)
     for cell in part:
-        why = ("is longer than the budget" if cell.seconds > budget_seconds else
+        why = ("is longer than the budget" if cell.start == 0 and cell.seconds > budget_seconds else
                f"fills the budget's last {format_minutes(cell.until)} (--fill)")
         out.print(f"{cell_name(cell.config, labels)} ({format_minutes(cell.seconds)} left) {why}: it "
                   "runs to the budget's end and stops at its last checkpoint; the same command in the next window "
