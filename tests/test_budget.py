@@ -513,6 +513,11 @@ def test_cli_fill_plans_a_part_in_the_tail_and_says_so(tmp_path, monkeypatch, ca
     assert "1 cell fits (28.0 min of 28.0 min), 2 do not" in out and out.count("runs part") == 1
     assert ("copy / softmax + rope / s1 (100.0 min left) fills the budget's last 18.0 min (--fill): it runs to "
             "the budget's end") in out
+    monkeypatch.setattr(sweep, "_cost_model", lambda results, gpu: FixedCost({0: 6000, 1: 600}))
+    assert cli(monkeypatch, *args) == 0  # a first cell longer than the whole budget, with or without --fill
+    assert "copy / softmax + rope / s0 (100.0 min left) is longer than the budget" in " ".join(
+        capsys.readouterr().out.split())
+    monkeypatch.setattr(sweep, "_cost_model", lambda results, gpu: FixedCost({0: 600, 1: 6000}))
     path.write_text("fill = true\n" + SWEEP.format(budget="28m"))  # the config's key, no --fill
     assert cli(monkeypatch, "sweep", "--config", path, "--results", tmp_path / "store", "--dry-run") == 0
     assert capsys.readouterr().out.count("runs part") == 1
