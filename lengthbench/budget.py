@@ -7,9 +7,11 @@ scoring (``eval_samples`` at every length, once per selection: the run's own and
 rates come, best first, from
 
 1. the store: finished runs with the same task, mechanism, encoding, model and batch on the same GPU model
-   (the fastest one's ``train_seconds``: a slower one may have shared its GPU, which the plan counts on its own;
-   the slowest ``eval_seconds`` per length), so a campaign's first window calibrates the next, and a sweep's
-   finished cells the ones it starts after them (:meth:`CostModel.learn`, before each cell starts);
+   (the fastest one's ``train_seconds``, the slowest ``eval_seconds`` per length, each as if the run had had its
+   GPU alone: divided by the side-by-side slowdown of the share of the GPU it recorded, ``train_gpu_share`` and
+   ``gpu_share``, :func:`shared_slowdown`; the plan adds its own sharing back), so a campaign's first window
+   calibrates the next, and a sweep's finished cells the ones it starts after them (:meth:`CostModel.learn`,
+   before each cell starts);
 2. the product benchmarks: ``results/benchmarks/train_throughput.parquet`` (samples/s, warm-up) and
    ``eval_time.parquet`` (seconds per 1,000 samples at a length, scaled to the model's layers x width and
    linearly in length, which over-estimates shorter lengths: attention's share grows with the square);
@@ -268,9 +270,11 @@ class CostModel:
         if not runs.empty:
             per_run = runs.groupby("run_id").first()
             steps = per_run["train_steps"].astype(float) * config.batch_size
-            # the fastest stored run: a run's seconds include its start and validations (its rate is the whole
-            # training's), and also any cells that shared its GPU, which the plan adds back (side_by_side_factor)
-            rate = float((steps / per_run["train_seconds"].astype(float)).max())
+            # the fastest stored run, as if alone on its GPU: a run's seconds include its start and validations
+            # (its rate is the whole training's) and the cells that shared its GPU, taken out here by the share it
+            # recorded (the plan adds its own back: side_by_side_factor)
+            alone = self._alone(config, _column(per_run, "train_gpu_share"))
+            rate = float((steps / per_run["train_seconds"].astype(float) * alone).max())
             return rate, PROCESS_START_S, f"the store ({len(per_run)} run{'s' * (len(per_run) > 1)})"
         if not on_measured_path(config):
             return self._reference_rate(config)
@@ -313,6 +317,10 @@ class CostModel:
                 return rate * scale, PROCESS_START_S + start, f"train_throughput{where}"
         return DEFAULT_SAMPLES_PER_S, DEFAULT_START_S, "default"
 
+    def _alone(self, config: RunConfig, shares: pd.Series) -> pd.Series:
+        """Per stored row, how much slower it ran than alone on its GPU, by the share it recorded."""
+        return shares.map(lambda share: shared_slowdown(config.d_model, share, self.benchmarks))
+
     def _same_mechanism(self, config: RunConfig) -> pd.DataFrame:
         """Stored runs on this GPU model of ``config``'s mechanism with the same parameters, any task or model."""
         return self._matching(self._stored_runs, config, ["attn", "attn_params"])
@@ -331,6 +339,7 @@ class CostModel:
         for _, row in (runs.groupby("run_id").first() if not runs.empty else runs).iterrows():
             run = json.loads(row["config_json"])
             rate = float(row["train_steps"]) * run["batch_size"] / float(row["train_seconds"])
+            rate *= shared_slowdown(run["d_model"], _value(row, "train_gpu_share"), self.benchmarks)
             rates.append((rate * work(run) / work(json.loads(config.to_json())), run["task"]))
         if rates:
             rate, task = min(rates)
@@ -348,6 +357,7 @@ class CostModel:
             run = json.loads(row["config_json"])
             m = int(row["eval_length"])
             per_sample = float(row["eval_seconds"]) / max(1.0, float(row["n_samples"]))
+            per_sample /= shared_slowdown(run["d_model"], _value(row, "gpu_share"), self.benchmarks)
             per_sample *= width / (run["n_layers"] * run["d_model"])
             return per_sample * max(n / m, (n / m) ** 2), "the store, scaled (no fused op)"
         fused = DEFAULT_SECONDS_PER_1000_AT_64K / 1000 * width / REFERENCE_WIDTH * n / 65536
@@ -360,6 +370,7 @@ class CostModel:
             rows = runs[runs["eval_length"].astype(int) == n]
             if not rows.empty:
                 per_sample = rows["eval_seconds"].astype(float) / rows["n_samples"].astype(float).clip(lower=1)
+                per_sample /= self._alone(config, _column(rows, "gpu_share"))
                 return float(per_sample.max()), "the store"
         if not on_measured_path(config):
             return self._reference_seconds_per_sample(config, n)
@@ -424,16 +435,46 @@ def side_by_side_factor(config: RunConfig, cells: int, mps: bool, benchmarks: Pa
     """How much longer each of ``cells`` cells sharing one GPU takes than one alone: the measured factor for the
     nearest model size (``results/benchmarks/side_by_side.parquet``: ``d_model``, ``cells``, ``mps``,
     ``slowdown``), else ``cells`` (no gain: as slow as one after another)."""
+    return _slowdown(config.d_model, cells, mps, benchmarks)
+
+
+def _slowdown(d_model: int, cells: int, mps: bool, benchmarks: Path) -> float:
     if cells <= 1:
         return 1.0
     table = _read_table(Path(benchmarks) / "side_by_side.parquet")
     if not table.empty:
         rows = table[(table["cells"] == cells) & (table["mps"] == mps)]
         if not rows.empty:
-            nearest = (rows["d_model"].astype(float) - config.d_model).abs()
+            nearest = (rows["d_model"].astype(float) - d_model).abs()
             rows = rows[nearest == nearest.min()]
             return float(max(1.0, rows["slowdown"].max()))
     return float(cells)
+
+
+def shared_slowdown(d_model: int, share: float, benchmarks: Path = BENCHMARKS) -> float:
+    """How much slower a run was than alone on its GPU, where ``share`` lengthbench processes (itself included, a
+    mean: ``train_gpu_share`` or ``gpu_share`` of a stored row, lengthbench.gpu_share) used the GPU: the measured
+    side-by-side slowdown under MPS (as sweeps run cells side by side) of the nearest model size, interpolated
+    between whole numbers of cells; 1 where the share is not recorded (NaN) or is 1."""
+    if not share == share or share <= 1.0:
+        return 1.0
+    low, high = math.floor(share), math.ceil(share)
+    below, above = _slowdown(d_model, low, True, benchmarks), _slowdown(d_model, high, True, benchmarks)
+    return below + (above - below) * (share - low)
+
+
+def _column(frame: pd.DataFrame, name: str) -> pd.Series:
+    """``frame[name]`` as floats; NaN where the store predates the column."""
+    if name in frame.columns:
+        return pd.to_numeric(frame[name], errors="coerce")
+    return pd.Series(float("nan"), index=frame.index)
+
+
+def _value(row: pd.Series, name: str) -> float:
+    try:
+        return float(row[name]) if name in row.index else float("nan")
+    except (TypeError, ValueError):
+        return float("nan")
 
 
 @dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -23,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lengthbench import __version__
+from lengthbench import __version__, gpu_share
 from lengthbench.checkpoints import (
     RETRAIN,
     VOCAB_PARAMETERS,
@@ -140,7 +141,7 @@ def run_cell(config: RunConfig, results: str | Path, *, device: str = "auto", re
                        "plugins": plugins_of(config)}, ckpt_dir / "model.pt")
 
     common = dict(train_steps=trainer.state.step, train_seconds=round(trainer.state.train_seconds, 3),
-                  best_step=trainer.state.best_step)
+                  best_step=trainer.state.best_step, train_gpu_share=_share(trainer.state.gpu_share))
     _score_and_store(config, task, model, torch_device, results, lengths, common, progress, log, log_samples)
     trainer.checkpoint_path.unlink(missing_ok=True)  # the run is in the store; model.pt stays for inspect
     _score_selected(config, results, torch_device, progress, log, rescore=restart, log_samples=log_samples)
@@ -166,7 +167,7 @@ def _score_selected(config: RunConfig, results: Path, torch_device: torch.device
         with checkpoint_contents(path, remedy):
             same = int(state["best_step"]) == int(own["best_step"].iloc[0])
             common = dict(train_steps=int(state["step"]), train_seconds=round(float(state["train_seconds"]), 3),
-                          best_step=int(state["best_step"]))
+                          best_step=int(state["best_step"]), train_gpu_share=_share(state.get("gpu_share")))
         if same:
             created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
             rows = own.drop(columns=["schema_version"]).assign(
@@ -182,6 +183,15 @@ def _score_selected(config: RunConfig, results: Path, torch_device: torch.device
         load_weights(model, saved["model"], path, remedy)
         model = model.to(torch_device).eval()
         _score_and_store(other, task, model, torch_device, results, lengths, common, progress, log, log_samples)
+
+
+def _share(value) -> float:
+    """A row's GPU share (lengthbench.gpu_share), to two decimals; NaN where it was not measured."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+    return round(value, 2) if math.isfinite(value) else float("nan")
 
 
 def sample_log_path(results: str | Path, run_id: str, multiplier: float) -> Path:
@@ -215,13 +225,16 @@ def _score_and_store(config: RunConfig, task, model, torch_device: torch.device,
         train_seconds=common["train_seconds"], device=device_description(torch_device),
         lengthbench_version=__version__, git_sha=git_sha(), metric=task.metric, config_json=config.to_json(),
         best_step=common["best_step"], plugins=",".join(plugins_of(config)),
+        train_gpu_share=common.get("train_gpu_share", float("nan")),
     )
+    share = gpu_share.tracker(torch_device)
     with progress_bar(progress, unit="lengths", eta=False) as bar:
         task_id = bar.add_task("score", total=len(lengths), completed=len(done), rate="", detail="")
         for multiplier, n in lengths:
             if multiplier in done:
                 continue
             started = time.perf_counter()
+            share_mark = share.mark() if share is not None else None
             def show(scored: int, count: int, multiplier=multiplier, n=n, last=last) -> None:  # samples scored so far
                 bar.update(task_id, detail=f"{last}{multiplier_label(multiplier)}x (n = {n:,}): {scored:,}/{count:,} "
                            "samples")
@@ -241,6 +254,7 @@ def _score_and_store(config: RunConfig, task, model, torch_device: torch.device,
                 support=diagnostics.get("support", float("nan")),
                 diagnostic_rows=diagnostics.get("diagnostic_rows", 0),
                 diagnostics_json=json.dumps(diagnostics.get("per_head", {})) if diagnostics else "",
+                gpu_share=_share(share.mean_since(share_mark)) if share is not None else float("nan"),
             )
             atomic_write_text(partial_path, json.dumps(list(done.values())))
             samples_path.unlink(missing_ok=True)
@@ -302,7 +316,7 @@ def rescore_run(results: str | Path, run_id: str, *, samples: int | None = None,
     (ckpt_dir / "config.json").write_text(json.dumps(config.identity(), indent=2, sort_keys=True))
     with checkpoint_contents(source_path, RETRAIN):
         common = dict(train_steps=int(state["step"]), train_seconds=round(float(state.get("train_seconds", 0.0)), 3),
-                      best_step=int(state.get("best_step", state["step"])))
+                      best_step=int(state.get("best_step", state["step"])), train_gpu_share=_share(state.get("gpu_share")))
     _score_and_store(config, task, model, torch_device, results, lengths, common, progress, log, log_samples)
     return pd.read_parquet(run_path(results, config.run_id))
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from lengthbench import gpu_share
 from lengthbench.checkpoints import (
     RESTART,
     atomic_torch_save,
@@ -66,6 +67,9 @@ class TrainState:
     history: list = field(default_factory=list)  # (step, loss, val_score)
     # the best score and step of each selection of ``also_select``: {"id": [score, step]}
     also_best: dict = field(default_factory=dict)
+    # the mean number of lengthbench processes on the GPU while it trained, itself included (lengthbench.gpu_share);
+    # NaN off CUDA
+    gpu_share: float = float("nan")
 
 
 class Trainer:
@@ -304,6 +308,15 @@ class Trainer:
                                         detail=f"first validation at step {first_validation:,}")
             started = time.perf_counter() - self.state.train_seconds
             process_started, steps_here = time.perf_counter(), 0
+            share = gpu_share.tracker(self.device)
+            share_mark = share.mark() if share is not None else None
+            earlier = (self.state.gpu_share, self.state.train_seconds)
+
+            def record_time() -> None:
+                self.state.train_seconds = time.perf_counter() - started
+                if share is not None:
+                    self.state.gpu_share = gpu_share.combined(share.mean_since(share_mark), self.state.train_seconds
+                                                              - earlier[1], *earlier)
             try:
                 for input_ids, labels, features in producer:
                     lr = learning_rate(config, self.state.step)
@@ -359,11 +372,11 @@ class Trainer:
                         bad_loss = window.check(losses, norms, config.run_id, lr)  # never save broken weights
                         if bad_loss >= 0:
                             _check_finite(float("nan"), f"the loss of step {bad_loss}", config.run_id, lr)
-                        self.state.train_seconds = time.perf_counter() - started
+                        record_time()
                         self.save()
             finally:
                 producer.close()
-            self.state.train_seconds = time.perf_counter() - started
+            record_time()
         self.save()
 
     def use_best(self) -> None:

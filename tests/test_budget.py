@@ -25,6 +25,7 @@ from lengthbench.budget import (
     on_measured_path,
     parse_budget,
     plan,
+    shared_slowdown,
     side_by_side_factor,
 )
 from lengthbench.config import build_config
@@ -124,6 +125,33 @@ def test_the_store_calibrates_the_cost(tmp_path):
     # another GPU's rows do not calibrate this one
     assert CostModel("NVIDIA H100", store, benchmarks=tmp_path / "bench").cost(config).sources[0].startswith(
         "training: train_throughput")
+
+
+def test_a_run_that_shared_its_gpu_is_costed_as_if_alone(tmp_path):
+    """A stored run that recorded two processes on its GPU (train_gpu_share, gpu_share) trained and scored 1.8x
+    slower than alone (the measured slowdown under MPS): the estimate divides that out, and the plan multiplies
+    its own sharing back; a store without the columns reads as alone."""
+    bench = tmp_path / "bench"
+    write_benchmarks(bench)
+    pd.DataFrame([dict(d_model=256, cells=2, mps=True, slowdown=1.8), dict(d_model=256, cells=3, mps=True,
+                                                                          slowdown=2.7)]).to_parquet(
+        bench / "side_by_side.parquet")
+    config = copy_config()
+    rows = store_rows(config, 10_000, 180.0, [64, 128, 256], lambda n: 0.9 * n / 64, n_samples=500,
+                      device="NVIDIA H200")
+    alone = CostModel("NVIDIA H200", rows, benchmarks=bench).cost(config)
+    assert alone.train == pytest.approx(180.0)
+    shared = rows.assign(train_gpu_share=2.0, gpu_share=2.0)
+    cost = CostModel("NVIDIA H200", shared, benchmarks=bench).cost(config)
+    assert cost.train == pytest.approx(100.0)  # 180 s at 1.8x slower
+    assert cost.scoring == pytest.approx(alone.scoring / 1.8 + 3 * (1 - 1 / 1.8))  # the per-length second stays
+    assert plan([config], 10_000, 1, 2, True, CostModel("NVIDIA H200", shared, benchmarks=bench))[0].seconds == \
+        pytest.approx(1.8 * cost.total)
+    # a share between whole numbers of cells: between their slowdowns
+    assert shared_slowdown(256, 2.5, bench) == pytest.approx(2.25)
+    assert shared_slowdown(256, 1.5, bench) == pytest.approx(1.4)
+    assert shared_slowdown(256, 1.0, bench) == shared_slowdown(256, float("nan"), bench) == 1.0
+    assert shared_slowdown(256, 4.0, bench) == 4.0  # not measured at 4: as slow as one after another
 
 
 def test_the_guard_learns_from_the_cells_the_sweep_has_just_stored(tmp_path):
