@@ -77,3 +77,12 @@ def test_a_cpu_run_records_no_share(tmp_path):
     assert {"train_gpu_share", "gpu_share"} <= set(frame.columns)
     assert all(math.isnan(value) for value in frame["train_gpu_share"])
     assert all(math.isnan(value) for value in frame["gpu_share"])
+
+
+@pytest.mark.gpu
+def test_a_gpu_is_named_by_its_uuid_and_a_process_alone_counts_one(temp):
+    import torch
+
+    share = gpu_share.tracker(torch.device("cuda"))
+    assert share is not None and share.folder.name.startswith("GPU-")
+    assert share.sample() == 1 and gpu_share.tracker(torch.device("cuda", 0)) is share
