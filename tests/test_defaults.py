@@ -278,11 +278,19 @@ def _plan(task, attn, pe, recipe):
 
 
 def _run_default(tmp_path, *cell):
+    """``lengthbench run CELL`` as a user of a checkout types it: the installed command, from the repository root
+    (where the committed stores it reads its estimates and notes from are found, whether the package is installed
+    editable or not; ``python -m`` from there would import the checkout's unmapped folders instead)."""
+    import shutil
     import subprocess
     import sys
 
-    args = [sys.executable, "-m", "lengthbench.cli", "run", *cell, "--results", str(tmp_path)]
-    process = subprocess.run(args, capture_output=True, text=True, timeout=3600)
+    command = Path(sys.executable).with_name("lengthbench")
+    command = str(command) if command.exists() else shutil.which("lengthbench")
+    assert command, "the lengthbench command is not installed"
+    args = [command, "run", *cell, "--results", str(tmp_path)]
+    process = subprocess.run(args, capture_output=True, text=True, timeout=3600,
+                             cwd=Path(__file__).resolve().parent.parent)
     assert process.returncode == 0, process.stdout[-4000:] + process.stderr[-4000:]
     return process.stdout
 
