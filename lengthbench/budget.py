@@ -425,6 +425,17 @@ class CostModel:
 
 
 def _read_table(path: Path) -> pd.DataFrame:
+    """A benchmark table (read once per version of the file: every stored row of a shared GPU looks up
+    ``side_by_side.parquet``); empty where it is absent or unreadable. Callers filter it, never change it."""
+    try:
+        stat = Path(path).stat()
+    except OSError:
+        return pd.DataFrame()
+    return _read_table_version(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_table_version(path: str, mtime_ns: int, size: int) -> pd.DataFrame:
     try:
         return pd.read_parquet(path)
     except (OSError, ValueError, ImportError):
