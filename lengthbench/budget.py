@@ -257,7 +257,11 @@ class CostModel:
                 return False
             return all(other.get(key) == getattr(config, key) for key in keys) and not other.get("rescored_from")
 
-        return frame[frame["config_json"].map(matches)] if not frame.empty else frame
+        if frame.empty:
+            return frame
+        texts = frame["config_json"]
+        matched = {text: matches(text) for text in texts.unique()}  # (a run's rows share one configuration)
+        return frame[[matched.get(text, False) for text in texts]]  # (NaN, a text never equal to itself: no match)
 
     def _same_model(self, frame: pd.DataFrame, config: RunConfig, batch: bool = True) -> pd.DataFrame:
         keys = ["task", "attn", "pe", "attn_params", "pe_params", "d_model", "n_layers", "n_heads", "ffn",

@@ -391,28 +391,84 @@ def load_results(results: str | Path, *, strict: bool = False) -> pd.DataFrame:
     if folder.exists() and not os.access(folder, os.R_OK | os.X_OK):  # (a glob would read it as empty)
         raise StoreError(f"no permission to read {folder}: its runs cannot be listed")
     try:
-        files = sorted(Path(entry.path) for entry in os.scandir(folder) if entry.name.endswith(".parquet")) \
-            if folder.exists() else []
+        entries = sorted((entry for entry in os.scandir(folder) if entry.name.endswith(".parquet")),
+                         key=lambda entry: entry.name) if folder.exists() else []
+        key = (str(folder.resolve()), strict, tuple((entry.name, *_version(entry)) for entry in entries))
     except OSError as error:
         raise StoreError(f"cannot list {folder}: {error.strerror or error}") from error
-    frames = []
+    if key not in _LOADED:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            frame = _read_store([Path(entry.path) for entry in entries], strict)
+        _LOADED[key] = (frame, [(str(warning.message), warning.category) for warning in said])
+        while len(_LOADED) > 4:
+            _LOADED.pop(next(iter(_LOADED)))
+    frame, said = _LOADED[key]
+    for message, category in said:
+        warnings.warn(message, category, stacklevel=2)
+    return frame.copy()
+
+
+# the stores read in this process, by folder and the version of each of its files (:func:`load_results`): a command
+# that reads a store twice (a sweep's plan and its progress) reads each file once; a file written, replaced or
+# made unreadable since reads again
+_LOADED: dict[tuple, tuple[pd.DataFrame, list]] = {}
+
+
+def _version(entry: os.DirEntry) -> tuple[int, ...]:
+    try:
+        status = entry.stat()
+    except OSError:  # gone since the listing: reading it says so
+        return ()
+    return status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns
+
+
+def _read_store(files: list[Path], strict: bool) -> pd.DataFrame:
+    """The rows of the run files ``files``, as :func:`load_results` says."""
+    read: list[pd.DataFrame | RunFileError] = []
     for path in files:
         try:
-            frame = read_run_file(path)
-            bad, words = rows_out_of_range(frame)
+            read.append(read_run_file(path))
+        except RunFileError as error:  # said in the order of the files, below
+            read.append(error)
+    bad_rows = _rows_out_of_range_by_file(read)
+    frames = []
+    for path, frame, bad in zip(files, read, bad_rows, strict=True):
+        try:
+            if isinstance(frame, RunFileError):
+                raise frame
             if bad.any():
+                words = rows_out_of_range(frame)[1]
                 rows, ranges = f"{int(bad.sum())} of {len(frame)} rows", "; ".join(words)
                 if strict or bad.all():
                     raise RunFileError(f"results file {path}: {rows} outside the store's ranges: {ranges}",
                                        "those rows" if not bad.all() else "it")
-                warnings.warn(f"skipping {rows} of {path}, outside the store's ranges: {ranges}", stacklevel=2)
+                warnings.warn(f"skipping {rows} of {path}, outside the store's ranges: {ranges}",
+                              stacklevel=1)  # (recorded, and said from load_results)
                 frame = frame[~bad]
-            frames.append(with_schema_version(frame))
+            frames.append(frame)
         except RunFileError as error:  # a corrupt or foreign file must not hide the others
             if strict:
                 raise
             warnings.warn(f"skipping {str(error).replace('cannot read ', 'unreadable results file ', 1)}",
-                          stacklevel=2)
+                          stacklevel=1)
     if not frames:
         return pd.DataFrame(columns=CONTRACT_COLUMNS + EXTRA_COLUMNS)
-    return pd.concat(frames, ignore_index=True)
+    columns = list(dict.fromkeys(c for frame in frames for c in (*frame.columns, "schema_version", READ_AS)))
+    return with_schema_version(pd.concat(frames, ignore_index=True))[columns]
+
+
+def _rows_out_of_range_by_file(read: list) -> list[np.ndarray]:
+    """:func:`rows_out_of_range`'s rows for each frame of ``read`` (none for an error in its place), checked once
+    per set of columns: a store's files share a few, and the check costs the same for one row as for thousands."""
+    bad = [np.zeros(0, dtype=bool)] * len(read)
+    groups: dict[tuple, list[int]] = {}
+    for index, frame in enumerate(read):
+        if isinstance(frame, pd.DataFrame):
+            groups.setdefault(tuple(frame.columns), []).append(index)
+    for members in groups.values():
+        together = pd.concat([read[index] for index in members], ignore_index=True)
+        rows = rows_out_of_range(together)[0].to_numpy()
+        for index, part in zip(members, np.split(rows, np.cumsum([len(read[i]) for i in members])[:-1]), strict=True):
+            bad[index] = part
+    return bad

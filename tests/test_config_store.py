@@ -10,6 +10,7 @@ from lengthbench.config import PRESETS, RunConfig, build_config
 from lengthbench.store import (
     CONTRACT_COLUMNS,
     RENAMED,
+    RunFileError,
     StoreError,
     load_results,
     with_schema_version,
@@ -79,6 +80,34 @@ def test_store_writes_atomically_and_skips_corrupt_files(tmp_path):
     assert corrupt.read_bytes() == b"not parquet"
     assert not [p for p in os.listdir(tmp_path / "runs") if p.endswith(".tmp")]
     assert list(frame.columns[: len(CONTRACT_COLUMNS)]) == CONTRACT_COLUMNS
+
+
+def test_a_store_read_twice_reads_its_files_once_and_again_when_one_changes(tmp_path, monkeypatch):
+    """A command that reads a store twice reads each file once; a file written since, or one made unreadable,
+    reads again; each read says the same warnings and hands out its own frame. Rows are checked per set of
+    columns, with the same rows skipped and the same words as a file alone would get."""
+    import lengthbench.store as store
+
+    write_run(tmp_path, "a", [_row("a", 1), _row("a", 2)])
+    write_run(tmp_path, "b", [_row("b", 1), {**_row("b", 2), "exact_match": 1.5}])  # a row outside the ranges
+    write_run(tmp_path, "c", [{**_row("c", 1), "extra": 1.0}, {**_row("c", 2), "extra": 2.0}])  # other columns
+    reads = []
+    real = store.read_run_file
+    monkeypatch.setattr(store, "read_run_file", lambda path: reads.append(path.name) or real(path))
+    for _ in range(2):
+        with pytest.warns(UserWarning, match=r"skipping 1 of 2 rows of .*b\.parquet.*exact_match 1\.5"):
+            frame = load_results(tmp_path)
+        assert sorted(frame["run_id"]) == ["a", "a", "b", "c", "c"]
+    assert sorted(reads) == ["a.parquet", "b.parquet", "c.parquet"]
+    frame.loc[:, "exact_match"] = -1.0  # the caller's frame is its own
+    with pytest.warns(UserWarning):
+        assert (load_results(tmp_path)["exact_match"] >= 0).all()
+    write_run(tmp_path, "a", [_row("a", 1), _row("a", 2), _row("a", 4)])
+    with pytest.warns(UserWarning):
+        assert len(load_results(tmp_path)) == 6
+    assert sorted(reads) == ["a.parquet", "a.parquet", "b.parquet", "b.parquet", "c.parquet", "c.parquet"]
+    with pytest.raises(RunFileError, match="b.parquet: 1 of 2 rows outside"):
+        load_results(tmp_path, strict=True)
 
 
 def test_store_rejects_rows_without_contract_columns(tmp_path):
