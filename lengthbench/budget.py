@@ -51,7 +51,14 @@ import pandas as pd
 from lengthbench import checkout_path
 from lengthbench.config import RunConfig, selection_multiplier
 from lengthbench.errors import UsageError
-from lengthbench.store import RunFileError, read_run_file, run_path, runs_dir, with_schema_version
+from lengthbench.store import (
+    RunFileError,
+    read_once,
+    read_run_file,
+    run_path,
+    runs_dir,
+    with_schema_version,
+)
 
 # The product benchmarks' tables, beside the package in a checkout (an installed package without them plans from
 # the store and the defaults).
@@ -429,19 +436,10 @@ class CostModel:
 
 
 def _read_table(path: Path) -> pd.DataFrame:
-    """A benchmark table (read once per version of the file: every stored row of a shared GPU looks up
+    """A benchmark table (read once per version of its file: every stored row of a shared GPU looks up
     ``side_by_side.parquet``); empty where it is absent or unreadable. Callers filter it, never change it."""
     try:
-        stat = Path(path).stat()
-    except OSError:
-        return pd.DataFrame()
-    return _read_table_version(str(path), stat.st_mtime_ns, stat.st_size)
-
-
-@functools.lru_cache(maxsize=16)
-def _read_table_version(path: str, mtime_ns: int, size: int) -> pd.DataFrame:
-    try:
-        return pd.read_parquet(path)
+        return read_once(path)
     except (OSError, ValueError, ImportError):
         return pd.DataFrame()
 

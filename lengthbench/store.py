@@ -8,6 +8,7 @@ ones without the contract's columns (:data:`REQUIRED_COLUMNS`), naming each.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -362,13 +363,34 @@ def rows_out_of_range(frame: pd.DataFrame) -> tuple[pd.Series, list[str]]:
     return bad, words
 
 
+def read_once(path: str | Path, read: Callable[[str], pd.DataFrame] = pd.read_parquet) -> pd.DataFrame:
+    """``read(path)``, done once per version of the file in this process (its inode, size, modification and change
+    times: a file written, replaced or made unreadable since is read again); a command that reads a store twice (a
+    sweep's plan and its progress) reads each file once. An error is raised each time, never kept. Callers filter
+    the frame, never change it."""
+    status = Path(path).stat()
+    return _read_version(read, str(path), status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _read_version(read: Callable[[str], pd.DataFrame], path: str, *version: int) -> pd.DataFrame:
+    return read(path)
+
+
 def read_run_file(path: Path) -> pd.DataFrame:
-    """The rows of one run file, its schema checked; a :class:`RunFileError` says what is wrong with it."""
+    """The rows of one run file, its schema checked (once per version of the file: :func:`read_once`); a
+    :class:`RunFileError` says what is wrong with it."""
     try:
-        frame = pd.read_parquet(path)
+        return read_once(path, _read_checked)
+    except RunFileError:
+        raise
     except Exception as error:  # a corrupt or truncated file, or no permission to read it
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise RunFileError(f"cannot read {path}: {reason}") from error
+
+
+def _read_checked(path: str) -> pd.DataFrame:
+    frame = pd.read_parquet(path)
     problem = schema_problem(frame)
     if problem:
         raise RunFileError(f"results file {path} {problem}; it is not a lengthbench run file")
@@ -391,40 +413,10 @@ def load_results(results: str | Path, *, strict: bool = False) -> pd.DataFrame:
     if folder.exists() and not os.access(folder, os.R_OK | os.X_OK):  # (a glob would read it as empty)
         raise StoreError(f"no permission to read {folder}: its runs cannot be listed")
     try:
-        entries = sorted((entry for entry in os.scandir(folder) if entry.name.endswith(".parquet")),
-                         key=lambda entry: entry.name) if folder.exists() else []
-        key = (str(folder.resolve()), strict, tuple((entry.name, *_version(entry)) for entry in entries))
+        files = sorted(Path(entry.path) for entry in os.scandir(folder) if entry.name.endswith(".parquet")) \
+            if folder.exists() else []
     except OSError as error:
         raise StoreError(f"cannot list {folder}: {error.strerror or error}") from error
-    if key not in _LOADED:
-        with warnings.catch_warnings(record=True) as said:
-            warnings.simplefilter("always")
-            frame = _read_store([Path(entry.path) for entry in entries], strict)
-        _LOADED[key] = (frame, [(str(warning.message), warning.category) for warning in said])
-        while len(_LOADED) > 4:
-            _LOADED.pop(next(iter(_LOADED)))
-    frame, said = _LOADED[key]
-    for message, category in said:
-        warnings.warn(message, category, stacklevel=2)
-    return frame.copy()
-
-
-# the stores read in this process, by folder and the version of each of its files (:func:`load_results`): a command
-# that reads a store twice (a sweep's plan and its progress) reads each file once; a file written, replaced or
-# made unreadable since reads again
-_LOADED: dict[tuple, tuple[pd.DataFrame, list]] = {}
-
-
-def _version(entry: os.DirEntry) -> tuple[int, ...]:
-    try:
-        status = entry.stat()
-    except OSError:  # gone since the listing: reading it says so
-        return ()
-    return status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns
-
-
-def _read_store(files: list[Path], strict: bool) -> pd.DataFrame:
-    """The rows of the run files ``files``, as :func:`load_results` says."""
     read: list[pd.DataFrame | RunFileError] = []
     for path in files:
         try:
@@ -443,15 +435,14 @@ def _read_store(files: list[Path], strict: bool) -> pd.DataFrame:
                 if strict or bad.all():
                     raise RunFileError(f"results file {path}: {rows} outside the store's ranges: {ranges}",
                                        "those rows" if not bad.all() else "it")
-                warnings.warn(f"skipping {rows} of {path}, outside the store's ranges: {ranges}",
-                              stacklevel=1)  # (recorded, and said from load_results)
+                warnings.warn(f"skipping {rows} of {path}, outside the store's ranges: {ranges}", stacklevel=2)
                 frame = frame[~bad]
             frames.append(frame)
         except RunFileError as error:  # a corrupt or foreign file must not hide the others
             if strict:
                 raise
             warnings.warn(f"skipping {str(error).replace('cannot read ', 'unreadable results file ', 1)}",
-                          stacklevel=1)
+                          stacklevel=2)
     if not frames:
         return pd.DataFrame(columns=CONTRACT_COLUMNS + EXTRA_COLUMNS)
     columns = list(dict.fromkeys(c for frame in frames for c in (*frame.columns, "schema_version", READ_AS)))
