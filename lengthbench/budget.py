@@ -7,15 +7,19 @@ scoring (``eval_samples`` at every length, once per selection: the run's own and
 rates come, best first, from
 
 1. the store: finished runs with the same task, mechanism, encoding, model and batch on the same GPU model
-   (the fastest one's ``train_seconds``, the slowest ``eval_seconds`` per length, each as if the run had had its
-   GPU alone: divided by the side-by-side slowdown of the share of the GPU it recorded, ``train_gpu_share`` and
-   ``gpu_share``, :func:`shared_slowdown`; the plan adds its own sharing back), so a campaign's first window
+   (the fastest one's ``train_seconds``, the slowest ``eval_seconds`` per length, where a sample costs a run no
+   more than at any longer length, each as if the run had had its GPU alone: divided by the side-by-side
+   slowdown of the share of the GPU it recorded, ``train_gpu_share`` and ``gpu_share``, :func:`shared_slowdown`;
+   the plan adds its own sharing back), so a campaign's first window
    calibrates the next, and a sweep's finished cells the ones it starts after them (:meth:`CostModel.learn`,
-   before each cell starts);
+   before each cell starts). A run's training seconds hold its start (compilation, graph capture), so only runs
+   that trained :data:`MIN_CALIBRATING_S` or longer set the training rate here; shorter ones (a few thousand
+   steps: mostly start) come after the benchmarks;
 2. the product benchmarks: ``results/benchmarks/train_throughput.parquet`` (samples/s, warm-up) and
    ``eval_time.parquet`` (seconds per 1,000 samples at a length, scaled to the model's layers x width and
    linearly in length, which over-estimates shorter lengths: attention's share grows with the square);
-3. conservative defaults (:data:`DEFAULT_SAMPLES_PER_S`, :data:`DEFAULT_SECONDS_PER_1000_AT_64K`).
+3. the store's shorter runs of the model, for its training rate;
+4. conservative defaults (:data:`DEFAULT_SAMPLES_PER_S`, :data:`DEFAULT_SECONDS_PER_1000_AT_64K`).
 
 The benchmark tables measure each mechanism at its default parameters. Parameters that take a mechanism off its
 fused op (1.5-entmax's or Sieve's ``alpha`` other than 1.5, stick-breaking's ``remainder="drop"``) put it on the
@@ -82,6 +86,11 @@ REFERENCE_QUADRATIC_FROM = 4096
 # The shortest budget in which a cell longer than it runs a part: less would go mostly to the start (compilation,
 # graph capture) and keep little past the last checkpoint.
 MIN_PART_S = 300.0
+# The shortest stored training (as if alone on its GPU) whose rate a plan takes before the benchmarks': a run's
+# seconds hold its start (compilation, graph capture) and validations, which weigh on a short run (Sieve's paper
+# MQRAR model: 5,000 steps in 42 s on an H100, 15,000 samples/s, where the throughput benchmark's steady rate is
+# 54,000 on an H200) and little on five minutes of training.
+MIN_CALIBRATING_S = 300.0
 # The GPU a plan made on a machine without one is for: the slower of the two lent kinds.
 DEFAULT_PLAN_GPU = "NVIDIA H100 80GB HBM3"
 
@@ -277,18 +286,42 @@ class CostModel:
 
     def samples_per_second(self, config: RunConfig) -> tuple[float, float, str]:
         """``(samples/s, start seconds, source)`` of ``config``'s training on this GPU."""
-        runs = self._same_model(self._stored_runs, config)
-        if not runs.empty:
-            per_run = runs.groupby("run_id").first()
-            steps = per_run["train_steps"].astype(float) * config.batch_size
-            # the fastest stored run, as if alone on its GPU: a run's seconds include its start and validations
-            # (its rate is the whole training's) and the cells that shared its GPU, taken out here by the share it
-            # recorded (the plan adds its own back: side_by_side_factor)
-            alone = self._alone(config, _column(per_run, "train_gpu_share"))
-            rate = float((steps / per_run["train_seconds"].astype(float) * alone).max())
-            return rate, PROCESS_START_S, f"the store ({len(per_run)} run{'s' * (len(per_run) > 1)})"
+        stored = self._stored_rate(config, long=True)
+        if stored is not None:
+            return stored
         if not on_measured_path(config):
             return self._reference_rate(config)
+        measured = self._benchmark_rate(config)
+        if measured is not None:
+            return measured
+        stored = self._stored_rate(config, long=False)
+        if stored is not None:
+            return stored
+        return DEFAULT_SAMPLES_PER_S, DEFAULT_START_S, "default"
+
+    def _stored_rate(self, config: RunConfig, long: bool) -> tuple[float, float, str] | None:
+        """``(samples/s, start seconds, source)`` from the fastest stored run of ``config``'s model on this GPU, as
+        if alone on it, among those that trained :data:`MIN_CALIBRATING_S` or longer (``long``) or among all."""
+        runs = self._same_model(self._stored_runs, config)
+        if runs.empty:
+            return None
+        per_run = runs.groupby("run_id").first()
+        steps = per_run["train_steps"].astype(float) * config.batch_size
+        # a run's seconds include its start and validations (its rate is the whole training's) and the cells
+        # that shared its GPU, taken out here by the share it recorded (the plan adds its own back:
+        # side_by_side_factor)
+        seconds = per_run["train_seconds"].astype(float) / self._alone(config, _column(per_run, "train_gpu_share"))
+        if long:
+            steps, seconds = steps[seconds >= MIN_CALIBRATING_S], seconds[seconds >= MIN_CALIBRATING_S]
+            if steps.empty:
+                return None
+        rate = float((steps / seconds).max())
+        count = f"{len(steps)} run{'s' * (len(steps) > 1)}"
+        return rate, PROCESS_START_S, f"the store ({count})" if long else f"the store ({count} shorter than " \
+                                                                           f"{MIN_CALIBRATING_S / 60:.0f} min)"
+
+    def _benchmark_rate(self, config: RunConfig) -> tuple[float, float, str] | None:
+        """``(samples/s, start seconds, source)`` of ``config``'s training from the throughput benchmark."""
         table = self._throughput
         if not table.empty and {"tokens_per_sample", "d_model", "layers"} <= set(table.columns):
             rows = table[(table["attn"] == config.attn) & (table["pe"] == config.pe) &
@@ -326,7 +359,7 @@ class CostModel:
                     rate = float(newest["samples_per_s"].median())
                 start = float(newest["warmup_s"].median()) if "warmup_s" in newest else DEFAULT_START_S
                 return rate * scale, PROCESS_START_S + start, f"train_throughput{where}"
-        return DEFAULT_SAMPLES_PER_S, DEFAULT_START_S, "default"
+        return None
 
     def _alone(self, config: RunConfig, shares: pd.Series) -> pd.Series:
         """Per stored row, how much slower it ran than alone on its GPU, by the share it recorded."""
@@ -378,11 +411,16 @@ class CostModel:
         """Seconds to score one sample of ``n`` tokens with ``config``'s model on this GPU."""
         runs = self._same_model(self._stored_runs, config, batch=False)
         if not runs.empty:
-            rows = runs[runs["eval_length"].astype(int) == n]
-            if not rows.empty:
+            rows = runs[runs["eval_length"].astype(int) >= n]
+            scored = set(rows.loc[rows["eval_length"].astype(int) == n, "run_id"])
+            if scored:
+                rows = rows[rows["run_id"].isin(scored)]
                 per_sample = rows["eval_seconds"].astype(float) / rows["n_samples"].astype(float).clip(lower=1)
                 per_sample /= self._alone(config, _column(rows, "gpu_share"))
-                return float(per_sample.max()), "the store"
+                # a sample of n tokens scores no slower than a longer one of the same run: a length's seconds can
+                # hold a one-time start (the first length's compilation and graph capture: 6 s for 200 samples
+                # of 64 tokens, where 128 tokens took 0.3 s), which the run's longer lengths do not
+                return float(per_sample.groupby(rows["run_id"]).min().max()), "the store"
         if not on_measured_path(config):
             return self._reference_seconds_per_sample(config, n)
         width = config.n_layers * config.d_model

@@ -17,6 +17,7 @@ import pytest
 from cli_helpers import cli
 
 from lengthbench.budget import (
+    MIN_CALIBRATING_S,
     MIN_PART_S,
     BudgetGuard,
     CellCost,
@@ -108,23 +109,58 @@ def test_the_store_calibrates_the_cost(tmp_path):
         row = dict.fromkeys(CONTRACT_COLUMNS)
         row.update(run_id="r1", task="copy", attn="softmax", pe="rope", seed=0, train_length=64, multiplier=multiplier,
                    eval_length=64 * multiplier, n_samples=500, eval_seconds=5.0 * multiplier, train_steps=10_000,
-                   train_seconds=128.0, device="NVIDIA H200", config_json=config.to_json())
+                   train_seconds=400.0, device="NVIDIA H200", config_json=config.to_json())
         rows.append(row)
     store = pd.DataFrame(rows)
     cost = CostModel("NVIDIA H200", store, benchmarks=tmp_path / "bench").cost(config)
-    assert cost.train == pytest.approx(128.0)  # the stored run: 1.28M samples in 128 s (the benchmark says 64)
+    assert cost.train == pytest.approx(400.0)  # the stored run: 1.28M samples in 400 s (the benchmark says 64)
     assert cost.validation == 0.0  # inside the stored training seconds
     # 5, 10, 20 s for 500 samples: 1,000 samples take twice as long, plus one second each length
     assert cost.scoring == pytest.approx(2 * (5 + 10 + 20) + 3)
     assert cost.sources == ["training: the store (1 run)", "scoring: the store"]
     # a second run of the same model that took twice as long (it shared its GPU) does not slow the estimate: the
     # plan adds sharing on its own (side_by_side_factor)
-    shared = store.assign(run_id="r2", train_seconds=256.0)
+    shared = store.assign(run_id="r2", train_seconds=800.0)
     both = CostModel("NVIDIA H200", pd.concat([store, shared]), benchmarks=tmp_path / "bench").cost(config)
-    assert both.train == pytest.approx(128.0) and both.sources[0] == "training: the store (2 runs)"
+    assert both.train == pytest.approx(400.0) and both.sources[0] == "training: the store (2 runs)"
     # another GPU's rows do not calibrate this one
     assert CostModel("NVIDIA H100", store, benchmarks=tmp_path / "bench").cost(config).sources[0].startswith(
         "training: train_throughput")
+    # a length whose seconds hold a one-time start (the first length's compilation: 30 s) costs a sample no more
+    # than the run's longer lengths do (10 s for 500 samples at 128 tokens)
+    started = store.assign(eval_seconds=store["eval_seconds"].where(store["multiplier"] != 1, 30.0))
+    model = CostModel("NVIDIA H200", started, benchmarks=tmp_path / "bench")
+    assert model.seconds_per_sample(config, 64) == (pytest.approx(10.0 / 500), "the store")
+    assert model.seconds_per_sample(config, 128) == (pytest.approx(10.0 / 500), "the store")
+    assert model.cost(config).scoring == pytest.approx(2 * (10 + 10 + 20) + 3)
+
+
+def test_a_short_stored_run_gives_way_to_the_benchmark(tmp_path):
+    """A run that trained under MIN_CALIBRATING_S spent much of it starting (compilation, graph capture): its rate
+    says little of a long cell's, so the throughput benchmark's comes first, and the short run only where no
+    benchmark matches (still before the default); a long run of the model sets the rate whatever is shorter."""
+    bench = tmp_path / "bench"
+    write_benchmarks(bench)  # 20,000 samples/s, 30 s warm-up
+    config = copy_config(train_samples=12_800_000)  # 100,000 steps
+    short = store_rows(config, 5_000, 60.0, [64, 128, 256], lambda n: n / 64, n_samples=500, device="NVIDIA H200")
+    cost = CostModel("NVIDIA H200", short, benchmarks=bench).cost(config)
+    assert cost.sources[0] == "training: train_throughput"
+    assert cost.train == pytest.approx(12_800_000 / 20_000.0) and cost.start == pytest.approx(20.0 + 30.0)
+    assert cost.sources[1] == "scoring: the store"  # its scoring still measures the model's
+    # no benchmark for this model: the short run, not the default (10,000 samples/s)
+    alone = CostModel("NVIDIA H200", short, benchmarks=tmp_path / "none").cost(config)
+    assert alone.sources[0] == f"training: the store (1 run shorter than {MIN_CALIBRATING_S / 60:.0f} min)"
+    assert alone.train == pytest.approx(12_800_000 / (5_000 * 128 / 60.0))
+    # a run that trained MIN_CALIBRATING_S (as if alone) sets it, the short one beside it left out
+    long = store_rows(copy_config(train_samples=12_800_000, seed=1), 50_000, MIN_CALIBRATING_S, [64],
+                      lambda n: 1.0, device="NVIDIA H200")
+    both = CostModel("NVIDIA H200", pd.concat([short, long]), benchmarks=bench).cost(config)
+    assert both.sources[0] == "training: the store (1 run)"
+    assert both.train == pytest.approx(12_800_000 / (50_000 * 128 / MIN_CALIBRATING_S))
+    # the share of its GPU it recorded counts: 200 s at half speed is 100 s alone, short
+    shared = long.assign(train_seconds=200.0, train_gpu_share=2.0)
+    pd.DataFrame([dict(d_model=256, cells=2, mps=True, slowdown=2.0)]).to_parquet(bench / "side_by_side.parquet")
+    assert CostModel("NVIDIA H200", shared, benchmarks=bench).cost(config).sources[0] == "training: train_throughput"
 
 
 def test_a_run_that_shared_its_gpu_is_costed_as_if_alone(tmp_path):
@@ -137,13 +173,13 @@ def test_a_run_that_shared_its_gpu_is_costed_as_if_alone(tmp_path):
                                                                           slowdown=2.7)]).to_parquet(
         bench / "side_by_side.parquet")
     config = copy_config()
-    rows = store_rows(config, 10_000, 180.0, [64, 128, 256], lambda n: 0.9 * n / 64, n_samples=500,
+    rows = store_rows(config, 10_000, 720.0, [64, 128, 256], lambda n: 0.9 * n / 64, n_samples=500,
                       device="NVIDIA H200")
     alone = CostModel("NVIDIA H200", rows, benchmarks=bench).cost(config)
-    assert alone.train == pytest.approx(180.0)
+    assert alone.train == pytest.approx(720.0)
     shared = rows.assign(train_gpu_share=2.0, gpu_share=2.0)
     cost = CostModel("NVIDIA H200", shared, benchmarks=bench).cost(config)
-    assert cost.train == pytest.approx(100.0)  # 180 s at 1.8x slower
+    assert cost.train == pytest.approx(400.0)  # 720 s at 1.8x slower
     assert cost.scoring == pytest.approx(alone.scoring / 1.8 + 3 * (1 - 1 / 1.8))  # the per-length second stays
     assert plan([config], 10_000, 1, 2, True, CostModel("NVIDIA H200", shared, benchmarks=bench))[0].seconds == \
         pytest.approx(1.8 * cost.total)
@@ -176,7 +212,8 @@ def test_the_guard_learns_from_the_cells_the_sweep_has_just_stored(tmp_path):
     write_run(store, first.run_id, rows)
     now[0] = 0.6 * default  # by the default, the second seed would end at 1.6x: past the budget
     assert guard.admits(second)
-    assert cost.cost(second).sources[0] == "training: the store (1 run)" and cost.cost(second).total < 0.5 * default
+    assert cost.cost(second).sources[0] == "training: the store (1 run shorter than 5 min)"
+    assert cost.cost(second).total < 0.5 * default
     assert cost.learn() == []  # nothing new since
 
 
