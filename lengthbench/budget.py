@@ -286,18 +286,15 @@ class CostModel:
 
     def samples_per_second(self, config: RunConfig) -> tuple[float, float, str]:
         """``(samples/s, start seconds, source)`` of ``config``'s training on this GPU."""
-        stored = self._stored_rate(config, long=True)
-        if stored is not None:
-            return stored
-        if not on_measured_path(config):
-            return self._reference_rate(config)
-        measured = self._benchmark_rate(config)
-        if measured is not None:
-            return measured
-        stored = self._stored_rate(config, long=False)
-        if stored is not None:
-            return stored
-        return DEFAULT_SAMPLES_PER_S, DEFAULT_START_S, "default"
+        measured = on_measured_path(config)
+        found = self._stored_rate(config, long=True)
+        if found is None and measured:
+            found = self._benchmark_rate(config)
+        if found is None:
+            found = self._stored_rate(config, long=False)
+        if found is not None:
+            return found
+        return self._reference_rate(config) if not measured else (DEFAULT_SAMPLES_PER_S, DEFAULT_START_S, "default")
 
     def _stored_rate(self, config: RunConfig, long: bool) -> tuple[float, float, str] | None:
         """``(samples/s, start seconds, source)`` from the fastest stored run of ``config``'s model on this GPU, as
@@ -315,10 +312,9 @@ class CostModel:
             steps, seconds = steps[seconds >= MIN_CALIBRATING_S], seconds[seconds >= MIN_CALIBRATING_S]
             if steps.empty:
                 return None
-        rate = float((steps / seconds).max())
-        count = f"{len(steps)} run{'s' * (len(steps) > 1)}"
-        return rate, PROCESS_START_S, f"the store ({count})" if long else f"the store ({count} shorter than " \
-                                                                           f"{MIN_CALIBRATING_S / 60:.0f} min)"
+        runs = f"{len(steps)} run{'s' * (len(steps) > 1)}"
+        short = "" if long else f" shorter than {MIN_CALIBRATING_S / 60:.0f} min"
+        return float((steps / seconds).max()), PROCESS_START_S, f"the store ({runs}{short})"
 
     def _benchmark_rate(self, config: RunConfig) -> tuple[float, float, str] | None:
         """``(samples/s, start seconds, source)`` of ``config``'s training from the throughput benchmark."""
