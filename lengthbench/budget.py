@@ -92,7 +92,7 @@ MIN_PART_S = 300.0
 # 54,000 on an H200) and little on five minutes of training.
 MIN_CALIBRATING_S = 300.0
 # A training rate the benchmark measured on another GPU model, for this one: the H100 cells of Sieve Table 1 Copy
-# at the paper's protocol (10 runs, 2026-12-07, sharing divided out) trained at 0.84-1.06x, median 0.95x, the
+# at the paper's protocol (11 trainings, 2026-12-07, sharing divided out) trained at 0.84-1.06x, median 0.95x, the
 # H200 rates of results/benchmarks/train_throughput.parquet; a little under, as a plan errs long.
 OTHER_GPU_TRAINING = 0.9
 # The GPU a plan made on a machine without one is for: the slower of the two lent kinds.
